@@ -1,0 +1,19 @@
+"""accelc: a layer-by-layer acceleration compiler for PyTorch models on NVIDIA GPUs.
+
+    opt = accelc.optimize(model, example_inputs)   # drop-in nn.Module calling Triton kernels
+    print(opt.summary())                           # what was rewritten, what was kept and why
+"""
+from accelc import runtime  # first: decides interpreter vs GPU before any kernel is defined
+from accelc import kernels  # registers torch.ops.accelc.*
+from accelc import models
+from accelc.api import optimize
+from accelc.config import OptimizeConfig, PRESETS
+from accelc.errors import AccelcError, CaptureError, PassError
+from accelc.optimized import LayerRecord, OptimizedModule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccelcError", "CaptureError", "LayerRecord", "OptimizeConfig", "OptimizedModule", "PRESETS",
+    "PassError", "__version__", "models", "optimize",
+]

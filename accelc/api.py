@@ -1,0 +1,101 @@
+"""accelc.optimize: capture, rewrite, guard, and hand back a drop-in module."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from accelc import runtime
+from accelc.capture import capture
+from accelc.config import OptimizeConfig, PRESETS
+from accelc.guard import check_layers, rel_l2
+from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
+from accelc.pipeline import run_passes
+from accelc.rewrite import revert
+
+
+def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | None = None) -> OptimizedModule:
+    """Rewrite `model`'s recognised layers into accelc's Triton kernels.
+
+    example_inputs: a tensor or a tuple of positional arguments, on the device the model runs
+        on; they fix the shapes the guard checks and the layers are named and measured with.
+    config: an OptimizeConfig, a PRESETS name ("fp16", ...), or None for the defaults.
+
+    Layers accelc does not recognise, and rewritten layers whose numbers the guard rejects, run
+    as PyTorch; OptimizedModule.summary() lists every one with its reason. The caller's model is
+    left as it is, except that it is put in eval mode (accelc optimizes for inference).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"optimize() takes an nn.Module, not {type(model).__name__}")
+    config = _config(config)
+    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    if model.training:
+        warnings.warn("accelc optimizes for inference: the model was in training mode and has been "
+                      "switched to eval() (dropout off, batch norm on running statistics)", stacklevel=2)
+        model.eval()
+    if config.dtype is not None:
+        model, args = _to_dtype(model, args, config.dtype)
+    device = _device(model, args)
+    runtime.warn_if_interpreted(stacklevel=2)
+
+    gm, method, expected = capture(model, args)
+    if runtime.can_run_on(device):
+        counts = run_passes(gm, config)
+    else:
+        counts = {}
+        for n in gm.graph.nodes:
+            n.meta["accelc_skip"] = (f"model on {device}: accelc kernels need a CUDA device "
+                                     "(or Triton's interpreter, TRITON_INTERPRET=1)")
+
+    checks = check_layers(gm, args, config) if config.guard else {}
+    reverted = {}
+    for node, check in checks.items():
+        if not check.passed:
+            reverted[node.meta["accelc"].layer] = (node.meta["accelc"], check)
+            revert(gm, node, check.reason)
+    gm.graph.lint()
+    gm.recompile()
+
+    with torch.no_grad():
+        got = gm(*args)
+    info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
+                        end_to_end_rel_error=_output_error(got, expected))
+    return OptimizedModule(gm, collect_layers(gm, checks, reverted), info)
+
+
+def _config(config) -> OptimizeConfig:
+    if config is None:
+        return OptimizeConfig()
+    if isinstance(config, str):
+        if config not in PRESETS:
+            raise ValueError(f"no preset {config!r}; presets: {', '.join(PRESETS)}")
+        return PRESETS[config]()
+    if not isinstance(config, OptimizeConfig):
+        raise TypeError(f"config must be an OptimizeConfig or a preset name, not {type(config).__name__}")
+    return config
+
+
+def _to_dtype(model, args, dtype):
+    p = next(iter(model.parameters()), None)
+    if p is not None and p.dtype != dtype:
+        model = copy.deepcopy(model).to(dtype)
+    args = tuple(pytree.tree_map(
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, args))
+    return model, args
+
+
+def _device(model, args) -> torch.device:
+    for t in pytree.tree_leaves(args):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _output_error(got, expected) -> float:
+    errs = [rel_l2(g, e) for g, e in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected))
+            if isinstance(e, torch.Tensor) and e.is_floating_point()]
+    return max(errs) if errs else 0.0

@@ -1,0 +1,95 @@
+"""OptimizeConfig: what accelc.optimize does, validated once when it is made."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+# Names accepted for `dtype`, as the CLI and configs spell them.
+DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+}
+
+# Guard floor: largest relative L2 error (||out - ref|| / ||ref||, ref in higher precision) a
+# rewritten layer may have whatever eager's own error is. fp16 rounds at 2^-11 ~ 4.9e-4 and bf16
+# at 2^-8 ~ 3.9e-3 per element; a layer's error is a few roundings. fp32 "ieee" accumulates in
+# fp32 like eager; "tf32" rounds operands to 10 mantissa bits, about fp16's error.
+DEFAULT_TOLERANCES = {
+    torch.float32: 1e-4,
+    "tf32": 2e-3,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    """How accelc.optimize rewrites a model.
+
+    dtype:          run the model in this dtype (fp32 / fp16 / bf16, or a torch.dtype); None
+                    keeps the model's own. The caller's model is never converted in place.
+    passes:         which rewrites run, in pipeline order (accelc.pipeline.PASSES names).
+    fp32_precision: "ieee" (true fp32 products, as PyTorch's default) or "tf32" (tensor cores,
+                    ~2x faster on fp32 models, ~1e-3 relative error).
+    guard:          check every rewritten layer on the example inputs and revert those over
+                    tolerance. Leave on; off is for debugging the guard itself.
+    tolerance:      overrides the guard's relative-L2 floor for the model's dtype.
+    eager_error_factor: a layer also passes when its error is at most this many times eager
+                    PyTorch's own error in the same dtype (both against the higher-precision
+                    reference).
+    """
+
+    dtype: torch.dtype | str | None = None
+    passes: tuple[str, ...] = field(default_factory=lambda: _all_pass_names())
+    fp32_precision: str = "ieee"
+    guard: bool = True
+    tolerance: float | None = None
+    eager_error_factor: float = 2.0
+
+    def __post_init__(self):
+        if isinstance(self.dtype, str):
+            if self.dtype.lower() not in DTYPES:
+                raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(set(DTYPES))}")
+            object.__setattr__(self, "dtype", DTYPES[self.dtype.lower()])
+        if self.dtype is not None and self.dtype not in DEFAULT_TOLERANCES:
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, not {self.dtype}")
+        if isinstance(self.passes, str):
+            object.__setattr__(self, "passes", (self.passes,))
+        object.__setattr__(self, "passes", tuple(self.passes))
+        known = _all_pass_names()
+        unknown = [p for p in self.passes if p not in known]
+        if unknown:
+            raise ValueError(f"unknown pass(es) {unknown}; known passes, in order: {list(known)}")
+        if self.fp32_precision not in ("ieee", "tf32"):
+            raise ValueError(f"fp32_precision must be 'ieee' or 'tf32', not {self.fp32_precision!r}")
+        if self.tolerance is not None and not self.tolerance > 0:
+            raise ValueError(f"tolerance must be > 0, not {self.tolerance}")
+        if not self.eager_error_factor >= 1:
+            raise ValueError(f"eager_error_factor must be >= 1, not {self.eager_error_factor}")
+
+    def tolerance_for(self, dtype: torch.dtype) -> float:
+        """The guard's relative-L2 floor for a layer computing in `dtype`."""
+        if self.tolerance is not None:
+            return self.tolerance
+        if dtype == torch.float32 and self.fp32_precision == "tf32":
+            return DEFAULT_TOLERANCES["tf32"]
+        return DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[torch.float32])
+
+    def replace(self, **changes) -> "OptimizeConfig":
+        return replace(self, **changes)
+
+
+def _all_pass_names() -> tuple[str, ...]:
+    from accelc.pipeline import PASSES  # the pipeline owns the order; imported late (cycle)
+
+    return tuple(name for name, _ in PASSES)
+
+
+PRESETS = {
+    "default": OptimizeConfig,
+    "fp16": lambda: OptimizeConfig(dtype=torch.float16),
+    "bf16": lambda: OptimizeConfig(dtype=torch.bfloat16),
+    "fp32-tf32": lambda: OptimizeConfig(dtype=torch.float32, fp32_precision="tf32"),
+}

@@ -1,0 +1,57 @@
+"""Where accelc's Triton kernels run: on a CUDA GPU, or in Triton's CPU interpreter.
+
+Triton picks interpreter or compiler when a kernel is decorated, from the environment
+variable TRITON_INTERPRET. accelc imports this module before any kernel module, so on a
+machine without a CUDA GPU the variable is set here and every kernel is interpreted.
+A user who sets TRITON_INTERPRET themselves keeps their choice.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def interpreted() -> bool:
+    """True when Triton kernels run in the CPU interpreter (correct, but not fast)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def can_run_on(device: torch.device) -> bool:
+    """Whether accelc kernels can take tensors on `device` in this process."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and interpreted()
+
+
+def backend_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return "cpu (Triton interpreter)" if interpreted() else "cpu"
+
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, stacklevel: int = 2) -> None:
+    """One warning per process and key: repeated calls of optimize() do not repeat it.
+    stacklevel counts from the caller of warn_once, as in warnings.warn."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=stacklevel + 1)
+
+
+def warn_if_interpreted(stacklevel: int = 2) -> None:
+    """Warns once, pointing `stacklevel` frames above the caller (the user's optimize call)."""
+    if interpreted():
+        warn_once(
+            "interpreter",
+            "accelc: no CUDA GPU in use, so its Triton kernels run in Triton's CPU interpreter: "
+            "results are exact to the kernels' arithmetic but far slower than PyTorch; "
+            "timings taken this way are not performance figures.",
+            stacklevel=stacklevel + 1,
+        )

@@ -1,0 +1,99 @@
+"""The fused epilogue shared by accelc's GEMM-shaped kernels (linear, conv2d).
+
+After the fp32 accumulator tile is complete, in registers: + bias (per output channel),
+activation, + residual — the residual either after the activation (transformer MLPs:
+x + fc2(...)) or before it (ResNet blocks: relu(conv(x) + identity)). One store of the
+result replaces the three or four memory round trips eager PyTorch makes.
+
+Activations are a tl.constexpr code, so each variant compiles to straight-line code.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+# Index in this tuple = the ACTIVATION constexpr code the kernels take.
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+
+def activation_code(name: str) -> int:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, not {name!r}")
+    return ACTIVATIONS.index(name)
+
+
+@triton.jit
+def _tanh(x):
+    # tanh(x) = 1 - 2 / (1 + exp(2x)): exp overflow gives 1, underflow -1; no libdevice
+    # call, so it also runs in the CPU interpreter.
+    return 1.0 - 2.0 / (1.0 + tl.exp(2.0 * x))
+
+
+@triton.jit
+def apply_activation(x, ACTIVATION: tl.constexpr):
+    """x: fp32 tile. ACTIVATION: index into ACTIVATIONS."""
+    if ACTIVATION == 1:
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == 2:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACTIVATION == 3:
+        x = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    elif ACTIVATION == 4:
+        x = x * tl.sigmoid(x)
+    elif ACTIVATION == 5:
+        x = tl.sigmoid(x)
+    elif ACTIVATION == 6:
+        x = _tanh(x)
+    return x
+
+
+@triton.jit
+def epilogue(acc, bias_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, stride_rn,
+             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+             RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr):
+    """acc: fp32 [BLOCK_M, BLOCK_N] tile of rows offs_m and output channels offs_n."""
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    if HAS_RESIDUAL:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn,
+                      mask=mask, other=0.0).to(tl.float32)
+        if RESIDUAL_FIRST:
+            acc = apply_activation(acc + res, ACTIVATION)
+        else:
+            acc = apply_activation(acc, ACTIVATION) + res
+    else:
+        acc = apply_activation(acc, ACTIVATION)
+    return acc
+
+
+def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The PyTorch function each ACTIVATIONS entry stands for."""
+    if name == "none":
+        return x
+    if name == "relu":
+        return F.relu(x)
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if name == "silu":
+        return F.silu(x)
+    if name == "sigmoid":
+        return torch.sigmoid(x)
+    if name == "tanh":
+        return torch.tanh(x)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, not {name!r}")
+
+
+def epilogue_ref(acc, bias, residual, activation: str, residual_first: bool):
+    """Reference of `epilogue` on an fp32 tensor whose last dim is the output channel."""
+    if bias is not None:
+        acc = acc + bias.float()
+    if residual is not None and residual_first:
+        return activation_ref(activation, acc + residual.float())
+    acc = activation_ref(activation, acc)
+    return acc + residual.float() if residual is not None else acc

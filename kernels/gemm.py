@@ -1,0 +1,214 @@
+"""accelc::linear — a Triton GEMM with the fused epilogue of kernels/epilogue.py.
+
+For x (..., K), weight (N, K) as nn.Linear stores it, optional bias (N,) and residual (..., N):
+
+    out = act(x @ weight^T + bias) + residual        residual_first=False (x + fc2(...))
+    out = act(x @ weight^T + bias + residual)        residual_first=True  (relu(fc(x) + x))
+
+in x's dtype (fp16, bf16, fp32), accumulating in fp32. fp32 inputs use true fp32 products
+unless allow_tf32 (tensor cores, ~1e-3 relative error), as PyTorch's own default.
+
+The kernel is the blocked GEMM of Triton's tutorial 03-matrix-multiplication: one program per
+BLOCK_M x BLOCK_N output tile, K walked in BLOCK_K steps that the compiler software-pipelines
+(num_stages), programs ordered in groups of GROUP_M tile rows so that the weight tiles they
+share stay in L2. Rows past M and columns past N are wrapped (modulo) for the loads, so only
+the K tail needs a mask, and the final store is masked. The weight is read through its strides,
+so weight.t() views (matmul(x, W) written as a Linear) cost no copy.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from accelc import runtime
+from accelc.kernels.epilogue import ACTIVATIONS, activation_code, epilogue, epilogue_ref
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _linear_kernel(
+    # pointers
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+    # sizes
+    M, N, K, M_BUCKET,
+    # strides
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+    # epilogue
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    # meta-parameters
+    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # M_BUCKET only keys the autotuner (next power of two of M), so every batch size does not
+    # trigger a new tuning run.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # wrapped row/column indices: always in bounds, the store below drops the wrapped ones
+    rows = offs_m % M
+    cols = offs_n % N
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + cols[None, :] * stride_wn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if DOT_IN_FP32:
+            # Triton's CPU interpreter multiplies bf16 operands wrongly in tl.dot; bf16 -> fp32
+            # is exact, so the products and fp32 sums are the same as the tensor cores'.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+
+    acc = epilogue(acc, bias_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, stride_rn,
+                   HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def _config(bm, bn, bk, stages, warps):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                         num_stages=stages, num_warps=warps)
+
+
+# Candidates for H100/H200. Large M: wgmma-sized tiles, 3-4 stages (128x256x64 fp16 is 48 KB of
+# shared memory a stage). Small M (decode-like): the weight is streamed once, so narrow N tiles
+# give every SM a program and long BLOCK_K keeps enough bytes in flight.
+_CONFIGS = [
+    _config(128, 256, 64, 3, 8), _config(256, 128, 64, 3, 8), _config(128, 256, 64, 4, 8),
+    _config(128, 128, 64, 4, 4), _config(128, 128, 64, 4, 8), _config(128, 128, 32, 4, 4),
+    _config(64, 256, 64, 4, 4), _config(64, 128, 64, 4, 4), _config(64, 64, 64, 5, 4),
+    _config(32, 64, 128, 4, 4), _config(32, 128, 64, 4, 4),
+    _config(16, 64, 128, 4, 4), _config(16, 32, 256, 3, 4), _config(16, 64, 256, 3, 4),
+    _config(16, 128, 128, 4, 4),
+]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Only tiles whose height suits M: tall tiles on tiny M compute padding, short ones on
+    large M re-read the weight too often."""
+    m = named_args["M"]
+    if m <= 32:
+        keep = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
+    elif m <= 128:
+        keep = [c for c in configs if 32 <= c.kwargs["BLOCK_M"] <= 128]
+    else:
+        keep = [c for c in configs if c.kwargs["BLOCK_M"] >= 64]
+    return keep or configs[:1]
+
+
+_HEURISTICS = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
+_tuned_kernel = triton.autotune(
+    configs=_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+)(triton.heuristics(_HEURISTICS)(_linear_kernel))
+# The interpreter has no device to time configs on; one small tile keeps CPU tests fast.
+_INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(f"accelc::linear: {message}")
+
+
+def linear_launch(x, weight, bias=None, residual=None, activation="none",
+                  residual_first=False, allow_tf32=False):
+    """Checks, allocates, launches. Shapes: x (..., K), weight (N, K) (any strides),
+    bias (N,), residual broadcastable-free (..., N). Returns (..., N) in x.dtype."""
+    _check(x.dim() >= 1 and weight.dim() == 2, f"weight must be 2-D (N, K), got {tuple(weight.shape)}")
+    K = x.shape[-1]
+    N = weight.shape[0]
+    _check(weight.shape[1] == K, f"x has K={K} features but weight is {tuple(weight.shape)}: "
+                                 f"expected (N, {K}) as nn.Linear stores it")
+    _check(x.dtype in SUPPORTED_DTYPES, f"dtype {x.dtype} is not supported (fp16, bf16, fp32)")
+    out_shape = (*x.shape[:-1], N)
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is None:
+            continue
+        _check(t.dtype == x.dtype, f"{name} is {t.dtype} but x is {x.dtype}")
+        _check(t.device == x.device, f"{name} is on {t.device} but x is on {x.device}")
+    _check(bias is None or tuple(bias.shape) == (N,), f"bias must be ({N},), got {None if bias is None else tuple(bias.shape)}")
+    _check(residual is None or tuple(residual.shape) == out_shape,
+           f"residual must have the output's shape {out_shape}, got {None if residual is None else tuple(residual.shape)}")
+    act = activation_code(activation)
+
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out.reshape(out_shape)
+    res2 = residual.reshape(M, N) if residual is not None else out
+    args = (
+        x2, weight, bias if bias is not None else out, res2, out,
+        M, N, K, triton.next_power_of_2(M),
+        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+        res2.stride(0), res2.stride(1), out.stride(0), out.stride(1),
+    )
+    meta = dict(
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        RESIDUAL_FIRST=bool(residual_first), ACTIVATION=act,
+        INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
+        DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16,
+    )
+    if runtime.interpreted():
+        cfg = _INTERPRETER_CONFIG
+        grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+        _linear_kernel[grid](*args, **meta, EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg)
+    else:
+        grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)
+        with torch.cuda.device(x.device):
+            _tuned_kernel[grid](*args, **meta)
+    return out.reshape(out_shape)
+
+
+def linear_ref(x, weight, bias=None, residual=None, activation="none", residual_first=False,
+               allow_tf32=False):
+    """Pure-PyTorch reference: fp32 (fp64 for fp64 inputs) math, result in x.dtype."""
+    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = torch.matmul(x.to(acc_dtype), weight.to(acc_dtype).t())
+    bias = bias.to(acc_dtype) if bias is not None else None
+    residual = residual.to(acc_dtype) if residual is not None else None
+    return epilogue_ref(acc, bias, residual, activation, residual_first).to(x.dtype)
+
+
+@torch.library.custom_op("accelc::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           residual: Optional[torch.Tensor] = None, activation: str = "none",
+           residual_first: bool = False, allow_tf32: bool = False) -> torch.Tensor:
+    """act(x @ weight^T + bias) (+ residual): see the module docstring."""
+    if not runtime.can_run_on(x.device):
+        runtime.warn_once("linear-fallback", f"accelc::linear got tensors on {x.device}, where Triton "
+                          "cannot run in this process; computing it with PyTorch instead")
+        return linear_ref(x, weight, bias, residual, activation, residual_first)
+    return linear_launch(x, weight, bias, residual, activation, residual_first, allow_tf32)
+
+
+@linear.register_fake
+def _(x, weight, bias=None, residual=None, activation="none", residual_first=False, allow_tf32=False):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+__all__ = ["ACTIVATIONS", "linear", "linear_launch", "linear_ref"]

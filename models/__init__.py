@@ -1,0 +1,46 @@
+"""Built-in example models, by name: accelc.models.get("mlp"), the CLI's `accelc optimize mlp`.
+
+Each model is built in eval mode with weights drawn from a fixed seed (the caller's RNG state is
+left alone) and has `example_inputs(batch_size=None)` giving inputs of its default shape.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from accelc.models.mlp import ProcessMLP
+from accelc.models.transformer_mlp import TransformerMLP
+
+# name -> (builder, one-line description)
+_MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
+    "mlp": (ProcessMLP, "tabular regressor: sensor features -> process parameters (Linear+ReLU/SiLU)"),
+    "transformer_mlp": (TransformerMLP, "stack of pre-norm MLP blocks (LayerNorm, Linear+GELU, residual)"),
+}
+
+
+def names() -> list[str]:
+    return sorted(_MODELS)
+
+
+def describe(name: str) -> str:
+    return _lookup(name)[1]
+
+
+def get(name: str, seed: int = 0, **kwargs) -> nn.Module:
+    """Build model `name` (kwargs go to its constructor, e.g. sizes) in eval mode."""
+    builder = _lookup(name)[0]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = builder(**kwargs)
+    return model.eval()
+
+
+def _lookup(name: str):
+    if name not in _MODELS:
+        raise KeyError(f"no built-in model {name!r}; built-in models: {', '.join(names())}")
+    return _MODELS[name]
+
+
+__all__ = ["describe", "get", "names"]

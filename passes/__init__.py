@@ -1,0 +1,1 @@
+"""accelc's graph rewrites, one file each; accelc.pipeline.PASSES runs them in order."""
