@@ -139,6 +139,7 @@ _DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Alp
 
 # spelling -> canonical callable, for call_function targets
 _FUNCTIONS = {
+    F.linear: F.linear, F.relu: F.relu, F.silu: F.silu,
     torch.relu: F.relu, aten.relu.default: F.relu,
     F.gelu: F.gelu, aten.gelu.default: F.gelu,
     aten.silu.default: F.silu,
@@ -172,10 +173,8 @@ def canonicalize(gm: fx.GraphModule) -> None:
             target = n.target
             if target in _INPLACE_FUNCTIONS and _only_reader(n):
                 _retarget(n, _INPLACE_FUNCTIONS[target])
-            elif target in _FUNCTIONS:
+            elif target in _FUNCTIONS and (not _inplace_arg(n) or _only_reader(n)):
                 _retarget(n, _FUNCTIONS[target])
-            elif target in (F.relu, F.silu) and n.kwargs.get("inplace") and _only_reader(n):
-                _retarget(n, target)
             elif target in (F.dropout, aten.dropout.default) and not _dropout_trains(n):
                 n.replace_all_uses_with(n.args[0])
                 g.erase_node(n)
@@ -231,6 +230,13 @@ def _retarget(n, target):
 
 def _gelu_kwargs(approximate: str) -> dict:
     return {"approximate": "tanh"} if approximate == "tanh" else {}
+
+
+def _inplace_arg(n) -> bool:
+    """F.relu(x, inplace=True) / F.relu(x, True)."""
+    if n.target in (F.relu, F.silu):
+        return bool(n.kwargs.get("inplace", n.args[1] if len(n.args) > 1 else False))
+    return False
 
 
 def _only_reader(n) -> bool:

@@ -102,11 +102,17 @@ def collect_layers(gm: fx.GraphModule, checks: dict, reverted: dict) -> list[Lay
             continue
         if n.op not in ("call_module", "call_function", "call_method"):
             continue
-        kind = type(modules[n.target]).__name__ if n.op == "call_module" else op_name(n)
-        if kind in _GLUE or op_name(n) in _GLUE:
+        if op_name(n) in _GLUE:
             continue
         path = n.meta.get("accelc_path", "")
-        name = path if n.op == "call_module" or not path else f"{path}:{kind}"
+        module = modules.get(path) if path else None
+        if module is not None and type(module).__module__.startswith("torch.nn.modules"):
+            name, kind = path, type(module).__name__       # a leaf layer: "blocks.0.norm", LayerNorm
+        else:
+            kind = op_name(n)                               # an op written in a forward()
+            name = f"{path}:{kind}" if path else kind
+        if kind in _GLUE:
+            continue
         if name in seen:
             continue
         seen.add(name)

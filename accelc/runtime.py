@@ -21,6 +21,12 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def autotune_enabled() -> bool:
+    """ACCELC_AUTOTUNE=0 launches each kernel with its first candidate config for the shape
+    instead of timing all candidates: faster start (tests), slower kernels."""
+    return os.environ.get("ACCELC_AUTOTUNE", "1") not in ("", "0")
+
+
 def can_run_on(device: torch.device) -> bool:
     """Whether accelc kernels can take tensors on `device` in this process."""
     if device.type == "cuda":

@@ -17,11 +17,14 @@ so weight.t() views (matmul(x, W) written as a Linear) cost no copy.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
 from accelc.kernels.epilogue import ACTIVATIONS, activation_code, epilogue, epilogue_ref
@@ -30,9 +33,21 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Tile index -> (row block, column block), GROUP_M row blocks at a time so that the
+    programs running together share weight tiles in L2 (tutorial 03's grouped ordering)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+    pid_n = (tile % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
 def _linear_kernel(
-    # pointers
-    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+    # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA)
+    x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr,
     # sizes
     M, N, K, M_BUCKET,
     # strides
@@ -41,58 +56,65 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
     ACTIVATION: tl.constexpr,
     # meta-parameters
-    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, EVEN_K: tl.constexpr,
+    USE_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # M_BUCKET only keys the autotuner (next power of two of M), so every batch size does not
     # trigger a new tuning run.
-    pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
-    # wrapped row/column indices: always in bounds, the store below drops the wrapped ones
-    rows = offs_m % M
-    cols = offs_n % N
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + cols[None, :] * stride_wn
+    # Persistent: each program walks tiles start, start + num_programs, ...; flattening the two
+    # loops lets the pipeliner issue the next tile's loads while this tile's epilogue runs.
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_tiles):
+            if USE_TMA:
+                # the copy engine zero-fills rows, columns and K past the tensor's edge
+                a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+                b = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+            else:
+                # wrapped row/column indices stay in bounds; the masked store drops them
+                rows = offs_m % M
+                cols = offs_n % N
+                x_ptrs = x_ptr + rows[:, None] * stride_xm + (k * BLOCK_K + offs_k)[None, :] * stride_xk
+                w_ptrs = w_ptr + (k * BLOCK_K + offs_k)[:, None] * stride_wk + cols[None, :] * stride_wn
+                if EVEN_K:
+                    a = tl.load(x_ptrs)
+                    b = tl.load(w_ptrs)
+                else:
+                    k_left = K - k * BLOCK_K
+                    a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                    b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if DOT_IN_FP32:
+                # Triton's CPU interpreter multiplies bf16 operands wrongly in tl.dot; bf16 -> fp32
+                # is exact, so the products and fp32 sums are the same as the tensor cores'.
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(x_ptrs)
-            b = tl.load(w_ptrs)
-        else:
-            k_left = K - k * BLOCK_K
-            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if DOT_IN_FP32:
-            # Triton's CPU interpreter multiplies bf16 operands wrongly in tl.dot; bf16 -> fp32
-            # is exact, so the products and fp32 sums are the same as the tensor cores'.
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
+        acc = epilogue(acc, bias_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, stride_rn,
+                       HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
+        out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
-    acc = epilogue(acc, bias_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, stride_rn,
-                   HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
-    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+def _set_tma_boxes(nargs):
+    """Autotune pre-hook: a TMA descriptor's box is the config's tile."""
+    if nargs["USE_TMA"]:
+        nargs["x_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+        nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
 
 def _config(bm, bn, bk, stages, warps):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
-                         num_stages=stages, num_warps=warps)
+                         num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
 
 
 # Candidates for H100/H200. Large M: wgmma-sized tiles, 3-4 stages (128x256x64 fp16 is 48 KB of
@@ -121,12 +143,33 @@ def _prune(configs, named_args, **kwargs):
     return keep or configs[:1]
 
 
+def _default_config(m: int, dtype: torch.dtype) -> triton.Config:
+    """The config used without autotuning (ACCELC_AUTOTUNE=0): modest tiles that fit in shared
+    memory for every dtype."""
+    if m <= 32:
+        return _config(16, 64, 128, 3, 4)
+    return _config(64, 128, 64, 3 if dtype == torch.float32 else 4, 4)
+
+
 _HEURISTICS = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
 _tuned_kernel = triton.autotune(
-    configs=_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+    configs=_CONFIGS, key=["M_BUCKET", "N", "K", "USE_TMA"],
+    prune_configs_by={"early_config_prune": _prune},
 )(triton.heuristics(_HEURISTICS)(_linear_kernel))
 # The interpreter has no device to time configs on; one small tile keeps CPU tests fast.
-_INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
+_INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4},
+                                    pre_hook=_set_tma_boxes)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """The copy engine needs a contiguous last dim and 16-byte aligned rows and base."""
+    return (t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0
+            and t.data_ptr() % 16 == 0 and t.shape[1] * t.element_size() >= 16)
 
 
 def _check(cond: bool, message: str) -> None:
@@ -137,7 +180,7 @@ def _check(cond: bool, message: str) -> None:
 def linear_launch(x, weight, bias=None, residual=None, activation="none",
                   residual_first=False, allow_tf32=False):
     """Checks, allocates, launches. Shapes: x (..., K), weight (N, K) (any strides),
-    bias (N,), residual broadcastable-free (..., N). Returns (..., N) in x.dtype."""
+    bias (N,), residual (..., N). Returns (..., N) in x.dtype."""
     _check(x.dim() >= 1 and weight.dim() == 2, f"weight must be 2-D (N, K), got {tuple(weight.shape)}")
     K = x.shape[-1]
     N = weight.shape[0]
@@ -161,27 +204,46 @@ def linear_launch(x, weight, bias=None, residual=None, activation="none",
     if M == 0 or N == 0:
         return out.reshape(out_shape)
     res2 = residual.reshape(M, N) if residual is not None else out
+    use_tma = K > 0 and _tma_ok(x2) and _tma_ok(weight)
+    # the boxes are set per config by _set_tma_boxes; [1, 1] is a placeholder
+    x_desc = TensorDescriptor.from_tensor(x2, [1, 1]) if use_tma else x2
+    w_desc = TensorDescriptor.from_tensor(weight, [1, 1]) if use_tma else weight
     args = (
-        x2, weight, bias if bias is not None else out, res2, out,
+        x2, weight, x_desc, w_desc, bias if bias is not None else out, res2, out,
         M, N, K, triton.next_power_of_2(M),
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         res2.stride(0), res2.stride(1), out.stride(0), out.stride(1),
     )
     meta = dict(
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        RESIDUAL_FIRST=bool(residual_first), ACTIVATION=act,
+        RESIDUAL_FIRST=bool(residual_first), ACTIVATION=act, USE_TMA=use_tma,
         INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
         DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16,
     )
-    if runtime.interpreted():
-        cfg = _INTERPRETER_CONFIG
-        grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        _linear_kernel[grid](*args, **meta, EVEN_K=K % cfg["BLOCK_K"] == 0, **cfg)
+    # TMA programs are persistent (one per SM, looping over tiles); pointer programs one per tile
+    max_programs = _sm_count(x.device.index or 0) if (use_tma and x.is_cuda) else None
+
+    def grid(cfg):
+        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+        return (min(tiles, max_programs) if max_programs else tiles,)
+
+    if runtime.interpreted() or not runtime.autotune_enabled():
+        cfg = _INTERPRETER_CONFIG if runtime.interpreted() else _default_config(M, x.dtype)
+        kw = cfg.all_kwargs()
+        _set_tma_boxes({**dict(x_desc=x_desc, w_desc=w_desc), **meta, **kw})
+        with _device_of(x):
+            _linear_kernel[grid(kw)](*args, **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
     else:
-        grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)
-        with torch.cuda.device(x.device):
+        with _device_of(x):
             _tuned_kernel[grid](*args, **meta)
     return out.reshape(out_shape)
+
+
+def _device_of(x):
+    """Triton launches on the current CUDA device: make it x's."""
+    if x.is_cuda and x.device.index != torch.cuda.current_device():
+        return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
 
 
 def linear_ref(x, weight, bias=None, residual=None, activation="none", residual_first=False,

@@ -1,0 +1,5 @@
+import sys
+
+from accelc.cli import main
+
+sys.exit(main())

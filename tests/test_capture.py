@@ -1,0 +1,98 @@
+"""accelc/capture.py: symbolic_trace, the torch.export fallback, module paths, canonical form."""
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import accelc
+from accelc.capture import capture
+from conftest import DEVICE, rel_l2
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + F.gelu(self.fc(x))
+
+
+class ShapeBranch(nn.Module):
+    """Branches on a shape, as library code does (`if x.dim() == 2`): symbolic_trace cannot
+    evaluate the condition on a Proxy, torch.export can."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        if x.shape[0] > 1:
+            x = x * 0.5
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+class ValueBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.sum() > 0:  # depends on the data: neither tracer can keep both paths
+            return y * 2
+        return y
+
+
+def test_symbolic_trace_keeps_module_paths():
+    gm, method, _ = capture(ShapeBranch().blocks[0].eval(), (torch.randn(2, 16),))
+    assert method == "symbolic_trace"
+    paths = {n.target.__name__ if callable(n.target) else n.target: n.meta["accelc_path"]
+             for n in gm.graph.nodes if n.op == "call_function"}
+    assert paths["linear"] == "fc" and paths["gelu"] == "" and paths["add"] == ""
+
+
+def test_export_fallback_keeps_paths_and_names_layers():
+    model = ShapeBranch().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    assert opt.info.capture_method == "torch.export"
+    assert [r.name for r in opt.rewritten] == ["blocks.0.fc+gelu+add", "blocks.1.fc+gelu+add", "head"]
+    assert [r.kernel for r in opt.rewritten] == ["accelc::linear[gelu+residual]"] * 2 + ["accelc::linear"]
+    with torch.no_grad():
+        for batch in (4, 7):  # dimensions were exported as dynamic where the model allows
+            xb = torch.randn(batch, 16, device=DEVICE)
+            assert rel_l2(opt(xb), model(xb)) < 1e-5
+
+
+def test_export_graph_is_canonicalised():
+    gm, method, _ = capture(ShapeBranch().eval(), (torch.randn(4, 16),))
+    assert method == "torch.export"
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert {F.linear, F.gelu, operator.add} <= targets
+    assert torch.ops.aten.linear.default not in targets
+
+
+def test_value_dependent_control_flow_is_a_capture_error():
+    with pytest.raises(accelc.CaptureError) as e:
+        accelc.optimize(ValueBranch().to(DEVICE).eval(), (torch.randn(2, 16, device=DEVICE),))
+    text = str(e.value)
+    assert "symbolic_trace" in text and "torch.export" in text and "torch.cond" in text
+
+
+class TrainingFlag(nn.Module):
+    """A graph that symbolic_trace captures but that disagrees with the model: the random
+    dropout mask differs between runs. Capture must notice and not hand back a wrong graph."""
+
+    def forward(self, x):
+        return F.dropout(x, 0.5, training=True)
+
+
+def test_capture_checks_the_graph_against_the_model():
+    with pytest.raises(accelc.CaptureError, match="differs from the model"):
+        capture(TrainingFlag(), (torch.randn(64, 64),))

@@ -1,0 +1,29 @@
+"""The `accelc` command line (accelc/cli.py)."""
+import subprocess
+import sys
+
+from accelc.cli import main
+
+
+def test_optimize_builtin_model_prints_summary(capsys):
+    assert main(["optimize", "mlp", "--batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "4 layer(s) rewritten, 0 reverted" in out and "accelc::linear[relu]" in out
+
+
+def test_list_models(capsys):
+    assert main(["list-models"]) == 0
+    out = capsys.readouterr().out
+    assert "mlp" in out and "transformer_mlp" in out
+
+
+def test_unknown_model_is_one_clear_line(capsys):
+    assert main(["optimize", "nosuchmodel"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("accelc: error:") and "built-in models: mlp" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_installed_entry_point_and_version():
+    out = subprocess.run([sys.executable, "-m", "accelc", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("accelc ")

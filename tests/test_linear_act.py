@@ -1,0 +1,174 @@
+"""passes/linear_act.py: which spellings of linear + epilogue are found, and what stays."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import accelc
+from conftest import DEVICE, rel_l2
+
+
+def _optimize(model, *shape):
+    model = model.to(DEVICE).eval()
+    x = torch.randn(*shape, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    x2 = torch.randn(*shape, device=DEVICE)  # fresh input: same function, not just the example
+    with torch.no_grad():
+        assert rel_l2(opt(x2), model(x2)) < 1e-5
+    return opt
+
+
+def _kernels(opt):
+    return [r.kernel for r in opt.rewritten]
+
+
+class LinearAct(nn.Module):
+    def __init__(self, act, bias=True):
+        super().__init__()
+        self.fc = nn.Linear(20, 12, bias=bias)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+@pytest.mark.parametrize("act,label", [
+    (nn.ReLU(), "accelc::linear[relu]"),
+    (nn.ReLU(inplace=True), "accelc::linear[relu]"),
+    (nn.GELU(), "accelc::linear[gelu]"),
+    (nn.GELU(approximate="tanh"), "accelc::linear[gelu_tanh]"),
+    (nn.SiLU(), "accelc::linear[silu]"),
+    (nn.Sigmoid(), "accelc::linear[sigmoid]"),
+    (nn.Tanh(), "accelc::linear[tanh]"),
+    (nn.Identity(), "accelc::linear"),
+])
+def test_activation_modules_fused(act, label):
+    opt = _optimize(LinearAct(act), 9, 20)
+    assert _kernels(opt) == [label]
+    assert opt.info.pass_counts == {"linear_act": 1}
+
+
+class Functional(nn.Module):
+    """The same linear+relu written five ways."""
+
+    def __init__(self, style):
+        super().__init__()
+        self.style = style
+        self.w = nn.Parameter(torch.randn(12, 20) / 20 ** 0.5)   # (N, K) like nn.Linear
+        self.w_t = nn.Parameter(torch.randn(20, 12) / 20 ** 0.5)  # (K, N) for matmul
+        self.b = nn.Parameter(torch.randn(12))
+
+    def forward(self, x):
+        if self.style == "F.linear":
+            return torch.relu(F.linear(x, self.w, self.b))
+        if self.style == "matmul+bias":
+            return (x @ self.w_t + self.b).relu()
+        if self.style == "bias+matmul":
+            return F.relu(torch.add(self.b, torch.matmul(x, self.w_t)))
+        if self.style == "matmul":
+            return F.relu(x @ self.w_t, inplace=True)
+        return F.linear(x, self.w).relu_()
+
+
+@pytest.mark.parametrize("style", ["F.linear", "matmul+bias", "bias+matmul", "matmul", "nobias"])
+def test_functional_spellings_fused(style):
+    opt = _optimize(Functional(style), 2, 7, 20)
+    assert _kernels(opt) == ["accelc::linear[relu]"]
+
+
+class Residual(nn.Module):
+    def __init__(self, order):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.order = order
+
+    def forward(self, x):
+        if self.order == "act_then_add":
+            return x + F.gelu(self.fc(x))
+        if self.order == "add_then_act":
+            return F.relu(self.fc(x) + x)
+        return self.fc(x) + x
+
+
+@pytest.mark.parametrize("order,label", [
+    ("act_then_add", "accelc::linear[gelu+residual]"),
+    ("add_then_act", "accelc::linear[residual+relu]"),
+    ("add_only", "accelc::linear[residual]"),
+])
+def test_residual_add_fused_in_either_order(order, label):
+    opt = _optimize(Residual(order), 5, 16)
+    assert _kernels(opt) == [label]
+
+
+def test_unsupported_activation_stays_pytorch():
+    opt = _optimize(LinearAct(nn.LeakyReLU(0.1)), 9, 20)
+    assert _kernels(opt) == ["accelc::linear"]
+    kept = [r for r in opt.layers if r.status == "kept"]
+    assert [r.kind for r in kept] == ["LeakyReLU"]
+    assert "no accelc rewrite for LeakyReLU" in opt.summary()
+
+
+class SharedOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return torch.relu(h) * h  # h read twice: the relu cannot be fused away
+
+
+def test_intermediate_with_other_readers_not_absorbed():
+    opt = _optimize(SharedOutput(), 4, 16)
+    assert _kernels(opt) == ["accelc::linear"]
+    assert any(r.kind == "relu" and r.status == "kept" for r in opt.layers)
+
+
+class InplaceShared(nn.Module):
+    """relu_ mutates h, which is read again afterwards: canonicalising it to an out-of-place
+    relu would change the result, so it must not be absorbed."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.fc(x)
+        y = h.relu_()
+        return y + h
+
+
+def test_inplace_op_whose_input_is_read_again_is_left_alone():
+    opt = _optimize(InplaceShared(), 4, 16)
+    assert _kernels(opt) == ["accelc::linear"]
+
+
+class NoLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x, ):
+        return torch.relu(self.norm(x)) @ x.transpose(-1, -2)  # matmul of two activations (3-D)
+
+
+def test_no_pattern_found():
+    opt = _optimize(NoLinear(), 2, 4, 16)
+    assert opt.rewritten == [] and opt.info.pass_counts == {"linear_act": 0}
+    assert {(r.name, r.kind) for r in opt.layers} == {("norm", "LayerNorm"), ("relu", "relu"),
+                                                      ("matmul", "matmul")}
+
+
+def test_unsupported_dtype_kept_with_reason():
+    model = LinearAct(nn.ReLU()).double().to(DEVICE).eval()
+    opt = accelc.optimize(model, (torch.randn(3, 20, device=DEVICE, dtype=torch.float64),))
+    assert opt.rewritten == []
+    row = next(r for r in opt.layers if r.name == "fc")
+    assert row.status == "kept" and "dtype torch.float64" in row.reason
+
+
+def test_counts_and_names_on_a_sequence():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
+    opt = _optimize(model, 6, 8)
+    assert opt.info.pass_counts == {"linear_act": 3}
+    assert [r.name for r in opt.rewritten] == ["0+1", "2+3", "4"]

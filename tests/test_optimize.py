@@ -1,0 +1,139 @@
+"""accelc.optimize end to end on the built-in models, the guard, config and warnings."""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import accelc
+from accelc import runtime
+from accelc.kernels import gemm
+from conftest import DEVICE, REL_FLOOR, rel_l2
+
+
+def _model(name, dtype=torch.float32):
+    return accelc.models.get(name).to(DEVICE, dtype)
+
+
+def _n_linear(model):
+    return sum(isinstance(m, nn.Linear) for m in model.modules())
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer_mlp"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_builtin_models_every_linear_rewritten_and_matching(name, dtype):
+    model = _model(name, dtype)
+    (x,) = model.example_inputs()
+    opt = accelc.optimize(model, (x,))
+    assert len(opt.rewritten) == _n_linear(model)
+    assert all(r.status != "reverted" for r in opt.layers)
+    # a fresh input, against the model run in fp64
+    (x2,) = model.example_inputs(batch_size=5)
+    ref_model = accelc.models.get(name).to(DEVICE, torch.float64)
+    with torch.no_grad():
+        out, eager, ref = opt(x2), model(x2), ref_model(x2.double())
+    assert out.dtype == dtype and out.shape == eager.shape
+    assert rel_l2(out, ref) <= max(2 * rel_l2(eager, ref), REL_FLOOR[dtype])
+
+
+def test_config_dtype_converts_a_copy():
+    model = _model("mlp")
+    (x,) = model.example_inputs()
+    opt = accelc.optimize(model, (x,), config=accelc.OptimizeConfig(dtype="bf16"))
+    assert next(model.parameters()).dtype == torch.float32  # the caller's model is untouched
+    assert opt(x.bfloat16()).dtype == torch.bfloat16
+    assert len(opt.rewritten) == 4
+
+
+def test_summary_lists_rewritten_and_kept_layers():
+    model = _model("transformer_mlp")
+    opt = accelc.optimize(model, model.example_inputs())
+    text = opt.summary()
+    assert "8 layer(s) rewritten, 0 reverted, 5 kept" in text
+    assert "blocks.0.fc1+gelu" in text and "accelc::linear[gelu]" in text
+    assert "blocks.0.fc2+add" in text and "accelc::linear[residual]" in text
+    assert "no accelc rewrite for LayerNorm" in text
+    assert "end-to-end relative L2 error vs eager" in text
+
+
+def _broken_launch(*args, **kwargs):
+    return gemm.linear_ref(*args[:6]) + 1.0  # right shape and dtype, wrong numbers
+
+
+def test_guard_reverts_a_wrong_kernel(monkeypatch):
+    monkeypatch.setattr(gemm, "linear_launch", _broken_launch)
+    model = _model("mlp")
+    (x,) = model.example_inputs()
+    opt = accelc.optimize(model, (x,))
+    assert opt.rewritten == []
+    reverted = [r for r in opt.layers if r.status == "reverted"]
+    assert len(reverted) == 4 and all("over tolerance" in r.reason for r in reverted)
+    assert reverted[0].rel_error > 1e-2
+    with torch.no_grad():
+        assert torch.equal(opt(x), model(x))  # the original layers are back, exactly
+    assert not any(n.target == torch.ops.accelc.linear.default for n in opt.graph_module.graph.nodes)
+
+
+def test_guard_reverts_a_kernel_that_raises(monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("out of resources")
+    monkeypatch.setattr(gemm, "linear_launch", boom)
+    model = _model("transformer_mlp")
+    opt = accelc.optimize(model, model.example_inputs())
+    rows = [r for r in opt.layers if r.status == "reverted"]
+    assert len(rows) == 8 and "kernel failed: RuntimeError: out of resources" in rows[0].reason
+
+
+def test_no_passes_rewrites_nothing():
+    model = _model("mlp")
+    opt = accelc.optimize(model, model.example_inputs(), config=accelc.OptimizeConfig(passes=()))
+    assert opt.rewritten == [] and len(opt.layers) == 4 + 3  # linears + activations, all kept
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(passes=("nope",)), "unknown pass"),
+    (dict(dtype="fp8"), "dtype 'fp8' is not one of"),
+    (dict(dtype=torch.int8), "dtype must be float32, float16 or bfloat16"),
+    (dict(fp32_precision="fast"), "fp32_precision"),
+    (dict(tolerance=0), "tolerance must be > 0"),
+])
+def test_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        accelc.OptimizeConfig(**kwargs)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="takes an nn.Module"):
+        accelc.optimize(lambda x: x, (torch.randn(2),))
+    with pytest.raises(ValueError, match="no preset"):
+        accelc.optimize(_model("mlp"), (torch.randn(2, 24, device=DEVICE),), config="fastest")
+
+
+def test_training_model_is_switched_to_eval_with_a_warning():
+    model = accelc.models.get("mlp").to(DEVICE).train()
+    with pytest.warns(UserWarning, match="switched to eval"):
+        accelc.optimize(model, model.example_inputs())
+    assert not model.training
+
+
+@pytest.mark.skipif(not runtime.interpreted(), reason="the interpreter warning exists only without a GPU")
+def test_interpreter_warning_once(monkeypatch):
+    monkeypatch.setattr(runtime, "_warned", set())
+    model = _model("mlp")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelc.optimize(model, model.example_inputs())
+        accelc.optimize(model, model.example_inputs())
+    texts = [str(w.message) for w in caught if "interpreter" in str(w.message)]
+    assert len(texts) == 1 and "not performance figures" in texts[0]
+
+
+def test_optimized_module_exports_with_accelc_ops():
+    model = _model("transformer_mlp")
+    (x,) = model.example_inputs()
+    opt = accelc.optimize(model, (x,))
+    ep = torch.export.export(opt, (x,))
+    n = sum(node.target == torch.ops.accelc.linear.default for node in ep.graph.nodes)
+    assert n == 8
+    with torch.no_grad():
+        assert rel_l2(ep.module()(x), opt(x)) < 1e-6
