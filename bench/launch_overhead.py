@@ -3,6 +3,7 @@ F.linear: microseconds of CPU time per call on a tiny shape (GPU work negligible
 
     python bench/launch_overhead.py
 """
+import sys
 import time
 
 import torch
@@ -40,3 +41,23 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+def profile():
+    import cProfile
+    import pstats
+
+    x = torch.randn(16, 256, device="cuda", dtype=torch.float16)
+    w = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    for _ in range(50):
+        torch.ops.accelc.linear(x, w, None, activation="gelu")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(500):
+        torch.ops.accelc.linear(x, w, None, activation="gelu")
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+
+
+if __name__ == "__main__" and "--profile" in sys.argv:
+    profile()

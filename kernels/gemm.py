@@ -46,8 +46,8 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _linear_kernel(
-    # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA)
-    x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr,
+    # pointers (x_desc / w_desc / out_desc: TMA descriptors when USE_TMA / OUT_TMA)
+    x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr, out_desc,
     # sizes
     M, N, K, M_BUCKET,
     # strides
@@ -56,7 +56,8 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
     ACTIVATION: tl.constexpr,
     # meta-parameters
-    USE_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    USE_TMA: tl.constexpr, OUT_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -100,9 +101,13 @@ def _linear_kernel(
 
         acc = epilogue(acc, bias_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, stride_rn,
                        HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
-        out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        if OUT_TMA:
+            # asynchronous store by the copy engine, clipped at the tensor's edge
+            out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(out_desc.dtype))
+        else:
+            out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
+                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 def _set_tma_boxes(nargs):
@@ -110,6 +115,8 @@ def _set_tma_boxes(nargs):
     if nargs["USE_TMA"]:
         nargs["x_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
         nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+    if nargs["OUT_TMA"]:
+        nargs["out_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_N"]]
 
 
 def _config(bm, bn, bk, stages, warps):
@@ -153,7 +160,7 @@ def _default_config(m: int, dtype: torch.dtype) -> triton.Config:
 
 _HEURISTICS = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
 _tuned_kernel = triton.autotune(
-    configs=_CONFIGS, key=["M_BUCKET", "N", "K", "USE_TMA"],
+    configs=_CONFIGS, key=["M_BUCKET", "N", "K", "USE_TMA", "OUT_TMA"],
     prune_configs_by={"early_config_prune": _prune},
 )(triton.heuristics(_HEURISTICS)(_linear_kernel))
 # The interpreter has no device to time configs on; one small tile keeps CPU tests fast.
@@ -172,71 +179,91 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and t.data_ptr() % 16 == 0 and t.shape[1] * t.element_size() >= 16)
 
 
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(f"accelc::linear: {message}")
+def _fail(message: str):
+    raise ValueError(f"accelc::linear: {message}")
 
 
 def linear_launch(x, weight, bias=None, residual=None, activation="none",
                   residual_first=False, allow_tf32=False):
     """Checks, allocates, launches. Shapes: x (..., K), weight (N, K) (any strides),
     bias (N,), residual (..., N). Returns (..., N) in x.dtype."""
-    _check(x.dim() >= 1 and weight.dim() == 2, f"weight must be 2-D (N, K), got {tuple(weight.shape)}")
+    if weight.dim() != 2 or x.dim() < 1:
+        _fail(f"weight must be 2-D (N, K), got {tuple(weight.shape)}")
     K = x.shape[-1]
     N = weight.shape[0]
-    _check(weight.shape[1] == K, f"x has K={K} features but weight is {tuple(weight.shape)}: "
-                                 f"expected (N, {K}) as nn.Linear stores it")
-    _check(x.dtype in SUPPORTED_DTYPES, f"dtype {x.dtype} is not supported (fp16, bf16, fp32)")
+    if weight.shape[1] != K:
+        _fail(f"x has K={K} features but weight is {tuple(weight.shape)}: "
+              f"expected (N, {K}) as nn.Linear stores it")
+    if x.dtype not in SUPPORTED_DTYPES:
+        _fail(f"dtype {x.dtype} is not supported (fp16, bf16, fp32)")
     out_shape = (*x.shape[:-1], N)
     for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
-        if t is None:
-            continue
-        _check(t.dtype == x.dtype, f"{name} is {t.dtype} but x is {x.dtype}")
-        _check(t.device == x.device, f"{name} is on {t.device} but x is on {x.device}")
-    _check(bias is None or tuple(bias.shape) == (N,), f"bias must be ({N},), got {None if bias is None else tuple(bias.shape)}")
-    _check(residual is None or tuple(residual.shape) == out_shape,
-           f"residual must have the output's shape {out_shape}, got {None if residual is None else tuple(residual.shape)}")
-    act = activation_code(activation)
+        if t is not None and t.dtype != x.dtype:
+            _fail(f"{name} is {t.dtype} but x is {x.dtype}")
+        if t is not None and t.device != x.device:
+            _fail(f"{name} is on {t.device} but x is on {x.device}")
+    if bias is not None and bias.shape != (N,):
+        _fail(f"bias must be ({N},), got {tuple(bias.shape)}")
+    if residual is not None and residual.shape != out_shape:
+        _fail(f"residual must have the output's shape {out_shape}, got {tuple(residual.shape)}")
+    if activation not in ACTIVATIONS:
+        _fail(f"activation must be one of {ACTIVATIONS}, not {activation!r}")
 
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M == 0 or N == 0:
-        return out.reshape(out_shape)
-    res2 = residual.reshape(M, N) if residual is not None else out
-    use_tma = K > 0 and _tma_ok(x2) and _tma_ok(weight)
+    if M > 0 and N > 0:
+        res2 = residual.reshape(M, N) if residual is not None else None
+        launch(x2, weight, bias, res2, out, activation, residual_first, allow_tf32)
+    return out.reshape(out_shape)
+
+
+def launch(x2, weight, bias, res2, out, activation="none", residual_first=False, allow_tf32=False,
+           config: triton.Config | None = None, use_tma: bool | None = None, out_tma: bool | None = None):
+    """Launch on checked 2-D operands: out (M, N) = epilogue(x2 (M, K) @ weight (N, K)^T).
+    config / use_tma / out_tma override the autotuner and the TMA choice (bench/gemm_sweep.py)."""
+    M, K = x2.shape
+    N = weight.shape[0]
+    if use_tma is None:
+        use_tma = K > 0 and _tma_ok(x2) and _tma_ok(weight)
+    if out_tma is None:
+        out_tma = use_tma and _tma_ok(out)
     # the boxes are set per config by _set_tma_boxes; [1, 1] is a placeholder
     x_desc = TensorDescriptor.from_tensor(x2, [1, 1]) if use_tma else x2
     w_desc = TensorDescriptor.from_tensor(weight, [1, 1]) if use_tma else weight
+    out_desc = TensorDescriptor.from_tensor(out, [1, 1]) if out_tma else out
+    res2 = res2 if res2 is not None else out
     args = (
-        x2, weight, x_desc, w_desc, bias if bias is not None else out, res2, out,
+        x2, weight, x_desc, w_desc, bias if bias is not None else out, res2, out, out_desc,
         M, N, K, triton.next_power_of_2(M),
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         res2.stride(0), res2.stride(1), out.stride(0), out.stride(1),
     )
     meta = dict(
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        RESIDUAL_FIRST=bool(residual_first), ACTIVATION=act, USE_TMA=use_tma,
-        INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
-        DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not out,
+        RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation),
+        USE_TMA=use_tma, OUT_TMA=out_tma,
+        INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
+        DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
     )
     # TMA programs are persistent (one per SM, looping over tiles); pointer programs one per tile
-    max_programs = _sm_count(x.device.index or 0) if (use_tma and x.is_cuda) else None
+    max_programs = _sm_count(x2.device.index or 0) if (use_tma and x2.is_cuda) else None
 
     def grid(cfg):
         tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
         return (min(tiles, max_programs) if max_programs else tiles,)
 
-    if runtime.interpreted() or not runtime.autotune_enabled():
-        cfg = _INTERPRETER_CONFIG if runtime.interpreted() else _default_config(M, x.dtype)
-        kw = cfg.all_kwargs()
-        _set_tma_boxes({**dict(x_desc=x_desc, w_desc=w_desc), **meta, **kw})
-        with _device_of(x):
-            _linear_kernel[grid(kw)](*args, **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
-    else:
-        with _device_of(x):
+    if config is None and runtime.interpreted():
+        config = _INTERPRETER_CONFIG
+    elif config is None and not runtime.autotune_enabled():
+        config = _default_config(M, x2.dtype)
+    with _device_of(x2):
+        if config is None:
             _tuned_kernel[grid](*args, **meta)
-    return out.reshape(out_shape)
+        else:
+            kw = config.all_kwargs()
+            _set_tma_boxes(dict(x_desc=x_desc, w_desc=w_desc, out_desc=out_desc, **meta, **kw))
+            _linear_kernel[grid(kw)](*args, **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
 
 
 def _device_of(x):

@@ -1,0 +1,83 @@
+"""Tuning aid for kernels/gemm.py: time explicit configs and load/store paths per shape,
+bypassing the autotuner, to choose the candidate list in _CONFIGS.
+
+    python bench/gemm_sweep.py [--out DIR]
+
+paths: "tma"  = TMA loads + TMA store (persistent grid)
+       "tma/ptr-store" = TMA loads, pointer store (persistent grid)
+       "ptr"  = pointer loads and store, one program per tile
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common  # noqa: E402
+
+import accelc  # noqa: E402,F401
+from accelc.kernels import gemm  # noqa: E402
+from accelc.latency import median_ms  # noqa: E402
+
+C = gemm._config
+CANDIDATES = {
+    (4096, 4096, 16384): [C(128, 256, 64, 3, 8), C(128, 256, 64, 4, 8), C(256, 128, 64, 3, 8),
+                          C(256, 128, 64, 4, 8), C(128, 128, 64, 4, 8), C(128, 128, 64, 5, 4)],
+    (512, 4096, 4096): [C(128, 128, 64, 4, 8), C(128, 128, 64, 3, 4), C(64, 128, 64, 4, 4),
+                        C(128, 64, 64, 4, 4), C(64, 256, 64, 4, 4), C(128, 256, 64, 3, 8)],
+    (16, 4096, 4096): [C(16, 32, 256, 3, 4), C(16, 32, 256, 4, 4), C(16, 32, 128, 6, 4),
+                       C(16, 64, 128, 5, 4), C(16, 16, 256, 4, 4), C(16, 32, 512, 2, 4)],
+}
+PATHS = {"tma": (True, True), "tma/ptr-store": (True, False), "ptr": (False, False)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    env = _common.environment()
+    print(_common.env_line(env))
+    results = []
+    for (M, K, N), configs in CANDIDATES.items():
+        x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+        w = (torch.randn(N, K, device="cuda") / K**0.5).half()
+        b = torch.randn(N, device="cuda", dtype=torch.float16)
+        out = torch.empty(M, N, device="cuda", dtype=torch.float16)
+        ref = gemm.linear_ref(x.float(), w.float(), b.float(), activation="gelu")
+        best = None
+        for cfg in configs:
+            for path, (use_tma, out_tma) in PATHS.items():
+                def fn():
+                    gemm.launch(x, w, b, None, out, "gelu", config=cfg, use_tma=use_tma, out_tma=out_tma)
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    us = median_ms(fn, cuda_graph=True) * 1e3
+                except Exception as e:  # out of shared memory etc.: recorded, the sweep goes on
+                    print(f"  {M}x{K}x{N} {path:14s} {cfg}: {type(e).__name__}")
+                    continue
+                tf = 2 * M * N * K / us / 1e6
+                row = dict(M=M, K=K, N=N, path=path, config=str(cfg), us=round(us, 2), tflops=round(tf, 1),
+                           err=err)
+                results.append(row)
+                print(f"  {M}x{K}x{N} {path:14s} {us:8.1f} us {tf:6.1f} TF/s err {err:.1e}  "
+                      f"{cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}")
+                if best is None or us < best[0]:
+                    best = (us, cfg, use_tma, out_tma)
+        us, cfg, use_tma, out_tma = best
+
+        def plain():
+            gemm.launch(x, w, b, None, out, "none", config=cfg, use_tma=use_tma, out_tma=out_tma)
+        us_none = median_ms(plain, cuda_graph=True) * 1e3
+        print(f"  {M}x{K}x{N} best {us:.1f} us; same config without bias/GELU {us_none:.1f} us")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gemm_sweep.json").write_text(json.dumps({"environment": env, "rows": results}))
+
+
+if __name__ == "__main__":
+    main()
