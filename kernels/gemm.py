@@ -59,7 +59,7 @@ def _linear_kernel(
     USE_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PROGRAMS_PER_SM: tl.constexpr,
+    PROGRAMS_PER_SM: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     # M_BUCKET only keys the autotuner (next power of two of M), so every batch size does not
     # trigger a new tuning run. PROGRAMS_PER_SM only sizes the persistent grid (launcher).
@@ -67,9 +67,11 @@ def _linear_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
-    # Persistent: each program walks tiles start, start + num_programs, ...; flattening the two
-    # loops lets the pipeliner issue the next tile's loads while this tile's epilogue runs.
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=True):
+    # Persistent: each program walks tiles start, start + num_programs, ...; FLATTEN lets the
+    # pipeliner issue the next tile's loads during this tile's epilogue; WARP_SPECIALIZE gives
+    # the loads to a producer warp so the epilogue overlaps the next tile's tensor-core loop.
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -115,11 +117,11 @@ def _set_tma_boxes(nargs):
         nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
 
-def _config(bm, bn, bk, stages, warps, per_sm=1):
-    """per_sm: persistent programs per SM; with 2, one program's epilogue (GELU is ~10% of the
-    time at 4096x4096x16384) runs while the other's tensor-core loop does."""
+def _config(bm, bn, bk, stages, warps, per_sm=1, flatten=True, ws=False):
+    """per_sm: persistent programs per SM; with 2, one program's epilogue can run while the
+    other's tensor-core loop does. flatten / ws: see the tile loop in _linear_kernel."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
-                          "PROGRAMS_PER_SM": per_sm},
+                          "PROGRAMS_PER_SM": per_sm, "FLATTEN": flatten, "WARP_SPECIALIZE": ws},
                          num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
 
 
