@@ -3,8 +3,8 @@ bypassing the autotuner, to choose the candidate list in _CONFIGS.
 
     python bench/gemm_sweep.py [--out DIR]
 
-paths: "tma" = TMA loads (persistent grid, PROGRAMS_PER_SM programs per SM)
-       "ptr" = pointer loads, one program per tile
+path "tma": TMA loads (persistent grid, PROGRAMS_PER_SM programs per SM);
+     "ptr": pointer loads, one program per tile
 """
 import argparse
 import json
@@ -22,18 +22,8 @@ from accelc.kernels import gemm  # noqa: E402
 from accelc.latency import median_ms  # noqa: E402
 
 C = gemm._config
-CANDIDATES = {
-    (4096, 4096, 16384): [
-        C(128, 256, 64, 4, 8), C(128, 256, 64, 3, 8, flatten=False),
-        C(128, 256, 64, 3, 8, ws=True), C(128, 256, 64, 4, 8, ws=True), C(128, 128, 64, 4, 8, ws=True),
-        C(128, 128, 64, 3, 8, 2, flatten=False), C(128, 128, 64, 3, 4, 2, flatten=False),
-        C(128, 128, 64, 2, 8, 2, flatten=False)],
-    (512, 4096, 4096): [C(128, 128, 128, 3, 8), C(128, 128, 64, 4, 8), C(128, 128, 128, 3, 8, ws=True),
-                        C(128, 128, 64, 4, 8, ws=True), C(128, 128, 64, 4, 8, flatten=False)],
-    (16, 4096, 4096): [C(16, 32, 256, 3, 4), C(16, 32, 256, 4, 4), C(16, 32, 256, 3, 4, flatten=False),
-                       C(16, 32, 256, 3, 4, ws=True)],
-}
-PATHS = {"tma": True, "ptr": False}
+# every config of kernels/gemm.py's candidate list, at every shape
+CANDIDATES = {shape: gemm._CONFIGS for shape in [(4096, 4096, 16384), (512, 4096, 4096), (16, 4096, 4096)]}
 
 
 def main():
@@ -51,32 +41,32 @@ def main():
         ref = gemm.linear_ref(x.float(), w.float(), b.float(), activation="gelu")
         best = None
         for cfg in configs:
-            for path, use_tma in PATHS.items():
-                if path == "ptr" and M > 32:
-                    continue  # measured 1.3-1.8x slower than TMA at these shapes
-                def fn():
-                    gemm.launch(x, w, b, None, out, "gelu", config=cfg, use_tma=use_tma)
-                try:
-                    fn()
-                    torch.cuda.synchronize()
-                    err = ((out.float() - ref).norm() / ref.norm()).item()
-                    us = median_ms(fn, cuda_graph=True) * 1e3
-                except Exception as e:  # out of shared memory etc.: recorded, the sweep goes on
-                    print(f"  {M}x{K}x{N} {path:14s} {cfg}: {type(e).__name__}")
-                    continue
-                tf = 2 * M * N * K / us / 1e6
-                row = dict(M=M, K=K, N=N, path=path, config=str(cfg), us=round(us, 2), tflops=round(tf, 1),
-                           err=err)
-                results.append(row)
-                print(f"  {M}x{K}x{N} {path:14s} {us:8.1f} us {tf:6.1f} TF/s err {err:.1e}  "
-                      f"{cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}", flush=True)
-                if best is None or us < best[0]:
-                    best = (us, cfg, use_tma)
-        us, cfg, use_tma = best
+            if cfg.kwargs["BLOCK_M"] > max(16, M):
+                continue  # taller than M: the autotuner prunes these too
+            path = "tma" if cfg.kwargs["USE_TMA"] else "ptr"
+
+            def fn():
+                gemm.launch(x, w, b, None, out, "gelu", config=cfg)
+            try:
+                fn()
+                torch.cuda.synchronize()
+                err = ((out.float() - ref).norm() / ref.norm()).item()
+                us = median_ms(fn, cuda_graph=True) * 1e3
+            except Exception as e:  # out of shared memory etc.: recorded, the sweep goes on
+                print(f"  {M}x{K}x{N} {path} {cfg}: {type(e).__name__}")
+                continue
+            tf = 2 * M * N * K / us / 1e6
+            results.append(dict(M=M, K=K, N=N, path=path, config=str(cfg), us=round(us, 2),
+                                tflops=round(tf, 1), err=err))
+            print(f"  {M}x{K}x{N} {path} {us:8.1f} us {tf:6.1f} TF/s err {err:.1e}  "
+                  f"{cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}", flush=True)
+            if best is None or us < best[0]:
+                best = (us, cfg)
+        us, cfg = best
         epilogues = {}
         for act in ("none", "relu", "gelu", "gelu_tanh"):
             def fn():
-                gemm.launch(x, w, b, None, out, act, config=cfg, use_tma=use_tma)
+                gemm.launch(x, w, b, None, out, act, config=cfg)
             epilogues[act] = median_ms(fn, cuda_graph=True) * 1e3
         print(f"  {M}x{K}x{N} best {us:.1f} us {cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}; "
               "same config by activation: " + ", ".join(f"{a} {t:.1f}" for a, t in epilogues.items()))

@@ -48,8 +48,9 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 def _linear_kernel(
     # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA)
     x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr,
-    # sizes
-    M, N, K, M_BUCKET,
+    # sizes, and the autotuner's key (M_BUCKET: next power of two of M; TMA_OK: whether the
+    # operands allow TMA), so that every batch size does not trigger a new tuning run
+    M, N, K, M_BUCKET, TMA_OK,
     # strides
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
     # epilogue
@@ -61,8 +62,7 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PROGRAMS_PER_SM: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
-    # M_BUCKET only keys the autotuner (next power of two of M), so every batch size does not
-    # trigger a new tuning run. PROGRAMS_PER_SM only sizes the persistent grid (launcher).
+    # PROGRAMS_PER_SM only sizes the persistent grid (launcher).
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -117,30 +117,35 @@ def _set_tma_boxes(nargs):
         nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
 
-def _config(bm, bn, bk, stages, warps, per_sm=1, flatten=True, ws=False):
-    """per_sm: persistent programs per SM; with 2, one program's epilogue can run while the
-    other's tensor-core loop does. flatten / ws: see the tile loop in _linear_kernel."""
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+def _config(bm, bn, bk, stages, warps, tma=True, per_sm=1, flatten=True, ws=False):
+    """tma: load x and weight with the copy engine (persistent grid of per_sm programs per SM)
+    or with pointers (one program per tile). flatten / ws: see the tile loop in _linear_kernel."""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": tma,
                           "PROGRAMS_PER_SM": per_sm, "FLATTEN": flatten, "WARP_SPECIALIZE": ws},
                          num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
 
 
-# Candidates for H100/H200. Large M: wgmma-sized tiles, 3-4 stages (128x256x64 fp16 is 48 KB of
-# shared memory a stage). Small M (decode-like): the weight is streamed once, so narrow N tiles
-# give every SM a program and long BLOCK_K keeps enough bytes in flight.
+# Candidates, from bench/gemm_sweep.py on an H100 (fp16, + bias + GELU; 2026-11-21):
+# - large M: 128x256x64, 8 warps, 4 stages, TMA, persistent: 810-830 us at 4096x4096x16384,
+#   with or without warp specialization (ws); two programs per SM measured 980-1140 us, pointer
+#   loads 1140-1200 us.
+# - M ~ 512: 128x128 tiles (one wave of 128 tiles), BLOCK_K 64 or 128: 32-33 us at 512x4096x4096.
+# - M <= 32: the weight is streamed once; 16x32x256 tiles with pointer loads and no flattening
+#   10.1 us at 16x4096x4096, TMA 12.5-13.9 us.
+# Pointer-load configs stay for operands TMA cannot take (unaligned rows, odd strides).
 _CONFIGS = [
-    _config(128, 256, 64, 3, 8), _config(256, 128, 64, 3, 8), _config(128, 256, 64, 4, 8),
-    _config(128, 128, 64, 4, 4), _config(128, 128, 64, 4, 8), _config(128, 128, 32, 4, 4),
-    _config(64, 256, 64, 4, 4), _config(64, 128, 64, 4, 4), _config(64, 64, 64, 5, 4),
-    _config(32, 64, 128, 4, 4), _config(32, 128, 64, 4, 4),
-    _config(16, 64, 128, 4, 4), _config(16, 32, 256, 3, 4), _config(16, 64, 256, 3, 4),
-    _config(16, 128, 128, 4, 4),
+    _config(128, 256, 64, 4, 8), _config(128, 256, 64, 4, 8, ws=True), _config(128, 256, 64, 3, 8),
+    _config(128, 128, 128, 3, 8, ws=True), _config(128, 128, 64, 4, 8), _config(64, 128, 64, 4, 4),
+    _config(128, 128, 64, 4, 8, tma=False), _config(64, 128, 64, 4, 4, tma=False),
+    _config(32, 64, 128, 4, 4), _config(32, 64, 128, 4, 4, tma=False),
+    _config(16, 32, 256, 3, 4, tma=False, flatten=False), _config(16, 32, 256, 4, 4),
+    _config(16, 64, 128, 4, 4, tma=False),
 ]
 
 
 def _prune(configs, named_args, **kwargs):
-    """Only tiles whose height suits M: tall tiles on tiny M compute padding, short ones on
-    large M re-read the weight too often."""
+    """Only tiles whose height suits M (tall tiles on tiny M compute padding, short ones on
+    large M re-read the weight too often), and TMA configs only where the operands allow it."""
     m = named_args["M"]
     if m <= 32:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
@@ -148,24 +153,26 @@ def _prune(configs, named_args, **kwargs):
         keep = [c for c in configs if 32 <= c.kwargs["BLOCK_M"] <= 128]
     else:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] >= 64]
-    return keep or configs[:1]
+    if not named_args["TMA_OK"]:
+        keep = [c for c in keep if not c.kwargs["USE_TMA"]]
+    return keep or [_default_config(m, torch.float32, named_args["TMA_OK"])]
 
 
-def _default_config(m: int, dtype: torch.dtype) -> triton.Config:
+def _default_config(m: int, dtype: torch.dtype, tma_ok: bool) -> triton.Config:
     """The config used without autotuning (ACCELC_AUTOTUNE=0): modest tiles that fit in shared
     memory for every dtype."""
     if m <= 32:
-        return _config(16, 64, 128, 3, 4)
-    return _config(64, 128, 64, 3 if dtype == torch.float32 else 4, 4)
+        return _config(16, 32, 256, 3, 4, tma=False, flatten=False)
+    return _config(64, 128, 64, 3 if dtype == torch.float32 else 4, 4, tma=tma_ok)
 
 
 _HEURISTICS = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
 _tuned_kernel = triton.autotune(
-    configs=_CONFIGS, key=["M_BUCKET", "N", "K", "USE_TMA"],
+    configs=_CONFIGS, key=["M_BUCKET", "N", "K", "TMA_OK"],
     prune_configs_by={"early_config_prune": _prune},
 )(triton.heuristics(_HEURISTICS)(_linear_kernel))
 # The interpreter has no device to time configs on; one small tile keeps CPU tests fast.
-_INTERPRETER_CONFIG = _config(32, 32, 32, 1, 4)
+_INTERPRETER_CONFIG = {True: _config(32, 32, 32, 1, 4), False: _config(32, 32, 32, 1, 4, tma=False)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -219,47 +226,47 @@ def linear_launch(x, weight, bias=None, residual=None, activation="none",
 
 
 def launch(x2, weight, bias, res2, out, activation="none", residual_first=False, allow_tf32=False,
-           config: triton.Config | None = None, use_tma: bool | None = None):
+           config: triton.Config | None = None):
     """Launch on checked 2-D operands: out (M, N) = epilogue(x2 (M, K) @ weight (N, K)^T).
-    config / use_tma override the autotuner and the TMA choice (bench/gemm_sweep.py)."""
+    `config` overrides the autotuner (bench/gemm_sweep.py)."""
     M, K = x2.shape
     N = weight.shape[0]
-    if use_tma is None:
-        use_tma = K > 0 and _tma_ok(x2) and _tma_ok(weight)
+    tma_ok = K > 0 and _tma_ok(x2) and _tma_ok(weight)
     # the boxes are set per config by _set_tma_boxes; [1, 1] is a placeholder
-    x_desc = TensorDescriptor.from_tensor(x2, [1, 1]) if use_tma else x2
-    w_desc = TensorDescriptor.from_tensor(weight, [1, 1]) if use_tma else weight
+    x_desc = TensorDescriptor.from_tensor(x2, [1, 1]) if tma_ok else x2
+    w_desc = TensorDescriptor.from_tensor(weight, [1, 1]) if tma_ok else weight
     res2 = res2 if res2 is not None else out
     args = (
         x2, weight, x_desc, w_desc, bias if bias is not None else out, res2, out,
-        M, N, K, triton.next_power_of_2(M),
+        M, N, K, triton.next_power_of_2(M), tma_ok,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         res2.stride(0), res2.stride(1), out.stride(0), out.stride(1),
     )
     meta = dict(
         HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not out,
         RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation),
-        USE_TMA=use_tma,
         INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
         DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
     )
-    # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer programs
-    # one per tile
-    sms = _sm_count(x2.device.index or 0) if (use_tma and x2.is_cuda) else None
+    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else None
 
     def grid(cfg):
+        # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer
+        # programs (and every program in the interpreter) take one tile each
         tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-        return (min(tiles, sms * cfg["PROGRAMS_PER_SM"]) if sms else tiles,)
+        return (min(tiles, sms * cfg["PROGRAMS_PER_SM"]) if (sms and cfg["USE_TMA"]) else tiles,)
 
     if config is None and runtime.interpreted():
-        config = _INTERPRETER_CONFIG
+        config = _INTERPRETER_CONFIG[tma_ok]
     elif config is None and not runtime.autotune_enabled():
-        config = _default_config(M, x2.dtype)
+        config = _default_config(M, x2.dtype, tma_ok)
     with _device_of(x2):
         if config is None:
             _tuned_kernel[grid](*args, **meta)
         else:
             kw = config.all_kwargs()
+            if kw["USE_TMA"] and not tma_ok:
+                raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
             _set_tma_boxes(dict(x_desc=x_desc, w_desc=w_desc, **meta, **kw))
             _linear_kernel[grid(kw)](*args, **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
 
