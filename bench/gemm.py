@@ -4,11 +4,14 @@ cuBLAS alone, and torch.compile(mode="max-autotune-no-cudagraphs") of the same e
     python bench/gemm.py [--out bench/results] [--no-compile]
 
 Every variant is timed with accelc.latency.median_ms over a captured CUDA graph (kernel time,
-no Python launch overhead) and also as plain calls (what eager user code sees).
+no Python launch overhead), in ROUNDS interleaved rounds: the H100 here drifts by 5-8% over a
+minute of sustained GEMMs, so each round times every variant back to back and the speedups are
+medians of per-round ratios. Plain calls (Python launch overhead included) are timed once.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from accelc.kernels import gemm  # noqa: E402
 from accelc.latency import median_ms  # noqa: E402
 
 SHAPES = [(4096, 4096, 16384), (512, 4096, 4096), (16, 4096, 4096)]  # (M, K, N)
+ROUNDS = 7
 
 
 def rel_l2(a, b):
@@ -65,16 +69,24 @@ def main():
         ref = gemm.linear_ref(x.float(), w.float(), b.float(), activation="gelu")
         flops = 2 * M * N * K
         row = {"M": M, "K": K, "N": N}
-        for name, fn in variants.items():
+        for name, fn in variants.items():  # compile, autotune, check
             out = fn()
             torch.cuda.synchronize()
-            us_graph = median_ms(fn, cuda_graph=True) * 1e3
-            us_plain = median_ms(fn) * 1e3
-            row[name] = {"us": round(us_graph, 2), "us_plain_calls": round(us_plain, 2),
-                         "tflops": round(flops / us_graph / 1e6, 1),
-                         "rel_l2_vs_fp32": float(f"{rel_l2(out, ref):.3e}")}
-            print(f"  {M}x{K}x{N} {name:20s} {us_graph:9.1f} us  {flops / us_graph / 1e6:6.1f} TF/s"
-                  f"  (plain calls {us_plain:8.1f} us)  err {row[name]['rel_l2_vs_fp32']:.1e}")
+            row[name] = {"rel_l2_vs_fp32": float(f"{rel_l2(out, ref):.3e}"),
+                         "us_plain_calls": round(median_ms(fn) * 1e3, 2), "rounds_us": []}
+        for _ in range(ROUNDS):
+            for name, fn in variants.items():
+                row[name]["rounds_us"].append(round(median_ms(fn, cuda_graph=True, rep_ms=50) * 1e3, 2))
+        for name in variants:
+            us = statistics.median(row[name]["rounds_us"])
+            row[name].update(us=us, tflops=round(flops / us / 1e6, 1))
+            print(f"  {M}x{K}x{N} {name:20s} {us:9.1f} us  {flops / us / 1e6:6.1f} TF/s"
+                  f"  (plain calls {row[name]['us_plain_calls']:8.1f} us)  err {row[name]['rel_l2_vs_fp32']:.1e}")
+        for base in ("eager", "compile"):
+            if base in row:
+                ratios = [t_base / t_acc for t_acc, t_base in zip(row["accelc"]["rounds_us"], row[base]["rounds_us"])]
+                row[f"speedup_vs_{base}"] = round(statistics.median(ratios), 3)
+                row[f"speedup_vs_{base}_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
         chosen = [str(c) for k, c in gemm._tuned_kernel.cache.items()
                   if k[:3] == (triton.next_power_of_2(M), N, K)]
         row["accelc_config"] = chosen[0] if chosen else "n/a"
@@ -86,16 +98,21 @@ def main():
     for r in rows:
         def cell(k):
             return f"{r[k]['us']:.1f} us, {r[k]['tflops']:.0f} TF/s" if k in r else "n/a"
-        sp_e = r["eager"]["us"] / r["accelc"]["us"]
-        sp_c = f"{r['compile']['us'] / r['accelc']['us']:.2f}x" if "compile" in r else "n/a"
+        sp_e = f"{r['speedup_vs_eager']:.2f}x ({r['speedup_vs_eager_range'][0]:.2f}-{r['speedup_vs_eager_range'][1]:.2f})"
+        sp_c = (f"{r['speedup_vs_compile']:.2f}x ({r['speedup_vs_compile_range'][0]:.2f}-"
+                f"{r['speedup_vs_compile_range'][1]:.2f})" if "compile" in r else "n/a")
         table.append([f"{r['M']} x {r['K']} x {r['N']}", cell("eager"), cell("cublas_linear_only"),
-                      cell("compile"), cell("accelc"), f"{sp_e:.2f}x", sp_c])
+                      cell("compile"), cell("accelc"), sp_e, sp_c])
     md = (f"# accelc::linear (fused bias + GELU), fp16\n\n{_common.env_line(env)}\n\n"
           f"cuBLAS fp16 4096^3 matmul on this device: {ceiling:.0f} TF/s. Times: median over a "
-          "captured CUDA graph (L2 flushed between replays); speedup > 1 means accelc is faster.\n\n"
+          f"captured CUDA graph (L2 flushed between replays), median of {ROUNDS} interleaved rounds; "
+          "speedup = eager (or compile) time / accelc time, median of per-round ratios (range in "
+          "brackets); > 1 means accelc is faster.\n\n"
           + _common.md_table(header, table)
           + "\nautotuned accelc configs: " + "; ".join(f"{r['M']}: {r['accelc_config']}" for r in rows)
-          + "\n\nPlain-call times (Python launch overhead included) are in the JSON file.\n")
+          + "\n\nPlain calls (Python launch overhead included, not graph-captured), us: "
+          + "; ".join(f"{r['M']}: eager {r['eager']['us_plain_calls']}, accelc {r['accelc']['us_plain_calls']}"
+                      for r in rows) + "\n")
     _common.write(args.out, "gemm", env, rows, md)
     print()
     print(md)

@@ -132,3 +132,12 @@ def test_tma_and_pointer_paths(k, tma):
     out = torch.ops.accelc.linear(x, w, b, r, activation="gelu_tanh")
     assert_close_to_ref(out, _ref(x, w, b, r, "gelu_tanh"), _eager(x, w, b, r, "gelu_tanh"),
                         torch.float16, 1e-2, 1e-2)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the autotuner times configs on a GPU")
+@pytest.mark.parametrize("k", [256, 250])  # TMA configs allowed / pruned
+def test_autotuned_launch(monkeypatch, k):
+    monkeypatch.setenv("ACCELC_AUTOTUNE", "1")
+    x, w, b, r = _inputs(300, k, 192, torch.float16)
+    out = torch.ops.accelc.linear(x, w, b, r, activation="gelu")
+    assert_close_to_ref(out, _ref(x, w, b, r, "gelu"), _eager(x, w, b, r, "gelu"), torch.float16, 1e-2, 1e-2)
