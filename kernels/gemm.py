@@ -112,8 +112,10 @@ def _linear_kernel(
 
 
 def _set_tma_boxes(nargs):
-    """Autotune pre-hook: a TMA descriptor's box is the config's tile."""
-    if nargs["USE_TMA"]:
+    """Autotune pre-hook: a TMA descriptor's box is the config's tile. Set also for configs
+    that load with pointers: the descriptor is still encoded at launch, and the placeholder
+    box is not a valid one."""
+    if isinstance(nargs["x_desc"], TensorDescriptor):
         nargs["x_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
         nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
