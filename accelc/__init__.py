@@ -10,10 +10,11 @@ from accelc.api import optimize
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.errors import AccelcError, CaptureError, PassError
 from accelc.optimized import LayerRecord, OptimizedModule
+from accelc.serialize import ModelFileError, convert, load, save
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AccelcError", "CaptureError", "LayerRecord", "OptimizeConfig", "OptimizedModule", "PRESETS",
-    "PassError", "__version__", "models", "optimize",
+    "AccelcError", "CaptureError", "LayerRecord", "ModelFileError", "OptimizeConfig", "OptimizedModule",
+    "PRESETS", "PassError", "__version__", "convert", "load", "models", "optimize", "save",
 ]

@@ -33,15 +33,26 @@ def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | No
     config = _config(config)
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     if model.training:
-        warnings.warn("accelc optimizes for inference: the model was in training mode and has been "
-                      "switched to eval() (dropout off, batch norm on running statistics)", stacklevel=2)
-        model.eval()
+        try:
+            model.eval()
+        except NotImplementedError:
+            pass  # a torch.export program (ep.module()): its mode was fixed when it was exported
+        else:
+            warnings.warn("accelc optimizes for inference: the model was in training mode and has been "
+                          "switched to eval() (dropout off, batch norm on running statistics)", stacklevel=2)
     if config.dtype is not None:
         model, args = _to_dtype(model, args, config.dtype)
-    device = _device(model, args)
+    device = device_of(model, args)
     runtime.warn_if_interpreted(stacklevel=2)
 
     gm, method, expected = capture(model, args)
+    return optimize_graph(gm, args, config, method, expected, device)
+
+
+def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expected,
+                   device: torch.device) -> OptimizedModule:
+    """Passes, guard and revert on a prepared graph (accelc.capture.prepare) whose output on
+    `args` is `expected`."""
     if runtime.can_run_on(device):
         counts = run_passes(gm, config)
     else:
@@ -63,7 +74,7 @@ def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | No
         got = gm(*args)
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
                         end_to_end_rel_error=_output_error(got, expected))
-    return OptimizedModule(gm, collect_layers(gm, checks, reverted), info)
+    return OptimizedModule(gm, collect_layers(gm, checks, reverted), info, example_inputs=args)
 
 
 def _config(config) -> OptimizeConfig:
@@ -87,7 +98,7 @@ def _to_dtype(model, args, dtype):
     return model, args
 
 
-def _device(model, args) -> torch.device:
+def device_of(model, args) -> torch.device:
     for t in pytree.tree_leaves(args):
         if isinstance(t, torch.Tensor):
             return t.device

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
@@ -42,11 +43,7 @@ def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]
     for method, trace in (("symbolic_trace", _symbolic_trace), ("torch.export", _export)):
         try:
             gm = trace(model, args)
-            _annotate_paths(gm)
-            canonicalize(gm)
-            with torch.no_grad():
-                got = record_meta(gm, args)
-            _check_same(expected, got)
+            _check_same(expected, prepare(gm, args))
             return gm, method, expected
         except Exception as e:  # each method's failure is reported together below
             failures.append(f"{method}: {type(e).__name__}: {_first_line(e)}")
@@ -57,19 +54,32 @@ def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]
     )
 
 
+def prepare(gm: fx.GraphModule, args: tuple):
+    """Module paths, canonical form and value metadata for a graph from any tracer (also the
+    graphs torch.compile hands the accelc backend). Returns gm's output on `args`."""
+    _annotate_paths(gm)
+    canonicalize(gm)
+    with torch.no_grad():
+        return record_meta(gm, args)
+
+
+def export_program(model: nn.Module, args: tuple) -> torch.export.ExportedProgram:
+    """torch.export (non-strict) with every dimension allowed to vary (batch, sequence); export
+    specializes those the model pins down. Static shapes if that fails."""
+    dynamic = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor) else None
+                    for a in args)
+    try:
+        return torch.export.export(model, args, dynamic_shapes=dynamic, strict=False)
+    except Exception:
+        return torch.export.export(model, args, strict=False)
+
+
 def _symbolic_trace(model, args):
     return fx.symbolic_trace(model)
 
 
 def _export(model, args):
-    # Every dimension may vary (batch, sequence); export specializes those the model pins down.
-    dynamic = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor) else None
-                    for a in args)
-    try:
-        ep = torch.export.export(model, args, dynamic_shapes=dynamic, strict=False)
-    except Exception:
-        ep = torch.export.export(model, args, strict=False)
-    return ep.module()
+    return export_program(model, args).module()
 
 
 def _first_line(e: Exception) -> str:
@@ -124,11 +134,13 @@ def _annotate_paths(gm: fx.GraphModule) -> None:
         n.meta["accelc_path"] = path
 
 
+_TRACER_ROOT = re.compile(r"^(L\['[^']*'\]|L__self__)\.?")
+
+
 def _clean_path(path: str) -> str:
-    for prefix in ("L['self'].", "L['self']", "L__self__.", "L__self__"):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-    return path
+    """Drop the tracer's name for the root module: L['self'].blocks.0 (strict export),
+    L['fn'].0 (torch.compile), L__self__.fc -> blocks.0, 0, fc."""
+    return _TRACER_ROOT.sub("", path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import fx, nn
@@ -45,11 +45,13 @@ class OptimizeInfo:
 class OptimizedModule(nn.Module):
     """Calls the rewritten graph; same inputs and outputs as the model it came from."""
 
-    def __init__(self, graph_module: fx.GraphModule, layers: list[LayerRecord], info: OptimizeInfo):
+    def __init__(self, graph_module: fx.GraphModule, layers: list[LayerRecord], info: OptimizeInfo,
+                 example_inputs: tuple = ()):
         super().__init__()
         self.graph_module = graph_module
         self.layers = layers
         self.info = info
+        self.example_inputs = example_inputs  # what the guard checked; accelc.save exports with them
 
     def forward(self, *args, **kwargs):
         return self.graph_module(*args, **kwargs)
@@ -57,6 +59,15 @@ class OptimizedModule(nn.Module):
     @property
     def rewritten(self) -> list[LayerRecord]:
         return [r for r in self.layers if r.status == "rewritten"]
+
+    def summary_dict(self) -> dict:
+        """The summary as plain data (JSON-ready: NaN becomes None)."""
+        def clean(v):
+            return None if isinstance(v, float) and math.isnan(v) else v
+        return {
+            "info": {k: clean(v) for k, v in asdict(self.info).items()},
+            "layers": [{k: clean(v) for k, v in asdict(r).items()} for r in self.layers],
+        }
 
     def summary(self) -> str:
         n = {s: sum(r.status == s for r in self.layers) for s in ("rewritten", "reverted", "kept")}

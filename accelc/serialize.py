@@ -1,0 +1,226 @@
+"""Saving and loading optimized models, and reading the model files a user brings.
+
+accelc.save(opt, "model.pt2") writes a torch.export program whose graph calls torch.ops.accelc.*;
+torch.export.load (after `import accelc`, which registers the ops) or accelc.load reads it back.
+Every file is written to a temporary name in the target folder and renamed into place, so an
+interrupted or failed write never leaves a half-written file under the final name.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from accelc import models
+from accelc.api import optimize
+from accelc.capture import export_program
+from accelc.config import OptimizeConfig
+from accelc.errors import AccelcError
+from accelc.optimized import OptimizedModule
+
+SUMMARY_FILE = "accelc_summary.json"
+
+
+class ModelFileError(AccelcError):
+    """A model file that accelc cannot read, or inputs that do not fit it."""
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yields a temporary path beside `path`; renames it to `path` if the block succeeds and
+    removes it otherwise (exceptions and Ctrl-C alike)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ModelFileError(f"output folder {str(path.parent)!r} does not exist")
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")  # keeps the suffix readers check
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | None = None) -> None:
+    """Export `opt` (on its example inputs unless given others) and write it to `path` (.pt2)."""
+    if not isinstance(opt, OptimizedModule):
+        raise TypeError(f"accelc.save takes the module accelc.optimize returned, not {type(opt).__name__}")
+    args = example_inputs if example_inputs is not None else opt.example_inputs
+    # the graph module, not the wrapper: its forward has the model's own signature, which
+    # per-dimension dynamic shapes are matched against
+    ep = export_program(opt.graph_module, tuple(args))
+    with atomic_path(path) as tmp:
+        torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict())})
+
+
+def load(path: str | os.PathLike) -> nn.Module:
+    """Read a program accelc.save or `accelc convert` wrote; returns a callable module. Its
+    `accelc_summary` attribute holds the per-layer summary saved with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"no such file: {str(path)!r}")
+    extra = {SUMMARY_FILE: ""}
+    try:
+        ep = torch.export.load(path, extra_files=extra)
+    except Exception as e:
+        raise ModelFileError(f"{str(path)!r} is not a readable torch.export program: {_short(e)}") from e
+    module = ep.module()
+    module.accelc_summary = json.loads(extra[SUMMARY_FILE]) if extra[SUMMARY_FILE] else None
+    return module
+
+
+# ---------------------------------------------------------------------------------------------
+# the models users bring
+
+def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | None]:
+    """A built-in model name, a torch.save'd module, or a torch.export program (.pt2).
+    Returns (model on `device` in eval mode, its own example inputs if it has some)."""
+    path = Path(source)
+    if not path.exists():
+        if source in models.names():
+            model = models.get(source).to(device)
+            return model, tuple(model.example_inputs())
+        raise ModelFileError(f"no such file or built-in model: {source!r} "
+                             f"(built-in models: {', '.join(models.names())})")
+    if not path.is_file():
+        raise ModelFileError(f"{source!r} is not a file")
+    kind = _file_kind(path)
+    if kind == "torchscript":
+        raise ModelFileError(f"{source!r} is a TorchScript archive: accelc rewrites Python modules. Save "
+                             "the module itself (torch.save(model, path)) or a torch.export program "
+                             "(torch.export.save(torch.export.export(model, inputs), 'model.pt2'))")
+    if kind == "export":
+        try:
+            ep = torch.export.load(path)
+        except Exception as e:
+            raise ModelFileError(f"{source!r} is not a readable torch.export program: {_short(e)}") from e
+        args, _ = ep.example_inputs if ep.example_inputs is not None else (None, None)
+        model = ep.module().to(device)
+        return model, _to(args, device) if args is not None else None
+    try:
+        # A full module is a pickle: loading it runs code from the file, as torch.load says.
+        obj = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise ModelFileError(f"{source!r} is not a readable PyTorch file (corrupt or truncated?): "
+                             f"{_short(e)}") from e
+    if isinstance(obj, dict):
+        raise ModelFileError(f"{source!r} holds a state_dict, not a model: save the module itself "
+                             "(torch.save(model, path)) or a torch.export program (.pt2)")
+    if isinstance(obj, torch.jit.ScriptModule):
+        raise ModelFileError(f"{source!r} is a TorchScript module: accelc rewrites Python modules")
+    if not isinstance(obj, nn.Module):
+        raise ModelFileError(f"{source!r} holds a {type(obj).__name__}, not an nn.Module")
+    return obj.eval(), None
+
+
+def _file_kind(path: Path) -> str:
+    if not zipfile.is_zipfile(path):
+        return "pickle"  # torch.save's legacy format, or not a model file at all
+    try:
+        names = zipfile.ZipFile(path).namelist()
+    except zipfile.BadZipFile:
+        return "pickle"
+    if any(n.endswith("/archive_format") for n in names):
+        return "export"
+    if any("/code/" in n or n.endswith("/constants.pkl") for n in names):
+        return "torchscript"
+    return "pickle"
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """'8x3x224x224' -> [(8, 3, 224, 224)]; several inputs separated by commas."""
+    shapes = []
+    for part in text.split(","):
+        dims = part.strip().lower().split("x")
+        if not part.strip() or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise ModelFileError(f"input shape {text!r}: expected positive sizes like 8x3x224x224, "
+                                 "several inputs separated by commas")
+        shapes.append(tuple(int(d) for d in dims))
+    return shapes
+
+
+def load_example_inputs(path: str, device: torch.device) -> tuple:
+    """A torch.save'd tensor, or tuple / list of tensors."""
+    if not Path(path).is_file():
+        raise ModelFileError(f"no such example-inputs file: {path!r}")
+    try:
+        obj = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        raise ModelFileError(f"{path!r} is not a readable tensor file: {_short(e)}") from e
+    args = (obj,) if isinstance(obj, torch.Tensor) else tuple(obj) if isinstance(obj, (tuple, list)) else None
+    if args is None or not all(isinstance(a, torch.Tensor) for a in pytree.tree_leaves(args)):
+        raise ModelFileError(f"{path!r} must hold a tensor or a tuple/list of tensors, not {type(obj).__name__}")
+    return args
+
+
+def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = None,
+            example_inputs: str | None = None, dtype: str | None = None, device: str | None = None,
+            report_dir: str | None = None,
+            progress: Callable[[str], None] = lambda msg: None) -> OptimizedModule:
+    """The `accelc convert` command: load, optimize, write `out` (.pt2) atomically."""
+    out = Path(out)
+    if out.suffix != ".pt2":
+        raise ModelFileError(f"output {str(out)!r} must end in .pt2 (a torch.export program)")
+    if not out.parent.is_dir():
+        raise ModelFileError(f"output folder {str(out.parent)!r} does not exist")
+    if input_shapes and example_inputs:
+        raise ModelFileError("give --input-shape or --example-inputs, not both")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelFileError("--device cuda was asked for, but no CUDA GPU is available")
+    config = OptimizeConfig(dtype=dtype)
+
+    progress(f"loading {source}")
+    model, own_inputs = load_model(source, dev)
+    if example_inputs:
+        args = load_example_inputs(example_inputs, dev)
+    elif input_shapes:
+        args = tuple(torch.randn(s, device=dev) for s in parse_shapes(input_shapes))
+    elif own_inputs is not None:
+        args = own_inputs
+    else:
+        raise ModelFileError(f"{source!r} carries no example inputs: give --input-shape (e.g. 8x3x224x224) "
+                             "or --example-inputs FILE")
+    check_args = _to(args, config.dtype) if config.dtype is not None else args
+    try:
+        with torch.no_grad():
+            (model.to(config.dtype) if config.dtype is not None else model)(*check_args)
+    except Exception as e:
+        shapes = ", ".join("x".join(map(str, a.shape)) for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor))
+        raise ModelFileError(f"the model's forward failed on inputs of shape {shapes}: {_short(e)}") from e
+
+    progress("optimizing: capture, rewrite, check every rewritten layer")
+    opt = optimize(model, args, config=config)
+    progress(f"writing {out}")
+    save(opt, out)
+    if report_dir:
+        write_summary(opt, report_dir)
+    return opt
+
+
+def write_summary(opt: OptimizedModule, folder: str | os.PathLike) -> None:
+    """summary.txt and layers.json (per-layer records) in `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (("summary.txt", opt.summary() + "\n"),
+                       ("layers.json", json.dumps(opt.summary_dict(), indent=1) + "\n")):
+        with atomic_path(folder / name) as tmp:
+            tmp.write_text(text)
+
+
+def _to(args, target):
+    return tuple(pytree.tree_map(
+        lambda t: t.to(target) if isinstance(t, torch.Tensor) and (not isinstance(target, torch.dtype)
+                                                                    or t.is_floating_point()) else t,
+        args))
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
