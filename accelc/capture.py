@@ -109,6 +109,7 @@ def record_meta(gm: fx.GraphModule, args: tuple):
             out = super().run_node(n)
             if isinstance(out, torch.Tensor):
                 n.meta["accelc_meta"] = TensorMeta(tuple(out.shape), out.dtype, out.device)
+            n.meta["accelc_none"] = out is None  # e.g. an optional mask argument left at None
             return out
 
     out = _Recorder(gm).run(*flat_inputs(gm, args))
@@ -123,15 +124,19 @@ def tensor_meta(node) -> TensorMeta | None:
 # module paths
 
 def _annotate_paths(gm: fx.GraphModule) -> None:
+    """meta["accelc_path"]: the module path a node came from; meta["accelc_module_type"]: that
+    module's original class, qualified name (graph modules keep only stand-in containers)."""
+    modules = dict(gm.named_modules())
     for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack") or {}
         if n.op == "call_module":
-            path = n.target
+            path, cls = n.target, type(modules[n.target])
         elif n.op == "get_attr":
-            path = n.target.rpartition(".")[0]
+            path, cls = n.target.rpartition(".")[0], None
         else:
-            stack = n.meta.get("nn_module_stack") or {}
-            path = _clean_path(list(stack.values())[-1][0]) if stack else ""
+            path, cls = (_clean_path(list(stack.values())[-1][0]), list(stack.values())[-1][1]) if stack else ("", None)
         n.meta["accelc_path"] = path
+        n.meta["accelc_module_type"] = cls if cls is None or isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
 
 
 _TRACER_ROOT = re.compile(r"^(L\['[^']*'\]|L__self__)\.?")
@@ -161,9 +166,17 @@ _FUNCTIONS = {
     operator.matmul: torch.matmul, aten.matmul.default: torch.matmul,
     aten.linear.default: F.linear,
     aten.t.default: torch.t,
+    F.softmax: F.softmax, torch.softmax: F.softmax, aten.softmax.int: F.softmax,
+    aten._softmax.default: F.softmax,
+    aten.transpose.int: torch.transpose,
+    F.scaled_dot_product_attention: F.scaled_dot_product_attention,
+    aten.scaled_dot_product_attention.default: F.scaled_dot_product_attention,
+    operator.truediv: operator.truediv, torch.div: operator.truediv, aten.div.Tensor: operator.truediv,
+    operator.mul: operator.mul, torch.mul: operator.mul, aten.mul.Tensor: operator.mul,
 }
 _METHODS = {"relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "add": operator.add,
-            "matmul": torch.matmul, "t": torch.t}
+            "matmul": torch.matmul, "t": torch.t, "softmax": F.softmax, "transpose": torch.transpose,
+            "mul": operator.mul, "div": operator.truediv}
 # in-place spelling -> out-of-place canonical (only where the mutated input has no other reader)
 _INPLACE_FUNCTIONS = {torch.relu_: F.relu, operator.iadd: operator.add, aten.relu_.default: F.relu,
                       aten.add_.Tensor: operator.add}
@@ -235,6 +248,17 @@ def _retarget(n, target):
     elif target is operator.add:
         if kwargs.pop("alpha", 1) != 1 or len(args) != 2:
             return  # x + alpha * y stays as written
+    elif target is operator.truediv:
+        if kwargs.get("rounding_mode") is not None or len(args) != 2:
+            return  # floor / trunc division stays as written
+    elif target is F.softmax:
+        dim = kwargs.pop("dim", args[1] if len(args) > 1 else None)
+        if kwargs.get("dtype") is not None or dim is None or len(args) > 2 and args[2] is not False:
+            return  # softmax with a dtype cast (or aten's half_to_float) stays as written
+        args, kwargs = (args[0], dim), {}
+    elif target is torch.transpose:
+        args = (args[0], kwargs.pop("dim0", args[1] if len(args) > 1 else None),
+                kwargs.pop("dim1", args[2] if len(args) > 2 else None))
     n.op, n.target, n.args, n.kwargs = "call_function", target, args, kwargs
     if target is F.relu or target is F.silu:
         n.args = args[:1]

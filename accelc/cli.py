@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(e: Exception) -> str:
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)  # KeyError quotes str()
+    lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[0] if lines else type(e).__name__
 
 

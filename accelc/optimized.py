@@ -15,6 +15,7 @@ _GLUE = {
     "unflatten", "size", "sym_size", "expand", "unsqueeze", "squeeze", "cat", "stack", "chunk",
     "split", "add", "sub", "mul", "truediv", "div", "neg", "clone", "to", "type_as", "float",
     "half", "_guards_fn", "_assert_tensor_metadata", "_assert_scalar", "alias", "detach",
+    "floordiv", "rsub", "slice", "select", "arange", "logical_not", "unbind",
 }
 
 
@@ -98,7 +99,6 @@ def collect_layers(gm: fx.GraphModule, checks: dict, reverted: dict) -> list[Lay
     the remaining compute ops, which run as PyTorch."""
     layers: list[LayerRecord] = []
     seen: set = set()
-    modules = dict(gm.named_modules())
     for n in gm.graph.nodes:
         rw = n.meta.get("accelc")
         if rw is not None:
@@ -116,9 +116,9 @@ def collect_layers(gm: fx.GraphModule, checks: dict, reverted: dict) -> list[Lay
         if op_name(n) in _GLUE:
             continue
         path = n.meta.get("accelc_path", "")
-        module = modules.get(path) if path else None
-        if module is not None and type(module).__module__.startswith("torch.nn.modules"):
-            name, kind = path, type(module).__name__       # a leaf layer: "blocks.0.norm", LayerNorm
+        cls = n.meta.get("accelc_module_type") or ""
+        if path and cls.startswith("torch.nn.modules.") and cls != "torch.nn.modules.module.Module":
+            name, kind = path, cls.rpartition(".")[2]      # a leaf layer: "blocks.0.norm", LayerNorm
         else:
             kind = op_name(n)                               # an op written in a forward()
             name = f"{path}:{kind}" if path else kind

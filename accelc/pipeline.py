@@ -4,9 +4,10 @@ from __future__ import annotations
 from torch import fx
 
 from accelc.errors import PassError
-from accelc.passes import linear_act
+from accelc.passes import attention, linear_act
 
 PASSES = [
+    ("attention", attention.run),   # first: it lowers nn.MultiheadAttention to linears + SDPA
     ("linear_act", linear_act.run),
 ]
 

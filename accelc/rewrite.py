@@ -253,14 +253,16 @@ def op_name(n: fx.Node) -> str:
 def layer_name(nodes: list) -> str:
     """The anchor's module path, then '+' and each further node's module (relative to the
     anchor's parent) or, for functional ops written in the parent's forward, its op name:
-    blocks.0.fc1+gelu, layer1.0.conv1+bn1+relu."""
+    blocks.0.fc1+gelu, layer1.0.conv1+bn1+relu. Nodes of the anchor's own module add nothing."""
     compute = [n for n in nodes if n.op not in ("get_attr", "placeholder")]
     anchor_path = compute[0].meta.get("accelc_path", "")
     parent = anchor_path.rpartition(".")[0]
     labels = [anchor_path or op_name(compute[0])]
     for n in compute[1:]:
         path = n.meta.get("accelc_path", "")
-        if path and path != anchor_path and not anchor_path.startswith(path + ".") and path != parent:
+        if path == anchor_path and anchor_path:
+            continue  # more of the anchor's own module: blocks.0.attn's softmax is blocks.0.attn
+        if path and not anchor_path.startswith(path + ".") and path != parent:
             label = path[len(parent) + 1:] if parent and path.startswith(parent + ".") else path
         else:
             label = op_name(n)

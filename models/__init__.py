@@ -10,14 +10,23 @@ from typing import Callable
 import torch
 from torch import nn
 
+from accelc.models.bert import BERT_BASE, BertModel
+from accelc.models.gpt import GPT2_SMALL, GptModel
 from accelc.models.mlp import ProcessMLP
 from accelc.models.transformer_mlp import TransformerMLP
+from accelc.models.vit import VIT_B16, VitModel
 
 # name -> (builder, one-line description)
 _MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
     "mlp": (ProcessMLP, "tabular regressor: sensor features -> process parameters (Linear+ReLU/SiLU)"),
     "transformer_mlp": (TransformerMLP, "stack of pre-norm MLP blocks (LayerNorm, Linear+GELU, residual)"),
+    "vit": (VitModel, "Vision Transformer: conv patch embedding, nn.MultiheadAttention encoder"),
+    "bert": (BertModel, "BERT-style post-norm encoder, written-out attention with key-padding mask"),
+    "gpt": (GptModel, "GPT-2-style pre-norm causal decoder, scaled_dot_product_attention"),
 }
+
+# realistic sizes: accelc.models.get("bert", **accelc.models.SIZES["bert"])
+SIZES = {"vit": VIT_B16, "bert": BERT_BASE, "gpt": GPT2_SMALL}
 
 
 def names() -> list[str]:
@@ -43,4 +52,4 @@ def _lookup(name: str):
     return _MODELS[name]
 
 
-__all__ = ["describe", "get", "names"]
+__all__ = ["SIZES", "describe", "get", "names"]

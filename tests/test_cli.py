@@ -20,7 +20,7 @@ def test_list_models(capsys):
 def test_unknown_model_is_one_clear_line(capsys):
     assert main(["optimize", "nosuchmodel"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("accelc: error:") and "built-in models: mlp" in err
+    assert err.startswith("accelc: error: no built-in model 'nosuchmodel'") and "built-in models: " in err
     assert "Traceback" not in err and len(err.splitlines()) == 1
 
 

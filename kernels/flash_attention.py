@@ -1,0 +1,242 @@
+"""accelc::flash_attention — softmax(q @ k^T * scale + mask) @ v without the L x S matrix.
+
+q (B, H, L, D), k (B, H, S, D), v (B, H, S, D), any strides (so the transposes that split heads
+cost no copy), fp16 or bf16, D in 32/64/80/96/128 (80 and 96 run padded to 128). Optional mask
+broadcastable to (B, H, L, S): additive float (same dtype as q) or boolean (True = attend).
+is_causal: query i attends keys j <= i (top-left aligned, as F.scaled_dot_product_attention).
+scale defaults to 1/sqrt(D). Out (B, H, L, D) in q's dtype, laid out in memory as (B, L, H, D):
+the usual next step, out.transpose(1, 2).reshape(B, L, H * D), is then a view, not a copy. A
+query row whose keys are all masked gives NaN, as softmax over -inf does.
+
+FlashAttention (Dao et al. 2022), forward as Triton's tutorial 06-fused-attention: one program
+per BLOCK_M query rows of one (batch, head); keys and values streamed in BLOCK_N blocks; the
+running row max m_i and sum l_i rescale the fp32 accumulator (online softmax, in base 2).
+Key blocks fully left of the causal diagonal and fully inside S run without any masking; only
+the diagonal and the ragged tail apply the causal and bounds masks.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+from accelc import runtime
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (32, 64, 80, 96, 128)
+
+
+@triton.jit
+def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo, hi, S,
+                 stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
+                 DOT_IN_FP32: tl.constexpr):
+    """Key blocks [lo, hi): online-softmax update of (acc, l_i, m_i)."""
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < S
+        kt = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                     mask=d_ok[:, None] & n_ok[None, :], other=0.0)           # (BLOCK_D, BLOCK_N)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)            # (BLOCK_N, BLOCK_D)
+        if DOT_IN_FP32:
+            qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
+        else:
+            qk = tl.dot(q, kt)
+        qk = qk * qk_scale                                  # log2 units: exp2 below
+        if MASK_KIND == 1:   # additive float mask, natural-log units
+            add = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
+                          mask=n_ok[None, :], other=0.0)
+            qk += add.to(tl.float32) * 1.4426950408889634
+        elif MASK_KIND == 2:  # boolean mask: True attends
+            keep = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
+                           mask=n_ok[None, :], other=0)
+            qk = tl.where(keep != 0, qk, float("-inf"))
+        if CAUSAL:
+            qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
+        if CHECK_BOUNDS:
+            qk = tl.where(n_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # a row with no visible key so far keeps m = -inf: subtract 0 instead (p = 0, no NaN)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_IN_FP32:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_fwd_kernel(
+    # pointers
+    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
+    # sizes (L_BUCKET, S_BUCKET: next powers of two of L and S, the autotuner's key)
+    H, L, S, L_BUCKET, S_BUCKET, qk_scale,
+    # strides (batch, head, row, dim); mask strides are 0 along broadcast dims
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_ob, stride_oh, stride_om, stride_od,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < L
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    mask_base = mask_ptr + b * stride_mb + h * stride_mh
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+
+    # keys every query row of this block may see, in whole blocks: no causal or bounds mask
+    end = tl.minimum(start_m * BLOCK_M, S) if IS_CAUSAL else S
+    full = (end // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, 0, full, S,
+                                 stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, False, False, DOT_IN_FP32)
+    # the rest: the causal diagonal and the ragged end of S
+    tail_end = tl.minimum((start_m + 1) * BLOCK_M, S) if IS_CAUSAL else S
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, full, tail_end, S,
+                                 stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, IS_CAUSAL, True, DOT_IN_FP32)
+
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+def _config(bm, bn, stages, warps):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
+
+
+# H100 candidates, tutorial 06's forward space: 128 query rows a program (64 for short L),
+# 64 or 128 keys a step
+_CONFIGS = [_config(128, 64, 3, 8), _config(128, 128, 3, 8), _config(128, 64, 4, 4), _config(128, 32, 4, 4),
+            _config(64, 64, 4, 4)]
+
+
+def _bench_in_graph(fn, quantiles):
+    """Time candidates over CUDA graphs, not plain launches (see kernels/gemm.py)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
+
+
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["L_BUCKET", "S_BUCKET", "HEAD_DIM", "MASK_KIND", "IS_CAUSAL"],
+                                do_bench=_bench_in_graph)(_flash_fwd_kernel)
+
+
+def why_unsupported(q, k, v, mask=None, is_causal=False) -> Optional[str]:
+    """Why accelc::flash_attention cannot take these inputs (the caller then stays PyTorch)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "q, k, v must be 4-D (batch, heads, length, head_dim)"
+    if q.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {q.dtype} (the kernel takes fp16 and bf16)"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return "q, k, v dtypes differ"
+    B, H, L, D = q.shape
+    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H) or k.shape[2] != v.shape[2]:
+        return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match (no GQA)"
+    if k.shape[3] != D or v.shape[3] != D:
+        return f"head dims differ: q/k {D}, v {v.shape[3]}"
+    if D not in HEAD_DIMS:
+        return f"head dim {D} (the kernel takes {HEAD_DIMS})"
+    if mask is not None:
+        if mask.dtype != torch.bool and mask.dtype != q.dtype:
+            return f"mask dtype {mask.dtype} (bool, or q's dtype {q.dtype})"
+        try:
+            torch.broadcast_shapes(mask.shape, (B, H, L, k.shape[2]))
+        except RuntimeError:
+            return f"mask {tuple(mask.shape)} does not broadcast to {(B, H, L, k.shape[2])}"
+        if mask.dim() > 4:
+            return "mask has more than 4 dims"
+    if not (q.device == k.device == v.device and (mask is None or mask.device == q.device)):
+        return "tensors on different devices"
+    return None
+
+
+def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None):
+    reason = why_unsupported(q, k, v, mask, is_causal)
+    if reason is not None:
+        raise ValueError(f"accelc::flash_attention: {reason}")
+    B, H, L, D = q.shape
+    S = k.shape[2]
+    out = _empty_out(q)
+    if out.numel() == 0:
+        return out
+    if mask is None:
+        mask_kind, mask_t, mstrides = 0, q, (0, 0, 0, 0)
+    else:
+        mask_kind = 2 if mask.dtype == torch.bool else 1
+        mask_t = mask.expand(B, H, L, S)  # a view: broadcast dims get stride 0
+        mstrides = mask_t.stride()
+    sm_scale = scale if scale is not None else D ** -0.5
+    args = (q, k, v, mask_t, out, H, L, S, triton.next_power_of_2(L), triton.next_power_of_2(S),
+            sm_scale * 1.4426950408889634, *q.stride(), *k.stride(), *v.stride(), *mstrides, *out.stride())
+    meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), MASK_KIND=mask_kind, IS_CAUSAL=bool(is_causal),
+                DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16)
+    if runtime.interpreted():
+        _flash_fwd_kernel[(triton.cdiv(L, 16), B * H)](*args, **meta, BLOCK_M=16, BLOCK_N=16)
+        return out
+    with torch.cuda.device(q.device):
+        if runtime.autotune_enabled():
+            _tuned_kernel[lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H)](*args, **meta)
+        else:
+            cfg = _default_config(L, D)
+            _flash_fwd_kernel[(triton.cdiv(L, cfg.kwargs["BLOCK_M"]), B * H)](
+                *args, **meta, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def _default_config(L, D):
+    return _config(128, 64, 3, 8) if L >= 128 else _config(64, 64, 3, 4)
+
+
+def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None):
+    """Pure-PyTorch reference in fp32 (fp64 for fp64 inputs), result in q's dtype."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(acc)
+    if is_causal:
+        L, S = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), v.to(acc)).to(q.dtype)
+
+
+@torch.library.custom_op("accelc::flash_attention", mutates_args=())
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                    is_causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
+    """softmax(q @ k^T * scale + mask) @ v: see the module docstring."""
+    if not runtime.can_run_on(q.device):
+        runtime.warn_once("attention-fallback", f"accelc::flash_attention got tensors on {q.device}, where "
+                          "Triton cannot run in this process; computing it with PyTorch instead")
+        return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale))
+    return flash_attention_launch(q, k, v, mask, is_causal, scale)
+
+
+def _empty_out(q):
+    B, H, L, D = q.shape
+    return q.new_empty((B, L, H, D)).transpose(1, 2)
+
+
+@flash_attention.register_fake
+def _(q, k, v, mask=None, is_causal=False, scale=None):
+    return _empty_out(q)

@@ -1,0 +1,284 @@
+"""attention: attention however it is written -> torch.ops.accelc.flash_attention
+(kernels/flash_attention.py).
+
+1. nn.MultiheadAttention modules are lowered to what they compute: in-projection (one F.linear
+   for self-attention, three otherwise), heads split by views, F.scaled_dot_product_attention,
+   heads merged, out-projection. The projections are then the linear pass's; the SDPA call is
+   step 2's.
+2. F.scaled_dot_product_attention calls (mask, is_causal, scale; dropout_p 0 as in eval).
+3. The decomposed form softmax(q @ k^T * scale (+ mask)) @ v, the patterns at the end of this
+   file: scale multiplied or divided (a constant, math.sqrt(d) included), or applied to q first,
+   or absent. Eval-mode dropout was removed at capture.
+Whatever the kernel cannot take (fp32, head dims outside 32/64/80/96/128, other mask dtypes)
+stays PyTorch with the reason in the summary.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from accelc import runtime
+from accelc.capture import TensorMeta, tensor_meta
+from accelc.kernels.flash_attention import why_unsupported
+from accelc.rewrite import Pattern, find, replace_group
+
+FLASH = torch.ops.accelc.flash_attention.default
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. nn.MultiheadAttention -> linear + SDPA + linear
+
+def _lower_mha(gm: fx.GraphModule) -> None:
+    modules = dict(gm.named_modules())
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and isinstance(modules.get(node.target), nn.MultiheadAttention):
+            reason = _mha_why_not(node, modules[node.target])
+            if reason:
+                node.meta["accelc_skip"] = reason
+            else:
+                _lower_one_mha(gm, node, modules[node.target])
+
+
+_MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+             "average_attn_weights", "is_causal")
+
+
+def _mha_args(node) -> dict:
+    bound = dict(zip(_MHA_ARGS, node.args))
+    bound.update(node.kwargs)
+    return bound
+
+
+def _mha_why_not(node, mha: nn.MultiheadAttention) -> str | None:
+    a = _mha_args(node)
+    if any(u.op != "call_function" or u.target is not operator.getitem for u in node.users):
+        return "its output tuple is used as a whole"
+    if any(u.args[1] == 1 and u.users for u in node.users):
+        return "the attention weights are used (need_weights)"
+    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+        return "separate q/k/v projection weights, bias_k/bias_v or add_zero_attn"
+    if a.get("attn_mask") is not None or a.get("is_causal"):
+        return "attn_mask / is_causal on nn.MultiheadAttention (key_padding_mask is supported)"
+    kpm = a.get("key_padding_mask")
+    if kpm is not None and (tensor_meta(kpm) is None or len(tensor_meta(kpm).shape) != 2):
+        return "key_padding_mask is not a (batch, keys) tensor"
+    mq = tensor_meta(a["query"])
+    if mq is None or len(mq.shape) != 3:
+        return "unbatched (2-D) input"
+    return None
+
+
+def _lower_one_mha(gm, node, mha):
+    g = gm.graph
+    a = _mha_args(node)
+    path = node.meta.get("accelc_path", node.target)
+    E, H = mha.embed_dim, mha.num_heads
+    new_nodes = []
+
+    def call(fn, *args, sub="", **kwargs):
+        n = g.call_function(fn, args, kwargs)
+        n.meta["accelc_path"] = f"{path}.{sub}" if sub else path
+        new_nodes.append(n)
+        return n
+
+    with g.inserting_before(node):
+        q_in, k_in, v_in = a["query"], a["key"], a["value"]
+        if not mha.batch_first:  # (L, B, E) -> (B, L, E): views
+            q_in, k_in, v_in = (call(torch.transpose, t, 0, 1) for t in (q_in, k_in, v_in))
+        w = g.get_attr(f"{node.target}.in_proj_weight")
+        b = g.get_attr(f"{node.target}.in_proj_bias") if mha.in_proj_bias is not None else None
+        if a["query"] is a["key"] is a["value"]:  # self-attention: one GEMM for q, k and v
+            qkv = call(F.linear, q_in, w, b, sub="in_proj")
+            q, k, v = (call(operator.getitem, call(torch.split, qkv, E, -1), i) for i in range(3))
+        else:
+            ws = [call(operator.getitem, w, slice(i * E, (i + 1) * E)) for i in range(3)]
+            bs = [call(operator.getitem, b, slice(i * E, (i + 1) * E)) if b is not None else None
+                  for i in range(3)]
+            q, k, v = (call(F.linear, t, ws[i], bs[i], sub="in_proj") for i, t in enumerate((q_in, k_in, v_in)))
+        # (B, L, E) -> (B, H, L, E/H): views the kernel reads through their strides
+        q, k, v = (call(torch.transpose, call(torch.unflatten, t, -1, (H, E // H)), 1, 2) for t in (q, k, v))
+        mask = None
+        kpm = a.get("key_padding_mask")
+        if kpm is not None:  # (B, S), True = ignore  ->  (B, 1, 1, S) keep-mask or additive mask
+            if tensor_meta(kpm).dtype == torch.bool:
+                kpm = call(torch.logical_not, kpm)
+            mask = call(operator.getitem, kpm, (slice(None), None, None, slice(None)))
+        attn = call(F.scaled_dot_product_attention, q, k, v, mask)
+        merged = call(torch.flatten, call(torch.transpose, attn, 1, 2), 2)
+        out = call(F.linear, merged, g.get_attr(f"{node.target}.out_proj.weight"),
+                   g.get_attr(f"{node.target}.out_proj.bias") if mha.out_proj.bias is not None else None,
+                   sub="out_proj")
+        if not mha.batch_first:
+            out = call(torch.transpose, out, 0, 1)
+    for u in list(node.users):
+        u.replace_all_uses_with(out) if u.args[1] == 0 else None
+        g.erase_node(u)
+    g.erase_node(node)
+    _set_meta(gm, new_nodes, a)
+
+
+def _set_meta(gm, nodes, a):
+    """Shapes for the lowered nodes (the later patterns check them): run them on meta tensors."""
+    env = {}
+
+    dev = tensor_meta(a["query"]).device
+
+    def value(x):
+        if isinstance(x, fx.Node):
+            if x in env:
+                return env[x]
+            if x.op == "get_attr":  # the projection weights: give the new get_attr nodes shapes too
+                t = functools.reduce(getattr, x.target.split("."), gm)
+                x.meta["accelc_meta"] = TensorMeta(tuple(t.shape), t.dtype, t.device)
+            m = tensor_meta(x)
+            return torch.empty(m.shape, dtype=m.dtype, device="meta")
+        return x
+
+    for n in nodes:
+        out = n.target(*fx.node.map_aggregate(n.args, value), **fx.node.map_aggregate(n.kwargs, value))
+        env[n] = out
+        if isinstance(out, torch.Tensor):
+            n.meta["accelc_meta"] = TensorMeta(tuple(out.shape), out.dtype, dev)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2 and 3: SDPA calls and the decomposed form -> accelc::flash_attention
+
+def _meta_tensor(node):
+    m = tensor_meta(node)
+    return None if m is None else torch.empty(m.shape, dtype=m.dtype, device="meta")
+
+
+def _example_mask(mask):
+    """The mask as the example inputs had it: an optional argument left at None counts as no
+    mask for the checks (the node still goes to the op, which checks a mask given later)."""
+    return None if mask is None or (isinstance(mask, fx.Node) and mask.meta.get("accelc_none")) else mask
+
+
+def _why_not(q, k, v, mask) -> str | None:
+    mask = _example_mask(mask)
+    ts = [_meta_tensor(t) for t in (q, k, v)]
+    if any(t is None for t in ts) or (mask is not None and _meta_tensor(mask) is None):
+        return "input shapes unknown"
+    reason = why_unsupported(*ts, None if mask is None else _meta_tensor(mask))
+    if reason is None and not runtime.can_run_on(tensor_meta(q).device):
+        reason = f"tensors on {tensor_meta(q).device}: accelc kernels need a CUDA device"
+    return reason
+
+
+def _kernel_label(mask, is_causal) -> str:
+    parts = (["causal"] if is_causal else []) + (["mask"] if _example_mask(mask) is not None else [])
+    return "accelc::flash_attention" + (f"[{'+'.join(parts)}]" if parts else "")
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _rewrite_sdpa_calls(gm) -> int:
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
+            continue
+        a = dict(zip(_SDPA_ARGS, node.args))
+        a.update(node.kwargs)
+        q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
+        causal, scale = bool(a.get("is_causal", False)), a.get("scale")
+        if a.get("dropout_p", 0.0) != 0.0 or a.get("enable_gqa", False):
+            node.meta["accelc_skip"] = "dropout_p > 0 (training) or enable_gqa"
+            continue
+        if _example_mask(mask) is not None and causal:
+            node.meta["accelc_skip"] = "attn_mask together with is_causal"
+            continue
+        if isinstance(scale, fx.Node):
+            node.meta["accelc_skip"] = "scale computed at run time"
+            continue
+        reason = _why_not(q, k, v, mask)
+        if reason:
+            node.meta["accelc_skip"] = reason
+            continue
+        replace_group(gm, [node], FLASH, (q, k, v, mask, causal, scale), {},
+                      kind="attention", kernel=_kernel_label(mask, causal))
+        count += 1
+    return count
+
+
+def _t(k, d0, d1):
+    return torch.transpose(k, d0, d1)
+
+
+def _mul(q, k, v, scale, d0, d1, sdim):
+    return torch.matmul(F.softmax(torch.matmul(q, _t(k, d0, d1)) * scale, sdim), v)
+
+
+def _div(q, k, v, scale, d0, d1, sdim):
+    return torch.matmul(F.softmax(torch.matmul(q, _t(k, d0, d1)) / scale, sdim), v)
+
+
+def _mul_mask(q, k, v, scale, mask, d0, d1, sdim):
+    return torch.matmul(F.softmax(torch.matmul(q, _t(k, d0, d1)) * scale + mask, sdim), v)
+
+
+def _div_mask(q, k, v, scale, mask, d0, d1, sdim):
+    return torch.matmul(F.softmax(torch.matmul(q, _t(k, d0, d1)) / scale + mask, sdim), v)
+
+
+def _q_scaled(q, k, v, scale, d0, d1, sdim):
+    return torch.matmul(F.softmax(torch.matmul(q * scale, _t(k, d0, d1)), sdim), v)
+
+
+def _no_scale(q, k, v, d0, d1, sdim):
+    return torch.matmul(F.softmax(torch.matmul(q, _t(k, d0, d1)), sdim), v)
+
+
+def _no_scale_mask(q, k, v, mask, d0, d1, sdim):
+    return torch.matmul(F.softmax(torch.matmul(q, _t(k, d0, d1)) + mask, sdim), v)
+
+
+def _rewrite_decomposed(gm) -> int:
+    count = 0
+    for pattern, scale_of in PATTERNS:
+        for m in find(gm, pattern):
+            if not m.is_live():
+                continue
+            q, k, v, mask = m.input("q"), m.input("k"), m.input("v"), m.input("mask")
+            scale = m.input("scale", 1.0)
+            mk = tensor_meta(k)
+            if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale == 0:
+                m.anchor.meta["accelc_skip"] = "attention scale is not a constant"
+                continue
+            rank = len(mk.shape) if mk else 0
+            dims = {d % rank for d in (m.input("d0"), m.input("d1"))} if rank else set()
+            if dims != {rank - 2, rank - 1} or m.input("sdim") not in (-1, rank - 1):
+                m.anchor.meta["accelc_skip"] = "not a softmax over keys of q @ k^T"
+                continue
+            reason = _why_not(q, k, v, mask)
+            if reason:
+                m.anchor.meta["accelc_skip"] = reason
+                continue
+            replace_group(gm, m.nodes, FLASH, (q, k, v, mask, False, float(scale_of(scale))), {},
+                          kind="attention", kernel=_kernel_label(mask, False))
+            count += 1
+    return count
+
+
+def run(gm, config) -> int:
+    _lower_mha(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return _rewrite_sdpa_calls(gm) + _rewrite_decomposed(gm)
+
+
+# pattern                                              softmax scale from the matched constant
+PATTERNS = [
+    (Pattern("softmax(q@k^T*s+mask)@v", _mul_mask),     lambda s: s),
+    (Pattern("softmax(q@k^T/s+mask)@v", _div_mask),     lambda s: 1.0 / s),
+    (Pattern("softmax(q@k^T+mask)@v", _no_scale_mask),  lambda s: 1.0),
+    (Pattern("softmax(q@k^T*s)@v", _mul),               lambda s: s),
+    (Pattern("softmax(q@k^T/s)@v", _div),               lambda s: 1.0 / s),
+    (Pattern("softmax((q*s)@k^T)@v", _q_scaled),        lambda s: s),
+    (Pattern("softmax(q@k^T)@v", _no_scale),            lambda s: 1.0),
+]

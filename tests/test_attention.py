@@ -1,0 +1,152 @@
+"""passes/attention.py: attention found however it is written; vit / bert / gpt end to end."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import accelc
+from conftest import DEVICE, REL_FLOOR, rel_l2
+
+FLASH = torch.ops.accelc.flash_attention.default
+
+
+def _optimize(model, *args, dtype=torch.float16):
+    model = model.to(DEVICE, dtype).eval()
+    args = tuple(a.to(DEVICE, dtype) if a.is_floating_point() else a.to(DEVICE) for a in args)
+    opt = accelc.optimize(model, args)
+    with torch.no_grad():
+        assert rel_l2(opt(*args), model(*args)) < 5e-3
+    return opt
+
+
+def _attention_rows(opt):
+    return [r for r in opt.layers if r.kind == "attention"]
+
+
+class Decomposed(nn.Module):
+    def __init__(self, style, d=32):
+        super().__init__()
+        self.style, self.d = style, d
+
+    def forward(self, q, k, v, mask):
+        d, s = self.d, self.style
+        if s == "mul":
+            scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(d))
+        elif s == "div_sqrt":
+            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(d)
+        elif s == "div_mask":
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d) + mask
+        elif s == "mul_mask":
+            scores = q @ k.transpose(-2, -1) * 0.125 + mask
+        elif s == "q_scaled":
+            scores = (q * d ** -0.5) @ k.transpose(-2, -1)
+        else:  # "none": unscaled
+            scores = q @ k.transpose(-2, -1)
+        probs = F.dropout(scores.softmax(dim=-1), p=0.1, training=self.training)
+        return probs @ v
+
+
+@pytest.mark.parametrize("style,scale", [("mul", 32 ** -0.5), ("div_sqrt", 32 ** -0.5), ("div_mask", 32 ** -0.5),
+                                         ("mul_mask", 0.125), ("q_scaled", 32 ** -0.5), ("none", 1.0)])
+def test_decomposed_forms_found(style, scale):
+    q, k, v = (torch.randn(2, 2, 19, 32) for _ in range(3))
+    mask = torch.randn(2, 1, 1, 19)
+    opt = _optimize(Decomposed(style), q, k, v, mask)
+    nodes = [n for n in opt.graph_module.graph.nodes if n.target is FLASH]
+    assert len(nodes) == 1 and len(_attention_rows(opt)) == 1
+    assert nodes[0].args[5] == pytest.approx(scale)
+    assert (nodes[0].args[3] is not None) == style.endswith("mask")
+
+
+class Sdpa(nn.Module):
+    def __init__(self, causal):
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
+
+
+@pytest.mark.parametrize("causal,with_mask,label", [
+    (False, False, "accelc::flash_attention"), (True, False, "accelc::flash_attention[causal]"),
+    (False, True, "accelc::flash_attention[mask]"),
+])
+def test_sdpa_calls(causal, with_mask, label):
+    q, k, v = (torch.randn(1, 4, 33, 64) for _ in range(3))
+    args = (q, k, v) + ((torch.rand(1, 1, 33, 33) > 0.2,) if with_mask else ())
+    if with_mask:
+        args[3][..., 0] = True
+    opt = _optimize(Sdpa(causal), *args)
+    assert [r.kernel for r in _attention_rows(opt)] == [label]
+
+
+class Mha(nn.Module):
+    def __init__(self, batch_first, cross=False):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(64, 2, batch_first=batch_first)
+        self.cross = cross
+
+    def forward(self, x, mem, pad):
+        kv = mem if self.cross else x
+        return self.attn(x, kv, kv, key_padding_mask=pad)[0]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("cross", [False, True])
+def test_multihead_attention_lowered_and_rewritten(batch_first, cross):
+    x, mem = torch.randn(3, 11, 64), torch.randn(3, 11, 64)
+    if not batch_first:
+        x, mem = x.transpose(0, 1).contiguous(), mem.transpose(0, 1).contiguous()
+    pad = torch.zeros(3, 11, dtype=torch.bool)
+    pad[1, 8:] = True  # padding at the end of the second sequence
+    opt = _optimize(Mha(batch_first, cross), x, mem, pad)
+    kernels = sorted(r.kernel for r in opt.rewritten)
+    assert "accelc::flash_attention[mask]" in kernels
+    assert kernels.count("accelc::linear") == (3 if cross else 1) + 1  # in-projection(s) + out_proj
+
+
+class MhaWeights(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(64, 2, batch_first=True)
+
+    def forward(self, x):
+        out, weights = self.attn(x, x, x)
+        return out + weights.sum()
+
+
+def test_attention_weights_used_stays_pytorch():
+    opt = _optimize(MhaWeights(), torch.randn(2, 5, 64))
+    row = next(r for r in opt.layers if r.name == "attn")
+    assert row.status == "kept" and "attention weights are used" in row.reason
+
+
+def test_fp32_and_odd_head_dim_kept_with_reason():
+    q, k, v = (torch.randn(1, 2, 9, 64) for _ in range(3))
+    opt = _optimize(Sdpa(False), q, k, v, dtype=torch.float32)
+    assert any("dtype torch.float32" in r.reason for r in opt.layers)
+    q, k, v = (torch.randn(1, 2, 9, 48) for _ in range(3))
+    opt = _optimize(Sdpa(False), q, k, v)
+    assert any("head dim 48" in r.reason for r in opt.layers)
+
+
+@pytest.mark.parametrize("name,n_attention", [("vit", 2), ("bert", 2), ("gpt", 2)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_models_every_attention_rewritten_and_matching(name, n_attention, dtype):
+    model = accelc.models.get(name).to(DEVICE, dtype)
+    args = model.example_inputs()
+    opt = accelc.optimize(model, args)
+    assert len(_attention_rows(opt)) == n_attention
+    assert all(r.status == "rewritten" for r in opt.layers if r.kind in ("attention", "linear"))
+    n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
+    n_mha = sum(isinstance(m, nn.MultiheadAttention) for m in model.modules())
+    # each nn.MultiheadAttention holds one nn.Linear (out_proj) and one packed in-projection
+    assert sum(r.kind == "linear" for r in opt.rewritten) == n_linear + n_mha
+    ref_model = accelc.models.get(name).to(DEVICE, torch.float64)
+    args2 = model.example_inputs(batch_size=3)  # a fresh input, against fp64
+    ref_args = tuple(a.double() if a.is_floating_point() else a for a in args2)
+    with torch.no_grad():
+        out, eager, ref = opt(*args2), model(*args2), ref_model(*ref_args)
+    assert rel_l2(out, ref) <= max(2 * rel_l2(eager, ref), REL_FLOOR[dtype])

@@ -1,0 +1,88 @@
+"""accelc::flash_attention (kernels/flash_attention.py) against an fp64 reference and eager SDPA."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from accelc.kernels import flash_attention as fa
+from conftest import DEVICE, assert_close_to_ref
+
+DTYPES = [(torch.float16, 2e-3, 1e-2), (torch.bfloat16, 1.6e-2, 5e-2)]  # (dtype, atol, rtol) vs fp64
+
+
+def _qkv(b, h, lq, lk, d, dtype):
+    return (torch.randn(b, h, lq, d, device=DEVICE, dtype=dtype),
+            torch.randn(b, h, lk, d, device=DEVICE, dtype=dtype),
+            torch.randn(b, h, lk, d, device=DEVICE, dtype=dtype))
+
+
+def _check(q, k, v, mask=None, causal=False, scale=None, atol=2e-3, rtol=1e-2):
+    out = torch.ops.accelc.flash_attention(q, k, v, mask, causal, scale)
+    d = lambda t: None if t is None else (t if t.dtype == torch.bool else t.double())
+    ref = fa.flash_attention_ref(d(q), d(k), d(v), d(mask), causal, scale)
+    eager = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    assert_close_to_ref(out, ref, eager, q.dtype, atol, rtol)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("d", fa.HEAD_DIMS)
+def test_every_head_dim(dtype, atol, rtol, d):
+    _check(*_qkv(2, 3, 37, 37, d, dtype), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("lq,lk", [(1, 1), (17, 17), (33, 70), (70, 33), (5, 129)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_odd_lengths_and_causal(dtype, atol, rtol, lq, lk, causal):
+    _check(*_qkv(1, 2, lq, lk, 64, dtype), causal=causal, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+def test_key_padding_bool_mask_broadcast_over_heads(dtype, atol, rtol):
+    q, k, v = _qkv(3, 2, 29, 29, 32, dtype)
+    keep = torch.ones(3, 1, 1, 29, dtype=torch.bool, device=DEVICE)
+    keep[1, ..., 20:] = False
+    keep[2, ..., 7:] = False
+    _check(q, k, v, keep, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+def test_additive_float_mask(dtype, atol, rtol):
+    q, k, v = _qkv(2, 2, 24, 40, 64, dtype)
+    mask = torch.randn(2, 1, 24, 40, device=DEVICE).to(dtype)
+    mask[0, :, :, 30:] = torch.finfo(dtype).min  # BERT-style padding
+    _check(q, k, v, mask, atol=atol, rtol=rtol)
+
+
+def test_explicit_scale_and_strided_inputs():
+    # (B, L, H, D) tensors viewed as (B, H, L, D): the kernel reads the strides, no copy
+    base = torch.randn(2, 3, 33, 3, 64, device=DEVICE, dtype=torch.float16)
+    q, k, v = (base[:, i].transpose(1, 2) for i in range(3))
+    assert not q.is_contiguous()
+    _check(q, k, v, scale=0.3)
+
+
+def test_output_memory_is_batch_length_heads():
+    q, k, v = _qkv(2, 3, 9, 9, 32, torch.float16)
+    out = torch.ops.accelc.flash_attention(q, k, v)
+    assert out.shape == (2, 3, 9, 32) and out.transpose(1, 2).is_contiguous()
+
+
+def test_fully_masked_row_is_nan_like_softmax():
+    q, k, v = _qkv(1, 1, 4, 8, 32, torch.float16)
+    keep = torch.ones(1, 1, 4, 8, dtype=torch.bool, device=DEVICE)
+    keep[0, 0, 2] = False
+    out = torch.ops.accelc.flash_attention(q, k, v, keep)
+    assert torch.isnan(out[0, 0, 2]).all() and torch.isfinite(out[0, 0, [0, 1, 3]]).all()
+
+
+@pytest.mark.parametrize("args,message", [
+    (lambda q, k, v: (q.float(), k.float(), v.float()), "dtype torch.float32"),
+    (lambda q, k, v: (q[..., :48], k[..., :48], v[..., :48]), "head dim 48"),
+    (lambda q, k, v: (q, k, v[..., :32]), "head dims differ"),
+    (lambda q, k, v: (q[0], k[0], v[0]), "must be 4-D"),
+])
+def test_unsupported_inputs_explained(args, message):
+    q, k, v = _qkv(2, 2, 8, 8, 64, torch.float16)
+    assert message in fa.why_unsupported(*args(q, k, v))
+    with pytest.raises(ValueError, match=message):
+        fa.flash_attention_launch(*args(q, k, v))
