@@ -7,7 +7,9 @@
 2. Every node gets meta["accelc_path"], the module path it came from ("blocks.0.fc1"), and
    meta["accelc_meta"] (shape, dtype, device of its value on the example inputs).
 3. Canonical form: the many spellings of one operation become one, so a pattern is written once.
-   nn.Linear / aten.linear -> F.linear(x, w, b) (b may be None); activation modules, methods,
+   nn.Linear / aten.linear -> F.linear(x, w, b) (b may be None); nn.Conv2d (zero padding) ->
+   F.conv2d(x, w, b, stride, padding, dilation, groups); eval nn.BatchNorm2d -> F.batch_norm(x,
+   running_mean, running_var, weight, bias, False, momentum, eps); activation modules, methods,
    aten ops -> F.relu, F.gelu, F.silu, torch.sigmoid, torch.tanh; torch.add / aten.add /
    x.add(y) -> operator.add; x @ y / aten.matmul -> torch.matmul; eval-mode dropout and Identity
    are removed. In-place forms are canonicalised only where nothing else reads their input.
@@ -166,6 +168,7 @@ _FUNCTIONS = {
     operator.matmul: torch.matmul, aten.matmul.default: torch.matmul,
     aten.linear.default: F.linear,
     aten.t.default: torch.t,
+    F.conv2d: F.conv2d, aten.conv2d.default: F.conv2d, F.batch_norm: F.batch_norm,
     F.softmax: F.softmax, torch.softmax: F.softmax, aten.softmax.int: F.softmax,
     aten._softmax.default: F.softmax,
     aten.transpose.int: torch.transpose,
@@ -225,6 +228,24 @@ def _canonical_module(gm, n, mod):
         with g.inserting_before(n):
             new = g.call_function(_ACTIVATION_MODULES[type(mod)], (n.args[0],))
         _swap(n, new)
+    elif type(mod) is nn.Conv2d and mod.padding_mode == "zeros":
+        with g.inserting_before(n):
+            w = g.get_attr(f"{n.target}.weight")
+            b = g.get_attr(f"{n.target}.bias") if mod.bias is not None else None
+            new = g.call_function(F.conv2d, (n.args[0], w, b, mod.stride, mod.padding, mod.dilation, mod.groups))
+        for a in (w, b):
+            if a is not None:
+                a.meta["accelc_path"] = n.target
+        _swap(n, new)
+    elif type(mod) is nn.BatchNorm2d and not mod.training and mod.track_running_stats:
+        with g.inserting_before(n):
+            ins = [g.get_attr(f"{n.target}.{name}") if getattr(mod, name) is not None else None
+                   for name in ("running_mean", "running_var", "weight", "bias")]
+            new = g.call_function(F.batch_norm, (n.args[0], *ins, False, mod.momentum or 0.0, mod.eps))
+        for a in ins:
+            if a is not None:
+                a.meta["accelc_path"] = n.target
+        _swap(n, new)
     elif isinstance(mod, nn.GELU):
         with g.inserting_before(n):
             new = g.call_function(F.gelu, (n.args[0],), _gelu_kwargs(mod.approximate))
@@ -256,12 +277,26 @@ def _retarget(n, target):
         if kwargs.get("dtype") is not None or dim is None or len(args) > 2 and args[2] is not False:
             return  # softmax with a dtype cast (or aten's half_to_float) stays as written
         args, kwargs = (args[0], dim), {}
+    elif target in _POSITIONAL:
+        names, defaults = _POSITIONAL[target]
+        bound = dict(zip(names, args))
+        args = tuple(bound.get(k, kwargs.pop(k, d)) for k, d in zip(names, defaults))
+        kwargs = {}
     elif target is torch.transpose:
         args = (args[0], kwargs.pop("dim0", args[1] if len(args) > 1 else None),
                 kwargs.pop("dim1", args[2] if len(args) > 2 else None))
     n.op, n.target, n.args, n.kwargs = "call_function", target, args, kwargs
     if target is F.relu or target is F.silu:
         n.args = args[:1]
+
+
+# canonical callables whose arguments are all made positional: (names, defaults)
+_POSITIONAL = {
+    F.conv2d: (("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+               (None, None, None, 1, 0, 1, 1)),
+    F.batch_norm: (("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+                   (None, None, None, None, None, False, 0.1, 1e-5)),
+}
 
 
 def _gelu_kwargs(approximate: str) -> dict:

@@ -4,9 +4,11 @@ from __future__ import annotations
 from torch import fx
 
 from accelc.errors import PassError
-from accelc.passes import attention, linear_act
+from accelc.passes import attention, conv_gemm, fold_bn, linear_act
 
 PASSES = [
+    ("fold_bn", fold_bn.run),
+    ("conv_gemm", conv_gemm.run),
     ("attention", attention.run),   # first: it lowers nn.MultiheadAttention to linears + SDPA
     ("linear_act", linear_act.run),
 ]

@@ -258,6 +258,9 @@ def layer_name(nodes: list) -> str:
     anchor_path = compute[0].meta.get("accelc_path", "")
     parent = anchor_path.rpartition(".")[0]
     labels = [anchor_path or op_name(compute[0])]
+    for n in compute:
+        for path in n.meta.get("accelc_absorbed", []):  # e.g. a batch norm folded into this conv
+            labels.append(path[len(parent) + 1:] if parent and path.startswith(parent + ".") else path)
     for n in compute[1:]:
         path = n.meta.get("accelc_path", "")
         if path == anchor_path and anchor_path:

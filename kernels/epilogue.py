@@ -65,17 +65,16 @@ def apply_activation(x, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def epilogue(acc, bias_ptr, res_ptr, offs_m, offs_n, M, N, stride_rm, stride_rn,
+def epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
              HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
              RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr):
-    """acc: fp32 [BLOCK_M, BLOCK_N] tile of rows offs_m and output channels offs_n."""
+    """acc: fp32 [BLOCK_M, BLOCK_N] tile of output channels offs_n (< N valid); res_ptrs: the
+    residual's [BLOCK_M, BLOCK_N] pointers (unused without HAS_RESIDUAL); mask: valid elements."""
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
     if HAS_RESIDUAL:
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn,
-                      mask=mask, other=0.0).to(tl.float32)
+        res = tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
         if RESIDUAL_FIRST:
             acc = apply_activation(acc + res, ACTIVATION)
         else:

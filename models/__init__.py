@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 from accelc.models.bert import BERT_BASE, BertModel
+from accelc.models.cnn_small import SmallCNN
 from accelc.models.gpt import GPT2_SMALL, GptModel
 from accelc.models.mlp import ProcessMLP
+from accelc.models.resnet import RESNET50, ResNet
 from accelc.models.transformer_mlp import TransformerMLP
 from accelc.models.vit import VIT_B16, VitModel
 
@@ -23,10 +25,12 @@ _MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
     "vit": (VitModel, "Vision Transformer: conv patch embedding, nn.MultiheadAttention encoder"),
     "bert": (BertModel, "BERT-style post-norm encoder, written-out attention with key-padding mask"),
     "gpt": (GptModel, "GPT-2-style pre-norm causal decoder, scaled_dot_product_attention"),
+    "resnet": (ResNet, "ResNet with Bottleneck (or BasicBlock) blocks: conv + BN + ReLU, residual adds"),
+    "cnn_small": (SmallCNN, "small CNN few-class classifier: conv + BN + ReLU stages, pooling, linear head"),
 }
 
 # realistic sizes: accelc.models.get("bert", **accelc.models.SIZES["bert"])
-SIZES = {"vit": VIT_B16, "bert": BERT_BASE, "gpt": GPT2_SMALL}
+SIZES = {"vit": VIT_B16, "bert": BERT_BASE, "gpt": GPT2_SMALL, "resnet": RESNET50}
 
 
 def names() -> list[str]:

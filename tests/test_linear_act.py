@@ -154,7 +154,7 @@ class NoLinear(nn.Module):
 
 def test_no_pattern_found():
     opt = _optimize(NoLinear(), 2, 4, 16)
-    assert opt.rewritten == [] and opt.info.pass_counts == {"attention": 0, "linear_act": 0}
+    assert opt.rewritten == [] and set(opt.info.pass_counts.values()) == {0}
     assert {(r.name, r.kind) for r in opt.layers} == {("norm", "LayerNorm"), ("relu", "relu"),
                                                       ("matmul", "matmul")}
 
@@ -170,5 +170,5 @@ def test_unsupported_dtype_kept_with_reason():
 def test_counts_and_names_on_a_sequence():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
     opt = _optimize(model, 6, 8)
-    assert opt.info.pass_counts == {"attention": 0, "linear_act": 3}
+    assert opt.info.pass_counts["linear_act"] == 3
     assert [r.name for r in opt.rewritten] == ["0+1", "2+3", "4"]

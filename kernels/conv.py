@@ -1,0 +1,243 @@
+"""accelc::conv2d — Conv2d as an implicit GEMM, NHWC, with the fused epilogue of kernels/epilogue.py.
+
+x (N, C, H, W) in any memory format (read through its strides; a non-channels-last input is
+converted once, which in a run of rewritten convs happens only at the run's first conv); weight
+pre-packed at optimize time as (K, R, S, C) contiguous (pack_weight); bias (K,); residual (N, K,
+OH, OW) any format. Output (N, K, OH, OW) in channels-last memory, so the next rewritten conv and
+PyTorch's elementwise ops and pooling (which keep the format) read NHWC with no conversion.
+
+    out = act(conv(x, w) + bias) + residual      residual_first=False
+    out = act(conv(x, w) + bias + residual)      residual_first=True (ResNet: relu(bn(conv) + x))
+
+The GEMM: rows = output pixels (N*OH*OW), columns = output channels K, reduction over (r, s, c),
+never materialising the im2col matrix: each program gathers its input patches tap by tap. With
+C >= 16 the reduction walks taps, BLOCK_K channels at a time (loads contiguous along C); with
+fewer channels (an RGB stem) it walks the flattened (r, s, c) index so that the tensor cores are
+not fed mostly padding (FLAT_K). 1x1 stride-1 unpadded convs are plain GEMMs on the NHWC view
+and go to kernels/gemm.py.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+from accelc import runtime
+from accelc.kernels import gemm
+from accelc.kernels.epilogue import ACTIVATIONS, activation_code, epilogue, epilogue_ref
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _conv_kernel(
+    # pointers
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+    # sizes (M = N * OH * OW rows, RSC = R * S * C reduction; M_BUCKET keys the autotuner)
+    C, H, W, K, OH, OW, M, RSC, M_BUCKET,
+    # geometry
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    # strides in (n, c, h, w) order
+    sx_n, sx_c, sx_h, sx_w, sr_n, sr_c, sr_h, sr_w, so_n, so_c, so_h, so_w,
+    # epilogue
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    # meta-parameters
+    S: tl.constexpr, TAPS: tl.constexpr, FLAT_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_m, pid_n = gemm._tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < K
+    img = offs_m // (OH * OW)
+    pix = offs_m % (OH * OW)
+    oh = pix // OW
+    ow = pix % OW
+    ih0 = oh * stride_h - pad_h
+    iw0 = ow * stride_w - pad_w
+    x_img = x_ptr + img * sx_n
+    w_rows = w_ptr + offs_n * RSC
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if FLAT_K:
+        for k0 in range(0, RSC, BLOCK_K):
+            kk = k0 + offs_k
+            k_ok = kk < RSC
+            c = kk % C
+            r = (kk // C) // S
+            s = (kk // C) % S
+            ih = ih0[:, None] + r[None, :] * dil_h
+            iw = iw0[:, None] + s[None, :] * dil_w
+            a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.load(x_img[:, None] + c[None, :] * sx_c + ih * sx_h + iw * sx_w, mask=a_ok, other=0.0)
+            b = tl.load(w_rows[None, :] + kk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if DOT_IN_FP32:  # the interpreter's bf16 tl.dot workaround, see kernels/gemm.py
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    else:
+        for tap in range(TAPS):
+            ih = ih0 + (tap // S) * dil_h
+            iw = iw0 + (tap % S) * dil_w
+            pix_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            pix_ptr = x_img + ih * sx_h + iw * sx_w
+            for c0 in range(0, C, BLOCK_K):
+                c = c0 + offs_k
+                c_ok = c < C
+                a = tl.load(pix_ptr[:, None] + c[None, :] * sx_c, mask=pix_ok[:, None] & c_ok[None, :], other=0.0)
+                b = tl.load(w_rows[None, :] + (tap * C + c)[:, None], mask=c_ok[:, None] & n_ok[None, :],
+                            other=0.0)
+                if DOT_IN_FP32:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+    mask = m_ok[:, None] & n_ok[None, :]
+    res_ptrs = res_ptr + (img * sr_n + oh * sr_h + ow * sr_w)[:, None] + offs_n[None, :] * sr_c
+    acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, K, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
+    out_ptrs = out_ptr + (img * so_n + oh * so_h + ow * so_w)[:, None] + offs_n[None, :] * so_c
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _config(bm, bn, bk, stages, warps):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                         num_stages=stages, num_warps=warps)
+
+
+# H100 candidates: 128-pixel row tiles (ResNet layers have 1.5k-100k pixels at batch 32), K tiles
+# of 64-128 channels, 32-64 channels a reduction step
+_CONFIGS = [_config(128, 128, 64, 3, 8), _config(128, 64, 64, 4, 4), _config(64, 128, 64, 4, 4),
+            _config(128, 128, 32, 4, 8), _config(64, 64, 64, 4, 4), _config(128, 64, 32, 4, 4)]
+
+
+def _prune(configs, named_args, **kwargs):
+    k = named_args["K"]
+    keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(k))]
+    return keep or configs[:1]
+
+
+def _bench_in_graph(fn, quantiles):
+    """Time candidates over CUDA graphs, not plain launches (see kernels/gemm.py)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
+
+
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "K", "C", "TAPS", "FLAT_K", "stride_h"],
+                                prune_configs_by={"early_config_prune": _prune}, do_bench=_bench_in_graph)(_conv_kernel)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """(K, C, R, S) as nn.Conv2d stores it -> (K, R, S, C) contiguous: done once at optimize time."""
+    return weight.permute(0, 2, 3, 1).contiguous()
+
+
+def output_size(h, w, r, s, stride, padding, dilation):
+    """padding: (top, bottom, left, right)."""
+    oh = (h + padding[0] + padding[1] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    ow = (w + padding[2] + padding[3] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    return oh, ow
+
+
+def _fail(message: str):
+    raise ValueError(f"accelc::conv2d: {message}")
+
+
+def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activation="none",
+                  residual_first=False, allow_tf32=False):
+    """Checks, allocates, launches. weight: packed (K, R, S, C); stride, dilation: (h, w);
+    padding: (top, bottom, left, right)."""
+    if x.dim() != 4 or weight.dim() != 4:
+        _fail(f"x must be (N, C, H, W) and weight packed (K, R, S, C), got {tuple(x.shape)}, {tuple(weight.shape)}")
+    N, C, H, W = x.shape
+    K, R, S, Cw = weight.shape
+    if Cw != C:
+        _fail(f"x has {C} channels but the packed weight {tuple(weight.shape)} expects {Cw}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        _fail(f"dtype {x.dtype} is not supported (fp16, bf16, fp32)")
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is not None and (t.dtype != x.dtype or t.device != x.device):
+            _fail(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}")
+    if activation not in ACTIVATIONS:
+        _fail(f"activation must be one of {ACTIVATIONS}, not {activation!r}")
+    OH, OW = output_size(H, W, R, S, stride, padding, dilation)
+    out = torch.empty((N, K, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    if residual is not None and residual.shape != out.shape:
+        _fail(f"residual must have the output's shape {tuple(out.shape)}, got {tuple(residual.shape)}")
+    if out.numel() == 0:
+        return out
+    if OH <= 0 or OW <= 0:
+        _fail(f"output size {OH}x{OW} for input {H}x{W}")
+    x = x.contiguous(memory_format=torch.channels_last)  # a no-op inside a run of rewritten convs
+
+    if R == S == 1 and tuple(stride) == (1, 1) and not any(padding):
+        # 1x1, stride 1: a GEMM on the NHWC views, (N*H*W, C) @ (K, C)^T
+        res2 = residual.permute(0, 2, 3, 1).reshape(-1, K) if residual is not None else None
+        gemm.launch(x.permute(0, 2, 3, 1).reshape(-1, C), weight.view(K, C), bias, res2,
+                    out.permute(0, 2, 3, 1).view(-1, K), activation, residual_first, allow_tf32)
+        return out
+
+    M = N * OH * OW
+    res = residual if residual is not None else out
+    args = (x, weight, bias if bias is not None else out, res, out,
+            C, H, W, K, OH, OW, M, R * S * C, triton.next_power_of_2(M),
+            stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
+            *x.stride(), *res.stride(), *out.stride())
+    meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RESIDUAL_FIRST=bool(residual_first),
+                ACTIVATION=activation_code(activation), S=S, TAPS=R * S, FLAT_K=C < 16,
+                INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
+                DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16)
+
+    def grid(cfg):
+        return (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(K, cfg["BLOCK_N"]),)
+
+    if runtime.interpreted():
+        cfg = _config(32, 32, 16, 1, 4)
+    elif not runtime.autotune_enabled():
+        cfg = _config(64, 64, 32, 3, 4)
+    else:
+        with gemm._device_of(x):
+            _tuned_kernel[grid](*args, **meta)
+        return out
+    with gemm._device_of(x):
+        _conv_kernel[grid(cfg.kwargs)](*args, **meta, **cfg.kwargs, num_warps=cfg.num_warps,
+                                       num_stages=cfg.num_stages)
+    return out
+
+
+def conv2d_ref(x, weight, bias, residual, stride, padding, dilation, activation="none",
+               residual_first=False, allow_tf32=False):
+    """Pure-PyTorch reference on the packed weight: fp32 (fp64 for fp64) math, channels-last
+    result in x's dtype."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xp = torch.nn.functional.pad(x.to(acc), (padding[2], padding[3], padding[0], padding[1]))
+    y = torch.nn.functional.conv2d(xp, weight.to(acc).permute(0, 3, 1, 2), None, tuple(stride), 0, tuple(dilation))
+    y = epilogue_ref(y.permute(0, 2, 3, 1), None if bias is None else bias.to(acc),
+                     None if residual is None else residual.to(acc).permute(0, 2, 3, 1), activation, residual_first)
+    return y.permute(0, 3, 1, 2).to(x.dtype).contiguous(memory_format=torch.channels_last)
+
+
+@torch.library.custom_op("accelc::conv2d", mutates_args=())
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+           stride: List[int], padding: List[int], dilation: List[int], activation: str = "none",
+           residual_first: bool = False, allow_tf32: bool = False) -> torch.Tensor:
+    """act(conv(x, weight) + bias) (+ residual): see the module docstring."""
+    if not runtime.can_run_on(x.device):
+        runtime.warn_once("conv-fallback", f"accelc::conv2d got tensors on {x.device}, where Triton cannot run "
+                          "in this process; computing it with PyTorch instead")
+        return conv2d_ref(x, weight, bias, residual, stride, padding, dilation, activation, residual_first)
+    return conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activation, residual_first, allow_tf32)
+
+
+@conv2d.register_fake
+def _(x, weight, bias, residual, stride, padding, dilation, activation="none", residual_first=False,
+      allow_tf32=False):
+    N, _, H, W = x.shape
+    K, R, S, _ = weight.shape
+    OH, OW = output_size(H, W, R, S, stride, padding, dilation)
+    return x.new_empty((N, K, OH, OW)).contiguous(memory_format=torch.channels_last)
