@@ -114,9 +114,7 @@ def _config(bm, bn, bk, stages, warps):
 # H100 candidates: 128-pixel row tiles (ResNet layers have 1.5k-100k pixels at batch 32), K tiles
 # of 64-128 channels, 32-64 channels a reduction step
 _CONFIGS = [_config(128, 128, 64, 3, 8), _config(128, 64, 64, 4, 4), _config(64, 128, 64, 4, 4),
-            _config(128, 128, 32, 4, 8), _config(64, 64, 64, 4, 4), _config(128, 64, 32, 4, 4),
-            _config(128, 128, 64, 4, 8), _config(256, 128, 64, 3, 8), _config(128, 256, 64, 3, 8),
-            _config(128, 128, 128, 3, 8)]
+            _config(128, 128, 32, 4, 8), _config(64, 64, 64, 4, 4), _config(128, 64, 32, 4, 4)]
 
 
 def _prune(configs, named_args, **kwargs):
