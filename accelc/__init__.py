@@ -3,8 +3,8 @@
     opt = accelc.optimize(model, example_inputs)   # drop-in nn.Module calling Triton kernels
     print(opt.summary())                           # what was rewritten, what was kept and why
 """
-from accelc import runtime  # first: decides interpreter vs GPU before any kernel is defined
-from accelc import kernels  # registers torch.ops.accelc.*
+from accelc import runtime  # noqa: F401  (first: decides interpreter vs GPU before any kernel is defined)
+from accelc import kernels  # noqa: F401  (registers torch.ops.accelc.*)
 from accelc import models
 from accelc.api import optimize
 from accelc.config import OptimizeConfig, PRESETS

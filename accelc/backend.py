@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-import torch
 from torch import fx, nn
 
 from accelc.rewrite import op_name

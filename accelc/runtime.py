@@ -7,6 +7,7 @@ A user who sets TRITON_INTERPRET themselves keeps their choice.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -32,6 +33,13 @@ def can_run_on(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return device.type == "cpu" and interpreted()
+
+
+def device_guard(t: torch.Tensor):
+    """Triton launches on the current CUDA device: make it t's (a no-op when it already is)."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 def backend_name(device: torch.device) -> str:

@@ -23,9 +23,9 @@ from typing import List, Optional
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
 from accelc import runtime
+from accelc.latency import autotune_timer
 from accelc.kernels import gemm
 from accelc.kernels.epilogue import ACTIVATIONS, activation_code, epilogue, epilogue_ref
 
@@ -123,13 +123,8 @@ def _prune(configs, named_args, **kwargs):
     return keep or configs[:1]
 
 
-def _bench_in_graph(fn, quantiles):
-    """Time candidates over CUDA graphs, not plain launches (see kernels/gemm.py)."""
-    return triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
-
-
 _tuned_kernel = triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "K", "C", "TAPS", "FLAT_K", "stride_h"],
-                                prune_configs_by={"early_config_prune": _prune}, do_bench=_bench_in_graph)(_conv_kernel)
+                                prune_configs_by={"early_config_prune": _prune}, do_bench=autotune_timer)(_conv_kernel)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -201,10 +196,10 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
     elif not runtime.autotune_enabled():
         cfg = _config(64, 64, 32, 3, 4)
     else:
-        with gemm._device_of(x):
+        with runtime.device_guard(x):
             _tuned_kernel[grid](*args, **meta)
         return out
-    with gemm._device_of(x):
+    with runtime.device_guard(x):
         _conv_kernel[grid(cfg.kwargs)](*args, **meta, **cfg.kwargs, num_warps=cfg.num_warps,
                                        num_stages=cfg.num_stages)
     return out

@@ -21,9 +21,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 
 from accelc import runtime
+from accelc.latency import autotune_timer
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (32, 64, 80, 96, 128)
@@ -133,16 +133,11 @@ _CONFIGS = [_config(128, 64, 3, 8), _config(128, 128, 3, 8), _config(128, 64, 4,
             _config(64, 64, 4, 4)]
 
 
-def _bench_in_graph(fn, quantiles):
-    """Time candidates over CUDA graphs, not plain launches (see kernels/gemm.py)."""
-    return triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
-
-
 _tuned_kernel = triton.autotune(configs=_CONFIGS, key=["L_BUCKET", "S_BUCKET", "HEAD_DIM", "MASK_KIND", "IS_CAUSAL"],
-                                do_bench=_bench_in_graph)(_flash_fwd_kernel)
+                                do_bench=autotune_timer)(_flash_fwd_kernel)
 
 
-def why_unsupported(q, k, v, mask=None, is_causal=False) -> Optional[str]:
+def why_unsupported(q, k, v, mask=None) -> Optional[str]:
     """Why accelc::flash_attention cannot take these inputs (the caller then stays PyTorch)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "q, k, v must be 4-D (batch, heads, length, head_dim)"
@@ -172,7 +167,7 @@ def why_unsupported(q, k, v, mask=None, is_causal=False) -> Optional[str]:
 
 
 def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None):
-    reason = why_unsupported(q, k, v, mask, is_causal)
+    reason = why_unsupported(q, k, v, mask)
     if reason is not None:
         raise ValueError(f"accelc::flash_attention: {reason}")
     B, H, L, D = q.shape
@@ -194,7 +189,7 @@ def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None):
     if runtime.interpreted():
         _flash_fwd_kernel[(triton.cdiv(L, 16), B * H)](*args, **meta, BLOCK_M=16, BLOCK_N=16)
         return out
-    with torch.cuda.device(q.device):
+    with runtime.device_guard(q):
         if runtime.autotune_enabled():
             _tuned_kernel[lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H)](*args, **meta)
         else:

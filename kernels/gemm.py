@@ -17,17 +17,16 @@ so weight.t() views (matmul(x, W) written as a Linear) cost no copy.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
-import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
+from accelc.latency import autotune_timer
 from accelc.kernels.epilogue import ACTIVATIONS, activation_code, epilogue, epilogue_ref
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -173,16 +172,9 @@ def _default_config(m: int, dtype: torch.dtype, tma_ok: bool) -> triton.Config:
 _HEURISTICS = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
 
 
-def _bench_in_graph(fn, quantiles):
-    """The autotuner's timer: replays of a captured CUDA graph. Timing plain launches would
-    measure Triton's host-side launch cost (~100 us here) instead of small kernels, and pick
-    configs at random for them (seen at 16x4096x4096)."""
-    return triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
-
-
 _tuned_kernel = triton.autotune(
     configs=_CONFIGS, key=["M_BUCKET", "N", "K", "TMA_OK"],
-    prune_configs_by={"early_config_prune": _prune}, do_bench=_bench_in_graph,
+    prune_configs_by={"early_config_prune": _prune}, do_bench=autotune_timer,
 )(triton.heuristics(_HEURISTICS)(_linear_kernel))
 # The interpreter has no device to time configs on; one small tile keeps CPU tests fast.
 _INTERPRETER_CONFIG = {True: _config(32, 32, 32, 1, 4), False: _config(32, 32, 32, 1, 4, tma=False)}
@@ -273,7 +265,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         config = _INTERPRETER_CONFIG[tma_ok]
     elif config is None and not runtime.autotune_enabled():
         config = _default_config(M, x2.dtype, tma_ok)
-    with _device_of(x2):
+    with runtime.device_guard(x2):
         if config is None:
             _tuned_kernel[grid](*args, **meta)
         else:
@@ -282,13 +274,6 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                 raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
             _set_tma_boxes(dict(x_desc=x_desc, w_desc=w_desc, **meta, **kw))
             _linear_kernel[grid(kw)](*args, **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
-
-
-def _device_of(x):
-    """Triton launches on the current CUDA device: make it x's."""
-    if x.is_cuda and x.device.index != torch.cuda.current_device():
-        return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
 
 
 def linear_ref(x, weight, bias=None, residual=None, activation="none", residual_first=False,

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from accelc.capture import TensorMeta
 from accelc.rewrite import Pattern, find
 
 
@@ -65,7 +66,7 @@ def run(gm, config) -> int:
         with g.inserting_before(conv):
             w_node, b_node = g.get_attr(names[0]), g.get_attr(names[1])
         for node, t in ((w_node, w), (b_node, b)):
-            node.meta["accelc_meta"] = type(conv.meta["accelc_meta"])(tuple(t.shape), t.dtype, t.device)
+            node.meta["accelc_meta"] = TensorMeta(tuple(t.shape), t.dtype, t.device)
             node.meta["accelc_path"] = conv.meta.get("accelc_path", "")
         conv.args = (conv.args[0], w_node, b_node, *conv.args[3:])
         conv.meta["accelc_absorbed"] = conv.meta.get("accelc_absorbed", []) + [bn.meta.get("accelc_path", "")]
