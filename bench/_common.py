@@ -5,6 +5,7 @@ import datetime
 import json
 import os
 import re
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -50,6 +51,30 @@ def md_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def time_rounds(variants: dict, row: dict, rounds: int, flops: float, rep_ms: float = 40,
+                device: str = "cuda") -> None:
+    """Time every variant `rounds` times, round-robin (the GPUs here drift 5-8% over a minute of
+    load, so the variants being compared share each round's conditions). Per variant, row[name]
+    gets rounds_us (CUDA-graph medians, us), us (their median) and tflops."""
+    from accelc.latency import median_ms
+
+    for name in variants:
+        row.setdefault(name, {})["rounds_us"] = []
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t = median_ms(fn, device=device, cuda_graph=device == "cuda", rep_ms=rep_ms)
+            row[name]["rounds_us"].append(round(t * 1e3, 2))
+    for name in variants:
+        us = statistics.median(row[name]["rounds_us"])
+        row[name].update(us=us, tflops=round(flops / us / 1e6, 1))
+
+
+def speedup(row: dict, fast: str, base: str) -> tuple[float, float, float]:
+    """base time / fast time per round: (median, min, max)."""
+    ratios = [tb / tf for tf, tb in zip(row[fast]["rounds_us"], row[base]["rounds_us"])]
+    return round(statistics.median(ratios), 3), round(min(ratios), 3), round(max(ratios), 3)
 
 
 def env_line(env: dict) -> str:

@@ -10,7 +10,6 @@ per-round ratios. FLOPs counted as 4*B*H*S*S*D (halved for causal).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import _common  # noqa: E402
 
 import accelc  # noqa: E402,F401
 from accelc.kernels import flash_attention as fa  # noqa: E402
-from accelc.latency import median_ms  # noqa: E402
 
 CASES = [  # (B, H, S, D, causal)
     (8, 16, 1024, 64, False), (8, 16, 1024, 64, True),
@@ -80,17 +78,11 @@ def main():
                 del variants[name]
                 continue
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-            row[name] = {"rel_l2_vs_fp32": float(f"{err:.2e}"), "rounds_us": []}
-        for _ in range(ROUNDS):
-            for name, fn in variants.items():
-                row[name]["rounds_us"].append(round(median_ms(fn, cuda_graph=True, rep_ms=40) * 1e3, 2))
-        for name in variants:
-            us = statistics.median(row[name]["rounds_us"])
-            row[name].update(us=us, tflops=round(flops / us / 1e6, 1))
+            row[name] = {"rel_l2_vs_fp32": float(f"{err:.2e}")}
+        _common.time_rounds(variants, row, ROUNDS, flops)
         for base in ("sdpa_flash", "sdpa_cudnn", "naive_eager"):
             if base in variants:
-                ratios = [b / a for a, b in zip(row["accelc"]["rounds_us"], row[base]["rounds_us"])]
-                row[f"speedup_vs_{base}"] = round(statistics.median(ratios), 3)
+                row[f"speedup_vs_{base}"] = _common.speedup(row, "accelc", base)[0]
         print(f"  {B}x{H}x{S}x{D} causal={causal}: " + ", ".join(
             f"{n} {row[n]['us']:.0f} us {row[n]['tflops']:.0f} TF/s" for n in variants), flush=True)
         rows.append(row)

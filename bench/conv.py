@@ -12,7 +12,6 @@ per-round ratios. FLOPs 2 * N * OH * OW * K * C * R * S.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import _common  # noqa: E402
 
 import accelc  # noqa: E402,F401
 from accelc.kernels import conv  # noqa: E402
-from accelc.latency import median_ms  # noqa: E402
 from accelc.passes.fold_bn import fold  # noqa: E402
 
 SHAPES = [(64, 56, 64, 3, 1), (128, 28, 128, 3, 1), (256, 14, 256, 3, 1), (512, 7, 512, 3, 1),
@@ -71,17 +69,10 @@ def main():
             for name, fn in variants.items():
                 out = fn().float()
                 ref = ref_fused if "relu" in name else ref_conv
-                row[name] = {"rel_l2_vs_eager": float(f"{((out - ref).norm() / ref.norm()).item():.2e}"),
-                             "rounds_us": []}
-            for _ in range(ROUNDS):
-                for name, fn in variants.items():
-                    row[name]["rounds_us"].append(round(median_ms(fn, cuda_graph=True, rep_ms=40) * 1e3, 2))
-        for name in variants:
-            us = statistics.median(row[name]["rounds_us"])
-            row[name].update(us=us, tflops=round(flops / us / 1e6, 1))
+                row[name] = {"rel_l2_vs_eager": float(f"{((out - ref).norm() / ref.norm()).item():.2e}")}
+            _common.time_rounds(variants, row, ROUNDS, flops)
         for acc, base in (("accelc_fused_bn_relu", "eager_nchw_conv_bn_relu"), ("accelc_conv", "cudnn_nhwc_conv")):
-            ratios = [tb / ta for ta, tb in zip(row[acc]["rounds_us"], row[base]["rounds_us"])]
-            row[f"{acc}_vs_{base}"] = round(statistics.median(ratios), 3)
+            row[f"{acc}_vs_{base}"] = _common.speedup(row, acc, base)[0]
         print(f"  C{C} H{H} K{K} R{R} s{st}: " + ", ".join(
             f"{n} {row[n]['us']:.0f} us {row[n]['tflops']:.0f} TF/s" for n in variants), flush=True)
         rows.append(row)

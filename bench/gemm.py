@@ -11,7 +11,6 @@ medians of per-round ratios. Plain calls (Python launch overhead included) are t
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -73,20 +72,15 @@ def main():
             out = fn()
             torch.cuda.synchronize()
             row[name] = {"rel_l2_vs_fp32": float(f"{rel_l2(out, ref):.3e}"),
-                         "us_plain_calls": round(median_ms(fn) * 1e3, 2), "rounds_us": []}
-        for _ in range(ROUNDS):
-            for name, fn in variants.items():
-                row[name]["rounds_us"].append(round(median_ms(fn, cuda_graph=True, rep_ms=50) * 1e3, 2))
+                         "us_plain_calls": round(median_ms(fn) * 1e3, 2)}
+        _common.time_rounds(variants, row, ROUNDS, flops, rep_ms=50)
         for name in variants:
-            us = statistics.median(row[name]["rounds_us"])
-            row[name].update(us=us, tflops=round(flops / us / 1e6, 1))
-            print(f"  {M}x{K}x{N} {name:20s} {us:9.1f} us  {flops / us / 1e6:6.1f} TF/s"
+            print(f"  {M}x{K}x{N} {name:20s} {row[name]['us']:9.1f} us  {row[name]['tflops']:6.1f} TF/s"
                   f"  (plain calls {row[name]['us_plain_calls']:8.1f} us)  err {row[name]['rel_l2_vs_fp32']:.1e}")
         for base in ("eager", "compile"):
             if base in row:
-                ratios = [t_base / t_acc for t_acc, t_base in zip(row["accelc"]["rounds_us"], row[base]["rounds_us"])]
-                row[f"speedup_vs_{base}"] = round(statistics.median(ratios), 3)
-                row[f"speedup_vs_{base}_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+                med, lo, hi = _common.speedup(row, "accelc", base)
+                row[f"speedup_vs_{base}"], row[f"speedup_vs_{base}_range"] = med, [lo, hi]
         chosen = [str(c) for k, c in gemm._tuned_kernel.cache.items()
                   if k[:3] == (triton.next_power_of_2(M), N, K)]
         row["accelc_config"] = chosen[0] if chosen else "n/a"
