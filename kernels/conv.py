@@ -10,11 +10,14 @@ PyTorch's elementwise ops and pooling (which keep the format) read NHWC with no 
     out = act(conv(x, w) + bias + residual)      residual_first=True (ResNet: relu(bn(conv) + x))
 
 The GEMM: rows = output pixels (N*OH*OW), columns = output channels K, reduction over (r, s, c),
-never materialising the im2col matrix: each program gathers its input patches tap by tap. With
-C >= 16 the reduction walks taps, BLOCK_K channels at a time (loads contiguous along C); with
-fewer channels (an RGB stem) it walks the flattened (r, s, c) index so that the tensor cores are
-not fed mostly padding (FLAT_K). 1x1 stride-1 unpadded convs are plain GEMMs on the NHWC view
-and go to kernels/gemm.py.
+never materialising the im2col matrix: each program gathers its input patches tap by tap. Three
+ways to gather, chosen per config by the autotuner where the input allows:
+  RECT    (stride 1, aligned NHWC) the tile is a rectangle of output pixels; each tap's patch is
+          one 4-D TMA box of the input, the padding zero-filled by the copy engine;
+  taps    (C >= 16) pointer loads tap by tap, BLOCK_K channels at a time, contiguous along C;
+  FLAT_K  (C < 16, an RGB stem) pointer loads over the flattened (r, s, c) index, so that the
+          tensor cores are not fed mostly padding.
+1x1 stride-1 unpadded convs are plain GEMMs on the NHWC view and go to kernels/gemm.py.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import List, Optional
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
 from accelc.latency import autotune_timer
@@ -34,10 +38,11 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _conv_kernel(
-    # pointers
-    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
-    # sizes (M = N * OH * OW rows, RSC = R * S * C reduction; M_BUCKET keys the autotuner)
-    C, H, W, K, OH, OW, M, RSC, M_BUCKET,
+    # pointers (x_desc: TMA descriptor of x as (N, H, W, C), w_desc: of the packed weight as
+    # (K, R*S*C); placeholders unless RECT_OK)
+    x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr,
+    # sizes (M = N * OH * OW rows, RSC = R * S * C reduction; M_BUCKET, RECT_OK key the autotuner)
+    C, H, W, K, OH, OW, M, RSC, M_BUCKET, RECT_OK,
     # geometry
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     # strides in (n, c, h, w) order
@@ -46,27 +51,57 @@ def _conv_kernel(
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
     ACTIVATION: tl.constexpr,
     # meta-parameters
-    S: tl.constexpr, TAPS: tl.constexpr, FLAT_K: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
+    S: tl.constexpr, TAPS: tl.constexpr, FLAT_K: tl.constexpr, RECT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    pid_m, pid_n = gemm._tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
+    if RECT:
+        # a BLOCK_H x BLOCK_W rectangle of one image's output pixels (BLOCK_M = BLOCK_H * BLOCK_W)
+        tiles_h = tl.cdiv(OH, BLOCK_H)
+        tiles_w = tl.cdiv(OW, BLOCK_W)
+        pid_m, pid_n = gemm._tile_coords(tl.program_id(0), (M // (OH * OW)) * tiles_h * tiles_w,
+                                         tl.cdiv(K, BLOCK_N), GROUP_M)
+        i = tl.arange(0, BLOCK_M)
+        oh0 = (pid_m % (tiles_h * tiles_w)) // tiles_w * BLOCK_H
+        ow0 = (pid_m % tiles_w) * BLOCK_W
+        oh = oh0 + i // BLOCK_W
+        ow = ow0 + i % BLOCK_W
+        img = i * 0 + pid_m // (tiles_h * tiles_w)
+        m_ok = (oh < OH) & (ow < OW)
+    else:
+        pid_m, pid_n = gemm._tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < M
+        img = offs_m // (OH * OW)
+        pix = offs_m % (OH * OW)
+        oh = pix // OW
+        ow = pix % OW
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < K
-    img = offs_m // (OH * OW)
-    pix = offs_m % (OH * OW)
-    oh = pix // OW
-    ow = pix % OW
     ih0 = oh * stride_h - pad_h
     iw0 = ow * stride_w - pad_w
     x_img = x_ptr + img * sx_n
     w_rows = w_ptr + offs_n * RSC
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FLAT_K:
+    if RECT:
+        # stride 1: each tap's input patch is the output rectangle shifted by the tap, one
+        # rectangular box of the NHWC tensor; the copy engine zero-fills what falls outside the
+        # image (the padding, negative coordinates included), so no masks. Channels past C are
+        # zero in x, so the weight columns they meet (the next tap's) contribute nothing.
+        for tap in range(TAPS):
+            h_in = oh0 - pad_h + (tap // S) * dil_h
+            w_in = ow0 - pad_w + (tap % S) * dil_w
+            for c0 in range(0, C, BLOCK_K):
+                a = tl.reshape(x_desc.load([pid_m // (tiles_h * tiles_w), h_in, w_in, c0]), [BLOCK_M, BLOCK_K])
+                b = w_desc.load([pid_n * BLOCK_N, tap * C + c0]).T
+                if DOT_IN_FP32:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    elif FLAT_K:
         for k0 in range(0, RSC, BLOCK_K):
             kk = k0 + offs_k
             k_ok = kk < RSC
@@ -106,24 +141,41 @@ def _conv_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _config(bm, bn, bk, stages, warps):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
-                         num_stages=stages, num_warps=warps)
+def _set_tma_boxes(nargs):
+    """Autotune pre-hook: descriptor boxes from the config's tile (also for configs that gather
+    with pointers: every descriptor argument is encoded at launch, see kernels/gemm.py)."""
+    if isinstance(nargs["x_desc"], TensorDescriptor):
+        nargs["x_desc"].block_shape = [1, nargs["BLOCK_H"], nargs["BLOCK_W"], nargs["BLOCK_K"]]
+        nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+def _config(bm, bn, bk, stages, warps, rect=None):
+    """rect=(BLOCK_H, BLOCK_W): tiles are pixel rectangles loaded by TMA (stride-1 convs on
+    NHWC input); otherwise BLOCK_M pixels in row-major order, gathered with pointers."""
+    bh, bw = rect or (8, 8)
+    return triton.Config({"BLOCK_M": bh * bw if rect else bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                          "RECT": rect is not None, "BLOCK_H": bh, "BLOCK_W": bw},
+                         num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
 
 
 # H100 candidates: 128-pixel row tiles (ResNet layers have 1.5k-100k pixels at batch 32), K tiles
-# of 64-128 channels, 32-64 channels a reduction step
+# of 64-128 channels, 32-64 channels a reduction step; for stride-1 convs also 8x16 / 16x8 / 8x8
+# pixel rectangles by TMA (8x8 suits 7x7 and 14x14 maps).
 _CONFIGS = [_config(128, 128, 64, 3, 8), _config(128, 64, 64, 4, 4), _config(64, 128, 64, 4, 4),
-            _config(128, 128, 32, 4, 8), _config(64, 64, 64, 4, 4), _config(128, 64, 32, 4, 4)]
+            _config(128, 128, 32, 4, 8), _config(64, 64, 64, 4, 4), _config(128, 64, 32, 4, 4),
+            _config(0, 128, 64, 3, 8, rect=(8, 16)), _config(0, 128, 64, 3, 8, rect=(16, 8)),
+            _config(0, 64, 64, 4, 4, rect=(8, 16)), _config(0, 128, 64, 4, 4, rect=(8, 8)),
+            _config(0, 64, 64, 4, 4, rect=(8, 8))]
 
 
 def _prune(configs, named_args, **kwargs):
     k = named_args["K"]
-    keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(k))]
-    return keep or configs[:1]
+    keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(k))
+            and (named_args["RECT_OK"] or not c.kwargs["RECT"])]
+    return keep or [c for c in configs if not c.kwargs["RECT"]][:1]
 
 
-_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "K", "C", "TAPS", "FLAT_K", "stride_h"],
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "K", "C", "TAPS", "FLAT_K", "stride_h", "RECT_OK"],
                                 prune_configs_by={"early_config_prune": _prune}, do_bench=autotune_timer)(_conv_kernel)
 
 
@@ -137,6 +189,26 @@ def output_size(h, w, r, s, stride, padding, dilation):
     oh = (h + padding[0] + padding[1] - dilation[0] * (r - 1) - 1) // stride[0] + 1
     ow = (w + padding[2] + padding[3] - dilation[1] * (s - 1) - 1) // stride[1] + 1
     return oh, ow
+
+
+def nhwc_view(x: torch.Tensor) -> torch.Tensor:
+    """x (N, C, H, W) in channels-last memory as an (N, H, W, C) view with the canonical strides:
+    PyTorch leaves the strides of size-1 dims as they were (a 1x1 map keeps NCHW ones), and a
+    TMA descriptor needs every stride 16-byte aligned, although those never address memory."""
+    v = x.permute(0, 2, 3, 1)
+    if v.is_contiguous():
+        n, h, w, c = v.shape
+        v = v.as_strided(v.shape, (h * w * c, w * c, c, 1))
+    return v
+
+
+def _rect_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
+    """Whether the TMA-rectangle path can take this conv: stride 1, at least 16 channels, NHWC
+    rows and every stride 16-byte aligned."""
+    size = x_nhwc.element_size()
+    return (tuple(stride) == (1, 1) and x_nhwc.shape[3] >= 16 and x_nhwc.stride(3) == 1
+            and all(st * size % 16 == 0 for st in x_nhwc.stride()[:3])
+            and x_nhwc.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
 
 
 def _fail(message: str):
@@ -179,8 +251,12 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
 
     M = N * OH * OW
     res = residual if residual is not None else out
-    args = (x, weight, bias if bias is not None else out, res, out,
-            C, H, W, K, OH, OW, M, R * S * C, triton.next_power_of_2(M),
+    x_nhwc, w2 = nhwc_view(x), weight.view(K, R * S * C)
+    rect_ok = _rect_ok(x_nhwc, weight, stride)
+    x_desc = TensorDescriptor.from_tensor(x_nhwc, [1, 1, 1, 16]) if rect_ok else x
+    w_desc = TensorDescriptor.from_tensor(w2, [16, 16]) if rect_ok else weight
+    args = (x, weight, x_desc, w_desc, bias if bias is not None else out, res, out,
+            C, H, W, K, OH, OW, M, R * S * C, triton.next_power_of_2(M), rect_ok,
             stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
             *x.stride(), *res.stride(), *out.stride())
     meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RESIDUAL_FIRST=bool(residual_first),
@@ -189,16 +265,19 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
                 DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16)
 
     def grid(cfg):
-        return (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(K, cfg["BLOCK_N"]),)
+        rows = (N * triton.cdiv(OH, cfg["BLOCK_H"]) * triton.cdiv(OW, cfg["BLOCK_W"]) if cfg["RECT"]
+                else triton.cdiv(M, cfg["BLOCK_M"]))
+        return (rows * triton.cdiv(K, cfg["BLOCK_N"]),)
 
     if runtime.interpreted():
-        cfg = _config(32, 32, 16, 1, 4)
+        cfg = _config(0, 32, 16, 1, 4, rect=(4, 8)) if rect_ok else _config(32, 32, 16, 1, 4)
     elif not runtime.autotune_enabled():
-        cfg = _config(64, 64, 32, 3, 4)
+        cfg = _config(0, 64, 32, 3, 4, rect=(8, 8)) if rect_ok else _config(64, 64, 32, 3, 4)
     else:
         with runtime.device_guard(x):
             _tuned_kernel[grid](*args, **meta)
         return out
+    _set_tma_boxes(dict(x_desc=x_desc, w_desc=w_desc, **cfg.kwargs))
     with runtime.device_guard(x):
         _conv_kernel[grid(cfg.kwargs)](*args, **meta, **cfg.kwargs, num_warps=cfg.num_warps,
                                        num_stages=cfg.num_stages)

@@ -156,3 +156,16 @@ def test_models_every_conv_rewritten_and_matching(name, kwargs, dtype):
     with torch.no_grad():
         out, eager, ref = opt(x2), model(x2), ref_model(x2.double())
     assert rel_l2(out, ref) <= max(2 * rel_l2(eager, ref), REL_FLOOR[dtype])
+
+
+@pytest.mark.parametrize("c,stride,hw,rect", [(16, 1, 9, True), (64, 1, 7, True), (16, 2, 9, False),
+                                             (12, 1, 9, False), (16, 1, 1, True)])
+def test_rectangle_path_choice(c, stride, hw, rect):
+    # stride-1, aligned NHWC inputs take the TMA-rectangle path (a 1x1 map too: its NCHW
+    # strides on size-1 dims are normalised); the rest gather with pointers; both match
+    x = torch.randn(2, c, hw, hw, device=DEVICE, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    wt = (torch.randn(8, c, 3, 3, device=DEVICE) / (9 * c) ** 0.5).half()
+    assert conv._rect_ok(conv.nhwc_view(x), conv.pack_weight(wt), (stride, stride)) == rect
+    out = _run(x, wt, None, None, stride, 1, 1, "none", False)
+    ref = F.conv2d(x.double(), wt.double(), None, stride, 1)
+    assert_close_to_ref(out, ref, F.conv2d(x, wt, None, stride, 1), torch.float16, 1e-2, 1e-2)
