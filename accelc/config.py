@@ -1,7 +1,7 @@
 """OptimizeConfig: what accelc.optimize does, validated once when it is made."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -76,9 +76,6 @@ class OptimizeConfig:
         if dtype == torch.float32 and self.fp32_precision == "tf32":
             return DEFAULT_TOLERANCES["tf32"]
         return DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[torch.float32])
-
-    def replace(self, **changes) -> "OptimizeConfig":
-        return replace(self, **changes)
 
 
 def _all_pass_names() -> tuple[str, ...]:

@@ -110,7 +110,7 @@ class Epilogue:
     residual_first: bool = False
 
 
-def absorb_epilogue(anchor: fx.Node, allow_residual_first: bool = True) -> Epilogue:
+def absorb_epilogue(anchor: fx.Node) -> Epilogue:
     """Walk forward from `anchor` through sole users: an activation, a residual add of a tensor
     of the same shape and dtype, in either order (act(y) + r, or act(y + r))."""
     ep = Epilogue(nodes=[])
@@ -131,7 +131,7 @@ def absorb_epilogue(anchor: fx.Node, allow_residual_first: bool = True) -> Epilo
         return other
 
     user = sole_user(node)
-    res = residual_of(user, node) if allow_residual_first else None
+    res = residual_of(user, node)
     if res is not None and activation_name(sole_user(user)) is not None:
         act_node = sole_user(user)
         ep.nodes += [user, act_node]

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 RESNET50 = dict(block="bottleneck", layers=(3, 4, 6, 3), width=64, image_size=224)
-RESNET18 = dict(block="basic", layers=(2, 2, 2, 2), width=64, image_size=224)
 
 
 def _conv_bn(cin, cout, k, stride=1):
