@@ -90,6 +90,11 @@ def find(gm: fx.GraphModule, pattern: Pattern) -> list[Match]:
     return sorted(matches, key=lambda mt: order[mt.anchor])
 
 
+def attr_value(gm: fx.GraphModule, node: fx.Node):
+    """The parameter / buffer a get_attr node reads ("layer1.0.conv1.weight")."""
+    return functools.reduce(getattr, node.target.split("."), gm)
+
+
 # ---------------------------------------------------------------------------------------------
 # fused epilogue: what may follow a GEMM-shaped op and be folded into its kernel
 

@@ -14,7 +14,6 @@ stays PyTorch with the reason in the summary.
 """
 from __future__ import annotations
 
-import functools
 import operator
 
 import torch
@@ -24,7 +23,7 @@ from torch import fx, nn
 from accelc import runtime
 from accelc.capture import TensorMeta, tensor_meta
 from accelc.kernels.flash_attention import why_unsupported
-from accelc.rewrite import Pattern, find, replace_group
+from accelc.rewrite import Pattern, attr_value, find, replace_group
 
 FLASH = torch.ops.accelc.flash_attention.default
 
@@ -132,7 +131,7 @@ def _set_meta(gm, nodes, a):
             if x in env:
                 return env[x]
             if x.op == "get_attr":  # the projection weights: give the new get_attr nodes shapes too
-                t = functools.reduce(getattr, x.target.split("."), gm)
+                t = attr_value(gm, x)
                 x.meta["accelc_meta"] = TensorMeta(tuple(t.shape), t.dtype, t.device)
             m = tensor_meta(x)
             return torch.empty(m.shape, dtype=m.dtype, device="meta")

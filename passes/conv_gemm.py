@@ -9,8 +9,6 @@ ops and never match.)
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import fx
@@ -18,7 +16,7 @@ from torch import fx
 from accelc import runtime
 from accelc.capture import TensorMeta, tensor_meta
 from accelc.kernels.conv import SUPPORTED_DTYPES, pack_weight
-from accelc.rewrite import Pattern, absorb_epilogue, find, kernel_label, replace_group
+from accelc.rewrite import Pattern, absorb_epilogue, attr_value, find, kernel_label, replace_group
 
 
 def _conv(x, w, b, stride, padding, dilation, groups):
@@ -84,7 +82,7 @@ def run(gm, config) -> int:
         if reason:
             m.anchor.meta.setdefault("accelc_skip", reason)
             continue
-        packed = pack_weight(functools.reduce(getattr, w.target.split("."), gm).detach())
+        packed = pack_weight(attr_value(gm, w).detach())
         name = w.target.replace(".", "_") + "_accelc_packed"
         gm.register_buffer(name, packed)
         with g.inserting_before(m.anchor):

@@ -9,14 +9,12 @@ layer1.0.conv1+bn1 in summaries.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import fx
 
 from accelc.capture import TensorMeta
-from accelc.rewrite import Pattern, find
+from accelc.rewrite import Pattern, attr_value, find
 
 
 def _conv_bn(x, w, b, stride, padding, dilation, groups, mean, var, gamma, beta, momentum, eps):
@@ -29,7 +27,7 @@ def _tensor(gm, node):
         return None
     if not (isinstance(node, fx.Node) and node.op == "get_attr"):
         return False  # computed at run time: cannot be folded ahead of time
-    return functools.reduce(getattr, node.target.split("."), gm)
+    return attr_value(gm, node)
 
 
 def fold(w, b, mean, var, gamma, beta, eps):
