@@ -14,7 +14,7 @@ from accelc.config import OptimizeConfig, PRESETS
 from accelc.guard import check_layers, rel_l2
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
 from accelc.pipeline import run_passes
-from accelc.rewrite import revert
+from accelc.rewrite import forget_replacements, revert
 
 
 def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | None = None) -> OptimizedModule:
@@ -67,6 +67,7 @@ def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expecte
         if not check.passed:
             reverted[node.meta["accelc"].layer] = (node.meta["accelc"], check)
             revert(gm, node, check.reason)
+    forget_replacements(gm)
     gm.graph.lint()
     gm.recompile()
 

@@ -5,6 +5,7 @@ from torch import fx
 
 from accelc.errors import PassError
 from accelc.passes import attention, conv_gemm, fold_bn, linear_act
+from accelc.rewrite import forget_replacements
 
 PASSES = [
     ("fold_bn", fold_bn.run),
@@ -23,6 +24,7 @@ def run_passes(gm: fx.GraphModule, config) -> dict[str, int]:
             continue
         try:
             counts[name] = fn(gm, config)
+            forget_replacements(gm)
             gm.graph.lint()
             gm.recompile()
         except Exception as e:

@@ -206,19 +206,32 @@ def revert(gm: fx.GraphModule, node: fx.Node, reason: str) -> None:
     replace_uses(gm, node, result)
     g.erase_node(node)
     for a in rw.aux:
-        if not a.users:
-            g.erase_node(a)
+        if a.users:
+            continue
+        g.erase_node(a)
+        # a tensor the pass registered on the graph module's root (a packed weight): drop it
+        # once nothing reads it, or it is saved and exported with the model for nothing
+        if a.op == "get_attr" and "." not in a.target and not any(
+                n.op == "get_attr" and n.target == a.target for n in g.nodes):
+            delattr(gm, a.target)
 
 
 def replace_uses(gm: fx.GraphModule, old: fx.Node, new: fx.Node) -> None:
     """old.replace_all_uses_with(new), also in the input lists of rewritten layers; the
-    replacement is remembered so that pending matches resolve their inputs (Match.input)."""
+    replacement is remembered so that pending matches resolve their inputs (Match.input). That
+    memory is scratch for one pass: forget_replacements ends it."""
     old.replace_all_uses_with(new)
     gm.meta.setdefault("accelc_replaced", {})[old] = new
     for n in gm.graph.nodes:
         rw = n.meta.get("accelc")
         if rw is not None:
             rw.inputs = [new if i is old else i for i in rw.inputs]
+
+
+def forget_replacements(gm: fx.GraphModule) -> None:
+    """Drop the replacement memory of replace_uses (it holds erased nodes) once no match from
+    before the replacements is pending: after each pass, and after the guard's reverts."""
+    gm.meta.pop("accelc_replaced", None)
 
 
 def _extract(gm: fx.GraphModule, nodes: list) -> tuple[fx.GraphModule, list]:

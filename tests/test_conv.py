@@ -169,3 +169,17 @@ def test_rectangle_path_choice(c, stride, hw, rect):
     out = _run(x, wt, None, None, stride, 1, 1, "none", False)
     ref = F.conv2d(x.double(), wt.double(), None, stride, 1)
     assert_close_to_ref(out, ref, F.conv2d(x, wt, None, stride, 1), torch.float16, 1e-2, 1e-2)
+
+
+def test_reverted_conv_leaves_no_packed_weight(monkeypatch):
+    def wrong(*args, **kwargs):
+        return conv.conv2d_ref(*args, **kwargs) + 1.0
+    monkeypatch.setattr(conv, "conv2d_launch", wrong)
+    model = accelc.models.get("cnn_small").to(DEVICE)
+    opt = accelc.optimize(model, model.example_inputs())
+    assert sum(r.status == "reverted" and r.kind == "conv2d" for r in opt.layers) == 3
+    assert not [name for name, _ in opt.graph_module.named_buffers() if "accelc_packed" in name]
+    assert "accelc_replaced" not in opt.graph_module.meta
+    with torch.no_grad():
+        (x,) = model.example_inputs()
+        assert rel_l2(opt(x), model(x)) < 1e-6
