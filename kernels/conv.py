@@ -149,12 +149,18 @@ def _set_tma_boxes(nargs):
         nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
 
-def _config(bm, bn, bk, stages, warps, rect=None):
-    """rect=(BLOCK_H, BLOCK_W): tiles are pixel rectangles loaded by TMA (stride-1 convs on
-    NHWC input); otherwise BLOCK_M pixels in row-major order, gathered with pointers."""
-    bh, bw = rect or (8, 8)
-    return triton.Config({"BLOCK_M": bh * bw if rect else bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
-                          "RECT": rect is not None, "BLOCK_H": bh, "BLOCK_W": bw},
+def _config(bm, bn, bk, stages, warps):
+    """Tiles of BLOCK_M pixels in row-major order, gathered with pointers. (BLOCK_H / BLOCK_W
+    only size the descriptor boxes, which every launch with descriptors encodes.)"""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": False,
+                          "BLOCK_H": 8, "BLOCK_W": 8},
+                         num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
+
+
+def _rect_config(bh, bw, bn, bk, stages, warps):
+    """Tiles of bh x bw output pixels, each tap's patch one TMA box (stride-1 convs on NHWC)."""
+    return triton.Config({"BLOCK_M": bh * bw, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": True,
+                          "BLOCK_H": bh, "BLOCK_W": bw},
                          num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
 
 
@@ -163,9 +169,9 @@ def _config(bm, bn, bk, stages, warps, rect=None):
 # pixel rectangles by TMA (8x8 suits 7x7 and 14x14 maps).
 _CONFIGS = [_config(128, 128, 64, 3, 8), _config(128, 64, 64, 4, 4), _config(64, 128, 64, 4, 4),
             _config(128, 128, 32, 4, 8), _config(64, 64, 64, 4, 4), _config(128, 64, 32, 4, 4),
-            _config(0, 128, 64, 3, 8, rect=(8, 16)), _config(0, 128, 64, 3, 8, rect=(16, 8)),
-            _config(0, 64, 64, 4, 4, rect=(8, 16)), _config(0, 128, 64, 4, 4, rect=(8, 8)),
-            _config(0, 64, 64, 4, 4, rect=(8, 8))]
+            _rect_config(8, 16, 128, 64, 3, 8), _rect_config(16, 8, 128, 64, 3, 8),
+            _rect_config(8, 16, 64, 64, 4, 4), _rect_config(8, 8, 128, 64, 4, 4),
+            _rect_config(8, 8, 64, 64, 4, 4)]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -270,9 +276,9 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
         return (rows * triton.cdiv(K, cfg["BLOCK_N"]),)
 
     if runtime.interpreted():
-        cfg = _config(0, 32, 16, 1, 4, rect=(4, 8)) if rect_ok else _config(32, 32, 16, 1, 4)
+        cfg = _rect_config(4, 8, 32, 16, 1, 4) if rect_ok else _config(32, 32, 16, 1, 4)
     elif not runtime.autotune_enabled():
-        cfg = _config(0, 64, 32, 3, 4, rect=(8, 8)) if rect_ok else _config(64, 64, 32, 3, 4)
+        cfg = _rect_config(8, 8, 64, 32, 3, 4) if rect_ok else _config(64, 64, 32, 3, 4)
     else:
         with runtime.device_guard(x):
             _tuned_kernel[grid](*args, **meta)
