@@ -11,18 +11,23 @@ from torch.utils import _pytree as pytree
 from accelc import runtime
 from accelc.capture import capture
 from accelc.config import OptimizeConfig, PRESETS
-from accelc.guard import check_layers, rel_l2
+from accelc.guard import check_layers, rel_l2, sqnr_db
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
 from accelc.pipeline import run_passes
-from accelc.rewrite import forget_replacements, revert
+from accelc.passes.int8 import CALIBRATION_KEY
+from accelc.rewrite import demote, forget_replacements, revert
 
 
-def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | None = None) -> OptimizedModule:
+def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | None = None,
+             calibration=None) -> OptimizedModule:
     """Rewrite `model`'s recognised layers into accelc's Triton kernels.
 
     example_inputs: a tensor or a tuple of positional arguments, on the device the model runs
         on; they fix the shapes the guard checks and the layers are named and measured with.
     config: an OptimizeConfig, a PRESETS name ("fp16", ...), or None for the defaults.
+    calibration: with int8 static scales or smoothing (Int8Config), a list of input batches
+        (tensors or tuples, like example_inputs) the activation ranges are measured on; the
+        example inputs when None.
 
     Layers accelc does not recognise, and rewritten layers whose numbers the guard rejects, run
     as PyTorch; OptimizedModule.summary() lists every one with its reason. The caller's model is
@@ -40,21 +45,28 @@ def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | No
         else:
             warnings.warn("accelc optimizes for inference: the model was in training mode and has been "
                           "switched to eval() (dropout off, batch norm on running statistics)", stacklevel=2)
+    batches = [args] if calibration is None else [
+        (b,) if isinstance(b, torch.Tensor) else tuple(b) for b in calibration]
     if config.dtype is not None:
         model, args = _to_dtype(model, args, config.dtype)
+        batches = [_to_dtype(model, b, config.dtype)[1] for b in batches]
     device = device_of(model, args)
     runtime.warn_if_interpreted(stacklevel=2)
 
     gm, method, expected = capture(model, args)
-    return optimize_graph(gm, args, config, method, expected, device)
+    return optimize_graph(gm, args, config, method, expected, device, calibration=batches)
 
 
 def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expected,
-                   device: torch.device) -> OptimizedModule:
+                   device: torch.device, calibration: list | None = None) -> OptimizedModule:
     """Passes, guard and revert on a prepared graph (accelc.capture.prepare) whose output on
     `args` is `expected`."""
     if runtime.can_run_on(device):
-        counts = run_passes(gm, config)
+        gm.meta[CALIBRATION_KEY] = calibration if calibration is not None else [args]
+        try:
+            counts = run_passes(gm, config)
+        finally:
+            gm.meta.pop(CALIBRATION_KEY, None)
     else:
         counts = {}
         for n in gm.graph.nodes:
@@ -63,18 +75,41 @@ def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expecte
 
     checks = check_layers(gm, args, config) if config.guard else {}
     reverted = {}
-    for node, check in checks.items():
-        if not check.passed:
-            reverted[node.meta["accelc"].layer] = (node.meta["accelc"], check)
+    demoted = {}
+    for node, check in list(checks.items()):
+        if check.passed:
+            continue
+        rw = node.meta["accelc"]
+        del checks[node]
+        if rw.fallback is not None:
+            # an int8 layer under the SQNR floor: back to its float accelc kernel, checked below
+            demoted[demote(gm, node, f"{check.reason}: float kernel instead")] = check
+        else:
+            reverted[rw.layer] = (rw, check)
             revert(gm, node, check.reason)
+    if demoted:
+        for node, check in check_layers(gm, args, config, only=set(demoted)).items():
+            if check.passed:
+                checks[node] = check
+            else:
+                reverted[node.meta["accelc"].layer] = (node.meta["accelc"], check)
+                revert(gm, node, check.reason)
     forget_replacements(gm)
+    if demoted or config.int8 is not None:
+        gm.graph.eliminate_dead_code()   # weight.t() nodes the int8 layers no longer read
     gm.graph.lint()
     gm.recompile()
 
     with torch.no_grad():
         got = gm(*args)
+    err = _output_error(got, expected)
+    weight_bytes = [n.meta["accelc"].weight_bytes for n in gm.graph.nodes
+                    if "accelc" in n.meta and n.meta["accelc"].weight_bytes]
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
-                        end_to_end_rel_error=_output_error(got, expected))
+                        end_to_end_rel_error=err, int8=config.int8 is not None,
+                        end_to_end_sqnr_db=sqnr_db(err),
+                        float_weight_bytes=sum(b[0] for b in weight_bytes),
+                        int8_weight_bytes=sum(b[1] for b in weight_bytes))
     return OptimizedModule(gm, collect_layers(gm, checks, reverted), info, example_inputs=args)
 
 

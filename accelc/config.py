@@ -25,6 +25,60 @@ DEFAULT_TOLERANCES = {
 
 
 @dataclass(frozen=True)
+class Int8Config:
+    """int8 (W8A8) rewriting, opt-in through OptimizeConfig(int8=True or Int8Config(...)).
+
+    Linear layers the float pass rewrote become accelc::linear_w8a8: weights quantized once,
+    per output channel; activations per token, dynamically at run time (or with one static
+    scale per layer from calibration). Attention's q @ k^T can run in int8 too (`attention`).
+
+    layers / exclude: fnmatch patterns on layer names or module paths ("blocks.*.fc1");
+                    a layer is taken when it matches one of `layers` (None: every layer) and
+                    none of `exclude`.
+    types:          module class names to take ("Linear"; "functional" for F.linear / matmul
+                    written in a forward); None: any.
+    skip_first_last: leave the model's first and last linear layers in float (they see the raw
+                    input and produce the output, where quantization error shows most).
+    static:         one activation scale per layer from the calibration batches instead of a
+                    per-token scale computed at run time (values past it saturate).
+    smoothing:      SmoothQuant's migration strength alpha in (0, 1] (0.5 in the paper), or None:
+                    per-input-channel factors from calibration data move activation outliers
+                    into the weights.
+    attention:      q and k quantized per token to int8 for q @ k^T in the flash kernel
+                    (softmax and p @ v stay fp16 / bf16).
+    sqnr_floor:     the guard's floor in dB (int8 vs the float layer); a layer below it is put
+                    back in float and reported.
+    min_rows:       below this many rows (tokens) in the example inputs a linear layer stays in
+                    float: the int8 path's extra quantization kernel does not pay for itself there
+                    (bench/int8.py).
+    """
+
+    layers: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    types: tuple[str, ...] | None = None
+    skip_first_last: bool = True
+    static: bool = False
+    smoothing: float | None = None
+    attention: bool = False
+    sqnr_floor: float = 20.0
+    min_rows: int = 0
+
+    def __post_init__(self):
+        for name in ("layers", "exclude", "types"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                object.__setattr__(self, name, (v,))
+            elif v is not None:
+                object.__setattr__(self, name, tuple(v))
+        if self.smoothing is not None and not 0 < self.smoothing <= 1:
+            raise ValueError(f"smoothing (SmoothQuant alpha) must be in (0, 1], not {self.smoothing}")
+        if not self.sqnr_floor > 0:
+            raise ValueError(f"sqnr_floor must be > 0 dB, not {self.sqnr_floor}")
+        if self.min_rows < 0:
+            raise ValueError(f"min_rows must be >= 0, not {self.min_rows}")
+
+
+@dataclass(frozen=True)
 class OptimizeConfig:
     """How accelc.optimize rewrites a model.
 
@@ -39,6 +93,7 @@ class OptimizeConfig:
     eager_error_factor: a layer also passes when its error is at most this many times eager
                     PyTorch's own error in the same dtype (both against the higher-precision
                     reference).
+    int8:           False (float only), True (int8 with Int8Config's defaults) or an Int8Config.
     """
 
     dtype: torch.dtype | str | None = None
@@ -47,8 +102,15 @@ class OptimizeConfig:
     guard: bool = True
     tolerance: float | None = None
     eager_error_factor: float = 2.0
+    int8: bool | Int8Config = False
 
     def __post_init__(self):
+        if self.int8 is True:
+            object.__setattr__(self, "int8", Int8Config())
+        elif self.int8 is False or self.int8 is None:
+            object.__setattr__(self, "int8", None)
+        elif not isinstance(self.int8, Int8Config):
+            raise TypeError(f"int8 must be a bool or an Int8Config, not {type(self.int8).__name__}")
         if isinstance(self.dtype, str):
             if self.dtype.lower() not in DTYPES:
                 raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(set(DTYPES))}")
@@ -89,4 +151,5 @@ PRESETS = {
     "fp16": lambda: OptimizeConfig(dtype=torch.float16),
     "bf16": lambda: OptimizeConfig(dtype=torch.bfloat16),
     "fp32-tf32": lambda: OptimizeConfig(dtype=torch.float32, fp32_precision="tf32"),
+    "int8": lambda: OptimizeConfig(dtype=torch.float16, int8=True),
 }

@@ -7,7 +7,8 @@ inputs (the values eager PyTorch would give that layer):
   - the original subgraph in higher precision (fp32 for half models, fp64 for fp32 ones).
 The layer passes when ||accelc - ref|| / ||ref|| is within the dtype's floor or within
 `eager_error_factor` x eager's own error against the same reference, and is finite where the
-reference is. The eager output is what flows on, so each layer is judged on its real inputs and
+reference is. An int8 layer (Rewrite.quantized) is judged by its SQNR against the same reference
+instead, 10 log10(||ref||^2 / ||accelc - ref||^2) dB, which must reach Int8Config.sqnr_floor. The eager output is what flows on, so each layer is judged on its real inputs and
 one layer's error does not leak into the next one's verdict.
 """
 from __future__ import annotations
@@ -33,6 +34,14 @@ class LayerCheck:
     input_shapes: tuple
     dtype: torch.dtype | None
     reason: str = ""
+    sqnr_db: float = math.nan       # vs the same reference
+
+
+def sqnr_db(rel_error: float) -> float:
+    """Signal-to-quantization-noise ratio in dB from a relative L2 error."""
+    if math.isnan(rel_error):
+        return math.nan
+    return math.inf if rel_error == 0 else -20.0 * math.log10(rel_error)
 
 
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -42,13 +51,16 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / denom if denom > 0 else num
 
 
-def check_layers(gm: fx.GraphModule, args: tuple, config) -> dict[fx.Node, LayerCheck]:
+def check_layers(gm: fx.GraphModule, args: tuple, config, only=None) -> dict[fx.Node, LayerCheck]:
+    """Check every rewritten node (or those in `only`) on `args`."""
     checks: dict[fx.Node, LayerCheck] = {}
 
     class _Guard(fx.Interpreter):
         def run_node(self, n):
             rw = n.meta.get("accelc")
-            if rw is None:
+            if rw is None or (only is not None and n not in only):
+                if rw is not None:
+                    return rw.original(*[self.env[i] for i in rw.inputs])
                 return super().run_node(n)
             ins = [self.env[i] for i in rw.inputs]
             eager = rw.original(*ins)
@@ -58,7 +70,7 @@ def check_layers(gm: fx.GraphModule, args: tuple, config) -> dict[fx.Node, Layer
             except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
                 checks[n] = _failed(ins, eager, config, f"kernel failed: {type(e).__name__}: {e}")
                 return eager
-            checks[n] = _compare(out, eager, _reference(rw.original, ins), ins, config)
+            checks[n] = _compare(out, eager, _reference(rw.original, ins), ins, config, rw.quantized)
             return eager
 
     with torch.no_grad():
@@ -86,7 +98,7 @@ def _failed(ins, eager, config, reason):
                       config.tolerance_for(dtype) if dtype else math.nan, _shapes(ins), dtype, reason)
 
 
-def _compare(out, eager, ref, ins, config) -> LayerCheck:
+def _compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:
     outs, eagers, refs = pytree.tree_leaves(out), pytree.tree_leaves(eager), pytree.tree_leaves(ref)
     dtype = eagers[0].dtype
     tol = config.tolerance_for(dtype)
@@ -103,8 +115,14 @@ def _compare(out, eager, ref, ins, config) -> LayerCheck:
         eager_rel = max(eager_rel, rel_l2(e[finite], r[finite]))
         if finite.any():
             max_abs = max(max_abs, (o[finite].double() - r[finite].double()).abs().max().item())
+    sqnr = sqnr_db(rel)
+    if quantized:
+        floor = config.int8.sqnr_floor
+        if not reason and not sqnr >= floor:
+            reason = f"int8 SQNR {sqnr:.1f} dB under the floor {floor:g} dB"
+        return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr)
     limit = max(tol, config.eager_error_factor * eager_rel)
     if not reason and not rel <= limit:
         reason = (f"error {rel:.2e} over tolerance {limit:.2e} (floor {tol:.1e}, "
                   f"eager's own error {eager_rel:.2e})")
-    return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason)
+    return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr)

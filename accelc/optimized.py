@@ -32,6 +32,7 @@ class LayerRecord:
     eager_rel_error: float = math.nan
     max_abs_error: float = math.nan
     tolerance: float = math.nan
+    sqnr_db: float = math.nan       # vs the same reference; the guard's measure for int8 layers
 
 
 @dataclass
@@ -40,6 +41,10 @@ class OptimizeInfo:
     device: str
     pass_counts: dict = field(default_factory=dict)
     end_to_end_rel_error: float = math.nan     # optimized vs eager model output, relative L2
+    int8: bool = False
+    end_to_end_sqnr_db: float = math.nan       # the same comparison in dB
+    float_weight_bytes: int = 0                # of the layers now running in int8 ...
+    int8_weight_bytes: int = 0                 # ... and what their int8 weights + scales take
 
 
 class OptimizedModule(nn.Module):
@@ -75,18 +80,32 @@ class OptimizedModule(nn.Module):
             f"accelc: {n['rewritten']} layer(s) rewritten, {n['reverted']} reverted, {n['kept']} kept "
             f"as PyTorch  (capture: {self.info.capture_method}; device: {self.info.device})",
         ]
-        rows = [("layer", "status", "kernel / op", "in shape", "rel.err", "eager err", "note")]
+        rows = [("layer", "status", "kernel / op", "in shape", "rel.err", "eager err")
+                + (("SQNR dB",) if self.info.int8 else ()) + ("note",)]
         for r in self.layers:
             rows.append((
                 r.name, r.status, r.kernel or r.kind,
                 "x".join(map(str, r.input_shapes[0])) if r.input_shapes else "",
-                _fmt(r.rel_error), _fmt(r.eager_rel_error), r.reason,
-            ))
+                _fmt(r.rel_error), _fmt(r.eager_rel_error),
+            ) + ((_fmt_db(r.sqnr_db),) if self.info.int8 else ()) + (r.reason,))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
         for row in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
-        lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}")
+        lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
+                     + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
+        if self.info.int8:
+            n8 = sum(r.status == "rewritten" and r.kind.endswith("_int8") for r in self.layers)
+            lines.append(f"int8: {n8} layer(s); their weights {_mb(self.info.float_weight_bytes)} in float, "
+                         f"{_mb(self.info.int8_weight_bytes)} in int8 with scales (saved in accelc.save's file)")
         return "\n".join(line.rstrip() for line in lines)
+
+
+def _fmt_db(x: float) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
 
 
 def _fmt(x: float) -> str:
@@ -101,7 +120,7 @@ def collect_layers(gm: fx.GraphModule, checks: dict, reverted: dict) -> list[Lay
     for n in gm.graph.nodes:
         rw = n.meta.get("accelc")
         if rw is not None:
-            layers.append(_record(rw.layer, rw.kind, "rewritten", rw.kernel, "", checks.get(n)))
+            layers.append(_record(rw.layer, rw.kind, "rewritten", rw.kernel, rw.note, checks.get(n)))
             continue
         if "accelc_reverted" in n.meta:
             name, reason = n.meta["accelc_reverted"]
@@ -143,6 +162,7 @@ def _record(name, kind, status, kernel, reason, check) -> LayerRecord:
         r.input_shapes, r.dtype = check.input_shapes, str(check.dtype).replace("torch.", "")
         r.rel_error, r.eager_rel_error = check.rel_error, check.eager_rel_error
         r.max_abs_error, r.tolerance = check.max_abs_error, check.tolerance
+        r.sqnr_db = check.sqnr_db
         if status == "reverted" and not r.reason:
             r.reason = check.reason
     return r

@@ -4,7 +4,7 @@ from __future__ import annotations
 from torch import fx
 
 from accelc.errors import PassError
-from accelc.passes import attention, conv_gemm, fold_bn, linear_act
+from accelc.passes import attention, conv_gemm, fold_bn, int8, linear_act
 from accelc.rewrite import forget_replacements
 
 PASSES = [
@@ -12,6 +12,7 @@ PASSES = [
     ("conv_gemm", conv_gemm.run),
     ("attention", attention.run),   # first: it lowers nn.MultiheadAttention to linears + SDPA
     ("linear_act", linear_act.run),
+    ("int8", int8.run),             # only with OptimizeConfig.int8: float accelc layers -> int8 kernels
 ]
 
 

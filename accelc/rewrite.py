@@ -59,6 +59,17 @@ class Match:
 
 
 @dataclass
+class Fallback:
+    """The float accelc call an int8 layer goes back to when the guard rejects its int8 numbers."""
+    target: object
+    args: tuple
+    kwargs: dict
+    kind: str
+    kernel: str
+    aux: list                    # the Rewrite.aux of the float layer
+
+
+@dataclass
 class Rewrite:
     layer: str                   # e.g. "blocks.0.fc1+gelu"
     kind: str                    # "linear", ...
@@ -66,6 +77,10 @@ class Rewrite:
     original: fx.GraphModule     # the replaced nodes as a module; placeholders <- inputs
     inputs: list = field(default_factory=list)   # main-graph nodes feeding original's placeholders
     aux: list = field(default_factory=list)      # nodes the pass added for the op (e.g. weight.t())
+    quantized: bool = False      # int8: judged by SQNR, not by the float tolerance
+    fallback: Fallback | None = None
+    note: str = ""               # shown in the summary (why a layer stayed in float, ...)
+    weight_bytes: tuple = ()     # int8 layers: (float weight bytes, int8 weight + scale bytes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,8 +220,29 @@ def revert(gm: fx.GraphModule, node: fx.Node, reason: str) -> None:
             env[n].meta["accelc_reverted"] = (rw.layer, reason)
     replace_uses(gm, node, result)
     g.erase_node(node)
-    for a in rw.aux:
-        if a.users:
+    _drop_unused(gm, rw.aux)
+
+
+def demote(gm: fx.GraphModule, node: fx.Node, note: str) -> fx.Node:
+    """Put a quantized layer's float accelc call (its Fallback) in place of `node`."""
+    rw: Rewrite = node.meta["accelc"]
+    fb = rw.fallback
+    g = gm.graph
+    with g.inserting_before(node):
+        new = g.call_function(fb.target, fb.args, fb.kwargs)
+    new.meta.update({k: v for k, v in node.meta.items() if k != "accelc"})
+    new.meta["accelc"] = Rewrite(layer=rw.layer, kind=fb.kind, kernel=fb.kernel, original=rw.original,
+                                 inputs=rw.inputs, aux=fb.aux, note=note)
+    replace_uses(gm, node, new)
+    g.erase_node(node)
+    _drop_unused(gm, [a for a in rw.aux if a not in fb.aux])
+    return new
+
+
+def _drop_unused(gm: fx.GraphModule, aux: list) -> None:
+    g = gm.graph
+    for a in aux:
+        if a.users or getattr(a, "_erased", False):
             continue
         g.erase_node(a)
         # a tensor the pass registered on the graph module's root (a packed weight): drop it
@@ -226,6 +262,9 @@ def replace_uses(gm: fx.GraphModule, old: fx.Node, new: fx.Node) -> None:
         rw = n.meta.get("accelc")
         if rw is not None:
             rw.inputs = [new if i is old else i for i in rw.inputs]
+            if rw.fallback is not None:
+                rw.fallback.args = tuple(new if a is old else a for a in rw.fallback.args)
+                rw.fallback.kwargs = {k: new if v is old else v for k, v in rw.fallback.kwargs.items()}
 
 
 def forget_replacements(gm: fx.GraphModule) -> None:

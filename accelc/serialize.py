@@ -8,6 +8,7 @@ interrupted or failed write never leaves a half-written file under the final nam
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import zipfile
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from accelc import models
@@ -54,7 +55,11 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
     args = example_inputs if example_inputs is not None else opt.example_inputs
     # the graph module, not the wrapper: its forward has the model's own signature, which
     # per-dimension dynamic shapes are matched against
-    ep = export_program(opt.graph_module, tuple(args))
+    # a GraphModule over the same graph holds only the tensors the graph reads: the float
+    # weights of int8 layers (kept in memory to revert and report them) stay out of the file
+    gm = opt.graph_module
+    lean = fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    ep = export_program(lean, tuple(args))
     with atomic_path(path) as tmp:
         torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict())})
 
@@ -161,7 +166,7 @@ def load_example_inputs(path: str, device: torch.device) -> tuple:
 
 def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = None,
             example_inputs: str | None = None, dtype: str | None = None, device: str | None = None,
-            report_dir: str | None = None,
+            report_dir: str | None = None, int8=False,
             progress: Callable[[str], None] = lambda msg: None) -> OptimizedModule:
     """The `accelc convert` command: load, optimize, write `out` (.pt2) atomically."""
     out = Path(out)
@@ -174,7 +179,7 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelFileError("--device cuda was asked for, but no CUDA GPU is available")
-    config = OptimizeConfig(dtype=dtype)
+    config = OptimizeConfig(dtype=dtype, int8=int8)
 
     progress(f"loading {source}")
     model, own_inputs = load_model(source, dev)

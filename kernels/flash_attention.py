@@ -13,6 +13,11 @@ per BLOCK_M query rows of one (batch, head); keys and values streamed in BLOCK_N
 running row max m_i and sum l_i rescale the fp32 accumulator (online softmax, in base 2).
 Key blocks fully left of the causal diagonal and fully inside S run without any masking; only
 the diagonal and the ragged tail apply the causal and bounds masks.
+
+qk_int8=True (Int8Config.attention): q and k are quantized per token to int8 in registers, as
+they are loaded (symmetric, absmax over the head dim, the rounding of kernels/quantize.py), and
+q @ k^T runs on the int8 tensor cores with an int32 accumulator, dequantized by the two row
+scales (the softmax scale folded into q's). Softmax and p @ v stay in fp32 / fp16 / bf16.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
+from accelc.kernels.quantize import _rint
 from accelc.latency import autotune_timer
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -34,8 +40,9 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
-                 DOT_IN_FP32: tl.constexpr):
-    """Key blocks [lo, hi): online-softmax update of (acc, l_i, m_i)."""
+                 DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+    """Key blocks [lo, hi): online-softmax update of (acc, l_i, m_i). With QK_INT8, q is the
+    int8 tile and qk_scale the (BLOCK_M,) vector of its row scales x softmax scale."""
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -44,11 +51,17 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
                      mask=d_ok[:, None] & n_ok[None, :], other=0.0)           # (BLOCK_D, BLOCK_N)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)            # (BLOCK_N, BLOCK_D)
-        if DOT_IN_FP32:
-            qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
+        if QK_INT8:
+            k_amax = tl.max(tl.abs(kt.to(tl.float32)), 0)                      # (BLOCK_N,)
+            k_inv = tl.div_rn(127.0, tl.maximum(k_amax, 1e-30))
+            kt8 = _rint(kt.to(tl.float32) * k_inv[None, :], USE_LIBDEVICE).to(tl.int8)
+            qk = tl.dot(q, kt8, out_dtype=tl.int32).to(tl.float32) * qk_scale[:, None] * tl.div_rn(k_amax, 127.0)[None, :]
         else:
-            qk = tl.dot(q, kt)
-        qk = qk * qk_scale                                  # log2 units: exp2 below
+            if DOT_IN_FP32:
+                qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
+            else:
+                qk = tl.dot(q, kt)
+            qk = qk * qk_scale                              # log2 units: exp2 below
         if MASK_KIND == 1:   # additive float mask, natural-log units
             add = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
                           mask=n_ok[None, :], other=0.0)
@@ -87,7 +100,8 @@ def _flash_fwd_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -98,6 +112,11 @@ def _flash_fwd_kernel(
     m_ok = offs_m < L
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if QK_INT8:
+        q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)                           # (BLOCK_M,)
+        q = _rint(q.to(tl.float32) * tl.div_rn(127.0, tl.maximum(q_amax, 1e-30))[:, None],
+                  USE_LIBDEVICE).to(tl.int8)
+        qk_scale = tl.div_rn(q_amax, 127.0) * qk_scale
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
@@ -111,12 +130,14 @@ def _flash_fwd_kernel(
     full = (end // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, 0, full, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
-                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, False, False, DOT_IN_FP32)
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, False, False, DOT_IN_FP32, QK_INT8,
+                                 USE_LIBDEVICE)
     # the rest: the causal diagonal and the ragged end of S
     tail_end = tl.minimum((start_m + 1) * BLOCK_M, S) if IS_CAUSAL else S
     acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, full, tail_end, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
-                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, IS_CAUSAL, True, DOT_IN_FP32)
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, IS_CAUSAL, True, DOT_IN_FP32, QK_INT8,
+                                 USE_LIBDEVICE)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
@@ -133,7 +154,8 @@ _CONFIGS = [_config(128, 64, 3, 8), _config(128, 128, 3, 8), _config(128, 64, 4,
             _config(64, 64, 4, 4)]
 
 
-_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["L_BUCKET", "S_BUCKET", "HEAD_DIM", "MASK_KIND", "IS_CAUSAL"],
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["L_BUCKET", "S_BUCKET", "HEAD_DIM", "MASK_KIND", "IS_CAUSAL",
+                                                       "QK_INT8"],
                                 do_bench=autotune_timer)(_flash_fwd_kernel)
 
 
@@ -166,7 +188,7 @@ def why_unsupported(q, k, v, mask=None) -> Optional[str]:
     return None
 
 
-def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None):
+def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False):
     reason = why_unsupported(q, k, v, mask)
     if reason is not None:
         raise ValueError(f"accelc::flash_attention: {reason}")
@@ -185,7 +207,8 @@ def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None):
     args = (q, k, v, mask_t, out, H, L, S, triton.next_power_of_2(L), triton.next_power_of_2(S),
             sm_scale * 1.4426950408889634, *q.stride(), *k.stride(), *v.stride(), *mstrides, *out.stride())
     meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), MASK_KIND=mask_kind, IS_CAUSAL=bool(is_causal),
-                DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16)
+                DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16, QK_INT8=bool(qk_int8),
+                USE_LIBDEVICE=not runtime.interpreted())
     if runtime.interpreted():
         _flash_fwd_kernel[(triton.cdiv(L, 16), B * H)](*args, **meta, BLOCK_M=16, BLOCK_N=16)
         return out
@@ -203,10 +226,21 @@ def _default_config(L, D):
     return _config(128, 64, 3, 8) if L >= 128 else _config(64, 64, 3, 4)
 
 
-def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None):
-    """Pure-PyTorch reference in fp32 (fp64 for fp64 inputs), result in q's dtype."""
+def _quantize_rows(t):
+    """int8 per-row (last dim) quantization as the kernel does it, returned dequantized."""
+    from accelc.kernels.quantize import quantize_ref
+
+    q, s = quantize_ref(t)
+    return q.to(t.dtype) * s[..., None].to(t.dtype)
+
+
+def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False):
+    """Pure-PyTorch reference in fp32 (fp64 for fp64 inputs), result in q's dtype. qk_int8:
+    q and k quantized per token first, as the kernel does."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = scale if scale is not None else q.shape[-1] ** -0.5
+    if qk_int8:
+        q, k = _quantize_rows(q.to(acc)), _quantize_rows(k.to(acc))
     s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(acc)
@@ -218,13 +252,13 @@ def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None):
 
 @torch.library.custom_op("accelc::flash_attention", mutates_args=())
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                    is_causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
+                    is_causal: bool = False, scale: Optional[float] = None, qk_int8: bool = False) -> torch.Tensor:
     """softmax(q @ k^T * scale + mask) @ v: see the module docstring."""
     if not runtime.can_run_on(q.device):
         runtime.warn_once("attention-fallback", f"accelc::flash_attention got tensors on {q.device}, where "
                           "Triton cannot run in this process; computing it with PyTorch instead")
-        return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale))
-    return flash_attention_launch(q, k, v, mask, is_causal, scale)
+        return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale, qk_int8))
+    return flash_attention_launch(q, k, v, mask, is_causal, scale, qk_int8)
 
 
 def _empty_out(q):
@@ -233,5 +267,5 @@ def _empty_out(q):
 
 
 @flash_attention.register_fake
-def _(q, k, v, mask=None, is_causal=False, scale=None):
+def _(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False):
     return _empty_out(q)

@@ -47,7 +47,7 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _linear_kernel(
     # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA)
-    x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr,
+    x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr, a_scale_ptr, w_scale_ptr,
     # sizes, and the autotuner's key (M_BUCKET: next power of two of M; TMA_OK: whether the
     # operands allow TMA), so that every batch size does not trigger a new tuning run
     M, N, K, M_BUCKET, TMA_OK,
@@ -56,6 +56,9 @@ def _linear_kernel(
     # epilogue
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
     ACTIVATION: tl.constexpr,
+    # QUANT: 0 float operands; 1 int8 operands, int32 accumulators dequantized by a_scale (per
+    # row of x) x w_scale (per output channel) before the epilogue; 2 int8, raw int32 stored
+    QUANT: tl.constexpr,
     # meta-parameters
     USE_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -75,7 +78,10 @@ def _linear_kernel(
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if QUANT:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(k_tiles):
             if USE_TMA:
                 # the copy engine zero-fills rows, columns and K past the tensor's edge
@@ -99,12 +105,20 @@ def _linear_kernel(
                 # is exact, so the products and fp32 sums are the same as the tensor cores'.
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            if QUANT:
+                acc = tl.dot(a, b, acc, out_dtype=tl.int32)   # (triton 3.6 wants out_dtype said)
+            else:
+                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        res_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
-        acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
-                       HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
+        if QUANT == 1:
+            a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
+            w_s = tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
+            acc = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
+        if QUANT != 2:
+            res_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
+            acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
+                           HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
         # (a TMA store of the tile measured slower than this one on H100: 858 vs 830 us at
         # 4096x4096x16384, bench/gemm_sweep.py)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
@@ -195,6 +209,24 @@ def _fail(message: str):
     raise ValueError(f"accelc::linear: {message}")
 
 
+def check_epilogue(x, N, bias, residual, activation, fail) -> tuple:
+    """The checks every GEMM-shaped launcher makes of its epilogue operands (bias (N,), residual
+    shaped as the output, both x's dtype and device); returns the output shape (..., N)."""
+    out_shape = (*x.shape[:-1], N)
+    for name, t in (("bias", bias), ("residual", residual)):
+        if t is not None and t.dtype != x.dtype:
+            fail(f"{name} is {t.dtype} but x is {x.dtype}")
+        if t is not None and t.device != x.device:
+            fail(f"{name} is on {t.device} but x is on {x.device}")
+    if bias is not None and bias.shape != (N,):
+        fail(f"bias must be ({N},), got {tuple(bias.shape)}")
+    if residual is not None and residual.shape != out_shape:
+        fail(f"residual must have the output's shape {out_shape}, got {tuple(residual.shape)}")
+    if activation not in ACTIVATIONS:
+        fail(f"activation must be one of {ACTIVATIONS}, not {activation!r}")
+    return out_shape
+
+
 def linear_launch(x, weight, bias=None, residual=None, activation="none",
                   residual_first=False, allow_tf32=False):
     """Checks, allocates, launches. Shapes: x (..., K), weight (N, K) (any strides),
@@ -208,18 +240,11 @@ def linear_launch(x, weight, bias=None, residual=None, activation="none",
               f"expected (N, {K}) as nn.Linear stores it")
     if x.dtype not in SUPPORTED_DTYPES:
         _fail(f"dtype {x.dtype} is not supported (fp16, bf16, fp32)")
-    out_shape = (*x.shape[:-1], N)
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
-        if t is not None and t.dtype != x.dtype:
-            _fail(f"{name} is {t.dtype} but x is {x.dtype}")
-        if t is not None and t.device != x.device:
-            _fail(f"{name} is on {t.device} but x is on {x.device}")
-    if bias is not None and bias.shape != (N,):
-        _fail(f"bias must be ({N},), got {tuple(bias.shape)}")
-    if residual is not None and residual.shape != out_shape:
-        _fail(f"residual must have the output's shape {out_shape}, got {tuple(residual.shape)}")
-    if activation not in ACTIVATIONS:
-        _fail(f"activation must be one of {ACTIVATIONS}, not {activation!r}")
+    if weight.dtype != x.dtype:
+        _fail(f"weight is {weight.dtype} but x is {x.dtype}")
+    if weight.device != x.device:
+        _fail(f"weight is on {weight.device} but x is on {x.device}")
+    out_shape = check_epilogue(x, N, bias, residual, activation, _fail)
 
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
@@ -231,10 +256,14 @@ def linear_launch(x, weight, bias=None, residual=None, activation="none",
 
 
 def launch(x2, weight, bias, res2, out, activation="none", residual_first=False, allow_tf32=False,
-           config: triton.Config | None = None):
+           config: triton.Config | None = None, scales=None, tuned=None):
     """Launch on checked 2-D operands: out (M, N) = epilogue(x2 (M, K) @ weight (N, K)^T).
-    `config` overrides the autotuner (bench/gemm_sweep.py)."""
+    `config` overrides the autotuner (bench/gemm_sweep.py). For int8 x2 and weight
+    (kernels/int8_gemm.py): scales = (a_scale (M,), w_scale (N,)) fp32, and an int32 `out`
+    receives the raw accumulators; `tuned` is then the int8 autotuner."""
     M, K = x2.shape
+    quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 1)
+    a_scale, w_scale = scales if scales is not None else (out, out)
     N = weight.shape[0]
     tma_ok = K > 0 and _tma_ok(x2) and _tma_ok(weight)
     # the boxes are set per config by _set_tma_boxes; [1, 1] is a placeholder
@@ -242,14 +271,14 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
     w_desc = TensorDescriptor.from_tensor(weight, [1, 1]) if tma_ok else weight
     res2 = res2 if res2 is not None else out
     args = (
-        x2, weight, x_desc, w_desc, bias if bias is not None else out, res2, out,
+        x2, weight, x_desc, w_desc, bias if bias is not None else out, res2, out, a_scale, w_scale,
         M, N, K, triton.next_power_of_2(M), tma_ok,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         res2.stride(0), res2.stride(1), out.stride(0), out.stride(1),
     )
     meta = dict(
         HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not out,
-        RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation),
+        RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
         INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
         DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
     )
@@ -267,7 +296,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         config = _default_config(M, x2.dtype, tma_ok)
     with runtime.device_guard(x2):
         if config is None:
-            _tuned_kernel[grid](*args, **meta)
+            (tuned or _tuned_kernel)[grid](*args, **meta)
         else:
             kw = config.all_kwargs()
             if kw["USE_TMA"] and not tma_ok:

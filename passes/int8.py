@@ -1,0 +1,175 @@
+"""int8: the float accelc layers that OptimizeConfig.int8 selects, moved to int8 kernels.
+
+Runs after linear_act and attention, on their output, so an int8 layer has exactly the float
+layer's fusion (bias, activation, residual) and the same original subgraph for the guard:
+  - accelc::linear -> accelc::linear_w8a8 (kernels/int8_gemm.py): the weight quantized here,
+    once, per output channel; activations per token at run time (kernels/quantize.py), or with
+    one static scale from calibration (Int8Config.static);
+  - accelc::flash_attention -> the same op with qk_int8=True (Int8Config.attention).
+Each int8 layer keeps its float call as a Fallback: the guard judges int8 layers by SQNR and
+puts those under Int8Config.sqnr_floor back in float (accelc.rewrite.demote).
+
+SmoothQuant (Xiao et al. 2023, Int8Config.smoothing = alpha): with a_j = max |x[:, j]| over the
+calibration batches and w_j = max |W[:, j]|, s_j = a_j^alpha / w_j^(1 - alpha); the weight's
+column j is multiplied by s_j and the activation divided by it in the quantize kernel, so
+x W^T is unchanged while an outlier channel of x no longer sets the whole row's scale.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+
+import torch
+from torch import fx
+
+from accelc.capture import TensorMeta, flat_inputs, tensor_meta
+from accelc.kernels.int8_gemm import quantize_weight
+from accelc.rewrite import Fallback, Rewrite, attr_value, replace_uses
+
+LINEAR = torch.ops.accelc.linear.default
+W8A8 = torch.ops.accelc.linear_w8a8.default
+FLASH = torch.ops.accelc.flash_attention.default
+
+CALIBRATION_KEY = "accelc_calibration"   # gm.meta: list of input tuples, set by accelc.optimize
+
+
+def _module_type(rw: Rewrite) -> str:
+    for n in rw.original.graph.nodes:
+        cls = n.meta.get("accelc_module_type")
+        if cls and n.op not in ("placeholder", "get_attr"):
+            return cls.rpartition(".")[2]
+    return "functional"
+
+
+def _selected(names: list[str], patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for name in names for p in patterns)
+
+
+def _weight_tensor(gm, w: fx.Node) -> torch.Tensor | None:
+    """The (N, K) weight a float linear node reads, if it is a constant of the model."""
+    if w.op == "get_attr":
+        return attr_value(gm, w)
+    if w.op == "call_function" and w.target is torch.t and w.args[0].op == "get_attr":
+        return attr_value(gm, w.args[0]).t()
+    return None
+
+
+def _why_not(gm, n: fx.Node, index: int, count: int, cfg) -> str | None:
+    rw = n.meta["accelc"]
+    names = [rw.layer, n.meta.get("accelc_path", "")]
+    if cfg.skip_first_last and index in (0, count - 1):
+        return f"{'first' if index == 0 else 'last'} linear layer: stays in float (Int8Config.skip_first_last)"
+    if cfg.layers is not None and not _selected(names, cfg.layers):
+        return "not in Int8Config.layers"
+    if cfg.exclude and _selected(names, cfg.exclude):
+        return "in Int8Config.exclude"
+    if cfg.types is not None and _module_type(rw) not in cfg.types:
+        return f"type {_module_type(rw)} not in Int8Config.types"
+    if _weight_tensor(gm, n.args[1]) is None:
+        return "weight is computed at run time, not a constant: stays in float"
+    mx = tensor_meta(n.args[0])
+    rows = math.prod(mx.shape[:-1]) if mx is not None else 0
+    if rows < cfg.min_rows:
+        return f"{rows} rows < Int8Config.min_rows={cfg.min_rows}: stays in float, where it is faster"
+    return None
+
+
+def _calibrate(gm, nodes: list[fx.Node]) -> dict[fx.Node, torch.Tensor]:
+    """Per-input-channel absmax (K,) of each node's x over the calibration batches."""
+    stats: dict[fx.Node, torch.Tensor] = {}
+    wanted = set(nodes)
+
+    class _Record(fx.Interpreter):
+        def run_node(self, node):
+            if node in wanted:
+                x = self.env[node.args[0]].detach().float()
+                amax = x.abs().reshape(-1, x.shape[-1]).amax(0)
+                stats[node] = amax if node not in stats else torch.maximum(stats[node], amax)
+            return super().run_node(node)
+
+    with torch.no_grad():
+        for args in gm.meta.get(CALIBRATION_KEY, []):
+            _Record(gm).run(*flat_inputs(gm, args))
+    return stats
+
+
+def _attr(gm, n: fx.Node, name: str, value: torch.Tensor) -> fx.Node:
+    gm.register_buffer(name, value)
+    with gm.graph.inserting_before(n):
+        node = gm.graph.get_attr(name)
+    node.meta["accelc_meta"] = TensorMeta(tuple(value.shape), value.dtype, value.device)
+    return node
+
+
+def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
+    rw: Rewrite = n.meta["accelc"]
+    x, w_node, bias, residual = n.args[:4]
+    weight = _weight_tensor(gm, w_node).detach()
+    prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_int8"
+    smooth = None
+    s = None
+    if cfg.smoothing is not None and amax is not None:
+        a = cfg.smoothing
+        s = (amax.clamp_min(1e-5) ** a / weight.float().abs().amax(0).clamp_min(1e-5) ** (1 - a)).clamp(1e-4, 1e4)
+        smooth = (1.0 / s).float().contiguous()
+    w_q, w_scale = quantize_weight(weight, s)
+    aux = [_attr(gm, n, prefix + "_w", w_q), _attr(gm, n, prefix + "_w_scale", w_scale)]
+    kwargs = dict(activation=n.kwargs.get("activation", "none"), residual_first=n.kwargs.get("residual_first", False))
+    if smooth is not None:
+        aux.append(_attr(gm, n, prefix + "_smooth", smooth))
+        kwargs["smooth"] = aux[-1]
+    if cfg.static and amax is not None:
+        a_max = (amax * smooth).max() if smooth is not None else amax.max()
+        aux.append(_attr(gm, n, prefix + "_act_scale", (a_max / 127.0).clamp_min(1e-12).reshape(1).float()))
+        kwargs["static_scale"] = aux[-1]
+    g = gm.graph
+    with g.inserting_before(n):
+        new = g.call_function(W8A8, (x, aux[0], aux[1], bias, residual), kwargs)
+    new.meta.update({k: v for k, v in n.meta.items() if k != "accelc"})
+    new.meta["accelc"] = Rewrite(
+        layer=rw.layer, kind="linear_int8", kernel=rw.kernel.replace("accelc::linear", "accelc::linear_w8a8"),
+        original=rw.original, inputs=rw.inputs, aux=rw.aux + aux, quantized=True,
+        fallback=Fallback(n.target, n.args, dict(n.kwargs), rw.kind, rw.kernel, rw.aux),
+        note=("static act scale; " if "static_scale" in kwargs else "")
+        + (f"SmoothQuant alpha={cfg.smoothing}" if smooth is not None else ""),
+        weight_bytes=(weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4))
+    replace_uses(gm, n, new)
+    g.erase_node(n)
+
+
+def _to_int8_attention(gm, n: fx.Node) -> None:
+    rw: Rewrite = n.meta["accelc"]
+    g = gm.graph
+    with g.inserting_before(n):
+        new = g.call_function(FLASH, n.args, {**n.kwargs, "qk_int8": True})
+    new.meta.update({k: v for k, v in n.meta.items() if k != "accelc"})
+    new.meta["accelc"] = Rewrite(
+        layer=rw.layer, kind="attention_int8", kernel=rw.kernel.replace("accelc::flash_attention",
+                                                                        "accelc::flash_attention[qk_int8]"),
+        original=rw.original, inputs=rw.inputs, aux=rw.aux, quantized=True,
+        fallback=Fallback(n.target, n.args, dict(n.kwargs), rw.kind, rw.kernel, rw.aux))
+    replace_uses(gm, n, new)
+    g.erase_node(n)
+
+
+def run(gm, config) -> int:
+    cfg = config.int8
+    if cfg is None:
+        return 0
+    linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is LINEAR and "accelc" in n.meta]
+    chosen = []
+    for i, n in enumerate(linears):
+        reason = _why_not(gm, n, i, len(linears), cfg)
+        if reason:
+            n.meta["accelc"].note = reason
+        else:
+            chosen.append(n)
+    stats = _calibrate(gm, chosen) if chosen and (cfg.static or cfg.smoothing is not None) else {}
+    for n in chosen:
+        _to_w8a8(gm, n, stats.get(n), cfg)
+    count = len(chosen)
+    if cfg.attention:
+        for n in [n for n in gm.graph.nodes if n.op == "call_function" and n.target is FLASH and "accelc" in n.meta]:
+            _to_int8_attention(gm, n)
+            count += 1
+    return count
