@@ -7,14 +7,16 @@ from accelc import runtime  # noqa: F401  (first: decides interpreter vs GPU bef
 from accelc import kernels  # noqa: F401  (registers torch.ops.accelc.*)
 from accelc import models
 from accelc.api import optimize
-from accelc.config import OptimizeConfig, PRESETS
+from accelc.config import Int8Config, OptimizeConfig, PRESETS
 from accelc.errors import AccelcError, CaptureError, PassError
 from accelc.optimized import LayerRecord, OptimizedModule
+from accelc.report import Report, report
 from accelc.serialize import ModelFileError, convert, load, save
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AccelcError", "CaptureError", "LayerRecord", "ModelFileError", "OptimizeConfig", "OptimizedModule",
-    "PRESETS", "PassError", "__version__", "convert", "load", "models", "optimize", "save",
+    "AccelcError", "CaptureError", "Int8Config", "LayerRecord", "ModelFileError", "OptimizeConfig",
+    "OptimizedModule", "PRESETS", "PassError", "Report", "__version__", "convert", "load", "models", "optimize",
+    "report", "save",
 ]

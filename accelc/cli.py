@@ -1,7 +1,9 @@
 """accelc's command line: a thin shell over the Python API.
 
     accelc convert IN -o OUT.pt2 [--input-shape 8x3x224x224 | --example-inputs FILE] [--dtype fp16]
-    accelc optimize mlp [--dtype fp16] [--batch-size 64] [--device cuda]
+    accelc optimize mlp [--dtype fp16] [--batch-size 64] [--device cuda] [--int8]
+    accelc report MODEL -o DIR [--batch-size 8 | --input-shape ... | --example-inputs FILE] [--dtype fp16]
+                               [--int8] [--format json,csv,md,html] [--no-ort]
     accelc list-models
     accelc --version
 
@@ -36,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--batch-size", type=int, default=None, help="example input batch size")
     o.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
+    _int8_args(o)
 
     c = sub.add_parser(
         "convert", help="optimize a saved model and write it as a .pt2 program",
@@ -48,20 +51,74 @@ def _parser() -> argparse.ArgumentParser:
                "(accelc list-models). TorchScript files are refused.")
     c.add_argument("input", metavar="IN", help="model file or built-in model name")
     c.add_argument("-o", "--output", metavar="OUT", required=True, help="output program, ending in .pt2")
-    shapes = c.add_mutually_exclusive_group()
-    shapes.add_argument("--input-shape", metavar="SHAPE",
-                        help="example input sizes, e.g. 8x3x224x224 (several inputs: comma-separated); "
-                             "random float inputs of these shapes")
-    shapes.add_argument("--example-inputs", metavar="FILE",
-                        help="torch.save'd tensor or tuple of tensors to use as example inputs")
+    _input_args(c)
     c.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None,
                    help="convert the model to this dtype (default: keep the model's)")
     c.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
     c.add_argument("--report", metavar="DIR", help="also write summary.txt and layers.json to DIR")
+    _int8_args(c)
+
+    r = sub.add_parser(
+        "report", help="time and check every layer: eager PyTorch vs ONNX Runtime vs accelc",
+        description="Optimize MODEL, then time every rewritten layer and the whole model three ways "
+                    "(eager PyTorch, ONNX Runtime, accelc) and check each against a higher-precision "
+                    "reference. Writes report.json / .csv / .md / .html to DIR.")
+    r.add_argument("model", metavar="MODEL", help="built-in model name, torch.save'd module or .pt2 program")
+    r.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for the report files")
+    _input_args(r).add_argument("--batch-size", type=int, default=None, help="built-in models: example batch size")
+    r.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None,
+                   help="default: fp16 on a GPU, fp32 on the CPU")
+    r.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when a GPU is present")
+    r.add_argument("--format", default="json,csv,md,html", help="comma-separated: json, csv, md, html")
+    r.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime (eager vs accelc only)")
+    r.add_argument("--rep-ms", type=float, default=100, help="timing budget per measurement, ms (default 100)")
+    _int8_args(r)
 
     sub.add_parser("list-models", help="list the built-in example models")
     return p
+
+
+def _input_args(p):
+    """--input-shape / --example-inputs, one or the other; returns their group."""
+    shapes = p.add_mutually_exclusive_group()
+    shapes.add_argument("--input-shape", metavar="SHAPE",
+                        help="example input sizes, e.g. 8x3x224x224 (several inputs: comma-separated); "
+                             "random float inputs of these shapes")
+    shapes.add_argument("--example-inputs", metavar="FILE",
+                        help="torch.save'd tensor or tuple of tensors to use as example inputs")
+    return shapes
+
+
+def _int8_args(p) -> None:
+    g = p.add_argument_group("int8 (W8A8)")
+    g.add_argument("--int8", action="store_true",
+                   help="run linear layers in int8 (weights per channel, activations per token); "
+                        "layers under the SQNR floor stay in float")
+    g.add_argument("--int8-attention", action="store_true", help="with --int8: also q @ k^T in int8")
+    g.add_argument("--int8-smoothing", type=float, metavar="ALPHA", default=None,
+                   help="with --int8: SmoothQuant migration strength (e.g. 0.5), calibrated on the example inputs")
+    g.add_argument("--int8-all-layers", action="store_true",
+                   help="with --int8: also the first and last linear layers")
+    g.add_argument("--sqnr-floor", type=float, default=None, metavar="DB",
+                   help="with --int8: guard floor in dB (default 20)")
+
+
+def _int8_config(args):
+    """The Int8Config the int8 flags ask for, or False."""
+    from accelc.config import Int8Config
+
+    extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers
+             or args.sqnr_floor is not None)
+    if not args.int8:
+        if extra:
+            raise ValueError("--int8-attention / --int8-smoothing / --int8-all-layers / --sqnr-floor need --int8")
+        return False
+    kw = dict(attention=args.int8_attention, smoothing=args.int8_smoothing,
+              skip_first_last=not args.int8_all_layers)
+    if args.sqnr_floor is not None:
+        kw["sqnr_floor"] = args.sqnr_floor
+    return Int8Config(**kw)
 
 
 def _one_line_warning(message, category, filename, lineno, line=None):
@@ -77,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             return _convert(args)
         if args.command == "optimize":
             return _optimize(args)
+        if args.command == "report":
+            return _report(args)
         if args.command == "list-models":
             return _list_models()
         _parser().print_help()
@@ -109,7 +168,7 @@ def _optimize(args) -> int:
     model = accelc.models.get(args.model).to(device)
     kwargs = {} if args.batch_size is None else {"batch_size": args.batch_size}
     inputs = model.example_inputs(**kwargs)
-    opt = accelc.optimize(model, inputs, config=accelc.OptimizeConfig(dtype=dtype))
+    opt = accelc.optimize(model, inputs, config=accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args)))
     print(opt.summary())
     return 0
 
@@ -119,11 +178,51 @@ def _convert(args) -> int:
 
     opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                          example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
-                         report_dir=args.report,
+                         report_dir=args.report, int8=_int8_config(args),
                          progress=lambda msg: print(f"accelc: {msg}", file=sys.stderr, flush=True))
     print(opt.summary())
     print(f"wrote {args.output}")
     return 0
+
+
+def _report(args) -> int:
+    import accelc
+    from accelc.serialize import load_example_inputs, load_model, parse_shapes
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
+    formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
+    bad = [f for f in formats if f not in ("json", "csv", "md", "html")]
+    if bad or not formats:
+        raise ValueError(f"--format takes json, csv, md, html (comma-separated), not {args.format!r}")
+    dtype = args.dtype or ("fp16" if device.type == "cuda" else "fp32")
+    model, own = load_model(args.model, device)
+    if args.example_inputs:
+        inputs = load_example_inputs(args.example_inputs, device)
+    elif args.input_shape:
+        inputs = tuple(torch.randn(s, device=device) for s in parse_shapes(args.input_shape))
+    elif args.batch_size is not None and hasattr(model, "example_inputs"):
+        inputs = tuple(model.example_inputs(batch_size=args.batch_size))
+    elif own is not None:
+        inputs = own
+    else:
+        raise ValueError(f"{args.model!r} carries no example inputs: give --input-shape or --example-inputs")
+    rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args)),
+                        with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model)
+    for path in rep.write(args.output, formats):
+        print(f"wrote {path}")
+    t = rep.totals
+    print(f"{t['rewritten']} layer(s) rewritten; timed layers: accelc {_fmt_x(t['speedup_vs_eager'])} vs eager, "
+          f"{_fmt_x(t['speedup_vs_ort'])} vs ONNX Runtime; end to end {_fmt_x(rep.end_to_end.speedup_vs_eager)} "
+          f"vs eager, {_fmt_x(rep.end_to_end.speedup_vs_ort)} vs ONNX Runtime")
+    if rep.header["note"]:
+        print(f"note: {rep.header['note']}")
+    return 0
+
+
+def _fmt_x(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
 
 
 def _list_models() -> int:

@@ -70,3 +70,16 @@ def _graph_median_ms(fn, rep_ms: float) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / n)
     return statistics.median(times)
+
+
+def layer_ms(fn: Callable[[], object], device: torch.device | str, rep_ms: float = 100) -> tuple[float, bool]:
+    """The report's timer for eager and accelc layers and models: median_ms over a captured CUDA
+    graph on a GPU, so that kernel time is measured rather than Python launch overhead; plain
+    do_bench where capture fails (an op that synchronizes, a CPU fallback). Returns (ms, graph?)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return median_ms(fn, device, cuda_graph=True, rep_ms=rep_ms), True
+        except Exception:  # capture refused: time plain calls instead (said in the report row)
+            torch.cuda.synchronize()
+    return median_ms(fn, device, rep_ms=rep_ms), False

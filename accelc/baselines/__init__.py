@@ -1,0 +1,1 @@
+"""Engines accelc is compared against, layer by layer (accelc.report)."""
