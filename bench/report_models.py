@@ -2,6 +2,7 @@
 ONNX Runtime (CUDA provider) / accelc, committed as Markdown + JSON under bench/results/.
 
     source .ort/install.sh && python bench/report_models.py [--models vit,bert] [--out bench/results]
+    python bench/report_models.py --int8 --models mlp,gpt       # W8A8 linear layers (Int8Config defaults)
     python bench/report_models.py --summary bench/results      # the 1.5x-vs-ORT table, from the JSONs
 
 Layer widths, sequence lengths, image sizes and batch sizes are the real models'; the transformer
@@ -39,7 +40,7 @@ MODELS = {
 PROMISE = 1.5   # every rewritten layer at least this much faster than ONNX Runtime's CUDA provider
 
 
-def run(names: list[str], out: str, rep_ms: float) -> None:
+def run(names: list[str], out: str, rep_ms: float, int8: bool = False) -> None:
     env = _common.environment()
     print(_common.env_line(env))
     for name in names:
@@ -47,9 +48,10 @@ def run(names: list[str], out: str, rep_ms: float) -> None:
         t0 = time.time()
         model = models.get(name, **kwargs).cuda()
         inputs = model.example_inputs(batch)
-        rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype="fp16"), rep_ms=rep_ms,
+        rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype="fp16", int8=int8), rep_ms=rep_ms,
                             model_name=f"{name} ({', '.join(f'{k}={v}' for k, v in kwargs.items())}; batch {batch})")
-        rep.write(out, ("json", "md"), stem=f"report-{name}-{_common.slug(env['device'])}")
+        kind = "report-int8" if int8 else "report"
+        rep.write(out, ("json", "md"), stem=f"{kind}-{name}-{_common.slug(env['device'])}")
         t, e = rep.totals, rep.end_to_end
         print(f"{name}: {t['rewritten']} rewritten, {t['faster_than_ort_1_5x']} >= {PROMISE}x ORT; layers "
               f"{_x(t['speedup_vs_ort'])} vs ORT, {_x(t['speedup_vs_eager'])} vs eager; end to end "
@@ -72,7 +74,7 @@ def summary(folder: str) -> str:
              "vs eager | end to end vs ORT | end to end vs eager |", "|" + "---|" * 10]
     misses = []
     env = ""
-    for path in sorted(Path(folder).glob("report-*.json")):
+    for path in sorted(p for p in Path(folder).glob("report-*.json") if not p.name.startswith("report-int8-")):
         d = json.loads(path.read_text())
         env = env or f"{d['header']['device']}, {d['header']['date']}, " + ", ".join(
             f"{k} {v}" for k, v in d["header"]["versions"].items() if v)
@@ -99,6 +101,7 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rep-ms", type=float, default=50)
+    ap.add_argument("--int8", action="store_true", help="with int8 (W8A8) linear layers")
     ap.add_argument("--summary", metavar="DIR", help="only write DIR/report-summary.md from the JSONs there")
     args = ap.parse_args()
     if args.summary:
@@ -106,7 +109,7 @@ def main():
         (Path(args.summary) / "report-summary.md").write_text(text)
         print(text)
         return
-    run([m.strip() for m in args.models.split(",") if m.strip()], args.out, args.rep_ms)
+    run([m.strip() for m in args.models.split(",") if m.strip()], args.out, args.rep_ms, args.int8)
 
 
 if __name__ == "__main__":
