@@ -29,16 +29,17 @@ from accelc.kernels.quantize import quantize_launch, quantize_ref
 from accelc.latency import autotune_timer
 
 _c = gemm._config
-# int8 candidates: gemm.py's shapes with BLOCK_K doubled (same bytes per stage), plus deeper
-# pipelines; small-M tiles stream the weight with pointer loads as in the float kernel.
+# int8 candidates: gemm.py's shapes with BLOCK_K doubled (same bytes per stage). From
+# bench/gemm_sweep.py --int8 on an H200 (bench/results/gemm_sweep_int8-nvidia-h200.json, + GELU):
+# - 128x128x256, 3 stages, TMA: 569 us at 4096x4096x16384 (491 us without the GELU: 1120 TOPS,
+#   Inductor's best Triton int_mm 515 us), 21.4 us at 512x4096x4096; 128x256 tiles 673-686 us,
+#   256x128 615 us (which the autotuner's short timing once preferred), pointer loads 830-1190 us.
+#   GELU in the epilogue costs 83 us there (relu: none, gelu_tanh 63 us): the epilogue's math
+#   does not overlap the next tile's MMAs.
+# - M <= 32: 16x32x512 pointer loads, 7.6 us at 16x4096x4096 (TMA 10.0 us).
 _CONFIGS = [
-    _c(128, 256, 128, 3, 8), _c(128, 256, 128, 4, 8), _c(128, 256, 128, 3, 8, ws=True),
-    _c(128, 128, 128, 4, 8), _c(128, 128, 256, 3, 8), _c(64, 128, 128, 4, 4),
-    _c(128, 128, 128, 4, 8, tma=False), _c(64, 128, 128, 4, 4, tma=False),
-    # Inductor's best for torch._int_mm at 4096x4096x16384 on an H200: 515 us (pointer loads)
-    _c(128, 256, 128, 3, 8, tma=False), _c(256, 128, 128, 3, 8, tma=False),
-    _c(32, 64, 256, 4, 4), _c(32, 64, 256, 4, 4, tma=False),
-    _c(16, 32, 512, 3, 4, tma=False, flatten=False), _c(16, 64, 256, 4, 4, tma=False),
+    _c(128, 128, 256, 3, 8), _c(128, 128, 128, 4, 8), _c(64, 128, 128, 4, 4), _c(128, 128, 128, 4, 8, tma=False), _c(64, 128, 128, 4, 4, tma=False),
+    _c(32, 64, 256, 4, 4, tma=False), _c(16, 32, 512, 3, 4, tma=False, flatten=False),
     _c(16, 64, 256, 4, 4),
 ]
 
