@@ -194,14 +194,14 @@ def _speedup(base, fast):
     return base / fast if base and fast else None
 
 
-def _ort_measure(module, ins, device, workdir, name, rep_ms):
+def _ort_measure(module, ins, device, workdir, name, rep_ms, tf32):
     """(ms, outputs, export method, error) of `module` on `ins` in ORT."""
     path = str(Path(workdir) / (name.replace("/", "_")[:80] + ".onnx"))
-    exp = ort.export(module, ins, path, device)
+    exp = ort.export(module, ins, path, device, allow_tf32=tf32)
     if exp.path is None:
         return None, None, "", f"ONNX export failed: {exp.error}"
     try:
-        runner = ort.OrtRunner(exp.path, ins, device)
+        runner = ort.OrtRunner(exp.path, ins, device, allow_tf32=tf32)
         outs = [o.clone() for o in runner.run()]
         # ORT cannot be captured in accelc's CUDA graph: do_bench over run_with_iobinding (its own
         # CUDA graph inside where the session allows), whose L2 flush hides the host launch cost
@@ -224,6 +224,7 @@ def report(model, example_inputs, config=None, *, with_ort: bool = True, progres
     device = device_of(model, args)
     interpreted = runtime.interpreted() or device.type != "cuda"
     ort_why_not = ort.available() if with_ort else "ONNX Runtime not asked for (with_ort=False)"
+    tf32 = config.fp32_precision == "tf32"
 
     gm = opt.graph_module
     nodes = {n.meta["accelc"].layer: n for n in gm.graph.nodes if "accelc" in n.meta}
@@ -257,7 +258,7 @@ def report(model, example_inputs, config=None, *, with_ort: bool = True, progres
                 row.ort_error = ort_why_not
             else:
                 row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(
-                    rw.original, ins, device, workdir, rec.name, rep_ms)
+                    rw.original, ins, device, workdir, rec.name, rep_ms, tf32)
                 if outs is not None:
                     row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(
                         outs[0] if len(outs) == 1 else outs, ref)
@@ -266,7 +267,7 @@ def report(model, example_inputs, config=None, *, with_ort: bool = True, progres
             row.speedup_vs_eager = _speedup(row.eager_ms, row.accelc_ms)
 
         bar.step("whole model")
-        e2e = _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer)
+        e2e = _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer, tf32)
         bar.close()
 
     timed = [r for r in rows if r.accelc_ms is not None]
@@ -299,7 +300,7 @@ def _passes(rec, rel, row, config) -> bool:
     return rel <= _limit(row, config)
 
 
-def _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer) -> LayerRow:
+def _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer, tf32) -> LayerRow:
     row = LayerRow(layer="end-to-end (whole model)", kind="model", status="", kernel="accelc.optimize",
                    input_shape=" ".join("x".join(map(str, t.shape)) for t in args if isinstance(t, torch.Tensor)),
                    timer=timer)
@@ -314,7 +315,7 @@ def _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer) 
         row.ort_error = ort_why_not
     else:
         row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(model, list(args), device, workdir,
-                                                                       "model", rep_ms)
+                                                                       "model", rep_ms, tf32)
         if outs is not None:
             row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(
                 outs[0] if len(outs) == 1 else outs, ref)
@@ -406,3 +407,33 @@ REPORT_SCHEMA = {
         "end_to_end": _ROW,
     },
 }
+
+
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def validate(data, schema: dict = REPORT_SCHEMA, where: str = "report") -> None:
+    """Check `data` against `schema` (the subset of JSON Schema REPORT_SCHEMA uses: type, required,
+    properties, items, enum, const), so that a report can be checked where the jsonschema
+    package is not installed. Raises ValueError naming the first offending field."""
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        ok = any((isinstance(data, (int, float)) and not isinstance(data, bool)) if t == "number"
+                 else isinstance(data, _TYPES[t]) for t in types)
+        if not ok:
+            raise ValueError(f"{where}: {data!r:.60} is not of type {types}")
+    if "const" in schema and data != schema["const"]:
+        raise ValueError(f"{where}: {data!r} is not {schema['const']!r}")
+    if "enum" in schema and data not in schema["enum"]:
+        raise ValueError(f"{where}: {data!r} is not one of {schema['enum']}")
+    if isinstance(data, dict):
+        for key in schema.get("required", []):
+            if key not in data:
+                raise ValueError(f"{where}: missing {key!r}")
+        for key, sub in schema.get("properties", {}).items():
+            if key in data:
+                validate(data[key], sub, f"{where}.{key}")
+    if isinstance(data, list) and "items" in schema:
+        for i, item in enumerate(data):
+            validate(item, schema["items"], f"{where}[{i}]")

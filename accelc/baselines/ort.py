@@ -46,11 +46,14 @@ def available() -> str | None:
     return None
 
 
-def providers(device: torch.device) -> list:
+def providers(device: torch.device, allow_tf32: bool = False) -> list:
+    """ORT's CUDA provider rounds fp32 matmul operands to TF32 by default; accelc and PyTorch do
+    not unless asked (OptimizeConfig.fp32_precision), so neither does the baseline."""
     import onnxruntime as ort
 
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        opts = {"device_id": str(device.index or 0), "cudnn_conv_algo_search": "EXHAUSTIVE"}
+        opts = {"device_id": str(device.index or 0), "cudnn_conv_algo_search": "EXHAUSTIVE",
+                "use_tf32": "1" if allow_tf32 else "0"}
         return [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
 
@@ -62,7 +65,8 @@ def provider_note(device: torch.device) -> str:
     have = ort.get_available_providers()
     if device.type == "cuda":
         if "CUDAExecutionProvider" in have:
-            return f"onnxruntime {ort.__version__}, CUDAExecutionProvider (IO binding)"
+            return (f"onnxruntime {ort.__version__}, CUDAExecutionProvider (IO binding; cuDNN algorithms "
+                    "searched exhaustively; TF32 only with fp32_precision='tf32')")
         return (f"onnxruntime {ort.__version__} has no CUDAExecutionProvider here ({', '.join(have)}): "
                 "ORT timings are CPU timings")
     return f"onnxruntime {ort.__version__}, CPUExecutionProvider"
@@ -134,7 +138,7 @@ def _to_fp16(path: str) -> None:
     onnx.save(model, path)
 
 
-def export(module: nn.Module, args: list, path: str, device: torch.device) -> OrtExport:
+def export(module: nn.Module, args: list, path: str, device: torch.device, allow_tf32: bool = False) -> OrtExport:
     """Export `module` called on `args` to `path`, trying the exporters in turn (module
     docstring); the first file an ORT session accepts wins."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -156,7 +160,7 @@ def export(module: nn.Module, args: list, path: str, device: torch.device) -> Or
             _torch_export(m, ts, path, dynamo)
             if via_fp32:
                 _to_fp16(path)
-            session(path, device)       # ORT must accept the file
+            session(path, device, allow_tf32=allow_tf32)       # ORT must accept the file
             result.path, result.method = path, name + dtype
             return result
         except Exception as e:  # each exporter fails in its own way; the next one may not
@@ -166,13 +170,13 @@ def export(module: nn.Module, args: list, path: str, device: torch.device) -> Or
     return result
 
 
-def session(path: str, device: torch.device, cuda_graph: bool = False):
+def session(path: str, device: torch.device, cuda_graph: bool = False, allow_tf32: bool = False):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    provs = providers(device)
+    provs = providers(device, allow_tf32)
     if cuda_graph and isinstance(provs[0], tuple):
         provs = [(provs[0][0], {**provs[0][1], "enable_cuda_graph": "1"})] + provs[1:]
     return ort.InferenceSession(path, so, providers=provs)
@@ -182,11 +186,11 @@ class OrtRunner:
     """One exported layer in ORT with its inputs bound once. run() -> outputs as torch tensors
     on the inputs' device (bound buffers: no copies), in the ONNX file's dtypes."""
 
-    def __init__(self, path: str, args: list, device: torch.device):
+    def __init__(self, path: str, args: list, device: torch.device, allow_tf32: bool = False):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         self.device = device
         self.cuda_graph = False
-        self.sess = session(path, device)
+        self.sess = session(path, device, allow_tf32=allow_tf32)
         self.on_gpu = device.type == "cuda" and "CUDAExecutionProvider" in self.sess.get_providers()
         self.inputs = {}
         for i, inp in enumerate(self.sess.get_inputs()):
@@ -204,7 +208,7 @@ class OrtRunner:
             # ORT's own CUDA graph: replays without per-kernel launches, as accelc and eager are
             # timed; sessions whose nodes are not all on the GPU refuse it and run without
             try:
-                sess = session(path, device, cuda_graph=True)
+                sess = session(path, device, cuda_graph=True, allow_tf32=allow_tf32)
                 binding = self._bind(sess)
                 sess.run_with_iobinding(binding)
                 sess.run_with_iobinding(binding)
