@@ -5,17 +5,18 @@ import copy
 import warnings
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from accelc import runtime
 from accelc.capture import capture
 from accelc.config import OptimizeConfig, PRESETS
-from accelc.guard import check_layers, rel_l2, sqnr_db
+from accelc.guard import check_layers, layer_inputs, rel_l2, sqnr_db
+from accelc.latency import layer_ms
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
 from accelc.pipeline import run_passes
 from accelc.passes.int8 import CALIBRATION_KEY
-from accelc.rewrite import demote, forget_replacements, revert
+from accelc.rewrite import attr_value, demote, forget_replacements, revert
 
 
 def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | None = None,
@@ -87,6 +88,10 @@ def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expecte
         else:
             reverted[rw.layer] = (rw, check)
             revert(gm, node, check.reason)
+    if config.int8 is not None and config.int8.only_if_faster and device.type == "cuda" \
+            and not runtime.interpreted():
+        for node, note in _slower_int8(gm, args).items():
+            demoted[demote(gm, node, note)] = checks.pop(node, None)
     if demoted:
         for node, check in check_layers(gm, args, config, only=set(demoted)).items():
             if check.passed:
@@ -111,6 +116,41 @@ def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expecte
                         float_weight_bytes=sum(b[0] for b in weight_bytes),
                         int8_weight_bytes=sum(b[1] for b in weight_bytes))
     return OptimizedModule(gm, collect_layers(gm, checks, reverted), info, example_inputs=args)
+
+
+def _slower_int8(gm, args) -> dict:
+    """{int8 node: why it goes back to float} for the int8 layers whose kernel is slower than their
+    float kernel on the example inputs (the report's timer, over a CUDA graph)."""
+    nodes = [n for n in gm.graph.nodes if "accelc" in n.meta and n.meta["accelc"].fallback is not None]
+    if not nodes:
+        return {}
+    captured = layer_inputs(gm, args, set(nodes))
+    slower = {}
+    with torch.no_grad():
+        for n in nodes:
+            a, kw = captured[n][1]
+            fb = n.meta["accelc"].fallback
+            env = dict(zip(n.args, a))
+            fa = [_value(gm, x, env) for x in fb.args]
+            fkw = {k: _value(gm, v, env) for k, v in fb.kwargs.items()}
+            t8, _ = layer_ms(lambda: n.target(*a, **kw), a[0].device, rep_ms=20)
+            tf, _ = layer_ms(lambda: fb.target(*fa, **fkw), a[0].device, rep_ms=20)
+            if not t8 < tf:
+                slower[n] = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on the example inputs: "
+                             "float kernel kept (Int8Config.only_if_faster)")
+    return slower
+
+
+def _value(gm, x, env):
+    """The value of a float fallback's argument: shared with the int8 call, a parameter, or an op
+    on parameters (weight.t())."""
+    if not isinstance(x, fx.Node):
+        return x
+    if x in env:
+        return env[x]
+    if x.op == "get_attr":
+        return attr_value(gm, x)
+    return x.target(*[_value(gm, a, env) for a in x.args], **{k: _value(gm, v, env) for k, v in x.kwargs.items()})
 
 
 def _config(config) -> OptimizeConfig:

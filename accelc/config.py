@@ -49,8 +49,12 @@ class Int8Config:
     sqnr_floor:     the guard's floor in dB (int8 vs the float layer); a layer below it is put
                     back in float and reported.
     min_rows:       below this many rows (tokens) in the example inputs a linear layer stays in
-                    float: the int8 path's extra quantization kernel does not pay for itself there
-                    (bench/int8.py).
+                    float.
+    only_if_faster: on a GPU, time each int8 layer against its float kernel on the example
+                    inputs and keep the faster (the summary says which and by how much): the int8
+                    path pays an extra quantization kernel and wins only on large GEMMs
+                    (bench/results/report-int8-*.md: 0.5-1.1x eager at BERT-base widths,
+                    1.1-1.3x at 4096-wide layers).
     """
 
     layers: tuple[str, ...] | None = None
@@ -62,6 +66,7 @@ class Int8Config:
     attention: bool = False
     sqnr_floor: float = 20.0
     min_rows: int = 0
+    only_if_faster: bool = True
 
     def __post_init__(self):
         for name in ("layers", "exclude", "types"):

@@ -126,3 +126,21 @@ def _compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:
         reason = (f"error {rel:.2e} over tolerance {limit:.2e} (floor {tol:.1e}, "
                   f"eager's own error {eager_rel:.2e})")
     return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr)
+
+
+def layer_inputs(gm: fx.GraphModule, args: tuple, wanted=None) -> dict:
+    """{rewritten node: (its original subgraph's inputs, (op args, op kwargs))} as one forward
+    pass on `args` computes them (all rewritten nodes, or those in `wanted`)."""
+    seen = {}
+
+    class _Record(fx.Interpreter):
+        def run_node(self, n):
+            rw = n.meta.get("accelc")
+            if rw is not None and (wanted is None or n in wanted):
+                a, kw = self.fetch_args_kwargs_from_env(n)
+                seen[n] = ([self.env[i] for i in rw.inputs], (a, kw))
+            return super().run_node(n)
+
+    with torch.no_grad():
+        _Record(gm).run(*flat_inputs(gm, args))
+    return seen

@@ -22,14 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import runtime
 from accelc.api import _config, _to_dtype, device_of, optimize
 from accelc.baselines import ort
-from accelc.capture import flat_inputs
-from accelc.guard import _reference, rel_l2, sqnr_db
+from accelc.guard import _reference, layer_inputs, rel_l2, sqnr_db
 from accelc.latency import layer_ms, median_ms
 
 SCHEMA_VERSION = 1
@@ -160,23 +158,6 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _capture_layer_inputs(gm: fx.GraphModule, args: tuple) -> dict:
-    """{accelc node: (original inputs, (op args, op kwargs))} from one forward pass."""
-    seen = {}
-
-    class _Record(fx.Interpreter):
-        def run_node(self, n):
-            rw = n.meta.get("accelc")
-            if rw is not None:
-                a, kw = self.fetch_args_kwargs_from_env(n)
-                seen[n] = ([self.env[i] for i in rw.inputs], (a, kw))
-            return super().run_node(n)
-
-    with torch.no_grad():
-        _Record(gm).run(*flat_inputs(gm, args))
-    return seen
-
-
 def _errors(out, ref):
     """(rel L2, max abs, SQNR dB) of out vs ref over the finite reference entries."""
     outs, refs = pytree.tree_leaves(out), pytree.tree_leaves(ref)
@@ -228,7 +209,7 @@ def report(model, example_inputs, config=None, *, with_ort: bool = True, progres
 
     gm = opt.graph_module
     nodes = {n.meta["accelc"].layer: n for n in gm.graph.nodes if "accelc" in n.meta}
-    captured = _capture_layer_inputs(gm, args)
+    captured = layer_inputs(gm, args)
     timer = ("CUDA-graph median (L2 flushed)" if device.type == "cuda" else "CPU perf_counter median")
     rows: list[LayerRow] = []
     todo = [r for r in opt.layers if r.status == "rewritten" and r.name in nodes]

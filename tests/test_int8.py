@@ -158,6 +158,9 @@ def test_flash_attention_qk_int8(causal, dtype):
 # the pass, guard and revert on models
 
 def _int8_opt(model, x, **kw):
+    """int8 on every layer the filters allow: these tests are about the int8 path, not about
+    whether it is faster than float on their small shapes (test_only_if_faster)."""
+    kw.setdefault("only_if_faster", False)
     return accelc.optimize(model, x, accelc.OptimizeConfig(dtype="fp16", int8=Int8Config(**kw)))
 
 
@@ -241,7 +244,7 @@ def test_static_scales_from_calibration():
     x = torch.randn(16, 64, device=DEVICE).half()
     calib = [torch.randn(16, 64, device=DEVICE).half() * 1.2 for _ in range(3)]
     opt = accelc.optimize(model, x, accelc.OptimizeConfig(dtype="fp16", int8=Int8Config(
-        static=True, skip_first_last=False)), calibration=calib)
+        static=True, skip_first_last=False, only_if_faster=False)), calibration=calib)
     (rec,) = opt.layers
     assert rec.kind == "linear_int8" and "static" in rec.reason and rec.sqnr_db > 20
     assert any(n.kwargs.get("static_scale") is not None for n in opt.graph_module.graph.nodes
@@ -271,6 +274,23 @@ def test_min_rows_keeps_small_layers_float():
     opt = _int8_opt(model, x, min_rows=rows + 1)
     assert not any(r.kind == "linear_int8" for r in opt.layers)
     assert any("min_rows" in r.reason for r in opt.layers)
+
+
+def test_only_if_faster():
+    """On a GPU each int8 layer is timed against its float kernel and the slower one goes; in
+    the interpreter nothing is timed (its timings mean nothing) and int8 stays."""
+    model = accelc.models.get("transformer_mlp").to(DEVICE)
+    (x,) = model.example_inputs(2)
+    x = x.half()
+    opt = _int8_opt(model, x, only_if_faster=True)
+    candidates = [r for r in opt.layers if r.kind in ("linear", "linear_int8") and "skip_first_last" not in r.reason]
+    assert len(candidates) == 6
+    kept_float = [r for r in candidates if r.kind == "linear"]
+    for r in kept_float:
+        assert "float kernel kept (Int8Config.only_if_faster)" in r.reason and r.rel_error <= 2e-3, r
+    if DEVICE.type == "cpu":
+        assert not kept_float
+    assert rel_l2(opt(x), model.half()(x)) < 2e-2
 
 
 def test_config_validation():
