@@ -91,7 +91,10 @@ def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expecte
     if config.int8 is not None and config.int8.only_if_faster and device.type == "cuda" \
             and not runtime.interpreted():
         for node, note in _slower_int8(gm, args).items():
-            demoted[demote(gm, node, note)] = checks.pop(node, None)
+            check = checks.pop(node, None)
+            if check is not None:
+                note = f"int8 SQNR {check.sqnr_db:.1f} dB; {note}"
+            demoted[demote(gm, node, note)] = check
     if demoted:
         for node, check in check_layers(gm, args, config, only=set(demoted)).items():
             if check.passed:

@@ -102,6 +102,8 @@ def _int8_args(p) -> None:
                    help="with --int8: also the first and last linear layers")
     g.add_argument("--sqnr-floor", type=float, default=None, metavar="DB",
                    help="with --int8: guard floor in dB (default 20)")
+    g.add_argument("--int8-keep-slower", action="store_true",
+                   help="with --int8: keep int8 layers that are slower than their float kernel on the GPU")
 
 
 def _int8_config(args):
@@ -109,13 +111,14 @@ def _int8_config(args):
     from accelc.config import Int8Config
 
     extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers
-             or args.sqnr_floor is not None)
+             or args.sqnr_floor is not None or args.int8_keep_slower)
     if not args.int8:
         if extra:
-            raise ValueError("--int8-attention / --int8-smoothing / --int8-all-layers / --sqnr-floor need --int8")
+            raise ValueError("--int8-attention / --int8-smoothing / --int8-all-layers / --sqnr-floor / "
+                             "--int8-keep-slower need --int8")
         return False
     kw = dict(attention=args.int8_attention, smoothing=args.int8_smoothing,
-              skip_first_last=not args.int8_all_layers)
+              skip_first_last=not args.int8_all_layers, only_if_faster=not args.int8_keep_slower)
     if args.sqnr_floor is not None:
         kw["sqnr_floor"] = args.sqnr_floor
     return Int8Config(**kw)

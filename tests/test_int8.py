@@ -322,8 +322,13 @@ def test_save_keeps_only_int8_weights(tmp_path):
 def test_cli_int8(capsys):
     from accelc.cli import main
 
-    assert main(["optimize", "transformer_mlp", "--int8", "--batch-size", "2", "--device", str(DEVICE.type)]) == 0
+    assert main(["optimize", "transformer_mlp", "--int8", "--int8-keep-slower", "--batch-size", "2",
+                 "--device", str(DEVICE.type)]) == 0
     out = capsys.readouterr().out
     assert "accelc::linear_w8a8" in out and "SQNR" in out
+    # without --int8-keep-slower, on a GPU, each int8 layer is either kept or said to be slower
+    assert main(["optimize", "transformer_mlp", "--int8", "--batch-size", "2", "--device", str(DEVICE.type)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("accelc::linear_w8a8") + out.count("only_if_faster") == 6
     assert main(["optimize", "mlp", "--int8-attention"]) == 1
     assert "need --int8" in capsys.readouterr().err
