@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="convert the model to this dtype (default: keep the model's)")
     c.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
-    c.add_argument("--report", metavar="DIR", help="also write summary.txt and layers.json to DIR")
+    c.add_argument("--report", metavar="DIR",
+                   help="also write summary.txt, layers.json and the per-layer latency report "
+                        "(report.json / .csv / .md / .html, as `accelc report`) to DIR")
     _int8_args(c)
 
     r = sub.add_parser(

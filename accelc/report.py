@@ -73,6 +73,13 @@ class Report:
     end_to_end: LayerRow
     schema_version: int = SCHEMA_VERSION
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Report":
+        """A report read back from its JSON (e.g. to write it in another format)."""
+        validate(data)
+        return cls(header=data["header"], layers=[LayerRow(**r) for r in data["layers"]], totals=data["totals"],
+                   end_to_end=LayerRow(**data["end_to_end"]), schema_version=data["schema_version"])
+
     def to_dict(self) -> dict:
         return _clean({"schema_version": self.schema_version, "header": self.header,
                        "layers": [asdict(r) for r in self.layers], "totals": self.totals,
@@ -199,6 +206,15 @@ def report(model, example_inputs, config=None, *, with_ort: bool = True, progres
     config = _config(config)
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     opt = optimize(model, args, config)
+    return measure(opt, model, args, config, with_ort=with_ort, progress=progress, rep_ms=rep_ms,
+                   model_name=model_name)
+
+
+def measure(opt, model, args: tuple, config, *, with_ort: bool = True, progress: bool = True,
+            rep_ms: float = 100, model_name: str = "") -> Report:
+    """The report of `opt`, which accelc.optimize(model, args, config) returned (accelc convert
+    --report uses this, to not optimize twice)."""
+    config = _config(config)
     if config.dtype is not None:
         model, args = _to_dtype(model, args, config.dtype)
     model.eval()

@@ -205,7 +205,11 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     progress(f"writing {out}")
     save(opt, out)
     if report_dir:
+        from accelc.report import measure
+
         write_summary(opt, report_dir)
+        progress(f"timing every layer against eager and ONNX Runtime for {report_dir}/report.*")
+        measure(opt, model, args, config, model_name=str(source)).write(report_dir)
     return opt
 
 

@@ -1,4 +1,5 @@
 """`accelc convert`, accelc.save / accelc.load: round trips, and every bad input refused cleanly."""
+import json
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import torch
 
 import accelc
 from accelc.cli import main
+from accelc.report import validate
 from conftest import DEVICE, rel_l2
 
 DEV = ["--device", DEVICE.type]
@@ -51,6 +53,12 @@ def test_convert_full_module_file_with_shape_and_report(tmp_path, capsys):
     _matches_model(out, model.to(DEVICE), [(2, 16, 64), (5, 7, 64)])
     assert (tmp_path / "rep" / "summary.txt").read_text().startswith("accelc: 8 layer(s) rewritten")
     assert '"status": "rewritten"' in (tmp_path / "rep" / "layers.json").read_text()
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    validate(report)
+    rows = [r for r in report["layers"] if r["status"] == "rewritten"]
+    assert len(rows) == 8 and all(r["accelc_ms"] > 0 and r["eager_ms"] > 0 for r in rows)
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == [
+        "layers.json", "report.csv", "report.html", "report.json", "report.md", "summary.txt"]
 
 
 def test_convert_export_program_uses_its_example_inputs(tmp_path, capsys):

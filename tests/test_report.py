@@ -88,6 +88,8 @@ def test_json_schema_and_writers(mlp_report, tmp_path):
     assert page.count("<rect") >= 3 * 4 + 3
     if mlp_report.header["note"]:
         assert "NOT performance figures" in page and "NOT performance figures" in md
+    again = accelc.Report.from_dict(data)               # JSON round trip
+    assert again.to_markdown() == md and again.to_dict() == data
     with pytest.raises(ValueError, match="format"):
         mlp_report.write(tmp_path, formats=("pdf",))
 
