@@ -227,7 +227,7 @@ def _report(args) -> int:
 
 
 def _fmt_x(v) -> str:
-    return "n/a" if v is None else f"{v:.2f}x"
+    return "n/a" if v is None else (f"{v:.2f}x" if v >= 0.1 else f"{v:.2g}x")
 
 
 def _list_models() -> int:

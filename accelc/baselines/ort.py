@@ -106,9 +106,21 @@ def _short(e: Exception) -> str:
 
 @contextlib.contextmanager
 def _quiet():
-    """The exporters print warnings and progress for every call; a report exports dozens."""
+    """The exporters print warnings and progress for every call, and the TorchScript one prints
+    the whole graph of a failed export from C++; a report exports dozens of layers. Python's
+    streams and file descriptors 1 and 2 are silenced for the call (their errors still raise)."""
     level = logging.getLogger("torch.onnx").level
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    saved = []
+    try:
+        for fd in (1, 2):
+            saved.append((fd, os.dup(fd)))
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd, _ in saved:
+            os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:  # no real descriptors (an embedding host): Python-level silence only
+        pass
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -116,6 +128,9 @@ def _quiet():
             yield
         finally:
             logging.getLogger("torch.onnx").setLevel(level)
+            for fd, copy_fd in saved:
+                os.dup2(copy_fd, fd)
+                os.close(copy_fd)
 
 
 def _torch_export(module, tensors, path, dynamo: bool) -> None:
