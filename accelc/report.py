@@ -113,6 +113,8 @@ class Report:
         from accelc.serialize import atomic_path
 
         out = Path(out_dir)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"report folder {str(out)!r} exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
         makers = {"json": self.to_json, "csv": self.to_csv, "md": self.to_markdown, "html": self.to_html}
         unknown = [f for f in formats if f not in makers]

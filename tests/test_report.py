@@ -92,6 +92,9 @@ def test_json_schema_and_writers(mlp_report, tmp_path):
     assert again.to_markdown() == md and again.to_dict() == data
     with pytest.raises(ValueError, match="format"):
         mlp_report.write(tmp_path, formats=("pdf",))
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match="not a folder"):
+        mlp_report.write(tmp_path / "a_file")
 
 
 @pytest.mark.parametrize("name", ["vit"])
