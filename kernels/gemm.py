@@ -58,7 +58,7 @@ def _linear_kernel(
     ACTIVATION: tl.constexpr,
     # QUANT: 0 float operands; 1 int8 operands, int32 accumulators dequantized by a_scale (per
     # row of x) x w_scale (per output channel) before the epilogue; 2 int8, raw int32 stored
-    QUANT: tl.constexpr,
+    QUANT: tl.constexpr, FAST_MATH: tl.constexpr,
     # meta-parameters
     USE_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -118,7 +118,7 @@ def _linear_kernel(
         if QUANT != 2:
             res_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
             acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
-                           HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
+                           HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH)
         # (a TMA store of the tile measured slower than this one on H100: 858 vs 830 us at
         # 4096x4096x16384, bench/gemm_sweep.py)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
@@ -279,6 +279,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
     meta = dict(
         HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not out,
         RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
+        # int8 layers with half outputs: GELU on the SFU's tanh (kernels/epilogue.py)
+        FAST_MATH=quant == 1 and out.dtype in (torch.float16, torch.bfloat16),
         INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
         DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
     )

@@ -7,6 +7,9 @@ For x (..., K) in fp16 / bf16 / fp32 and a weight quantized once at optimize tim
     acc        = q @ w_q^T                                              int32, exact
     out        = act(acc * a_scale[:, None] * w_scale[None, :] + bias) (+ residual)   in x's dtype
 
+With half outputs GELU is computed in its tanh form on the SFU's tanh (FAST_MATH in
+kernels/epilogue.py).
+
 The GEMM is accelc::linear's kernel (kernels/gemm.py, the persistent TMA / pointer tile loop and
 the epilogue of kernels/epilogue.py) compiled with QUANT=1: int8 operands, an int32 accumulator
 on the int8 tensor cores (twice fp16's peak on H100), and the two scales applied to the fp32
@@ -33,12 +36,12 @@ _c = gemm._config
 # bench/gemm_sweep.py --int8 on an H200 (bench/results/gemm_sweep_int8-nvidia-h200.json, + GELU):
 # - 128x128x256, 3 stages, TMA: 569 us at 4096x4096x16384 (491 us without the GELU: 1120 TOPS,
 #   Inductor's best Triton int_mm 515 us), 21.4 us at 512x4096x4096; 128x256 tiles 673-686 us,
-#   256x128 615 us (which the autotuner's short timing once preferred), pointer loads 830-1190 us.
-#   GELU in the epilogue costs 83 us there (relu: none, gelu_tanh 63 us): the epilogue's math
-#   does not overlap the next tile's MMAs.
+#   256x128 615 us, pointer loads 830-1190 us. GELU in the epilogue cost 83 us there (relu
+#   none): the epilogue's math does not overlap the next tile's MMAs. With the FAST_MATH GELU
+#   (kernels/epilogue.py; sweep of 22:5x UTC): 256x128x128 473 us (1162 TOPS), 128x128x256 527 us.
 # - M <= 32: 16x32x512 pointer loads, 7.6 us at 16x4096x4096 (TMA 10.0 us).
 _CONFIGS = [
-    _c(128, 128, 256, 3, 8), _c(128, 128, 128, 4, 8), _c(64, 128, 128, 4, 4), _c(128, 128, 128, 4, 8, tma=False), _c(64, 128, 128, 4, 4, tma=False),
+    _c(256, 128, 128, 3, 8), _c(128, 128, 256, 3, 8), _c(128, 128, 128, 4, 8), _c(64, 128, 128, 4, 4), _c(128, 128, 128, 4, 8, tma=False), _c(64, 128, 128, 4, 4, tma=False),
     _c(32, 64, 256, 4, 4, tma=False), _c(16, 32, 512, 3, 4, tma=False, flatten=False),
     _c(16, 64, 256, 4, 4),
 ]
@@ -114,6 +117,8 @@ def int8_gemm_ref(q, a_scale, w_q, w_scale, bias=None, residual=None, activation
     if raw:
         return acc
     acc = acc.float() * a_scale[:, None] * w_scale[None, :]
+    if activation == "gelu" and out_dtype in (torch.float16, torch.bfloat16):
+        activation = "gelu_tanh"   # the kernel's FAST_MATH epilogue (kernels/epilogue.py)
     return epilogue_ref(acc, bias, residual, activation, residual_first).to(out_dtype)
 
 
