@@ -33,12 +33,13 @@ from accelc.latency import autotune_timer
 
 _c = gemm._config
 # int8 candidates: gemm.py's shapes with BLOCK_K doubled (same bytes per stage). From
-# bench/gemm_sweep.py --int8 on an H200 (bench/results/gemm_sweep_int8-nvidia-h200.json, + GELU):
+# bench/gemm_sweep.py --int8 on an H200 (+ GELU; exact GELU: gemm_sweep_int8_exact_gelu-nvidia-h200.json,
+# the FAST_MATH one: gemm_sweep_int8-nvidia-h200.json in bench/results):
 # - 128x128x256, 3 stages, TMA: 569 us at 4096x4096x16384 (491 us without the GELU: 1120 TOPS,
 #   Inductor's best Triton int_mm 515 us), 21.4 us at 512x4096x4096; 128x256 tiles 673-686 us,
 #   256x128 615 us, pointer loads 830-1190 us. GELU in the epilogue cost 83 us there (relu
 #   none): the epilogue's math does not overlap the next tile's MMAs. With the FAST_MATH GELU
-#   (kernels/epilogue.py; sweep of 22:5x UTC): 256x128x128 473 us (1162 TOPS), 128x128x256 527 us.
+#   (kernels/epilogue.py): 256x128x128 473 us (1162 TOPS, GELU ~20 us of it), 128x128x256 527 us.
 # - M <= 32: 16x32x512 pointer loads, 7.6 us at 16x4096x4096 (TMA 10.0 us).
 _CONFIGS = [
     _c(256, 128, 128, 3, 8), _c(128, 128, 256, 3, 8), _c(128, 128, 128, 4, 8), _c(64, 128, 128, 4, 4), _c(128, 128, 128, 4, 8, tma=False), _c(64, 128, 128, 4, 4, tma=False),
