@@ -289,7 +289,8 @@ def measure(opt, model, args: tuple, config, *, with_ort: bool = True, progress:
 
 
 def _limit(row, config) -> float:
-    tol = row.tolerance if row.tolerance == row.tolerance and row.tolerance else config.tolerance_for(torch.float32)
+    known = row.tolerance is not None and not math.isnan(row.tolerance)
+    tol = row.tolerance if known else config.tolerance_for(torch.float32)
     return max(tol, config.eager_error_factor * (row.eager_rel_error or 0.0))
 
 
