@@ -192,27 +192,18 @@ def _convert(args) -> int:
 
 def _report(args) -> int:
     import accelc
-    from accelc.serialize import load_example_inputs, load_model, parse_shapes
+    from accelc.report import FORMATS
+    from accelc.serialize import load_model_and_inputs
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
-    bad = [f for f in formats if f not in ("json", "csv", "md", "html")]
-    if bad or not formats:
-        raise ValueError(f"--format takes json, csv, md, html (comma-separated), not {args.format!r}")
+    if not formats or any(f not in FORMATS for f in formats):   # said now, not after measuring
+        raise ValueError(f"--format takes {', '.join(FORMATS)} (comma-separated), not {args.format!r}")
     dtype = args.dtype or ("fp16" if device.type == "cuda" else "fp32")
-    model, own = load_model(args.model, device)
-    if args.example_inputs:
-        inputs = load_example_inputs(args.example_inputs, device)
-    elif args.input_shape:
-        inputs = tuple(torch.randn(s, device=device) for s in parse_shapes(args.input_shape))
-    elif args.batch_size is not None and hasattr(model, "example_inputs"):
-        inputs = tuple(model.example_inputs(batch_size=args.batch_size))
-    elif own is not None:
-        inputs = own
-    else:
-        raise ValueError(f"{args.model!r} carries no example inputs: give --input-shape or --example-inputs")
+    model, inputs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
+                                          args.batch_size)
     rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args)),
                         with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model)
     for path in rep.write(args.output, formats):

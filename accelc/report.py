@@ -31,6 +31,7 @@ from accelc.guard import _reference, layer_inputs, rel_l2, sqnr_db
 from accelc.latency import layer_ms, median_ms
 
 SCHEMA_VERSION = 1
+FORMATS = ("json", "csv", "md", "html")
 INTERPRETER_NOTE = ("No GPU: accelc's Triton kernels ran in Triton's CPU interpreter and ONNX Runtime on its "
                     "CPU provider. The accelc timings below are NOT performance figures; they show only "
                     "that every layer ran and how accurate it was.")
@@ -107,7 +108,7 @@ class Report:
 
         return html(self)
 
-    def write(self, out_dir, formats=("json", "csv", "md", "html"), stem: str = "report") -> list[Path]:
+    def write(self, out_dir, formats=FORMATS, stem: str = "report") -> list[Path]:
         """Write the report files into out_dir (created if missing); returns their paths. Each file
         is written to a temporary name and renamed into place."""
         from accelc.serialize import atomic_path

@@ -182,16 +182,7 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     config = OptimizeConfig(dtype=dtype, int8=int8)
 
     progress(f"loading {source}")
-    model, own_inputs = load_model(source, dev)
-    if example_inputs:
-        args = load_example_inputs(example_inputs, dev)
-    elif input_shapes:
-        args = tuple(torch.randn(s, device=dev) for s in parse_shapes(input_shapes))
-    elif own_inputs is not None:
-        args = own_inputs
-    else:
-        raise ModelFileError(f"{source!r} carries no example inputs: give --input-shape (e.g. 8x3x224x224) "
-                             "or --example-inputs FILE")
+    model, args = load_model_and_inputs(source, dev, input_shapes, example_inputs)
     check_args = _to(args, config.dtype) if config.dtype is not None else args
     try:
         with torch.no_grad():
@@ -211,6 +202,23 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
         progress(f"timing every layer against eager and ONNX Runtime for {report_dir}/report.*")
         measure(opt, model, args, config, model_name=str(source)).write(report_dir)
     return opt
+
+
+def load_model_and_inputs(source: str, device: torch.device, input_shapes: str | None = None,
+                          example_inputs: str | None = None, batch_size: int | None = None):
+    """The model and the example inputs the CLI's flags ask for: a file of inputs, random inputs
+    of given shapes, a built-in model's own at `batch_size`, or those the model file carries."""
+    model, own_inputs = load_model(source, device)
+    if example_inputs:
+        return model, load_example_inputs(example_inputs, device)
+    if input_shapes:
+        return model, tuple(torch.randn(s, device=device) for s in parse_shapes(input_shapes))
+    if batch_size is not None and hasattr(model, "example_inputs"):
+        return model, tuple(model.example_inputs(batch_size=batch_size))
+    if own_inputs is not None:
+        return model, own_inputs
+    raise ModelFileError(f"{source!r} carries no example inputs: give --input-shape (e.g. 8x3x224x224) "
+                         "or --example-inputs FILE")
 
 
 def write_summary(opt: OptimizedModule, folder: str | os.PathLike) -> None:
