@@ -8,8 +8,9 @@ inputs (the values eager PyTorch would give that layer):
 The layer passes when ||accelc - ref|| / ||ref|| is within the dtype's floor or within
 `eager_error_factor` x eager's own error against the same reference, and is finite where the
 reference is. An int8 layer (Rewrite.quantized) is judged by its SQNR against the same reference
-instead, 10 log10(||ref||^2 / ||accelc - ref||^2) dB, which must reach Int8Config.sqnr_floor. The eager output is what flows on, so each layer is judged on its real inputs and
-one layer's error does not leak into the next one's verdict.
+instead, 10 log10(||ref||^2 / ||accelc - ref||^2) dB, which must reach Int8Config.sqnr_floor.
+The eager output is what flows on, so each layer is judged on its real inputs and one layer's
+error does not leak into the next one's verdict.
 """
 from __future__ import annotations
 
@@ -98,34 +99,44 @@ def _failed(ins, eager, config, reason):
                       config.tolerance_for(dtype) if dtype else math.nan, _shapes(ins), dtype, reason)
 
 
+def error_stats(out, ref) -> tuple[float, float]:
+    """(relative L2, max abs error) of `out` against `ref` where `ref` is finite; the worst over
+    the outputs' tensors."""
+    rel = max_abs = 0.0
+    for o, r in zip(pytree.tree_leaves(out), pytree.tree_leaves(ref)):
+        finite = torch.isfinite(r)
+        o = o.to(r.device)
+        rel = max(rel, rel_l2(o[finite], r[finite]))
+        if finite.any():
+            max_abs = max(max_abs, (o[finite].double() - r[finite].double()).abs().max().item())
+    return rel, max_abs
+
+
+def verdict(rel: float, eager_rel: float, tol: float, config, quantized: bool) -> str:
+    """Why a layer with this error fails the guard ("" if it passes): int8 layers against the
+    SQNR floor, float layers against max(tol, eager_error_factor x eager's error)."""
+    if quantized:
+        sqnr, floor = sqnr_db(rel), config.int8.sqnr_floor
+        return "" if sqnr >= floor else f"int8 SQNR {sqnr:.1f} dB under the floor {floor:g} dB"
+    limit = max(tol, config.eager_error_factor * eager_rel)
+    return "" if rel <= limit else (f"error {rel:.2e} over tolerance {limit:.2e} (floor {tol:.1e}, "
+                                    f"eager's own error {eager_rel:.2e})")
+
+
 def _compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:
     outs, eagers, refs = pytree.tree_leaves(out), pytree.tree_leaves(eager), pytree.tree_leaves(ref)
     dtype = eagers[0].dtype
     tol = config.tolerance_for(dtype)
-    rel = eager_rel = max_abs = 0.0
-    reason = ""
     for o, e, r in zip(outs, eagers, refs):
         if o.shape != e.shape or o.dtype != e.dtype:
             return LayerCheck(False, math.nan, math.nan, math.nan, tol, _shapes(ins), dtype,
                               f"output {tuple(o.shape)} {o.dtype} != eager {tuple(e.shape)} {e.dtype}")
-        if not torch.isfinite(o[torch.isfinite(r)]).all():
-            reason = "non-finite output where the reference is finite"
-        finite = torch.isfinite(r)
-        rel = max(rel, rel_l2(o[finite], r[finite]))
-        eager_rel = max(eager_rel, rel_l2(e[finite], r[finite]))
-        if finite.any():
-            max_abs = max(max_abs, (o[finite].double() - r[finite].double()).abs().max().item())
-    sqnr = sqnr_db(rel)
-    if quantized:
-        floor = config.int8.sqnr_floor
-        if not reason and not sqnr >= floor:
-            reason = f"int8 SQNR {sqnr:.1f} dB under the floor {floor:g} dB"
-        return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr)
-    limit = max(tol, config.eager_error_factor * eager_rel)
-    if not reason and not rel <= limit:
-        reason = (f"error {rel:.2e} over tolerance {limit:.2e} (floor {tol:.1e}, "
-                  f"eager's own error {eager_rel:.2e})")
-    return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr)
+    finite_ok = all(torch.isfinite(o[torch.isfinite(r)]).all() for o, r in zip(outs, refs))
+    rel, max_abs = error_stats(out, ref)
+    eager_rel = error_stats(eager, ref)[0]
+    reason = ("non-finite output where the reference is finite" if not finite_ok
+              else verdict(rel, eager_rel, tol, config, quantized))
+    return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr_db(rel))
 
 
 def layer_inputs(gm: fx.GraphModule, args: tuple, wanted=None) -> dict:

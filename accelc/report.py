@@ -22,12 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from torch.utils import _pytree as pytree
 
 from accelc import runtime
 from accelc.api import _config, _to_dtype, device_of, optimize
 from accelc.baselines import ort
-from accelc.guard import _reference, layer_inputs, rel_l2, sqnr_db
+from accelc.guard import _reference, error_stats, layer_inputs, sqnr_db, verdict
 from accelc.latency import layer_ms, median_ms
 
 SCHEMA_VERSION = 1
@@ -170,14 +169,7 @@ class _Progress:
 
 def _errors(out, ref):
     """(rel L2, max abs, SQNR dB) of out vs ref over the finite reference entries."""
-    outs, refs = pytree.tree_leaves(out), pytree.tree_leaves(ref)
-    rel = max_abs = 0.0
-    for o, r in zip(outs, refs):
-        o = o.to(r.device)
-        finite = torch.isfinite(r)
-        rel = max(rel, rel_l2(o[finite].to(r.dtype), r[finite]))
-        if finite.any():
-            max_abs = max(max_abs, (o[finite].double() - r[finite].double()).abs().max().item())
+    rel, max_abs = error_stats(out, ref)
     return rel, max_abs, sqnr_db(rel)
 
 
@@ -253,7 +245,7 @@ def measure(opt, model, args: tuple, config, *, with_ort: bool = True, progress:
             row.timer = timer if (g1 and g2) or device.type != "cuda" else "plain do_bench (graph capture failed)"
             row.accelc_rel_error, row.accelc_max_abs_error, row.accelc_sqnr_db = _errors(accelc_out, ref)
             row.eager_rel_error = _errors(eager_out, ref)[0]
-            row.accelc_pass = _passes(rec, row.accelc_rel_error, row, config)
+            row.accelc_pass = _passes(row.accelc_rel_error, row, config, rw.quantized)
             if ort_why_not:
                 row.ort_error = ort_why_not
             else:
@@ -262,7 +254,7 @@ def measure(opt, model, args: tuple, config, *, with_ort: bool = True, progress:
                 if outs is not None:
                     row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(
                         outs[0] if len(outs) == 1 else outs, ref)
-                    row.ort_pass = row.ort_rel_error <= _limit(row, config)
+                    row.ort_pass = _passes(row.ort_rel_error, row, config, quantized=False)
             row.speedup_vs_ort = _speedup(row.ort_ms, row.accelc_ms)
             row.speedup_vs_eager = _speedup(row.eager_ms, row.accelc_ms)
 
@@ -289,16 +281,11 @@ def measure(opt, model, args: tuple, config, *, with_ort: bool = True, progress:
                   layers=rows, totals=totals, end_to_end=e2e)
 
 
-def _limit(row, config) -> float:
+def _passes(rel, row, config, quantized: bool) -> bool:
+    """The guard's rule (accelc.guard.verdict), for a layer's accelc or ORT output."""
     known = row.tolerance is not None and not math.isnan(row.tolerance)
     tol = row.tolerance if known else config.tolerance_for(torch.float32)
-    return max(tol, config.eager_error_factor * (row.eager_rel_error or 0.0))
-
-
-def _passes(rec, rel, row, config) -> bool:
-    if rec.kind.endswith("_int8"):
-        return bool(row.accelc_sqnr_db is not None and row.accelc_sqnr_db >= config.int8.sqnr_floor)
-    return rel <= _limit(row, config)
+    return not verdict(rel, row.eager_rel_error or 0.0, tol, config, quantized)
 
 
 def _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer, tf32) -> LayerRow:
