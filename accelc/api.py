@@ -124,7 +124,7 @@ def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expecte
 def _slower_int8(gm, args) -> dict:
     """{int8 node: why it goes back to float} for the int8 layers whose kernel is slower than their
     float kernel on the example inputs (the report's timer, over a CUDA graph)."""
-    nodes = [n for n in gm.graph.nodes if "accelc" in n.meta and n.meta["accelc"].fallback is not None]
+    nodes = [n for n in gm.graph.nodes if "accelc" in n.meta and n.meta["accelc"].quantized]
     if not nodes:
         return {}
     captured = layer_inputs(gm, args, set(nodes))

@@ -77,10 +77,14 @@ class Rewrite:
     original: fx.GraphModule     # the replaced nodes as a module; placeholders <- inputs
     inputs: list = field(default_factory=list)   # main-graph nodes feeding original's placeholders
     aux: list = field(default_factory=list)      # nodes the pass added for the op (e.g. weight.t())
-    quantized: bool = False      # int8: judged by SQNR, not by the float tolerance
-    fallback: Fallback | None = None
+    fallback: Fallback | None = None   # int8 layers: their float call
     note: str = ""               # shown in the summary (why a layer stayed in float, ...)
     weight_bytes: tuple = ()     # int8 layers: (float weight bytes, int8 weight + scale bytes)
+
+    @property
+    def quantized(self) -> bool:
+        """int8 layers (the ones with a float fallback): judged by SQNR, not the float tolerance."""
+        return self.fallback is not None
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
-from accelc.kernels.quantize import _rint
+from accelc.kernels.quantize import _rint, quantize_ref
 from accelc.latency import autotune_timer
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -55,7 +55,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
             k_amax = tl.max(tl.abs(kt.to(tl.float32)), 0)                      # (BLOCK_N,)
             k_inv = tl.div_rn(127.0, tl.maximum(k_amax, 1e-30))
             kt8 = _rint(kt.to(tl.float32) * k_inv[None, :], USE_LIBDEVICE).to(tl.int8)
-            qk = tl.dot(q, kt8, out_dtype=tl.int32).to(tl.float32) * qk_scale[:, None] * tl.div_rn(k_amax, 127.0)[None, :]
+            k_scale = tl.div_rn(k_amax, 127.0)
+            qk = tl.dot(q, kt8, out_dtype=tl.int32).to(tl.float32) * qk_scale[:, None] * k_scale[None, :]
         else:
             if DOT_IN_FP32:
                 qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
@@ -228,8 +229,6 @@ def _default_config(L, D):
 
 def _quantize_rows(t):
     """int8 per-row (last dim) quantization as the kernel does it, returned dequantized."""
-    from accelc.kernels.quantize import quantize_ref
-
     q, s = quantize_ref(t)
     return q.to(t.dtype) * s[..., None].to(t.dtype)
 

@@ -128,7 +128,7 @@ def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
     new.meta.update({k: v for k, v in n.meta.items() if k != "accelc"})
     new.meta["accelc"] = Rewrite(
         layer=rw.layer, kind="linear_int8", kernel=rw.kernel.replace("accelc::linear", "accelc::linear_w8a8"),
-        original=rw.original, inputs=rw.inputs, aux=rw.aux + aux, quantized=True,
+        original=rw.original, inputs=rw.inputs, aux=rw.aux + aux,
         fallback=Fallback(n.target, n.args, dict(n.kwargs), rw.kind, rw.kernel, rw.aux),
         note=("static act scale; " if "static_scale" in kwargs else "")
         + (f"SmoothQuant alpha={cfg.smoothing}" if smooth is not None else ""),
@@ -146,7 +146,7 @@ def _to_int8_attention(gm, n: fx.Node) -> None:
     new.meta["accelc"] = Rewrite(
         layer=rw.layer, kind="attention_int8", kernel=rw.kernel.replace("accelc::flash_attention",
                                                                         "accelc::flash_attention[qk_int8]"),
-        original=rw.original, inputs=rw.inputs, aux=rw.aux, quantized=True,
+        original=rw.original, inputs=rw.inputs, aux=rw.aux,
         fallback=Fallback(n.target, n.args, dict(n.kwargs), rw.kind, rw.kernel, rw.aux))
     replace_uses(gm, n, new)
     g.erase_node(n)
