@@ -11,6 +11,7 @@ as PyTorch are listed with the reason and not timed: they are the same in eager 
 """
 from __future__ import annotations
 
+import copy
 import csv
 import datetime
 import io
@@ -246,17 +247,8 @@ def measure(opt, model, args: tuple, config, *, with_ort: bool = True, progress:
             row.accelc_rel_error, row.accelc_max_abs_error, row.accelc_sqnr_db = _errors(accelc_out, ref)
             row.eager_rel_error = _errors(eager_out, ref)[0]
             row.accelc_pass = _passes(row.accelc_rel_error, row, config, rw.quantized)
-            if ort_why_not:
-                row.ort_error = ort_why_not
-            else:
-                row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(
-                    rw.original, ins, device, workdir, rec.name, rep_ms, tf32)
-                if outs is not None:
-                    row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(
-                        outs[0] if len(outs) == 1 else outs, ref)
-                    row.ort_pass = _passes(row.ort_rel_error, row, config, quantized=False)
-            row.speedup_vs_ort = _speedup(row.ort_ms, row.accelc_ms)
-            row.speedup_vs_eager = _speedup(row.eager_ms, row.accelc_ms)
+            _fill_ort(row, rw.original, ins, ref, device, workdir, rec.name, rep_ms, tf32, ort_why_not)
+            row.ort_pass = None if row.ort_rel_error is None else _passes(row.ort_rel_error, row, config, False)
 
         bar.step("whole model")
         e2e = _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer, tf32)
@@ -299,22 +291,26 @@ def _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer, 
     row.accelc_ms, _ = layer_ms(lambda: opt(*args), device, rep_ms)
     row.accelc_rel_error, row.accelc_max_abs_error, row.accelc_sqnr_db = _errors(opt(*args), ref)
     row.eager_rel_error = _errors(model(*args), ref)[0]
+    _fill_ort(row, model, list(args), ref, device, workdir, "model", rep_ms, tf32, ort_why_not)
+    return row
+
+
+def _fill_ort(row, module, ins, ref, device, workdir, name, rep_ms, tf32, ort_why_not) -> None:
+    """ORT's time and errors for `module` on `ins` into `row`, then the speedups (eager and accelc
+    already timed)."""
     if ort_why_not:
         row.ort_error = ort_why_not
     else:
-        row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(model, list(args), device, workdir,
-                                                                       "model", rep_ms, tf32)
+        row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(module, ins, device, workdir, name,
+                                                                       rep_ms, tf32)
         if outs is not None:
             row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(
                 outs[0] if len(outs) == 1 else outs, ref)
     row.speedup_vs_ort = _speedup(row.ort_ms, row.accelc_ms)
     row.speedup_vs_eager = _speedup(row.eager_ms, row.accelc_ms)
-    return row
 
 
 def _upcast(model):
-    import copy
-
     p = next(iter(model.parameters()), None)
     target = torch.float64 if p is None or p.dtype == torch.float32 else torch.float32
     return copy.deepcopy(model).to(target)
