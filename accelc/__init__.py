@@ -8,12 +8,13 @@ from accelc import kernels  # noqa: F401  (registers torch.ops.accelc.*)
 from accelc import models
 from accelc.api import optimize
 from accelc.config import Int8Config, OptimizeConfig, PRESETS
-from accelc.errors import AccelcError, CaptureError, PassError
+from accelc.convert import convert
+from accelc.errors import AccelcError, CaptureError, ModelFileError, PassError
 from accelc.optimized import LayerRecord, OptimizedModule
 from accelc.report import Report, report
-from accelc.serialize import ModelFileError, convert, load, save
+from accelc.serialize import load, save
+from accelc.version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AccelcError", "CaptureError", "Int8Config", "LayerRecord", "ModelFileError", "OptimizeConfig",

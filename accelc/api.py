@@ -1,22 +1,20 @@
-"""accelc.optimize: capture, rewrite, guard, and hand back a drop-in module."""
+"""accelc.optimize: capture -> passes -> guard -> OptimizedModule."""
 from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import runtime
+from accelc import guard, meta, runtime
 from accelc.capture import capture
 from accelc.config import OptimizeConfig, PRESETS
-from accelc.guard import check_layers, layer_inputs, rel_l2, sqnr_db
-from accelc.latency import layer_ms
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
 from accelc.pipeline import run_passes
-from accelc.passes.int8 import CALIBRATION_KEY
-from accelc.rewrite import attr_value, demote, forget_replacements, revert
+from accelc.rewrite import PassContext, layers
 
 
 def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | None = None,
@@ -34,9 +32,27 @@ def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | No
     as PyTorch; OptimizedModule.summary() lists every one with its reason. The caller's model is
     left as it is, except that it is put in eval mode (accelc optimizes for inference).
     """
+    job = prepare(model, example_inputs, config, calibration, stacklevel=3)
+    runtime.warn_if_interpreted(stacklevel=2)
+    return optimize_prepared(job)
+
+
+@dataclass
+class Job:
+    """A model and its inputs made ready for optimizing: in the config's dtype, in eval mode. The
+    report times this same model against what optimize_prepared made of it."""
+    model: nn.Module
+    args: tuple
+    config: OptimizeConfig
+    calibration: list
+    device: torch.device
+
+
+def prepare(model: nn.Module, example_inputs, config=None, calibration=None, stacklevel: int = 2) -> Job:
+    """The checks and conversions of optimize() before capture (see there)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"optimize() takes an nn.Module, not {type(model).__name__}")
-    config = _config(config)
+    config = resolve_config(config)
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     if model.training:
         try:
@@ -45,118 +61,48 @@ def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | No
             pass  # a torch.export program (ep.module()): its mode was fixed when it was exported
         else:
             warnings.warn("accelc optimizes for inference: the model was in training mode and has been "
-                          "switched to eval() (dropout off, batch norm on running statistics)", stacklevel=2)
+                          "switched to eval() (dropout off, batch norm on running statistics)",
+                          stacklevel=stacklevel + 1)
     batches = [args] if calibration is None else [
         (b,) if isinstance(b, torch.Tensor) else tuple(b) for b in calibration]
     if config.dtype is not None:
-        model, args = _to_dtype(model, args, config.dtype)
-        batches = [_to_dtype(model, b, config.dtype)[1] for b in batches]
-    device = device_of(model, args)
-    runtime.warn_if_interpreted(stacklevel=2)
-
-    gm, method, expected = capture(model, args)
-    return optimize_graph(gm, args, config, method, expected, device, calibration=batches)
+        model, args = to_dtype(model, args, config.dtype)
+        batches = [to_dtype(model, b, config.dtype)[1] for b in batches]
+    return Job(model, args, config, batches, device_of(model, args))
 
 
-def optimize_graph(gm, args: tuple, config: OptimizeConfig, method: str, expected,
+def optimize_prepared(job: Job) -> OptimizedModule:
+    gm, method, expected = capture(job.model, job.args)
+    return optimize_graph(gm, job.args, job.config, method, expected, job.device, job.calibration)
+
+
+def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,
                    device: torch.device, calibration: list | None = None) -> OptimizedModule:
-    """Passes, guard and revert on a prepared graph (accelc.capture.prepare) whose output on
-    `args` is `expected`."""
-    if runtime.can_run_on(device):
-        gm.meta[CALIBRATION_KEY] = calibration if calibration is not None else [args]
-        try:
-            counts = run_passes(gm, config)
-        finally:
-            gm.meta.pop(CALIBRATION_KEY, None)
-    else:
-        counts = {}
-        for n in gm.graph.nodes:
-            n.meta["accelc_skip"] = (f"model on {device}: accelc kernels need a CUDA device "
-                                     "(or Triton's interpreter, TRITON_INTERPRET=1)")
-
-    checks = check_layers(gm, args, config) if config.guard else {}
-    reverted = {}
-    demoted = {}
-    for node, check in list(checks.items()):
-        if check.passed:
-            continue
-        rw = node.meta["accelc"]
-        del checks[node]
-        if rw.fallback is not None:
-            # an int8 layer under the SQNR floor: back to its float accelc kernel, checked below
-            demoted[demote(gm, node, f"{check.reason}: float kernel instead")] = check
-        else:
-            reverted[rw.layer] = (rw, check)
-            revert(gm, node, check.reason)
-    if config.int8 is not None and config.int8.only_if_faster and device.type == "cuda" \
-            and not runtime.interpreted():
-        for node, note in _slower_int8(gm, args).items():
-            check = checks.pop(node, None)
-            if check is not None:
-                note = f"int8 SQNR {check.sqnr_db:.1f} dB; {note}"
-            demoted[demote(gm, node, note)] = check
-    if demoted:
-        for node, check in check_layers(gm, args, config, only=set(demoted)).items():
-            if check.passed:
-                checks[node] = check
-            else:
-                reverted[node.meta["accelc"].layer] = (node.meta["accelc"], check)
-                revert(gm, node, check.reason)
-    forget_replacements(gm)
-    if demoted or config.int8 is not None:
-        gm.graph.eliminate_dead_code()   # weight.t() nodes the int8 layers no longer read
-    gm.graph.lint()
-    gm.recompile()
-
+    """Passes and guard on a prepared graph (accelc.capture.prepare) whose output on `args` is
+    `expected`."""
+    ctx = PassContext(config, args, calibration if calibration is not None else [args], device)
+    model_bytes = tensor_bytes([gm])
+    counts = run_passes(gm, ctx)
+    checks = guard.settle(gm, ctx)
+    weights = [rw.weight_bytes for rw in map(meta.rewrite_of, layers(gm)) if rw.weight_bytes]
+    # a module over the final graph holds exactly what the graph reads: not the float weights of
+    # layers now in int8
+    gm = fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)
     with torch.no_grad():
         got = gm(*args)
-    err = _output_error(got, expected)
-    weight_bytes = [n.meta["accelc"].weight_bytes for n in gm.graph.nodes
-                    if "accelc" in n.meta and n.meta["accelc"].weight_bytes]
+    err = output_error(got, expected)
+    originals = [meta.rewrite_of(n).original for n in layers(gm)]
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
                         end_to_end_rel_error=err, int8=config.int8 is not None,
-                        end_to_end_sqnr_db=sqnr_db(err),
-                        float_weight_bytes=sum(b[0] for b in weight_bytes),
-                        int8_weight_bytes=sum(b[1] for b in weight_bytes))
-    return OptimizedModule(gm, collect_layers(gm, checks, reverted), info, example_inputs=args)
+                        end_to_end_sqnr_db=guard.sqnr_db(err),
+                        float_weight_bytes=sum(b[0] for b in weights), int8_weight_bytes=sum(b[1] for b in weights),
+                        model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
+                        original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]))
+    return OptimizedModule(gm, collect_layers(gm, checks), info, example_inputs=args)
 
 
-def _slower_int8(gm, args) -> dict:
-    """{int8 node: why it goes back to float} for the int8 layers whose kernel is slower than their
-    float kernel on the example inputs (the report's timer, over a CUDA graph)."""
-    nodes = [n for n in gm.graph.nodes if "accelc" in n.meta and n.meta["accelc"].quantized]
-    if not nodes:
-        return {}
-    captured = layer_inputs(gm, args, set(nodes))
-    slower = {}
-    with torch.no_grad():
-        for n in nodes:
-            a, kw = captured[n][1]
-            fb = n.meta["accelc"].fallback
-            env = dict(zip(n.args, a))
-            fa = [_value(gm, x, env) for x in fb.args]
-            fkw = {k: _value(gm, v, env) for k, v in fb.kwargs.items()}
-            t8, _ = layer_ms(lambda: n.target(*a, **kw), a[0].device, rep_ms=20)
-            tf, _ = layer_ms(lambda: fb.target(*fa, **fkw), a[0].device, rep_ms=20)
-            if not t8 < tf:
-                slower[n] = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on the example inputs: "
-                             "float kernel kept (Int8Config.only_if_faster)")
-    return slower
-
-
-def _value(gm, x, env):
-    """The value of a float fallback's argument: shared with the int8 call, a parameter, or an op
-    on parameters (weight.t())."""
-    if not isinstance(x, fx.Node):
-        return x
-    if x in env:
-        return env[x]
-    if x.op == "get_attr":
-        return attr_value(gm, x)
-    return x.target(*[_value(gm, a, env) for a in x.args], **{k: _value(gm, v, env) for k, v in x.kwargs.items()})
-
-
-def _config(config) -> OptimizeConfig:
+def resolve_config(config) -> OptimizeConfig:
+    """An OptimizeConfig from what optimize() accepts: one, a PRESETS name, or None."""
     if config is None:
         return OptimizeConfig()
     if isinstance(config, str):
@@ -168,7 +114,9 @@ def _config(config) -> OptimizeConfig:
     return config
 
 
-def _to_dtype(model, args, dtype):
+def to_dtype(model, args, dtype):
+    """(model, args) in `dtype`: a converted copy of the model when its dtype differs (the caller's
+    is never converted in place), floating-point tensors of args converted."""
     p = next(iter(model.parameters()), None)
     if p is not None and p.dtype != dtype:
         model = copy.deepcopy(model).to(dtype)
@@ -185,7 +133,23 @@ def device_of(model, args) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def _output_error(got, expected) -> float:
-    errs = [rel_l2(g, e) for g, e in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected))
+def tensor_bytes(modules) -> int:
+    """Bytes of the parameters and buffers the modules hold, each storage counted once (tensors
+    shared between modules, or views of one another, are one)."""
+    seen, total = set(), 0
+    for m in modules:
+        for t in list(m.parameters()) + list(m.buffers()):
+            if t.device.type == "meta":
+                continue
+            key = (t.device, t.untyped_storage().data_ptr())
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+    return total
+
+
+def output_error(got, expected) -> float:
+    """The worst relative L2 error over the floating-point tensors of an output."""
+    errs = [guard.rel_l2(g, e) for g, e in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected))
             if isinstance(e, torch.Tensor) and e.is_floating_point()]
     return max(errs) if errs else 0.0

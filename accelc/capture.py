@@ -4,8 +4,8 @@
    `if mask is None`-style library code), torch.export (non-strict), whose ATen graph keeps the
    module path of every node in meta["nn_module_stack"]. The captured graph must reproduce the
    model's output on the example inputs, else the next method is tried.
-2. Every node gets meta["accelc_path"], the module path it came from ("blocks.0.fc1"), and
-   meta["accelc_meta"] (shape, dtype, device of its value on the example inputs).
+2. Every node gets its module path ("blocks.0.fc1"), module class, and the shape, dtype and
+   device of its value on the example inputs (accelc.meta names the keys).
 3. Canonical form: the many spellings of one operation become one, so a pattern is written once.
    nn.Linear / aten.linear -> F.linear(x, w, b) (b may be None); nn.Conv2d (zero padding) ->
    F.conv2d(x, w, b, stride, padding, dilation, groups); eval nn.BatchNorm2d -> F.batch_norm(x,
@@ -18,23 +18,17 @@ from __future__ import annotations
 
 import operator
 import re
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from accelc import meta
 from accelc.errors import CaptureError
+from accelc.kernels.epilogue import ACTIVATIONS
 
 aten = torch.ops.aten
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
 
 
 def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]:
@@ -89,45 +83,46 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else ""
 
 
+# How far a correct captured graph may differ from the model (the same ops, possibly regrouped
+# or decomposed by the tracer): a few roundings of the output's dtype.
+_SAME = {torch.float16: (2e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-4)}
+
+
 def _check_same(expected, got):
     exp_leaves, got_leaves = pytree.tree_leaves(expected), pytree.tree_leaves(got)
     if len(exp_leaves) != len(got_leaves):
         raise RuntimeError("the captured graph returns a different output structure than the model")
     for e, g in zip(exp_leaves, got_leaves):
-        if isinstance(e, torch.Tensor) and not torch.allclose(e, g, rtol=1e-5, atol=1e-6, equal_nan=True):
+        if not isinstance(e, torch.Tensor):
+            continue
+        rtol, atol = _SAME.get(e.dtype, (1e-5, 1e-6))
+        if not (isinstance(g, torch.Tensor) and g.shape == e.shape
+                and torch.allclose(e, g, rtol=rtol, atol=atol, equal_nan=True)):
             raise RuntimeError("the captured graph's output differs from the model's on the example inputs")
 
 
-def flat_inputs(gm: fx.GraphModule, args: tuple) -> list:
-    """The values of gm's placeholders for call arguments `args` (export graphs take them flat)."""
-    return list(gm.graph._codegen.process_inputs(*args))
-
-
 def record_meta(gm: fx.GraphModule, args: tuple):
-    """Run gm on `args`, storing each node's TensorMeta; returns gm's output."""
+    """Run gm on `args`, storing each node's TensorMeta; returns gm's output. (fx.Interpreter.run
+    flattens the arguments and unflattens the output through the graph's codegen itself: an export
+    graph takes its inputs flat.)"""
 
     class _Recorder(fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
             if isinstance(out, torch.Tensor):
-                n.meta["accelc_meta"] = TensorMeta(tuple(out.shape), out.dtype, out.device)
-            n.meta["accelc_none"] = out is None  # e.g. an optional mask argument left at None
+                meta.set_tensor_meta(n, out)
+            n.meta[meta.IS_NONE] = out is None  # e.g. an optional mask argument left at None
             return out
 
-    out = _Recorder(gm).run(*flat_inputs(gm, args))
-    return gm.graph._codegen.process_outputs(out)
-
-
-def tensor_meta(node) -> TensorMeta | None:
-    return node.meta.get("accelc_meta") if isinstance(node, fx.Node) else None
+    return _Recorder(gm).run(*args)
 
 
 # ---------------------------------------------------------------------------------------------
 # module paths
 
 def _annotate_paths(gm: fx.GraphModule) -> None:
-    """meta["accelc_path"]: the module path a node came from; meta["accelc_module_type"]: that
-    module's original class, qualified name (graph modules keep only stand-in containers)."""
+    """meta.PATH: the module path a node came from; meta.MODULE_TYPE: that module's original
+    class, qualified name (graph modules keep only stand-in containers)."""
     modules = dict(gm.named_modules())
     for n in gm.graph.nodes:
         stack = n.meta.get("nn_module_stack") or {}
@@ -137,8 +132,8 @@ def _annotate_paths(gm: fx.GraphModule) -> None:
             path, cls = n.target.rpartition(".")[0], None
         else:
             path, cls = (_clean_path(list(stack.values())[-1][0]), list(stack.values())[-1][1]) if stack else ("", None)
-        n.meta["accelc_path"] = path
-        n.meta["accelc_module_type"] = cls if cls is None or isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+        n.meta[meta.PATH] = path
+        n.meta[meta.MODULE_TYPE] = cls if cls is None or isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
 
 
 _TRACER_ROOT = re.compile(r"^(L\['[^']*'\]|L__self__)\.?")
@@ -153,7 +148,8 @@ def _clean_path(path: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # canonical form
 
-_ACTIVATION_MODULES = {nn.ReLU: F.relu, nn.SiLU: F.silu, nn.Sigmoid: torch.sigmoid, nn.Tanh: torch.tanh}
+# activation modules -> their ACTIVATIONS entry (kernels/epilogue.py), the one table of activations
+_ACTIVATION_MODULES = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
 _DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 
 # spelling -> canonical callable, for call_function targets
@@ -222,11 +218,12 @@ def _canonical_module(gm, n, mod):
             new = g.call_function(F.linear, (n.args[0], w, b))
         for a in (w, b):
             if a is not None:
-                a.meta["accelc_path"] = n.target
+                a.meta[meta.PATH] = n.target
         _swap(n, new)
     elif type(mod) in _ACTIVATION_MODULES and (not getattr(mod, "inplace", False) or _only_reader(n)):
+        fn, kwargs = ACTIVATIONS[_ACTIVATION_MODULES[type(mod)]]
         with g.inserting_before(n):
-            new = g.call_function(_ACTIVATION_MODULES[type(mod)], (n.args[0],))
+            new = g.call_function(fn, (n.args[0],), kwargs)
         _swap(n, new)
     elif type(mod) is nn.Conv2d and mod.padding_mode == "zeros":
         with g.inserting_before(n):
@@ -235,7 +232,7 @@ def _canonical_module(gm, n, mod):
             new = g.call_function(F.conv2d, (n.args[0], w, b, mod.stride, mod.padding, mod.dilation, mod.groups))
         for a in (w, b):
             if a is not None:
-                a.meta["accelc_path"] = n.target
+                a.meta[meta.PATH] = n.target
         _swap(n, new)
     elif type(mod) is nn.BatchNorm2d and not mod.training and mod.track_running_stats:
         with g.inserting_before(n):
@@ -244,7 +241,7 @@ def _canonical_module(gm, n, mod):
             new = g.call_function(F.batch_norm, (n.args[0], *ins, False, mod.momentum or 0.0, mod.eps))
         for a in ins:
             if a is not None:
-                a.meta["accelc_path"] = n.target
+                a.meta[meta.PATH] = n.target
         _swap(n, new)
     elif isinstance(mod, nn.GELU):
         with g.inserting_before(n):
@@ -277,11 +274,13 @@ def _retarget(n, target):
         if kwargs.get("dtype") is not None or dim is None or len(args) > 2 and args[2] is not False:
             return  # softmax with a dtype cast (or aten's half_to_float) stays as written
         args, kwargs = (args[0], dim), {}
-    elif target in _POSITIONAL:
-        names, defaults = _POSITIONAL[target]
+    elif target in _CANONICAL_ARGS:
+        names, defaults, n_positional = _CANONICAL_ARGS[target]
+        if set(kwargs) - set(names) or len(args) > len(names):
+            return  # an argument this table does not know: left as written
         bound = dict(zip(names, args))
-        args = tuple(bound.get(k, kwargs.pop(k, d)) for k, d in zip(names, defaults))
-        kwargs = {}
+        values = [bound[k] if k in bound else kwargs.get(k, d) for k, d in zip(names, defaults)]
+        args, kwargs = tuple(values[:n_positional]), dict(zip(names[n_positional:], values[n_positional:]))
     elif target is torch.transpose:
         args = (args[0], kwargs.pop("dim0", args[1] if len(args) > 1 else None),
                 kwargs.pop("dim1", args[2] if len(args) > 2 else None))
@@ -290,17 +289,22 @@ def _retarget(n, target):
         n.args = args[:1]
 
 
-# canonical callables whose arguments are all made positional: (names, defaults)
-_POSITIONAL = {
+# canonical callables whose arguments are all written out, in order: (names, defaults, how many
+# of them positionally; the rest as keywords, in this order). F.scaled_dot_product_attention takes
+# scale and enable_gqa only as keywords.
+_CANONICAL_ARGS = {
     F.conv2d: (("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
-               (None, None, None, 1, 0, 1, 1)),
+               (None, None, None, 1, 0, 1, 1), 7),
     F.batch_norm: (("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
-                   (None, None, None, None, None, False, 0.1, 1e-5)),
+                   (None, None, None, None, None, False, 0.1, 1e-5), 8),
+    F.scaled_dot_product_attention: (
+        ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+        (None, None, None, None, 0.0, False, None, False), 6),
 }
 
 
 def _gelu_kwargs(approximate: str) -> dict:
-    return {"approximate": "tanh"} if approximate == "tanh" else {}
+    return dict(ACTIVATIONS["gelu_tanh" if approximate == "tanh" else "gelu"][1])
 
 
 def _inplace_arg(n) -> bool:

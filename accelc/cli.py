@@ -17,10 +17,13 @@ import warnings
 
 import torch
 
+import accelc
+from accelc.config import Int8Config
+from accelc.convert import load_model_and_inputs
+from accelc.report import FORMATS
+
 
 def _parser() -> argparse.ArgumentParser:
-    import accelc
-
     p = argparse.ArgumentParser(
         prog="accelc",
         description="Rewrite a PyTorch model's layers into Triton kernels, check every rewritten "
@@ -110,8 +113,6 @@ def _int8_args(p) -> None:
 
 def _int8_config(args):
     """The Int8Config the int8 flags ask for, or False."""
-    from accelc.config import Int8Config
-
     extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers
              or args.sqnr_floor is not None or args.int8_keep_slower)
     if not args.int8:
@@ -164,8 +165,6 @@ def _one_line(e: Exception) -> str:
 
 
 def _optimize(args) -> int:
-    import accelc
-
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
@@ -179,8 +178,6 @@ def _optimize(args) -> int:
 
 
 def _convert(args) -> int:
-    import accelc
-
     opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                          example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
                          report_dir=args.report, int8=_int8_config(args),
@@ -191,10 +188,6 @@ def _convert(args) -> int:
 
 
 def _report(args) -> int:
-    import accelc
-    from accelc.report import FORMATS
-    from accelc.serialize import load_model_and_inputs
-
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
@@ -222,8 +215,6 @@ def _fmt_x(v) -> str:
 
 
 def _list_models() -> int:
-    import accelc
-
     for name in accelc.models.names():
         print(f"{name:18s} {accelc.models.describe(name)}")
     return 0

@@ -1,9 +1,11 @@
 """OptimizeConfig: what accelc.optimize does, validated once when it is made."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from accelc.pipeline import PASS_NAMES
 
 # Names accepted for `dtype`, as the CLI and configs spell them.
 DTYPES = {
@@ -102,7 +104,7 @@ class OptimizeConfig:
     """
 
     dtype: torch.dtype | str | None = None
-    passes: tuple[str, ...] = field(default_factory=lambda: _all_pass_names())
+    passes: tuple[str, ...] = PASS_NAMES
     fp32_precision: str = "ieee"
     guard: bool = True
     tolerance: float | None = None
@@ -125,10 +127,9 @@ class OptimizeConfig:
         if isinstance(self.passes, str):
             object.__setattr__(self, "passes", (self.passes,))
         object.__setattr__(self, "passes", tuple(self.passes))
-        known = _all_pass_names()
-        unknown = [p for p in self.passes if p not in known]
+        unknown = [p for p in self.passes if p not in PASS_NAMES]
         if unknown:
-            raise ValueError(f"unknown pass(es) {unknown}; known passes, in order: {list(known)}")
+            raise ValueError(f"unknown pass(es) {unknown}; known passes, in order: {list(PASS_NAMES)}")
         if self.fp32_precision not in ("ieee", "tf32"):
             raise ValueError(f"fp32_precision must be 'ieee' or 'tf32', not {self.fp32_precision!r}")
         if self.tolerance is not None and not self.tolerance > 0:
@@ -143,12 +144,6 @@ class OptimizeConfig:
         if dtype == torch.float32 and self.fp32_precision == "tf32":
             return DEFAULT_TOLERANCES["tf32"]
         return DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[torch.float32])
-
-
-def _all_pass_names() -> tuple[str, ...]:
-    from accelc.pipeline import PASSES  # the pipeline owns the order; imported late (cycle)
-
-    return tuple(name for name, _ in PASSES)
 
 
 PRESETS = {

@@ -11,3 +11,14 @@ class CaptureError(AccelcError):
 
 class PassError(AccelcError):
     """A graph pass raised; the message names the pass and the passes that ran before it."""
+
+
+class ModelFileError(AccelcError):
+    """A model file that accelc cannot read, or inputs that do not fit it."""
+
+
+def short_error(e: BaseException, limit: int = 300) -> str:
+    """`Type: first words of the message`, on one line: for messages that quote another
+    library's error (exporters and loaders print pages)."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit]}"

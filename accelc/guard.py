@@ -1,16 +1,26 @@
-"""Guard: every rewritten layer checked on the example inputs before the user gets it.
+"""Guard: owns the verdict on every rewritten layer before the user gets it.
 
-The rewritten graph runs once; at each accelc node three things are computed from the same
-inputs (the values eager PyTorch would give that layer):
+`settle(gm, ctx)` checks every layer on the example inputs, puts back what fails and returns the
+final check of every layer, by name:
+  1. a layer that fails goes back: an int8 layer to its float kernel (checked again in 3.), any
+     other to its original PyTorch subgraph (accelc.rewrite.revert, with the reason);
+  2. on a GPU, with Int8Config.only_if_faster, each int8 layer is timed against its float kernel
+     on the example inputs (the report's timer) and the slower one goes;
+  3. the layers moved back to float in 1. and 2. are checked again; one that fails goes back to
+     PyTorch;
+  4. an int8 layer that stays lets go of its float weights (accelc.rewrite.Rewrite.release_original).
+
+A check runs the rewritten graph once; at each accelc node three things are computed from the
+same inputs (the values eager PyTorch would give that layer):
   - the accelc kernel's output,
   - the original subgraph's output (eager PyTorch, in the model's dtype),
   - the original subgraph in higher precision (fp32 for half models, fp64 for fp32 ones).
 The layer passes when ||accelc - ref|| / ||ref|| is within the dtype's floor or within
 `eager_error_factor` x eager's own error against the same reference, and is finite where the
-reference is. An int8 layer (Rewrite.quantized) is judged by its SQNR against the same reference
-instead, 10 log10(||ref||^2 / ||accelc - ref||^2) dB, which must reach Int8Config.sqnr_floor.
-The eager output is what flows on, so each layer is judged on its real inputs and one layer's
-error does not leak into the next one's verdict.
+reference is. An int8 layer is judged by its SQNR against the same reference instead,
+10 log10(||ref||^2 / ||accelc - ref||^2) dB, which must reach Int8Config.sqnr_floor. The eager
+output is what flows on, so each layer is judged on its real inputs and one layer's error does
+not leak into the next one's verdict.
 """
 from __future__ import annotations
 
@@ -22,7 +32,9 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc.capture import flat_inputs
+from accelc import meta, runtime, tuning
+from accelc.latency import layer_ms
+from accelc.rewrite import demote, forget_replacements, layers, revert
 
 
 @dataclass
@@ -38,6 +50,113 @@ class LayerCheck:
     sqnr_db: float = math.nan       # vs the same reference
 
 
+def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
+    """Check, revert, demote, choose int8 or float, check again (module docstring); returns
+    {layer name: its final check} for every layer checked, reverted ones included."""
+    config, args = ctx.config, ctx.example_inputs
+    final: dict[fx.Node, LayerCheck] = {}
+    reverted: dict[str, LayerCheck] = {}
+    again: set = set()
+    for node, check in (check_layers(gm, args, config) if config.guard else {}).items():
+        rw = meta.rewrite_of(node)
+        if check.passed:
+            final[node] = check
+        elif rw.fallback is not None:
+            again.add(demote(gm, node, f"{check.reason}: float kernel instead"))
+        else:
+            reverted[rw.layer] = check
+            revert(gm, node, check.reason)
+    if config.int8 is not None and config.int8.only_if_faster and ctx.device.type == "cuda" \
+            and not runtime.interpreted():
+        int8 = [n for n in layers(gm) if meta.rewrite_of(n).quantized and meta.rewrite_of(n).fallback is not None]
+        for node, (t8, tf) in _race(gm, args, int8).items():
+            if t8 < tf:
+                continue
+            check = final.pop(node, None)
+            note = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on the example inputs: float kernel kept "
+                    "(Int8Config.only_if_faster)")
+            again.add(demote(gm, node, f"int8 SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
+    if again and config.guard:
+        for node, check in check_layers(gm, args, config, only=again).items():
+            if check.passed:
+                final[node] = check
+            else:
+                reverted[meta.rewrite_of(node).layer] = check
+                revert(gm, node, check.reason)
+    forget_replacements(gm)
+    _release_int8_float_weights(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return {**{meta.rewrite_of(n).layer: c for n, c in final.items()}, **reverted}
+
+
+# ---------------------------------------------------------------------------------------------
+# checking
+
+def check_layers(gm: fx.GraphModule, args: tuple, config, only=None) -> dict[fx.Node, LayerCheck]:
+    """Check every rewritten node (or those in `only`) on `args`. A kernel's first call tunes it
+    (accelc.tuning): the tuning log names the layer and how many are left."""
+    checks: dict[fx.Node, LayerCheck] = {}
+    todo = [n for n in layers(gm) if only is None or n in only]
+
+    class _Guard(LayerRunner):
+        def run_node(self, n):
+            rw = meta.rewrite_of(n)
+            if rw is None:
+                return super().run_node(n)
+            ins = [self.env[i] for i in rw.inputs]
+            eager = rw.original(*ins)
+            if only is not None and n not in only:
+                return eager
+            a, kw = self.fetch_args_kwargs_from_env(n)
+            try:
+                with tuning.task(f"layer {len(checks) + 1}/{len(todo)} {rw.layer}"):
+                    out = n.target(*a, **kw)
+            except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
+                checks[n] = _failed(ins, eager, config, f"kernel failed: {type(e).__name__}: {e}")
+                return eager
+            checks[n] = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
+            return eager
+
+    with torch.no_grad():
+        _Guard(gm).run(*args)
+    return checks
+
+
+class LayerRunner(fx.Interpreter):
+    """fx.Interpreter over a rewritten graph that keeps alive, until a rewritten node has run,
+    every value its original subgraph and its fallback read. The rewritten graph alone may have
+    stopped reading them: `x @ W.T` becomes linear(x, t(W.T)) while the original reads W.T, which
+    plain garbage collection frees once t(W.T) has run."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        seen, self.user_to_last_uses = set(), {}
+        for node in reversed(gm.graph.nodes):
+            reads = list(node.all_input_nodes)
+            rw = meta.rewrite_of(node)
+            if rw is not None:
+                reads += rw.inputs
+                if rw.fallback is not None:
+                    reads += [a for a in pytree.tree_leaves((rw.fallback.args, rw.fallback.kwargs))
+                              if isinstance(a, fx.Node)]
+            for n in reads:
+                if n not in seen:
+                    seen.add(n)
+                    self.user_to_last_uses.setdefault(node, []).append(n)
+
+
+def reference(original: fx.GraphModule, ins: list):
+    """A layer's original subgraph evaluated in higher precision (fp32 for half inputs, fp64 for
+    fp32 ones): what the guard and the report measure every side against."""
+    leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    low = leaves[0].dtype if leaves else torch.float32
+    ref_dtype = torch.float64 if low in (torch.float32, torch.float64) else torch.float32
+    module = copy.deepcopy(original).to(ref_dtype)
+    up = [t.to(ref_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ins]
+    return module(*up)
+
+
 def sqnr_db(rel_error: float) -> float:
     """Signal-to-quantization-noise ratio in dB from a relative L2 error."""
     if math.isnan(rel_error):
@@ -50,53 +169,6 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     denom = ref64.norm().item()
     num = (out.double() - ref64).norm().item()
     return num / denom if denom > 0 else num
-
-
-def check_layers(gm: fx.GraphModule, args: tuple, config, only=None) -> dict[fx.Node, LayerCheck]:
-    """Check every rewritten node (or those in `only`) on `args`."""
-    checks: dict[fx.Node, LayerCheck] = {}
-
-    class _Guard(fx.Interpreter):
-        def run_node(self, n):
-            rw = n.meta.get("accelc")
-            if rw is None or (only is not None and n not in only):
-                if rw is not None:
-                    return rw.original(*[self.env[i] for i in rw.inputs])
-                return super().run_node(n)
-            ins = [self.env[i] for i in rw.inputs]
-            eager = rw.original(*ins)
-            a, kw = self.fetch_args_kwargs_from_env(n)
-            try:
-                out = n.target(*a, **kw)
-            except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
-                checks[n] = _failed(ins, eager, config, f"kernel failed: {type(e).__name__}: {e}")
-                return eager
-            checks[n] = _compare(out, eager, _reference(rw.original, ins), ins, config, rw.quantized)
-            return eager
-
-    with torch.no_grad():
-        _Guard(gm).run(*flat_inputs(gm, args))
-    return checks
-
-
-def _reference(original: fx.GraphModule, ins: list):
-    """The original layer evaluated in higher precision."""
-    leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    low = leaves[0].dtype if leaves else torch.float32
-    ref_dtype = torch.float64 if low in (torch.float32, torch.float64) else torch.float32
-    module = copy.deepcopy(original).to(ref_dtype)
-    up = [t.to(ref_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ins]
-    return module(*up)
-
-
-def _shapes(ins):
-    return tuple(tuple(t.shape) for t in ins if isinstance(t, torch.Tensor))
-
-
-def _failed(ins, eager, config, reason):
-    dtype = eager.dtype if isinstance(eager, torch.Tensor) else None
-    return LayerCheck(False, math.nan, math.nan, math.nan,
-                      config.tolerance_for(dtype) if dtype else math.nan, _shapes(ins), dtype, reason)
 
 
 def error_stats(out, ref) -> tuple[float, float]:
@@ -123,11 +195,13 @@ def verdict(rel: float, eager_rel: float, tol: float, config, quantized: bool) -
                                     f"eager's own error {eager_rel:.2e})")
 
 
-def _compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:
+def compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:
+    """The check of one layer's output `out` (eager's `eager`, the reference `ref`, both on the
+    inputs `ins`)."""
     outs, eagers, refs = pytree.tree_leaves(out), pytree.tree_leaves(eager), pytree.tree_leaves(ref)
     dtype = eagers[0].dtype
     tol = config.tolerance_for(dtype)
-    for o, e, r in zip(outs, eagers, refs):
+    for o, e in zip(outs, eagers):
         if o.shape != e.shape or o.dtype != e.dtype:
             return LayerCheck(False, math.nan, math.nan, math.nan, tol, _shapes(ins), dtype,
                               f"output {tuple(o.shape)} {o.dtype} != eager {tuple(e.shape)} {e.dtype}")
@@ -139,19 +213,78 @@ def _compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:
     return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr_db(rel))
 
 
-def layer_inputs(gm: fx.GraphModule, args: tuple, wanted=None) -> dict:
-    """{rewritten node: (its original subgraph's inputs, (op args, op kwargs))} as one forward
-    pass on `args` computes them (all rewritten nodes, or those in `wanted`)."""
+def _shapes(ins):
+    return tuple(tuple(t.shape) for t in ins if isinstance(t, torch.Tensor))
+
+
+def _failed(ins, eager, config, reason):
+    dtype = eager.dtype if isinstance(eager, torch.Tensor) else None
+    return LayerCheck(False, math.nan, math.nan, math.nan,
+                      config.tolerance_for(dtype) if dtype else math.nan, _shapes(ins), dtype, reason)
+
+
+def layer_inputs(gm: fx.GraphModule, args: tuple, model=None) -> dict:
+    """{rewritten node: (its original subgraph's inputs, (op args, op kwargs))} as the guard's
+    forward pass on `args` computes them: eager outputs flow on from every layer, so these are the
+    inputs each layer was checked on. `model`: where layers whose float weights were released
+    (int8) read them (accelc.rewrite.Rewrite.eager)."""
     seen = {}
 
-    class _Record(fx.Interpreter):
+    class _Record(LayerRunner):
         def run_node(self, n):
-            rw = n.meta.get("accelc")
-            if rw is not None and (wanted is None or n in wanted):
-                a, kw = self.fetch_args_kwargs_from_env(n)
-                seen[n] = ([self.env[i] for i in rw.inputs], (a, kw))
-            return super().run_node(n)
+            rw = meta.rewrite_of(n)
+            if rw is None:
+                return super().run_node(n)
+            ins = [self.env[i] for i in rw.inputs]
+            seen[n] = (ins, self.fetch_args_kwargs_from_env(n))
+            return rw.eager(model)(*ins)
 
     with torch.no_grad():
-        _Record(gm).run(*flat_inputs(gm, args))
+        _Record(gm).run(*args)
     return seen
+
+
+# ---------------------------------------------------------------------------------------------
+# int8 or float
+
+def _race(gm, args, nodes) -> dict:
+    """{int8 node: (ms of its int8 call, ms of its float fallback)} on the inputs the guard checked
+    it on, timed like the report (over a CUDA graph)."""
+    nodes = set(nodes)
+    calls = {}
+
+    class _Calls(LayerRunner):
+        def run_node(self, n):
+            if n in nodes:
+                fb = meta.rewrite_of(n).fallback
+                a, kw = self.fetch_args_kwargs_from_env(n)
+                fa, fkw = self.map_nodes_to_values(fb.args, n), self.map_nodes_to_values(fb.kwargs, n)
+                calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
+                            lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw))
+            return super().run_node(n)
+
+    times = {}
+    with torch.no_grad():
+        if nodes:
+            _Calls(gm).run(*args)
+        for n, (ours, theirs) in calls.items():
+            device = meta.tensor_meta(n).device
+            times[n] = (layer_ms(ours, device, rep_ms=20)[0], layer_ms(theirs, device, rep_ms=20)[0])
+    return times
+
+
+def _release_int8_float_weights(gm: fx.GraphModule) -> None:
+    """An int8 layer that stays no longer needs its float call: its fallback goes, and the nodes
+    only that call read (weight.t(), the float weight's get_attr) leave the graph, so that the
+    optimized module built from it holds the int8 weights alone."""
+    for n in layers(gm):
+        rw = meta.rewrite_of(n)
+        if rw.quantized and rw.fallback is not None:
+            rw.release_original()
+    changed = True
+    while changed:   # nodes with no readers that only feed a float fallback: aux views, weight reads
+        changed = False
+        for n in reversed(list(gm.graph.nodes)):
+            if not n.users and (n.op == "get_attr" or (n.op == "call_function" and n.target is torch.t)):
+                gm.graph.erase_node(n)
+                changed = True

@@ -32,13 +32,14 @@ def median_ms(fn: Callable[[], object], device: torch.device | str = "cuda", cud
     return statistics.median(times)
 
 
-def autotune_timer(fn, quantiles):
-    """The timer accelc's kernels give triton.autotune: replays of a captured CUDA graph. Timing
-    plain launches would measure Triton's host-side launch cost (~100 us on the machines here)
-    instead of small kernels, and pick configs at random for them (seen at 16x4096x4096)."""
+def graph_kernel_us(fn) -> float:
+    """The tuner's timer (accelc.tuning), in microseconds: median over replays of a captured CUDA
+    graph. Timing plain launches would measure Triton's host-side launch cost (~100 us on the
+    machines here) instead of small kernels, and pick configs at random for them (seen at
+    16x4096x4096)."""
     import triton.testing
 
-    return triton.testing.do_bench_cudagraph(fn, rep=20, quantiles=quantiles)
+    return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
 
 
 def _graph_median_ms(fn, rep_ms: float) -> float:

@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, field
 
 from torch import fx, nn
 
+from accelc import meta
+from accelc.guard import LayerCheck
+from accelc.rewrite import layers as layer_nodes
 from accelc.rewrite import op_name
 
 # ops that only move or combine data; not listed as "kept" layers in the summary
@@ -20,19 +23,37 @@ _GLUE = {
 
 @dataclass
 class LayerRecord:
-    """One row of the summary (and, later, of the latency report)."""
+    """One layer of the summary, and of the latency report (which adds timings to it)."""
     name: str                       # module path of the node group, e.g. "blocks.0.fc1+gelu"
     kind: str                       # "linear" for rewrites; the op or module type for kept ones
     status: str                     # "rewritten" | "reverted" | "kept"
     kernel: str = ""                # e.g. "accelc::linear[gelu]"
     reason: str = ""                # why kept or reverted
-    input_shapes: tuple = ()
-    dtype: str = ""
-    rel_error: float = math.nan     # vs higher-precision reference (guard)
-    eager_rel_error: float = math.nan
-    max_abs_error: float = math.nan
-    tolerance: float = math.nan
-    sqnr_db: float = math.nan       # vs the same reference; the guard's measure for int8 layers
+    check: LayerCheck | None = None     # the guard's, for rewritten and reverted layers
+    input_shapes: tuple = ()        # kept layers (the others': their check's)
+    dtype: str = ""                 # kept layers (the others': their check's)
+
+    def __post_init__(self):
+        if self.check is not None:
+            self.input_shapes = self.check.input_shapes
+            self.dtype = str(self.check.dtype).replace("torch.", "") if self.check.dtype else ""
+
+    # the guard's numbers (NaN where the layer was not checked)
+    rel_error = property(lambda self: _num(self.check, "rel_error"))               # vs higher precision
+    eager_rel_error = property(lambda self: _num(self.check, "eager_rel_error"))
+    max_abs_error = property(lambda self: _num(self.check, "max_abs_error"))
+    tolerance = property(lambda self: _num(self.check, "tolerance"))
+    sqnr_db = property(lambda self: _num(self.check, "sqnr_db"))                   # int8 layers' measure
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "check"}
+        d.update({k: getattr(self, k) for k in ("rel_error", "eager_rel_error", "max_abs_error", "tolerance",
+                                                "sqnr_db")})
+        return d
+
+
+def _num(check, name) -> float:
+    return math.nan if check is None else getattr(check, name)
 
 
 @dataclass
@@ -45,6 +66,9 @@ class OptimizeInfo:
     end_to_end_sqnr_db: float = math.nan       # the same comparison in dB
     float_weight_bytes: int = 0                # of the layers now running in int8 ...
     int8_weight_bytes: int = 0                 # ... and what their int8 weights + scales take
+    model_weight_bytes: int = 0                # parameters + buffers of the captured model
+    weight_bytes: int = 0                      # ... of the optimized module's graph
+    original_weight_bytes: int = 0             # more held by the original layers kept for reports (folded BN)
 
 
 class OptimizedModule(nn.Module):
@@ -71,7 +95,7 @@ class OptimizedModule(nn.Module):
             return None if isinstance(v, float) and math.isnan(v) else v
         return {
             "info": {k: clean(v) for k, v in asdict(self.info).items()},
-            "layers": [{k: clean(v) for k, v in asdict(r).items()} for r in self.layers],
+            "layers": [{k: clean(v) for k, v in r.to_dict().items()} for r in self.layers],
         }
 
     def summary(self) -> str:
@@ -93,6 +117,10 @@ class OptimizedModule(nn.Module):
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
         lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
                      + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
+        lines.append(f"weights: model {_mb(self.info.model_weight_bytes)}, optimized module "
+                     f"{_mb(self.info.weight_bytes)}"
+                     + (f" (+ {_mb(self.info.original_weight_bytes)} held for the original layers the report "
+                        "times)" if self.info.original_weight_bytes else ""))
         if self.info.int8:
             n8 = sum(r.status == "rewritten" and r.kind.endswith("_int8") for r in self.layers)
             lines.append(f"int8: {n8} layer(s); their weights {_mb(self.info.float_weight_bytes)} in float, "
@@ -112,29 +140,29 @@ def _fmt(x: float) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1e}"
 
 
-def collect_layers(gm: fx.GraphModule, checks: dict, reverted: dict) -> list[LayerRecord]:
-    """Rows in graph order: rewritten layers (with their guard numbers), reverted layers, and
-    the remaining compute ops, which run as PyTorch."""
+def collect_layers(gm: fx.GraphModule, checks: dict) -> list[LayerRecord]:
+    """Rows in graph order: rewritten layers and reverted layers with the guard's `checks` (by
+    layer name), and the remaining compute ops, which run as PyTorch."""
     layers: list[LayerRecord] = []
     seen: set = set()
+    rewritten = set(layer_nodes(gm))
     for n in gm.graph.nodes:
-        rw = n.meta.get("accelc")
-        if rw is not None:
-            layers.append(_record(rw.layer, rw.kind, "rewritten", rw.kernel, rw.note, checks.get(n)))
+        if n in rewritten:
+            rw = meta.rewrite_of(n)
+            layers.append(LayerRecord(rw.layer, rw.kind, "rewritten", rw.kernel, rw.note, checks.get(rw.layer)))
             continue
-        if "accelc_reverted" in n.meta:
-            name, reason = n.meta["accelc_reverted"]
-            if name not in seen:
-                seen.add(name)
-                rw, check = reverted[name]
-                layers.append(_record(name, rw.kind, "reverted", rw.kernel, reason, check))
+        if meta.REVERTED in n.meta:
+            rw, reason = n.meta[meta.REVERTED]
+            if rw.layer not in seen:
+                seen.add(rw.layer)
+                layers.append(LayerRecord(rw.layer, rw.kind, "reverted", rw.kernel, reason, checks.get(rw.layer)))
             continue
         if n.op not in ("call_module", "call_function", "call_method"):
             continue
         if op_name(n) in _GLUE:
             continue
-        path = n.meta.get("accelc_path", "")
-        cls = n.meta.get("accelc_module_type") or ""
+        path = meta.path(n)
+        cls = n.meta.get(meta.MODULE_TYPE) or ""
         if path and cls.startswith("torch.nn.modules.") and cls != "torch.nn.modules.module.Module":
             name, kind = path, cls.rpartition(".")[2]      # a leaf layer: "blocks.0.norm", LayerNorm
         else:
@@ -145,24 +173,12 @@ def collect_layers(gm: fx.GraphModule, checks: dict, reverted: dict) -> list[Lay
         if name in seen:
             continue
         seen.add(name)
-        meta = n.meta.get("accelc_meta")
-        shapes = tuple(a.meta["accelc_meta"].shape for a in n.all_input_nodes if "accelc_meta" in a.meta
-                       and a.op != "get_attr")
+        value = meta.tensor_meta(n)
+        shapes = tuple(meta.tensor_meta(a).shape for a in n.all_input_nodes
+                       if meta.tensor_meta(a) is not None and a.op != "get_attr")
         layers.append(LayerRecord(
             name=name, kind=kind, status="kept", input_shapes=shapes,
-            dtype=str(meta.dtype).replace("torch.", "") if meta else "",
-            reason=n.meta.get("accelc_skip", f"no accelc rewrite for {kind}"),
+            dtype=str(value.dtype).replace("torch.", "") if value else "",
+            reason=meta.reason_kept(n) or f"no accelc rewrite for {kind}",
         ))
     return layers
-
-
-def _record(name, kind, status, kernel, reason, check) -> LayerRecord:
-    r = LayerRecord(name=name, kind=kind, status=status, kernel=kernel, reason=reason)
-    if check is not None:
-        r.input_shapes, r.dtype = check.input_shapes, str(check.dtype).replace("torch.", "")
-        r.rel_error, r.eager_rel_error = check.rel_error, check.eager_rel_error
-        r.max_abs_error, r.tolerance = check.max_abs_error, check.tolerance
-        r.sqnr_db = check.sqnr_db
-        if status == "reverted" and not r.reason:
-            r.reason = check.reason
-    return r

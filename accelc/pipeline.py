@@ -1,35 +1,42 @@
-"""The pass pipeline: an ordered list of rewrites, each (gm, config) -> matches made."""
+"""The pass pipeline: an ordered list of passes, each a table of rules (accelc.rewrite)."""
 from __future__ import annotations
 
 from torch import fx
 
+from accelc import meta, runtime
 from accelc.errors import PassError
 from accelc.passes import attention, conv_gemm, fold_bn, int8, linear_act
-from accelc.rewrite import forget_replacements
+from accelc.rewrite import PassContext, run_pass
 
-PASSES = [
-    ("fold_bn", fold_bn.run),
-    ("conv_gemm", conv_gemm.run),
-    ("attention", attention.run),   # first: it lowers nn.MultiheadAttention to linears + SDPA
-    ("linear_act", linear_act.run),
-    ("int8", int8.run),             # only with OptimizeConfig.int8: float accelc layers -> int8 kernels
-]
+PASSES = (
+    fold_bn.PASS,
+    conv_gemm.PASS,
+    attention.PASS,     # before linear_act: it lowers nn.MultiheadAttention to linears + SDPA
+    linear_act.PASS,
+    int8.PASS,          # only with OptimizeConfig.int8: float accelc layers -> int8 kernels
+)
+PASS_NAMES = tuple(p.name for p in PASSES)
 
 
-def run_passes(gm: fx.GraphModule, config) -> dict[str, int]:
-    """Run the passes `config.passes` names, in pipeline order; lint and recompile after each.
-    Returns {pass name: matches made}."""
+def run_passes(gm: fx.GraphModule, ctx: PassContext) -> dict[str, int]:
+    """Run the passes ctx.config.passes names, in pipeline order; lint and recompile after each.
+    Returns {pass name: rewrites made}. On a device accelc's kernels cannot use, nothing runs and
+    every node says why."""
+    reason = runtime.device_reason(ctx.device)
+    if reason:
+        for n in gm.graph.nodes:
+            meta.explain(n, reason)
+        return {}
     counts: dict[str, int] = {}
-    for name, fn in PASSES:
-        if name not in config.passes:
+    for p in PASSES:
+        if p.name not in ctx.config.passes:
             continue
         try:
-            counts[name] = fn(gm, config)
-            forget_replacements(gm)
+            counts[p.name] = run_pass(gm, p, ctx)
             gm.graph.lint()
             gm.recompile()
         except Exception as e:
             before = ", ".join(counts) or "none"
-            raise PassError(f"pass {name!r} failed (passes run before it: {before}): "
+            raise PassError(f"pass {p.name!r} failed (passes run before it: {before}): "
                             f"{type(e).__name__}: {e}") from e
     return counts

@@ -19,16 +19,22 @@ import json
 import math
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
+import triton
 
-from accelc import runtime
-from accelc.api import _config, _to_dtype, device_of, optimize
+from accelc import guard, meta, report_html, runtime
+from accelc.api import Job, optimize_prepared, prepare
 from accelc.baselines import ort
-from accelc.guard import _reference, error_stats, layer_inputs, sqnr_db, verdict
+from accelc.errors import short_error
+from accelc.files import write_text
+from accelc.guard import LayerCheck, error_stats, sqnr_db, verdict
 from accelc.latency import layer_ms, median_ms
+from accelc.optimized import LayerRecord
+from accelc.rewrite import layers
+from accelc.version import __version__
 
 SCHEMA_VERSION = 1
 FORMATS = ("json", "csv", "md", "html")
@@ -39,31 +45,61 @@ INTERPRETER_NOTE = ("No GPU: accelc's Triton kernels ran in Triton's CPU interpr
 
 @dataclass
 class LayerRow:
-    layer: str
-    kind: str
-    status: str                       # rewritten | reverted | kept
-    kernel: str = ""
-    reason: str = ""                  # why kept / reverted / float, and export failures
-    input_shape: str = ""
-    dtype: str = ""
+    """One layer of the report: the optimizer's record of it (kind, status, kernel, the guard's
+    check: one error figure for a layer everywhere) and what the report adds, the times of the
+    three sides and ONNX Runtime's numbers."""
+    record: LayerRecord
     eager_ms: float | None = None
     ort_ms: float | None = None
     accelc_ms: float | None = None
-    speedup_vs_ort: float | None = None
-    speedup_vs_eager: float | None = None
-    accelc_rel_error: float | None = None    # vs the fp32 (fp64 for fp32 layers) reference
-    accelc_max_abs_error: float | None = None
-    accelc_sqnr_db: float | None = None
-    accelc_pass: bool | None = None
     ort_rel_error: float | None = None
     ort_max_abs_error: float | None = None
     ort_sqnr_db: float | None = None
     ort_pass: bool | None = None
-    eager_rel_error: float | None = None
-    tolerance: float | None = None
     ort_export: str = ""              # which exporter produced the ONNX file ORT ran
     ort_error: str = ""               # why ORT has no number for this layer
     timer: str = ""                   # how eager / accelc / ORT were timed
+
+    # the record's fields under the report's names
+    layer = property(lambda self: self.record.name)
+    kind = property(lambda self: self.record.kind)
+    status = property(lambda self: self.record.status)
+    kernel = property(lambda self: self.record.kernel)
+    reason = property(lambda self: self.record.reason)
+    dtype = property(lambda self: self.record.dtype)
+    input_shape = property(lambda self: " ".join("x".join(map(str, s)) for s in self.record.input_shapes[:1]))
+    accelc_rel_error = property(lambda self: self.record.rel_error)         # vs the fp32 (fp64 for fp32 layers) reference
+    accelc_max_abs_error = property(lambda self: self.record.max_abs_error)
+    accelc_sqnr_db = property(lambda self: self.record.sqnr_db)
+    eager_rel_error = property(lambda self: self.record.eager_rel_error)
+    tolerance = property(lambda self: self.record.tolerance)
+    # the guard's verdict; the whole-model row (status "") has none
+    accelc_pass = property(lambda self: self.record.check.passed if self.record.check and self.status else None)
+    speedup_vs_ort = property(lambda self: _speedup(self.ort_ms, self.accelc_ms))
+    speedup_vs_eager = property(lambda self: _speedup(self.eager_ms, self.accelc_ms))
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ROW_FIELDS}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayerRow":
+        shapes = tuple(tuple(int(x) for x in s.split("x")) for s in d["input_shape"].split()) if d["input_shape"] else ()
+        check = None
+        if d["accelc_pass"] is not None or d["accelc_rel_error"] is not None:
+            num = {k: math.nan if d[k] is None else d[k] for k in
+                   ("accelc_rel_error", "eager_rel_error", "accelc_max_abs_error", "tolerance", "accelc_sqnr_db")}
+            check = LayerCheck(bool(d["accelc_pass"] in (True, None)), num["accelc_rel_error"], num["eager_rel_error"],
+                               num["accelc_max_abs_error"], num["tolerance"], shapes,
+                               getattr(torch, d["dtype"]) if d["dtype"] else None, sqnr_db=num["accelc_sqnr_db"])
+        record = LayerRecord(d["layer"], d["kind"], d["status"], d["kernel"], d["reason"], check, shapes, d["dtype"])
+        return cls(record, **{f.name: d[f.name] for f in fields(cls) if f.name != "record"})
+
+
+# the JSON / CSV columns of a row, in order
+ROW_FIELDS = ("layer", "kind", "status", "kernel", "reason", "input_shape", "dtype", "eager_ms", "ort_ms", "accelc_ms",
+              "speedup_vs_ort", "speedup_vs_eager", "accelc_rel_error", "accelc_max_abs_error", "accelc_sqnr_db",
+              "accelc_pass", "ort_rel_error", "ort_max_abs_error", "ort_sqnr_db", "ort_pass", "eager_rel_error",
+              "tolerance", "ort_export", "ort_error", "timer")
 
 
 @dataclass
@@ -78,41 +114,35 @@ class Report:
     def from_dict(cls, data: dict) -> "Report":
         """A report read back from its JSON (e.g. to write it in another format)."""
         validate(data)
-        return cls(header=data["header"], layers=[LayerRow(**r) for r in data["layers"]], totals=data["totals"],
-                   end_to_end=LayerRow(**data["end_to_end"]), schema_version=data["schema_version"])
+        return cls(header=data["header"], layers=[LayerRow.from_dict(r) for r in data["layers"]],
+                   totals=data["totals"], end_to_end=LayerRow.from_dict(data["end_to_end"]),
+                   schema_version=data["schema_version"])
 
     def to_dict(self) -> dict:
         return _clean({"schema_version": self.schema_version, "header": self.header,
-                       "layers": [asdict(r) for r in self.layers], "totals": self.totals,
-                       "end_to_end": asdict(self.end_to_end)})
+                       "layers": [r.to_dict() for r in self.layers], "totals": self.totals,
+                       "end_to_end": self.end_to_end.to_dict()})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
 
     def to_csv(self) -> str:
         buf = io.StringIO()
-        names = list(LayerRow.__dataclass_fields__)
-        w = csv.DictWriter(buf, fieldnames=names)
+        w = csv.DictWriter(buf, fieldnames=list(ROW_FIELDS))
         w.writeheader()
         for r in self.layers + [self.end_to_end]:
-            w.writerow({k: ("" if v is None else v) for k, v in _clean(asdict(r)).items()})
+            w.writerow({k: ("" if v is None else v) for k, v in _clean(r.to_dict()).items()})
         return buf.getvalue()
 
     def to_markdown(self) -> str:
-        from accelc.report_html import markdown
-
-        return markdown(self)
+        return report_html.markdown(self)
 
     def to_html(self) -> str:
-        from accelc.report_html import html
-
-        return html(self)
+        return report_html.html(self)
 
     def write(self, out_dir, formats=FORMATS, stem: str = "report") -> list[Path]:
         """Write the report files into out_dir (created if missing); returns their paths. Each file
         is written to a temporary name and renamed into place."""
-        from accelc.serialize import atomic_path
-
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise ValueError(f"report folder {str(out)!r} exists and is not a folder")
@@ -124,8 +154,7 @@ class Report:
         paths = []
         for f in formats:
             path = out / f"{stem}.{f}"
-            with atomic_path(path) as tmp:
-                Path(tmp).write_text(makers[f]())
+            write_text(path, makers[f]())
             paths.append(path)
         return paths
 
@@ -192,66 +221,55 @@ def _ort_measure(module, ins, device, workdir, name, rep_ms, tf32):
         ms = median_ms(runner.run, runner.device if runner.on_gpu else torch.device("cpu"), rep_ms=rep_ms)
         return ms, outs, exp.method + (" +cuda graph" if runner.cuda_graph else ""), ""
     except Exception as e:  # ORT accepted the file but could not run it on these inputs
-        return None, None, exp.method, f"ORT run failed: {ort._short(e)}"
+        return None, None, exp.method, f"ORT run failed: {short_error(e)}"
 
 
 def report(model, example_inputs, config=None, *, with_ort: bool = True, progress: bool = True,
            rep_ms: float = 100, model_name: str = "") -> Report:
-    """Optimize `model` (accelc.optimize with `config`), then time and check every rewritten layer
-    and the whole model three ways. See the module docstring."""
-    config = _config(config)
-    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    opt = optimize(model, args, config)
-    return measure(opt, model, args, config, with_ort=with_ort, progress=progress, rep_ms=rep_ms,
-                   model_name=model_name)
+    """Optimize `model` (accelc.optimize with `config`), then time every rewritten layer and the
+    whole model three ways. See the module docstring."""
+    job = prepare(model, example_inputs, config)
+    opt = optimize_prepared(job)
+    return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms,
+                   model_name=model_name or type(model).__name__)
 
 
-def measure(opt, model, args: tuple, config, *, with_ort: bool = True, progress: bool = True,
-            rep_ms: float = 100, model_name: str = "") -> Report:
-    """The report of `opt`, which accelc.optimize(model, args, config) returned (accelc convert
-    --report uses this, to not optimize twice)."""
-    config = _config(config)
-    if config.dtype is not None:
-        model, args = _to_dtype(model, args, config.dtype)
-    model.eval()
-    device = device_of(model, args)
+def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_ms: float = 100,
+            model_name: str = "") -> Report:
+    """The report of `opt`, which accelc.optimize made of the prepared `job` (accelc.api.prepare;
+    accelc convert --report uses this, to not optimize twice). Each layer runs on the inputs the
+    guard checked it on (the same forward pass), and its accelc error is the guard's."""
+    model, args, config, device = job.model, job.args, job.config, job.device
     interpreted = runtime.interpreted() or device.type != "cuda"
     ort_why_not = ort.available() if with_ort else "ONNX Runtime not asked for (with_ort=False)"
     tf32 = config.fp32_precision == "tf32"
 
     gm = opt.graph_module
-    nodes = {n.meta["accelc"].layer: n for n in gm.graph.nodes if "accelc" in n.meta}
-    captured = layer_inputs(gm, args)
+    nodes = {meta.rewrite_of(n).layer: n for n in layers(gm)}
+    captured = guard.layer_inputs(gm, args, model)
     timer = ("CUDA-graph median (L2 flushed)" if device.type == "cuda" else "CPU perf_counter median")
     rows: list[LayerRow] = []
     todo = [r for r in opt.layers if r.status == "rewritten" and r.name in nodes]
     bar = _Progress(len(todo) + 1, progress)
     with tempfile.TemporaryDirectory(prefix="accelc-report-") as workdir, torch.no_grad():
         for rec in opt.layers:
-            row = LayerRow(layer=rec.name, kind=rec.kind, status=rec.status, kernel=rec.kernel, reason=rec.reason,
-                           input_shape=" ".join("x".join(map(str, s)) for s in rec.input_shapes[:1]),
-                           dtype=rec.dtype, tolerance=rec.tolerance)
+            row = LayerRow(rec)
             rows.append(row)
             if rec.status != "rewritten" or rec.name not in nodes:
                 continue
             bar.step(rec.name)
             node = nodes[rec.name]
-            rw = node.meta["accelc"]
+            rw = meta.rewrite_of(node)
+            original = rw.eager(model)       # int8 layers: their float weights live in the model
             ins, (a, kw) = captured[node]
-            ref = _reference(rw.original, ins)
-            eager_out = rw.original(*ins)
-            accelc_out = node.target(*a, **kw)
-            row.eager_ms, g1 = layer_ms(lambda: rw.original(*ins), device, rep_ms)
+            row.eager_ms, g1 = layer_ms(lambda: original(*ins), device, rep_ms)
             row.accelc_ms, g2 = layer_ms(lambda: node.target(*a, **kw), device, rep_ms)
             row.timer = timer if (g1 and g2) or device.type != "cuda" else "plain do_bench (graph capture failed)"
-            row.accelc_rel_error, row.accelc_max_abs_error, row.accelc_sqnr_db = _errors(accelc_out, ref)
-            row.eager_rel_error = _errors(eager_out, ref)[0]
-            row.accelc_pass = _passes(row.accelc_rel_error, row, config, rw.quantized)
-            _fill_ort(row, rw.original, ins, ref, device, workdir, rec.name, rep_ms, tf32, ort_why_not)
-            row.ort_pass = None if row.ort_rel_error is None else _passes(row.ort_rel_error, row, config, False)
+            _fill_ort(row, original, ins, lambda: guard.reference(original, ins), device, workdir, rec.name,
+                      rep_ms, tf32, ort_why_not, config)
 
         bar.step("whole model")
-        e2e = _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer, tf32)
+        e2e = _whole_model(model, opt, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32)
         bar.close()
 
     timed = [r for r in rows if r.accelc_ms is not None]
@@ -273,41 +291,29 @@ def measure(opt, model, args: tuple, config, *, with_ort: bool = True, progress:
                   layers=rows, totals=totals, end_to_end=e2e)
 
 
-def _passes(rel, row, config, quantized: bool) -> bool:
-    """The guard's rule (accelc.guard.verdict), for a layer's accelc or ORT output."""
-    known = row.tolerance is not None and not math.isnan(row.tolerance)
-    tol = row.tolerance if known else config.tolerance_for(torch.float32)
-    return not verdict(rel, row.eager_rel_error or 0.0, tol, config, quantized)
-
-
-def _whole_model(model, opt, args, device, workdir, ort_why_not, rep_ms, timer, tf32) -> LayerRow:
-    row = LayerRow(layer="end-to-end (whole model)", kind="model", status="", kernel="accelc.optimize",
-                   input_shape=" ".join("x".join(map(str, t.shape)) for t in args if isinstance(t, torch.Tensor)),
-                   timer=timer)
-    ref_model = _upcast(model)
-    ref = ref_model(*[t.to(torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else torch.float64)
-                      if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args])
+def _whole_model(model, opt, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32) -> LayerRow:
+    ref = _upcast(model)(*[t.to(torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else torch.float64)
+                           if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args])
+    check = guard.compare(opt(*args), model(*args), ref, list(args), config)
+    row = LayerRow(LayerRecord("end-to-end (whole model)", "model", "", "accelc.optimize", check=check), timer=timer)
     row.eager_ms, _ = layer_ms(lambda: model(*args), device, rep_ms)
     row.accelc_ms, _ = layer_ms(lambda: opt(*args), device, rep_ms)
-    row.accelc_rel_error, row.accelc_max_abs_error, row.accelc_sqnr_db = _errors(opt(*args), ref)
-    row.eager_rel_error = _errors(model(*args), ref)[0]
-    _fill_ort(row, model, list(args), ref, device, workdir, "model", rep_ms, tf32, ort_why_not)
+    _fill_ort(row, model, list(args), lambda: ref, device, workdir, "model", rep_ms, tf32, ort_why_not, config)
     return row
 
 
-def _fill_ort(row, module, ins, ref, device, workdir, name, rep_ms, tf32, ort_why_not) -> None:
-    """ORT's time and errors for `module` on `ins` into `row`, then the speedups (eager and accelc
-    already timed)."""
+def _fill_ort(row, module, ins, ref, device, workdir, name, rep_ms, tf32, ort_why_not, config) -> None:
+    """ORT's time, errors against the reference `ref()` and verdict (the guard's rule) for `module`
+    on `ins`, into `row`."""
     if ort_why_not:
         row.ort_error = ort_why_not
-    else:
-        row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(module, ins, device, workdir, name,
-                                                                       rep_ms, tf32)
-        if outs is not None:
-            row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(
-                outs[0] if len(outs) == 1 else outs, ref)
-    row.speedup_vs_ort = _speedup(row.ort_ms, row.accelc_ms)
-    row.speedup_vs_eager = _speedup(row.eager_ms, row.accelc_ms)
+        return
+    row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(module, ins, device, workdir, name, rep_ms, tf32)
+    if outs is not None:
+        row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(outs[0] if len(outs) == 1 else outs, ref())
+        if row.status:
+            tol = row.tolerance if not math.isnan(row.tolerance) else config.tolerance_for(torch.float32)
+            row.ort_pass = not verdict(row.ort_rel_error, row.eager_rel_error or 0.0, tol, config, False)
 
 
 def _upcast(model):
@@ -317,10 +323,6 @@ def _upcast(model):
 
 
 def _header(name, opt, config, device, args, interpreted, ort_why_not, timer) -> dict:
-    import triton
-
-    import accelc
-
     if device.type == "cuda":
         dev = torch.cuda.get_device_name(device)
     else:
@@ -329,7 +331,7 @@ def _header(name, opt, config, device, args, interpreted, ort_why_not, timer) ->
         "model": name,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": dev,
-        "versions": {"accelc": accelc.__version__, "torch": torch.__version__, "triton": triton.__version__,
+        "versions": {"accelc": __version__, "torch": torch.__version__, "triton": triton.__version__,
                      "onnxruntime": _ort_version(), "cuda": torch.version.cuda},
         "ort": ort_why_not or ort.provider_note(device),
         "dtype": str(config.dtype or _dtype_of(args)).replace("torch.", ""),

@@ -1,28 +1,57 @@
-"""What every pass uses: patterns, matching, replacing a node group by one accelc op, undoing it.
+"""The rewrite engine every pass shares: rules, the one driver that applies them, and the layer
+records they leave behind for the guard, the summary and the report.
 
-A pattern is a small eager function over its inputs (tensors or constants), traced once and put
-in canonical form (accelc.capture). Matching uses torch.fx's SubgraphMatcher: a pattern input
-matches any node or literal, so constants (eps, scale) are matched and read, never hard-coded.
+A Rule is declared, not driven (as Inductor's fuse_attention.py registers a pattern, its
+replacement and an extra_check):
+  pattern  a small eager function over its inputs, traced once and put in canonical form
+           (accelc.capture). A pattern input matches any node or literal, so constants (eps,
+           scale) are matched and read, never hard-coded;
+  applies  (optional) a structural filter: False means "not this rule's business" and records
+           nothing (a matmul of two activations is no linear layer);
+  check    why the kernel cannot take the match, or None. Rules ask the kernel's own
+           why_unsupported(...) on meta tensors, so a kernel's limits are written once, in it;
+  build    the Replacement: which call, with which arguments, absorbing which further nodes.
+apply_rules runs a table of rules over a graph and owns everything else: matching, liveness (a
+node an earlier match took is not taken twice), the device check, the skip-reason policy
+(accelc.meta.explain), the replacement and the count. A Pass is a table of rules (plus, for the
+two passes that need one, a step before the rules or a transform of the layers already made).
 
-A rewritten group becomes one call_function node of a torch.ops.accelc op whose meta["accelc"]
-is a Rewrite: the layer's name, its kernel, and the original nodes extracted as their own
-GraphModule together with the graph nodes that feed it. The guard runs that module as the
-layer's eager reference, the report times and exports it, and `revert` inlines it back.
+A rewritten group becomes one call_function node of an accelc op whose meta[REWRITE] is a
+Rewrite: the layer's name, its kernel, and the original nodes extracted as their own
+GraphModule with the graph nodes that feed it. The guard runs that module as the layer's eager
+reference, the report times and exports it, and `revert` inlines it back. A layer moved to another
+kernel later (int8) keeps its original and falls back to the call it replaced (`restack`, `demote`).
 """
 from __future__ import annotations
 
 import functools
-import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from accelc.capture import canonicalize, tensor_meta
+from accelc import meta, runtime
+from accelc.capture import canonicalize
 
+
+# ---------------------------------------------------------------------------------------------
+# what a pass gets
+
+@dataclass
+class PassContext:
+    """What every pass may read: the config, the example inputs the graph was captured on, the
+    calibration batches (int8 static scales, SmoothQuant; the example inputs when none were
+    given), and the device the model runs on."""
+    config: object                       # accelc.config.OptimizeConfig
+    example_inputs: tuple
+    calibration: list
+    device: torch.device
+
+
+# ---------------------------------------------------------------------------------------------
+# patterns and matches
 
 @dataclass(frozen=True)
 class Pattern:
@@ -47,44 +76,18 @@ class Match:
         rewrite replaced (an activation absorbed into the previous layer) resolves to its
         replacement."""
         value = self.inputs.get(name, default)
-        replaced = self.gm.meta.get("accelc_replaced", {})
+        replaced = self.gm.meta.get(meta.REPLACED, {})
         while isinstance(value, fx.Node) and value in replaced:
             value = replaced[value]
         return value
 
+    def has(self, name: str) -> bool:
+        return name in self.inputs
+
     def is_live(self) -> bool:
         """False when an earlier rewrite took one of the matched nodes."""
-        replaced = self.gm.meta.get("accelc_replaced", {})
+        replaced = self.gm.meta.get(meta.REPLACED, {})
         return not any(n in replaced or n.graph is not self.gm.graph for n in self.nodes)
-
-
-@dataclass
-class Fallback:
-    """The float accelc call an int8 layer goes back to when the guard rejects its int8 numbers."""
-    target: object
-    args: tuple
-    kwargs: dict
-    kind: str
-    kernel: str
-    aux: list                    # the Rewrite.aux of the float layer
-
-
-@dataclass
-class Rewrite:
-    layer: str                   # e.g. "blocks.0.fc1+gelu"
-    kind: str                    # "linear", ...
-    kernel: str                  # e.g. "accelc::linear[gelu]"
-    original: fx.GraphModule     # the replaced nodes as a module; placeholders <- inputs
-    inputs: list = field(default_factory=list)   # main-graph nodes feeding original's placeholders
-    aux: list = field(default_factory=list)      # nodes the pass added for the op (e.g. weight.t())
-    fallback: Fallback | None = None   # int8 layers: their float call
-    note: str = ""               # shown in the summary (why a layer stayed in float, ...)
-    weight_bytes: tuple = ()     # int8 layers: (float weight bytes, int8 weight + scale bytes)
-
-    @property
-    def quantized(self) -> bool:
-        """int8 layers (the ones with a float fallback): judged by SQNR, not the float tolerance."""
-        return self.fallback is not None
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,75 +117,182 @@ def attr_value(gm: fx.GraphModule, node: fx.Node):
     return functools.reduce(getattr, node.target.split("."), gm)
 
 
-# ---------------------------------------------------------------------------------------------
-# fused epilogue: what may follow a GEMM-shaped op and be folded into its kernel
+def add_constant(gm: fx.GraphModule, name: str, value: torch.Tensor, before: fx.Node, path: str = "") -> fx.Node:
+    """Register `value` as a buffer of gm (a packed or folded weight, int8 weights and scales) and
+    read it with a get_attr node inserted before `before`."""
+    gm.register_buffer(name, value)
+    with gm.graph.inserting_before(before):
+        node = gm.graph.get_attr(name)
+    meta.set_tensor_meta(node, value)
+    node.meta[meta.PATH] = path
+    return node
 
-def activation_name(node) -> str | None:
-    """The kernels/epilogue.py name of a canonical activation node, else None."""
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return None
-    if node.target is F.gelu:
-        return "gelu_tanh" if node.kwargs.get("approximate") == "tanh" else "gelu"
-    return {F.relu: "relu", F.silu: "silu", torch.sigmoid: "sigmoid", torch.tanh: "tanh"}.get(node.target)
+
+# ---------------------------------------------------------------------------------------------
+# rules and the driver
+
+@dataclass
+class Replacement:
+    """What a rule's build returns: the call that replaces the match (and `absorbed`, further
+    nodes it takes over: an epilogue). kind "" marks a graph simplification that is not a layer
+    of its own (fold_bn): no Rewrite is recorded, the call stands for the first matched node and
+    names the others' modules in its layer name."""
+    target: Callable
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    kind: str = ""                  # "linear", "conv2d", "attention", ...
+    kernel: str = ""                # label for summaries, e.g. "accelc::linear[gelu]"
+    absorbed: list = field(default_factory=list)
+    aux: tuple = ()                 # nodes build inserted to feed the call (dropped on revert)
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: Pattern
+    build: Callable[[Match, PassContext], Replacement]
+    check: Callable[[Match, PassContext], "str | None"] = lambda m, ctx: None
+    applies: Callable[[Match], bool] | None = None
+    last_first: bool = False        # visit matches from the end of the graph (conv_gemm)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A named table of rules. `prepare` runs before them (graph surgery that exposes their
+    patterns: attention lowers nn.MultiheadAttention); `transform` after them, for work on the
+    layers already made that is not a pattern match (int8)."""
+    name: str
+    rules: tuple = ()
+    prepare: Callable[[fx.GraphModule, PassContext], None] | None = None
+    transform: Callable[[fx.GraphModule, PassContext], int] | None = None
+
+
+def run_pass(gm: fx.GraphModule, p: Pass, ctx: PassContext) -> int:
+    """Run one pass on gm; returns the number of rewrites it made."""
+    if p.prepare is not None:
+        p.prepare(gm, ctx)
+        gm.graph.lint()
+        gm.recompile()
+    count = apply_rules(gm, p.rules, ctx)
+    if p.transform is not None:
+        count += p.transform(gm, ctx)
+    forget_replacements(gm)
+    return count
+
+
+def apply_rules(gm: fx.GraphModule, rules, ctx: PassContext) -> int:
+    count = 0
+    for rule in rules:
+        matches = find(gm, rule.pattern)
+        for m in (reversed(matches) if rule.last_first else matches):
+            if not m.is_live():
+                continue  # taken by an earlier match (its epilogue, its attention)
+            if rule.applies is not None and not rule.applies(m):
+                continue
+            reason = rule.check(m, ctx) or _device_reason(m)
+            if reason:
+                meta.explain(m.anchor, reason)
+                continue
+            rep = rule.build(m, ctx)
+            nodes = m.nodes + list(rep.absorbed)
+            if rep.kind:
+                replace_group(gm, nodes, rep.target, rep.args, rep.kwargs, rep.kind, rep.kernel, rep.aux)
+            else:
+                _simplify(gm, nodes, rep.target, rep.args, rep.kwargs)
+            count += 1
+    return count
+
+
+def _device_reason(m: Match) -> str | None:
+    for v in m.inputs.values():
+        mv = meta.tensor_meta(v)
+        if mv is not None and not runtime.can_run_on(mv.device):
+            return runtime.device_reason(mv.device)
+    return None
+
+
+def _simplify(gm, nodes, target, args, kwargs) -> fx.Node:
+    """`nodes` -> one call standing for the first of them (its module path and class; the
+    others' module paths recorded as absorbed, for the layer name), valued as the last."""
+    g = gm.graph
+    first, last = nodes[0], nodes[-1]
+    with g.inserting_before(last):
+        new = g.call_function(target, args, kwargs)
+    new.meta.update(first.meta)
+    new.meta[meta.VALUE] = last.meta.get(meta.VALUE)
+    new.meta[meta.ABSORBED] = first.meta.get(meta.ABSORBED, []) + [meta.path(n) for n in nodes[1:]]
+    replace_uses(gm, last, new)
+    for n in reversed(nodes):
+        if not n.users:
+            g.erase_node(n)
+    return new
+
+
+# ---------------------------------------------------------------------------------------------
+# layers: replacing, moving to another kernel, reverting
+
+@dataclass
+class Fallback:
+    """The call a layer goes back to when the guard rejects its current one (an int8 layer's
+    float kernel)."""
+    target: object
+    args: tuple
+    kwargs: dict
+    kind: str
+    kernel: str
+    aux: list                    # the Rewrite.aux of that call
 
 
 @dataclass
-class Epilogue:
-    nodes: list                  # the absorbed nodes, in order
-    activation: str = "none"
-    residual: fx.Node | None = None
-    residual_first: bool = False
+class Rewrite:
+    layer: str                   # e.g. "blocks.0.fc1+gelu"
+    kind: str                    # "linear", "linear_int8", ...
+    kernel: str                  # e.g. "accelc::linear[gelu]"
+    original: fx.GraphModule     # the replaced nodes as a module; placeholders <- inputs
+    inputs: list = field(default_factory=list)   # main-graph nodes feeding original's placeholders
+    aux: list = field(default_factory=list)      # nodes the pass added for the op (e.g. weight.t())
+    fallback: Fallback | None = None   # the call this layer replaced, when it replaced one
+    note: str = ""               # shown in the summary (why a layer stayed in float, ...)
+    weight_bytes: tuple = ()     # int8 layers: (float weight bytes, int8 weight + scale bytes)
+    released: bool = False       # original's tensors dropped (release_original)
+
+    @property
+    def quantized(self) -> bool:
+        """int8 layers: judged by SQNR, not the float tolerance."""
+        return self.kind.endswith("_int8")
+
+    def eager(self, model=None) -> fx.GraphModule:
+        """The original layer as a module: its own, or, once released, one reading its parameters
+        from `model` (the model it was captured from: same attribute paths)."""
+        if not self.released:
+            return self.original
+        if model is None:
+            raise ValueError(f"layer {self.layer}: its float weights were released; pass the model they live in")
+        return fx.GraphModule(model, self.original.graph, class_name="OriginalLayer")
+
+    def release_original(self) -> None:
+        """Keep the original's graph but not its tensors, nor the fallback call: for a layer whose
+        float weights the optimized module no longer holds (int8). eager(model) rebuilds it."""
+        consts = {n.target: attr_value(self.original, n).to("meta")
+                  for n in self.original.graph.nodes if n.op == "get_attr"}
+        self.original = fx.GraphModule(_Holder(consts), self.original.graph, class_name="OriginalLayer")
+        self.fallback = None
+        self.released = True
 
 
-def absorb_epilogue(anchor: fx.Node) -> Epilogue:
-    """Walk forward from `anchor` through sole users: an activation, a residual add of a tensor
-    of the same shape and dtype, in either order (act(y) + r, or act(y + r))."""
-    ep = Epilogue(nodes=[])
-    node = anchor
+class _Holder(torch.nn.Module):
+    """Attributes at dotted paths, for GraphModule(root=...) to copy from."""
 
-    def sole_user(n):
-        return next(iter(n.users)) if len(n.users) == 1 else None
+    def __init__(self, values: dict):
+        super().__init__()
+        for target, v in values.items():
+            *path, name = target.split(".")
+            mod = self
+            for p in path:
+                if not hasattr(mod, p):
+                    mod.add_module(p, torch.nn.Module())
+                mod = getattr(mod, p)
+            mod.register_buffer(name, v)
 
-    def residual_of(add, n):
-        if not (isinstance(add, fx.Node) and add.op == "call_function" and add.target is operator.add):
-            return None
-        other = add.args[1] if add.args[0] is n else add.args[0]
-        if other is n or not isinstance(other, fx.Node):
-            return None
-        mo, mn = tensor_meta(other), tensor_meta(n)
-        if mo is None or mn is None or (mo.shape, mo.dtype) != (mn.shape, mn.dtype):
-            return None
-        return other
-
-    user = sole_user(node)
-    res = residual_of(user, node)
-    if res is not None and activation_name(sole_user(user)) is not None:
-        act_node = sole_user(user)
-        ep.nodes += [user, act_node]
-        ep.residual, ep.residual_first, ep.activation = res, True, activation_name(act_node)
-        return ep
-    act = activation_name(user)
-    if act is not None:
-        ep.nodes.append(user)
-        ep.activation = act
-        node = user
-        user = sole_user(node)
-    res = residual_of(user, node)
-    if res is not None:
-        ep.nodes.append(user)
-        ep.residual = res
-    return ep
-
-
-def kernel_label(op: str, ep: Epilogue) -> str:
-    parts = [] if ep.activation == "none" else [ep.activation]
-    if ep.residual is not None:
-        parts.insert(0 if ep.residual_first else len(parts), "residual")
-    return f"accelc::{op}" + (f"[{'+'.join(parts)}]" if parts else "")
-
-
-# ---------------------------------------------------------------------------------------------
-# replacing and reverting groups
 
 def replace_group(gm: fx.GraphModule, nodes: list, target, args: tuple, kwargs: dict,
                   kind: str, kernel: str, aux: tuple = ()) -> fx.Node:
@@ -194,10 +304,10 @@ def replace_group(gm: fx.GraphModule, nodes: list, target, args: tuple, kwargs: 
     last = nodes[-1]
     with g.inserting_before(last):
         new = g.call_function(target, args, kwargs)
-    new.meta.update({k: v for k, v in last.meta.items() if k in ("accelc_meta", "val", "tensor_meta")})
-    new.meta["accelc_path"] = nodes[0].meta.get("accelc_path", "")
-    new.meta["accelc"] = Rewrite(layer=_unique_name(gm, layer_name(nodes)), kind=kind, kernel=kernel,
-                                 original=original, inputs=inputs, aux=list(aux))
+    new.meta.update({k: v for k, v in last.meta.items() if k in (meta.VALUE, "val", "tensor_meta")})
+    new.meta[meta.PATH] = meta.path(nodes[0])
+    new.meta[meta.REWRITE] = Rewrite(layer=_unique_name(gm, layer_name(nodes)), kind=kind, kernel=kernel,
+                                     original=original, inputs=inputs, aux=list(aux))
     replace_uses(gm, last, new)
     for n in reversed(nodes):
         if not n.users:
@@ -205,9 +315,43 @@ def replace_group(gm: fx.GraphModule, nodes: list, target, args: tuple, kwargs: 
     return new
 
 
+def restack(gm: fx.GraphModule, node: fx.Node, target, args: tuple, kwargs: dict, kind: str, kernel: str,
+            aux: list = (), note: str = "", weight_bytes: tuple = ()) -> fx.Node:
+    """Move a rewritten layer to another call (int8): same layer, same original; the call it had
+    becomes its Fallback."""
+    rw: Rewrite = node.meta[meta.REWRITE]
+    fallback = Fallback(node.target, node.args, dict(node.kwargs), rw.kind, rw.kernel, rw.aux)
+    return _swap_call(gm, node, target, args, kwargs, Rewrite(
+        layer=rw.layer, kind=kind, kernel=kernel, original=rw.original, inputs=rw.inputs,
+        aux=rw.aux + list(aux), fallback=fallback, note=note, weight_bytes=weight_bytes))
+
+
+def demote(gm: fx.GraphModule, node: fx.Node, note: str) -> fx.Node:
+    """Put a layer's Fallback call back in place of `node`."""
+    rw: Rewrite = node.meta[meta.REWRITE]
+    fb = rw.fallback
+    new = _swap_call(gm, node, fb.target, fb.args, fb.kwargs, Rewrite(
+        layer=rw.layer, kind=fb.kind, kernel=fb.kernel, original=rw.original, inputs=rw.inputs, aux=fb.aux,
+        note=note))
+    _drop_unused(gm, [a for a in rw.aux if a not in fb.aux])
+    return new
+
+
+def _swap_call(gm, node, target, args, kwargs, rw: Rewrite) -> fx.Node:
+    g = gm.graph
+    with g.inserting_before(node):
+        new = g.call_function(target, args, kwargs)
+    new.meta.update({k: v for k, v in node.meta.items() if k != meta.REWRITE})
+    new.meta[meta.REWRITE] = rw
+    replace_uses(gm, node, new)
+    g.erase_node(node)
+    return new
+
+
 def revert(gm: fx.GraphModule, node: fx.Node, reason: str) -> None:
-    """Put the original nodes of a rewritten layer back in place of `node`."""
-    rw: Rewrite = node.meta["accelc"]
+    """Put the original nodes of a rewritten layer back in place of `node`; they carry
+    meta[REVERTED] = (the layer's Rewrite, reason)."""
+    rw: Rewrite = node.meta[meta.REWRITE]
     g = gm.graph
     placeholders = [p for p in rw.original.graph.nodes if p.op == "placeholder"]
     env = dict(zip(placeholders, rw.inputs))
@@ -221,26 +365,10 @@ def revert(gm: fx.GraphModule, node: fx.Node, reason: str) -> None:
                 break
             env[n] = g.get_attr(n.target) if n.op == "get_attr" else g.node_copy(n, env.__getitem__)
             env[n].meta.update(n.meta)
-            env[n].meta["accelc_reverted"] = (rw.layer, reason)
+            env[n].meta[meta.REVERTED] = (rw, reason)
     replace_uses(gm, node, result)
     g.erase_node(node)
     _drop_unused(gm, rw.aux)
-
-
-def demote(gm: fx.GraphModule, node: fx.Node, note: str) -> fx.Node:
-    """Put a quantized layer's float accelc call (its Fallback) in place of `node`."""
-    rw: Rewrite = node.meta["accelc"]
-    fb = rw.fallback
-    g = gm.graph
-    with g.inserting_before(node):
-        new = g.call_function(fb.target, fb.args, fb.kwargs)
-    new.meta.update({k: v for k, v in node.meta.items() if k != "accelc"})
-    new.meta["accelc"] = Rewrite(layer=rw.layer, kind=fb.kind, kernel=fb.kernel, original=rw.original,
-                                 inputs=rw.inputs, aux=fb.aux, note=note)
-    replace_uses(gm, node, new)
-    g.erase_node(node)
-    _drop_unused(gm, [a for a in rw.aux if a not in fb.aux])
-    return new
 
 
 def _drop_unused(gm: fx.GraphModule, aux: list) -> None:
@@ -261,9 +389,9 @@ def replace_uses(gm: fx.GraphModule, old: fx.Node, new: fx.Node) -> None:
     replacement is remembered so that pending matches resolve their inputs (Match.input). That
     memory is scratch for one pass: forget_replacements ends it."""
     old.replace_all_uses_with(new)
-    gm.meta.setdefault("accelc_replaced", {})[old] = new
+    gm.meta.setdefault(meta.REPLACED, {})[old] = new
     for n in gm.graph.nodes:
-        rw = n.meta.get("accelc")
+        rw = meta.rewrite_of(n)
         if rw is not None:
             rw.inputs = [new if i is old else i for i in rw.inputs]
             if rw.fallback is not None:
@@ -274,7 +402,12 @@ def replace_uses(gm: fx.GraphModule, old: fx.Node, new: fx.Node) -> None:
 def forget_replacements(gm: fx.GraphModule) -> None:
     """Drop the replacement memory of replace_uses (it holds erased nodes) once no match from
     before the replacements is pending: after each pass, and after the guard's reverts."""
-    gm.meta.pop("accelc_replaced", None)
+    gm.meta.pop(meta.REPLACED, None)
+
+
+def layers(gm: fx.GraphModule) -> list[fx.Node]:
+    """The nodes that call an accelc op for a layer, in graph order."""
+    return [n for n in gm.graph.nodes if meta.rewrite_of(n) is not None]
 
 
 def _extract(gm: fx.GraphModule, nodes: list) -> tuple[fx.GraphModule, list]:
@@ -316,18 +449,18 @@ def layer_name(nodes: list) -> str:
     anchor's parent) or, for functional ops written in the parent's forward, its op name:
     blocks.0.fc1+gelu, layer1.0.conv1+bn1+relu. Nodes of the anchor's own module add nothing."""
     compute = [n for n in nodes if n.op not in ("get_attr", "placeholder")]
-    anchor_path = compute[0].meta.get("accelc_path", "")
+    anchor_path = meta.path(compute[0])
     parent = anchor_path.rpartition(".")[0]
     labels = [anchor_path or op_name(compute[0])]
     for n in compute:
-        for path in n.meta.get("accelc_absorbed", []):  # e.g. a batch norm folded into this conv
-            labels.append(path[len(parent) + 1:] if parent and path.startswith(parent + ".") else path)
+        for p in n.meta.get(meta.ABSORBED, []):  # e.g. a batch norm folded into this conv
+            labels.append(p[len(parent) + 1:] if parent and p.startswith(parent + ".") else p)
     for n in compute[1:]:
-        path = n.meta.get("accelc_path", "")
-        if path == anchor_path and anchor_path:
+        p = meta.path(n)
+        if p == anchor_path and anchor_path:
             continue  # more of the anchor's own module: blocks.0.attn's softmax is blocks.0.attn
-        if path and not anchor_path.startswith(path + ".") and path != parent:
-            label = path[len(parent) + 1:] if parent and path.startswith(parent + ".") else path
+        if p and not anchor_path.startswith(p + ".") and p != parent:
+            label = p[len(parent) + 1:] if parent and p.startswith(parent + ".") else p
         else:
             label = op_name(n)
         if label not in labels:
@@ -336,7 +469,7 @@ def layer_name(nodes: list) -> str:
 
 
 def _unique_name(gm: fx.GraphModule, name: str) -> str:
-    taken = {n.meta["accelc"].layer for n in gm.graph.nodes if "accelc" in n.meta}
+    taken = {n.meta[meta.REWRITE].layer for n in layers(gm)}
     if name not in taken:
         return name
     i = 2

@@ -35,6 +35,26 @@ def can_run_on(device: torch.device) -> bool:
     return device.type == "cpu" and interpreted()
 
 
+def device_reason(device: torch.device) -> str | None:
+    """Why accelc kernels cannot take tensors on `device` in this process, or None. (The one
+    message every pass and the optimizer give.)"""
+    if can_run_on(device):
+        return None
+    return (f"tensors on {device}: accelc kernels need a CUDA device "
+            "(or Triton's interpreter, TRITON_INTERPRET=1)")
+
+
+def launch_or_fallback(op: str, device: torch.device, launch, reference, *args):
+    """The body of every accelc op: its Triton launcher where Triton can run on `device`, else
+    (a saved program loaded on a machine without GPU or interpreter, say) its PyTorch reference,
+    saying so once per op."""
+    if can_run_on(device):
+        return launch(*args)
+    warn_once(f"{op}-fallback", f"accelc::{op} got tensors on {device}, where Triton cannot run in this "
+              "process; computing it with PyTorch instead", stacklevel=3)
+    return reference(*args)
+
+
 def device_guard(t: torch.Tensor):
     """Triton launches on the current CUDA device: make it t's (a no-op when it already is)."""
     if t.is_cuda and t.device.index != torch.cuda.current_device():

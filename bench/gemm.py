@@ -81,7 +81,7 @@ def main():
             if base in row:
                 med, lo, hi = _common.speedup(row, "accelc", base)
                 row[f"speedup_vs_{base}"], row[f"speedup_vs_{base}_range"] = med, [lo, hi]
-        chosen = [str(c) for k, c in gemm._tuned_kernel.cache.items()
+        chosen = [str(c) for k, c in gemm.TUNER.chosen.items()
                   if k[:3] == (triton.next_power_of_2(M), N, K)]
         row["accelc_config"] = chosen[0] if chosen else "n/a"
         rows.append(row)

@@ -1,5 +1,5 @@
 """Tuning aid for kernels/gemm.py: time explicit configs and load/store paths per shape,
-bypassing the autotuner, to choose the candidate list in _CONFIGS.
+bypassing the autotuner, to choose the candidate list in CONFIGS.
 
     python bench/gemm_sweep.py [--out DIR] [--int8]
 
@@ -24,14 +24,14 @@ from accelc.kernels.int8_gemm import quantize_weight  # noqa: E402
 from accelc.kernels.quantize import quantize_launch  # noqa: E402
 from accelc.latency import median_ms  # noqa: E402
 
-C = gemm._config
+C = gemm.config
 # every config of kernels/gemm.py's candidate list, at every shape
 SHAPES = [(4096, 4096, 16384), (512, 4096, 4096), (16, 4096, 4096)]
-CANDIDATES = {shape: gemm._CONFIGS for shape in SHAPES}
+CANDIDATES = {shape: gemm.CONFIGS for shape in SHAPES}
 INT8_EXTRA = [C(128, 256, 128, 4, 8, tma=False), C(256, 128, 128, 3, 8), C(256, 128, 128, 3, 8, ws=True),
               C(128, 256, 64, 4, 8), C(128, 128, 128, 5, 8), C(128, 256, 128, 3, 8, flatten=False),
               C(64, 256, 128, 4, 4, tma=False), C(32, 128, 256, 4, 4, tma=False)]
-INT8_CANDIDATES = {shape: int8_gemm._CONFIGS + INT8_EXTRA for shape in SHAPES}
+INT8_CANDIDATES = {shape: int8_gemm.CONFIGS + INT8_EXTRA for shape in SHAPES}
 
 
 def main():

@@ -101,7 +101,7 @@ def linear_rows(compile_too: bool) -> list[dict]:
             if base in row and base in variants:
                 med, lo, hi = _common.speedup(row, "accelc_w8a8", base)
                 row[f"w8a8_speedup_vs_{base}"], row[f"w8a8_speedup_vs_{base}_range"] = med, [lo, hi]
-        chosen = [str(c) for k, c in int8_gemm._tuned_kernel.cache.items()
+        chosen = [str(c) for k, c in int8_gemm.TUNER.chosen.items()
                   if k[:3] == (triton.next_power_of_2(M), N, K)]
         row["int8_config"] = chosen[0] if chosen else "n/a"
         rows.append(row)

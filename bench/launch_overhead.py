@@ -36,7 +36,7 @@ def main():
         "torch.ops.accelc.linear": lambda: torch.ops.accelc.linear(x, w, b, activation="gelu"),
         "gemm.linear_launch": lambda: gemm.linear_launch(x, w, b, activation="gelu"),
         "gemm.launch, fixed config": lambda: gemm.launch(x, w, b, None, out, "gelu",
-                                                         config=gemm._default_config(16, x.dtype, True)),
+                                                         config=gemm.default_config(dict(M=16, dtype=x.dtype, tma=True))),
     }
     for name, fn in rows.items():
         print(f"{name:28s} {per_call_us(fn):7.1f} us/call (host)")

@@ -29,9 +29,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.latency import autotune_timer
 from accelc.kernels import gemm
-from accelc.kernels.epilogue import ACTIVATIONS, activation_code, epilogue, epilogue_ref
+from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_code, epilogue, epilogue_ref
+from accelc.tuning import Tuner
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -41,8 +41,8 @@ def _conv_kernel(
     # pointers (x_desc: TMA descriptor of x as (N, H, W, C), w_desc: of the packed weight as
     # (K, R*S*C); placeholders unless RECT_OK)
     x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr,
-    # sizes (M = N * OH * OW rows, RSC = R * S * C reduction; M_BUCKET, RECT_OK key the autotuner)
-    C, H, W, K, OH, OW, M, RSC, M_BUCKET, RECT_OK,
+    # sizes (M = N * OH * OW rows, RSC = R * S * C reduction)
+    C, H, W, K, OH, OW, M, RSC,
     # geometry
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     # strides in (n, c, h, w) order
@@ -61,7 +61,7 @@ def _conv_kernel(
         # a BLOCK_H x BLOCK_W rectangle of one image's output pixels (BLOCK_M = BLOCK_H * BLOCK_W)
         tiles_h = tl.cdiv(OH, BLOCK_H)
         tiles_w = tl.cdiv(OW, BLOCK_W)
-        pid_m, pid_n = gemm._tile_coords(tl.program_id(0), (M // (OH * OW)) * tiles_h * tiles_w,
+        pid_m, pid_n = gemm.tile_coords(tl.program_id(0), (M // (OH * OW)) * tiles_h * tiles_w,
                                          tl.cdiv(K, BLOCK_N), GROUP_M)
         i = tl.arange(0, BLOCK_M)
         oh0 = (pid_m % (tiles_h * tiles_w)) // tiles_w * BLOCK_H
@@ -71,7 +71,7 @@ def _conv_kernel(
         img = i * 0 + pid_m // (tiles_h * tiles_w)
         m_ok = (oh < OH) & (ow < OW)
     else:
-        pid_m, pid_n = gemm._tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+        pid_m, pid_n = gemm.tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
         img = offs_m // (OH * OW)
@@ -141,48 +141,38 @@ def _conv_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _set_tma_boxes(nargs):
-    """Autotune pre-hook: descriptor boxes from the config's tile (also for configs that gather
-    with pointers: every descriptor argument is encoded at launch, see kernels/gemm.py)."""
-    if isinstance(nargs["x_desc"], TensorDescriptor):
-        nargs["x_desc"].block_shape = [1, nargs["BLOCK_H"], nargs["BLOCK_W"], nargs["BLOCK_K"]]
-        nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
-
-
-def _config(bm, bn, bk, stages, warps):
+def config(bm, bn, bk, stages, warps) -> triton.Config:
     """Tiles of BLOCK_M pixels in row-major order, gathered with pointers. (BLOCK_H / BLOCK_W
     only size the descriptor boxes, which every launch with descriptors encodes.)"""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": False,
-                          "BLOCK_H": 8, "BLOCK_W": 8},
-                         num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
+                          "BLOCK_H": 8, "BLOCK_W": 8}, num_stages=stages, num_warps=warps)
 
 
-def _rect_config(bh, bw, bn, bk, stages, warps):
+def rect_config(bh, bw, bn, bk, stages, warps) -> triton.Config:
     """Tiles of bh x bw output pixels, each tap's patch one TMA box (stride-1 convs on NHWC)."""
     return triton.Config({"BLOCK_M": bh * bw, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": True,
-                          "BLOCK_H": bh, "BLOCK_W": bw},
-                         num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
+                          "BLOCK_H": bh, "BLOCK_W": bw}, num_stages=stages, num_warps=warps)
 
 
 # H100 candidates: 128-pixel row tiles (ResNet layers have 1.5k-100k pixels at batch 32), K tiles
 # of 64-128 channels, 32-64 channels a reduction step; for stride-1 convs also 8x16 / 16x8 / 8x8
 # pixel rectangles by TMA (8x8 suits 7x7 and 14x14 maps).
-_CONFIGS = [_config(128, 128, 64, 3, 8), _config(128, 64, 64, 4, 4), _config(64, 128, 64, 4, 4),
-            _config(128, 128, 32, 4, 8), _config(64, 64, 64, 4, 4), _config(128, 64, 32, 4, 4),
-            _rect_config(8, 16, 128, 64, 3, 8), _rect_config(16, 8, 128, 64, 3, 8),
-            _rect_config(8, 16, 64, 64, 4, 4), _rect_config(8, 8, 128, 64, 4, 4),
-            _rect_config(8, 8, 64, 64, 4, 4)]
+CONFIGS = [config(128, 128, 64, 3, 8), config(128, 64, 64, 4, 4), config(64, 128, 64, 4, 4),
+           config(128, 128, 32, 4, 8), config(64, 64, 64, 4, 4), config(128, 64, 32, 4, 4),
+           rect_config(8, 16, 128, 64, 3, 8), rect_config(16, 8, 128, 64, 3, 8),
+           rect_config(8, 16, 64, 64, 4, 4), rect_config(8, 8, 128, 64, 4, 4),
+           rect_config(8, 8, 64, 64, 4, 4)]
 
 
-def _prune(configs, named_args, **kwargs):
-    k = named_args["K"]
-    keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(k))
-            and (named_args["RECT_OK"] or not c.kwargs["RECT"])]
+def prune_configs(configs, sizes):
+    keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(sizes["K"]))
+            and (sizes["rect"] or not c.kwargs["RECT"])]
     return keep or [c for c in configs if not c.kwargs["RECT"]][:1]
 
 
-_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["M_BUCKET", "K", "C", "TAPS", "FLAT_K", "stride_h", "RECT_OK"],
-                                prune_configs_by={"early_config_prune": _prune}, do_bench=autotune_timer)(_conv_kernel)
+TUNER = Tuner("conv2d", _conv_kernel, CONFIGS, prune=prune_configs,
+              default=lambda sizes: rect_config(8, 8, 64, 32, 3, 4) if sizes["rect"] else config(64, 64, 32, 3, 4),
+              interpreter=lambda sizes: rect_config(4, 8, 32, 16, 1, 4) if sizes["rect"] else config(32, 32, 16, 1, 4))
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -208,13 +198,45 @@ def nhwc_view(x: torch.Tensor) -> torch.Tensor:
     return v
 
 
-def _rect_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
+def rect_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
     """Whether the TMA-rectangle path can take this conv: stride 1, at least 16 channels, NHWC
     rows and every stride 16-byte aligned."""
     size = x_nhwc.element_size()
     return (tuple(stride) == (1, 1) and x_nhwc.shape[3] >= 16 and x_nhwc.stride(3) == 1
             and all(st * size % 16 == 0 for st in x_nhwc.stride()[:3])
             and x_nhwc.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
+
+
+MAX_KERNEL = 7
+
+
+def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                    activation="none") -> str | None:
+    """Why accelc::conv2d cannot take these operands (weight packed (K, R, S, C); padding (top,
+    bottom, left, right)), or None. Works on meta tensors: the conv rule asks it before packing."""
+    if x.dim() != 4 or weight.dim() != 4:
+        return f"x must be (N, C, H, W) and weight packed (K, R, S, C), got {tuple(x.shape)}, {tuple(weight.shape)}"
+    N, C, H, W = x.shape
+    K, R, S, Cw = weight.shape
+    if Cw != C:
+        return f"x has {C} channels but the packed weight {tuple(weight.shape)} expects {Cw}"
+    if R > MAX_KERNEL or S > MAX_KERNEL:
+        return f"kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL}"
+    if x.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {x.dtype} is not supported (fp16, bf16, fp32)"
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is not None and (t.dtype != x.dtype or t.device != x.device):
+            return f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}"
+    if bias is not None and tuple(bias.shape) != (K,):
+        return f"bias must be ({K},), got {tuple(bias.shape)}"
+    OH, OW = output_size(H, W, R, S, stride, padding, dilation)
+    if residual is not None and tuple(residual.shape) != (N, K, OH, OW):
+        return f"residual must have the output's shape {(N, K, OH, OW)}, got {tuple(residual.shape)}"
+    if (OH <= 0 or OW <= 0) and N * K > 0:
+        return f"output size {OH}x{OW} for input {H}x{W}"
+    if activation not in ACTIVATIONS:
+        return f"activation must be one of {ACTIVATION_NAMES}, not {activation!r}"
+    return None
 
 
 def _fail(message: str):
@@ -225,27 +247,15 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
                   residual_first=False, allow_tf32=False):
     """Checks, allocates, launches. weight: packed (K, R, S, C); stride, dilation: (h, w);
     padding: (top, bottom, left, right)."""
-    if x.dim() != 4 or weight.dim() != 4:
-        _fail(f"x must be (N, C, H, W) and weight packed (K, R, S, C), got {tuple(x.shape)}, {tuple(weight.shape)}")
+    reason = why_unsupported(x, weight, bias, residual, stride, padding, dilation, activation)
+    if reason is not None:
+        _fail(reason)
     N, C, H, W = x.shape
-    K, R, S, Cw = weight.shape
-    if Cw != C:
-        _fail(f"x has {C} channels but the packed weight {tuple(weight.shape)} expects {Cw}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        _fail(f"dtype {x.dtype} is not supported (fp16, bf16, fp32)")
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
-        if t is not None and (t.dtype != x.dtype or t.device != x.device):
-            _fail(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}")
-    if activation not in ACTIVATIONS:
-        _fail(f"activation must be one of {ACTIVATIONS}, not {activation!r}")
+    K, R, S, _ = weight.shape
     OH, OW = output_size(H, W, R, S, stride, padding, dilation)
     out = torch.empty((N, K, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    if residual is not None and residual.shape != out.shape:
-        _fail(f"residual must have the output's shape {tuple(out.shape)}, got {tuple(residual.shape)}")
     if out.numel() == 0:
         return out
-    if OH <= 0 or OW <= 0:
-        _fail(f"output size {OH}x{OW} for input {H}x{W}")
     x = x.contiguous(memory_format=torch.channels_last)  # a no-op inside a run of rewritten convs
 
     if R == S == 1 and tuple(stride) == (1, 1) and not any(padding):
@@ -258,35 +268,31 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
     M = N * OH * OW
     res = residual if residual is not None else out
     x_nhwc, w2 = nhwc_view(x), weight.view(K, R * S * C)
-    rect_ok = _rect_ok(x_nhwc, weight, stride)
-    x_desc = TensorDescriptor.from_tensor(x_nhwc, [1, 1, 1, 16]) if rect_ok else x
-    w_desc = TensorDescriptor.from_tensor(w2, [16, 16]) if rect_ok else weight
-    args = (x, weight, x_desc, w_desc, bias if bias is not None else out, res, out,
-            C, H, W, K, OH, OW, M, R * S * C, triton.next_power_of_2(M), rect_ok,
-            stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
-            *x.stride(), *res.stride(), *out.stride())
+    use_rect = rect_ok(x_nhwc, weight, stride)
+    sizes = (C, H, W, K, OH, OW, M, R * S * C, stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
+             *x.stride(), *res.stride(), *out.stride())
     meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RESIDUAL_FIRST=bool(residual_first),
                 ACTIVATION=activation_code(activation), S=S, TAPS=R * S, FLAT_K=C < 16,
                 INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
                 DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16)
 
-    def grid(cfg):
-        rows = (N * triton.cdiv(OH, cfg["BLOCK_H"]) * triton.cdiv(OW, cfg["BLOCK_W"]) if cfg["RECT"]
-                else triton.cdiv(M, cfg["BLOCK_M"]))
-        return (rows * triton.cdiv(K, cfg["BLOCK_N"]),)
+    def run(cfg):
+        kw = cfg.all_kwargs()
+        # descriptor boxes from the config's tile (also for configs that gather with pointers:
+        # every descriptor argument is encoded at launch)
+        x_desc = (TensorDescriptor.from_tensor(x_nhwc, [1, kw["BLOCK_H"], kw["BLOCK_W"], kw["BLOCK_K"]])
+                  if use_rect else x)
+        w_desc = TensorDescriptor.from_tensor(w2, [kw["BLOCK_N"], kw["BLOCK_K"]]) if use_rect else weight
+        rows = (N * triton.cdiv(OH, kw["BLOCK_H"]) * triton.cdiv(OW, kw["BLOCK_W"]) if kw["RECT"]
+                else triton.cdiv(M, kw["BLOCK_M"]))
+        _conv_kernel[(rows * triton.cdiv(K, kw["BLOCK_N"]),)](
+            x, weight, x_desc, w_desc, bias if bias is not None else out, res, out, *sizes, **meta, **kw)
 
-    if runtime.interpreted():
-        cfg = _rect_config(4, 8, 32, 16, 1, 4) if rect_ok else _config(32, 32, 16, 1, 4)
-    elif not runtime.autotune_enabled():
-        cfg = _rect_config(8, 8, 64, 32, 3, 4) if rect_ok else _config(64, 64, 32, 3, 4)
-    else:
-        with runtime.device_guard(x):
-            _tuned_kernel[grid](*args, **meta)
-        return out
-    _set_tma_boxes(dict(x_desc=x_desc, w_desc=w_desc, **cfg.kwargs))
+    # the tuning key: every batch size of a bucket (next power of two of the pixel count) shares one run
+    key = (triton.next_power_of_2(M), K, C, R * S, C < 16, stride[0], use_rect, x.dtype)
+    cfg = TUNER.pick(key, dict(N=N, C=C, H=H, W=W, K=K, R=R, S=S, stride=stride[0], rect=use_rect), run)
     with runtime.device_guard(x):
-        _conv_kernel[grid(cfg.kwargs)](*args, **meta, **cfg.kwargs, num_warps=cfg.num_warps,
-                                       num_stages=cfg.num_stages)
+        run(cfg)
     return out
 
 
@@ -307,11 +313,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
            stride: List[int], padding: List[int], dilation: List[int], activation: str = "none",
            residual_first: bool = False, allow_tf32: bool = False) -> torch.Tensor:
     """act(conv(x, weight) + bias) (+ residual): see the module docstring."""
-    if not runtime.can_run_on(x.device):
-        runtime.warn_once("conv-fallback", f"accelc::conv2d got tensors on {x.device}, where Triton cannot run "
-                          "in this process; computing it with PyTorch instead")
-        return conv2d_ref(x, weight, bias, residual, stride, padding, dilation, activation, residual_first)
-    return conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activation, residual_first, allow_tf32)
+    return runtime.launch_or_fallback("conv2d", x.device, conv2d_launch, conv2d_ref, x, weight, bias, residual,
+                                      stride, padding, dilation, activation, residual_first, allow_tf32)
 
 
 @conv2d.register_fake

@@ -17,14 +17,33 @@ from triton.language.extra import libdevice
 
 from accelc import runtime
 
-# Index in this tuple = the ACTIVATION constexpr code the kernels take.
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+# The activations the epilogue applies, one table for capture, rules and kernels:
+# name -> (the PyTorch call capture writes it as, that call's keyword arguments). The position of a
+# name in this table is the ACTIVATION constexpr code the kernels take.
+ACTIVATIONS = {
+    "none": (None, {}),
+    "relu": (F.relu, {}),
+    "gelu": (F.gelu, {}),
+    "gelu_tanh": (F.gelu, {"approximate": "tanh"}),
+    "silu": (F.silu, {}),
+    "sigmoid": (torch.sigmoid, {}),
+    "tanh": (torch.tanh, {}),
+}
+ACTIVATION_NAMES = tuple(ACTIVATIONS)
 
 
 def activation_code(name: str) -> int:
     if name not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, not {name!r}")
-    return ACTIVATIONS.index(name)
+        raise ValueError(f"activation must be one of {ACTIVATION_NAMES}, not {name!r}")
+    return ACTIVATION_NAMES.index(name)
+
+
+def activation_named(fn, kwargs: dict) -> str | None:
+    """The ACTIVATIONS name of the call fn(x, **kwargs) (capture's canonical form), else None."""
+    for name, (f, kw) in ACTIVATIONS.items():
+        if f is not None and f is fn and kw == {k: v for k, v in kwargs.items() if v != "none"}:
+            return name
+    return None
 
 
 @triton.jit
@@ -72,7 +91,7 @@ def _gelu(x):
 
 @triton.jit
 def apply_activation(x, ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr):
-    """x: fp32 tile. ACTIVATION: index into ACTIVATIONS. FAST_MATH (int8 layers with half
+    """x: fp32 tile. ACTIVATION: code of an ACTIVATIONS name (activation_code). FAST_MATH (int8 layers with half
     outputs): both GELUs in the tanh form on the SFU's tanh. Against exact GELU that is 1.5e-4
     relative L2 (5e-4 at most per element), 60x under the int8 layer's own error (~41 dB), and it
     takes the epilogue from 83 to ~20 us at 4096x4096x16384 (bench/gemm_sweep.py --int8, H200);
@@ -117,21 +136,10 @@ def epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
 
 def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
     """The PyTorch function each ACTIVATIONS entry stands for."""
-    if name == "none":
-        return x
-    if name == "relu":
-        return F.relu(x)
-    if name == "gelu":
-        return F.gelu(x)
-    if name == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if name == "silu":
-        return F.silu(x)
-    if name == "sigmoid":
-        return torch.sigmoid(x)
-    if name == "tanh":
-        return torch.tanh(x)
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, not {name!r}")
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATION_NAMES}, not {name!r}")
+    fn, kwargs = ACTIVATIONS[name]
+    return x if fn is None else fn(x, **kwargs)
 
 
 def epilogue_ref(acc, bias, residual, activation: str, residual_first: bool):

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
-from accelc.kernels.quantize import _rint, quantize_ref
-from accelc.latency import autotune_timer
+from accelc.kernels.quantize import quantize_ref, rint
+from accelc.tuning import Tuner
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (32, 64, 80, 96, 128)
@@ -54,7 +54,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
         if QK_INT8:
             k_amax = tl.max(tl.abs(kt.to(tl.float32)), 0)                      # (BLOCK_N,)
             k_inv = tl.div_rn(127.0, tl.maximum(k_amax, 1e-30))
-            kt8 = _rint(kt.to(tl.float32) * k_inv[None, :], USE_LIBDEVICE).to(tl.int8)
+            kt8 = rint(kt.to(tl.float32) * k_inv[None, :], USE_LIBDEVICE).to(tl.int8)
             k_scale = tl.div_rn(k_amax, 127.0)
             qk = tl.dot(q, kt8, out_dtype=tl.int32).to(tl.float32) * qk_scale[:, None] * k_scale[None, :]
         else:
@@ -93,8 +93,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
 def _flash_fwd_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
-    # sizes (L_BUCKET, S_BUCKET: next powers of two of L and S, the autotuner's key)
-    H, L, S, L_BUCKET, S_BUCKET, qk_scale,
+    # sizes
+    H, L, S, qk_scale,
     # strides (batch, head, row, dim); mask strides are 0 along broadcast dims
     stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mm, stride_mn,
@@ -115,7 +115,7 @@ def _flash_fwd_kernel(
                 mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if QK_INT8:
         q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)                           # (BLOCK_M,)
-        q = _rint(q.to(tl.float32) * tl.div_rn(127.0, tl.maximum(q_amax, 1e-30))[:, None],
+        q = rint(q.to(tl.float32) * tl.div_rn(127.0, tl.maximum(q_amax, 1e-30))[:, None],
                   USE_LIBDEVICE).to(tl.int8)
         qk_scale = tl.div_rn(q_amax, 127.0) * qk_scale
     k_base = k_ptr + b * stride_kb + h * stride_kh
@@ -145,19 +145,18 @@ def _flash_fwd_kernel(
              out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-def _config(bm, bn, stages, warps):
+def config(bm, bn, stages, warps) -> triton.Config:
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
 
 
 # H100 candidates, tutorial 06's forward space: 128 query rows a program (64 for short L),
 # 64 or 128 keys a step
-_CONFIGS = [_config(128, 64, 3, 8), _config(128, 128, 3, 8), _config(128, 64, 4, 4), _config(128, 32, 4, 4),
-            _config(64, 64, 4, 4)]
+CONFIGS = [config(128, 64, 3, 8), config(128, 128, 3, 8), config(128, 64, 4, 4), config(128, 32, 4, 4),
+           config(64, 64, 4, 4)]
 
-
-_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["L_BUCKET", "S_BUCKET", "HEAD_DIM", "MASK_KIND", "IS_CAUSAL",
-                                                       "QK_INT8"],
-                                do_bench=autotune_timer)(_flash_fwd_kernel)
+TUNER = Tuner("flash_attention", _flash_fwd_kernel, CONFIGS,
+              default=lambda sizes: config(128, 64, 3, 8) if sizes["L"] >= 128 else config(64, 64, 3, 4),
+              interpreter=lambda sizes: config(16, 16, 1, 4))
 
 
 def why_unsupported(q, k, v, mask=None) -> Optional[str]:
@@ -205,26 +204,23 @@ def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_i
         mask_t = mask.expand(B, H, L, S)  # a view: broadcast dims get stride 0
         mstrides = mask_t.stride()
     sm_scale = scale if scale is not None else D ** -0.5
-    args = (q, k, v, mask_t, out, H, L, S, triton.next_power_of_2(L), triton.next_power_of_2(S),
-            sm_scale * 1.4426950408889634, *q.stride(), *k.stride(), *v.stride(), *mstrides, *out.stride())
+    args = (q, k, v, mask_t, out, H, L, S, sm_scale * 1.4426950408889634,
+            *q.stride(), *k.stride(), *v.stride(), *mstrides, *out.stride())
     meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), MASK_KIND=mask_kind, IS_CAUSAL=bool(is_causal),
                 DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16, QK_INT8=bool(qk_int8),
                 USE_LIBDEVICE=not runtime.interpreted())
-    if runtime.interpreted():
-        _flash_fwd_kernel[(triton.cdiv(L, 16), B * H)](*args, **meta, BLOCK_M=16, BLOCK_N=16)
-        return out
+
+    def run(cfg):
+        kw = cfg.all_kwargs()
+        _flash_fwd_kernel[(triton.cdiv(L, kw["BLOCK_M"]), B * H)](*args, **meta, **kw)
+
+    # the tuning key: lengths by their next power of two
+    key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, mask_kind, bool(is_causal), bool(qk_int8),
+           q.dtype)
+    cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D), run)
     with runtime.device_guard(q):
-        if runtime.autotune_enabled():
-            _tuned_kernel[lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), B * H)](*args, **meta)
-        else:
-            cfg = _default_config(L, D)
-            _flash_fwd_kernel[(triton.cdiv(L, cfg.kwargs["BLOCK_M"]), B * H)](
-                *args, **meta, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        run(cfg)
     return out
-
-
-def _default_config(L, D):
-    return _config(128, 64, 3, 8) if L >= 128 else _config(64, 64, 3, 4)
 
 
 def _quantize_rows(t):
@@ -253,11 +249,12 @@ def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
                     is_causal: bool = False, scale: Optional[float] = None, qk_int8: bool = False) -> torch.Tensor:
     """softmax(q @ k^T * scale + mask) @ v: see the module docstring."""
-    if not runtime.can_run_on(q.device):
-        runtime.warn_once("attention-fallback", f"accelc::flash_attention got tensors on {q.device}, where "
-                          "Triton cannot run in this process; computing it with PyTorch instead")
-        return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale, qk_int8))
-    return flash_attention_launch(q, k, v, mask, is_causal, scale, qk_int8)
+    return runtime.launch_or_fallback("flash_attention", q.device, flash_attention_launch, _ref_in_out_layout,
+                                      q, k, v, mask, is_causal, scale, qk_int8)
+
+
+def _ref_in_out_layout(q, k, v, mask, is_causal, scale, qk_int8):
+    return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale, qk_int8))
 
 
 def _empty_out(q):

@@ -26,14 +26,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.latency import autotune_timer
-from accelc.kernels.epilogue import ACTIVATIONS, activation_code, epilogue, epilogue_ref
+from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_code, epilogue, epilogue_ref
+from accelc.tuning import Tuner
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Tile index -> (row block, column block), GROUP_M row blocks at a time so that the
     programs running together share weight tiles in L2 (tutorial 03's grouped ordering)."""
     num_pid_in_group = GROUP_M * num_pid_n
@@ -45,12 +45,11 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _linear_kernel(
+def linear_kernel(
     # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA)
     x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr, a_scale_ptr, w_scale_ptr,
-    # sizes, and the autotuner's key (M_BUCKET: next power of two of M; TMA_OK: whether the
-    # operands allow TMA), so that every batch size does not trigger a new tuning run
-    M, N, K, M_BUCKET, TMA_OK,
+    # sizes
+    M, N, K,
     # strides
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
     # epilogue
@@ -75,7 +74,7 @@ def _linear_kernel(
     # the loads to a producer warp so the epilogue overlaps the next tile's tensor-core loop.
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if QUANT:
@@ -125,21 +124,12 @@ def _linear_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _set_tma_boxes(nargs):
-    """Autotune pre-hook: a TMA descriptor's box is the config's tile. Set also for configs
-    that load with pointers: the descriptor is still encoded at launch, and the placeholder
-    box is not a valid one."""
-    if isinstance(nargs["x_desc"], TensorDescriptor):
-        nargs["x_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
-        nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
-
-
-def _config(bm, bn, bk, stages, warps, tma=True, per_sm=1, flatten=True, ws=False):
+def config(bm, bn, bk, stages, warps, tma=True, per_sm=1, flatten=True, ws=False) -> triton.Config:
     """tma: load x and weight with the copy engine (persistent grid of per_sm programs per SM)
-    or with pointers (one program per tile). flatten / ws: see the tile loop in _linear_kernel."""
+    or with pointers (one program per tile). flatten / ws: see the tile loop in linear_kernel."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": tma,
                           "PROGRAMS_PER_SM": per_sm, "FLATTEN": flatten, "WARP_SPECIALIZE": ws},
-                         num_stages=stages, num_warps=warps, pre_hook=_set_tma_boxes)
+                         num_stages=stages, num_warps=warps)
 
 
 # Candidates, from bench/gemm_sweep.py on an H100 (fp16, + bias + GELU; 2026-11-21):
@@ -150,48 +140,46 @@ def _config(bm, bn, bk, stages, warps, tma=True, per_sm=1, flatten=True, ws=Fals
 # - M <= 32: the weight is streamed once; 16x32x256 tiles with pointer loads and no flattening
 #   10.1 us at 16x4096x4096, TMA 12.5-13.9 us.
 # Pointer-load configs stay for operands TMA cannot take (unaligned rows, odd strides).
-_CONFIGS = [
-    _config(128, 256, 64, 4, 8), _config(128, 256, 64, 4, 8, ws=True), _config(128, 256, 64, 3, 8),
-    _config(128, 128, 128, 3, 8, ws=True), _config(128, 128, 64, 4, 8), _config(64, 128, 64, 4, 4),
-    _config(128, 128, 64, 4, 8, tma=False), _config(64, 128, 64, 4, 4, tma=False),
-    _config(32, 64, 128, 4, 4), _config(32, 64, 128, 4, 4, tma=False),
-    _config(16, 32, 256, 3, 4, tma=False, flatten=False), _config(16, 32, 256, 4, 4),
-    _config(16, 64, 128, 4, 4, tma=False),
+CONFIGS = [
+    config(128, 256, 64, 4, 8), config(128, 256, 64, 4, 8, ws=True), config(128, 256, 64, 3, 8),
+    config(128, 128, 128, 3, 8, ws=True), config(128, 128, 64, 4, 8), config(64, 128, 64, 4, 4),
+    config(128, 128, 64, 4, 8, tma=False), config(64, 128, 64, 4, 4, tma=False),
+    config(32, 64, 128, 4, 4), config(32, 64, 128, 4, 4, tma=False),
+    config(16, 32, 256, 3, 4, tma=False, flatten=False), config(16, 32, 256, 4, 4),
+    config(16, 64, 128, 4, 4, tma=False),
 ]
 
 
-def _prune(configs, named_args, **kwargs):
+def prune_configs(configs, sizes):
     """Only tiles whose height suits M (tall tiles on tiny M compute padding, short ones on
     large M re-read the weight too often), and TMA configs only where the operands allow it."""
-    m = named_args["M"]
+    m = sizes["M"]
     if m <= 32:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
     elif m <= 128:
         keep = [c for c in configs if 32 <= c.kwargs["BLOCK_M"] <= 128]
     else:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] >= 64]
-    if not named_args["TMA_OK"]:
+    if not sizes["tma"]:
         keep = [c for c in keep if not c.kwargs["USE_TMA"]]
-    return keep or [_default_config(m, torch.float32, named_args["TMA_OK"])]
+    return keep
 
 
-def _default_config(m: int, dtype: torch.dtype, tma_ok: bool) -> triton.Config:
-    """The config used without autotuning (ACCELC_AUTOTUNE=0): modest tiles that fit in shared
+def default_config(sizes) -> triton.Config:
+    """The config used without tuning (ACCELC_AUTOTUNE=0): modest tiles that fit in shared
     memory for every dtype."""
-    if m <= 32:
-        return _config(16, 32, 256, 3, 4, tma=False, flatten=False)
-    return _config(64, 128, 64, 3 if dtype == torch.float32 else 4, 4, tma=tma_ok)
+    if sizes["M"] <= 32:
+        return config(16, 32, 256, 3, 4, tma=False, flatten=False)
+    return config(64, 128, 64, 3 if sizes["dtype"] == torch.float32 else 4, 4, tma=sizes["tma"])
 
 
-_HEURISTICS = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
+def interpreter_config(sizes) -> triton.Config:
+    """The interpreter has no device to time configs on; one small tile keeps CPU tests fast."""
+    return config(32, 32, 32, 1, 4, tma=sizes["tma"])
 
 
-_tuned_kernel = triton.autotune(
-    configs=_CONFIGS, key=["M_BUCKET", "N", "K", "TMA_OK"],
-    prune_configs_by={"early_config_prune": _prune}, do_bench=autotune_timer,
-)(triton.heuristics(_HEURISTICS)(_linear_kernel))
-# The interpreter has no device to time configs on; one small tile keeps CPU tests fast.
-_INTERPRETER_CONFIG = {True: _config(32, 32, 32, 1, 4), False: _config(32, 32, 32, 1, 4, tma=False)}
+TUNER = Tuner("linear", linear_kernel, CONFIGS, prune=prune_configs, default=default_config,
+              interpreter=interpreter_config)
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,112 +187,115 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
+def tma_ok(t: torch.Tensor) -> bool:
     """The copy engine needs a contiguous last dim and 16-byte aligned rows and base."""
     return (t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0
             and t.data_ptr() % 16 == 0 and t.shape[1] * t.element_size() >= 16)
+
+
+def epilogue_problem(x, N, bias, residual, activation) -> str | None:
+    """What is wrong with a GEMM-shaped op's epilogue operands (bias (N,), residual shaped as the
+    output (..., N), both x's dtype and device), or None."""
+    out_shape = (*x.shape[:-1], N)
+    for name, t in (("bias", bias), ("residual", residual)):
+        if t is not None and t.dtype != x.dtype:
+            return f"{name} is {t.dtype} but x is {x.dtype}"
+        if t is not None and t.device != x.device:
+            return f"{name} is on {t.device} but x is on {x.device}"
+    if bias is not None and tuple(bias.shape) != (N,):
+        return f"bias must be ({N},), got {tuple(bias.shape)}"
+    if residual is not None and tuple(residual.shape) != out_shape:
+        return f"residual must have the output's shape {out_shape}, got {tuple(residual.shape)}"
+    if activation not in ACTIVATIONS:
+        return f"activation must be one of {ACTIVATION_NAMES}, not {activation!r}"
+    return None
+
+
+def why_unsupported(x, weight, bias=None, residual=None, activation="none") -> str | None:
+    """Why accelc::linear cannot take these operands (the caller then stays PyTorch), or None.
+    Works on meta tensors: the rules ask it before rewriting."""
+    if weight.dim() != 2 or x.dim() < 1:
+        return f"weight must be 2-D (N, K) and x at least 1-D (..., K), got {tuple(weight.shape)} and {tuple(x.shape)}"
+    K, N = x.shape[-1], weight.shape[0]
+    if weight.shape[1] != K:
+        return f"x has K={K} features but weight is {tuple(weight.shape)}: expected (N, {K}) as nn.Linear stores it"
+    if x.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {x.dtype} is not supported (fp16, bf16, fp32)"
+    if weight.dtype != x.dtype:
+        return f"weight is {weight.dtype} but x is {x.dtype}"
+    if weight.device != x.device:
+        return f"weight is on {weight.device} but x is on {x.device}"
+    return epilogue_problem(x, N, bias, residual, activation)
 
 
 def _fail(message: str):
     raise ValueError(f"accelc::linear: {message}")
 
 
-def check_epilogue(x, N, bias, residual, activation, fail) -> tuple:
-    """The checks every GEMM-shaped launcher makes of its epilogue operands (bias (N,), residual
-    shaped as the output, both x's dtype and device); returns the output shape (..., N)."""
-    out_shape = (*x.shape[:-1], N)
-    for name, t in (("bias", bias), ("residual", residual)):
-        if t is not None and t.dtype != x.dtype:
-            fail(f"{name} is {t.dtype} but x is {x.dtype}")
-        if t is not None and t.device != x.device:
-            fail(f"{name} is on {t.device} but x is on {x.device}")
-    if bias is not None and bias.shape != (N,):
-        fail(f"bias must be ({N},), got {tuple(bias.shape)}")
-    if residual is not None and residual.shape != out_shape:
-        fail(f"residual must have the output's shape {out_shape}, got {tuple(residual.shape)}")
-    if activation not in ACTIVATIONS:
-        fail(f"activation must be one of {ACTIVATIONS}, not {activation!r}")
-    return out_shape
-
-
 def linear_launch(x, weight, bias=None, residual=None, activation="none",
                   residual_first=False, allow_tf32=False):
     """Checks, allocates, launches. Shapes: x (..., K), weight (N, K) (any strides),
     bias (N,), residual (..., N). Returns (..., N) in x.dtype."""
-    if weight.dim() != 2 or x.dim() < 1:
-        _fail(f"weight must be 2-D (N, K), got {tuple(weight.shape)}")
-    K = x.shape[-1]
-    N = weight.shape[0]
-    if weight.shape[1] != K:
-        _fail(f"x has K={K} features but weight is {tuple(weight.shape)}: "
-              f"expected (N, {K}) as nn.Linear stores it")
-    if x.dtype not in SUPPORTED_DTYPES:
-        _fail(f"dtype {x.dtype} is not supported (fp16, bf16, fp32)")
-    if weight.dtype != x.dtype:
-        _fail(f"weight is {weight.dtype} but x is {x.dtype}")
-    if weight.device != x.device:
-        _fail(f"weight is on {weight.device} but x is on {x.device}")
-    out_shape = check_epilogue(x, N, bias, residual, activation, _fail)
-
+    reason = why_unsupported(x, weight, bias, residual, activation)
+    if reason is not None:
+        _fail(reason)
+    K, N = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M > 0 and N > 0:
         res2 = residual.reshape(M, N) if residual is not None else None
         launch(x2, weight, bias, res2, out, activation, residual_first, allow_tf32)
-    return out.reshape(out_shape)
+    return out.reshape(*x.shape[:-1], N)
 
 
 def launch(x2, weight, bias, res2, out, activation="none", residual_first=False, allow_tf32=False,
-           config: triton.Config | None = None, scales=None, tuned=None):
+           config: triton.Config | None = None, scales=None, tuner: Tuner | None = None):
     """Launch on checked 2-D operands: out (M, N) = epilogue(x2 (M, K) @ weight (N, K)^T).
-    `config` overrides the autotuner (bench/gemm_sweep.py). For int8 x2 and weight
+    `config` overrides the tuner (bench/gemm_sweep.py). For int8 x2 and weight
     (kernels/int8_gemm.py): scales = (a_scale (M,), w_scale (N,)) fp32, and an int32 `out`
-    receives the raw accumulators; `tuned` is then the int8 autotuner."""
+    receives the raw accumulators; `tuner` is then the int8 one."""
     M, K = x2.shape
+    N = weight.shape[0]
     quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 1)
     a_scale, w_scale = scales if scales is not None else (out, out)
-    N = weight.shape[0]
-    tma_ok = K > 0 and _tma_ok(x2) and _tma_ok(weight)
-    # the boxes are set per config by _set_tma_boxes; [1, 1] is a placeholder
-    x_desc = TensorDescriptor.from_tensor(x2, [1, 1]) if tma_ok else x2
-    w_desc = TensorDescriptor.from_tensor(weight, [1, 1]) if tma_ok else weight
-    res2 = res2 if res2 is not None else out
-    args = (
-        x2, weight, x_desc, w_desc, bias if bias is not None else out, res2, out, a_scale, w_scale,
-        M, N, K, triton.next_power_of_2(M), tma_ok,
-        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
-        res2.stride(0), res2.stride(1), out.stride(0), out.stride(1),
-    )
+    use_tma = K > 0 and tma_ok(x2) and tma_ok(weight)
+    res = res2 if res2 is not None else out
+    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else None
     meta = dict(
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not out,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not None,
         RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
         # int8 layers with half outputs: GELU on the SFU's tanh (kernels/epilogue.py)
         FAST_MATH=quant == 1 and out.dtype in (torch.float16, torch.bfloat16),
         INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
         DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
     )
-    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else None
 
-    def grid(cfg):
+    def run(cfg):
+        kw = cfg.all_kwargs()
+        if kw["USE_TMA"] and not use_tma:
+            raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
+        # the descriptors' boxes are the config's tiles; they are passed (and encoded) also to
+        # configs that load with pointers
+        x_desc = TensorDescriptor.from_tensor(x2, [kw["BLOCK_M"], kw["BLOCK_K"]]) if use_tma else x2
+        w_desc = TensorDescriptor.from_tensor(weight, [kw["BLOCK_N"], kw["BLOCK_K"]]) if use_tma else weight
+        tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
         # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer
         # programs (and every program in the interpreter) take one tile each
-        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-        return (min(tiles, sms * cfg["PROGRAMS_PER_SM"]) if (sms and cfg["USE_TMA"]) else tiles,)
+        grid = (min(tiles, sms * kw["PROGRAMS_PER_SM"]) if (sms and kw["USE_TMA"]) else tiles,)
+        linear_kernel[grid](
+            x2, weight, x_desc, w_desc, bias if bias is not None else out, res, out, a_scale, w_scale,
+            M, N, K, x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+            res.stride(0), res.stride(1), out.stride(0), out.stride(1),
+            **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
 
-    if config is None and runtime.interpreted():
-        config = _INTERPRETER_CONFIG[tma_ok]
-    elif config is None and not runtime.autotune_enabled():
-        config = _default_config(M, x2.dtype, tma_ok)
+    if config is None:
+        tuner = tuner or TUNER
+        # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
+        key = (triton.next_power_of_2(M), N, K, use_tma, x2.dtype, out.dtype)
+        config = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype), run)
     with runtime.device_guard(x2):
-        if config is None:
-            (tuned or _tuned_kernel)[grid](*args, **meta)
-        else:
-            kw = config.all_kwargs()
-            if kw["USE_TMA"] and not tma_ok:
-                raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
-            _set_tma_boxes(dict(x_desc=x_desc, w_desc=w_desc, **meta, **kw))
-            _linear_kernel[grid(kw)](*args, **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
+        run(config)
 
 
 def linear_ref(x, weight, bias=None, residual=None, activation="none", residual_first=False,
@@ -322,11 +313,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            residual: Optional[torch.Tensor] = None, activation: str = "none",
            residual_first: bool = False, allow_tf32: bool = False) -> torch.Tensor:
     """act(x @ weight^T + bias) (+ residual): see the module docstring."""
-    if not runtime.can_run_on(x.device):
-        runtime.warn_once("linear-fallback", f"accelc::linear got tensors on {x.device}, where Triton "
-                          "cannot run in this process; computing it with PyTorch instead")
-        return linear_ref(x, weight, bias, residual, activation, residual_first)
-    return linear_launch(x, weight, bias, residual, activation, residual_first, allow_tf32)
+    return runtime.launch_or_fallback("linear", x.device, linear_launch, linear_ref, x, weight, bias, residual,
+                                      activation, residual_first, allow_tf32)
 
 
 @linear.register_fake
@@ -334,4 +322,4 @@ def _(x, weight, bias=None, residual=None, activation="none", residual_first=Fal
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-__all__ = ["ACTIVATIONS", "linear", "linear_launch", "linear_ref"]
+__all__ = ["ACTIVATIONS", "linear", "linear_launch", "linear_ref", "why_unsupported"]

@@ -23,15 +23,15 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 
 from accelc import runtime
 from accelc.kernels import gemm
 from accelc.kernels.epilogue import epilogue_ref
 from accelc.kernels.quantize import quantize_launch, quantize_ref
-from accelc.latency import autotune_timer
+from accelc.kernels.quantize import why_unsupported as quantize_why_unsupported
+from accelc.tuning import Tuner
 
-_c = gemm._config
+_c = gemm.config
 # int8 candidates: gemm.py's shapes with BLOCK_K doubled (same bytes per stage). From
 # bench/gemm_sweep.py --int8 on an H200 (+ GELU; exact GELU: gemm_sweep_int8_exact_gelu-nvidia-h200.json,
 # the FAST_MATH one: gemm_sweep_int8-nvidia-h200.json in bench/results):
@@ -41,16 +41,15 @@ _c = gemm._config
 #   none): the epilogue's math does not overlap the next tile's MMAs. With the FAST_MATH GELU
 #   (kernels/epilogue.py): 256x128x128 473 us (1162 TOPS, GELU ~20 us of it), 128x128x256 527 us.
 # - M <= 32: 16x32x512 pointer loads, 7.6 us at 16x4096x4096 (TMA 10.0 us).
-_CONFIGS = [
-    _c(256, 128, 128, 3, 8), _c(128, 128, 256, 3, 8), _c(128, 128, 128, 4, 8), _c(64, 128, 128, 4, 4), _c(128, 128, 128, 4, 8, tma=False), _c(64, 128, 128, 4, 4, tma=False),
+CONFIGS = [
+    _c(256, 128, 128, 3, 8), _c(128, 128, 256, 3, 8), _c(128, 128, 128, 4, 8), _c(64, 128, 128, 4, 4),
+    _c(128, 128, 128, 4, 8, tma=False), _c(64, 128, 128, 4, 4, tma=False),
     _c(32, 64, 256, 4, 4, tma=False), _c(16, 32, 512, 3, 4, tma=False, flatten=False),
     _c(16, 64, 256, 4, 4),
 ]
 
-_tuned_kernel = triton.autotune(
-    configs=_CONFIGS, key=["M_BUCKET", "N", "K", "TMA_OK"],
-    prune_configs_by={"early_config_prune": gemm._prune}, do_bench=autotune_timer,
-)(triton.heuristics(gemm._HEURISTICS)(gemm._linear_kernel))
+TUNER = Tuner("linear_w8a8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_configs,
+              default=gemm.default_config, interpreter=gemm.interpreter_config)
 
 
 def _fail(message: str):
@@ -91,19 +90,32 @@ def int8_gemm_launch(q, a_scale, w_q, w_scale, bias=None, residual=None, activat
                 epilogue_ref(torch.zeros_like(out, dtype=torch.float32), bias, residual, activation,
                              residual_first))
         gemm.launch(q, w_q, bias, residual, out, activation, residual_first,
-                    scales=(a_scale, w_scale), tuned=_tuned_kernel)
+                    scales=(a_scale, w_scale), tuner=TUNER)
     return out
+
+
+def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none", smooth=None,
+                    static_scale=None) -> str | None:
+    """Why accelc::linear_w8a8 cannot take these operands, or None (meta tensors are fine)."""
+    K = x.shape[-1] if x.dim() else -1
+    if w_q.dim() != 2 or w_q.shape[1] != K:
+        return f"x has K={K} features but w_q is {tuple(w_q.shape)}: expected (N, {K})"
+    if w_q.dtype != torch.int8 or w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (w_q.shape[0],):
+        return (f"w_q must be int8 (N, K) and w_scale fp32 (N,), got {w_q.dtype} {tuple(w_q.shape)} and "
+                f"{w_scale.dtype} {tuple(w_scale.shape)}")
+    return (quantize_why_unsupported(x, smooth, static_scale)
+            or gemm.epilogue_problem(x, w_q.shape[0], bias, residual, activation))
 
 
 def linear_w8a8_launch(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False,
                        smooth=None, static_scale=None):
     """Checks, quantizes x, launches. x (..., K), w_q (N, K) int8, w_scale (N,), bias (N,),
     residual (..., N). Returns (..., N) in x.dtype."""
-    K = x.shape[-1]
-    N = w_q.shape[0] if w_q.dim() == 2 else -1
-    if w_q.dim() != 2 or w_q.shape[1] != K:
-        _fail(f"x has K={K} features but w_q is {tuple(w_q.shape)}: expected (N, {K})")
-    out_shape = gemm.check_epilogue(x, N, bias, residual, activation, _fail)
+    reason = why_unsupported(x, w_q, w_scale, bias, residual, activation, smooth, static_scale)
+    if reason is not None:
+        _fail(reason)
+    K, N = x.shape[-1], w_q.shape[0]
+    out_shape = (*x.shape[:-1], N)
     q, a_scale = quantize_launch(x.reshape(-1, K), smooth, static_scale)
     res2 = residual.reshape(-1, N) if residual is not None else None
     out = int8_gemm_launch(q, a_scale, w_q, w_scale, bias, res2, activation, residual_first, x.dtype)
@@ -137,11 +149,8 @@ def linear_w8a8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias:
                 residual: Optional[torch.Tensor] = None, activation: str = "none", residual_first: bool = False,
                 smooth: Optional[torch.Tensor] = None, static_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """act(dequant(quant(x) @ w_q^T) + bias) (+ residual): see the module docstring."""
-    if not runtime.can_run_on(x.device):
-        runtime.warn_once("w8a8-fallback", f"accelc::linear_w8a8 got tensors on {x.device}, where Triton "
-                          "cannot run in this process; computing it with PyTorch instead")
-        return linear_w8a8_ref(x, w_q, w_scale, bias, residual, activation, residual_first, smooth, static_scale)
-    return linear_w8a8_launch(x, w_q, w_scale, bias, residual, activation, residual_first, smooth, static_scale)
+    return runtime.launch_or_fallback("linear_w8a8", x.device, linear_w8a8_launch, linear_w8a8_ref, x, w_q, w_scale,
+                                      bias, residual, activation, residual_first, smooth, static_scale)
 
 
 @linear_w8a8.register_fake
@@ -151,4 +160,4 @@ def _(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_fir
 
 
 __all__ = ["int8_gemm_launch", "int8_gemm_ref", "linear_w8a8", "linear_w8a8_launch", "linear_w8a8_ref",
-           "quantize_weight"]
+           "quantize_weight", "why_unsupported"]

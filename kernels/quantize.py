@@ -37,7 +37,8 @@ _ROUND_MAGIC = 12582912.0   # 1.5 * 2^23
 
 
 @triton.jit
-def _rint(y, USE_LIBDEVICE: tl.constexpr):
+def rint(y, USE_LIBDEVICE: tl.constexpr):
+    """Round half to even: libdevice's rint on the GPU, the 1.5 * 2^23 trick in the interpreter."""
     if USE_LIBDEVICE:
         return libdevice.rint(y)
     else:
@@ -78,25 +79,32 @@ def _quantize_kernel(
         x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
         if HAS_SMOOTH:
             x = x * tl.load(smooth_ptr + k0 + offs, mask=ok, other=0.0)
-        y = _rint(x * inv, USE_LIBDEVICE)
+        y = rint(x * inv, USE_LIBDEVICE)
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)
         tl.store(q_ptr + row * K + k0 + offs, y.to(tl.int8), mask=ok)
 
 
-def _check(x, smooth, static_scale):
+def why_unsupported(x, smooth=None, static_scale=None) -> str | None:
+    """Why accelc::quantize_per_token cannot take these operands, or None (meta tensors are fine)."""
     if x.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"accelc::quantize_per_token: dtype {x.dtype} is not supported (fp16, bf16, fp32)")
+        return f"dtype {x.dtype} is not supported (fp16, bf16, fp32)"
     if x.dim() < 1:
-        raise ValueError("accelc::quantize_per_token: x must have at least one dim (..., K)")
+        return "x must have at least one dim (..., K)"
     K = x.shape[-1]
-    if smooth is not None and (smooth.shape != (K,) or smooth.dtype != torch.float32):
-        raise ValueError(f"accelc::quantize_per_token: smooth must be a ({K},) fp32 vector, "
-                         f"got {tuple(smooth.shape)} {smooth.dtype}")
+    if smooth is not None and (tuple(smooth.shape) != (K,) or smooth.dtype != torch.float32):
+        return f"smooth must be a ({K},) fp32 vector, got {tuple(smooth.shape)} {smooth.dtype}"
     if static_scale is not None and (static_scale.numel() != 1 or static_scale.dtype != torch.float32):
-        raise ValueError("accelc::quantize_per_token: static_scale must be a one-element fp32 tensor")
+        return "static_scale must be a one-element fp32 tensor"
     for name, t in (("smooth", smooth), ("static_scale", static_scale)):
         if t is not None and t.device != x.device:
-            raise ValueError(f"accelc::quantize_per_token: {name} is on {t.device} but x is on {x.device}")
+            return f"{name} is on {t.device} but x is on {x.device}"
+    return None
+
+
+def _check(x, smooth, static_scale):
+    reason = why_unsupported(x, smooth, static_scale)
+    if reason is not None:
+        raise ValueError(f"accelc::quantize_per_token: {reason}")
 
 
 def quantize_launch(x, smooth=None, static_scale=None):
@@ -144,10 +152,9 @@ def quantize_ref(x, smooth=None, static_scale=None):
 def quantize_per_token(x: torch.Tensor, smooth: Optional[torch.Tensor] = None,
                        static_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 rows, fp32 row scales) of x: see the module docstring."""
-    if not runtime.can_run_on(x.device):
-        _check(x, smooth, static_scale)
-        return quantize_ref(x, smooth, static_scale)
-    return quantize_launch(x, smooth, static_scale)
+    _check(x, smooth, static_scale)
+    return runtime.launch_or_fallback("quantize_per_token", x.device, quantize_launch, quantize_ref, x, smooth,
+                                      static_scale)
 
 
 @quantize_per_token.register_fake
@@ -155,4 +162,4 @@ def _(x, smooth=None, static_scale=None):
     return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
-__all__ = ["quantize_per_token", "quantize_launch", "quantize_ref"]
+__all__ = ["quantize_per_token", "quantize_launch", "quantize_ref", "rint", "why_unsupported"]

@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from accelc import runtime
-from accelc.capture import TensorMeta, tensor_meta
+from accelc import meta
 from accelc.kernels.flash_attention import why_unsupported
-from accelc.rewrite import Pattern, attr_value, find, replace_group
+from accelc.meta import tensor_meta
+from accelc.rewrite import Pass, Pattern, Replacement, Rule, attr_value
 
 FLASH = torch.ops.accelc.flash_attention.default
 
@@ -31,13 +31,13 @@ FLASH = torch.ops.accelc.flash_attention.default
 # ---------------------------------------------------------------------------------------------
 # 1. nn.MultiheadAttention -> linear + SDPA + linear
 
-def _lower_mha(gm: fx.GraphModule) -> None:
+def _lower_mha(gm: fx.GraphModule, ctx) -> None:
     modules = dict(gm.named_modules())
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and isinstance(modules.get(node.target), nn.MultiheadAttention):
             reason = _mha_why_not(node, modules[node.target])
             if reason:
-                node.meta["accelc_skip"] = reason
+                meta.explain(node, reason)
             else:
                 _lower_one_mha(gm, node, modules[node.target])
 
@@ -74,13 +74,13 @@ def _mha_why_not(node, mha: nn.MultiheadAttention) -> str | None:
 def _lower_one_mha(gm, node, mha):
     g = gm.graph
     a = _mha_args(node)
-    path = node.meta.get("accelc_path", node.target)
+    path = node.meta.get(meta.PATH, node.target)
     E, H = mha.embed_dim, mha.num_heads
     new_nodes = []
 
     def call(fn, *args, sub="", **kwargs):
         n = g.call_function(fn, args, kwargs)
-        n.meta["accelc_path"] = f"{path}.{sub}" if sub else path
+        n.meta[meta.PATH] = f"{path}.{sub}" if sub else path
         new_nodes.append(n)
         return n
 
@@ -106,7 +106,7 @@ def _lower_one_mha(gm, node, mha):
             if tensor_meta(kpm).dtype == torch.bool:
                 kpm = call(torch.logical_not, kpm)
             mask = call(operator.getitem, kpm, (slice(None), None, None, slice(None)))
-        attn = call(F.scaled_dot_product_attention, q, k, v, mask)
+        attn = call(F.scaled_dot_product_attention, q, k, v, mask, 0.0, False, scale=None, enable_gqa=False)
         merged = call(torch.flatten, call(torch.transpose, attn, 1, 2), 2)
         out = call(F.linear, merged, g.get_attr(f"{node.target}.out_proj.weight"),
                    g.get_attr(f"{node.target}.out_proj.bias") if mha.out_proj.bias is not None else None,
@@ -131,42 +131,32 @@ def _set_meta(gm, nodes, a):
             if x in env:
                 return env[x]
             if x.op == "get_attr":  # the projection weights: give the new get_attr nodes shapes too
-                t = attr_value(gm, x)
-                x.meta["accelc_meta"] = TensorMeta(tuple(t.shape), t.dtype, t.device)
-            m = tensor_meta(x)
-            return torch.empty(m.shape, dtype=m.dtype, device="meta")
+                meta.set_tensor_meta(x, attr_value(gm, x))
+            return meta.meta_tensor(x)
         return x
 
     for n in nodes:
         out = n.target(*fx.node.map_aggregate(n.args, value), **fx.node.map_aggregate(n.kwargs, value))
         env[n] = out
         if isinstance(out, torch.Tensor):
-            n.meta["accelc_meta"] = TensorMeta(tuple(out.shape), out.dtype, dev)
+            n.meta[meta.VALUE] = meta.TensorMeta(tuple(out.shape), out.dtype, dev)
 
 
 # ---------------------------------------------------------------------------------------------
 # 2 and 3: SDPA calls and the decomposed form -> accelc::flash_attention
 
-def _meta_tensor(node):
-    m = tensor_meta(node)
-    return None if m is None else torch.empty(m.shape, dtype=m.dtype, device="meta")
-
-
 def _example_mask(mask):
     """The mask as the example inputs had it: an optional argument left at None counts as no
     mask for the checks (the node still goes to the op, which checks a mask given later)."""
-    return None if mask is None or (isinstance(mask, fx.Node) and mask.meta.get("accelc_none")) else mask
+    return None if mask is None or (isinstance(mask, fx.Node) and mask.meta.get(meta.IS_NONE)) else mask
 
 
-def _why_not(q, k, v, mask) -> str | None:
+def _kernel_problem(q, k, v, mask) -> str | None:
     mask = _example_mask(mask)
-    ts = [_meta_tensor(t) for t in (q, k, v)]
-    if any(t is None for t in ts) or (mask is not None and _meta_tensor(mask) is None):
+    ts = [meta.meta_tensor(t) for t in (q, k, v)]
+    if any(t is None for t in ts) or (mask is not None and meta.meta_tensor(mask) is None):
         return "input shapes unknown"
-    reason = why_unsupported(*ts, None if mask is None else _meta_tensor(mask))
-    if reason is None and not runtime.can_run_on(tensor_meta(q).device):
-        reason = f"tensors on {tensor_meta(q).device}: accelc kernels need a CUDA device"
-    return reason
+    return why_unsupported(*ts, meta.meta_tensor(mask))
 
 
 def _kernel_label(mask, is_causal) -> str:
@@ -174,35 +164,25 @@ def _kernel_label(mask, is_causal) -> str:
     return "accelc::flash_attention" + (f"[{'+'.join(parts)}]" if parts else "")
 
 
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+def _sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
+    # capture writes every SDPA call in this one form (its canonical arguments)
+    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def _rewrite_sdpa_calls(gm) -> int:
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
-            continue
-        a = dict(zip(_SDPA_ARGS, node.args))
-        a.update(node.kwargs)
-        q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
-        causal, scale = bool(a.get("is_causal", False)), a.get("scale")
-        if a.get("dropout_p", 0.0) != 0.0 or a.get("enable_gqa", False):
-            node.meta["accelc_skip"] = "dropout_p > 0 (training) or enable_gqa"
-            continue
-        if _example_mask(mask) is not None and causal:
-            node.meta["accelc_skip"] = "attn_mask together with is_causal"
-            continue
-        if isinstance(scale, fx.Node):
-            node.meta["accelc_skip"] = "scale computed at run time"
-            continue
-        reason = _why_not(q, k, v, mask)
-        if reason:
-            node.meta["accelc_skip"] = reason
-            continue
-        replace_group(gm, [node], FLASH, (q, k, v, mask, causal, scale), {},
-                      kind="attention", kernel=_kernel_label(mask, causal))
-        count += 1
-    return count
+def _check_sdpa(m, ctx) -> str | None:
+    if m.input("dropout_p") != 0.0 or m.input("enable_gqa"):
+        return "dropout_p > 0 (training) or enable_gqa"
+    if _example_mask(m.input("mask")) is not None and m.input("is_causal"):
+        return "attn_mask together with is_causal"
+    if isinstance(m.input("scale"), fx.Node):
+        return "scale computed at run time"
+    return _kernel_problem(m.input("q"), m.input("k"), m.input("v"), m.input("mask"))
+
+
+def _build_sdpa(m, ctx) -> Replacement:
+    mask, causal = m.input("mask"), bool(m.input("is_causal"))
+    return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, causal, m.input("scale")),
+                       kind="attention", kernel=_kernel_label(mask, causal))
 
 
 def _t(k, d0, d1):
@@ -237,47 +217,41 @@ def _no_scale_mask(q, k, v, mask, d0, d1, sdim):
     return torch.matmul(F.softmax(torch.matmul(q, _t(k, d0, d1)) + mask, sdim), v)
 
 
-def _rewrite_decomposed(gm) -> int:
-    count = 0
-    for pattern, scale_of in PATTERNS:
-        for m in find(gm, pattern):
-            if not m.is_live():
-                continue
-            q, k, v, mask = m.input("q"), m.input("k"), m.input("v"), m.input("mask")
-            scale = m.input("scale", 1.0)
-            mk = tensor_meta(k)
-            if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale == 0:
-                m.anchor.meta["accelc_skip"] = "attention scale is not a constant"
-                continue
-            rank = len(mk.shape) if mk else 0
-            dims = {d % rank for d in (m.input("d0"), m.input("d1"))} if rank else set()
-            if dims != {rank - 2, rank - 1} or m.input("sdim") not in (-1, rank - 1):
-                m.anchor.meta["accelc_skip"] = "not a softmax over keys of q @ k^T"
-                continue
-            reason = _why_not(q, k, v, mask)
-            if reason:
-                m.anchor.meta["accelc_skip"] = reason
-                continue
-            replace_group(gm, m.nodes, FLASH, (q, k, v, mask, False, float(scale_of(scale))), {},
-                          kind="attention", kernel=_kernel_label(mask, False))
-            count += 1
-    return count
+def _check_decomposed(m, ctx) -> str | None:
+    scale = m.input("scale", 1.0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale == 0:
+        return "attention scale is not a constant"
+    mk = tensor_meta(m.input("k"))
+    rank = len(mk.shape) if mk else 0
+    dims = {d % rank for d in (m.input("d0"), m.input("d1"))} if rank else set()
+    if dims != {rank - 2, rank - 1} or m.input("sdim") not in (-1, rank - 1):
+        return "not a softmax over keys of q @ k^T"
+    return _kernel_problem(m.input("q"), m.input("k"), m.input("v"), m.input("mask"))
 
 
-def run(gm, config) -> int:
-    _lower_mha(gm)
-    gm.graph.lint()
-    gm.recompile()
-    return _rewrite_sdpa_calls(gm) + _rewrite_decomposed(gm)
+def _decomposed(scale_of):
+    """The build of a decomposed pattern whose softmax scale is scale_of(the matched constant)."""
+    def build(m, ctx) -> Replacement:
+        mask = m.input("mask")
+        return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, False,
+                                   float(scale_of(m.input("scale", 1.0)))),
+                           kind="attention", kernel=_kernel_label(mask, False))
+    return build
 
 
-# pattern                                              softmax scale from the matched constant
-PATTERNS = [
-    (Pattern("softmax(q@k^T*s+mask)@v", _mul_mask),     lambda s: s),
-    (Pattern("softmax(q@k^T/s+mask)@v", _div_mask),     lambda s: 1.0 / s),
-    (Pattern("softmax(q@k^T+mask)@v", _no_scale_mask),  lambda s: 1.0),
-    (Pattern("softmax(q@k^T*s)@v", _mul),               lambda s: s),
-    (Pattern("softmax(q@k^T/s)@v", _div),               lambda s: 1.0 / s),
-    (Pattern("softmax((q*s)@k^T)@v", _q_scaled),        lambda s: s),
-    (Pattern("softmax(q@k^T)@v", _no_scale),            lambda s: 1.0),
-]
+def _rule(name, fn, scale_of) -> Rule:
+    return Rule(Pattern(name, fn), build=_decomposed(scale_of), check=_check_decomposed)
+
+
+RULES = (
+    Rule(Pattern("scaled_dot_product_attention", _sdpa), build=_build_sdpa, check=_check_sdpa),
+    # pattern                                                  softmax scale from the matched constant
+    _rule("softmax(q@k^T*s+mask)@v", _mul_mask,                lambda s: s),
+    _rule("softmax(q@k^T/s+mask)@v", _div_mask,                lambda s: 1.0 / s),
+    _rule("softmax(q@k^T+mask)@v", _no_scale_mask,             lambda s: 1.0),
+    _rule("softmax(q@k^T*s)@v", _mul,                          lambda s: s),
+    _rule("softmax(q@k^T/s)@v", _div,                          lambda s: 1.0 / s),
+    _rule("softmax((q*s)@k^T)@v", _q_scaled,                   lambda s: s),
+    _rule("softmax(q@k^T)@v", _no_scale,                       lambda s: 1.0),
+)
+PASS = Pass("attention", RULES, prepare=_lower_mha)   # lowering first: nn.MultiheadAttention -> linears + SDPA

@@ -3,8 +3,9 @@
     w' = w * g,  b' = (b - running_mean) * g + beta,  g = gamma / sqrt(running_var + eps)
 
 computed in fp32 (fp64 for fp32 models) whatever the model's dtype, then stored in it: exact up
-to one rounding of w' and b'. The folded tensors are new buffers on the graph module; the BN node
-is gone and the conv node records it (meta["accelc_absorbed"]) so the layer is still named
+to one rounding of w' and b'. The folded tensors are new buffers on the graph module. This is a
+simplification, not a layer: the new conv stands for the old one and records the batch norm's
+module path (meta.ABSORBED), so the layer conv_gemm makes of it is still named
 layer1.0.conv1+bn1 in summaries.
 """
 from __future__ import annotations
@@ -13,21 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from accelc.capture import TensorMeta
-from accelc.rewrite import Pattern, attr_value, find
+from accelc import meta
+from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant, attr_value
+
+_PARAMS = ("w", "b", "mean", "var", "gamma", "beta")
 
 
 def _conv_bn(x, w, b, stride, padding, dilation, groups, mean, var, gamma, beta, momentum, eps):
     return F.batch_norm(F.conv2d(x, w, b, stride, padding, dilation, groups), mean, var, gamma, beta,
                         False, momentum, eps)
-
-
-def _tensor(gm, node):
-    if node is None:
-        return None
-    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
-        return False  # computed at run time: cannot be folded ahead of time
-    return attr_value(gm, node)
 
 
 def fold(w, b, mean, var, gamma, beta, eps):
@@ -44,35 +39,24 @@ def fold(w, b, mean, var, gamma, beta, eps):
     return (w.to(acc) * g.reshape(-1, 1, 1, 1)).to(w.dtype), shift.to(w.dtype)
 
 
-def run(gm, config) -> int:
-    count = 0
-    for m in find(gm, PATTERN):
-        if not m.is_live():
-            continue
-        conv = next(n for n in m.nodes if n.target is F.conv2d)
-        bn = m.anchor
-        ts = {k: _tensor(gm, m.input(k)) for k in ("w", "b", "mean", "var", "gamma", "beta")}
-        if any(t is False for t in ts.values()) or ts["w"] is None or ts["mean"] is None:
-            bn.meta["accelc_skip"] = "conv or batch-norm parameters computed at run time"
-            continue
-        w, b = fold(ts["w"], ts["b"], ts["mean"], ts["var"], ts["gamma"], ts["beta"], m.input("eps"))
-        base = m.input("w").target.replace(".", "_")
-        names = (f"{base}_accelc_folded_w", f"{base}_accelc_folded_b")
-        gm.register_buffer(names[0], w.detach())
-        gm.register_buffer(names[1], b.detach())
-        g = gm.graph
-        with g.inserting_before(conv):
-            w_node, b_node = g.get_attr(names[0]), g.get_attr(names[1])
-        for node, t in ((w_node, w), (b_node, b)):
-            node.meta["accelc_meta"] = TensorMeta(tuple(t.shape), t.dtype, t.device)
-            node.meta["accelc_path"] = conv.meta.get("accelc_path", "")
-        conv.args = (conv.args[0], w_node, b_node, *conv.args[3:])
-        conv.meta["accelc_absorbed"] = conv.meta.get("accelc_absorbed", []) + [bn.meta.get("accelc_path", "")]
-        conv.meta["accelc_meta"] = bn.meta["accelc_meta"]
-        bn.replace_all_uses_with(conv)
-        g.erase_node(bn)
-        count += 1
-    return count
+def _check(m, ctx) -> str | None:
+    ins = [m.input(k) for k in _PARAMS]
+    if any(v is not None and not (isinstance(v, fx.Node) and v.op == "get_attr") for v in ins) \
+            or m.input("w") is None or m.input("mean") is None:
+        return "conv or batch-norm parameters computed at run time"
+    return None
 
 
-PATTERN = Pattern("batch_norm(conv2d(x))", _conv_bn)
+def _build(m, ctx) -> Replacement:
+    ts = {k: None if m.input(k) is None else attr_value(m.gm, m.input(k)) for k in _PARAMS}
+    w, b = fold(ts["w"], ts["b"], ts["mean"], ts["var"], ts["gamma"], ts["beta"], m.input("eps"))
+    base, conv_path = m.input("w").target.replace(".", "_"), meta.path(m.nodes[0])
+    w_node = add_constant(m.gm, f"{base}_accelc_folded_w", w.detach(), before=m.anchor, path=conv_path)
+    b_node = add_constant(m.gm, f"{base}_accelc_folded_b", b.detach(), before=m.anchor, path=conv_path)
+    args = (m.input("x"), w_node, b_node, m.input("stride"), m.input("padding"), m.input("dilation"),
+            m.input("groups"))
+    return Replacement(F.conv2d, args)   # kind "": a simplification, not a layer
+
+
+RULES = (Rule(Pattern("batch_norm(conv2d(x))", _conv_bn), build=_build, check=_check),)
+PASS = Pass("fold_bn", RULES)

@@ -22,20 +22,18 @@ import math
 import torch
 from torch import fx
 
-from accelc.capture import TensorMeta, flat_inputs, tensor_meta
+from accelc import meta
 from accelc.kernels.int8_gemm import quantize_weight
-from accelc.rewrite import Fallback, Rewrite, attr_value, replace_uses
+from accelc.rewrite import Pass, Rewrite, add_constant, attr_value, layers, restack
 
 LINEAR = torch.ops.accelc.linear.default
 W8A8 = torch.ops.accelc.linear_w8a8.default
 FLASH = torch.ops.accelc.flash_attention.default
 
-CALIBRATION_KEY = "accelc_calibration"   # gm.meta: list of input tuples, set by accelc.optimize
-
 
 def _module_type(rw: Rewrite) -> str:
     for n in rw.original.graph.nodes:
-        cls = n.meta.get("accelc_module_type")
+        cls = n.meta.get(meta.MODULE_TYPE)
         if cls and n.op not in ("placeholder", "get_attr"):
             return cls.rpartition(".")[2]
     return "functional"
@@ -55,8 +53,8 @@ def _weight_tensor(gm, w: fx.Node) -> torch.Tensor | None:
 
 
 def _why_not(gm, n: fx.Node, index: int, count: int, cfg) -> str | None:
-    rw = n.meta["accelc"]
-    names = [rw.layer, n.meta.get("accelc_path", "")]
+    rw = meta.rewrite_of(n)
+    names = [rw.layer, meta.path(n)]
     if cfg.skip_first_last and index in (0, count - 1):
         return f"{'first' if index == 0 else 'last'} linear layer: stays in float (Int8Config.skip_first_last)"
     if cfg.layers is not None and not _selected(names, cfg.layers):
@@ -67,14 +65,14 @@ def _why_not(gm, n: fx.Node, index: int, count: int, cfg) -> str | None:
         return f"type {_module_type(rw)} not in Int8Config.types"
     if _weight_tensor(gm, n.args[1]) is None:
         return "weight is computed at run time, not a constant: stays in float"
-    mx = tensor_meta(n.args[0])
+    mx = meta.tensor_meta(n.args[0])
     rows = math.prod(mx.shape[:-1]) if mx is not None else 0
     if rows < cfg.min_rows:
         return f"{rows} rows < Int8Config.min_rows={cfg.min_rows}: stays in float, where it is faster"
     return None
 
 
-def _calibrate(gm, nodes: list[fx.Node]) -> dict[fx.Node, torch.Tensor]:
+def _calibrate(gm, nodes: list[fx.Node], batches: list) -> dict[fx.Node, torch.Tensor]:
     """Per-input-channel absmax (K,) of each node's x over the calibration batches."""
     stats: dict[fx.Node, torch.Tensor] = {}
     wanted = set(nodes)
@@ -88,21 +86,13 @@ def _calibrate(gm, nodes: list[fx.Node]) -> dict[fx.Node, torch.Tensor]:
             return super().run_node(node)
 
     with torch.no_grad():
-        for args in gm.meta.get(CALIBRATION_KEY, []):
-            _Record(gm).run(*flat_inputs(gm, args))
+        for args in batches:
+            _Record(gm).run(*args)
     return stats
 
 
-def _attr(gm, n: fx.Node, name: str, value: torch.Tensor) -> fx.Node:
-    gm.register_buffer(name, value)
-    with gm.graph.inserting_before(n):
-        node = gm.graph.get_attr(name)
-    node.meta["accelc_meta"] = TensorMeta(tuple(value.shape), value.dtype, value.device)
-    return node
-
-
 def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
-    rw: Rewrite = n.meta["accelc"]
+    rw = meta.rewrite_of(n)
     x, w_node, bias, residual = n.args[:4]
     weight = _weight_tensor(gm, w_node).detach()
     prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_int8"
@@ -113,63 +103,53 @@ def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
         s = (amax.clamp_min(1e-5) ** a / weight.float().abs().amax(0).clamp_min(1e-5) ** (1 - a)).clamp(1e-4, 1e4)
         smooth = (1.0 / s).float().contiguous()
     w_q, w_scale = quantize_weight(weight, s)
-    aux = [_attr(gm, n, prefix + "_w", w_q), _attr(gm, n, prefix + "_w_scale", w_scale)]
+    aux = [add_constant(gm, prefix + "_w", w_q, before=n), add_constant(gm, prefix + "_w_scale", w_scale, before=n)]
     kwargs = dict(activation=n.kwargs.get("activation", "none"), residual_first=n.kwargs.get("residual_first", False))
     if smooth is not None:
-        aux.append(_attr(gm, n, prefix + "_smooth", smooth))
+        aux.append(add_constant(gm, prefix + "_smooth", smooth, before=n))
         kwargs["smooth"] = aux[-1]
     if cfg.static and amax is not None:
         a_max = (amax * smooth).max() if smooth is not None else amax.max()
-        aux.append(_attr(gm, n, prefix + "_act_scale", (a_max / 127.0).clamp_min(1e-12).reshape(1).float()))
+        aux.append(add_constant(gm, prefix + "_act_scale", (a_max / 127.0).clamp_min(1e-12).reshape(1).float(),
+                                before=n))
         kwargs["static_scale"] = aux[-1]
-    g = gm.graph
-    with g.inserting_before(n):
-        new = g.call_function(W8A8, (x, aux[0], aux[1], bias, residual), kwargs)
-    new.meta.update({k: v for k, v in n.meta.items() if k != "accelc"})
-    new.meta["accelc"] = Rewrite(
-        layer=rw.layer, kind="linear_int8", kernel=rw.kernel.replace("accelc::linear", "accelc::linear_w8a8"),
-        original=rw.original, inputs=rw.inputs, aux=rw.aux + aux,
-        fallback=Fallback(n.target, n.args, dict(n.kwargs), rw.kind, rw.kernel, rw.aux),
-        note=("static act scale; " if "static_scale" in kwargs else "")
-        + (f"SmoothQuant alpha={cfg.smoothing}" if smooth is not None else ""),
-        weight_bytes=(weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4))
-    replace_uses(gm, n, new)
-    g.erase_node(n)
+    note = (("static act scale; " if "static_scale" in kwargs else "")
+            + (f"SmoothQuant alpha={cfg.smoothing}" if smooth is not None else ""))
+    restack(gm, n, W8A8, (x, aux[0], aux[1], bias, residual), kwargs, kind="linear_int8",
+            kernel=rw.kernel.replace("accelc::linear", "accelc::linear_w8a8"), aux=aux, note=note,
+            weight_bytes=(weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4))
 
 
 def _to_int8_attention(gm, n: fx.Node) -> None:
-    rw: Rewrite = n.meta["accelc"]
-    g = gm.graph
-    with g.inserting_before(n):
-        new = g.call_function(FLASH, n.args, {**n.kwargs, "qk_int8": True})
-    new.meta.update({k: v for k, v in n.meta.items() if k != "accelc"})
-    new.meta["accelc"] = Rewrite(
-        layer=rw.layer, kind="attention_int8", kernel=rw.kernel.replace("accelc::flash_attention",
-                                                                        "accelc::flash_attention[qk_int8]"),
-        original=rw.original, inputs=rw.inputs, aux=rw.aux,
-        fallback=Fallback(n.target, n.args, dict(n.kwargs), rw.kind, rw.kernel, rw.aux))
-    replace_uses(gm, n, new)
-    g.erase_node(n)
+    rw = meta.rewrite_of(n)
+    restack(gm, n, FLASH, n.args, {**n.kwargs, "qk_int8": True}, kind="attention_int8",
+            kernel=rw.kernel.replace("accelc::flash_attention", "accelc::flash_attention[qk_int8]"))
 
 
-def run(gm, config) -> int:
-    cfg = config.int8
+def _transform(gm, ctx) -> int:
+    cfg = ctx.config.int8
     if cfg is None:
         return 0
-    linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is LINEAR and "accelc" in n.meta]
+    linears = [n for n in layers(gm) if n.target is LINEAR]
     chosen = []
     for i, n in enumerate(linears):
         reason = _why_not(gm, n, i, len(linears), cfg)
         if reason:
-            n.meta["accelc"].note = reason
+            meta.explain(n, reason)
         else:
             chosen.append(n)
-    stats = _calibrate(gm, chosen) if chosen and (cfg.static or cfg.smoothing is not None) else {}
+    needs_stats = chosen and (cfg.static or cfg.smoothing is not None)
+    stats = _calibrate(gm, chosen, ctx.calibration) if needs_stats else {}
     for n in chosen:
         _to_w8a8(gm, n, stats.get(n), cfg)
     count = len(chosen)
     if cfg.attention:
-        for n in [n for n in gm.graph.nodes if n.op == "call_function" and n.target is FLASH and "accelc" in n.meta]:
+        for n in [n for n in layers(gm) if n.target is FLASH]:
             _to_int8_attention(gm, n)
             count += 1
     return count
+
+
+# Not a table of rules: the layers moved to int8 are the float layers the rules before made, chosen
+# as a set (the first and last linear layers, the filters) and calibrated together.
+PASS = Pass("int8", transform=_transform)

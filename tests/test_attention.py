@@ -150,3 +150,21 @@ def test_models_every_attention_rewritten_and_matching(name, n_attention, dtype)
     with torch.no_grad():
         out, eager, ref = opt(*args2), model(*args2), ref_model(*ref_args)
     assert rel_l2(out, ref) <= max(2 * rel_l2(eager, ref), REL_FLOOR[dtype])
+
+
+class SdpaSpellings(nn.Module):
+    """SDPA with its arguments given by keyword, positionally, or left to their defaults: capture
+    writes one canonical call, so one rule takes them all."""
+
+    def forward(self, q, k, v):
+        a = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+        b = F.scaled_dot_product_attention(query=q, key=k, value=v, is_causal=True)
+        c = F.scaled_dot_product_attention(q, k, v, None, 0.0, False)
+        return a + b + c
+
+
+def test_sdpa_argument_spellings():
+    q, k, v = (torch.randn(1, 2, 17, 32) for _ in range(3))
+    opt = _optimize(SdpaSpellings(), q, k, v)
+    nodes = [n for n in opt.graph_module.graph.nodes if n.target is FLASH]
+    assert [(n.args[4], n.args[5]) for n in nodes] == [(False, 0.3), (True, None), (False, None)]

@@ -96,3 +96,30 @@ class TrainingFlag(nn.Module):
 def test_capture_checks_the_graph_against_the_model():
     with pytest.raises(accelc.CaptureError, match="differs from the model"):
         capture(TrainingFlag(), (torch.randn(64, 64),))
+
+
+class TwoOutputs(ShapeBranch):
+    """torch.export-captured (the shape branch) and returning more than one tensor: the graph's
+    output was once unflattened twice, and capture failed blaming the model's control flow."""
+
+    def __init__(self, as_dict):
+        super().__init__()
+        self.as_dict = as_dict
+
+    def forward(self, x):
+        y = super().forward(x)
+        return {"logits": y, "features": x * 2} if self.as_dict else (y, x * 2)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_export_capture_of_several_outputs(as_dict):
+    model = TwoOutputs(as_dict).to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    assert opt.info.capture_method == "torch.export" and len(opt.rewritten) == 3
+    with torch.no_grad():
+        got, want = opt(x), model(x)
+    if as_dict:
+        assert set(got) == {"logits", "features"}
+        got, want = (got["logits"], got["features"]), (want["logits"], want["features"])
+    assert all(rel_l2(g, w) < 1e-5 for g, w in zip(got, want))

@@ -57,6 +57,10 @@ def test_convert_full_module_file_with_shape_and_report(tmp_path, capsys):
     validate(report)
     rows = [r for r in report["layers"] if r["status"] == "rewritten"]
     assert len(rows) == 8 and all(r["accelc_ms"] > 0 and r["eager_ms"] > 0 for r in rows)
+    # one number for one layer's error: the summary's (the guard's) is the report's
+    summary = json.loads((tmp_path / "rep" / "layers.json").read_text())["layers"]
+    assert {r["name"]: r["rel_error"] for r in summary if r["status"] == "rewritten"} == {
+        r["layer"]: r["accelc_rel_error"] for r in rows}
     assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == [
         "layers.json", "report.csv", "report.html", "report.json", "report.md", "summary.txt"]
 

@@ -3,8 +3,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from accelc.guard import sqnr_db
 from accelc.kernels import flash_attention as fa
-from conftest import DEVICE, assert_close_to_ref
+from accelc.kernels.flash_attention import flash_attention_launch, flash_attention_ref
+from conftest import DEVICE, assert_close_to_ref, rel_l2
 
 DTYPES = [(torch.float16, 2e-3, 1e-2), (torch.bfloat16, 1.6e-2, 5e-2)]  # (dtype, atol, rtol) vs fp64
 
@@ -86,3 +88,18 @@ def test_unsupported_inputs_explained(args, message):
     assert message in fa.why_unsupported(*args(q, k, v))
     with pytest.raises(ValueError, match=message):
         fa.flash_attention_launch(*args(q, k, v))
+
+
+# ---------------------------------------------------------------------------------------------
+# int8 attention
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flash_attention_qk_int8(causal, dtype):
+    B, H, L, S, D = 2, 2, 33, 47 if not causal else 33, 64
+    q, k, v = (torch.randn(B, H, n, D, device=DEVICE, dtype=dtype) for n in (L, S, S))
+    out = flash_attention_launch(q, k, v, None, causal, None, qk_int8=True)
+    ref8 = flash_attention_ref(q.float(), k.float(), v.float(), None, causal, None, qk_int8=True)
+    ref = flash_attention_ref(q.double(), k.double(), v.double(), None, causal, None)
+    assert rel_l2(out, ref8) < (4e-3 if dtype == torch.float16 else 2e-2)  # the kernel does what ref8 does
+    assert sqnr_db(rel_l2(out, ref)) > 30

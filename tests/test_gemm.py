@@ -128,7 +128,7 @@ def test_op_is_one_node_under_export():
 def test_tma_and_pointer_paths(k, tma):
     # K=64 rows are 16-byte aligned: the copy-engine (TMA) path; K=70 fp16 rows are not: pointers
     x, w, b, r = _inputs(45, k, 33, torch.float16)
-    assert gemm._tma_ok(x) == tma and gemm._tma_ok(w) == tma
+    assert gemm.tma_ok(x) == tma and gemm.tma_ok(w) == tma
     out = torch.ops.accelc.linear(x, w, b, r, activation="gelu_tanh")
     assert_close_to_ref(out, _ref(x, w, b, r, "gelu_tanh"), _eager(x, w, b, r, "gelu_tanh"),
                         torch.float16, 1e-2, 1e-2)

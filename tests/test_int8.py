@@ -1,157 +1,19 @@
-"""int8 (W8A8): kernels/quantize.py and kernels/int8_gemm.py against integer references (exact),
-int8 layers against float by SQNR, and the int8 pass, guard and revert on models."""
+"""passes/int8.py: the int8 pass on models, its filters, calibration (static scales, SmoothQuant), the
+guard's SQNR floor and float fallback, the int8-or-float choice, and saving only int8 weights."""
 import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import accelc
 from accelc.config import Int8Config
 from accelc.guard import sqnr_db
-from accelc.kernels.flash_attention import flash_attention_launch, flash_attention_ref
-from accelc.kernels.int8_gemm import (int8_gemm_launch, int8_gemm_ref, linear_w8a8_launch, linear_w8a8_ref,
-                                      quantize_weight)
-from accelc.kernels.quantize import quantize_launch, quantize_ref
 from conftest import DEVICE, rel_l2
-
-FLOATS = [torch.float16, torch.bfloat16, torch.float32]
-SHAPES = [(37, 70, 45), (1, 16, 16), (5, 123, 123), (64, 96, 128)]  # (M, K, N)
 
 
 def _sqnr(out, ref) -> float:
     return sqnr_db(rel_l2(out, ref))
-
-
-# ---------------------------------------------------------------------------------------------
-# quantize: bit for bit
-
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("m,k", [(37, 70), (1, 16), (5, 123), (3, 5000)])
-def test_quantize_exact(m, k, dtype):
-    x = (torch.randn(m, k, device=DEVICE) * torch.rand(m, 1, device=DEVICE) * 10).to(dtype)
-    q, s = quantize_launch(x)
-    q_ref, s_ref = quantize_ref(x)
-    assert q.dtype == torch.int8 and s.dtype == torch.float32
-    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
-    assert q.abs().amax(1).eq(127).all()          # each row's absmax maps to 127
-    # dequantized rows are within half a step of x
-    assert ((q.float() * s[:, None] - x.float()).abs() <= s[:, None] * 0.5001).all()
-
-
-def test_quantize_strided_rows_smooth_static_and_zero_rows():
-    base = torch.randn(9, 200, device=DEVICE, dtype=torch.float16)
-    x = base[::2, 10:150]                         # strided rows, offset start
-    x[1] = 0                                      # a row of zeros: scale 0, q 0
-    smooth = torch.rand(140, device=DEVICE) + 0.5
-    for kw in ({}, {"smooth": smooth}, {"static_scale": torch.tensor([0.01], device=DEVICE)},
-               {"smooth": smooth, "static_scale": torch.tensor([0.02], device=DEVICE)}):
-        q, s = quantize_launch(x, **kw)
-        q_ref, s_ref = quantize_ref(x, **kw)
-        assert torch.equal(q, q_ref) and torch.equal(s, s_ref), kw
-    q, s = quantize_launch(x)
-    assert s[1] == 0 and q[1].eq(0).all()
-    # a static scale saturates values past it
-    q, _ = quantize_launch(x, static_scale=torch.tensor([1e-3], device=DEVICE))
-    assert q.abs().max() == 127
-
-
-def test_quantize_op_and_bad_input():
-    x = torch.randn(4, 3, 32, device=DEVICE, dtype=torch.float16)
-    q, s = torch.ops.accelc.quantize_per_token(x)
-    assert q.shape == x.shape and s.shape == (4, 3)
-    with pytest.raises(ValueError, match="dtype"):
-        quantize_launch(x.to(torch.int32))
-    with pytest.raises(ValueError, match="smooth must be"):
-        quantize_launch(x, smooth=torch.ones(31, device=DEVICE))
-
-
-# ---------------------------------------------------------------------------------------------
-# int8 GEMM: int32 accumulators bit for bit; dequantized epilogue vs the same math in fp32
-
-@pytest.mark.parametrize("m,k,n", SHAPES + [(33, 1000, 70)])
-def test_int8_gemm_int32_exact(m, k, n):
-    q = torch.randint(-127, 128, (m, k), device=DEVICE, dtype=torch.int8)
-    w = torch.randint(-127, 128, (n, k), device=DEVICE, dtype=torch.int8)
-    ones_m, ones_n = torch.ones(m, device=DEVICE), torch.ones(n, device=DEVICE)
-    acc = int8_gemm_launch(q, ones_m, w, ones_n, raw=True)
-    assert acc.dtype == torch.int32
-    assert torch.equal(acc, int8_gemm_ref(q, ones_m, w, ones_n, raw=True))
-    # extremes: every product 127 * 127 (or -127 * 127) summed over k
-    full = torch.full((m, k), 127, device=DEVICE, dtype=torch.int8)
-    assert torch.equal(int8_gemm_launch(full, ones_m, -w.abs().clamp_min(127), ones_n, raw=True),
-                       torch.full((m, n), -127 * 127 * k, device=DEVICE, dtype=torch.int32))
-
-
-@pytest.mark.parametrize("activation,residual,residual_first", [
-    ("none", False, False), ("gelu", False, False), ("relu", True, True), ("silu", True, False)])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_int8_gemm_epilogue(activation, residual, residual_first, dtype):
-    m, k, n = 37, 70, 45
-    q = torch.randint(-127, 128, (m, k), device=DEVICE, dtype=torch.int8)
-    w = torch.randint(-127, 128, (n, k), device=DEVICE, dtype=torch.int8)
-    a_s, w_s = torch.rand(m, device=DEVICE) / 100, torch.rand(n, device=DEVICE) / 100
-    b = torch.randn(n, device=DEVICE, dtype=dtype)
-    r = torch.randn(m, n, device=DEVICE, dtype=dtype) if residual else None
-    out = int8_gemm_launch(q, a_s, w, w_s, b, r, activation, residual_first, out_dtype=dtype)
-    ref = int8_gemm_ref(q.cpu(), a_s.cpu(), w.cpu(), w_s.cpu(), b.cpu(), None if r is None else r.cpu(),
-                        activation, residual_first, out_dtype=torch.float32)
-    assert out.dtype == dtype
-    # the same fp32 math: within one rounding to the output dtype
-    eps = torch.finfo(dtype).eps
-    torch.testing.assert_close(out.float().cpu(), ref, atol=2 * eps, rtol=eps)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("m,k,n", SHAPES)
-def test_linear_w8a8_sqnr_vs_float(m, k, n, dtype):
-    """Random data: int8 layer vs the float layer in fp64, well above the 20 dB floor."""
-    x = torch.randn(m, k, device=DEVICE, dtype=dtype)
-    w = torch.randn(n, k, device=DEVICE) / k ** 0.5
-    b = torch.randn(n, device=DEVICE, dtype=dtype)
-    w_q, w_s = quantize_weight(w)
-    out = torch.ops.accelc.linear_w8a8(x, w_q, w_s, b, None, "gelu")
-    ref = F.gelu(F.linear(x.double(), w.double(), b.double()))
-    assert out.dtype == dtype and out.shape == (m, n)
-    assert _sqnr(out, ref) > 30
-    # and the kernel is its own integer reference, up to the output rounding
-    ref8 = linear_w8a8_ref(x, w_q, w_s, b, None, "gelu")
-    assert rel_l2(out, ref8) <= 2 * torch.finfo(dtype).eps
-
-
-def test_linear_w8a8_batch_dims_and_bad_input():
-    x = torch.randn(2, 3, 64, device=DEVICE, dtype=torch.float16)
-    w_q, w_s = quantize_weight(torch.randn(32, 64, device=DEVICE))
-    out = linear_w8a8_launch(x, w_q, w_s)
-    assert out.shape == (2, 3, 32)
-    with pytest.raises(ValueError, match="expected"):
-        linear_w8a8_launch(x, w_q[:, :63].contiguous(), w_s)
-    with pytest.raises(ValueError, match="int8"):
-        int8_gemm_launch(x.reshape(6, 64), torch.ones(6, device=DEVICE), w_q, w_s)
-
-
-def test_quantize_weight_per_channel():
-    w = torch.randn(16, 40, device=DEVICE) * torch.logspace(-3, 2, 16, device=DEVICE)[:, None]
-    w_q, w_s = quantize_weight(w)
-    assert w_q.dtype == torch.int8 and w_s.shape == (16,)
-    assert w_q.abs().amax(1).eq(127).all()
-    assert _sqnr(w_q.float() * w_s[:, None], w) > 38   # each row keeps its own range
-
-
-# ---------------------------------------------------------------------------------------------
-# int8 attention
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_flash_attention_qk_int8(causal, dtype):
-    B, H, L, S, D = 2, 2, 33, 47 if not causal else 33, 64
-    q, k, v = (torch.randn(B, H, n, D, device=DEVICE, dtype=dtype) for n in (L, S, S))
-    out = flash_attention_launch(q, k, v, None, causal, None, qk_int8=True)
-    ref8 = flash_attention_ref(q.float(), k.float(), v.float(), None, causal, None, qk_int8=True)
-    ref = flash_attention_ref(q.double(), k.double(), v.double(), None, causal, None)
-    assert rel_l2(out, ref8) < (4e-3 if dtype == torch.float16 else 2e-2)  # the kernel does what ref8 does
-    assert _sqnr(out, ref) > 30
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,3 +194,25 @@ def test_cli_int8(capsys):
     assert out.count("accelc::linear_w8a8") + out.count("only_if_faster") == 6
     assert main(["optimize", "mlp", "--int8-attention"]) == 1
     assert "need --int8" in capsys.readouterr().err
+
+
+def test_int8_layers_hold_only_int8_weights():
+    """After the guard decides, an int8 layer keeps its int8 weight and scales, not its float
+    weight: the optimized module is smaller than the float one, and the summary says by how much."""
+    model = accelc.models.get("mlp", hidden=256).to(DEVICE)
+    (x,) = model.example_inputs(8)
+    float_opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(dtype="fp16"))
+    opt = _int8_opt(model, x.half())
+    int8 = [r.name.split("+")[0] for r in opt.layers if r.kind == "linear_int8"]
+    assert int8
+    held = dict(opt.graph_module.named_parameters()) | dict(opt.graph_module.named_buffers())
+    for path in int8:
+        assert f"{path}.weight" not in held, path
+        assert f"{path}.bias" in held, path
+    assert opt.info.weight_bytes < float_opt.info.weight_bytes == float_opt.info.model_weight_bytes
+    assert opt.info.weight_bytes < opt.info.model_weight_bytes - 0.4 * opt.info.float_weight_bytes
+    assert "weights: model" in opt.summary()
+    rep = accelc.report(model, (x,), accelc.OptimizeConfig(dtype="fp16", int8=Int8Config(only_if_faster=False)),
+                        rep_ms=5, progress=False, with_ort=False)
+    rows = [r for r in rep.layers if r.kind == "linear_int8"]   # their eager side reads the model's weights
+    assert rows and all(r.eager_ms > 0 and r.accelc_ms > 0 for r in rows)

@@ -113,7 +113,7 @@ def test_attention_model(name):
 def test_layer_whose_export_fails(monkeypatch):
     """Every exporter fails on the GELU layer: its row says why; the other rows and the report
     are complete."""
-    real = ort._torch_export
+    real = ort.torch_export
 
     def failing(module, tensors, path, dynamo):
         inner = getattr(module, "module", None)   # the layer inside ort's tensor-arguments wrapper
@@ -121,7 +121,7 @@ def test_layer_whose_export_fails(monkeypatch):
             raise RuntimeError("Exporting the operator 'aten::gelu' is not supported (test)")
         return real(module, tensors, path, dynamo)
 
-    monkeypatch.setattr(ort, "_torch_export", failing)
+    monkeypatch.setattr(ort, "torch_export", failing)
     model = accelc.models.get("transformer_mlp").to(DEVICE)
     rep = accelc.report(model, model.example_inputs(2), **FAST)
     gelu = [r for r in rep.layers if "gelu" in r.kernel]
@@ -136,14 +136,14 @@ def test_layer_whose_export_fails(monkeypatch):
 
 
 def test_half_export_falls_back_to_fp32_then_fp16(monkeypatch, tmp_path):
-    real = ort._torch_export
+    real = ort.torch_export
 
     def no_half(module, tensors, path, dynamo):
         if any(t.dtype == torch.float16 for t in tensors):
             raise RuntimeError("ORT refused it (test)")
         return real(module, tensors, path, dynamo)
 
-    monkeypatch.setattr(ort, "_torch_export", no_half)
+    monkeypatch.setattr(ort, "torch_export", no_half)
     layer = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.LayerNorm(16)).half().to(DEVICE).eval()
     x = torch.randn(4, 32, device=DEVICE, dtype=torch.float16)
     exp = ort.export(layer, [x], str(tmp_path / "l.onnx"), DEVICE)

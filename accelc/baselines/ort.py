@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from accelc.errors import short_error
+
 OPSET = 17   # LayerNormalization is in the default domain from 17
 
 _NP_DTYPES = {"tensor(float16)": torch.float16, "tensor(float)": torch.float32, "tensor(double)": torch.float64,
@@ -99,11 +101,6 @@ class _Tensors(nn.Module):
         return self.module(*args)
 
 
-def _short(e: Exception) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:300]}"
-
-
 @contextlib.contextmanager
 def _quiet():
     """The exporters print warnings and progress for every call, and the TorchScript one prints
@@ -133,7 +130,7 @@ def _quiet():
                 os.close(copy_fd)
 
 
-def _torch_export(module, tensors, path, dynamo: bool) -> None:
+def torch_export(module, tensors, path, dynamo: bool) -> None:
     names = [f"in{i}" for i in range(len(tensors))]
     with _quiet(), torch.no_grad():
         if dynamo:
@@ -172,14 +169,14 @@ def export(module: nn.Module, args: list, path: str, device: torch.device, allow
             if via_fp32:
                 m = copy.deepcopy(wrapped).float()
                 ts = [t.float() if t.is_floating_point() else t for t in tensors]
-            _torch_export(m, ts, path, dynamo)
+            torch_export(m, ts, path, dynamo)
             if via_fp32:
                 _to_fp16(path)
             session(path, device, allow_tf32=allow_tf32)       # ORT must accept the file
             result.path, result.method = path, name + dtype
             return result
         except Exception as e:  # each exporter fails in its own way; the next one may not
-            result.errors.append(f"{name}{dtype}: {_short(e)}")
+            result.errors.append(f"{name}{dtype}: {short_error(e)}")
             with contextlib.suppress(OSError):
                 os.remove(path)
     return result

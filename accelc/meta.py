@@ -1,0 +1,85 @@
+"""What accelc writes on torch.fx nodes, named once.
+
+Every node of a captured graph carries, in node.meta:
+  PATH         the module path it came from ("blocks.0.fc1"; "" for the root's own ops)
+  MODULE_TYPE  that module's class, qualified ("torch.nn.modules.linear.Linear"), or None
+  VALUE        a TensorMeta (shape, dtype, device) of its value on the example inputs
+  IS_NONE      True when its value was None (an optional argument the caller left out)
+and, once passes ran,
+  REWRITE      on a node that calls an accelc op: its accelc.rewrite.Rewrite (the layer)
+  SKIP         why no rule took this node (explain() writes it)
+  REVERTED     on the nodes the guard put back: (the layer's Rewrite, reason)
+  ABSORBED     module paths folded into this node (a batch norm into its conv), for layer names
+The graph module's own meta holds REPLACED during a pass (accelc.rewrite.replace_uses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+PATH = "accelc_path"
+MODULE_TYPE = "accelc_module_type"
+VALUE = "accelc_meta"
+IS_NONE = "accelc_none"
+REWRITE = "accelc"
+SKIP = "accelc_skip"
+REVERTED = "accelc_reverted"
+ABSORBED = "accelc_absorbed"
+REPLACED = "accelc_replaced"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorMeta":
+        return cls(tuple(t.shape), t.dtype, t.device)
+
+    def empty(self) -> torch.Tensor:
+        """A meta-device tensor of this shape and dtype, for kernels' why_unsupported checks."""
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+def tensor_meta(node) -> TensorMeta | None:
+    """The TensorMeta of a node's value, or None (not a node, not a tensor, not recorded)."""
+    return node.meta.get(VALUE) if isinstance(node, fx.Node) else None
+
+
+def set_tensor_meta(node: fx.Node, t: torch.Tensor) -> None:
+    node.meta[VALUE] = TensorMeta.of(t)
+
+
+def meta_tensor(node) -> torch.Tensor | None:
+    """An empty meta-device tensor shaped like the node's value, or None."""
+    m = tensor_meta(node)
+    return None if m is None else m.empty()
+
+
+def path(node: fx.Node) -> str:
+    return node.meta.get(PATH, "")
+
+
+def rewrite_of(node):
+    """The Rewrite of a node that calls an accelc op, else None."""
+    return node.meta.get(REWRITE) if isinstance(node, fx.Node) else None
+
+
+def explain(node: fx.Node, reason: str) -> None:
+    """Record why `node` stays as it is. One policy for every pass: the first reason given for a
+    node stands (the pass that knows the node best runs first: attention before linear_act sees
+    the matmuls of an attention it refused). On a node that is already an accelc layer (the int8
+    pass choosing float for it), the reason becomes the layer's note instead."""
+    rw = rewrite_of(node)
+    if rw is not None:
+        rw.note = reason
+    elif reason:
+        node.meta.setdefault(SKIP, reason)
+
+
+def reason_kept(node: fx.Node) -> str | None:
+    return node.meta.get(SKIP)

@@ -1,0 +1,170 @@
+"""Choosing each kernel's launch config once per shape, and remembering the choice on disk.
+
+Every accelc kernel launches through a Tuner: `config = tuner.pick(key, sizes, launch)` is a dict
+hit after the first call for a key, so the per-call host cost is the launcher's own (no
+triton.autotune bookkeeping per call). On a miss the config comes from, in order:
+  - Triton's CPU interpreter: one small config (the interpreter has no device to time on);
+  - ACCELC_AUTOTUNE=0: the kernel's default config for the sizes (fast start, slower kernels);
+  - the on-disk cache: a JSON file per (kernel, key) under ACCELC_CACHE_DIR (default
+    $XDG_CACHE_HOME/accelc or ~/.cache/accelc), named by a hash of the kernel's source (with the
+    jit functions it calls), its candidate configs, the key, the device and the Triton, PyTorch
+    and CUDA versions, so a change to any of them tunes again. Files are written to a temporary
+    name and renamed: concurrent processes each write a whole file, the last one stays;
+  - tuning: every candidate the prune function keeps is run and timed over a captured CUDA graph
+    (a config that fails to compile or launch is skipped and logged), the fastest kept.
+Tuning is logged on the `accelc` logger at INFO (what is tuned, how many candidates).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+import triton
+
+from accelc import runtime
+from accelc.latency import graph_kernel_us
+
+log = logging.getLogger("accelc")
+
+_FORMAT = 1   # of the cache files
+_task = contextvars.ContextVar("accelc_tuning_task", default="")
+
+
+@contextlib.contextmanager
+def task(text: str):
+    """What the kernels launched inside the block are for ("layer 3/50 blocks.0.fc1+gelu"):
+    the tuning log line names it, so a long optimize says what it tunes and how far it is."""
+    token = _task.set(text)
+    try:
+        yield
+    finally:
+        _task.reset(token)
+
+
+def device_identity() -> tuple[str, str]:
+    """(name, compute capability) of the current CUDA device: part of every cache key."""
+    dev = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return dev.name, f"{dev.major}.{dev.minor}"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ACCELC_CACHE_DIR")
+    if root:
+        return Path(root).expanduser() / "tuning"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "accelc" / "tuning"
+
+
+def config_dict(cfg: triton.Config) -> dict:
+    """A config as plain data (its constexprs and launch options), for the cache file and logs."""
+    return {k: v for k, v in sorted(cfg.all_kwargs().items()) if isinstance(v, (int, float, str, bool))}
+
+
+class Tuner:
+    """The launch config of one Triton kernel, chosen per key (see the module docstring).
+
+    configs:     the candidates, in the order ties are broken;
+    prune:       (configs, sizes) -> the candidates worth timing for these sizes;
+    default:     sizes -> the config used without tuning (ACCELC_AUTOTUNE=0);
+    interpreter: sizes -> the config used under TRITON_INTERPRET.
+    """
+
+    def __init__(self, name: str, kernel, configs: list, *, prune: Callable | None = None,
+                 default: Callable[[dict], triton.Config], interpreter: Callable[[dict], triton.Config]):
+        self.name = name
+        self.kernel = kernel
+        self.configs = list(configs)
+        self.prune = prune or (lambda configs, sizes: configs)
+        self.default = default
+        self.interpreter = interpreter
+        self.chosen: dict[tuple, triton.Config] = {}
+        self.timings: dict[tuple, list] = {}     # key -> [(config, us)] of the last tuning run
+        self._source_hash = None
+
+    def pick(self, key: tuple, sizes: dict, launch: Callable[[triton.Config], object]) -> triton.Config:
+        """The config for `key`. `sizes`: what prune / default / interpreter look at; `launch(cfg)`
+        runs the kernel once with cfg on the real arguments (tuning times it)."""
+        cfg = self.chosen.get(key)
+        if cfg is None:
+            cfg = self.chosen[key] = self._choose(key, sizes, launch)
+        return cfg
+
+    def _choose(self, key, sizes, launch) -> triton.Config:
+        if runtime.interpreted():
+            return self.interpreter(sizes)
+        if not runtime.autotune_enabled():
+            return self.default(sizes)
+        candidates = self.prune(self.configs, sizes) or [self.default(sizes)]
+        if len(candidates) == 1:
+            return candidates[0]
+        path = self._cache_file(key)
+        cfg = self._read(path, candidates)
+        if cfg is not None:
+            return cfg
+        log.info("accelc: tuning %s (%s) for %s: %d candidates", self.name, _describe(sizes),
+                 _task.get() or "a call", len(candidates))
+        timed = [(c, time_config(launch, c)) for c in candidates]
+        for c, us in timed:
+            if math.isinf(us):
+                log.debug("accelc: %s candidate %s failed for %s", self.name, config_dict(c), _describe(sizes))
+        best, best_us = min(timed, key=lambda t: t[1])
+        if math.isinf(best_us):
+            raise RuntimeError(f"{self.name}: no candidate config ran for {_describe(sizes)}")
+        self.timings[key] = timed
+        self._write(path, key, best, timed)
+        return best
+
+    # -- the disk cache ----------------------------------------------------------------------
+
+    def _cache_file(self, key) -> Path:
+        if self._source_hash is None:
+            src = getattr(self.kernel, "cache_key", None) or getattr(self.kernel, "src", "")
+            self._source_hash = hashlib.sha256(str(src).encode()).hexdigest()
+        ident = json.dumps([_FORMAT, self.name, self._source_hash, [config_dict(c) for c in self.configs],
+                            [str(k) for k in key], *device_identity(), triton.__version__, torch.__version__,
+                            torch.version.cuda])
+        return cache_dir() / f"{self.name}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.json"
+
+    @staticmethod
+    def _read(path: Path, candidates: list) -> triton.Config | None:
+        try:
+            want = json.loads(path.read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None     # not there, or unreadable: tune again (and overwrite it)
+        return next((c for c in candidates if config_dict(c) == want), None)
+
+    def _write(self, path: Path, key, best, timed) -> None:
+        record = {"kernel": self.name, "key": [str(k) for k in key], "config": config_dict(best),
+                  "timings_us": [[config_dict(c), None if math.isinf(us) else round(us, 3)] for c, us in timed],
+                  "device": device_identity()[0], "triton": triton.__version__, "torch": torch.__version__}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(record, indent=1))
+            os.replace(tmp, path)
+        except OSError as e:   # a read-only home: tuning still works, it is just not remembered
+            log.warning("accelc: cannot write the tuning cache %s (%s); set ACCELC_CACHE_DIR", path.parent, e)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+
+def time_config(launch, cfg) -> float:
+    """Microseconds per launch of cfg, timed over a captured CUDA graph (plain launches would time
+    the host's launch cost instead of small kernels); inf when it cannot run."""
+    try:
+        return graph_kernel_us(lambda: launch(cfg))
+    except Exception as e:  # out of shared memory, a PTX error, ...: not a candidate here
+        log.debug("accelc: config %s failed: %s", config_dict(cfg), e)
+        torch.cuda.synchronize()
+        return math.inf
+
+
+def _describe(sizes: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sizes.items() if not isinstance(v, torch.Tensor))

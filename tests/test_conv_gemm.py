@@ -1,0 +1,78 @@
+"""passes/conv_gemm.py (with fold_bn before it): which convs become accelc::conv2d with their epilogue,
+what stays PyTorch and why, ResNet and cnn_small end to end, a reverted conv's packed weight."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import accelc
+from accelc.kernels import conv
+from conftest import DEVICE, REL_FLOOR, rel_l2
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, groups=1, transposed=False):
+        super().__init__()
+        self.conv = (nn.ConvTranspose2d(8, 8, 3, padding=1) if transposed
+                     else nn.Conv2d(8, 8, 3, padding=1, groups=groups, bias=False))
+        self.bn = nn.BatchNorm2d(8)
+        self.bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)) + x)
+
+
+def test_conv_bn_relu_residual_one_op():
+    model = ConvBlock().to(DEVICE).eval()
+    x = torch.randn(2, 8, 10, 10, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    assert [(r.name, r.kernel) for r in opt.rewritten] == [("conv+bn+add+relu", "accelc::conv2d[residual+relu]")]
+    assert opt.info.pass_counts["fold_bn"] == 1 and opt.info.pass_counts["conv_gemm"] == 1
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("kwargs,reason", [(dict(groups=2), "groups=2"), (dict(groups=8), "groups=8")])
+def test_grouped_and_depthwise_kept_with_reason(kwargs, reason):
+    model = ConvBlock(**kwargs).to(DEVICE).eval()
+    opt = accelc.optimize(model, (torch.randn(2, 8, 10, 10, device=DEVICE),))
+    assert not any(r.kind == "conv2d" for r in opt.rewritten)
+    assert any(reason in r.reason for r in opt.layers)
+
+
+def test_transposed_conv_stays_pytorch():
+    model = ConvBlock(transposed=True).to(DEVICE).eval()
+    opt = accelc.optimize(model, (torch.randn(2, 8, 10, 10, device=DEVICE),))
+    assert not any(r.kind == "conv2d" for r in opt.rewritten)
+    assert any(r.kind == "ConvTranspose2d" and r.status == "kept" for r in opt.layers)
+
+
+@pytest.mark.parametrize("name,kwargs", [("resnet", {}), ("resnet", {"block": "basic"}), ("cnn_small", {})])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_models_every_conv_rewritten_and_matching(name, kwargs, dtype):
+    model = accelc.models.get(name, **kwargs).to(DEVICE, dtype)
+    (x,) = model.example_inputs()
+    opt = accelc.optimize(model, (x,))
+    n_conv = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    assert sum(r.kind == "conv2d" for r in opt.rewritten) == n_conv
+    assert not any(r.kind in ("BatchNorm2d", "ReLU") for r in opt.layers)  # all folded or fused
+    ref_model = accelc.models.get(name, **kwargs).to(DEVICE, torch.float64)
+    (x2,) = model.example_inputs(batch_size=3)
+    with torch.no_grad():
+        out, eager, ref = opt(x2), model(x2), ref_model(x2.double())
+    assert rel_l2(out, ref) <= max(2 * rel_l2(eager, ref), REL_FLOOR[dtype])
+
+
+
+def test_reverted_conv_leaves_no_packed_weight(monkeypatch):
+    def wrong(*args, **kwargs):
+        return conv.conv2d_ref(*args, **kwargs) + 1.0
+    monkeypatch.setattr(conv, "conv2d_launch", wrong)
+    model = accelc.models.get("cnn_small").to(DEVICE)
+    opt = accelc.optimize(model, model.example_inputs())
+    assert sum(r.status == "reverted" and r.kind == "conv2d" for r in opt.layers) == 3
+    assert not [name for name, _ in opt.graph_module.named_buffers() if "accelc_packed" in name]
+    assert "accelc_replaced" not in opt.graph_module.meta
+    with torch.no_grad():
+        (x,) = model.example_inputs()
+        assert rel_l2(opt(x), model(x)) < 1e-6

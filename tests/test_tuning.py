@@ -1,0 +1,106 @@
+"""accelc/tuning.py: one config per key, chosen once, remembered on disk across processes; what
+runs where there is nothing to time. The GPU is stood in for (device name, timer), so the cache
+logic is tested on the CPU."""
+import json
+
+import pytest
+import triton
+
+from accelc import runtime, tuning
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, num_stages=s) for b in (32, 64, 128) for s in (2, 3)]
+FAST = {"BLOCK": 64, "num_stages": 3}    # the candidate the fake timer makes fastest
+
+
+class _Kernel:
+    src = "def kernel(x, BLOCK): ..."
+
+
+def _tuner():
+    return tuning.Tuner("fake", _Kernel(), CONFIGS, prune=lambda cs, sizes: [c for c in cs if c.kwargs["BLOCK"] <= sizes["M"]],
+                        default=lambda sizes: CONFIGS[0], interpreter=lambda sizes: CONFIGS[1])
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """A 'GPU': nothing interpreted, a device name, a timer that counts its calls."""
+    timed = []
+
+    def fake_time(launch, cfg):
+        launch(cfg)
+        timed.append(cfg)
+        if cfg.kwargs["BLOCK"] == 128 and cfg.num_stages == 2:
+            return float("inf")            # a config that fails to compile: skipped
+        return 1.0 if (cfg.kwargs["BLOCK"], cfg.num_stages) == (64, 3) else 2.0 + cfg.kwargs["BLOCK"] / 100
+
+    monkeypatch.setattr(runtime, "interpreted", lambda: False)
+    monkeypatch.setattr(tuning, "device_identity", lambda: ("Fake GPU", "9.0"))
+    monkeypatch.setattr(tuning, "time_config", fake_time)
+    monkeypatch.setenv("ACCELC_CACHE_DIR", str(tmp_path))
+    return timed
+
+
+def _chosen(cfg):
+    return {"BLOCK": cfg.kwargs["BLOCK"], "num_stages": cfg.num_stages}
+
+
+def test_tunes_once_then_reads_the_disk_in_a_new_process(fake_gpu, tmp_path):
+    launched = []
+    cfg = _tuner().pick((1024, "fp16"), {"M": 1024}, launched.append)
+    assert _chosen(cfg) == FAST and len(fake_gpu) == len(CONFIGS) and len(launched) == len(CONFIGS)
+    (path,) = (tmp_path / "tuning").iterdir()
+    record = json.loads(path.read_text())
+    assert record["config"]["BLOCK"] == 64 and record["device"] == "Fake GPU"
+    assert sum(t[1] is None for t in record["timings_us"]) == 1          # the failed candidate, recorded
+    fake_gpu.clear()
+    again = _tuner()                      # a new process: an empty in-memory cache
+    assert _chosen(again.pick((1024, "fp16"), {"M": 1024}, launched.append)) == FAST
+    assert fake_gpu == []                 # nothing timed: read from disk
+    assert again.pick((1024, "fp16"), {"M": 1024}, None) is again.pick((1024, "fp16"), {"M": 1024}, None)
+
+
+def test_other_keys_configs_and_devices_tune_again(fake_gpu, monkeypatch, tmp_path):
+    t = _tuner()
+    t.pick((1024, "fp16"), {"M": 1024}, lambda c: None)
+    n = len(fake_gpu)
+    t.pick((64, "fp16"), {"M": 64}, lambda c: None)                  # another key: pruned to BLOCK <= 64
+    assert len(fake_gpu) == n + 4
+    other = tuning.Tuner("fake", _Kernel(), CONFIGS[:4], default=lambda s: CONFIGS[0],
+                         interpreter=lambda s: CONFIGS[0])
+    other.pick((1024, "fp16"), {"M": 1024}, lambda c: None)          # another candidate list
+    monkeypatch.setattr(tuning, "device_identity", lambda: ("Other GPU", "9.0"))
+    _tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None)        # another device
+    assert len(list((tmp_path / "tuning").iterdir())) == 4
+
+
+def test_unreadable_cache_file_is_tuned_again_and_replaced(fake_gpu, tmp_path):
+    _tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None)
+    (path,) = (tmp_path / "tuning").iterdir()
+    path.write_text('{"config": ')        # torn or corrupt
+    fake_gpu.clear()
+    assert _chosen(_tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None)) == FAST
+    assert fake_gpu and json.loads(path.read_text())["config"]["BLOCK"] == 64
+    assert [p.name for p in (tmp_path / "tuning").iterdir()] == [path.name]   # no temporary file left
+
+
+def test_no_timing_without_a_gpu_or_with_tuning_off(fake_gpu, monkeypatch, tmp_path):
+    monkeypatch.setattr(runtime, "autotune_enabled", lambda: False)
+    assert _tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None) is CONFIGS[0]
+    monkeypatch.setattr(runtime, "interpreted", lambda: True)
+    assert _tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None) is CONFIGS[1]
+    assert fake_gpu == [] and not (tmp_path / "tuning").exists()
+
+
+def test_progress_line_names_the_layer(fake_gpu, caplog):
+    with caplog.at_level("INFO", logger="accelc"), tuning.task("layer 3/7 blocks.0.fc1+gelu"):
+        _tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None)
+    assert "tuning fake (M=1024) for layer 3/7 blocks.0.fc1+gelu: 6 candidates" in caplog.text
+
+
+def test_a_read_only_cache_folder_still_tunes(fake_gpu, monkeypatch, tmp_path, caplog):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("ACCELC_CACHE_DIR", str(blocked))   # tuning/ cannot be made under a file
+    with caplog.at_level("WARNING", logger="accelc"):
+        assert _chosen(_tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None)) == FAST
+    assert "cannot write the tuning cache" in caplog.text
