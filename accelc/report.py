@@ -30,7 +30,8 @@ from accelc.api import Job, optimize_prepared, prepare
 from accelc.baselines import ort
 from accelc.errors import short_error
 from accelc.files import write_text
-from accelc.guard import LayerCheck, error_stats, sqnr_db, verdict
+from accelc.guard import LayerCheck, verdict
+from accelc.numerics import error_stats, sqnr_db
 from accelc.latency import layer_ms, median_ms
 from accelc.optimized import LayerRecord
 from accelc.rewrite import layers

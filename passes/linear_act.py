@@ -1,4 +1,4 @@
-"""linear_act: Linear / F.linear / matmul (+ bias) (+ activation) (+ residual add), in one
+"""linear_act: Linear / F.linear / matmul / addmm (+ bias) (+ activation) (+ residual add), in one
 torch.ops.accelc.linear call (kernels/gemm.py).
 
 The patterns below find the GEMM and its bias; passes/epilogue.py then takes the activation
@@ -33,6 +33,10 @@ def _bias_matmul(x, weight_t, bias):
 
 def _matmul(x, weight_t):
     return torch.matmul(x, weight_t)
+
+
+def _addmm(bias, x, weight_t):
+    return torch.addmm(bias, x, weight_t)       # HF's Conv1D (GPT-2): bias + x @ weight
 
 
 def _is_linear(m) -> bool:
@@ -76,6 +80,7 @@ RULES = (
     _rule("linear", _linear),
     _rule("matmul+bias", _matmul_bias),
     _rule("bias+matmul", _bias_matmul),
+    _rule("addmm", _addmm),
     _rule("matmul", _matmul),
 )
 PASS = Pass("linear_act", RULES)

@@ -123,3 +123,28 @@ def test_export_capture_of_several_outputs(as_dict):
         assert set(got) == {"logits", "features"}
         got, want = (got["logits"], got["features"]), (want["logits"], want["features"])
     assert all(rel_l2(g, w) < 1e-5 for g, w in zip(got, want))
+
+
+class OptionalMask(nn.Module):
+    """An optional forward argument the example leaves out (timm's `attn_mask=None`): captured at
+    its default, so the rules see no mask rather than a graph input that might be anything."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+
+    def forward(self, x, attn_mask=None):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 32)).permute(2, 0, 3, 1, 4)
+        causal = attn_mask is None and x.shape[1] > 1
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal)
+
+
+def test_optional_arguments_left_out_are_captured_at_their_default():
+    model = OptionalMask().to(DEVICE).half().eval()
+    x = torch.randn(2, 9, 64, device=DEVICE, dtype=torch.float16)
+    opt = accelc.optimize(model, (x,))
+    assert [r.kernel for r in opt.rewritten if r.kind == "attention"] == ["accelc::flash_attention[causal]"]
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 5e-3
+        with pytest.raises(Exception, match="specialized"):
+            opt.graph_module(x, torch.zeros(9, 9, device=DEVICE, dtype=torch.float16))

@@ -8,7 +8,7 @@ from torch import nn
 
 import accelc
 from accelc.config import Int8Config
-from accelc.guard import sqnr_db
+from accelc.numerics import sqnr_db
 from conftest import DEVICE, rel_l2
 
 

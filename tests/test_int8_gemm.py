@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelc.guard import sqnr_db
+from accelc.numerics import sqnr_db
 from accelc.kernels.int8_gemm import (int8_gemm_launch, int8_gemm_ref, linear_w8a8_launch, linear_w8a8_ref,
                                       quantize_weight)
 from conftest import DEVICE, rel_l2

@@ -172,3 +172,25 @@ def test_counts_and_names_on_a_sequence():
     opt = _optimize(model, 6, 8)
     assert opt.info.pass_counts["linear_act"] == 3
     assert [r.name for r in opt.rewritten] == ["0+1", "2+3", "4"]
+
+
+class Conv1D(nn.Module):
+    """HF's GPT-2 linear: bias + x @ weight through torch.addmm, weight stored (K, N)."""
+
+    def __init__(self, k, n, beta=1):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(k, n) / k ** 0.5)
+        self.bias = nn.Parameter(torch.randn(n))
+        self.beta = beta
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.weight.shape[1],)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight, beta=self.beta)
+        return F.gelu(x.view(size_out))
+
+
+def test_addmm_linears():
+    opt = _optimize(Conv1D(20, 12), 2, 5, 20)
+    assert _kernels(opt) == ["accelc::linear"]       # the gelu comes after a view: not absorbed
+    opt = _optimize(Conv1D(20, 12, beta=2), 2, 5, 20)
+    assert _kernels(opt) == []                       # 2 * bias + x @ w: not a linear layer's addmm
