@@ -29,7 +29,7 @@ import triton.language as tl
 
 from accelc import runtime
 from accelc.kernels.quantize import quantize_ref, rint
-from accelc.tuning import Tuner
+from accelc.tuning import CompiledCall, Tuner
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (32, 64, 80, 96, 128)
@@ -188,39 +188,58 @@ def why_unsupported(q, k, v, mask=None) -> Optional[str]:
     return None
 
 
+_CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
+
+
 def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False):
-    reason = why_unsupported(q, k, v, mask)
-    if reason is not None:
-        raise ValueError(f"accelc::flash_attention: {reason}")
+    """Checks, allocates, launches. A call signature seen before launches its compiled kernel
+    directly (accelc.tuning.CompiledCall)."""
+    tensors = (q, k, v) if mask is None else (q, k, v, mask)
+    sig = (tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
+           bool(is_causal), scale, bool(qk_int8))
+    if sig not in _CHECKED:
+        reason = why_unsupported(q, k, v, mask)
+        if reason is not None:
+            raise ValueError(f"accelc::flash_attention: {reason}")
+        _CHECKED.add(sig)
     B, H, L, D = q.shape
     S = k.shape[2]
     out = _empty_out(q)
     if out.numel() == 0:
         return out
-    if mask is None:
-        mask_kind, mask_t, mstrides = 0, q, (0, 0, 0, 0)
-    else:
-        mask_kind = 2 if mask.dtype == torch.bool else 1
-        mask_t = mask.expand(B, H, L, S)  # a view: broadcast dims get stride 0
-        mstrides = mask_t.stride()
-    sm_scale = scale if scale is not None else D ** -0.5
-    args = (q, k, v, mask_t, out, H, L, S, sm_scale * 1.4426950408889634,
-            *q.stride(), *k.stride(), *v.stride(), *mstrides, *out.stride())
-    meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), MASK_KIND=mask_kind, IS_CAUSAL=bool(is_causal),
-                DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16, QK_INT8=bool(qk_int8),
-                USE_LIBDEVICE=not runtime.interpreted())
-
-    def run(cfg):
-        kw = cfg.all_kwargs()
-        _flash_fwd_kernel[(triton.cdiv(L, kw["BLOCK_M"]), B * H)](*args, **meta, **kw)
-
-    # the tuning key: lengths by their next power of two
-    key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, mask_kind, bool(is_causal), bool(qk_int8),
-           q.dtype)
-    cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D), run)
+    mask_t = q if mask is None else mask.expand(B, H, L, S)  # a view: broadcast dims get stride 0
     with runtime.device_guard(q):
-        run(cfg)
+        known = TUNER.calls.get(sig)
+        if known is not None:
+            call, kw = known
+            call(_args(q, k, v, mask_t, out, mask is not None, scale), q.device.index or 0)
+            return out
+        meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
+                    MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
+                    IS_CAUSAL=bool(is_causal), DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16,
+                    QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted())
+
+        def run(cfg):
+            kw = cfg.all_kwargs()
+            _flash_fwd_kernel[(triton.cdiv(L, kw["BLOCK_M"]), B * H)](
+                *_args(q, k, v, mask_t, out, mask is not None, scale), **meta, **kw)
+
+        # the tuning key: lengths by their next power of two
+        key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], bool(is_causal),
+               bool(qk_int8), q.dtype)
+        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D), run)
+        kw = cfg.all_kwargs()
+        TUNER.calls[sig] = (CompiledCall(_flash_fwd_kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
+                                         _args(q, k, v, mask_t, out, mask is not None, scale), dict(meta, **kw)), kw)
     return out
+
+
+def _args(q, k, v, mask_t, out, has_mask, scale) -> tuple:
+    """_flash_fwd_kernel's positional arguments."""
+    B, H, L, D = q.shape
+    sm_scale = scale if scale is not None else D ** -0.5
+    return (q, k, v, mask_t, out, H, L, k.shape[2], sm_scale * 1.4426950408889634,
+            *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)), *out.stride())
 
 
 def _quantize_rows(t):

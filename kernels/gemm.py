@@ -27,7 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
 from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_code, epilogue, epilogue_ref
-from accelc.tuning import Tuner
+from accelc.tuning import CompiledCall, Tuner
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -232,13 +232,21 @@ def _fail(message: str):
     raise ValueError(f"accelc::linear: {message}")
 
 
+_CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
+
+
 def linear_launch(x, weight, bias=None, residual=None, activation="none",
                   residual_first=False, allow_tf32=False):
     """Checks, allocates, launches. Shapes: x (..., K), weight (N, K) (any strides),
     bias (N,), residual (..., N). Returns (..., N) in x.dtype."""
-    reason = why_unsupported(x, weight, bias, residual, activation)
-    if reason is not None:
-        _fail(reason)
+    sig = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
+           None if bias is None else (bias.shape, bias.dtype, bias.device),
+           None if residual is None else (residual.shape, residual.dtype, residual.device), activation)
+    if sig not in _CHECKED:
+        reason = why_unsupported(x, weight, bias, residual, activation)
+        if reason is not None:
+            _fail(reason)
+        _CHECKED.add(sig)
     K, N = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
@@ -254,48 +262,69 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
     """Launch on checked 2-D operands: out (M, N) = epilogue(x2 (M, K) @ weight (N, K)^T).
     `config` overrides the tuner (bench/gemm_sweep.py). For int8 x2 and weight
     (kernels/int8_gemm.py): scales = (a_scale (M,), w_scale (N,)) fp32, and an int32 `out`
-    receives the raw accumulators; `tuner` is then the int8 one."""
-    M, K = x2.shape
-    N = weight.shape[0]
-    quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 1)
+    receives the raw accumulators; `tuner` is then the int8 one. A call signature seen before
+    launches its compiled kernel directly (accelc.tuning.CompiledCall)."""
+    tuner = tuner or TUNER
     a_scale, w_scale = scales if scales is not None else (out, out)
-    use_tma = K > 0 and tma_ok(x2) and tma_ok(weight)
     res = res2 if res2 is not None else out
-    sms = _sm_count(x2.device.index or 0) if x2.is_cuda else None
-    meta = dict(
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not None,
-        RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
-        # int8 layers with half outputs: GELU on the SFU's tanh (kernels/epilogue.py)
-        FAST_MATH=quant == 1 and out.dtype in (torch.float16, torch.bfloat16),
-        INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
-        DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
-    )
+    tensors = (x2, weight, bias if bias is not None else out, res, out, a_scale, w_scale)
+    sig = (x2.shape, x2.stride(), weight.shape, weight.stride(), res.stride(), out.stride(), x2.dtype, out.dtype,
+           bias is None, res2 is None, scales is None, activation, bool(residual_first), bool(allow_tf32),
+           x2.device, tuple(t.data_ptr() % 16 for t in tensors))
+    known = tuner.calls.get(sig) if config is None else None
+    with runtime.device_guard(x2):
+        if known is not None:
+            call, kw = known
+            call(kernel_args(kw, tensors), x2.device.index or 0)
+            return
+        M, K = x2.shape
+        N = weight.shape[0]
+        quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 1)
+        use_tma = K > 0 and tma_ok(x2) and tma_ok(weight)
+        sms = _sm_count(x2.device.index or 0) if x2.is_cuda else None
+        meta = dict(
+            HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not None,
+            RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
+            # int8 layers with half outputs: GELU on the SFU's tanh (kernels/epilogue.py)
+            FAST_MATH=quant == 1 and out.dtype in (torch.float16, torch.bfloat16),
+            INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
+            DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
+        )
 
-    def run(cfg):
-        kw = cfg.all_kwargs()
-        if kw["USE_TMA"] and not use_tma:
-            raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
-        # the descriptors' boxes are the config's tiles; they are passed (and encoded) also to
-        # configs that load with pointers
-        x_desc = TensorDescriptor.from_tensor(x2, [kw["BLOCK_M"], kw["BLOCK_K"]]) if use_tma else x2
-        w_desc = TensorDescriptor.from_tensor(weight, [kw["BLOCK_N"], kw["BLOCK_K"]]) if use_tma else weight
-        tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
-        # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer
-        # programs (and every program in the interpreter) take one tile each
-        grid = (min(tiles, sms * kw["PROGRAMS_PER_SM"]) if (sms and kw["USE_TMA"]) else tiles,)
-        linear_kernel[grid](
-            x2, weight, x_desc, w_desc, bias if bias is not None else out, res, out, a_scale, w_scale,
-            M, N, K, x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
-            res.stride(0), res.stride(1), out.stride(0), out.stride(1),
-            **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
+        def grid(kw):
+            # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer
+            # programs (and every program in the interpreter) take one tile each
+            tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
+            return (min(tiles, sms * kw["PROGRAMS_PER_SM"]) if (sms and kw["USE_TMA"]) else tiles,)
 
-    if config is None:
-        tuner = tuner or TUNER
+        def run(cfg):
+            kw = cfg.all_kwargs()
+            if kw["USE_TMA"] and not use_tma:
+                raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
+            linear_kernel[grid(kw)](*kernel_args(kw, tensors), **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
+
+        if config is not None:
+            run(config)
+            return
         # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
         key = (triton.next_power_of_2(M), N, K, use_tma, x2.dtype, out.dtype)
-        config = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype), run)
-    with runtime.device_guard(x2):
-        run(config)
+        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype), run)
+        kw = cfg.all_kwargs()
+        tuner.calls[sig] = (CompiledCall(linear_kernel, grid(kw), kernel_args(kw, tensors),
+                                         dict(meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)), kw)
+
+
+def kernel_args(kw, tensors) -> tuple:
+    """linear_kernel's positional arguments for a config's kwargs and the operands: TMA
+    descriptors (boxes: the config's tiles) where the config loads by TMA, else the tensors."""
+    x2, weight, bias, res, out, a_scale, w_scale = tensors
+    tma = kw["USE_TMA"]
+    return (x2, weight,
+            TensorDescriptor.from_tensor(x2, [kw["BLOCK_M"], kw["BLOCK_K"]]) if tma else x2,
+            TensorDescriptor.from_tensor(weight, [kw["BLOCK_N"], kw["BLOCK_K"]]) if tma else weight,
+            bias, res, out, a_scale, w_scale, x2.shape[0], weight.shape[0], x2.shape[1],
+            x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+            res.stride(0), res.stride(1), out.stride(0), out.stride(1))
 
 
 def linear_ref(x, weight, bias=None, residual=None, activation="none", residual_first=False,

@@ -101,3 +101,14 @@ def test_rectangle_path_choice(c, stride, hw, rect):
     out = _run(x, wt, None, None, stride, 1, 1, "none", False)
     ref = F.conv2d(x.double(), wt.double(), None, stride, 1)
     assert_close_to_ref(out, ref, F.conv2d(x, wt, None, stride, 1), torch.float16, 1e-2, 1e-2)
+
+
+@pytest.mark.parametrize("c,r,st", [(16, 3, 1), (5, 3, 2)])
+def test_repeated_calls_launch_the_compiled_kernel(c, r, st):
+    """Fresh data each call through the cached compiled call (a GPU's direct launch)."""
+    for _ in range(3):
+        x, wt, b = _case(c, 8, r, torch.float16)
+        out = _run(x, wt, b, None, st, 1, 1, "relu", False)
+        ref = _eager(x.double(), wt.double(), b.double(), None, st, 1, 1, "relu", False)
+        assert_close_to_ref(out, ref, _eager(x, wt, b, None, st, 1, 1, "relu", False), torch.float16, 1e-2, 1e-2)
+    assert any(c.direct for c, kw in conv.TUNER.calls.values()) or DEVICE.type == "cpu"

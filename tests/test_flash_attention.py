@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelc.guard import sqnr_db
+from accelc.numerics import sqnr_db
 from accelc.kernels import flash_attention as fa
 from accelc.kernels.flash_attention import flash_attention_launch, flash_attention_ref
 from conftest import DEVICE, assert_close_to_ref, rel_l2
@@ -103,3 +103,13 @@ def test_flash_attention_qk_int8(causal, dtype):
     ref = flash_attention_ref(q.double(), k.double(), v.double(), None, causal, None)
     assert rel_l2(out, ref8) < (4e-3 if dtype == torch.float16 else 2e-2)  # the kernel does what ref8 does
     assert sqnr_db(rel_l2(out, ref)) > 30
+
+
+def test_repeated_calls_launch_the_compiled_kernel():
+    """Fresh data each call through the cached compiled call (a GPU's direct launch)."""
+    for _ in range(3):
+        q, k, v = (torch.randn(2, 3, 37, 64, device=DEVICE, dtype=torch.float16) for _ in range(3))
+        out = fa.flash_attention_launch(q, k, v, None, True)
+        ref = fa.flash_attention_ref(q.double(), k.double(), v.double(), None, True)
+        torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=1e-2)
+    assert any(c.direct for c, kw in fa.TUNER.calls.values()) or DEVICE.type == "cpu"

@@ -141,3 +141,19 @@ def test_autotuned_launch(monkeypatch, k):
     x, w, b, r = _inputs(300, k, 192, torch.float16)
     out = torch.ops.accelc.linear(x, w, b, r, activation="gelu")
     assert_close_to_ref(out, _ref(x, w, b, r, "gelu"), _eager(x, w, b, r, "gelu"), torch.float16, 1e-2, 1e-2)
+
+
+@pytest.mark.parametrize("m,k,n", [(7, 40, 24), (300, 64, 96)])
+def test_repeated_calls_launch_the_compiled_kernel(m, k, n):
+    """A call signature seen before launches its compiled kernel directly (on a GPU; the
+    interpreter goes through Triton every time): fresh data each call, each result right."""
+    w = torch.randn(n, k, device=DEVICE, dtype=torch.float16)
+    b = torch.randn(n, device=DEVICE, dtype=torch.float16)
+    for _ in range(3):
+        x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)
+        r = torch.randn(m, n, device=DEVICE, dtype=torch.float16)
+        out = gemm.linear_launch(x, w, b, r, "gelu")
+        ref = gemm.linear_ref(x.float(), w.float(), b.float(), r.float(), "gelu")
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    calls = [c for sig, (c, kw) in gemm.TUNER.calls.items() if sig[0] == (m, k) and sig[2] == (n, k)]
+    assert calls and (DEVICE.type == "cpu" or calls[0].direct)
