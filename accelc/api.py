@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -9,9 +10,10 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import guard, meta, runtime
+from accelc import guard, meta, runner, runtime
 from accelc.capture import capture
 from accelc.config import OptimizeConfig, PRESETS
+from accelc.numerics import rel_l2, sqnr_db
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
 from accelc.pipeline import run_passes
 from accelc.rewrite import PassContext, layers
@@ -72,8 +74,16 @@ def prepare(model: nn.Module, example_inputs, config=None, calibration=None, sta
 
 
 def optimize_prepared(job: Job) -> OptimizedModule:
+    t0 = time.perf_counter()
     gm, method, expected = capture(job.model, job.args)
-    return optimize_graph(gm, job.args, job.config, method, expected, job.device, job.calibration)
+    t1 = time.perf_counter()
+    opt = optimize_graph(gm, job.args, job.config, method, expected, job.device, job.calibration)
+    opt.info.seconds["capture"] = round(t1 - t0, 2)
+    if runtime.can_time(job.device):
+        t0 = time.perf_counter()
+        opt(*job.args)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
+        opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
+    return opt
 
 
 def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,
@@ -82,8 +92,12 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     `expected`."""
     ctx = PassContext(config, args, calibration if calibration is not None else [args], device)
     model_bytes = tensor_bytes([gm])
+    t0 = time.perf_counter()
     counts = run_passes(gm, ctx)
+    t1 = time.perf_counter()
     checks = guard.settle(gm, ctx)
+    seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
+               **ctx.seconds}
     weights = [rw.weight_bytes for rw in map(meta.rewrite_of, layers(gm)) if rw.weight_bytes]
     # a module over the final graph holds exactly what the graph reads: not the float weights of
     # layers now in int8
@@ -94,11 +108,12 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     originals = [meta.rewrite_of(n).original for n in layers(gm)]
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
                         end_to_end_rel_error=err, int8=config.int8 is not None,
-                        end_to_end_sqnr_db=guard.sqnr_db(err),
+                        end_to_end_sqnr_db=sqnr_db(err),
                         float_weight_bytes=sum(b[0] for b in weights), int8_weight_bytes=sum(b[1] for b in weights),
                         model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
-                        original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]))
-    return OptimizedModule(gm, collect_layers(gm, checks), info, example_inputs=args)
+                        original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
+                        runtime=runner.plan(config, device)[2], seconds=seconds)
+    return OptimizedModule(gm, collect_layers(gm, checks), info, example_inputs=args, config=config)
 
 
 def resolve_config(config) -> OptimizeConfig:
@@ -150,6 +165,6 @@ def tensor_bytes(modules) -> int:
 
 def output_error(got, expected) -> float:
     """The worst relative L2 error over the floating-point tensors of an output."""
-    errs = [guard.rel_l2(g, e) for g, e in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected))
+    errs = [rel_l2(g, e) for g, e in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected))
             if isinstance(e, torch.Tensor) and e.is_floating_point()]
     return max(errs) if errs else 0.0

@@ -2,8 +2,10 @@
 
 Registered through the `torch_dynamo_backends` entry point (pyproject.toml), so the name works
 once accelc is installed. Dynamo hands over each captured graph with real example inputs; accelc
-puts it in canonical form, runs the same passes and guard as accelc.optimize, and returns the
-rewritten graph. Options: torch.compile(model, backend="accelc", options={...}) with the fields of
+puts it in canonical form, runs the same passes and guard as accelc.optimize, and hands the
+rewritten graph to Inductor, which compiles what accelc did not rewrite around accelc's opaque
+ops (on a CUDA device with glue "auto"; OptimizeConfig.cuda_graphs turns Inductor's CUDA graphs
+on). Options: torch.compile(model, backend="accelc", options={...}) with the fields of
 OptimizeConfig except `dtype` (the model's dtype is fixed by the time Dynamo runs).
 """
 from __future__ import annotations
@@ -31,6 +33,13 @@ def accelc_backend(gm: fx.GraphModule, example_inputs: list, options: dict | Non
                       "checked; this graph runs as PyTorch", stacklevel=2)
         return gm.forward
     runtime.warn_if_interpreted(stacklevel=2)
+    device = device_of(gm, args)
     expected = prepare(gm, args)
-    opt = optimize_graph(gm, args, config, "torch.compile (Dynamo)", expected, device_of(gm, args))
+    opt = optimize_graph(gm, args, config, "torch.compile (Dynamo)", expected, device)
+    on_gpu = runtime.can_time(device)
+    if config.glue == "inductor" or (config.glue == "auto" and on_gpu):
+        from torch._inductor.compile_fx import compile_fx   # Inductor's entry point, imported on use
+
+        return compile_fx(opt.graph_module, list(args),
+                          config_patches={"triton.cudagraphs": bool(config.cuda_graphs and on_gpu)})
     return opt.graph_module.forward

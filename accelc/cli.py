@@ -12,6 +12,7 @@ Errors print one line and exit 1 (2 for bad usage); --verbose shows the tracebac
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import warnings
 
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--batch-size", type=int, default=None, help="example input batch size")
     o.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
+    _runtime_args(o)
     _int8_args(o)
 
     c = sub.add_parser(
@@ -78,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--format", default="json,csv,md,html", help="comma-separated: json, csv, md, html")
     r.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime (eager vs accelc only)")
     r.add_argument("--rep-ms", type=float, default=100, help="timing budget per measurement, ms (default 100)")
+    _runtime_args(r)
     _int8_args(r)
 
     sub.add_parser("list-models", help="list the built-in example models")
@@ -93,6 +96,21 @@ def _input_args(p):
     shapes.add_argument("--example-inputs", metavar="FILE",
                         help="torch.save'd tensor or tuple of tensors to use as example inputs")
     return shapes
+
+
+def _runtime_args(p) -> None:
+    g = p.add_argument_group("runtime")
+    g.add_argument("--glue", choices=["auto", "inductor", "eager"], default="auto",
+                   help="how the layers accelc does not rewrite run: compiled by Inductor, eager, or auto "
+                        "(Inductor on a GPU)")
+    g.add_argument("--no-cuda-graphs", action="store_true",
+                   help="plain calls instead of a CUDA graph replayed per input signature (GPU)")
+    g.add_argument("--keep-slower", action="store_true",
+                   help="keep rewritten layers that are slower than PyTorch on the example inputs (GPU)")
+
+
+def _runtime_config(args) -> dict:
+    return dict(glue=args.glue, cuda_graphs=not args.no_cuda_graphs, only_if_faster=not args.keep_slower)
 
 
 def _int8_args(p) -> None:
@@ -135,6 +153,12 @@ def _one_line_warning(message, category, filename, lineno, line=None):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     saved, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    # accelc's progress (what is being tuned, for which layer) on stderr; quiet in the Python API
+    log = logging.getLogger("accelc")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    level, log.level = log.level, logging.DEBUG if args.verbose else logging.INFO
     try:
         if args.command == "convert":
             return _convert(args)
@@ -156,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         warnings.formatwarning = saved
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 def _one_line(e: Exception) -> str:
@@ -172,7 +198,8 @@ def _optimize(args) -> int:
     model = accelc.models.get(args.model).to(device)
     kwargs = {} if args.batch_size is None else {"batch_size": args.batch_size}
     inputs = model.example_inputs(**kwargs)
-    opt = accelc.optimize(model, inputs, config=accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args)))
+    opt = accelc.optimize(model, inputs, config=accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args),
+                                                                      **_runtime_config(args)))
     print(opt.summary())
     return 0
 
@@ -197,7 +224,8 @@ def _report(args) -> int:
     dtype = args.dtype or ("fp16" if device.type == "cuda" else "fp32")
     model, inputs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                           args.batch_size)
-    rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args)),
+    rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args),
+                                                             **_runtime_config(args)),
                         with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model)
     for path in rep.write(args.output, formats):
         print(f"wrote {path}")

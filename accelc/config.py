@@ -18,6 +18,8 @@ DTYPES = {
 # rewritten layer may have whatever eager's own error is. fp16 rounds at 2^-11 ~ 4.9e-4 and bf16
 # at 2^-8 ~ 3.9e-3 per element; a layer's error is a few roundings. fp32 "ieee" accumulates in
 # fp32 like eager; "tf32" rounds operands to 10 mantissa bits, about fp16's error.
+GLUES = ("auto", "inductor", "eager")
+
 DEFAULT_TOLERANCES = {
     torch.float32: 1e-4,
     "tf32": 2e-3,
@@ -101,6 +103,14 @@ class OptimizeConfig:
                     PyTorch's own error in the same dtype (both against the higher-precision
                     reference).
     int8:           False (float only), True (int8 with Int8Config's defaults) or an Int8Config.
+    only_if_faster: on a GPU, time every rewritten layer against the original PyTorch layer on the
+                    example inputs (the guard, after the numbers check) and keep it only where it is
+                    faster; the summary gives both times for the layers put back.
+    glue:           how what accelc did not rewrite runs: "inductor" (compiled by torch.compile's
+                    Inductor, accelc's kernels opaque inside), "eager", or "auto" (Inductor on a CUDA
+                    device, eager elsewhere).
+    cuda_graphs:    on a CUDA device, capture the model in a CUDA graph per input signature and
+                    replay it (accelc.runner); off: plain calls.
     """
 
     dtype: torch.dtype | str | None = None
@@ -110,6 +120,9 @@ class OptimizeConfig:
     tolerance: float | None = None
     eager_error_factor: float = 2.0
     int8: bool | Int8Config = False
+    only_if_faster: bool = True
+    glue: str = "auto"
+    cuda_graphs: bool = True
 
     def __post_init__(self):
         if self.int8 is True:
@@ -134,6 +147,8 @@ class OptimizeConfig:
             raise ValueError(f"fp32_precision must be 'ieee' or 'tf32', not {self.fp32_precision!r}")
         if self.tolerance is not None and not self.tolerance > 0:
             raise ValueError(f"tolerance must be > 0, not {self.tolerance}")
+        if self.glue not in GLUES:
+            raise ValueError(f"glue must be one of {GLUES}, not {self.glue!r}")
         if not self.eager_error_factor >= 1:
             raise ValueError(f"eager_error_factor must be >= 1, not {self.eager_error_factor}")
 

@@ -8,7 +8,10 @@ final check of every layer, by name:
      on the example inputs (the report's timer) and the slower one goes;
   3. the layers moved back to float in 1. and 2. are checked again; one that fails goes back to
      PyTorch;
-  4. an int8 layer that stays lets go of its float weights (accelc.rewrite.Rewrite.release_original).
+  4. on a GPU, with OptimizeConfig.only_if_faster, each layer is timed against its original
+     PyTorch subgraph the same way, and where PyTorch is not slower it stays PyTorch ("kept",
+     with both times);
+  5. an int8 layer that stays lets go of its float weights (accelc.rewrite.Rewrite.release_original).
 
 A check runs the rewritten graph once; at each accelc node three things are computed from the
 same inputs (the values eager PyTorch would give that layer):
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +38,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import meta, runtime, tuning
 from accelc.latency import layer_ms
+from accelc.numerics import error_stats, sqnr_db
 from accelc.rewrite import demote, forget_replacements, layers, revert
 
 
@@ -51,11 +56,12 @@ class LayerCheck:
 
 
 def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
-    """Check, revert, demote, choose int8 or float, check again (module docstring); returns
-    {layer name: its final check} for every layer checked, reverted ones included."""
+    """Check, revert, demote, choose int8 or float, check again, keep only what is faster
+    (module docstring); returns {layer name: its final check} for every layer checked, reverted
+    and kept ones included."""
     config, args = ctx.config, ctx.example_inputs
     final: dict[fx.Node, LayerCheck] = {}
-    reverted: dict[str, LayerCheck] = {}
+    put_back: dict[str, LayerCheck] = {}
     again: set = set()
     for node, check in (check_layers(gm, args, config) if config.guard else {}).items():
         rw = meta.rewrite_of(node)
@@ -64,12 +70,12 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
         elif rw.fallback is not None:
             again.add(demote(gm, node, f"{check.reason}: float kernel instead"))
         else:
-            reverted[rw.layer] = check
+            put_back[rw.layer] = check
             revert(gm, node, check.reason)
-    if config.int8 is not None and config.int8.only_if_faster and ctx.device.type == "cuda" \
-            and not runtime.interpreted():
+    timed = runtime.can_time(ctx.device)
+    if timed and config.int8 is not None and config.int8.only_if_faster:
         int8 = [n for n in layers(gm) if meta.rewrite_of(n).quantized and meta.rewrite_of(n).fallback is not None]
-        for node, (t8, tf) in _race(gm, args, int8).items():
+        for node, (t8, tf) in _race(gm, args, int8, "fallback").items():
             if t8 < tf:
                 continue
             check = final.pop(node, None)
@@ -81,13 +87,25 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
             if check.passed:
                 final[node] = check
             else:
-                reverted[meta.rewrite_of(node).layer] = check
+                put_back[meta.rewrite_of(node).layer] = check
                 revert(gm, node, check.reason)
+    if timed and config.only_if_faster:
+        t0 = time.perf_counter()
+        race = _race(gm, args, layers(gm), "original")
+        ctx.seconds["timing layers"] = round(time.perf_counter() - t0, 2)
+        for node, (ta, to) in race.items():
+            if ta < to:
+                continue
+            rw = meta.rewrite_of(node)
+            if node in final:
+                put_back[rw.layer] = final.pop(node)
+            revert(gm, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch {to * 1e3:.1f} us on the example inputs: "
+                             "PyTorch kept (OptimizeConfig.only_if_faster)", status="kept")
     forget_replacements(gm)
     _release_int8_float_weights(gm)
     gm.graph.lint()
     gm.recompile()
-    return {**{meta.rewrite_of(n).layer: c for n, c in final.items()}, **reverted}
+    return {**{meta.rewrite_of(n).layer: c for n, c in final.items()}, **put_back}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,33 +175,6 @@ def reference(original: fx.GraphModule, ins: list):
     return module(*up)
 
 
-def sqnr_db(rel_error: float) -> float:
-    """Signal-to-quantization-noise ratio in dB from a relative L2 error."""
-    if math.isnan(rel_error):
-        return math.nan
-    return math.inf if rel_error == 0 else -20.0 * math.log10(rel_error)
-
-
-def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
-    ref64 = ref.double()
-    denom = ref64.norm().item()
-    num = (out.double() - ref64).norm().item()
-    return num / denom if denom > 0 else num
-
-
-def error_stats(out, ref) -> tuple[float, float]:
-    """(relative L2, max abs error) of `out` against `ref` where `ref` is finite; the worst over
-    the outputs' tensors."""
-    rel = max_abs = 0.0
-    for o, r in zip(pytree.tree_leaves(out), pytree.tree_leaves(ref)):
-        finite = torch.isfinite(r)
-        o = o.to(r.device)
-        rel = max(rel, rel_l2(o[finite], r[finite]))
-        if finite.any():
-            max_abs = max(max_abs, (o[finite].double() - r[finite].double()).abs().max().item())
-    return rel, max_abs
-
-
 def verdict(rel: float, eager_rel: float, tol: float, config, quantized: bool) -> str:
     """Why a layer with this error fails the guard ("" if it passes): int8 layers against the
     SQNR floor, float layers against max(tol, eager_error_factor x eager's error)."""
@@ -247,20 +238,31 @@ def layer_inputs(gm: fx.GraphModule, args: tuple, model=None) -> dict:
 # ---------------------------------------------------------------------------------------------
 # int8 or float
 
-def _race(gm, args, nodes) -> dict:
-    """{int8 node: (ms of its int8 call, ms of its float fallback)} on the inputs the guard checked
-    it on, timed like the report (over a CUDA graph)."""
+def _race(gm, args, nodes, against: str) -> dict:
+    """{node: (ms of its accelc call, ms of the other side)} on the inputs the guard checked it on,
+    timed like the report (over a CUDA graph). against: "fallback" (an int8 layer's float kernel)
+    or "original" (the PyTorch layer it replaced). A conv layer is timed on channels-last inputs,
+    as a run of accelc convs hands them on, both sides alike."""
     nodes = set(nodes)
     calls = {}
 
     class _Calls(LayerRunner):
         def run_node(self, n):
+            rw = meta.rewrite_of(n)
             if n in nodes:
-                fb = meta.rewrite_of(n).fallback
                 a, kw = self.fetch_args_kwargs_from_env(n)
-                fa, fkw = self.map_nodes_to_values(fb.args, n), self.map_nodes_to_values(fb.kwargs, n)
-                calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
-                            lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw))
+                if against == "fallback":
+                    fb = rw.fallback
+                    fa, fkw = self.map_nodes_to_values(fb.args, n), self.map_nodes_to_values(fb.kwargs, n)
+                    calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
+                                lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw))
+                else:
+                    ins = [self.env[i] for i in rw.inputs]
+                    if rw.kind == "conv2d":   # x and the residual; the packed weight stays as it is
+                        a = tuple(_channels_last([v])[0] if i in (0, 3) else v for i, v in enumerate(a))
+                        ins = _channels_last(ins)
+                    calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
+                                lambda orig=rw.original, ins=ins: orig(*ins))
             return super().run_node(n)
 
     times = {}
@@ -271,6 +273,12 @@ def _race(gm, args, nodes) -> dict:
             device = meta.tensor_meta(n).device
             times[n] = (layer_ms(ours, device, rep_ms=20)[0], layer_ms(theirs, device, rep_ms=20)[0])
     return times
+
+
+def _channels_last(values):
+    return type(values)(v.contiguous(memory_format=torch.channels_last)
+                        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point() else v
+                        for v in values)
 
 
 def _release_int8_float_weights(gm: fx.GraphModule) -> None:

@@ -8,7 +8,7 @@ Every node of a captured graph carries, in node.meta:
 and, once passes ran,
   REWRITE      on a node that calls an accelc op: its accelc.rewrite.Rewrite (the layer)
   SKIP         why no rule took this node (explain() writes it)
-  REVERTED     on the nodes the guard put back: (the layer's Rewrite, reason)
+  REVERTED     on the nodes the guard put back: (the layer's Rewrite, reason, "reverted" | "kept")
   ABSORBED     module paths folded into this node (a batch norm into its conv), for layer names
 The graph module's own meta holds REPLACED during a pass (accelc.rewrite.replace_uses).
 """

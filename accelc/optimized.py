@@ -4,10 +4,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import torch
 from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils import _pytree as pytree
 
 from accelc import meta
+from accelc.config import OptimizeConfig
 from accelc.guard import LayerCheck
+from accelc.runner import make_runner
 from accelc.rewrite import layers as layer_nodes
 from accelc.rewrite import op_name
 
@@ -17,7 +22,7 @@ _GLUE = {
     "unflatten", "size", "sym_size", "expand", "unsqueeze", "squeeze", "cat", "stack", "chunk",
     "split", "add", "sub", "mul", "truediv", "div", "neg", "clone", "to", "type_as", "float",
     "half", "_guards_fn", "_assert_tensor_metadata", "_assert_scalar", "alias", "detach",
-    "floordiv", "rsub", "slice", "select", "arange", "logical_not", "unbind",
+    "floordiv", "rsub", "slice", "select", "arange", "logical_not", "unbind", "_assert_is_none",
 }
 
 
@@ -69,21 +74,43 @@ class OptimizeInfo:
     model_weight_bytes: int = 0                # parameters + buffers of the captured model
     weight_bytes: int = 0                      # ... of the optimized module's graph
     original_weight_bytes: int = 0             # more held by the original layers kept for reports (folded BN)
+    runtime: str = ""                          # how calls run (accelc.runner.plan), in words
+    seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
+    #                                               included), warmup (glue compile, CUDA graph capture)
 
 
 class OptimizedModule(nn.Module):
-    """Calls the rewritten graph; same inputs and outputs as the model it came from."""
+    """Calls the rewritten graph; same inputs and outputs as the model it came from.
+
+    `graph_module` is the graph with torch.ops.accelc.* calls (what export, accelc.save and
+    torch.compile see); a call of the module itself goes through accelc.runner (on a GPU:
+    Inductor-compiled glue, a CUDA graph per input signature), built at the first call and again
+    after .to() / .half() (captured graphs point at the tensors they were captured with)."""
 
     def __init__(self, graph_module: fx.GraphModule, layers: list[LayerRecord], info: OptimizeInfo,
-                 example_inputs: tuple = ()):
+                 example_inputs: tuple = (), config=None):
         super().__init__()
         self.graph_module = graph_module
         self.layers = layers
         self.info = info
         self.example_inputs = example_inputs  # what the guard checked; accelc.save exports with them
+        self.config = config if config is not None else OptimizeConfig()
+        self.runner = None   # accelc.runner.Runner of this module's calls, made at the first call
 
     def forward(self, *args, **kwargs):
-        return self.graph_module(*args, **kwargs)
+        if _traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
+            return self.graph_module(*args, **kwargs)
+        if self.runner is None:
+            self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(args, kwargs, self))
+        return self.runner(*args, **kwargs)
+
+    def _apply(self, fn, recurse=True):
+        self.runner = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self):
+        # compiled code and captured graphs do not pickle (nor survive a new process): rebuilt on use
+        return {**self.__dict__, "runner": None}
 
     @property
     def rewritten(self) -> list[LayerRecord]:
@@ -117,6 +144,9 @@ class OptimizedModule(nn.Module):
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
         lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
                      + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
+        if self.info.runtime:
+            status = self.runner.status() if self.runner is not None else ""
+            lines.append(f"runtime: {self.info.runtime}" + (f" ({status})" if status else ""))
         lines.append(f"weights: model {_mb(self.info.model_weight_bytes)}, optimized module "
                      f"{_mb(self.info.weight_bytes)}"
                      + (f" (+ {_mb(self.info.original_weight_bytes)} held for the original layers the report "
@@ -126,6 +156,24 @@ class OptimizedModule(nn.Module):
             lines.append(f"int8: {n8} layer(s); their weights {_mb(self.info.float_weight_bytes)} in float, "
                          f"{_mb(self.info.int8_weight_bytes)} in int8 with scales (saved in accelc.save's file)")
         return "\n".join(line.rstrip() for line in lines)
+
+
+def _traced(args, kwargs) -> bool:
+    """Whether this call is a tracer's (Dynamo, export, fx), not a real one."""
+    compiler = torch.compiler
+    if compiler.is_compiling() or (hasattr(compiler, "is_exporting") and compiler.is_exporting()):
+        return True
+    return any(isinstance(x, (fx.Proxy, FakeTensor)) for x in pytree.tree_leaves((args, kwargs)))
+
+
+def _device(args, kwargs, module) -> torch.device:
+    """The device a call runs on: its first tensor argument's, else the module's."""
+    for x in pytree.tree_leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor):
+            return x.device
+    for t in list(module.parameters()) + list(module.buffers()):
+        return t.device
+    return torch.device("cpu")
 
 
 def _fmt_db(x: float) -> str:
@@ -152,10 +200,10 @@ def collect_layers(gm: fx.GraphModule, checks: dict) -> list[LayerRecord]:
             layers.append(LayerRecord(rw.layer, rw.kind, "rewritten", rw.kernel, rw.note, checks.get(rw.layer)))
             continue
         if meta.REVERTED in n.meta:
-            rw, reason = n.meta[meta.REVERTED]
+            rw, reason, status = n.meta[meta.REVERTED]
             if rw.layer not in seen:
                 seen.add(rw.layer)
-                layers.append(LayerRecord(rw.layer, rw.kind, "reverted", rw.kernel, reason, checks.get(rw.layer)))
+                layers.append(LayerRecord(rw.layer, rw.kind, status, rw.kernel, reason, checks.get(rw.layer)))
             continue
         if n.op not in ("call_module", "call_function", "call_method"):
             continue

@@ -48,6 +48,7 @@ class PassContext:
     example_inputs: tuple
     calibration: list
     device: torch.device
+    seconds: dict = field(default_factory=dict)   # where optimize's time goes, by phase
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,9 +349,10 @@ def _swap_call(gm, node, target, args, kwargs, rw: Rewrite) -> fx.Node:
     return new
 
 
-def revert(gm: fx.GraphModule, node: fx.Node, reason: str) -> None:
+def revert(gm: fx.GraphModule, node: fx.Node, reason: str, status: str = "reverted") -> None:
     """Put the original nodes of a rewritten layer back in place of `node`; they carry
-    meta[REVERTED] = (the layer's Rewrite, reason)."""
+    meta[REVERTED] = (the layer's Rewrite, reason, status): "reverted" (its numbers failed) or
+    "kept" (PyTorch was the faster)."""
     rw: Rewrite = node.meta[meta.REWRITE]
     g = gm.graph
     placeholders = [p for p in rw.original.graph.nodes if p.op == "placeholder"]
@@ -365,7 +367,7 @@ def revert(gm: fx.GraphModule, node: fx.Node, reason: str) -> None:
                 break
             env[n] = g.get_attr(n.target) if n.op == "get_attr" else g.node_copy(n, env.__getitem__)
             env[n].meta.update(n.meta)
-            env[n].meta[meta.REVERTED] = (rw, reason)
+            env[n].meta[meta.REVERTED] = (rw, reason, status)
     replace_uses(gm, node, result)
     g.erase_node(node)
     _drop_unused(gm, rw.aux)

@@ -35,6 +35,12 @@ def can_run_on(device: torch.device) -> bool:
     return device.type == "cpu" and interpreted()
 
 
+def can_time(device: torch.device) -> bool:
+    """Whether kernel timings taken on `device` are performance figures: a CUDA device, not the
+    interpreter. (The guard chooses int8 or float, and accelc or PyTorch, only where they are.)"""
+    return device.type == "cuda" and not interpreted()
+
+
 def device_reason(device: torch.device) -> str | None:
     """Why accelc kernels cannot take tensors on `device` in this process, or None. (The one
     message every pass and the optimizer give.)"""

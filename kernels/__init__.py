@@ -1,5 +1,19 @@
-"""accelc's Triton kernels; importing this package registers every torch.ops.accelc.* op."""
-from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import conv, flash_attention, gemm, int8_gemm, quantize  # noqa: F401
+"""accelc's Triton kernels; importing this package registers every torch.ops.accelc.* op.
 
-__all__ = ["conv", "flash_attention", "gemm", "int8_gemm", "quantize"]
+LAUNCHERS maps each op to its launcher, which takes the same arguments: the optimized module's
+plain calls use them directly (accelc.runner), skipping the op dispatcher's host cost.
+"""
+import torch
+
+from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
+from accelc.kernels import conv, flash_attention, gemm, int8_gemm, quantize
+
+LAUNCHERS = {
+    torch.ops.accelc.linear.default: gemm.linear_launch,
+    torch.ops.accelc.conv2d.default: conv.conv2d_launch,
+    torch.ops.accelc.flash_attention.default: flash_attention.flash_attention_launch,
+    torch.ops.accelc.linear_w8a8.default: int8_gemm.linear_w8a8_launch,
+    torch.ops.accelc.quantize_per_token.default: quantize.quantize_launch,
+}
+
+__all__ = ["LAUNCHERS", "conv", "flash_attention", "gemm", "int8_gemm", "quantize"]

@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from accelc.cli import main
 
 
@@ -27,3 +29,11 @@ def test_unknown_model_is_one_clear_line(capsys):
 def test_installed_entry_point_and_version():
     out = subprocess.run([sys.executable, "-m", "accelc", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("accelc ")
+
+
+def test_runtime_flags(capsys):
+    assert main(["optimize", "mlp", "--batch-size", "4", "--glue", "eager", "--no-cuda-graphs", "--keep-slower"]) == 0
+    assert "runtime: eager glue, direct kernel launches, plain calls" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["optimize", "mlp", "--glue", "xla"])   # argparse: one line naming the choices
+    assert e.value.code == 2 and "invalid choice: 'xla'" in capsys.readouterr().err

@@ -72,3 +72,29 @@ def test_weight_views_and_inputs_are_kept_alive_for_the_check(style):
     assert not [r for r in opt.layers if r.status == "reverted"]
     with torch.no_grad():
         assert rel_l2(opt(*args), model(*args)) < 1e-5
+
+
+def test_a_layer_slower_than_pytorch_stays_pytorch(monkeypatch):
+    """OptimizeConfig.only_if_faster: where the original layer is faster on the example inputs,
+    it is kept, with both times in the summary. (Timings mean something on a GPU only: both are
+    stood in for here.)"""
+    from accelc import guard, runtime
+
+    def race(gm, args, nodes, against):
+        # the first layer's kernel is the slower one, the others the faster
+        return {n: ((0.02, 0.01) if i == 0 else (0.01, 0.02)) for i, n in enumerate(sorted(nodes, key=str))}
+
+    monkeypatch.setattr(runtime, "can_time", lambda device: True)
+    monkeypatch.setattr(runtime, "can_run_on", lambda device: True)
+    monkeypatch.setattr(guard, "_race", race)
+    model = _model("mlp")
+    (x,) = model.example_inputs()
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(glue="eager", cuda_graphs=False))
+    kept = [r for r in opt.layers if r.status == "kept" and r.kernel]
+    assert len(kept) == 1 and len(opt.rewritten) == 3
+    assert "20.0 us vs PyTorch 10.0 us on the example inputs: PyTorch kept" in kept[0].reason
+    assert kept[0].check is not None and kept[0].check.passed          # its numbers were fine
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+    off = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False, glue="eager", cuda_graphs=False))
+    assert len(off.rewritten) == 4

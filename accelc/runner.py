@@ -1,0 +1,215 @@
+"""How an optimized module runs its graph, called as a user calls a model.
+
+On a CUDA device, by default (OptimizeConfig.glue "auto", cuda_graphs True):
+  - glue: what accelc did not rewrite (norms, softmax, pooling, elementwise chains, reshapes) is
+    compiled by Inductor (torch.compile), accelc's kernels staying opaque custom ops inside it;
+  - CUDA graphs: each new input signature (the structure of the arguments; per tensor its shape,
+    strides, dtype and device; other arguments by value) is warmed up and captured in a CUDA graph
+    the first time it is seen. A later call with that signature copies its tensors into the
+    graph's input buffers, replays the graph and returns copies of its outputs: one call's outputs
+    are never overwritten by the next. A signature whose graph cannot be captured (an op that
+    waits for the host, a CPU tensor argument, more than MAX_GRAPHS signatures) runs as plain
+    calls, and the reason is kept (OptimizedModule.summary()).
+Elsewhere (the CPU interpreter), or with glue="eager" and cuda_graphs=False: plain calls of the
+graph with every accelc op calling its launcher directly (kernels.LAUNCHERS), which skips the
+op dispatcher's host cost; the graph with the ops stays what export, save and torch.compile see.
+Everything runs under torch.no_grad(): accelc compiles for inference.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from accelc import runtime
+from accelc.kernels import LAUNCHERS
+
+log = logging.getLogger("accelc")
+
+MAX_GRAPHS = 16    # signatures captured per module; later new ones run as plain calls
+
+
+class Uncapturable(Exception):
+    """Why a signature cannot have a CUDA graph."""
+
+
+def direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of gm whose accelc op nodes call their launchers directly (same arguments)."""
+    direct = fx.GraphModule(gm, _copy_graph(gm.graph), class_name=type(gm).__name__)
+    for n in direct.graph.nodes:
+        if n.op == "call_function" and n.target in LAUNCHERS:
+            n.target = LAUNCHERS[n.target]
+    direct.recompile()
+    return direct
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    g = fx.Graph()
+    out = g.graph_copy(graph, {})
+    g.output(out)
+    g._codegen = graph._codegen
+    return g
+
+
+def signature(args: tuple, kwargs: dict) -> tuple:
+    """(key, leaves): the key a CUDA graph is kept under (equal keys take the same graph) and the
+    arguments' leaves. Raises Uncapturable for an argument a graph cannot be keyed on."""
+    if not kwargs and all(type(a) is torch.Tensor for a in args):   # the common case, kept fast
+        return tuple((a.shape, a.stride(), a.dtype, a.device) for a in args), args
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    key = [str(spec)]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            key.append((x.shape, x.stride(), x.dtype, x.device))
+        else:
+            try:
+                hash(x)
+            except TypeError:
+                raise Uncapturable(f"an argument of type {type(x).__name__} (not a tensor, not hashable)") from None
+            key.append((type(x), x))
+    return tuple(key), leaves
+
+
+@dataclass
+class _Entry:
+    graph: object = None                  # torch.cuda.CUDAGraph, None: plain calls
+    inputs: list = field(default_factory=list)     # the graph's input buffers, per tensor leaf
+    outputs: object = None                # the graph's outputs (a pytree)
+    reason: str = ""                      # why plain calls, when graph is None
+
+
+class Runner:
+    """Calls `fn` (the compiled or direct graph) as the module docstring says. `capture`: the
+    function that captures fn on given inputs (capture_cuda_graph; tests give another)."""
+
+    def __init__(self, fn: Callable, cuda_graphs: bool, capture: Callable | None = None):
+        self.fn = fn
+        self.cuda_graphs = cuda_graphs
+        self.capture = capture or capture_cuda_graph
+        self.entries: dict = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        with torch.no_grad():
+            if not self.cuda_graphs:
+                return self.fn(*args, **kwargs)
+            try:
+                key, leaves = signature(args, kwargs)
+            except Uncapturable as e:
+                self._note(("uncapturable", str(e)), str(e))
+                return self.fn(*args, **kwargs)
+            entry = self.entries.get(key)
+            if entry is None:
+                with self._lock:
+                    entry = self.entries.get(key) or self._record(key, args, kwargs)
+            if entry.graph is None:
+                return self.fn(*args, **kwargs)
+            for buf, x in zip(entry.inputs, leaves):
+                if buf is not None and buf.data_ptr() != x.data_ptr():
+                    buf.copy_(x)
+            entry.graph.replay()
+            return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, entry.outputs)
+
+    def _record(self, key, args, kwargs) -> _Entry:
+        captured = sum(e.graph is not None for e in self.entries.values())
+        leaves = pytree.tree_leaves((args, kwargs))
+        if captured >= MAX_GRAPHS:
+            entry = _Entry(reason=f"more than {MAX_GRAPHS} input signatures: plain calls for the others")
+        else:
+            inputs = [torch.empty_like(x) if isinstance(x, torch.Tensor) else None for x in leaves]
+            for buf, x in zip(inputs, leaves):
+                if buf is not None:
+                    buf.copy_(x)
+            static = pytree.tree_unflatten([b if b is not None else x for b, x in zip(inputs, leaves)],
+                                           pytree.tree_flatten((args, kwargs))[1])
+            try:
+                graph, outputs = self.capture(self.fn, *static)
+                entry = _Entry(graph, inputs, outputs)
+            except Uncapturable as e:
+                entry = _Entry(reason=str(e))
+        if entry.reason:
+            log.info("accelc: plain calls for inputs %s: %s", _describe(leaves), entry.reason)
+        self.entries[key] = entry
+        return entry
+
+    def _note(self, key, reason):
+        self.entries.setdefault(key, _Entry(reason=reason))
+
+    def status(self) -> str:
+        """One line for the summary: what ran how."""
+        graphs = [e for e in self.entries.values() if e.graph is not None]
+        plain = {e.reason for e in self.entries.values() if e.graph is None}
+        glue = getattr(self.fn, "failed", "")
+        text = f"{len(graphs)} input signature(s) replayed from CUDA graphs" if self.cuda_graphs else ""
+        text += f"; plain calls where: {'; '.join(sorted(plain))}" if plain else ""
+        return "; ".join(t for t in (text.strip("; "), glue) if t)
+
+
+def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict):
+    """(graph, outputs): fn warmed up on a side stream (compiling and tuning happen here), then
+    captured on it. Raises Uncapturable with the cause when capture fails."""
+    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if not tensors or any(x.device.type != "cuda" for x in tensors):
+        raise Uncapturable("a tensor argument not on a CUDA device (or none at all)")
+    device = tensors[0].device
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn(*args, **kwargs)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            outputs = fn(*args, **kwargs)
+    except Exception as e:   # an op that syncs with the host, reads CPU memory, ...
+        torch.cuda.synchronize(device)
+        raise Uncapturable(f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return graph, outputs
+
+
+def _describe(leaves) -> str:
+    return ", ".join("x".join(map(str, x.shape)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves)[:200]
+
+
+class CompiledGlue:
+    """gm compiled by Inductor, accelc's ops opaque inside (without Inductor's CUDA graphs: the
+    Runner captures its own, over the compiled code). Where Dynamo or Inductor fail on the graph,
+    it runs as the plain graph instead, saying why once (a model's own error raises from that
+    plain call, as it would have in eager)."""
+
+    def __init__(self, gm: fx.GraphModule, plain: Callable):
+        self.compiled = torch.compile(gm, backend="inductor", dynamic=False, options={"triton.cudagraphs": False})
+        self.plain = plain
+        self.failed = ""
+
+    def __call__(self, *args, **kwargs):
+        if not self.failed:
+            try:
+                return self.compiled(*args, **kwargs)
+            except torch._dynamo.exc.TorchDynamoException as e:
+                self.failed = f"Inductor could not compile the glue ({type(e).__name__}: {str(e).splitlines()[0][:150]})"
+                log.warning("accelc: %s; running it uncompiled", self.failed)
+        return self.plain(*args, **kwargs)
+
+
+def plan(config, device: torch.device) -> tuple[str, bool, str]:
+    """(glue, CUDA graphs?, both in words) that `config` asks for on `device`."""
+    on_gpu = runtime.can_time(device)
+    glue = config.glue if config.glue != "auto" else ("inductor" if on_gpu else "eager")
+    graphs = bool(config.cuda_graphs and on_gpu)
+    how = (("Inductor-compiled glue" if glue == "inductor" else "eager glue, direct kernel launches")
+           + (", CUDA graph per input signature" if graphs else ", plain calls"))
+    return glue, graphs, how
+
+
+def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runner, str]:
+    """The Runner the config asks for on `device`, and what it does, in words."""
+    glue, graphs, how = plan(config, device)
+    plain = direct_calls(gm) if runtime.can_run_on(device) else gm
+    return Runner(CompiledGlue(gm, plain) if glue == "inductor" else plain, graphs), how

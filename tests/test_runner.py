@@ -1,0 +1,168 @@
+"""accelc/runner.py: the CUDA-graph cache's signature logic, its fallback to plain calls, output
+safety, direct kernel launches, and the optimized module's use of it. On the CPU a stand-in
+"graph" re-runs the function into fixed output buffers, as a CUDA graph replay writes its own."""
+import pytest
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import accelc
+from accelc import runner
+from accelc.kernels import LAUNCHERS
+from conftest import DEVICE, rel_l2
+
+
+class FakeGraph:
+    """A CUDA graph's contract: fixed input buffers (those it was captured on), fixed output
+    buffers, rewritten by every replay."""
+
+    def __init__(self, fn, args, kwargs):
+        self.fn, self.args, self.kwargs, self.replays = fn, args, kwargs, 0
+        self.outputs = fn(*args, **kwargs)
+
+    def replay(self):
+        fresh = self.fn(*self.args, **self.kwargs)
+        for out, new in zip(pytree.tree_leaves(self.outputs), pytree.tree_leaves(fresh)):
+            out.copy_(new)
+        self.replays += 1
+
+
+class Captures:
+    def __init__(self, fail=None):
+        self.graphs, self.fail = [], fail
+
+    def __call__(self, fn, args, kwargs):
+        if self.fail:
+            raise runner.Uncapturable(self.fail)
+        g = FakeGraph(fn, args, kwargs)
+        self.graphs.append(g)
+        return g, g.outputs
+
+
+def _f(x, y=None, scale=1.0):
+    out = torch.tanh(x) * scale
+    return {"out": out if y is None else out + y, "sum": out.sum()}
+
+
+def test_one_graph_per_signature_and_fresh_data_each_call():
+    cap = Captures()
+    r = runner.Runner(_f, cuda_graphs=True, capture=cap)
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        got = r(x)
+        assert torch.equal(got["out"], _f(x)["out"]) and torch.equal(got["sum"], _f(x)["sum"])
+    assert len(cap.graphs) == 1 and cap.graphs[0].replays == 3
+    r(torch.randn(5, 8))                               # another shape
+    r(torch.randn(8, 4).t())                           # same shape as the first, other strides
+    r(torch.randn(4, 8, dtype=torch.float64))          # another dtype
+    r(torch.randn(4, 8), scale=2.0)                    # a non-tensor argument is part of the signature
+    r(torch.randn(4, 8), torch.randn(4, 8))            # another structure
+    assert len(cap.graphs) == 6
+    x = torch.randn(4, 8)
+    assert torch.equal(r(x, scale=2.0)["out"], _f(x, scale=2.0)["out"])
+    assert len(cap.graphs) == 6
+
+
+def test_outputs_are_never_overwritten_by_the_next_call():
+    r = runner.Runner(_f, cuda_graphs=True, capture=Captures())
+    x1, x2 = torch.randn(4, 8), torch.randn(4, 8)
+    y1 = r(x1)["out"]
+    y2 = r(x2)["out"]
+    assert torch.equal(y1, torch.tanh(x1)) and torch.equal(y2, torch.tanh(x2))
+    y1.zero_()                                         # and writing to one leaves the next call alone
+    assert torch.equal(r(x1)["out"], torch.tanh(x1))
+
+
+def test_a_signature_that_cannot_be_captured_runs_plain_calls_with_the_reason():
+    r = runner.Runner(_f, cuda_graphs=True, capture=Captures(fail="an op waits for the host"))
+    x = torch.randn(4, 8)
+    assert torch.equal(r(x)["out"], torch.tanh(x))
+    assert torch.equal(r(x)["out"], torch.tanh(x))
+    assert "plain calls where: an op waits for the host" in r.status()
+
+    class Opaque:
+        __hash__ = None
+    r2 = runner.Runner(lambda x, o: x + 1, cuda_graphs=True, capture=Captures())
+    assert torch.equal(r2(x, Opaque()), x + 1)
+    assert "not a tensor, not hashable" in r2.status()
+
+
+def test_at_most_max_graphs(monkeypatch):
+    monkeypatch.setattr(runner, "MAX_GRAPHS", 2)
+    cap = Captures()
+    r = runner.Runner(_f, cuda_graphs=True, capture=cap)
+    for n in (1, 2, 3, 4):
+        x = torch.randn(n, 8)
+        assert torch.equal(r(x)["out"], torch.tanh(x))
+    assert len(cap.graphs) == 2 and "more than 2 input signatures" in r.status()
+
+
+def test_cpu_tensors_are_not_captured():
+    with pytest.raises(runner.Uncapturable, match="not on a CUDA device"):
+        runner.capture_cuda_graph(_f, (torch.randn(2, 2),), {})
+
+
+def test_no_grad_inside():
+    w = torch.randn(8, 8, requires_grad=True)
+    r = runner.Runner(lambda x: x @ w, cuda_graphs=False)
+    assert not r(torch.randn(2, 8)).requires_grad
+
+
+def test_optimized_module_plain_calls_use_the_launchers():
+    model = accelc.models.get("mlp").to(DEVICE)
+    (x,) = model.example_inputs(8)
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(glue="eager", cuda_graphs=False, only_if_faster=False))
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+    assert opt.info.runtime == "eager glue, direct kernel launches, plain calls"
+    direct = opt.runner.fn
+    targets = {n.target for n in direct.graph.nodes if n.op == "call_function"}
+    assert targets & set(LAUNCHERS.values()) and not targets & set(LAUNCHERS)
+    assert any(n.target in LAUNCHERS for n in opt.graph_module.graph.nodes)   # the ops stay for export
+    assert "runtime: eager glue" in opt.summary()
+    opt.to(DEVICE)                                    # maybe new tensors: a new runner at the next call
+    assert opt.runner is None
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+def test_glue_validated():
+    with pytest.raises(ValueError, match="glue must be one of"):
+        accelc.OptimizeConfig(glue="xla")
+
+
+def test_optimized_module_copies_without_its_runner():
+    """A copy builds its own runner: compiled code and captured graphs belong to the tensors
+    they were made for."""
+    import copy
+
+    model = accelc.models.get("mlp").to(DEVICE)
+    (x,) = model.example_inputs(4)
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False))
+    with torch.no_grad():
+        want = opt(x)
+        assert opt.runner is not None and opt.__getstate__()["runner"] is None
+        twin = copy.deepcopy(opt)
+        assert twin.runner is None and torch.equal(twin(x), want)
+
+
+def test_glue_that_inductor_cannot_compile_runs_plain(monkeypatch):
+    """Dynamo / Inductor failing on the graph is not the user's problem: the plain graph runs,
+    and the summary says why. A model's own error still raises (from the plain call)."""
+    class Failing:
+        def __init__(self, *a, **k):
+            pass
+
+        def __call__(self, *a, **k):
+            raise torch._dynamo.exc.InternalTorchDynamoError("no lowering for op")
+
+    monkeypatch.setattr(torch, "compile", lambda gm, **kw: Failing())
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    glue = runner.CompiledGlue(gm, gm)
+    x = torch.randn(2, 4)
+    assert torch.equal(glue(x), gm(x)) and "Inductor could not compile the glue" in glue.failed
+    r = runner.Runner(glue, cuda_graphs=False)
+    r(x)
+    assert "Inductor could not compile" in r.status()
+    with pytest.raises(RuntimeError):
+        glue(torch.randn(2, 5))            # the model's own shape error, from the plain graph
