@@ -77,6 +77,28 @@ def speedup(row: dict, fast: str, base: str) -> tuple[float, float, float]:
     return round(statistics.median(ratios), 3), round(min(ratios), 3), round(max(ratios), 3)
 
 
+def per_call_us(fn, n: int, rounds: int = 5, wall: bool = False, warmup: int = 100) -> float:
+    """Median over `rounds` of microseconds per call of `n` back-to-back calls of fn: host time only
+    (wall=False: the GPU is synchronised between rounds, not inside one; on shapes where the GPU
+    keeps up this is the host's cost), or the GPU's work included (wall=True: synchronised at the
+    end of each round)."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if wall:
+            torch.cuda.synchronize()
+        per.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per)
+
+
 def env_line(env: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in env.items())
 

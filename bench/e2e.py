@@ -1,0 +1,383 @@
+"""Whole real models, called the way a user calls them, on the GPU: eager PyTorch,
+torch.compile (default and mode="reduce-overhead"), ONNX Runtime's CUDA provider (whole model),
+accelc's default call (and with CUDA graphs off, and with int8), plus accelc's optimize time.
+
+    source .ort/install.sh    # onnxruntime-gpu on the device machine (../shared/tools/README.md)
+    python bench/e2e.py --models resnet50,bert --out DIR          # one JSON per model into DIR
+    python bench/e2e.py --optimize-seconds resnet50               # one optimize, in this process
+    python bench/e2e.py --merge DIR --out bench/results           # the table of every model (DIR's
+                                                                  # subfolders in name order: later runs' sides win)
+
+Models are built by timm and HF transformers with random weights, fp16, eval, at realistic batch
+and sequence sizes (and at batch 1). Every side is timed the same way: back-to-back calls of the
+callable a user would hold (`model(x)`, `compiled(x)`, `opt(x)`, ORT's run with IO binding), the
+GPU synchronised after each round; the median of ROUNDS rounds of per-call time. Optimize time
+is measured cold (empty accelc tuning cache, Triton and Inductor caches: a fresh process with
+fresh cache folders) and warm (a second process with the same folders).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common  # noqa: E402
+
+ROUNDS = 7
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+def _timm(name, batch):
+    import timm
+
+    model = timm.create_model(name, pretrained=False)
+    return model, (torch.randn(batch, 3, 224, 224),)
+
+
+def _hf(kind, batch, seq):
+    import transformers as tf
+
+    if kind == "bert":
+        model = tf.BertModel(tf.BertConfig())
+        vocab = 30522
+    elif kind == "gpt2":
+        model = tf.GPT2Model(tf.GPT2Config(use_cache=False))
+        vocab = 50257
+    else:   # a Llama-style decoder with grouped-query attention (TinyLlama-1.1B's shape)
+        model = tf.LlamaModel(tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                                             num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                                             use_cache=False, max_position_embeddings=4096))
+        vocab = 32000
+    return model, (torch.randint(0, vocab, (batch, seq)),)
+
+
+# name -> (builder(batch) -> (model, inputs), batch sizes: realistic first, then 1, family)
+MODELS = {
+    "resnet50": (lambda b: _timm("resnet50", b), (32, 1), "CNN (timm)"),
+    "convnext_tiny": (lambda b: _timm("convnext_tiny", b), (32, 1), "ConvNeXt (timm)"),
+    "vit_base": (lambda b: _timm("vit_base_patch16_224", b), (32, 1), "ViT-B/16 (timm)"),
+    "bert": (lambda b: _hf("bert", b, 384), (8, 1), "BERT-base encoder (HF), 384 tokens"),
+    "gpt2": (lambda b: _hf("gpt2", b, 1024), (4, 1), "GPT-2 small decoder (HF), 1024 tokens"),
+    "llama": (lambda b: _hf("llama", b, 1024), (2, 1), "Llama-style GQA decoder, 1.1B (HF), 1024 tokens"),
+}
+
+
+def build(name, batch):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name][0](batch)
+    model = model.cuda().half().eval()
+    return model, tuple(t.cuda().half() if t.is_floating_point() else t.cuda() for t in inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# timing: one method for every side
+
+def per_call_ms(fn, rounds=ROUNDS, budget_s=0.25) -> float:
+    """ms per call: the median over rounds of back-to-back calls (about budget_s each), the GPU
+    synchronised at the end of each round."""
+    with torch.no_grad():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        n = max(3, min(200, int(budget_s / max(time.perf_counter() - t0, 1e-5))))
+        return _common.per_call_us(fn, n, rounds, wall=True, warmup=0) / 1e3
+
+
+def _first_tensor(out):
+    from torch.utils import _pytree as pytree
+
+    return next(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def _rel(out, ref) -> float:
+    a, b = _first_tensor(out).double(), _first_tensor(ref).double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _reset():
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# the sides
+
+def side_eager(model, inputs, row):
+    row["eager_ms"] = per_call_ms(lambda: model(*inputs))
+
+
+def side_compile(model, inputs, row, mode):
+    key = "compile" if mode is None else "compile_ro"
+    compiled = torch.compile(model, mode=mode)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        compiled(*inputs)
+        torch.cuda.synchronize()
+    row[f"{key}_first_call_s"] = round(time.perf_counter() - t0, 1)
+    row[f"{key}_ms"] = per_call_ms(lambda: compiled(*inputs))
+
+
+def side_accelc(model, inputs, row, key, **config):
+    import accelc
+
+    t0 = time.perf_counter()
+    opt = accelc.optimize(model, inputs, accelc.OptimizeConfig(**config))
+    row[f"{key}_optimize_s"] = round(time.perf_counter() - t0, 1)
+    row[f"{key}_ms"] = per_call_ms(lambda: opt(*inputs))
+    with torch.no_grad():
+        row[f"{key}_rel_err_vs_eager"] = _rel(opt(*inputs), model(*inputs))
+    rows = opt.layers
+    row[f"{key}_layers"] = {s: sum(r.status == s for r in rows) for s in ("rewritten", "reverted", "kept")}
+    row[f"{key}_runtime"] = opt.info.runtime
+    row[f"{key}_summary"] = opt.summary()
+
+
+def side_ort(model, inputs, row):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        row["ort_error"] = "onnxruntime has no CUDAExecutionProvider here"
+        return
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.onnx")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            torch.onnx.export(model, inputs, path, dynamo=True, external_data=True, opset_version=18)
+        row["ort_export_s"] = round(time.perf_counter() - t0, 1)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        best = None
+        for graph in (True, False):   # ORT's own CUDA graph where the session takes it
+            try:
+                prov = [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "EXHAUSTIVE", "prefer_nhwc": "1",
+                                                   "enable_cuda_graph": "1" if graph else "0"})]
+                sess = ort.InferenceSession(path, so, providers=prov)
+                binding = sess.io_binding()
+                feeds = [t.contiguous() for t in inputs]
+                for i, t in zip(sess.get_inputs(), feeds):
+                    binding.bind_input(i.name, "cuda", 0, _np(t.dtype), tuple(t.shape), t.data_ptr())
+                first = sess.run(None, {i.name: t.cpu().numpy() for i, t in zip(sess.get_inputs(), feeds)})
+                outs = [torch.from_numpy(o).cuda() for o in first]
+                for o, t in zip(sess.get_outputs(), outs):
+                    binding.bind_output(o.name, "cuda", 0, _np(t.dtype), tuple(t.shape), t.data_ptr())
+                sess.run_with_iobinding(binding)
+                ms = per_call_ms(lambda: sess.run_with_iobinding(binding))
+                if best is None or ms < best[0]:
+                    best = (ms, graph, outs[0].clone())
+            except Exception as e:
+                row.setdefault("ort_notes", []).append(f"cuda_graph={graph}: {type(e).__name__}: {str(e)[:200]}")
+        if best is not None:
+            row["ort_ms"], row["ort_cuda_graph"] = best[0], best[1]
+            with torch.no_grad():
+                row["ort_rel_err_vs_eager"] = _rel(best[2], model(*inputs))
+
+
+def _np(dtype):
+    import numpy as np
+
+    return {torch.float16: np.float16, torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32,
+            torch.bool: np.bool_}[dtype]
+
+
+SIDES = ("eager", "compile", "compile_ro", "ort", "accelc", "accelc_nograph", "accelc_int8")
+
+
+def run_model(name, sides, out_dir, batches="all"):
+    sizes = MODELS[name][1]
+    for batch in {"all": sizes, "first": sizes[:1], "last": sizes[-1:]}[batches]:
+        row = {"model": name, "family": MODELS[name][2], "batch": batch}
+        model, inputs = build(name, batch)
+        row["input_shapes"] = [list(t.shape) for t in inputs]
+        todo = sides if batch == sizes[0] else [s for s in sides if s in ("eager", "compile_ro", "accelc")]
+        for side in todo:
+            t0 = time.perf_counter()
+            try:
+                if side == "eager":
+                    side_eager(model, inputs, row)
+                elif side == "compile":
+                    side_compile(model, inputs, row, None)
+                elif side == "compile_ro":
+                    side_compile(model, inputs, row, "reduce-overhead")
+                elif side == "ort":
+                    side_ort(model, inputs, row)
+                elif side == "accelc":
+                    side_accelc(model, inputs, row, "accelc")
+                elif side == "accelc_nograph":
+                    side_accelc(model, inputs, row, "accelc_nograph", cuda_graphs=False)
+                elif side == "accelc_int8":
+                    side_accelc(model, inputs, row, "accelc_int8", int8=True)
+            except Exception as e:
+                row[f"{side}_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                traceback.print_exc()
+            _reset()
+            print(f"{name} b{batch} {side}: {row.get(side + '_ms', row.get(side + '_error'))} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            with open(Path(out_dir) / f"e2e-{name}-b{batch}.json", "w") as f:   # after every side: a cut-off run keeps them
+                json.dump({"environment": _common.environment(), "row": row}, f, indent=1, default=str)
+        del model
+        _reset()
+
+
+def optimize_seconds(name):
+    """One optimize of `name` at its realistic batch in this process (the caches are the
+    environment's): prints {"optimize_s": ...}."""
+    import accelc
+
+    model, inputs = build(name, MODELS[name][1][0])
+    t0 = time.perf_counter()
+    opt = accelc.optimize(model, inputs)
+    s = time.perf_counter() - t0
+    print(json.dumps({"optimize_s": round(s, 1), "rewritten": len(opt.rewritten), "phases_s": opt.info.seconds}))
+
+
+def cold_warm(name, out_dir):
+    """Optimize seconds in a fresh process with empty caches, then in a second one with them."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, ACCELC_CACHE_DIR=f"{d}/accelc", TRITON_CACHE_DIR=f"{d}/triton",
+                   TORCHINDUCTOR_CACHE_DIR=f"{d}/inductor")
+        res = {}
+        for phase in ("cold", "warm"):
+            out = subprocess.run([sys.executable, __file__, "--optimize-seconds", name], env=env,
+                                 capture_output=True, text=True)
+            line = [x for x in out.stdout.splitlines() if x.startswith("{")]
+            data = json.loads(line[-1]) if line else {}
+            res[phase] = data.get("optimize_s", f"failed: {out.stderr[-300:]}")
+            res[f"{phase}_phases_s"] = data.get("phases_s")
+            print(f"{name} optimize {phase}: {res[phase]} {res[f'{phase}_phases_s']}", flush=True)
+    with open(Path(out_dir) / f"e2e-{name}-optimize.json", "w") as f:
+        json.dump({"environment": _common.environment(), "row": {"model": name, **res}}, f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+def _x(a, b):
+    return f"{a / b:.2f}x" if a and b else ""
+
+
+_SPEED = re.compile(r"^(\S+)\s+kept\s+accelc::(\S+)\s.*accelc::\S+ ([\d.]+) us vs PyTorch ([\d.]+) us")
+_REVERTED = re.compile(r"^(\S+)\s+reverted\s+accelc::(\S+)\s.*?(error .*)$")
+
+
+def gap_table(rows) -> str:
+    """Per model and kernel: the layers the guard left to PyTorch because PyTorch's kernel was
+    the faster on the example inputs (accelc's and PyTorch's summed times), and the reverted ones."""
+    lines = []
+    for r in rows:
+        speed, reverted = {}, {}
+        for line in r.get("accelc_summary", "").splitlines():
+            m = _SPEED.match(line)
+            if m:
+                k = speed.setdefault(m.group(2), [0, 0.0, 0.0])
+                k[0] += 1
+                k[1] += float(m.group(3))
+                k[2] += float(m.group(4))
+            m = _REVERTED.match(line)
+            if m:
+                reverted.setdefault(m.group(2), []).append(m.group(1))
+        for kernel, (n, ours, theirs) in sorted(speed.items()):
+            lines.append([r["model"], r["batch"], kernel, n, f"{ours:.0f}", f"{theirs:.0f}", f"{theirs / ours:.2f}x", ""])
+        for kernel, names in sorted(reverted.items()):
+            lines.append([r["model"], r["batch"], kernel, len(names), "", "", "", "reverted (numbers): " + ", ".join(names)])
+    return ("Layers left to PyTorch, per model and accelc kernel: where PyTorch's kernel was the faster on the "
+            "example inputs (OptimizeConfig.only_if_faster; summed us of the accelc kernel and of the PyTorch layer), "
+            "and layers the guard reverted for their numbers:\n\n"
+            + _common.md_table(["model", "batch", "accelc kernel", "layers", "accelc us", "PyTorch us",
+                                "accelc speed", "note"], lines))
+
+
+def merge(in_dir, out_dir):
+    by_key, opt_s, env, dates = {}, {}, None, set()
+    for p in sorted(Path(in_dir).glob("**/e2e-*.json")):     # runs in name order: a later run's sides win
+        data = json.loads(p.read_text())
+        env = env or data["environment"]
+        dates.add(data["environment"]["date"])
+        if p.stem.endswith("-optimize"):
+            opt_s.setdefault(data["row"]["model"], {}).update(data["row"])
+        else:
+            row = data["row"]
+            by_key.setdefault((row["model"], row["batch"]), {}).update(row)
+    rows = list(by_key.values())
+    order = list(MODELS)
+    rows.sort(key=lambda r: (order.index(r["model"]), -r["batch"]))
+
+    def ms(r, k):
+        v = r.get(f"{k}_ms")
+        return f"{v:.3f}" if v else ("error" if f"{k}_error" in r else "")
+
+    table = []
+    for r in rows:
+        table.append([r["model"], r["batch"], ms(r, "eager"), ms(r, "compile"), ms(r, "compile_ro"), ms(r, "ort"),
+                      ms(r, "accelc"), ms(r, "accelc_nograph"), ms(r, "accelc_int8"),
+                      _x(r.get("compile_ro_ms"), r.get("accelc_ms")), _x(r.get("eager_ms"), r.get("accelc_ms")),
+                      "{rewritten}/{reverted}/{kept}".format(**r["accelc_layers"]) if "accelc_layers" in r else ""])
+    gm = [r["compile_ro_ms"] / r["accelc_ms"] for r in rows if r.get("compile_ro_ms") and r.get("accelc_ms")]
+    geo = statistics.geometric_mean(gm) if gm else None
+    md = (f"# Whole models, called as a user calls them ({env['device'] if env else '?'})\n\n"
+          + (_common.env_line(env) if env else "") + "\n\n"
+          + (f"Runs (one device session): {', '.join(sorted(dates))}.\n\n" if len(dates) > 1 else "")
+          + "ms per call, median of rounds of back-to-back calls, fp16, random weights. compile_ro: "
+          "torch.compile(mode=\"reduce-overhead\"); ORT: onnxruntime-gpu CUDA provider, whole model exported by the "
+          "dynamo exporter, IO binding, its CUDA graph where the session takes it. accelc: the default call "
+          "(Inductor glue, CUDA graph replay); nograph: cuda_graphs=False; int8: Int8Config defaults. "
+          "layers: rewritten / reverted / kept as PyTorch.\n\n"
+          + _common.md_table(["model", "batch", "eager", "compile", "compile_ro", "ORT", "accelc", "accelc nograph",
+                              "accelc int8", "accelc vs compile_ro", "accelc vs eager", "layers"], table)
+          + (f"\nGeometric mean, accelc vs compile_ro: {geo:.2f}x\n" if geo else "")
+          + "\nOptimize seconds (accelc.optimize, realistic batch; cold: empty caches in a fresh process, warm: "
+            "a second process):\n\n"
+          + _common.md_table(["model", "cold s", "warm s"], [[m, v.get("cold"), v.get("warm")] for m, v in opt_s.items()]))
+    md += "\n" + gap_table(rows)
+    errors = [f"- {r['model']} b{r['batch']} {k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")]
+    if errors:
+        md += "\nErrors:\n\n" + "\n".join(errors) + "\n"
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    stem = f"e2e-{_common.slug(env['device']) if env else 'unknown'}"
+    (Path(out_dir) / f"{stem}.md").write_text(md)
+    (Path(out_dir) / f"{stem}.json").write_text(json.dumps({"environment": env, "rows": rows,
+                                                            "optimize_seconds": opt_s}, indent=1, default=str))
+    print(md)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--out", default="e2e-out")
+    ap.add_argument("--cold-warm", default="", help="models whose cold / warm optimize seconds to measure")
+    ap.add_argument("--batches", default="all", choices=["all", "first", "last"],
+                    help="first: the realistic batch only; last: batch 1 only")
+    ap.add_argument("--optimize-seconds", default=None)
+    ap.add_argument("--merge", default=None)
+    args = ap.parse_args()
+    if args.optimize_seconds:
+        return optimize_seconds(args.optimize_seconds)
+    if args.merge:
+        return merge(args.merge, args.out)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    print(_common.env_line(_common.environment()), flush=True)
+    for name in [m for m in args.cold_warm.split(",") if m]:
+        cold_warm(name, args.out)
+    for name in [m for m in args.models.split(",") if m]:
+        run_model(name, args.sides.split(","), args.out, args.batches)
+
+
+if __name__ == "__main__":
+    main()
