@@ -259,8 +259,8 @@ def _race(gm, args, nodes, against: str) -> dict:
                 else:
                     ins = [self.env[i] for i in rw.inputs]
                     if rw.kind == "conv2d":   # x and the residual; the packed weight stays as it is
-                        a = tuple(_channels_last([v])[0] if i in (0, 3) else v for i, v in enumerate(a))
-                        ins = _channels_last(ins)
+                        a = tuple(_channels_last(v) if i in (0, 3) else v for i, v in enumerate(a))
+                        ins = [_channels_last(v) for v in ins]
                     calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
                                 lambda orig=rw.original, ins=ins: orig(*ins))
             return super().run_node(n)
@@ -275,10 +275,11 @@ def _race(gm, args, nodes, against: str) -> dict:
     return times
 
 
-def _channels_last(values):
-    return type(values)(v.contiguous(memory_format=torch.channels_last)
-                        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point() else v
-                        for v in values)
+def _channels_last(v):
+    """A 4-D floating-point tensor in channels-last memory; anything else as it is."""
+    if isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point():
+        return v.contiguous(memory_format=torch.channels_last)
+    return v
 
 
 def _release_int8_float_weights(gm: fx.GraphModule) -> None:

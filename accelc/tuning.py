@@ -104,6 +104,16 @@ class CompiledCall:
             self.kernel[self.grid](*args, **self.constexprs)
 
 
+def check_once(seen: set, sig, why_unsupported: Callable[[], "str | None"], op: str) -> None:
+    """A launcher's operand checks, once per call signature (shapes, dtypes, devices, flags): a
+    ValueError naming the op and what is wrong, or the signature remembered as accepted."""
+    if sig not in seen:
+        reason = why_unsupported()
+        if reason is not None:
+            raise ValueError(f"accelc::{op}: {reason}")
+        seen.add(sig)
+
+
 def _no_launch_hooks() -> bool:
     """No profiler is watching launches (hooks unset: None in triton 3.6, an empty HookChain later)."""
     for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
@@ -131,7 +141,6 @@ class Tuner:
         self.interpreter = interpreter
         self.chosen: dict[tuple, triton.Config] = {}
         self.calls: dict[tuple, object] = {}     # launcher's call signature -> its CompiledCall and arguments
-        self.timings: dict[tuple, list] = {}     # key -> [(config, us)] of the last tuning run
         self._source_hash = None
 
     def pick(self, key: tuple, sizes: dict, launch: Callable[[triton.Config], object]) -> triton.Config:
@@ -163,7 +172,6 @@ class Tuner:
         best, best_us = min(timed, key=lambda t: t[1])
         if math.isinf(best_us):
             raise RuntimeError(f"{self.name}: no candidate config ran for {_describe(sizes)}")
-        self.timings[key] = timed
         self._write(path, key, best, timed)
         return best
 

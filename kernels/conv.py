@@ -31,7 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from accelc import runtime
 from accelc.kernels import gemm
 from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_code, epilogue, epilogue_ref
-from accelc.tuning import CompiledCall, Tuner
+from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -239,10 +239,6 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=
     return None
 
 
-def _fail(message: str):
-    raise ValueError(f"accelc::conv2d: {message}")
-
-
 _CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
 
 
@@ -255,11 +251,8 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
            None if bias is None else (bias.shape, bias.dtype, bias.device),
            None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device),
            tuple(stride), tuple(padding), tuple(dilation), activation, bool(residual_first), bool(allow_tf32))
-    if sig not in _CHECKED:
-        reason = why_unsupported(x, weight, bias, residual, stride, padding, dilation, activation)
-        if reason is not None:
-            _fail(reason)
-        _CHECKED.add(sig)
+    check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, residual, stride, padding, dilation,
+                                                       activation), "conv2d")
     N, C, H, W = x.shape
     K, R, S, _ = weight.shape
     OH, OW = output_size(H, W, R, S, stride, padding, dilation)

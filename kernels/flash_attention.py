@@ -29,7 +29,7 @@ import triton.language as tl
 
 from accelc import runtime
 from accelc.kernels.quantize import quantize_ref, rint
-from accelc.tuning import CompiledCall, Tuner
+from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (32, 64, 80, 96, 128)
@@ -197,11 +197,7 @@ def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_i
     tensors = (q, k, v) if mask is None else (q, k, v, mask)
     sig = (tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
            bool(is_causal), scale, bool(qk_int8))
-    if sig not in _CHECKED:
-        reason = why_unsupported(q, k, v, mask)
-        if reason is not None:
-            raise ValueError(f"accelc::flash_attention: {reason}")
-        _CHECKED.add(sig)
+    check_once(_CHECKED, sig, lambda: why_unsupported(q, k, v, mask), "flash_attention")
     B, H, L, D = q.shape
     S = k.shape[2]
     out = _empty_out(q)

@@ -27,7 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
 from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_code, epilogue, epilogue_ref
-from accelc.tuning import CompiledCall, Tuner
+from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -228,10 +228,6 @@ def why_unsupported(x, weight, bias=None, residual=None, activation="none") -> s
     return epilogue_problem(x, N, bias, residual, activation)
 
 
-def _fail(message: str):
-    raise ValueError(f"accelc::linear: {message}")
-
-
 _CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
 
 
@@ -242,11 +238,7 @@ def linear_launch(x, weight, bias=None, residual=None, activation="none",
     sig = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
            None if bias is None else (bias.shape, bias.dtype, bias.device),
            None if residual is None else (residual.shape, residual.dtype, residual.device), activation)
-    if sig not in _CHECKED:
-        reason = why_unsupported(x, weight, bias, residual, activation)
-        if reason is not None:
-            _fail(reason)
-        _CHECKED.add(sig)
+    check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, residual, activation), "linear")
     K, N = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
