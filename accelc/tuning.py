@@ -122,6 +122,10 @@ def _no_launch_hooks() -> bool:
     return True
 
 
+class NotACandidate(Exception):
+    """Tuner.force: the forced config is not one the tuner would try for these sizes."""
+
+
 class Tuner:
     """The launch config of one Triton kernel, chosen per key (see the module docstring).
 
@@ -142,10 +146,29 @@ class Tuner:
         self.chosen: dict[tuple, triton.Config] = {}
         self.calls: dict[tuple, object] = {}     # launcher's call signature -> its CompiledCall and arguments
         self._source_hash = None
+        self._forced: triton.Config | None = None
+
+    @contextlib.contextmanager
+    def force(self, cfg: triton.Config):
+        """Every launch inside the block runs with cfg, whatever was chosen before (the candidate
+        sweep, tests/test_candidates.py); the choices and remembered calls are restored after.
+        A launch whose sizes the prune function would not give cfg raises NotACandidate; the
+        keys picked inside the block are in `chosen` there."""
+        saved = self.chosen, self.calls, self._forced
+        self.chosen, self.calls, self._forced = {}, {}, cfg
+        try:
+            yield
+        finally:
+            self.chosen, self.calls, self._forced = saved
 
     def pick(self, key: tuple, sizes: dict, launch: Callable[[triton.Config], object]) -> triton.Config:
         """The config for `key`. `sizes`: what prune / default / interpreter look at; `launch(cfg)`
         runs the kernel once with cfg on the real arguments (tuning times it)."""
+        if self._forced is not None:
+            if self._forced not in self.prune(self.configs, sizes) and not runtime.interpreted():
+                raise NotACandidate(f"{self.name}: {config_dict(self._forced)} is not a candidate for {_describe(sizes)}")
+            self.chosen[key] = self._forced
+            return self._forced
         cfg = self.chosen.get(key)
         if cfg is None:
             cfg = self.chosen[key] = self._choose(key, sizes, launch)

@@ -91,16 +91,19 @@ def _conv_kernel(
         # rectangular box of the NHWC tensor; the copy engine zero-fills what falls outside the
         # image (the padding, negative coordinates included), so no masks. Channels past C are
         # zero in x, so the weight columns they meet (the next tap's) contribute nothing.
-        for tap in range(TAPS):
+        # One flat loop over (tap, channel block), so the pipeline runs on across taps.
+        n_c = tl.cdiv(C, BLOCK_K)
+        for it in range(TAPS * n_c):
+            tap = it // n_c
+            c0 = (it - tap * n_c) * BLOCK_K
             h_in = oh0 - pad_h + (tap // S) * dil_h
             w_in = ow0 - pad_w + (tap % S) * dil_w
-            for c0 in range(0, C, BLOCK_K):
-                a = tl.reshape(x_desc.load([pid_m // (tiles_h * tiles_w), h_in, w_in, c0]), [BLOCK_M, BLOCK_K])
-                b = w_desc.load([pid_n * BLOCK_N, tap * C + c0]).T
-                if DOT_IN_FP32:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            a = tl.reshape(x_desc.load([pid_m // (tiles_h * tiles_w), h_in, w_in, c0]), [BLOCK_M, BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, tap * C + c0]).T
+            if DOT_IN_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     elif FLAT_K:
         for k0 in range(0, RSC, BLOCK_K):
             kk = k0 + offs_k
@@ -118,21 +121,22 @@ def _conv_kernel(
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     else:
-        for tap in range(TAPS):
+        # one flat loop over (tap, channel block), as in the RECT path
+        n_c = tl.cdiv(C, BLOCK_K)
+        for it in range(TAPS * n_c):
+            tap = it // n_c
+            c = (it - tap * n_c) * BLOCK_K + offs_k
             ih = ih0 + (tap // S) * dil_h
             iw = iw0 + (tap % S) * dil_w
             pix_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            pix_ptr = x_img + ih * sx_h + iw * sx_w
-            for c0 in range(0, C, BLOCK_K):
-                c = c0 + offs_k
-                c_ok = c < C
-                a = tl.load(pix_ptr[:, None] + c[None, :] * sx_c, mask=pix_ok[:, None] & c_ok[None, :], other=0.0)
-                b = tl.load(w_rows[None, :] + (tap * C + c)[:, None], mask=c_ok[:, None] & n_ok[None, :],
-                            other=0.0)
-                if DOT_IN_FP32:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            c_ok = c < C
+            a = tl.load((x_img + ih * sx_h + iw * sx_w)[:, None] + c[None, :] * sx_c,
+                        mask=pix_ok[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(w_rows[None, :] + (tap * C + c)[:, None], mask=c_ok[:, None] & n_ok[None, :], other=0.0)
+            if DOT_IN_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     mask = m_ok[:, None] & n_ok[None, :]
     res_ptrs = res_ptr + (img * sr_n + oh * sr_h + ow * sr_w)[:, None] + offs_n[None, :] * sr_c
@@ -149,17 +153,30 @@ def config(bm, bn, bk, stages, warps) -> triton.Config:
 
 
 def rect_config(bh, bw, bn, bk, stages, warps) -> triton.Config:
-    """Tiles of bh x bw output pixels, each tap's patch one TMA box (stride-1 convs on NHWC)."""
+    """Tiles of bh x bw output pixels, each tap's patch one TMA box (stride-1 convs on NHWC).
+
+    One warpgroup (4 warps) only. The (1, bh, bw, BLOCK_K) box cannot be reshaped to the
+    (BLOCK_M, BLOCK_K) operand in shared memory, so Triton (3.6) loads it into registers and
+    feeds a register-operand wgmma; the box's stage is then refilled by TMA one iteration later
+    with no CTA-wide barrier after the read (no gpu.barrier in the TTGIR). With two warpgroups one
+    can run an iteration ahead and refill the stage the other is still reading: wrong,
+    run-to-run different results (ResNet-50 stage-2 3x3 convs, 8 warps and 3-4 stages, H100 and
+    H200; bench/results/conv_race-nvidia-h100-80gb-hbm3.md). In one warpgroup the refill
+    at the end of iteration j comes after a wgmma wait that needs iteration j's first wgmma done,
+    which needs all four warps to have issued it, so all are past iteration j-1's read of that
+    stage (and no 4-warp run has failed: tests/test_candidates.py)."""
+    if warps != 4:
+        raise ValueError("TMA-rectangle conv configs take 4 warps (one warpgroup): see rect_config")
     return triton.Config({"BLOCK_M": bh * bw, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": True,
                           "BLOCK_H": bh, "BLOCK_W": bw}, num_stages=stages, num_warps=warps)
 
 
 # H100 candidates: 128-pixel row tiles (ResNet layers have 1.5k-100k pixels at batch 32), K tiles
 # of 64-128 channels, 32-64 channels a reduction step; for stride-1 convs also 8x16 / 16x8 / 8x8
-# pixel rectangles by TMA (8x8 suits 7x7 and 14x14 maps).
+# pixel rectangles by TMA (8x8 suits 7x7 and 14x14 maps), one warpgroup each (rect_config).
 CONFIGS = [config(128, 128, 64, 3, 8), config(128, 64, 64, 4, 4), config(64, 128, 64, 4, 4),
            config(128, 128, 32, 4, 8), config(64, 64, 64, 4, 4), config(128, 64, 32, 4, 4),
-           rect_config(8, 16, 128, 64, 3, 8), rect_config(16, 8, 128, 64, 3, 8),
+           rect_config(8, 16, 128, 64, 3, 4), rect_config(16, 8, 128, 64, 3, 4),
            rect_config(8, 16, 64, 64, 4, 4), rect_config(8, 8, 128, 64, 4, 4),
            rect_config(8, 8, 64, 64, 4, 4)]
 

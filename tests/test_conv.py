@@ -112,3 +112,10 @@ def test_repeated_calls_launch_the_compiled_kernel(c, r, st):
         ref = _eager(x.double(), wt.double(), b.double(), None, st, 1, 1, "relu", False)
         assert_close_to_ref(out, ref, _eager(x, wt, b, None, st, 1, 1, "relu", False), torch.float16, 1e-2, 1e-2)
     assert any(c.direct for c, kw in conv.TUNER.calls.values()) or DEVICE.type == "cpu"
+
+
+def test_tma_rectangle_configs_take_one_warpgroup():
+    """Two warpgroups raced on the TMA-rectangle path (conv.rect_config); such configs are refused."""
+    assert all(c.num_warps == 4 for c in conv.CONFIGS if c.kwargs["RECT"])
+    with pytest.raises(ValueError, match="4 warps"):
+        conv.rect_config(16, 8, 128, 64, 3, 8)

@@ -104,3 +104,16 @@ def test_a_read_only_cache_folder_still_tunes(fake_gpu, monkeypatch, tmp_path, c
     with caplog.at_level("WARNING", logger="accelc"):
         assert _chosen(_tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None)) == FAST
     assert "cannot write the tuning cache" in caplog.text
+
+
+def test_force_runs_one_candidate_then_restores_the_choices(fake_gpu):
+    tuner = _tuner()
+    tuned = tuner.pick((1024, "fp16"), {"M": 1024}, lambda cfg: None)
+    tuner.calls["sig"] = "remembered call"
+    with tuner.force(CONFIGS[0]):
+        assert tuner.pick((1024, "fp16"), {"M": 1024}, None) is CONFIGS[0]
+        assert tuner.calls == {} and list(tuner.chosen) == [(1024, "fp16")]
+        with pytest.raises(tuning.NotACandidate, match="not a candidate"):
+            tuner.pick((16, "fp16"), {"M": 16}, None)        # BLOCK 32 is pruned for M=16
+    assert tuner.pick((1024, "fp16"), {"M": 1024}, None) is tuned and tuner.calls == {"sig": "remembered call"}
+    assert fake_gpu.count(CONFIGS[0]) == 1                      # forcing timed nothing
