@@ -22,6 +22,8 @@ A row of zeros gets scale 0 and q = 0 (absmax is clamped to 1e-30 for the divisi
 """
 from __future__ import annotations
 
+import math
+
 from typing import Optional
 
 import torch
@@ -72,16 +74,20 @@ def _quantize_kernel(
         amax = tl.max(absmax, 0)
         scale = tl.div_rn(amax, 127.0)
         inv = tl.div_rn(127.0, tl.maximum(amax, 1e-30))
-    tl.store(scale_ptr + row, scale)
-    # pass 2: quantize
+    # pass 2: quantize. A row holding NaN or inf gets a NaN scale, so its int8 layer's output row
+    # is NaN (as eager's float layer gives NaN or inf there), never finite numbers: max ignores
+    # NaN and clamping maps it to -127
+    nonfinite = tl.zeros((BLOCK_K,), tl.int32)
     for k0 in range(0, K, BLOCK_K):
         ok = k0 + offs < K
         x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
         if HAS_SMOOTH:
             x = x * tl.load(smooth_ptr + k0 + offs, mask=ok, other=0.0)
+        nonfinite = tl.maximum(nonfinite, tl.where(tl.abs(x) < float("inf"), 0, 1))
         y = rint(x * inv, USE_LIBDEVICE)
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)
         tl.store(q_ptr + row * K + k0 + offs, y.to(tl.int8), mask=ok)
+    tl.store(scale_ptr + row, tl.where(tl.max(nonfinite, 0) > 0, float("nan"), scale))
 
 
 def why_unsupported(x, smooth=None, static_scale=None) -> str | None:
@@ -144,7 +150,9 @@ def quantize_ref(x, smooth=None, static_scale=None):
         c127 = torch.full_like(amax, 127.0)
         scale = amax / c127
         inv = (c127 / amax.clamp_min(_EPS))[..., None]
-    q = torch.round(xf * inv).clamp(-127, 127).to(torch.int8)
+    q = torch.round(xf * inv).clamp(-127, 127).nan_to_num(-127.0).to(torch.int8)
+    if xf.shape[-1]:
+        scale = scale.masked_fill(~torch.isfinite(xf).all(-1), math.nan)
     return q, scale
 
 
