@@ -13,8 +13,12 @@ final check of every layer, by name:
      with both times);
   5. an int8 layer that stays lets go of its float weights (accelc.rewrite.Rewrite.release_original).
 
-A check runs the rewritten graph once; at each accelc node three things are computed from the
-same inputs (the values eager PyTorch would give that layer):
+A check runs the rewritten graph on the example inputs, then on a second, independent draw of
+inputs of the same shapes and, where the inputs share a batch dim, at another batch size
+(other_inputs); a layer must pass on all of them. On a GPU each kernel also runs twice on the
+example inputs and must give the same bits (non-determinism is a race: reverted). At each
+accelc node three things are computed from the same inputs (the values eager PyTorch would give
+that layer):
   - the accelc kernel's output,
   - the original subgraph's output (eager PyTorch, in the model's dtype),
   - the original subgraph in higher precision (fp32 for half models, fp64 for fp32 ones).
@@ -28,6 +32,8 @@ not leak into the next one's verdict.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -40,6 +46,8 @@ from accelc import meta, runtime, tuning
 from accelc.latency import layer_ms
 from accelc.numerics import error_stats, sqnr_db
 from accelc.rewrite import demote, forget_replacements, layers, revert
+
+log = logging.getLogger("accelc")
 
 
 @dataclass
@@ -63,7 +71,7 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
     final: dict[fx.Node, LayerCheck] = {}
     put_back: dict[str, LayerCheck] = {}
     again: set = set()
-    for node, check in (check_layers(gm, args, config) if config.guard else {}).items():
+    for node, check in (check_layers(gm, args, config, seconds=ctx.seconds) if config.guard else {}).items():
         rw = meta.rewrite_of(node)
         if check.passed:
             final[node] = check
@@ -83,7 +91,7 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
                     "(Int8Config.only_if_faster)")
             again.add(demote(gm, node, f"int8 SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
     if again and config.guard:
-        for node, check in check_layers(gm, args, config, only=again).items():
+        for node, check in check_layers(gm, args, config, only=again, seconds=ctx.seconds).items():
             if check.passed:
                 final[node] = check
             else:
@@ -111,9 +119,83 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
 # ---------------------------------------------------------------------------------------------
 # checking
 
-def check_layers(gm: fx.GraphModule, args: tuple, config, only=None) -> dict[fx.Node, LayerCheck]:
-    """Check every rewritten node (or those in `only`) on `args`. A kernel's first call tunes it
-    (accelc.tuning): the tuning log names the layer and how many are left."""
+def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: dict | None = None
+                 ) -> dict[fx.Node, LayerCheck]:
+    """Check every rewritten node (or those in `only`) on `args`, then again on the other inputs
+    of `other_inputs` (a second draw, another batch size): a layer passes only if it passes on
+    all of them. On a GPU each kernel runs twice on the example inputs and must give the same
+    bits both times (accelc's kernels have no atomics: a difference is a race). A kernel's first
+    call tunes it (accelc.tuning): the tuning log names the layer and how many are left.
+    seconds: where to add the time the checks on other inputs took ("guard: other inputs")."""
+    checks = _check_pass(gm, args, config, only, repeat=repeat_runs())
+    t0 = time.perf_counter()
+    for label, more_args in other_inputs(args):
+        passing = {n for n, c in checks.items() if c.passed}
+        if not passing:
+            break
+        try:
+            more = _check_pass(gm, more_args, config, passing, repeat=False)
+        except Exception as e:   # the model itself does not run on them (a shape it fixes): nothing to check
+            log.debug("accelc: guard: no check %s (%s: %s)", label, type(e).__name__, e)
+            continue
+        for n, c in more.items():
+            if not c.passed:
+                checks[n] = dataclasses.replace(c, reason=f"{c.reason} ({label})")
+    if seconds is not None:
+        key = "guard: other inputs"
+        seconds[key] = round(seconds.get(key, 0.0) + time.perf_counter() - t0, 2)
+    return checks
+
+
+def repeat_runs() -> bool:
+    """Whether the guard runs each kernel twice: on a GPU (the CPU interpreter runs a program's
+    operations one after another, so it cannot race)."""
+    return not runtime.interpreted()
+
+
+def other_inputs(args: tuple) -> list[tuple[str, tuple]]:
+    """Inputs the guard checks the layers on besides the example: ("on a second draw of the
+    inputs", same shapes, drawn independently) and, where every tensor input has the same leading
+    dim b, ("at batch b2", b2 != b). Floating-point tensors are drawn normal with each example
+    tensor's mean and std; integer ones (token ids) uniform over the example's range; bool ones
+    (masks) and everything else are the example's, repeated or cut along the batch."""
+    gen = torch.Generator().manual_seed(12345)
+    tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    out = [("on a second draw of the inputs", _draw(args, gen, None))]
+    batches = {t.shape[0] if t.dim() else None for t in tensors}
+    if len(batches) == 1 and None not in batches:
+        b = batches.pop()
+        # one row fewer: a tail the example did not have, in the same tuning bucket (next power of
+        # two of the rows) as the example, so the check tunes nothing new
+        b2 = b + 2 if b <= 2 else b - 1
+        out.append((f"at batch {b2}", _draw(args, gen, b2)))
+    return out
+
+
+def _draw(args, gen, batch):
+    def one(t):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return t
+        shape = t.shape if batch is None else (batch, *t.shape[1:])
+        if t.is_floating_point() and t.numel() > 1:
+            x = torch.randn(shape, generator=gen, dtype=torch.float32)
+            x = x * t.float().std().item() + t.float().mean().item()
+        elif t.dtype in (torch.int32, torch.int64) and t.numel() > 0:
+            lo, hi = int(t.min()), int(t.max())
+            x = torch.randint(lo, hi + 1, shape, generator=gen, dtype=t.dtype)
+        elif batch is None or t.shape[0] == batch:
+            return t
+        else:
+            reps = -(-batch // max(t.shape[0], 1))
+            return t.repeat(reps, *([1] * (t.dim() - 1)))[:batch]
+        x = x.to(device=t.device, dtype=t.dtype)
+        if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+    return tuple(pytree.tree_map(one, list(args)))
+
+
+def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerCheck]:
     checks: dict[fx.Node, LayerCheck] = {}
     todo = [n for n in layers(gm) if only is None or n in only]
 
@@ -130,15 +212,25 @@ def check_layers(gm: fx.GraphModule, args: tuple, config, only=None) -> dict[fx.
             try:
                 with tuning.task(f"layer {len(checks) + 1}/{len(todo)} {rw.layer}"):
                     out = n.target(*a, **kw)
+                    again = n.target(*a, **kw) if repeat else out
             except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
                 checks[n] = _failed(ins, eager, config, f"kernel failed: {type(e).__name__}: {e}")
                 return eager
             checks[n] = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
+            if checks[n].passed and not _same_bits(out, again):
+                checks[n] = dataclasses.replace(checks[n], passed=False, reason=(
+                    "non-deterministic: two runs on the same inputs gave different results (a race in the kernel)"))
             return eager
 
     with torch.no_grad():
         _Guard(gm).run(*args)
     return checks
+
+
+def _same_bits(a, b) -> bool:
+    return all(torch.equal(x, y) or (x.is_floating_point() and torch.equal(torch.isnan(x), torch.isnan(y))
+                                     and torch.equal(x.nan_to_num(), y.nan_to_num()))
+               for x, y in zip(pytree.tree_leaves(a), pytree.tree_leaves(b)))
 
 
 class LayerRunner(fx.Interpreter):
