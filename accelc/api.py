@@ -13,6 +13,7 @@ from torch.utils import _pytree as pytree
 from accelc import guard, meta, runner, runtime
 from accelc.capture import capture
 from accelc.config import OptimizeConfig, PRESETS
+from accelc.errors import AccelcError, InputError, short_error
 from accelc.numerics import rel_l2, sqnr_db
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
 from accelc.pipeline import run_passes
@@ -31,8 +32,13 @@ def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | No
         example inputs when None.
 
     Layers accelc does not recognise, and rewritten layers whose numbers the guard rejects, run
-    as PyTorch; OptimizedModule.summary() lists every one with its reason. The caller's model is
-    left as it is, except that it is put in eval mode (accelc optimizes for inference).
+    as PyTorch; OptimizedModule.summary() lists every one with its reason.
+
+    accelc works on a copy of the model: the optimized module owns its weights, a snapshot taken
+    now. Later changes to `model` (load_state_dict, in-place updates, training) never reach it;
+    optimize again to take them. The caller's model is left as it is: its forward is not run
+    (buffers it updates in forward keep their values) and its mode is not changed (the copy runs
+    in eval mode: accelc optimizes for inference).
     """
     job = prepare(model, example_inputs, config, calibration, stacklevel=3)
     runtime.warn_if_interpreted(stacklevel=2)
@@ -50,39 +56,76 @@ class Job:
     device: torch.device
 
 
-def prepare(model: nn.Module, example_inputs, config=None, calibration=None, stacklevel: int = 2) -> Job:
-    """The checks and conversions of optimize() before capture (see there)."""
+def prepare(model: nn.Module, example_inputs, config=None, calibration=None, stacklevel: int = 2,
+            copy_model: bool = True) -> Job:
+    """The checks and conversions of optimize() before capture (see there). copy_model=False:
+    the caller gives up `model` (a model loaded from a file), so it is not copied."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"optimize() takes an nn.Module, not {type(model).__name__}")
     config = resolve_config(config)
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    check_example_inputs(args)
+    batches = [args] if calibration is None else [
+        (b,) if isinstance(b, torch.Tensor) else tuple(b) for b in calibration]
+    copied = False
+    if config.dtype is not None:
+        original = model
+        model, args = to_dtype(model, args, config.dtype)
+        batches = [to_dtype(model, b, config.dtype)[1] for b in batches]
+        copied = model is not original
+    if copy_model and not copied:
+        try:
+            model = copy.deepcopy(model)
+        except Exception as e:
+            raise AccelcError(f"accelc works on a copy of the model (the optimized module owns its weights), and "
+                              f"this one cannot be copied: {short_error(e)}") from e
     if model.training:
         try:
             model.eval()
         except NotImplementedError:
             pass  # a torch.export program (ep.module()): its mode was fixed when it was exported
         else:
-            warnings.warn("accelc optimizes for inference: the model was in training mode and has been "
-                          "switched to eval() (dropout off, batch norm on running statistics)",
+            warnings.warn("accelc optimizes for inference: the model is in training mode, and its optimized "
+                          "copy runs in eval mode (dropout off, batch norm on running statistics)",
                           stacklevel=stacklevel + 1)
-    batches = [args] if calibration is None else [
-        (b,) if isinstance(b, torch.Tensor) else tuple(b) for b in calibration]
-    if config.dtype is not None:
-        model, args = to_dtype(model, args, config.dtype)
-        batches = [to_dtype(model, b, config.dtype)[1] for b in batches]
     return Job(model, args, config, batches, device_of(model, args))
 
 
+def check_example_inputs(args: tuple) -> None:
+    """The guard checks every rewritten layer on the example inputs: they must hold numbers to
+    check on. Empty tensors and NaN / inf values are refused, naming the input."""
+    for i, t in enumerate(pytree.tree_leaves(args)):
+        if not isinstance(t, torch.Tensor):
+            continue
+        shape = "x".join(map(str, t.shape)) or "scalar"
+        if t.numel() == 0:
+            raise InputError(f"example input {i} ({shape}) is empty: accelc checks every rewritten layer on the "
+                             "example inputs, so give at least one row (batch size >= 1)")
+        if (t.is_floating_point() or t.is_complex()) and t.device.type != "meta" and not torch.isfinite(t).all():
+            raise InputError(f"example input {i} ({shape}) holds NaN or inf: accelc checks every rewritten layer "
+                             "on the example inputs, so give finite ones (real data, or torch.randn)")
+
+
 def optimize_prepared(job: Job) -> OptimizedModule:
-    t0 = time.perf_counter()
-    gm, method, expected = capture(job.model, job.args)
-    t1 = time.perf_counter()
-    opt = optimize_graph(gm, job.args, job.config, method, expected, job.device, job.calibration)
-    opt.info.seconds["capture"] = round(t1 - t0, 2)
-    if runtime.can_time(job.device):
+    """Capture, passes, guard and warm-up of a prepared model. Optimizing runs the model's
+    forward many times; buffers that forward updates in place get back the values they had
+    before, so the optimized module starts from the model's state."""
+    state = {name: b.clone() for name, b in job.model.named_buffers()}
+    try:
         t0 = time.perf_counter()
-        opt(*job.args)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
-        opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
+        gm, method, expected = capture(job.model, job.args)
+        t1 = time.perf_counter()
+        opt = optimize_graph(gm, job.args, job.config, method, expected, job.device, job.calibration)
+        opt.info.seconds["capture"] = round(t1 - t0, 2)
+        if runtime.can_time(job.device):
+            t0 = time.perf_counter()
+            opt(*job.args)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
+            opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
+    finally:
+        with torch.no_grad():
+            for name, b in job.model.named_buffers():
+                if name in state:
+                    b.copy_(state[name])
     return opt
 
 
@@ -112,7 +155,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
                         float_weight_bytes=sum(b[0] for b in weights), int8_weight_bytes=sum(b[1] for b in weights),
                         model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
                         original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
-                        runtime=runner.plan(config, device)[2], seconds=seconds)
+                        runtime=runner.plan(config, device, gm)[2], seconds=seconds)
     return OptimizedModule(gm, collect_layers(gm, checks), info, example_inputs=args, config=config)
 
 

@@ -34,22 +34,67 @@ aten = torch.ops.aten
 
 
 def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]:
-    """Returns (graph module, capture method, the model's eager output on `args`)."""
+    """Returns (graph module, capture method, the model's eager output on `args`). Buffers the
+    forward updates in place get back their values after each run here; symbolic_trace is not
+    tried on such a model (it runs buffer updates once, at trace time, instead of recording them)."""
+    state = _buffers(model)
+    given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in args]
     with torch.no_grad():
         expected = model(*args)
+    updated = [name for name, b in model.named_buffers() if name in state and not _same(b, state[name])]
+    _restore(model, state)
+    changed = [i for i, (t, g) in enumerate(zip(args, given)) if isinstance(t, torch.Tensor) and not _same(t, g)]
+    if changed:
+        raise CaptureError(f"the model's forward changes its input {changed[0]} in place (x.add_(...), x[...] = ...): "
+                           "accelc optimizes forwards that leave their inputs as they are; write the update "
+                           "out of place (x = x + ...)")
     failures = []
     for method, trace in (("symbolic_trace", _symbolic_trace), ("torch.export", _export)):
+        if method == "symbolic_trace" and updated:
+            failures.append(f"{method}: not tried: forward updates buffers in place ({', '.join(updated[:3])}), "
+                            "which it cannot record")
+            continue
         try:
             gm = trace(model, args)
             _check_same(expected, prepare(gm, args))
             return gm, method, expected
         except Exception as e:  # each method's failure is reported together below
             failures.append(f"{method}: {type(e).__name__}: {_first_line(e)}")
+        finally:
+            _restore(model, state)
     raise CaptureError(
         "accelc could not capture the model as a graph.\n  " + "\n  ".join(failures) + "\n"
         "Branches on tensor values (if x.sum() > 0) defeat both tracers: rewrite them with "
         "torch.where or torch.cond, or optimize the submodules that trace on their own."
     )
+
+
+def _buffers(model) -> dict:
+    return {name: b.detach().clone() for name, b in model.named_buffers()}
+
+
+def _same(a, b) -> bool:
+    return a.shape == b.shape and (torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                                                          and torch.equal(a.nan_to_num(), b.nan_to_num())))
+
+
+def _restore(model, state: dict) -> None:
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name in state and b.shape == state[name].shape:
+                b.copy_(state[name])
+
+
+def mutated_state(gm: fx.GraphModule) -> list[str]:
+    """The module attributes (buffers) the graph updates in place: targets of get_attr nodes an
+    in-place op writes, through views."""
+    out = []
+    for n in gm.graph.nodes:
+        if _is_inplace(n) and n.args and isinstance(n.args[0], fx.Node):
+            base = _view_base(n.args[0])
+            if base.op == "get_attr" and base.target not in out:
+                out.append(base.target)
+    return out
 
 
 def prepare(gm: fx.GraphModule, args: tuple):
@@ -63,13 +108,30 @@ def prepare(gm: fx.GraphModule, args: tuple):
 
 def export_program(model: nn.Module, args: tuple) -> torch.export.ExportedProgram:
     """torch.export (non-strict) with every dimension allowed to vary (batch, sequence); export
-    specializes those the model pins down. Static shapes if that fails."""
-    dynamic = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor) else None
-                    for a in args)
-    try:
-        return torch.export.export(model, args, dynamic_shapes=dynamic, strict=False)
-    except Exception:
-        return torch.export.export(model, args, strict=False)
+    specializes those the model pins down. Static shapes if that fails. A batch of one is traced
+    as a batch of two (the example repeated): torch.export fixes every dim whose example is 0 or
+    1, and a program traced at batch 1 would take batch 1 only; where the batch-2 program's shape
+    guards refuse the example itself, the example's own shapes are traced."""
+    grown = _batch_of_two(args)
+    for example in ([grown] if grown is not args else []) + [args]:
+        dynamic = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor) else None
+                        for a in example)
+        try:
+            ep = torch.export.export(model, example, dynamic_shapes=dynamic, strict=False)
+            if example is grown:
+                with torch.no_grad():
+                    ep.module()(*args)    # shape guards traced at batch 2 may exclude batch 1
+            return ep
+        except Exception:
+            continue
+    return torch.export.export(model, args, strict=False)
+
+
+def _batch_of_two(args: tuple) -> tuple:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if tensors and all(t.dim() >= 1 and t.shape[0] == 1 for t in tensors):
+        return tuple(torch.cat([a, a]) if isinstance(a, torch.Tensor) else a for a in args)
+    return args
 
 
 def _symbolic_trace(model, args):
@@ -342,9 +404,34 @@ def _inplace_arg(n) -> bool:
 
 
 def _only_reader(n) -> bool:
-    """An in-place op may become out-of-place when nothing else reads the tensor it mutates."""
+    """An in-place op may become out-of-place when nothing else reads the tensor it mutates and
+    that tensor lives only inside this call: not module state (a buffer the next call reads), not
+    a caller's input (eager changes the caller's tensor), nor a view of either."""
     src = n.args[0] if n.args else None
-    return isinstance(src, fx.Node) and len(src.users) == 1
+    return isinstance(src, fx.Node) and len(src.users) == 1 and _view_base(src).op not in ("get_attr", "placeholder")
+
+
+# ops whose result may share memory with their first argument
+_VIEW_OPS = {"view", "reshape", "permute", "transpose", "t", "getitem", "select", "slice", "narrow", "expand",
+             "unsqueeze", "squeeze", "flatten", "unflatten", "as_strided", "detach", "alias", "contiguous",
+             "view_as", "unfold", "diagonal", "split", "chunk", "unbind", "movedim", "T", "mT"}
+
+
+def _view_base(node: fx.Node) -> fx.Node:
+    """The node whose memory `node` may be a view of (itself if it is not a view op)."""
+    while node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], fx.Node) \
+            and meta.op_name(node) in _VIEW_OPS:
+        node = node.args[0]
+    return node
+
+
+def _is_inplace(node: fx.Node) -> bool:
+    if node.op not in ("call_method", "call_function"):
+        return False
+    if isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema.is_mutable
+    name = meta.op_name(node)
+    return (name.endswith("_") and not name.startswith("_")) or name in ("iadd", "isub", "imul", "itruediv")
 
 
 def _dropout_trains(n) -> bool:

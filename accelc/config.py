@@ -1,7 +1,8 @@
 """OptimizeConfig: what accelc.optimize does, validated once when it is made."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 
@@ -105,7 +106,9 @@ class OptimizeConfig:
     int8:           False (float only), True (int8 with Int8Config's defaults) or an Int8Config.
     only_if_faster: on a GPU, time every rewritten layer against the original PyTorch layer on the
                     example inputs (the guard, after the numbers check) and keep it only where it is
-                    faster; the summary gives both times for the layers put back.
+                    faster; the summary gives both times for the layers put back. Its default
+                    comes from ACCELC_ONLY_IF_FASTER (unset or 1: on; 0: off, for tests and fuzzing
+                    on a GPU, where tiny layers would stay PyTorch).
     glue:           how what accelc did not rewrite runs: "inductor" (compiled by torch.compile's
                     Inductor, accelc's kernels opaque inside), "eager", or "auto" (Inductor on a CUDA
                     device, eager elsewhere).
@@ -120,7 +123,7 @@ class OptimizeConfig:
     tolerance: float | None = None
     eager_error_factor: float = 2.0
     int8: bool | Int8Config = False
-    only_if_faster: bool = True
+    only_if_faster: bool = field(default_factory=lambda: os.environ.get("ACCELC_ONLY_IF_FASTER", "1") != "0")
     glue: str = "auto"
     cuda_graphs: bool = True
 

@@ -134,7 +134,7 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
         raise ModelFileError(f"the model's forward failed on inputs of shape {shapes}: {short_error(e)}") from e
 
     progress("optimizing: capture, rewrite, check every rewritten layer")
-    job = prepare(model, args, config)
+    job = prepare(model, args, config, copy_model=False)   # loaded here: nobody else holds it
     opt = optimize_prepared(job)
     progress(f"writing {out}")
     save(opt, out)

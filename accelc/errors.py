@@ -17,6 +17,10 @@ class ModelFileError(AccelcError):
     """A model file that accelc cannot read, or inputs that do not fit it."""
 
 
+class InputError(AccelcError, ValueError):
+    """Example inputs the guard cannot check rewritten layers on (empty, NaN or inf)."""
+
+
 def short_error(e: BaseException, limit: int = 300) -> str:
     """`Type: first words of the message`, on one line: for messages that quote another
     library's error (exporters and loaders print pages)."""

@@ -35,10 +35,11 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    contiguous: bool = True      # eager's value was contiguous (row-major)
 
     @classmethod
     def of(cls, t: torch.Tensor) -> "TensorMeta":
-        return cls(tuple(t.shape), t.dtype, t.device)
+        return cls(tuple(t.shape), t.dtype, t.device, t.is_contiguous())
 
     def empty(self) -> torch.Tensor:
         """A meta-device tensor of this shape and dtype, for kernels' why_unsupported checks."""
@@ -83,3 +84,14 @@ def explain(node: fx.Node, reason: str) -> None:
 
 def reason_kept(node: fx.Node) -> str | None:
     return node.meta.get(SKIP)
+
+
+def op_name(n: fx.Node) -> str:
+    """A node's op in one word: the module's attribute name, the method, or the function's name
+    (an aten overload's op: aten.view.default -> view)."""
+    if n.op == "call_module":
+        return n.target.rpartition(".")[2]
+    if n.op == "call_method":
+        return str(n.target)
+    name = getattr(n.target, "__name__", str(n.target))
+    return name.split(".")[0]

@@ -11,10 +11,11 @@ from torch.utils import _pytree as pytree
 
 from accelc import meta
 from accelc.config import OptimizeConfig
+from accelc.errors import InputError
 from accelc.guard import LayerCheck
 from accelc.runner import make_runner
 from accelc.rewrite import layers as layer_nodes
-from accelc.rewrite import op_name
+from accelc.meta import op_name
 
 # ops that only move or combine data; not listed as "kept" layers in the summary
 _GLUE = {
@@ -96,13 +97,22 @@ class OptimizedModule(nn.Module):
         self.example_inputs = example_inputs  # what the guard checked; accelc.save exports with them
         self.config = config if config is not None else OptimizeConfig()
         self.runner = None   # accelc.runner.Runner of this module's calls, made at the first call
+        self.eval()          # an inference module: what it computes does not depend on the mode
 
     def forward(self, *args, **kwargs):
         if _traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
             return self.graph_module(*args, **kwargs)
         if self.runner is None:
             self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(args, kwargs, self))
-        return self.runner(*args, **kwargs)
+        try:
+            return self.runner(*args, **kwargs)
+        except AssertionError as e:
+            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            if not text.startswith("Guard failed"):
+                raise
+            raise InputError(f"these inputs have a shape the captured program does not take ({text}: a shape "
+                             "torch.export fixed); call it with inputs shaped like the example, or optimize (or "
+                             "export) with an example of the shape you call it with") from None
 
     def _apply(self, fn, recurse=True):
         self.runner = None

@@ -437,15 +437,6 @@ def _extract(gm: fx.GraphModule, nodes: list) -> tuple[fx.GraphModule, list]:
 # ---------------------------------------------------------------------------------------------
 # layer names
 
-def op_name(n: fx.Node) -> str:
-    if n.op == "call_module":
-        return n.target.rpartition(".")[2]
-    if n.op == "call_method":
-        return str(n.target)
-    name = getattr(n.target, "__name__", str(n.target))
-    return name.split(".")[0]
-
-
 def layer_name(nodes: list) -> str:
     """The anchor's module path, then '+' and each further node's module (relative to the
     anchor's parent) or, for functional ops written in the parent's forward, its op name:
@@ -453,7 +444,7 @@ def layer_name(nodes: list) -> str:
     compute = [n for n in nodes if n.op not in ("get_attr", "placeholder")]
     anchor_path = meta.path(compute[0])
     parent = anchor_path.rpartition(".")[0]
-    labels = [anchor_path or op_name(compute[0])]
+    labels = [anchor_path or meta.op_name(compute[0])]
     for n in compute:
         for p in n.meta.get(meta.ABSORBED, []):  # e.g. a batch norm folded into this conv
             labels.append(p[len(parent) + 1:] if parent and p.startswith(parent + ".") else p)
@@ -464,7 +455,7 @@ def layer_name(nodes: list) -> str:
         if p and not anchor_path.startswith(p + ".") and p != parent:
             label = p[len(parent) + 1:] if parent and p.startswith(parent + ".") else p
         else:
-            label = op_name(n)
+            label = meta.op_name(n)
         if label not in labels:
             labels.append(label)
     return "+".join(labels)

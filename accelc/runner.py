@@ -27,6 +27,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import runtime
+from accelc.capture import mutated_state
 from accelc.kernels import LAUNCHERS
 
 log = logging.getLogger("accelc")
@@ -198,18 +199,25 @@ class CompiledGlue:
         return self.plain(*args, **kwargs)
 
 
-def plan(config, device: torch.device) -> tuple[str, bool, str]:
-    """(glue, CUDA graphs?, both in words) that `config` asks for on `device`."""
+def plan(config, device: torch.device, gm: fx.GraphModule | None = None) -> tuple[str, bool, str]:
+    """(glue, CUDA graphs?, both in words) that `config` asks for on `device`. A graph that
+    updates module state in place (a call counter, a cache) runs as it is, eager glue and plain
+    calls: a CUDA graph's warm-up and Inductor's compile would run the update more often than eager."""
     on_gpu = runtime.can_time(device)
     glue = config.glue if config.glue != "auto" else ("inductor" if on_gpu else "eager")
     graphs = bool(config.cuda_graphs and on_gpu)
+    state = mutated_state(gm) if gm is not None else []
+    if state:
+        glue, graphs = "eager", False
     how = (("Inductor-compiled glue" if glue == "inductor" else "eager glue, direct kernel launches")
            + (", CUDA graph per input signature" if graphs else ", plain calls"))
+    if state:
+        how += f" (the forward updates module state in place: {', '.join(state[:3])})"
     return glue, graphs, how
 
 
 def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runner, str]:
     """The Runner the config asks for on `device`, and what it does, in words."""
-    glue, graphs, how = plan(config, device)
+    glue, graphs, how = plan(config, device, gm)
     plain = direct_calls(gm) if runtime.can_run_on(device) else gm
     return Runner(CompiledGlue(gm, plain) if glue == "inductor" else plain, graphs), how

@@ -86,5 +86,36 @@ def _build(m, ctx) -> Replacement:
                        aux=(w_node,))
 
 
+_VIEWS = {"view", "view_as"}
+
+
+def _eager_layout_where_needed(gm: fx.GraphModule, ctx) -> int:
+    """accelc::conv2d returns channels-last memory, and the ops after it (elementwise, pooling,
+    BN) keep that layout. Where eager's value was row-major and the consumer depends on the layout,
+    `.view()` (LeNet / VGG flatten: it fails on channels-last) and the graph's outputs (the caller
+    may view them), the value is made contiguous first: a no-op where it already is."""
+    g = gm.graph
+    downstream, todo = set(), [n for n in g.nodes if n.target is CONV]
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u not in downstream:
+                downstream.add(u)
+                todo.append(u)
+    sources = {n for n in g.nodes if n.target is CONV} | downstream
+    for u in list(downstream):
+        if u.op == "output" or (u.op in ("call_method", "call_function") and meta.op_name(u) in _VIEWS):
+            for arg in {a for a in u.all_input_nodes if a in sources}:
+                value = meta.tensor_meta(arg)
+                if value is None or not value.contiguous or len(value.shape) != 4:
+                    continue
+                with g.inserting_before(u):
+                    c = g.call_method("contiguous", (arg,))
+                c.meta.update(arg.meta)
+                c.meta.pop(meta.REWRITE, None)
+                u.replace_input_with(arg, c)
+    return 0
+
+
 RULES = (Rule(Pattern("conv2d", _conv), build=_build, check=_check, last_first=True),)
-PASS = Pass("conv_gemm", RULES)
+PASS = Pass("conv_gemm", RULES, transform=_eager_layout_where_needed)

@@ -37,3 +37,9 @@ def test_runtime_flags(capsys):
     with pytest.raises(SystemExit) as e:
         main(["optimize", "mlp", "--glue", "xla"])   # argparse: one line naming the choices
     assert e.value.code == 2 and "invalid choice: 'xla'" in capsys.readouterr().err
+
+
+def test_batch_size_zero_is_one_clear_line(capsys):
+    assert main(["optimize", "mlp", "--batch-size", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "example input 0 (0x24) is empty" in err and "Traceback" not in err

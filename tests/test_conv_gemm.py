@@ -69,10 +69,39 @@ def test_reverted_conv_leaves_no_packed_weight(monkeypatch):
         return conv.conv2d_ref(*args, **kwargs) + 1.0
     monkeypatch.setattr(conv, "conv2d_launch", wrong)
     model = accelc.models.get("cnn_small").to(DEVICE)
-    opt = accelc.optimize(model, model.example_inputs())
+    # eager glue: the comparison below is exact, and Inductor's fused glue may round differently
+    opt = accelc.optimize(model, model.example_inputs(), accelc.OptimizeConfig(glue="eager", cuda_graphs=False))
     assert sum(r.status == "reverted" and r.kind == "conv2d" for r in opt.layers) == 3
     assert not [name for name, _ in opt.graph_module.named_buffers() if "accelc_packed" in name]
     assert "accelc_replaced" not in opt.graph_module.meta
     with torch.no_grad():
         (x,) = model.example_inputs()
         assert rel_l2(opt(x), model(x)) < 1e-6
+
+
+class _LeNet(nn.Module):
+    """conv -> pool -> x.view(x.size(0), -1) -> Linear, and a conv output returned as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        y = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        z = torch.relu(self.conv2(y))
+        return self.fc(z.view(z.size(0), -1)), self.conv2(y)
+
+
+def test_layout_eager_gave_where_a_view_or_the_caller_needs_it():
+    """accelc's convs write channels-last; a .view() after them (and the caller viewing a returned
+    conv output) worked in eager and must work optimized."""
+    model = _LeNet().to(DEVICE).eval()
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    opt = accelc.optimize(model, x, accelc.OptimizeConfig(only_if_faster=False))
+    assert sum(r.kind == "conv2d" for r in opt.rewritten) == 3, opt.summary()   # conv2 runs twice
+    with torch.no_grad():
+        logits, feat = opt(x)
+        ref_logits, ref_feat = model(x)
+    assert feat.is_contiguous() and feat.view(2, -1).shape == (2, 256)
+    assert rel_l2(logits, ref_logits) < 1e-5 and rel_l2(feat, ref_feat) < 1e-5

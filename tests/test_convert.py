@@ -74,6 +74,13 @@ def test_convert_export_program_uses_its_example_inputs(tmp_path, capsys):
     _matches_model(out, model, [(16, 24)])
 
 
+def test_batch_one_example_does_not_freeze_the_program_at_batch_one(tmp_path, capsys):
+    """torch.export fixes dims whose example is 1: the program is traced at batch 2."""
+    out = tmp_path / "b1.pt2"
+    _convert_ok(["mlp", "-o", str(out), "--input-shape", "1x24"], capsys)
+    _matches_model(out, accelc.models.get("mlp").to(DEVICE), [(1, 24), (4, 24), (7, 24)])
+
+
 def test_convert_example_inputs_file_and_dtype(tmp_path, capsys):
     torch.save((torch.randn(8, 24),), tmp_path / "inputs.pt")
     out = tmp_path / "half.pt2"
@@ -95,6 +102,7 @@ def _bad_files(tmp_path):
     torch.jit.save(torch.jit.script(torch.nn.Linear(4, 4)), tmp_path / "script.pt")
     torch.save(model.state_dict(), tmp_path / "weights.pt")
     (tmp_path / "inputs.pt").write_bytes(b"not a tensor file")
+    torch.save((torch.full((4, 24), float("nan")),), tmp_path / "nan.pt")
 
 
 BAD = [
@@ -109,6 +117,7 @@ BAD = [
     (["good.pt", "--input-shape", "4x7"], "forward failed on inputs of shape 4x7"),
     (["good.pt", "--example-inputs", "inputs.pt"], "is not a readable tensor file"),
     (["mlp", "--example-inputs", "missing.pt"], "no such example-inputs file"),
+    (["mlp", "--example-inputs", "nan.pt"], "example input 0 (4x24) holds NaN or inf"),
 ]
 
 

@@ -80,11 +80,12 @@ def test_bad_arguments():
         accelc.optimize(_model("mlp"), (torch.randn(2, 24, device=DEVICE),), config="fastest")
 
 
-def test_training_model_is_switched_to_eval_with_a_warning():
+def test_training_model_is_optimized_as_its_eval_copy_with_a_warning():
     model = accelc.models.get("mlp").to(DEVICE).train()
-    with pytest.warns(UserWarning, match="switched to eval"):
-        accelc.optimize(model, model.example_inputs())
-    assert not model.training
+    with pytest.warns(UserWarning, match="its optimized copy runs in eval mode"):
+        opt = accelc.optimize(model, model.example_inputs())
+    assert model.training                 # the caller's model is left as it was
+    assert not opt.training and not opt.graph_module.training
 
 
 @pytest.mark.skipif(not runtime.interpreted(), reason="the interpreter warning exists only without a GPU")
@@ -108,3 +109,24 @@ def test_optimized_module_exports_with_accelc_ops():
     assert n == 8
     with torch.no_grad():
         assert rel_l2(ep.module()(x), opt(x)) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_small", "transformer_mlp", "bert"])
+def test_other_batch_sizes_give_the_right_answer(name):
+    """Called at batch 1, 7 and twice the example's, the optimized module matches eager (or raises;
+    never a wrong number): the CUDA graph runner keys on the input signature, the kernels on shapes."""
+    model = _model(name)
+    args = model.example_inputs(batch_size=2)
+    opt = accelc.optimize(model, args)
+    assert opt.rewritten, opt.summary()
+    for b in (1, 7, 4):
+        more = model.example_inputs(batch_size=b)
+        with torch.no_grad():
+            assert rel_l2(opt(*more), model(*more)) < 1e-4, b
+
+
+def test_only_if_faster_default_from_the_environment(monkeypatch):
+    monkeypatch.delenv("ACCELC_ONLY_IF_FASTER", raising=False)
+    assert accelc.OptimizeConfig().only_if_faster
+    monkeypatch.setenv("ACCELC_ONLY_IF_FASTER", "0")
+    assert not accelc.OptimizeConfig().only_if_faster

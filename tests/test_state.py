@@ -1,0 +1,112 @@
+"""Whose weights and state: the optimized module owns a snapshot of the model's weights, the
+caller's model is never run or changed by optimize(), and buffers updated in forward are updated
+by the optimized module exactly as eager updates them."""
+import pytest
+import torch
+from torch import nn
+
+import accelc
+from accelc.errors import InputError
+from conftest import DEVICE, rel_l2
+
+
+class _ConvLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(y.mean((2, 3)))
+
+
+def _randomize_bn(model):
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def test_later_changes_to_the_model_never_reach_the_optimized_module():
+    """One rule for every layer (convs are packed and BN-folded, linears are not): a snapshot."""
+    model = _randomize_bn(_ConvLinear()).to(DEVICE).eval()
+    x = torch.randn(2, 16, 6, 6, device=DEVICE)
+    opt = accelc.optimize(model, x, accelc.OptimizeConfig(only_if_faster=False))
+    assert {r.kind for r in opt.rewritten} >= {"conv2d", "linear"}, opt.summary()
+    with torch.no_grad():
+        before = opt(x).clone()
+        model.load_state_dict(_randomize_bn(_ConvLinear()).state_dict())       # new weights
+        model.fc.weight.mul_(3.0)                                              # an in-place update
+        changed = model(x)
+        after = opt(x)
+    assert rel_l2(changed, before) > 0.1           # the model did change ...
+    assert torch.equal(after, before)              # ... and the optimized module did not
+
+
+class _Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("total", torch.zeros(8))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        self.total += x.detach().sum(0)
+        return torch.relu(self.fc(x))
+
+
+def test_buffers_updated_in_forward_are_updated_once_a_call():
+    model = _Counting().to(DEVICE).eval()
+    x = torch.randn(3, 8, device=DEVICE)
+    opt = accelc.optimize(model, x, accelc.OptimizeConfig(only_if_faster=False))
+    assert model.calls.item() == 0 and not model.total.any()     # optimize() never ran the caller's model
+    assert [r.kind for r in opt.rewritten] == ["linear"], opt.summary()
+    gm = opt.graph_module
+    assert gm.calls.item() == 0 and not gm.total.any()           # the optimized copy starts from the model's state
+    with torch.no_grad():
+        for i in range(1, 4):
+            out = opt(x)
+            model(x)
+            assert gm.calls.item() == i == model.calls.item()
+            assert torch.allclose(gm.total, model.total)
+        assert rel_l2(out, model(x)) < 1e-5
+    assert "updates module state in place: calls, total" in opt.info.runtime
+
+
+def test_in_place_update_of_a_caller_input_is_refused_naming_it():
+    """x.add_(1) on an input changes the caller's tensor in eager, which a CUDA graph's static
+    input copy would not do: refused, in one sentence that names the input."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            x.add_(1.0)
+            return self.fc(x)
+
+    with pytest.raises(accelc.CaptureError, match="changes its input 0 in place"):
+        accelc.optimize(M().to(DEVICE).eval(), torch.randn(2, 8, device=DEVICE))
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: torch.randn(0, 16), "is empty"),
+    (lambda: torch.full((4, 16), float("nan")), "NaN or inf"),
+    (lambda: torch.tensor([[1.0, float("inf")] * 8] * 4), "NaN or inf"),
+])
+def test_example_inputs_without_numbers_to_check_on_are_refused(make, match):
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU()).to(DEVICE).eval()
+    with pytest.raises(InputError, match=match):
+        accelc.optimize(model, make().to(DEVICE))
+
+
+def test_a_shape_the_program_does_not_take_is_one_clear_error():
+    """A torch.export program fixed at batch 4, optimized, called at batch 3: accelc's error, not
+    torch's bare shape guard (and never a wrong number)."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).to(DEVICE).eval()
+    ep = torch.export.export(model, (torch.randn(4, 16, device=DEVICE),), strict=False)
+    opt = accelc.optimize(ep.module(), torch.randn(4, 16, device=DEVICE))
+    with pytest.raises(InputError, match=r"shape the captured program does not take \(Guard failed: .*== 4"):
+        opt(torch.randn(3, 16, device=DEVICE))
