@@ -11,7 +11,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from accelc import guard, meta, runner, runtime
-from accelc.capture import capture
+from accelc.capture import buffer_state, capture, restore_buffers
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.errors import AccelcError, InputError, short_error
 from accelc.numerics import rel_l2, sqnr_db
@@ -110,7 +110,7 @@ def optimize_prepared(job: Job) -> OptimizedModule:
     """Capture, passes, guard and warm-up of a prepared model. Optimizing runs the model's
     forward many times; buffers that forward updates in place get back the values they had
     before, so the optimized module starts from the model's state."""
-    state = {name: b.clone() for name, b in job.model.named_buffers()}
+    state = buffer_state(job.model)
     try:
         t0 = time.perf_counter()
         gm, method, expected = capture(job.model, job.args)
@@ -122,10 +122,7 @@ def optimize_prepared(job: Job) -> OptimizedModule:
             opt(*job.args)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
             opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
     finally:
-        with torch.no_grad():
-            for name, b in job.model.named_buffers():
-                if name in state:
-                    b.copy_(state[name])
+        restore_buffers(job.model, state)
     return opt
 
 

@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 from accelc import meta
 from accelc.errors import CaptureError
 from accelc.kernels.epilogue import ACTIVATIONS
-from accelc.numerics import rel_l2
+from accelc.numerics import rel_l2, same_values
 
 aten = torch.ops.aten
 
@@ -37,13 +37,13 @@ def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]
     """Returns (graph module, capture method, the model's eager output on `args`). Buffers the
     forward updates in place get back their values after each run here; symbolic_trace is not
     tried on such a model (it runs buffer updates once, at trace time, instead of recording them)."""
-    state = _buffers(model)
+    state = buffer_state(model)
     given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in args]
     with torch.no_grad():
         expected = model(*args)
-    updated = [name for name, b in model.named_buffers() if name in state and not _same(b, state[name])]
-    _restore(model, state)
-    changed = [i for i, (t, g) in enumerate(zip(args, given)) if isinstance(t, torch.Tensor) and not _same(t, g)]
+    updated = [name for name, b in model.named_buffers() if name in state and not same_values(b, state[name])]
+    restore_buffers(model, state)
+    changed = [i for i, (t, g) in enumerate(zip(args, given)) if isinstance(t, torch.Tensor) and not same_values(t, g)]
     if changed:
         raise CaptureError(f"the model's forward changes its input {changed[0]} in place (x.add_(...), x[...] = ...): "
                            "accelc optimizes forwards that leave their inputs as they are; write the update "
@@ -61,7 +61,7 @@ def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]
         except Exception as e:  # each method's failure is reported together below
             failures.append(f"{method}: {type(e).__name__}: {_first_line(e)}")
         finally:
-            _restore(model, state)
+            restore_buffers(model, state)
     raise CaptureError(
         "accelc could not capture the model as a graph.\n  " + "\n  ".join(failures) + "\n"
         "Branches on tensor values (if x.sum() > 0) defeat both tracers: rewrite them with "
@@ -69,16 +69,13 @@ def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]
     )
 
 
-def _buffers(model) -> dict:
+def buffer_state(model) -> dict:
+    """Copies of the model's buffers, by name: restore_buffers puts them back after forwards that
+    update buffers in place."""
     return {name: b.detach().clone() for name, b in model.named_buffers()}
 
 
-def _same(a, b) -> bool:
-    return a.shape == b.shape and (torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
-                                                          and torch.equal(a.nan_to_num(), b.nan_to_num())))
-
-
-def _restore(model, state: dict) -> None:
+def restore_buffers(model, state: dict) -> None:
     with torch.no_grad():
         for name, b in model.named_buffers():
             if name in state and b.shape == state[name].shape:

@@ -44,7 +44,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import meta, runtime, tuning
 from accelc.latency import layer_ms
-from accelc.numerics import error_stats, sqnr_db
+from accelc.numerics import error_stats, same_values, sqnr_db
 from accelc.rewrite import demote, forget_replacements, layers, revert
 
 log = logging.getLogger("accelc")
@@ -217,7 +217,7 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
                 checks[n] = _failed(ins, eager, config, f"kernel failed: {type(e).__name__}: {e}")
                 return eager
             checks[n] = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
-            if checks[n].passed and not _same_bits(out, again):
+            if checks[n].passed and not all(same_values(x, y) for x, y in zip(pytree.tree_leaves(out), pytree.tree_leaves(again))):
                 checks[n] = dataclasses.replace(checks[n], passed=False, reason=(
                     "non-deterministic: two runs on the same inputs gave different results (a race in the kernel)"))
             return eager
@@ -225,12 +225,6 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
     with torch.no_grad():
         _Guard(gm).run(*args)
     return checks
-
-
-def _same_bits(a, b) -> bool:
-    return all(torch.equal(x, y) or (x.is_floating_point() and torch.equal(torch.isnan(x), torch.isnan(y))
-                                     and torch.equal(x.nan_to_num(), y.nan_to_num()))
-               for x, y in zip(pytree.tree_leaves(a), pytree.tree_leaves(b)))
 
 
 class LayerRunner(fx.Interpreter):
