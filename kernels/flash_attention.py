@@ -1,12 +1,15 @@
 """accelc::flash_attention — softmax(q @ k^T * scale + mask) @ v without the L x S matrix.
 
-q (B, H, L, D), k (B, H, S, D), v (B, H, S, D), any strides (so the transposes that split heads
-cost no copy), fp16 or bf16, D in 32/64/80/96/128 (80 and 96 run padded to 128). Optional mask
+q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, D), any strides (so the transposes that split heads
+cost no copy), fp16 or bf16, D a multiple of 8 from 16 to 256 (run padded to the next power of
+two). Grouped-query attention natively: H a multiple of Hkv, query head h reads K/V head
+h // (H / Hkv), as F.scaled_dot_product_attention(enable_gqa=True); no repeated K/V is made. Optional mask
 broadcastable to (B, H, L, S): additive float (same dtype as q) or boolean (True = attend).
 is_causal: query i attends keys j <= i (top-left aligned, as F.scaled_dot_product_attention).
 scale defaults to 1/sqrt(D). Out (B, H, L, D) in q's dtype, laid out in memory as (B, L, H, D):
 the usual next step, out.transpose(1, 2).reshape(B, L, H * D), is then a view, not a copy. A
-query row whose keys are all masked gives NaN, as softmax over -inf does.
+query row whose keys are all masked gives zeros, as F.scaled_dot_product_attention does (HF's
+padding masks make such rows: a left-padded causal row); NaN in q, k or v still gives NaN.
 
 FlashAttention (Dao et al. 2022), forward as Triton's tutorial 06-fused-attention: one program
 per BLOCK_M query rows of one (batch, head); keys and values streamed in BLOCK_N blocks; the
@@ -32,11 +35,11 @@ from accelc.kernels.quantize import quantize_ref, rint
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-HEAD_DIMS = (32, 64, 80, 96, 128)
+HEAD_DIMS = tuple(range(16, 257, 8))   # multiples of 8, 16 to 256
 
 
 @triton.jit
-def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo, hi, S,
+def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo, hi, L, S,
                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
@@ -44,6 +47,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
     """Key blocks [lo, hi): online-softmax update of (acc, l_i, m_i). With QK_INT8, q is the
     int8 tile and qk_scale the (BLOCK_M,) vector of its row scales x softmax scale."""
     d_ok = offs_d < HEAD_DIM
+    m_ok = offs_m < L     # the mask is read only at real query rows: the last block's extra rows are past its end
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < S
@@ -65,11 +69,11 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
             qk = qk * qk_scale                              # log2 units: exp2 below
         if MASK_KIND == 1:   # additive float mask, natural-log units
             add = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
-                          mask=n_ok[None, :], other=0.0)
+                          mask=m_ok[:, None] & n_ok[None, :], other=0.0)
             qk += add.to(tl.float32) * 1.4426950408889634
         elif MASK_KIND == 2:  # boolean mask: True attends
             keep = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
-                           mask=n_ok[None, :], other=0)
+                           mask=m_ok[:, None] & n_ok[None, :], other=0)
             qk = tl.where(keep != 0, qk, float("-inf"))
         if CAUSAL:
             qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
@@ -93,8 +97,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
 def _flash_fwd_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
-    # sizes
-    H, L, S, qk_scale,
+    # sizes (GROUP = H / Hkv query heads share a K/V head)
+    H, GROUP, L, S, qk_scale,
     # strides (batch, head, row, dim); mask strides are 0 along broadcast dims
     stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mm, stride_mn,
@@ -118,8 +122,8 @@ def _flash_fwd_kernel(
         q = rint(q.to(tl.float32) * tl.div_rn(127.0, tl.maximum(q_amax, 1e-30))[:, None],
                   USE_LIBDEVICE).to(tl.int8)
         qk_scale = tl.div_rn(q_amax, 127.0) * qk_scale
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_vb + h * stride_vh
+    k_base = k_ptr + b * stride_kb + (h // GROUP) * stride_kh
+    v_base = v_ptr + b * stride_vb + (h // GROUP) * stride_vh
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -129,18 +133,19 @@ def _flash_fwd_kernel(
     # keys every query row of this block may see, in whole blocks: no causal or bounds mask
     end = tl.minimum(start_m * BLOCK_M, S) if IS_CAUSAL else S
     full = (end // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, 0, full, S,
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, 0, full, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, False, False, DOT_IN_FP32, QK_INT8,
                                  USE_LIBDEVICE)
     # the rest: the causal diagonal and the ragged end of S
     tail_end = tl.minimum((start_m + 1) * BLOCK_M, S) if IS_CAUSAL else S
-    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, full, tail_end, S,
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, full, tail_end, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, IS_CAUSAL, True, DOT_IN_FP32, QK_INT8,
                                  USE_LIBDEVICE)
 
-    out = acc / l_i[:, None]
+    # a row with no visible key (l_i == 0, acc == 0) gives 0, as SDPA does; a NaN l_i stays NaN
+    out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
@@ -151,11 +156,23 @@ def config(bm, bn, stages, warps) -> triton.Config:
 
 # H100 candidates, tutorial 06's forward space: 128 query rows a program (64 for short L),
 # 64 or 128 keys a step
+# head dims over 128 (a 256-wide fp32 accumulator, K/V tiles twice as large): fewer rows, 2 stages
 CONFIGS = [config(128, 64, 3, 8), config(128, 128, 3, 8), config(128, 64, 4, 4), config(128, 32, 4, 4),
-           config(64, 64, 4, 4)]
+           config(64, 64, 4, 4), config(64, 32, 2, 4), config(64, 64, 2, 8)]
+_WIDE = [config(64, 32, 2, 4), config(64, 64, 2, 8)]
 
-TUNER = Tuner("flash_attention", _flash_fwd_kernel, CONFIGS,
-              default=lambda sizes: config(128, 64, 3, 8) if sizes["L"] >= 128 else config(64, 64, 3, 4),
+
+def _prune(configs, sizes):
+    return [c for c in configs if c in _WIDE] if sizes["D"] > 128 else [c for c in configs if c not in _WIDE]
+
+
+def _default(sizes):
+    if sizes["D"] > 128:
+        return config(64, 32, 2, 4)
+    return config(128, 64, 3, 8) if sizes["L"] >= 128 else config(64, 64, 3, 4)
+
+
+TUNER = Tuner("flash_attention", _flash_fwd_kernel, CONFIGS, prune=_prune, default=_default,
               interpreter=lambda sizes: config(16, 16, 1, 4))
 
 
@@ -168,12 +185,14 @@ def why_unsupported(q, k, v, mask=None) -> Optional[str]:
     if k.dtype != q.dtype or v.dtype != q.dtype:
         return "q, k, v dtypes differ"
     B, H, L, D = q.shape
-    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H) or k.shape[2] != v.shape[2]:
-        return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match (no GQA)"
+    Hkv = k.shape[1]
+    if k.shape[0] != B or v.shape[:2] != k.shape[:2] or k.shape[2] != v.shape[2] or Hkv == 0 or H % Hkv:
+        return (f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match (k and v alike, "
+                "query heads a multiple of key/value heads)")
     if k.shape[3] != D or v.shape[3] != D:
         return f"head dims differ: q/k {D}, v {v.shape[3]}"
     if D not in HEAD_DIMS:
-        return f"head dim {D} (the kernel takes {HEAD_DIMS})"
+        return f"head dim {D} (the kernel takes multiples of 8 from 16 to 256)"
     if mask is not None:
         if mask.dtype != torch.bool and mask.dtype != q.dtype:
             return f"mask dtype {mask.dtype} (bool, or q's dtype {q.dtype})"
@@ -234,7 +253,7 @@ def _args(q, k, v, mask_t, out, has_mask, scale) -> tuple:
     """_flash_fwd_kernel's positional arguments."""
     B, H, L, D = q.shape
     sm_scale = scale if scale is not None else D ** -0.5
-    return (q, k, v, mask_t, out, H, L, k.shape[2], sm_scale * 1.4426950408889634,
+    return (q, k, v, mask_t, out, H, H // k.shape[1], L, k.shape[2], sm_scale * 1.4426950408889634,
             *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)), *out.stride())
 
 
@@ -251,13 +270,17 @@ def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     if qk_int8:
         q, k = _quantize_rows(q.to(acc)), _quantize_rows(k.to(acc))
+    if k.shape[1] != q.shape[1]:   # grouped-query attention: each K/V head serves H / Hkv query heads
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(acc)
     if is_causal:
         L, S = s.shape[-2:]
         s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=s.device).tril(), float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v.to(acc)).to(q.dtype)
+    p = torch.softmax(s, dim=-1)
+    p = torch.where(torch.isneginf(s).all(-1, keepdim=True), 0.0, p)   # no visible key: 0, as SDPA
+    return torch.matmul(p, v.to(acc)).to(q.dtype)
 
 
 @torch.library.custom_op("accelc::flash_attention", mutates_args=())

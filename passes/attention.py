@@ -170,8 +170,12 @@ def _sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
 
 
 def _check_sdpa(m, ctx) -> str | None:
-    if m.input("dropout_p") != 0.0 or m.input("enable_gqa"):
-        return "dropout_p > 0 (training) or enable_gqa"
+    if m.input("dropout_p") != 0.0:
+        return "dropout_p > 0 (training)"
+    q, k = (meta.tensor_meta(m.input(n)) for n in ("q", "k"))
+    if q is not None and k is not None and len(q.shape) == len(k.shape) == 4 and q.shape[1] != k.shape[1] \
+            and not m.input("enable_gqa"):
+        return "query and key/value head counts differ without enable_gqa"
     if _example_mask(m.input("mask")) is not None and m.input("is_causal"):
         return "attn_mask together with is_causal"
     if isinstance(m.input("scale"), fx.Node):
