@@ -4,15 +4,17 @@ from __future__ import annotations
 import copy
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from accelc import guard, meta, runner, runtime
-from accelc.capture import buffer_state, capture, restore_buffers
+from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
 from accelc.config import OptimizeConfig, PRESETS
+from accelc.flops import node_flops
 from accelc.errors import AccelcError, InputError, short_error
 from accelc.numerics import rel_l2, sqnr_db
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
@@ -20,12 +22,18 @@ from accelc.pipeline import run_passes
 from accelc.rewrite import PassContext, layers
 
 
-def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | None = None,
-             calibration=None) -> OptimizedModule:
+def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str | None = None,
+             calibration=None, example_kwargs: dict | None = None) -> OptimizedModule:
     """Rewrite `model`'s recognised layers into accelc's Triton kernels.
 
     example_inputs: a tensor or a tuple of positional arguments, on the device the model runs
-        on; they fix the shapes the guard checks and the layers are named and measured with.
+        on; they fix the shapes the guard checks and the layers are named and measured with. A
+        dict (a tokenizer's output) is taken as keyword arguments, as `model(**inputs)`.
+    example_kwargs: keyword arguments of the example call (`attention_mask=...`,
+        `use_cache=False`). Tensors among them are inputs of the optimized model, to be passed
+        by the same names on each call; other values are fixed at capture (as torch.export fixes
+        them), and a call with another value raises InputError. Arguments the example leaves out
+        are captured at their defaults.
     config: an OptimizeConfig, a PRESETS name ("fp16", ...), or None for the defaults.
     calibration: with int8 static scales or smoothing (Int8Config), a list of input batches
         (tensors or tuples, like example_inputs) the activation ranges are measured on; the
@@ -40,7 +48,7 @@ def optimize(model: nn.Module, example_inputs, config: OptimizeConfig | str | No
     (buffers it updates in forward keep their values) and its mode is not changed (the copy runs
     in eval mode: accelc optimizes for inference).
     """
-    job = prepare(model, example_inputs, config, calibration, stacklevel=3)
+    job = prepare(model, example_inputs, config, calibration, stacklevel=3, example_kwargs=example_kwargs)
     runtime.warn_if_interpreted(stacklevel=2)
     return optimize_prepared(job)
 
@@ -54,23 +62,28 @@ class Job:
     config: OptimizeConfig
     calibration: list
     device: torch.device
+    kwargs: dict = field(default_factory=dict)
 
 
 def prepare(model: nn.Module, example_inputs, config=None, calibration=None, stacklevel: int = 2,
-            copy_model: bool = True) -> Job:
+            copy_model: bool = True, example_kwargs: dict | None = None) -> Job:
     """The checks and conversions of optimize() before capture (see there). copy_model=False:
     the caller gives up `model` (a model loaded from a file), so it is not copied."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"optimize() takes an nn.Module, not {type(model).__name__}")
     config = resolve_config(config)
+    kwargs = dict(example_kwargs or {})
+    if isinstance(example_inputs, Mapping):
+        kwargs, example_inputs = {**dict(example_inputs), **kwargs}, ()
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    check_example_inputs(args)
+    check_example_inputs(args, kwargs)
     batches = [args] if calibration is None else [
         (b,) if isinstance(b, torch.Tensor) else tuple(b) for b in calibration]
     copied = False
     if config.dtype is not None:
         original = model
         model, args = to_dtype(model, args, config.dtype)
+        kwargs = cast_floats(kwargs, config.dtype)
         batches = [to_dtype(model, b, config.dtype)[1] for b in batches]
         copied = model is not original
     if copy_model and not copied:
@@ -88,13 +101,15 @@ def prepare(model: nn.Module, example_inputs, config=None, calibration=None, sta
             warnings.warn("accelc optimizes for inference: the model is in training mode, and its optimized "
                           "copy runs in eval mode (dropout off, batch norm on running statistics)",
                           stacklevel=stacklevel + 1)
-    return Job(model, args, config, batches, device_of(model, args))
+    return Job(model, args, config, batches, device_of(model, (args, kwargs)), kwargs)
 
 
-def check_example_inputs(args: tuple) -> None:
+def check_example_inputs(args: tuple, kwargs: dict | None = None) -> None:
     """The guard checks every rewritten layer on the example inputs: they must hold numbers to
     check on. Empty tensors and NaN / inf values are refused, naming the input."""
-    for i, t in enumerate(pytree.tree_leaves(args)):
+    named = [(str(i), t) for i, t in enumerate(pytree.tree_leaves(args))]
+    named += [(repr(k), t) for k, v in (kwargs or {}).items() for t in pytree.tree_leaves(v)]
+    for i, t in named:
         if not isinstance(t, torch.Tensor):
             continue
         shape = "x".join(map(str, t.shape)) or "scalar"
@@ -113,13 +128,16 @@ def optimize_prepared(job: Job) -> OptimizedModule:
     state = buffer_state(job.model)
     try:
         t0 = time.perf_counter()
-        gm, method, expected = capture(job.model, job.args)
+        gm, method, expected = capture(job.model, job.args, job.kwargs)
         t1 = time.perf_counter()
-        opt = optimize_graph(gm, job.args, job.config, method, expected, job.device, job.calibration)
+        spec = gm.meta[CALL_SPEC]
+        flat = spec.flat(job.args, job.kwargs)
+        calibration = [spec.flat(b, job.kwargs) for b in job.calibration]
+        opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration)
         opt.info.seconds["capture"] = round(t1 - t0, 2)
         if runtime.can_time(job.device):
             t0 = time.perf_counter()
-            opt(*job.args)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
+            opt(*job.args, **job.kwargs)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
             opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
     finally:
         restore_buffers(job.model, state)
@@ -141,6 +159,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     weights = [rw.weight_bytes for rw in map(meta.rewrite_of, layers(gm)) if rw.weight_bytes]
     # a module over the final graph holds exactly what the graph reads: not the float weights of
     # layers now in int8
+    spec = gm.meta.get(CALL_SPEC)
     gm = fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)
     with torch.no_grad():
         got = gm(*args)
@@ -153,7 +172,10 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
                         model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
                         original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
                         runtime=runner.plan(config, device, gm)[2], seconds=seconds)
-    return OptimizedModule(gm, collect_layers(gm, checks), info, example_inputs=args, config=config)
+    records = collect_layers(gm, checks, node_flops(gm))
+    info.flops = sum(r.flops for r in records)
+    info.accelc_flops = sum(r.flops for r in records if r.status == "rewritten")
+    return OptimizedModule(gm, records, info, example_inputs=args, config=config, call_spec=spec)
 
 
 def resolve_config(config) -> OptimizeConfig:
@@ -175,9 +197,12 @@ def to_dtype(model, args, dtype):
     p = next(iter(model.parameters()), None)
     if p is not None and p.dtype != dtype:
         model = copy.deepcopy(model).to(dtype)
-    args = tuple(pytree.tree_map(
-        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, args))
-    return model, args
+    return model, tuple(cast_floats(args, dtype))
+
+
+def cast_floats(tree, dtype):
+    """tree with its floating-point tensors in `dtype`."""
+    return pytree.tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
 
 
 def device_of(model, args) -> torch.device:

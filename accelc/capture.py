@@ -16,9 +16,11 @@
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import operator
 import re
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,37 +28,48 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from accelc import meta
-from accelc.errors import CaptureError
+from accelc.errors import CaptureError, InputError
 from accelc.kernels.epilogue import ACTIVATIONS
 from accelc.numerics import rel_l2, same_values
 
 aten = torch.ops.aten
 
 
-def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]:
-    """Returns (graph module, capture method, the model's eager output on `args`). Buffers the
-    forward updates in place get back their values after each run here; symbolic_trace is not
-    tried on such a model (it runs buffer updates once, at trace time, instead of recording them)."""
+def capture(model: nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[fx.GraphModule, str, object]:
+    """Returns (graph module, capture method, the model's eager output on `args`, `kwargs`). The
+    graph takes the CallSpec's flat positional inputs (gm.meta[CALL_SPEC]: the positional
+    arguments, then the tensor keyword arguments). Buffers the forward updates in place get back
+    their values after each run here; symbolic_trace is not tried on such a model (it runs buffer
+    updates once, at trace time, instead of recording them)."""
+    kwargs = dict(kwargs or {})
     state = buffer_state(model)
-    given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in args]
+    given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (*args, *kwargs.values())]
     with torch.no_grad():
-        expected = model(*args)
+        expected = model(*args, **kwargs)
     updated = [name for name, b in model.named_buffers() if name in state and not same_values(b, state[name])]
     restore_buffers(model, state)
-    changed = [i for i, (t, g) in enumerate(zip(args, given)) if isinstance(t, torch.Tensor) and not same_values(t, g)]
+    names = [str(i) for i in range(len(args))] + list(kwargs)
+    changed = [names[i] for i, (t, g) in enumerate(zip((*args, *kwargs.values()), given))
+               if isinstance(t, torch.Tensor) and not same_values(t, g)]
     if changed:
         raise CaptureError(f"the model's forward changes its input {changed[0]} in place (x.add_(...), x[...] = ...): "
                            "accelc optimizes forwards that leave their inputs as they are; write the update "
                            "out of place (x = x + ...)")
+    spec = CallSpec.of(model, args, kwargs, expected)
+    flat = spec.flat(args, kwargs)
     failures = []
     for method, trace in (("symbolic_trace", _symbolic_trace), ("torch.export", _export)):
         if method == "symbolic_trace" and updated:
             failures.append(f"{method}: not tried: forward updates buffers in place ({', '.join(updated[:3])}), "
                             "which it cannot record")
             continue
+        if method == "symbolic_trace" and not spec.plain_trace:
+            failures.append(f"{method}: not tried: {spec.plain_trace_reason}")
+            continue
         try:
-            gm = trace(model, args)
-            _check_same(expected, prepare(gm, args))
+            gm = trace(model, spec, flat)
+            gm.meta[CALL_SPEC] = spec
+            _check_same(spec.flat_output(expected), prepare(gm, flat))
             return gm, method, expected
         except Exception as e:  # each method's failure is reported together below
             failures.append(f"{method}: {type(e).__name__}: {_first_line(e)}")
@@ -67,6 +80,135 @@ def capture(model: nn.Module, args: tuple) -> tuple[fx.GraphModule, str, object]
         "Branches on tensor values (if x.sum() > 0) defeat both tracers: rewrite them with "
         "torch.where or torch.cond, or optimize the submodules that trace on their own."
     )
+
+
+CALL_SPEC = "accelc_call_spec"   # gm.meta key: the CallSpec of a captured graph
+
+
+class _Slot:
+    """Where the i-th output tensor goes in an output template."""
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, type)
+
+
+def _remap(obj, visit, memo: dict):
+    """`obj` with every tensor (and _Slot) in it replaced by visit(it): tuples, lists, dicts,
+    dataclasses, HF ModelOutputs and plain objects (a DynamicCache) are copied along the way, so
+    the caller's objects are never changed. Objects reached twice are copied once."""
+    if isinstance(obj, (torch.Tensor, _Slot)):
+        return visit(obj)
+    if isinstance(obj, _ATOMS) or id(obj) in memo:
+        return obj if isinstance(obj, _ATOMS) else memo[id(obj)]
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        new = type(obj)(*(_remap(v, visit, memo) for v in obj))
+    elif type(obj) in (tuple, list):
+        new = type(obj)(_remap(v, visit, memo) for v in obj)
+    elif isinstance(obj, dict) or hasattr(obj, "__dict__"):
+        new = copy.copy(obj)
+        memo[id(obj)] = new
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                dict.__setitem__(new, k, _remap(v, visit, memo))
+        for k, v in getattr(obj, "__dict__", {}).items():
+            object.__setattr__(new, k, _remap(v, visit, memo))
+        return new
+    else:
+        return obj
+    memo[id(obj)] = new
+    return new
+
+
+def _tensors_in(obj) -> list:
+    """The distinct tensors anywhere in obj (see _remap), in the order first met."""
+    found = {}
+    _remap(obj, lambda t: found.setdefault(id(t), t), {})
+    return list(found.values())
+
+
+@dataclass
+class CallSpec:
+    """How a user's call of the model maps onto the captured graph and back.
+
+    The graph takes the positional arguments, then the keyword arguments that are tensors (in the
+    forward's order); keyword arguments that are not tensors (use_cache=False) are fixed at
+    capture, as torch.export fixes them. An output holding tensors where the tracers cannot see
+    them (HF's DynamicCache, a plain object) is captured as its flat tuple of tensors and rebuilt
+    around the graph's result on each call, as the model returns it."""
+    n_args: int
+    kw_names: tuple = ()
+    constants: dict = field(default_factory=dict)
+    template: object = None      # the output with _Slots for its tensors, where it needs rebuilding
+
+    @staticmethod
+    def of(model, args, kwargs, expected) -> "CallSpec":
+        try:
+            order = list(inspect.signature(model.forward).parameters)
+        except (TypeError, ValueError):
+            order = []
+        tensors = sorted((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)),
+                         key=lambda k: order.index(k) if k in order else len(order))
+        constants = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+        template = None
+        seen = {id(t) for t in pytree.tree_leaves(expected) if isinstance(t, torch.Tensor)}
+        hidden = _tensors_in(expected)
+        if any(id(t) not in seen for t in hidden):
+            index = {id(t): i for i, t in enumerate(hidden)}
+            template = _remap(expected, lambda t: _Slot(index[id(t)]), {})
+        return CallSpec(len(args), tuple(tensors), constants, template)
+
+    @property
+    def trivial(self) -> bool:
+        return not self.kw_names and not self.constants and self.template is None
+
+    @property
+    def plain_trace_reason(self) -> str:
+        if self.template is not None:
+            return "the output holds tensors in objects a traced graph cannot return"
+        return ""
+
+    plain_trace = property(lambda self: not self.plain_trace_reason)
+
+    def flat(self, args, kwargs) -> tuple:
+        """The graph's inputs for a call model(*args, **kwargs); InputError where the call does
+        not fit what was captured."""
+        if len(args) != self.n_args:
+            raise InputError(f"the optimized model takes {self.n_args} positional input(s), as its example had; "
+                             f"got {len(args)}")
+        extra = sorted(set(kwargs) - set(self.kw_names) - set(self.constants))
+        if extra:
+            raise InputError(f"keyword argument {extra[0]!r} was not in the example the model was optimized with, "
+                             "so the captured graph has no input for it; optimize with an example that passes it")
+        for k, v in self.constants.items():
+            if k in kwargs and not _same_constant(kwargs[k], v):
+                raise InputError(f"keyword argument {k}={kwargs[k]!r}: the model was optimized with {k}={v!r}, "
+                                 "fixed in the captured graph; optimize again with the value you call it with")
+        missing = [k for k in self.kw_names if k not in kwargs]
+        if missing:
+            raise InputError(f"keyword argument {missing[0]!r} is missing: the model was optimized with it, "
+                             "and its graph takes it")
+        return tuple(args) + tuple(kwargs[k] for k in self.kw_names)
+
+    def flat_output(self, out):
+        """The model's output as the graph returns it (its tensors, flat, where it needs rebuilding)."""
+        return out if self.template is None else tuple(_tensors_in(out))
+
+    def rebuild(self, out):
+        """The graph's output as the model returns it."""
+        if self.template is None:
+            return out
+        return _remap(self.template, lambda s: out[s.i], {})
+
+
+def _same_constant(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return a is b
 
 
 def buffer_state(model) -> dict:
@@ -131,11 +273,33 @@ def _batch_of_two(args: tuple) -> tuple:
     return args
 
 
-def _symbolic_trace(model, args):
-    return fx.symbolic_trace(model, concrete_args=left_out(model, args) or None)
+def _symbolic_trace(model, spec: "CallSpec", flat):
+    """symbolic_trace with the forward's parameters the call leaves out (and its non-tensor keyword
+    arguments) fixed; their placeholders are dropped, so the graph takes the CallSpec's flat inputs."""
+    concrete = left_out(model, flat[:spec.n_args], exclude=spec.kw_names)
+    concrete.update(spec.constants)
+    gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+    if not concrete:
+        return gm
+    params = list(inspect.signature(model.forward).parameters)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(params) != len(placeholders):
+        raise RuntimeError("the forward's parameters do not line up with the traced graph's inputs")
+    for name, node in zip(params, placeholders):
+        if name in concrete:
+            value = concrete[name]
+            for user in list(node.users):
+                user.args = fx.node.map_arg(user.args, lambda a: value if a is node else a)
+                user.kwargs = fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
+            gm.graph.erase_node(node)
+    kept = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(kept) != len(flat) or [params.index(k) for k in spec.kw_names] != sorted(params.index(k) for k in spec.kw_names):
+        raise RuntimeError("the forward's parameters do not line up with the example's arguments")
+    gm.recompile()
+    return gm
 
 
-def left_out(model, args) -> dict:
+def left_out(model, args, exclude=()) -> dict:
     """The forward parameters with defaults that `args` leaves out, at their defaults: captured
     as constants (as torch.export does), so that the rules see `attn_mask=None` rather than a graph
     input that might be anything. Calling the captured graph with such an argument set raises."""
@@ -145,11 +309,30 @@ def left_out(model, args) -> dict:
         return {}
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {p.name: p.default for p in params[len(args):]
-            if p.kind in kinds and p.default is not inspect.Parameter.empty}
+            if p.kind in kinds and p.default is not inspect.Parameter.empty and p.name not in exclude}
 
 
-def _export(model, args):
-    return export_program(model, args).module()
+def _export(model, spec: "CallSpec", flat):
+    return export_program(flat_module(model, spec) if not spec.trivial else model, flat).module()
+
+
+def flat_module(model: nn.Module, spec: "CallSpec") -> nn.Module:
+    """The model as a module whose forward takes the CallSpec's flat inputs and returns the flat
+    output: a shallow copy (the same parameters, buffers and submodules under the same names, so a
+    graph traced from it has the model's paths) of a subclass overriding forward. Deep copies and
+    .to() conversions of it stay flat."""
+    cls = type(model)
+    flat_cls = type(cls.__name__, (cls,), {"forward": _flat_forward, "__module__": cls.__module__})
+    shell = copy.copy(model)
+    shell.__class__ = flat_cls
+    shell.accelc_call_spec = spec
+    return shell
+
+
+def _flat_forward(self, *flat):
+    spec = self.accelc_call_spec
+    kw = dict(zip(spec.kw_names, flat[spec.n_args:]), **spec.constants)
+    return spec.flat_output(super(type(self), self).forward(*flat[:spec.n_args], **kw))
 
 
 def _first_line(e: Exception) -> str:
@@ -247,7 +430,7 @@ _FUNCTIONS = {
     aten.linear.default: F.linear,
     aten.addmm.default: torch.addmm, torch.addmm: torch.addmm,
     aten.t.default: torch.t,
-    F.conv2d: F.conv2d, aten.conv2d.default: F.conv2d, F.batch_norm: F.batch_norm,
+    F.conv2d: F.conv2d, aten.conv2d.default: F.conv2d, aten.conv2d.padding: F.conv2d, F.batch_norm: F.batch_norm,
     F.softmax: F.softmax, torch.softmax: F.softmax, aten.softmax.int: F.softmax,
     aten._softmax.default: F.softmax,
     aten.transpose.int: torch.transpose,
@@ -285,8 +468,37 @@ def canonicalize(gm: fx.GraphModule) -> None:
             elif target in (F.dropout, aten.dropout.default) and not _dropout_trains(n):
                 n.replace_all_uses_with(n.args[0])
                 g.erase_node(n)
+            elif target in _ATEN_BATCH_NORM:
+                _canonical_aten_batch_norm(g, n)
     g.lint()
     gm.recompile()
+
+
+# ATen's eval batch norms (torch.export keeps them): (input, weight, bias, running_mean, running_var,
+# [training,] momentum, eps, ...); the _native_..._no_training form returns (out, save_mean, save_invstd)
+_ATEN_BATCH_NORM = {aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default}
+
+
+def _canonical_aten_batch_norm(g: fx.Graph, n: fx.Node) -> None:
+    """-> F.batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps), for eval
+    batch norms whose running statistics are given."""
+    if n.target is aten.batch_norm.default:
+        x, w, b, mean, var, training, momentum, eps = n.args[:8]
+        if training or mean is None or var is None:
+            return
+        n.target, n.args, n.kwargs = F.batch_norm, (x, mean, var, w, b, False, momentum, eps), {}
+        return
+    x, w, b, mean, var, momentum, eps = n.args[:7]
+    users = list(n.users)
+    if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+        return  # the saved statistics are read: left as written
+    with g.inserting_before(n):
+        new = g.call_function(F.batch_norm, (x, mean, var, w, b, False, momentum, eps))
+    new.meta.update(users[0].meta)
+    for u in users:
+        u.replace_all_uses_with(new)
+        g.erase_node(u)
+    g.erase_node(n)
 
 
 def _canonical_module(gm, n, mod):

@@ -38,6 +38,7 @@ class LayerRecord:
     check: LayerCheck | None = None     # the guard's, for rewritten and reverted layers
     input_shapes: tuple = ()        # kept layers (the others': their check's)
     dtype: str = ""                 # kept layers (the others': their check's)
+    flops: int = 0                  # per call on the example inputs (accelc.flops)
 
     def __post_init__(self):
         if self.check is not None:
@@ -76,6 +77,8 @@ class OptimizeInfo:
     weight_bytes: int = 0                      # ... of the optimized module's graph
     original_weight_bytes: int = 0             # more held by the original layers kept for reports (folded BN)
     runtime: str = ""                          # how calls run (accelc.runner.plan), in words
+    flops: int = 0                             # per call on the example inputs (accelc.flops) ...
+    accelc_flops: int = 0                      # ... of which in accelc kernels
     seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
     #                                               included), warmup (glue compile, CUDA graph capture)
 
@@ -89,17 +92,27 @@ class OptimizedModule(nn.Module):
     after .to() / .half() (captured graphs point at the tensors they were captured with)."""
 
     def __init__(self, graph_module: fx.GraphModule, layers: list[LayerRecord], info: OptimizeInfo,
-                 example_inputs: tuple = (), config=None):
+                 example_inputs: tuple = (), config=None, call_spec=None):
         super().__init__()
+        # how a call maps onto the graph's flat inputs and back (accelc.capture.CallSpec): keyword
+        # arguments, outputs holding caches; None: the graph takes the call as it is
+        self.call_spec = call_spec
         self.graph_module = graph_module
         self.layers = layers
         self.info = info
-        self.example_inputs = example_inputs  # what the guard checked; accelc.save exports with them
+        self.example_inputs = example_inputs  # the graph's inputs the guard checked; accelc.save exports with them
         self.config = config if config is not None else OptimizeConfig()
         self.runner = None   # accelc.runner.Runner of this module's calls, made at the first call
         self.eval()          # an inference module: what it computes does not depend on the mode
 
     def forward(self, *args, **kwargs):
+        spec = self.call_spec
+        if spec is not None:
+            args, kwargs = spec.flat(args, kwargs), {}
+            return spec.rebuild(self._call(args, kwargs))
+        return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
         if _traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
             return self.graph_module(*args, **kwargs)
         if self.runner is None:
@@ -152,6 +165,7 @@ class OptimizedModule(nn.Module):
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
         for row in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        lines += self.coverage_lines()
         lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
                      + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
         if self.info.runtime:
@@ -166,6 +180,24 @@ class OptimizedModule(nn.Module):
             lines.append(f"int8: {n8} layer(s); their weights {_mb(self.info.float_weight_bytes)} in float, "
                          f"{_mb(self.info.int8_weight_bytes)} in int8 with scales (saved in accelc.save's file)")
         return "\n".join(line.rstrip() for line in lines)
+
+    def coverage_lines(self) -> list[str]:
+        """The share of the model's FLOPs in accelc kernels, and the biggest layers left to PyTorch."""
+        total, ours = self.info.flops, self.info.accelc_flops
+        if not total:
+            return ["coverage: the model has no matrix-product, conv or attention FLOPs"]
+        lines = [f"coverage: {100 * ours / total:.1f}% of the model's FLOPs in accelc kernels ({_flop(ours)} of "
+                 f"{_flop(total)} a call on the example inputs; matmul, conv and attention FLOPs)"]
+        left = sorted((r for r in self.layers if r.status != "rewritten" and r.flops), key=lambda r: -r.flops)
+        for r in left[:5]:
+            lines.append(f"  left to PyTorch: {r.name} ({r.kernel or r.kind}) {100 * r.flops / total:.1f}%: {r.reason}")
+        if len(left) > 5:
+            lines.append(f"  ... and {len(left) - 5} more layer(s), {100 * sum(r.flops for r in left[5:]) / total:.1f}%")
+        return lines
+
+
+def _flop(n: int) -> str:
+    return f"{n / 1e9:.3g} GFLOP" if n >= 1e8 else f"{n / 1e6:.3g} MFLOP"
 
 
 def _traced(args, kwargs) -> bool:
@@ -198,22 +230,26 @@ def _fmt(x: float) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1e}"
 
 
-def collect_layers(gm: fx.GraphModule, checks: dict) -> list[LayerRecord]:
+def collect_layers(gm: fx.GraphModule, checks: dict, flops: dict | None = None) -> list[LayerRecord]:
     """Rows in graph order: rewritten layers and reverted layers with the guard's `checks` (by
-    layer name), and the remaining compute ops, which run as PyTorch."""
+    layer name), and the remaining compute ops, which run as PyTorch; each with its FLOPs from
+    `flops` ({node: FLOPs}, accelc.flops.node_flops)."""
+    flops = flops or {}
     layers: list[LayerRecord] = []
-    seen: set = set()
+    by_name: dict = {}
     rewritten = set(layer_nodes(gm))
     for n in gm.graph.nodes:
         if n in rewritten:
             rw = meta.rewrite_of(n)
-            layers.append(LayerRecord(rw.layer, rw.kind, "rewritten", rw.kernel, rw.note, checks.get(rw.layer)))
+            layers.append(LayerRecord(rw.layer, rw.kind, "rewritten", rw.kernel, rw.note, checks.get(rw.layer),
+                                      flops=flops.get(n, 0)))
             continue
         if meta.REVERTED in n.meta:
             rw, reason, status = n.meta[meta.REVERTED]
-            if rw.layer not in seen:
-                seen.add(rw.layer)
-                layers.append(LayerRecord(rw.layer, rw.kind, status, rw.kernel, reason, checks.get(rw.layer)))
+            if rw.layer not in by_name:
+                by_name[rw.layer] = LayerRecord(rw.layer, rw.kind, status, rw.kernel, reason, checks.get(rw.layer))
+                layers.append(by_name[rw.layer])
+            by_name[rw.layer].flops += flops.get(n, 0)
             continue
         if n.op not in ("call_module", "call_function", "call_method"):
             continue
@@ -228,15 +264,16 @@ def collect_layers(gm: fx.GraphModule, checks: dict) -> list[LayerRecord]:
             name = f"{path}:{kind}" if path else kind
         if kind in _GLUE:
             continue
-        if name in seen:
+        if name in by_name:
+            by_name[name].flops += flops.get(n, 0)
             continue
-        seen.add(name)
         value = meta.tensor_meta(n)
         shapes = tuple(meta.tensor_meta(a).shape for a in n.all_input_nodes
                        if meta.tensor_meta(a) is not None and a.op != "get_attr")
-        layers.append(LayerRecord(
+        by_name[name] = LayerRecord(
             name=name, kind=kind, status="kept", input_shapes=shapes,
             dtype=str(value.dtype).replace("torch.", "") if value else "",
-            reason=meta.reason_kept(n) or f"no accelc rewrite for {kind}",
-        ))
+            reason=meta.reason_kept(n) or f"no accelc rewrite for {kind}", flops=flops.get(n, 0),
+        )
+        layers.append(by_name[name])
     return layers

@@ -28,6 +28,7 @@ import triton
 from accelc import guard, meta, report_html, runtime
 from accelc.api import Job, optimize_prepared, prepare
 from accelc.baselines import ort
+from accelc.capture import flat_module
 from accelc.errors import short_error
 from accelc.files import write_text
 from accelc.guard import LayerCheck, verdict
@@ -225,11 +226,11 @@ def _ort_measure(module, ins, device, workdir, name, rep_ms, tf32):
         return None, None, exp.method, f"ORT run failed: {short_error(e)}"
 
 
-def report(model, example_inputs, config=None, *, with_ort: bool = True, progress: bool = True,
+def report(model, example_inputs=(), config=None, *, with_ort: bool = True, progress: bool = True, example_kwargs=None,
            rep_ms: float = 100, model_name: str = "") -> Report:
     """Optimize `model` (accelc.optimize with `config`), then time every rewritten layer and the
     whole model three ways. See the module docstring."""
-    job = prepare(model, example_inputs, config)
+    job = prepare(model, example_inputs, config, example_kwargs=example_kwargs)
     opt = optimize_prepared(job)
     return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms,
                    model_name=model_name or type(model).__name__)
@@ -241,6 +242,11 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
     accelc convert --report uses this, to not optimize twice). Each layer runs on the inputs the
     guard checked it on (the same forward pass), and its accelc error is the guard's."""
     model, args, config, device = job.model, job.args, job.config, job.device
+    call = opt
+    if opt.call_spec is not None and not opt.call_spec.trivial:   # keyword inputs, a cache in the output: both sides on the graph's flat inputs
+        spec = opt.call_spec
+        model, args = flat_module(model, spec), spec.flat(job.args, job.kwargs)
+        call = lambda *a: opt._call(a, {})   # noqa: E731
     interpreted = runtime.interpreted() or device.type != "cuda"
     ort_why_not = ort.available() if with_ort else "ONNX Runtime not asked for (with_ort=False)"
     tf32 = config.fp32_precision == "tf32"
@@ -270,7 +276,7 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
                       rep_ms, tf32, ort_why_not, config)
 
         bar.step("whole model")
-        e2e = _whole_model(model, opt, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32)
+        e2e = _whole_model(model, call, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32)
         bar.close()
 
     timed = [r for r in rows if r.accelc_ms is not None]

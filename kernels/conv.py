@@ -17,7 +17,9 @@ ways to gather, chosen per config by the autotuner where the input allows:
   taps    (C >= 16) pointer loads tap by tap, BLOCK_K channels at a time, contiguous along C;
   FLAT_K  (C < 16, an RGB stem) pointer loads over the flattened (r, s, c) index, so that the
           tensor cores are not fed mostly padding.
-1x1 stride-1 unpadded convs are plain GEMMs on the NHWC view and go to kernels/gemm.py.
+1x1 stride-1 unpadded convs are plain GEMMs on the NHWC view and go to kernels/gemm.py, and so
+do patch embeddings (ViT's 16x16 stride-16 conv: kernel == stride, no padding or dilation, any
+kernel size): one copy gathers the non-overlapping patches as rows (N*OH*OW, R*S*C).
 """
 from __future__ import annotations
 
@@ -227,6 +229,11 @@ def rect_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
 MAX_KERNEL = 7
 
 
+def is_patchify(weight_shape, stride, padding, dilation) -> bool:
+    """Non-overlapping patches (kernel == stride, no padding, no dilation): a plain GEMM."""
+    return tuple(weight_shape[1:3]) == tuple(stride) and not any(padding) and tuple(dilation) == (1, 1)
+
+
 def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
                     activation="none") -> str | None:
     """Why accelc::conv2d cannot take these operands (weight packed (K, R, S, C); padding (top,
@@ -237,8 +244,8 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=
     K, R, S, Cw = weight.shape
     if Cw != C:
         return f"x has {C} channels but the packed weight {tuple(weight.shape)} expects {Cw}"
-    if R > MAX_KERNEL or S > MAX_KERNEL:
-        return f"kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL}"
+    if (R > MAX_KERNEL or S > MAX_KERNEL) and not is_patchify(weight.shape, stride, padding, dilation):
+        return f"kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL} (taken only as a patch embedding: stride = kernel, no padding)"
     if x.dtype not in SUPPORTED_DTYPES:
         return f"dtype {x.dtype} is not supported (fp16, bf16, fp32)"
     for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
@@ -275,6 +282,13 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
     OH, OW = output_size(H, W, R, S, stride, padding, dilation)
     out = torch.empty((N, K, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if out.numel() == 0:
+        return out
+    if (R > 1 or S > 1) and is_patchify(weight.shape, stride, padding, dilation):
+        # patch embedding: rows = patches in (r, s, c) order, as the packed weight; one gathering copy
+        patches = x[:, :, :OH * R, :OW * S].reshape(N, C, OH, R, OW, S).permute(0, 2, 4, 3, 5, 1)
+        res2 = residual.permute(0, 2, 3, 1).reshape(-1, K) if residual is not None else None
+        gemm.launch(patches.reshape(N * OH * OW, R * S * C), weight.view(K, R * S * C), bias, res2,
+                    out.permute(0, 2, 3, 1).view(-1, K), activation, residual_first, allow_tf32)
         return out
     x = x.contiguous(memory_format=torch.channels_last)  # a no-op inside a run of rewritten convs
 

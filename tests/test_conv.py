@@ -119,3 +119,27 @@ def test_tma_rectangle_configs_take_one_warpgroup():
     assert all(c.num_warps == 4 for c in conv.CONFIGS if c.kwargs["RECT"])
     with pytest.raises(ValueError, match="4 warps"):
         conv.rect_config(16, 8, 128, 64, 3, 8)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("c,k,r,h,w,with_res", [
+    (3, 24, 8, 32, 32, False),    # ViT's patch embedding, small: 8x8 stride 8
+    (3, 16, 16, 35, 33, True),    # 16x16 over the 7x7 limit, a ragged edge cropped (as PyTorch does)
+    (5, 8, 2, 9, 12, False),      # 2x2 stride 2 (ConvNeXt's downsampling)
+])
+def test_patch_embedding_is_a_gemm(dtype, atol, rtol, c, k, r, h, w, with_res):
+    """Kernel == stride, no padding: non-overlapping patches, any kernel size, as one GEMM."""
+    x, wt, b = _case(c, k, r, dtype, h=h, w=w)
+    res = torch.randn(2, k, h // r, w // r, device=DEVICE, dtype=dtype) if with_res else None
+    assert conv.why_unsupported(x, conv.pack_weight(wt), b, res, (r, r), (0, 0, 0, 0), (1, 1)) is None
+    out = _run(x, wt, b, res, r, 0, 1, "relu", True)
+    d = torch.float64
+    ref = _eager(x.to(d), wt.to(d), b.to(d), None if res is None else res.to(d), r, 0, 1, "relu", True)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert_close_to_ref(out, ref, _eager(x, wt, b, res, r, 0, 1, "relu", True), dtype, atol, rtol)
+
+
+def test_large_kernel_refused_unless_patches():
+    x, wt, b = _case(3, 8, 9, torch.float16, h=20, w=20)
+    assert "kernel 9x9 over 7x7" in conv.why_unsupported(x, conv.pack_weight(wt), b, None, (2, 2), (0, 0, 0, 0), (1, 1))
+    assert "kernel 9x9 over 7x7" in conv.why_unsupported(x, conv.pack_weight(wt), b, None, (9, 9), (1, 1, 1, 1), (1, 1))

@@ -1,0 +1,95 @@
+"""FLOPs per graph node, for the summary's coverage figure: the share of a model's work that runs
+in accelc kernels.
+
+FLOPs are counted as torch.utils.flop_counter counts them (matrix products, convolutions,
+attention: 2 per multiply-add; elementwise ops, norms and data movement count 0), on meta
+tensors shaped like each node's inputs on the example inputs, so counting runs no kernel. The
+accelc ops get the formulas of the PyTorch ops they replace; attention counts every (query, key)
+pair, causal or not, as PyTorch's formula for scaled_dot_product_attention does.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import fx
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
+
+from accelc import meta
+
+accelc_ops = torch.ops.accelc
+
+
+def _linear_flops(x, weight, *args, out_val=None, **kwargs) -> int:
+    # x (..., K), weight (N, K); int8 layers: the same product on int8 operands
+    return 2 * math.prod(x.shape[:-1]) * weight.shape[0] * x.shape[-1]
+
+
+def _conv_flops(x, weight, *args, out_val=None, **kwargs) -> int:
+    # weight packed (K, R, S, C); out (N, K, OH, OW)
+    K, R, S, C = weight.shape
+    return 2 * out_val.numel() * R * S * C
+
+
+def _attention_flops(q, k, v, *args, out_val=None, **kwargs) -> int:
+    B, H, L, D = q.shape
+    return 4 * B * H * L * k.shape[2] * D
+
+
+def _register() -> None:
+    from accelc import kernels  # noqa: F401  (registers the ops)
+    formulas = {"linear": _linear_flops, "linear_w8a8": _linear_flops, "conv2d": _conv_flops,
+                "flash_attention": _attention_flops}
+    for name, fn in formulas.items():
+        register_flop_formula(getattr(accelc_ops, name), get_raw=True)(fn)
+
+
+def node_flops(gm: fx.GraphModule) -> dict:
+    """{node: FLOPs} for the graph's call_function / call_method nodes (nodes whose input shapes
+    are unknown, and call_module nodes, count 0)."""
+    _register_once()
+    out = {}
+    for n in gm.graph.nodes:
+        if n.op not in ("call_function", "call_method"):
+            continue
+        try:
+            args = fx.node.map_arg((n.args, n.kwargs), lambda a: _meta_value(gm, a))
+        except _Unknown:
+            continue
+        counter = FlopCounterMode(display=False)
+        try:
+            with counter, torch.no_grad():
+                if n.op == "call_method":
+                    getattr(args[0][0], n.target)(*args[0][1:], **args[1])
+                else:
+                    n.target(*args[0], **args[1])
+        except Exception:   # an op without a meta kernel: no FLOPs known
+            continue
+        out[n] = counter.get_total_flops()
+    return out
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _meta_value(gm, node: fx.Node):
+    if node.op == "get_attr":
+        value = functools.reduce(getattr, node.target.split("."), gm)
+        return value.to("meta") if isinstance(value, torch.Tensor) else value
+    if node.meta.get(meta.IS_NONE):
+        return None
+    m = meta.tensor_meta(node)
+    if m is None:
+        raise _Unknown(node.name)
+    return m.empty()
+
+
+_DONE: list = []
+
+
+def _register_once() -> None:
+    if not _DONE:
+        _register()
+        _DONE.append(True)
