@@ -63,8 +63,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[
             failures.append(f"{method}: not tried: forward updates buffers in place ({', '.join(updated[:3])}), "
                             "which it cannot record")
             continue
-        if method == "symbolic_trace" and not spec.plain_trace:
-            failures.append(f"{method}: not tried: {spec.plain_trace_reason}")
+        if method == "symbolic_trace" and spec.template is not None:
+            failures.append(f"{method}: not tried: the output holds tensors in objects a traced graph cannot return")
             continue
         try:
             gm = trace(model, spec, flat)
@@ -165,17 +165,11 @@ class CallSpec:
     def trivial(self) -> bool:
         return not self.kw_names and not self.constants and self.template is None
 
-    @property
-    def plain_trace_reason(self) -> str:
-        if self.template is not None:
-            return "the output holds tensors in objects a traced graph cannot return"
-        return ""
-
-    plain_trace = property(lambda self: not self.plain_trace_reason)
-
     def flat(self, args, kwargs) -> tuple:
         """The graph's inputs for a call model(*args, **kwargs); InputError where the call does
         not fit what was captured."""
+        if not kwargs and not self.kw_names and len(args) == self.n_args:
+            return tuple(args)   # the common call, checked in a line
         if len(args) != self.n_args:
             raise InputError(f"the optimized model takes {self.n_args} positional input(s), as its example had; "
                              f"got {len(args)}")
@@ -292,8 +286,8 @@ def _symbolic_trace(model, spec: "CallSpec", flat):
                 user.args = fx.node.map_arg(user.args, lambda a: value if a is node else a)
                 user.kwargs = fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
             gm.graph.erase_node(node)
-    kept = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(kept) != len(flat) or [params.index(k) for k in spec.kw_names] != sorted(params.index(k) for k in spec.kw_names):
+    # CallSpec orders the tensor keywords as the forward does: what is left lines up with `flat`
+    if sum(n.op == "placeholder" for n in gm.graph.nodes) != len(flat):
         raise RuntimeError("the forward's parameters do not line up with the example's arguments")
     gm.recompile()
     return gm

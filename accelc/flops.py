@@ -17,6 +17,7 @@ from torch import fx
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
 from accelc import meta
+from accelc.rewrite import attr_value
 
 accelc_ops = torch.ops.accelc
 
@@ -37,6 +38,7 @@ def _attention_flops(q, k, v, *args, out_val=None, **kwargs) -> int:
     return 4 * B * H * L * k.shape[2] * D
 
 
+@functools.cache
 def _register() -> None:
     from accelc import kernels  # noqa: F401  (registers the ops)
     formulas = {"linear": _linear_flops, "linear_w8a8": _linear_flops, "conv2d": _conv_flops,
@@ -45,10 +47,14 @@ def _register() -> None:
         register_flop_formula(getattr(accelc_ops, name), get_raw=True)(fn)
 
 
+class _Unknown(Exception):
+    pass
+
+
 def node_flops(gm: fx.GraphModule) -> dict:
     """{node: FLOPs} for the graph's call_function / call_method nodes (nodes whose input shapes
     are unknown, and call_module nodes, count 0)."""
-    _register_once()
+    _register()
     out = {}
     for n in gm.graph.nodes:
         if n.op not in ("call_function", "call_method"):
@@ -70,13 +76,9 @@ def node_flops(gm: fx.GraphModule) -> dict:
     return out
 
 
-class _Unknown(Exception):
-    pass
-
-
 def _meta_value(gm, node: fx.Node):
     if node.op == "get_attr":
-        value = functools.reduce(getattr, node.target.split("."), gm)
+        value = attr_value(gm, node)
         return value.to("meta") if isinstance(value, torch.Tensor) else value
     if node.meta.get(meta.IS_NONE):
         return None
@@ -84,12 +86,3 @@ def _meta_value(gm, node: fx.Node):
     if m is None:
         raise _Unknown(node.name)
     return m.empty()
-
-
-_DONE: list = []
-
-
-def _register_once() -> None:
-    if not _DONE:
-        _register()
-        _DONE.append(True)

@@ -108,11 +108,12 @@ class OptimizedModule(nn.Module):
     def forward(self, *args, **kwargs):
         spec = self.call_spec
         if spec is not None:
-            args, kwargs = spec.flat(args, kwargs), {}
-            return spec.rebuild(self._call(args, kwargs))
-        return self._call(args, kwargs)
+            return spec.rebuild(self.call_flat(*spec.flat(args, kwargs)))
+        return self.call_flat(*args, **kwargs)
 
-    def _call(self, args, kwargs):
+    def call_flat(self, *args, **kwargs):
+        """A call on the graph's own inputs (the CallSpec's flat ones), returning what the graph
+        returns: the report times and compares both sides this way."""
         if _traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
             return self.graph_module(*args, **kwargs)
         if self.runner is None:

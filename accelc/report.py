@@ -246,7 +246,7 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
     if opt.call_spec is not None and not opt.call_spec.trivial:   # keyword inputs, a cache in the output: both sides on the graph's flat inputs
         spec = opt.call_spec
         model, args = flat_module(model, spec), spec.flat(job.args, job.kwargs)
-        call = lambda *a: opt._call(a, {})   # noqa: E731
+        call = opt.call_flat
     interpreted = runtime.interpreted() or device.type != "cuda"
     ort_why_not = ort.available() if with_ort else "ONNX Runtime not asked for (with_ort=False)"
     tf32 = config.fp32_precision == "tf32"

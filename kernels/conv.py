@@ -17,9 +17,9 @@ ways to gather, chosen per config by the autotuner where the input allows:
   taps    (C >= 16) pointer loads tap by tap, BLOCK_K channels at a time, contiguous along C;
   FLAT_K  (C < 16, an RGB stem) pointer loads over the flattened (r, s, c) index, so that the
           tensor cores are not fed mostly padding.
-1x1 stride-1 unpadded convs are plain GEMMs on the NHWC view and go to kernels/gemm.py, and so
-do patch embeddings (ViT's 16x16 stride-16 conv: kernel == stride, no padding or dilation, any
-kernel size): one copy gathers the non-overlapping patches as rows (N*OH*OW, R*S*C).
+Convs over non-overlapping patches (kernel == stride, no padding or dilation) are plain GEMMs
+and go to kernels/gemm.py: 1x1 stride-1 convs on the NHWC view, patch embeddings (ViT's 16x16
+stride 16, any kernel size) after one copy that gathers the patches as rows (N*OH*OW, R*S*C).
 """
 from __future__ import annotations
 
@@ -283,21 +283,16 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
     out = torch.empty((N, K, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if out.numel() == 0:
         return out
-    if (R > 1 or S > 1) and is_patchify(weight.shape, stride, padding, dilation):
-        # patch embedding: rows = patches in (r, s, c) order, as the packed weight; one gathering copy
+    if is_patchify(weight.shape, stride, padding, dilation):
+        # a GEMM, (N*OH*OW, R*S*C) @ (K, R*S*C)^T: rows = patches in (r, s, c) order, as the packed
+        # weight. A 1x1 stride-1 conv on channels-last input gathers nothing (the NHWC view); a
+        # patch embedding's one copy gathers its patches
         patches = x[:, :, :OH * R, :OW * S].reshape(N, C, OH, R, OW, S).permute(0, 2, 4, 3, 5, 1)
         res2 = residual.permute(0, 2, 3, 1).reshape(-1, K) if residual is not None else None
         gemm.launch(patches.reshape(N * OH * OW, R * S * C), weight.view(K, R * S * C), bias, res2,
                     out.permute(0, 2, 3, 1).view(-1, K), activation, residual_first, allow_tf32)
         return out
     x = x.contiguous(memory_format=torch.channels_last)  # a no-op inside a run of rewritten convs
-
-    if R == S == 1 and tuple(stride) == (1, 1) and not any(padding):
-        # 1x1, stride 1: a GEMM on the NHWC views, (N*H*W, C) @ (K, C)^T
-        res2 = residual.permute(0, 2, 3, 1).reshape(-1, K) if residual is not None else None
-        gemm.launch(x.permute(0, 2, 3, 1).reshape(-1, C), weight.view(K, C), bias, res2,
-                    out.permute(0, 2, 3, 1).view(-1, K), activation, residual_first, allow_tf32)
-        return out
 
     res = residual if residual is not None else out
     tensors = (x, weight, bias if bias is not None else out, res, out)
