@@ -28,7 +28,9 @@ def _int8_opt(model, x, **kw):
 
 @pytest.mark.parametrize("name", ["mlp", "transformer_mlp", "vit", "gpt", "bert"])
 def test_models_int8(name):
-    model = accelc.models.get(name).to(DEVICE)
+    # one block under the interpreter (its time): first, middle and last linears all still there
+    small = {"depth": 1} if name in ("vit", "gpt", "bert") and DEVICE.type != "cuda" else {}
+    model = accelc.models.get(name, **small).to(DEVICE)
     x = model.example_inputs(2)
     float_opt = accelc.optimize(model, x, accelc.OptimizeConfig(dtype="fp16"))
     opt = _int8_opt(model, x, attention=True)

@@ -110,7 +110,9 @@ def test_kernels_say_why_on_meta_tensors():
     assert "kernel 9x9 over 7x7" in conv.why_unsupported(m(1, 4, 9, 9), m(8, 9, 9, 4))
     assert "expects 5" in conv.why_unsupported(m(1, 4, 9, 9), m(8, 3, 3, 5))
     assert flash_attention.why_unsupported(m(1, 2, 8, 64), m(1, 2, 8, 64), m(1, 2, 8, 64)) is None
-    assert "head dim 48" in flash_attention.why_unsupported(m(1, 2, 8, 48), m(1, 2, 8, 48), m(1, 2, 8, 48))
+    assert flash_attention.why_unsupported(m(1, 2, 8, 48), m(1, 2, 8, 48), m(1, 2, 8, 48)) is None
+    assert "head dim 12" in flash_attention.why_unsupported(m(1, 2, 8, 12), m(1, 2, 8, 12), m(1, 2, 8, 12))
+    assert "head dim 264" in flash_attention.why_unsupported(m(1, 2, 8, 264), m(1, 2, 8, 264), m(1, 2, 8, 264))
     assert quantize.why_unsupported(m(4, 16)) is None
     assert "smooth must be" in quantize.why_unsupported(m(4, 16), m(3, dtype=torch.float32))
     w_q, w_s = m(8, 16, dtype=torch.int8), m(8, dtype=torch.float32)
