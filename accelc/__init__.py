@@ -3,8 +3,14 @@
     opt = accelc.optimize(model, example_inputs)   # drop-in nn.Module calling Triton kernels
     print(opt.summary())                           # what was rewritten, what was kept and why
 """
-from accelc import runtime  # noqa: F401  (first: decides interpreter vs GPU before any kernel is defined)
-from accelc import kernels  # noqa: F401  (registers torch.ops.accelc.*)
+import logging as _logging
+
+# accelc's progress and decisions go to the "accelc" logger: silent unless the application
+# configures logging (logging.basicConfig(level=logging.INFO)); the CLI shows INFO, -v DEBUG
+_logging.getLogger("accelc").addHandler(_logging.NullHandler())
+
+from accelc import runtime  # noqa: F401,E402  (first: decides interpreter vs GPU before any kernel is defined)
+from accelc import kernels  # noqa: F401,E402  (registers torch.ops.accelc.*)
 from accelc import models
 from accelc.api import optimize
 from accelc.config import Int8Config, OptimizeConfig, PRESETS

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import time
 import warnings
 from collections.abc import Mapping
@@ -20,6 +21,9 @@ from accelc.numerics import rel_l2, sqnr_db
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
 from accelc.pipeline import run_passes
 from accelc.rewrite import PassContext, layers
+
+
+log = logging.getLogger("accelc")
 
 
 def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str | None = None,
@@ -71,6 +75,9 @@ def prepare(model: nn.Module, example_inputs, config=None, calibration=None, sta
     the caller gives up `model` (a model loaded from a file), so it is not copied."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"optimize() takes an nn.Module, not {type(model).__name__}")
+    if isinstance(model, OptimizedModule):
+        raise InputError("this model is already accelc's optimized module: use it as it is, or optimize the "
+                         "original model (with another config or example)")
     config = resolve_config(config)
     kwargs = dict(example_kwargs or {})
     if isinstance(example_inputs, Mapping):
@@ -128,8 +135,10 @@ def optimize_prepared(job: Job) -> OptimizedModule:
     state = buffer_state(job.model)
     try:
         t0 = time.perf_counter()
+        log.info("accelc: capturing %s", type(job.model).__name__)
         gm, method, expected = capture(job.model, job.args, job.kwargs)
         t1 = time.perf_counter()
+        log.info("accelc: captured with %s (%d graph nodes, %.1f s)", method, len(gm.graph.nodes), t1 - t0)
         spec = gm.meta[CALL_SPEC]
         flat = spec.flat(job.args, job.kwargs)
         calibration = [spec.flat(b, job.kwargs) for b in job.calibration]
@@ -153,6 +162,8 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     t0 = time.perf_counter()
     counts = run_passes(gm, ctx)
     t1 = time.perf_counter()
+    log.info("accelc: %d layer(s) rewritten; checking each against PyTorch%s", len(layers(gm)),
+             " (first calls tune the kernels)" if runtime.can_time(device) else "")
     checks = guard.settle(gm, ctx)
     seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
                **ctx.seconds}

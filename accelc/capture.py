@@ -16,8 +16,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import io
+import logging
 import operator
 import re
 from dataclasses import dataclass, field
@@ -58,6 +61,38 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[
     spec = CallSpec.of(model, args, kwargs, expected)
     flat = spec.flat(args, kwargs)
     failures = []
+    with quiet_torch_logs():
+        found = _try_tracers(model, spec, flat, expected, state, updated, failures)
+    if found is not None:
+        return found
+    raise CaptureError("accelc could not capture the model as a graph.\n  " + "\n  ".join(failures) + "\n"
+                       + _capture_advice(model, args, kwargs, expected, state, failures))
+
+
+@contextlib.contextmanager
+def quiet_torch_logs():
+    """torch's own loggers at ERROR, and stderr held back, while a tracer works: a failing
+    torch.export logs and prints whole graphs (accelc reports the failure, once). Left alone with
+    accelc's log at DEBUG (-v)."""
+    if logging.getLogger("accelc").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _try_tracers(model, spec, flat, expected, state, updated, failures):
+    """(graph module, method, expected) from the first tracer whose graph reproduces the model;
+    None when none does (each failure appended to `failures`)."""
     for method, trace in (("symbolic_trace", _symbolic_trace), ("torch.export", _export)):
         if method == "symbolic_trace" and updated:
             failures.append(f"{method}: not tried: forward updates buffers in place ({', '.join(updated[:3])}), "
@@ -68,6 +103,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[
             continue
         try:
             gm = trace(model, spec, flat)
+            restore_buffers(model, state)   # tracing (and export's own check) ran the forward's updates
+            restore_buffers(gm, state)
             gm.meta[CALL_SPEC] = spec
             _check_same(spec.flat_output(expected), prepare(gm, flat))
             return gm, method, expected
@@ -75,11 +112,32 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[
             failures.append(f"{method}: {type(e).__name__}: {_first_line(e)}")
         finally:
             restore_buffers(model, state)
-    raise CaptureError(
-        "accelc could not capture the model as a graph.\n  " + "\n  ".join(failures) + "\n"
-        "Branches on tensor values (if x.sum() > 0) defeat both tracers: rewrite them with "
-        "torch.where or torch.cond, or optimize the submodules that trace on their own."
-    )
+    return None
+
+
+def _capture_advice(model, args, kwargs, expected, state, failures) -> str:
+    """What to try when no tracer reproduced the model: the cause found by looking (output that
+    changes from call to call), else the usual cause of the failures seen."""
+    try:
+        with torch.no_grad():
+            again = model(*args, **kwargs)
+        restore_buffers(model, state)
+    except Exception:
+        again = None
+    try:
+        if again is not None:
+            _check_same(expected, again)
+    except RuntimeError:
+        return ("The model's output differs between two calls on the same inputs: it draws random numbers "
+                "in eval mode (F.dropout(x, p, training=True), torch.rand...), so no graph can be checked "
+                "against it. Tie the randomness to self.training (F.dropout(x, p, self.training)) or "
+                "remove it for inference.")
+    if any("differs from the model's" in f or "data-dependent" in f.lower() or "guard" in f.lower()
+           for f in failures):
+        return ("Branches on tensor values (if x.sum() > 0) defeat both tracers: rewrite them with "
+                "torch.where or torch.cond, or optimize the submodules that trace on their own.")
+    return ("Optimize the submodules that trace on their own, or export the model yourself "
+            "(torch.export.export) and give accelc the program (.pt2).")
 
 
 CALL_SPEC = "accelc_call_spec"   # gm.meta key: the CallSpec of a captured graph
@@ -143,13 +201,21 @@ class CallSpec:
     kw_names: tuple = ()
     constants: dict = field(default_factory=dict)
     template: object = None      # the output with _Slots for its tensors, where it needs rebuilding
+    arg_names: tuple = ()        # the forward's names of the positional arguments
+    defaults: dict = field(default_factory=dict)   # parameters the call left out, fixed at these defaults
 
     @staticmethod
     def of(model, args, kwargs, expected) -> "CallSpec":
         try:
-            order = list(inspect.signature(model.forward).parameters)
+            params = list(inspect.signature(model.forward).parameters.values())
         except (TypeError, ValueError):
-            order = []
+            params = []
+        order = [p.name for p in params]
+        positional = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                           inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        arg_names = tuple(positional[:len(args)]) if len(positional) >= len(args) else tuple(
+            f"input_{i}" for i in range(len(args)))
+        defaults = {k: v for k, v in left_out(model, args).items() if k not in kwargs}
         tensors = sorted((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)),
                          key=lambda k: order.index(k) if k in order else len(order))
         constants = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
@@ -159,7 +225,7 @@ class CallSpec:
         if any(id(t) not in seen for t in hidden):
             index = {id(t): i for i, t in enumerate(hidden)}
             template = _remap(expected, lambda t: _Slot(index[id(t)]), {})
-        return CallSpec(len(args), tuple(tensors), constants, template)
+        return CallSpec(len(args), tuple(tensors), constants, template, arg_names, defaults)
 
     @property
     def trivial(self) -> bool:
@@ -170,13 +236,23 @@ class CallSpec:
         not fit what was captured."""
         if not kwargs and not self.kw_names and len(args) == self.n_args:
             return tuple(args)   # the common call, checked in a line
-        if len(args) != self.n_args:
-            raise InputError(f"the optimized model takes {self.n_args} positional input(s), as its example had; "
-                             f"got {len(args)}")
+        if len(args) > self.n_args:
+            left = list(self.defaults)        # in the forward's order: the first extra argument is the first of these
+            fixed = left[0] if left else None
+            said = (f"; {fixed!r} was left at its default ({self.defaults[fixed]!r}) in the example, and is fixed "
+                    "in the captured graph: optimize with an example that passes it" if fixed else "")
+            raise InputError(f"the optimized model takes {self.n_args} positional input(s) "
+                             f"({', '.join(self.arg_names)}), as its example had; got {len(args)}{said}")
+        if len(args) < self.n_args:
+            raise InputError(f"the optimized model takes {self.n_args} positional input(s) "
+                             f"({', '.join(self.arg_names)}), as its example had; got {len(args)}")
         extra = sorted(set(kwargs) - set(self.kw_names) - set(self.constants))
         if extra:
-            raise InputError(f"keyword argument {extra[0]!r} was not in the example the model was optimized with, "
-                             "so the captured graph has no input for it; optimize with an example that passes it")
+            default = (f" (it was left at its default, {self.defaults[extra[0]]!r}, fixed in the graph)"
+                       if extra[0] in self.defaults else "")
+            raise InputError(f"keyword argument {extra[0]!r} was not in the example the model was optimized with"
+                             f"{default}, so the captured graph has no input for it; optimize with an example "
+                             "that passes it")
         for k, v in self.constants.items():
             if k in kwargs and not _same_constant(kwargs[k], v):
                 raise InputError(f"keyword argument {k}={kwargs[k]!r}: the model was optimized with {k}={v!r}, "
@@ -239,32 +315,38 @@ def prepare(gm: fx.GraphModule, args: tuple):
         return record_meta(gm, args)
 
 
-def export_program(model: nn.Module, args: tuple) -> torch.export.ExportedProgram:
+def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None) -> torch.export.ExportedProgram:
     """torch.export (non-strict) with every dimension allowed to vary (batch, sequence); export
     specializes those the model pins down. Static shapes if that fails. A batch of one is traced
     as a batch of two (the example repeated): torch.export fixes every dim whose example is 0 or
     1, and a program traced at batch 1 would take batch 1 only; where the batch-2 program's shape
-    guards refuse the example itself, the example's own shapes are traced."""
-    grown = _batch_of_two(args)
-    for example in ([grown] if grown is not args else []) + [args]:
+    guards refuse the example itself, the example's own shapes are traced. Keyword arguments must
+    follow the forward's parameter order."""
+    kwargs = dict(kwargs or {})
+    grown = _batch_of_two((*args, *kwargs.values()))
+    examples = [(tuple(args), kwargs)]
+    if grown is not None:
+        examples.insert(0, (grown[:len(args)], dict(zip(kwargs, grown[len(args):]))))
+    for example_args, example_kwargs in examples:
         dynamic = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor) else None
-                        for a in example)
+                        for a in (*example_args, *example_kwargs.values()))
         try:
-            ep = torch.export.export(model, example, dynamic_shapes=dynamic, strict=False)
-            if example is grown:
+            ep = torch.export.export(model, example_args, example_kwargs, dynamic_shapes=dynamic, strict=False)
+            if example_args is not examples[-1][0]:
                 with torch.no_grad():
-                    ep.module()(*args)    # shape guards traced at batch 2 may exclude batch 1
+                    ep.module()(*args, **kwargs)    # shape guards traced at batch 2 may exclude batch 1
             return ep
         except Exception:
             continue
-    return torch.export.export(model, args, strict=False)
+    return torch.export.export(model, tuple(args), kwargs, strict=False)
 
 
-def _batch_of_two(args: tuple) -> tuple:
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+def _batch_of_two(values: tuple) -> tuple | None:
+    """`values` with every tensor repeated along dim 0, where each is a batch of one; else None."""
+    tensors = [a for a in values if isinstance(a, torch.Tensor)]
     if tensors and all(t.dim() >= 1 and t.shape[0] == 1 for t in tensors):
-        return tuple(torch.cat([a, a]) if isinstance(a, torch.Tensor) else a for a in args)
-    return args
+        return tuple(torch.cat([a, a]) if isinstance(a, torch.Tensor) else a for a in values)
+    return None
 
 
 def _symbolic_trace(model, spec: "CallSpec", flat):

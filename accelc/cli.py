@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import warnings
 
@@ -21,7 +22,14 @@ import torch
 import accelc
 from accelc.config import Int8Config
 from accelc.convert import load_model_and_inputs
+from accelc.errors import CaptureError
+from accelc.files import check_output_folder
 from accelc.report import FORMATS
+
+
+# one rule for every command and the Python API: the model runs in its own dtype unless asked
+_DTYPE_HELP = ("run the model in this dtype (default: the model's own, as the Python API; the built-in "
+               "models are fp32: give --dtype fp16 or bf16 for the GPU's tensor-core speed)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,15 +38,19 @@ def _parser() -> argparse.ArgumentParser:
         description="Rewrite a PyTorch model's layers into Triton kernels, check every rewritten "
                     "layer's numbers, and say what was done.")
     p.add_argument("--version", action="version", version=f"accelc {accelc.__version__}")
-    p.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show accelc's log (each step, each layer tuned) and tracebacks on errors")
+    # also after the command (accelc convert IN -o OUT -v); SUPPRESS keeps the top-level value
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show accelc's log and tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    o = sub.add_parser("optimize", help="optimize a built-in model and print the per-layer summary",
+    o = sub.add_parser("optimize", parents=[common], help="optimize a built-in model and print the per-layer summary",
                        description="Optimize a built-in example model (see `accelc list-models`) on "
                                    "its default example input and print which layers were rewritten.")
     o.add_argument("model", help="built-in model name")
-    o.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None,
-                   help="run the model in this dtype (default: fp16 on a GPU, fp32 on the CPU)")
+    o.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None, help=_DTYPE_HELP)
     o.add_argument("--batch-size", type=int, default=None, help="example input batch size")
     o.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
@@ -46,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     _int8_args(o)
 
     c = sub.add_parser(
-        "convert", help="optimize a saved model and write it as a .pt2 program",
+        "convert", parents=[common], help="optimize a saved model and write it as a .pt2 program",
         description="Load a saved PyTorch model, rewrite its layers into accelc's kernels, check every "
                     "rewritten layer, and write a torch.export program (.pt2) that calls them. The "
                     "output reloads with accelc.load(OUT), or torch.export.load(OUT) after "
@@ -57,8 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("input", metavar="IN", help="model file or built-in model name")
     c.add_argument("-o", "--output", metavar="OUT", required=True, help="output program, ending in .pt2")
     _input_args(c)
-    c.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None,
-                   help="convert the model to this dtype (default: keep the model's)")
+    c.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None, help=_DTYPE_HELP)
     c.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
     c.add_argument("--report", metavar="DIR",
@@ -67,15 +78,14 @@ def _parser() -> argparse.ArgumentParser:
     _int8_args(c)
 
     r = sub.add_parser(
-        "report", help="time and check every layer: eager PyTorch vs ONNX Runtime vs accelc",
+        "report", parents=[common], help="time and check every layer: eager PyTorch vs ONNX Runtime vs accelc",
         description="Optimize MODEL, then time every rewritten layer and the whole model three ways "
                     "(eager PyTorch, ONNX Runtime, accelc) and check each against a higher-precision "
                     "reference. Writes report.json / .csv / .md / .html to DIR.")
     r.add_argument("model", metavar="MODEL", help="built-in model name, torch.save'd module or .pt2 program")
     r.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for the report files")
     _input_args(r).add_argument("--batch-size", type=int, default=None, help="built-in models: example batch size")
-    r.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None,
-                   help="default: fp16 on a GPU, fp32 on the CPU")
+    r.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None, help=_DTYPE_HELP)
     r.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when a GPU is present")
     r.add_argument("--format", default="json,csv,md,html", help="comma-separated: json, csv, md, html")
     r.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime (eager vs accelc only)")
@@ -83,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     _runtime_args(r)
     _int8_args(r)
 
-    sub.add_parser("list-models", help="list the built-in example models")
+    sub.add_parser("list-models", parents=[common], help="list the built-in example models")
     return p
 
 
@@ -158,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(handler)
-    level, log.level = log.level, logging.DEBUG if args.verbose else logging.INFO
+    level = log.level
+    log.setLevel(logging.DEBUG if args.verbose else logging.INFO)   # setLevel: also clears logging's cache
+    term = _on_sigterm_unwind()
     try:
         if args.command == "convert":
             return _convert(args)
@@ -173,15 +185,39 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("accelc: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("accelc: terminated", file=sys.stderr)
+        return 143
     except Exception as e:
         if args.verbose:
             raise
-        print(f"accelc: error: {_one_line(e)}", file=sys.stderr)
+        if isinstance(e, CaptureError):   # one paragraph: each tracer's reason, then what to try
+            print(f"accelc: error: {str(e).strip()}\n(-v shows torch's own output and the traceback)",
+                  file=sys.stderr)
+        else:
+            print(f"accelc: error: {_one_line(e)}", file=sys.stderr)
         return 1
     finally:
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
         warnings.formatwarning = saved
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where Python is, so that cleanups run (a temporary output file removed)."""
+
+
+def _on_sigterm_unwind():
+    """SIGTERM unwinds like Ctrl-C instead of killing the process where it stands; returns the
+    previous handler (None where handlers cannot be set: not the main thread)."""
+    def handler(signum, frame):
+        raise _Terminated()
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
 
 
 def _one_line(e: Exception) -> str:
@@ -194,7 +230,7 @@ def _optimize(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
-    dtype = args.dtype or ("fp16" if device == "cuda" else "fp32")
+    dtype = args.dtype
     model = accelc.models.get(args.model).to(device)
     kwargs = {} if args.batch_size is None else {"batch_size": args.batch_size}
     inputs = model.example_inputs(**kwargs)
@@ -207,8 +243,7 @@ def _optimize(args) -> int:
 def _convert(args) -> int:
     opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                          example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
-                         report_dir=args.report, int8=_int8_config(args),
-                         progress=lambda msg: print(f"accelc: {msg}", file=sys.stderr, flush=True))
+                         report_dir=args.report, int8=_int8_config(args))
     print(opt.summary())
     print(f"wrote {args.output}")
     return 0
@@ -221,11 +256,12 @@ def _report(args) -> int:
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     if not formats or any(f not in FORMATS for f in formats):   # said now, not after measuring
         raise ValueError(f"--format takes {', '.join(FORMATS)} (comma-separated), not {args.format!r}")
-    dtype = args.dtype or ("fp16" if device.type == "cuda" else "fp32")
-    model, inputs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
-                                          args.batch_size)
+    dtype = args.dtype
+    check_output_folder(args.output)    # said now, not after measuring
+    model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
+                                                  args.batch_size)
     rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args),
-                                                             **_runtime_config(args)),
+                                                             **_runtime_config(args)), example_kwargs=kwargs,
                         with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model)
     for path in rep.write(args.output, formats):
         print(f"wrote {path}")
@@ -233,6 +269,8 @@ def _report(args) -> int:
     print(f"{t['rewritten']} layer(s) rewritten; timed layers: accelc {_fmt_x(t['speedup_vs_eager'])} vs eager, "
           f"{_fmt_x(t['speedup_vs_ort'])} vs ONNX Runtime; end to end {_fmt_x(rep.end_to_end.speedup_vs_eager)} "
           f"vs eager, {_fmt_x(rep.end_to_end.speedup_vs_ort)} vs ONNX Runtime")
+    if t.get("no_ort_ratio") and not rep.header["interpreted"]:
+        print(f"no speedup vs ONNX Runtime: {t['no_ort_ratio']}")
     if rep.header["note"]:
         print(f"note: {rep.header['note']}")
     return 0

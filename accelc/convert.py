@@ -3,10 +3,12 @@ into an optimized program on disk (and, on request, its summary and latency repo
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
+import re
 import zipfile
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -16,23 +18,27 @@ from accelc import models
 from accelc.api import optimize_prepared, prepare
 from accelc.config import OptimizeConfig
 from accelc.errors import ModelFileError, short_error
-from accelc.files import write_text
+from accelc.files import check_output_file, check_output_folder, write_text
 from accelc.optimized import OptimizedModule
 from accelc.report import measure
 from accelc.serialize import save
 
 
+log = logging.getLogger("accelc")
+
+
 # ---------------------------------------------------------------------------------------------
 # the models users bring
 
-def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | None]:
+def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | None, dict]:
     """A built-in model name, a torch.save'd module, or a torch.export program (.pt2).
-    Returns (model on `device` in eval mode, its own example inputs if it has some)."""
+    Returns (model on `device` in eval mode, its own example inputs if it has some, and the
+    keyword arguments of that example)."""
     path = Path(source)
     if not path.exists():
         if source in models.names():
             model = models.get(source).to(device)
-            return model, tuple(model.example_inputs())
+            return model, tuple(model.example_inputs()), {}
         raise ModelFileError(f"no such file or built-in model: {source!r} "
                              f"(built-in models: {', '.join(models.names())})")
     if not path.is_file():
@@ -42,17 +48,24 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
         raise ModelFileError(f"{source!r} is a TorchScript archive: accelc rewrites Python modules. Save "
                              "the module itself (torch.save(model, path)) or a torch.export program "
                              "(torch.export.save(torch.export.export(model, inputs), 'model.pt2'))")
+    if kind == "onnx":
+        raise ModelFileError(f"{source!r} is an ONNX model: accelc rewrites PyTorch models. Give the PyTorch "
+                             "model it was exported from, saved as a module (torch.save(model, path)) or a "
+                             "torch.export program (.pt2)")
     if kind == "export":
         try:
             ep = torch.export.load(path)
         except Exception as e:
             raise ModelFileError(f"{source!r} is not a readable torch.export program: {short_error(e)}") from e
-        args, _ = ep.example_inputs if ep.example_inputs is not None else (None, None)
+        args, kwargs = ep.example_inputs if ep.example_inputs is not None else (None, {})
         model = ep.module().to(device)
-        return model, _to(args, device) if args is not None else None
+        kwargs = dict(zip(kwargs, _to(tuple(kwargs.values()), device))) if kwargs else {}
+        return model, _to(args, device) if args is not None else None, kwargs
     try:
         # A full module is a pickle: loading it runs code from the file, as torch.load says.
         obj = torch.load(path, map_location=device, weights_only=False)
+    except (AttributeError, ModuleNotFoundError) as e:
+        raise ModelFileError(f"{source!r}: {_missing_class(e)}") from e
     except Exception as e:
         raise ModelFileError(f"{source!r} is not a readable PyTorch file (corrupt or truncated?): "
                              f"{short_error(e)}") from e
@@ -63,12 +76,30 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
         raise ModelFileError(f"{source!r} is a TorchScript module: accelc rewrites Python modules")
     if not isinstance(obj, nn.Module):
         raise ModelFileError(f"{source!r} holds a {type(obj).__name__}, not an nn.Module")
-    return obj.eval(), None
+    return obj.eval(), None, {}
+
+
+def _missing_class(e: Exception) -> str:
+    """The reason a pickled module cannot be rebuilt here: its class's module is not importable."""
+    text = str(e)
+    main = re.search(r"Can't get attribute '([^']+)' on <module '([\w.]*__main__|__mp_main__)'", text)
+    if main:
+        return (f"the model's class {main.group(1)!r} was defined in the script that saved it (__main__), so it "
+                "cannot be imported here: move the class into a module and make it importable (PYTHONPATH), "
+                "then save again, or save a torch.export program (.pt2), which needs no class")
+    other = re.search(r"Can't get attribute '([^']+)' on <module '([^']+)'", text)
+    if other:
+        return (f"the model's class {other.group(1)!r} is not in module {other.group(2)!r} as imported here "
+                "(renamed or moved since saving?): make that class importable, or save a torch.export "
+                "program (.pt2)")
+    missing = getattr(e, "name", None) or text
+    return (f"the model's class comes from module {missing!r}, which cannot be imported here: install it or "
+            "add its folder to PYTHONPATH, or save a torch.export program (.pt2), which needs no class")
 
 
 def _file_kind(path: Path) -> str:
     if not zipfile.is_zipfile(path):
-        return "pickle"  # torch.save's legacy format, or not a model file at all
+        return "onnx" if _is_onnx(path) else "pickle"  # else torch.save's legacy format, or no model file
     try:
         names = zipfile.ZipFile(path).namelist()
     except zipfile.BadZipFile:
@@ -78,6 +109,24 @@ def _file_kind(path: Path) -> str:
     if any("/code/" in n or n.endswith("/constants.pkl") for n in names):
         return "torchscript"
     return "pickle"
+
+
+def _is_onnx(path: Path) -> bool:
+    """An ONNX ModelProto: a protobuf starting with field 1 (ir_version, a varint); parsed with
+    the onnx package where it is installed, else told by the .onnx suffix."""
+    with open(path, "rb") as f:
+        head = f.read(1)
+    if head != b"\x08":
+        return False
+    try:
+        import onnx
+    except ImportError:
+        return path.suffix.lower() == ".onnx"
+    try:
+        onnx.load(str(path), load_external_data=False)
+        return True
+    except Exception:
+        return False
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
@@ -98,6 +147,15 @@ def load_example_inputs(path: str, device: torch.device) -> tuple:
         raise ModelFileError(f"no such example-inputs file: {path!r}")
     try:
         obj = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        if found:
+            raise ModelFileError(f"{path!r} holds a {found.group(1).rpartition('.')[2]}, not only tensors: example "
+                                 "inputs are a torch.save'd tensor or tuple/list of tensors, e.g. "
+                                 "torch.save((x,), path)") from e
+        reason = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e))   # past torch's advice to unpickle anyway
+        raise ModelFileError(f"{path!r} is not a readable tensor file (corrupt, truncated, or not torch.save'd): "
+                             f"{reason.group(1).strip() if reason else short_error(e)}") from e
     except Exception as e:
         raise ModelFileError(f"{path!r} is not a readable tensor file: {short_error(e)}") from e
     args = (obj,) if isinstance(obj, torch.Tensor) else tuple(obj) if isinstance(obj, (tuple, list)) else None
@@ -108,14 +166,12 @@ def load_example_inputs(path: str, device: torch.device) -> tuple:
 
 def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = None,
             example_inputs: str | None = None, dtype: str | None = None, device: str | None = None,
-            report_dir: str | None = None, int8=False,
-            progress: Callable[[str], None] = lambda msg: None) -> OptimizedModule:
-    """The `accelc convert` command: load, optimize, write `out` (.pt2) atomically."""
-    out = Path(out)
-    if out.suffix != ".pt2":
-        raise ModelFileError(f"output {str(out)!r} must end in .pt2 (a torch.export program)")
-    if not out.parent.is_dir():
-        raise ModelFileError(f"output folder {str(out.parent)!r} does not exist")
+            report_dir: str | None = None, int8=False) -> OptimizedModule:
+    """The `accelc convert` command: load, optimize, write `out` (.pt2) atomically. Its steps go
+    to the "accelc" logger at INFO."""
+    out = check_output_file(out, ".pt2", "a torch.export program")
+    if report_dir:
+        check_output_folder(report_dir)
     if input_shapes and example_inputs:
         raise ModelFileError("give --input-shape or --example-inputs, not both")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -123,41 +179,43 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
         raise ModelFileError("--device cuda was asked for, but no CUDA GPU is available")
     config = OptimizeConfig(dtype=dtype, int8=int8)
 
-    progress(f"loading {source}")
-    model, args = load_model_and_inputs(source, dev, input_shapes, example_inputs)
+    log.info(f"accelc: loading {source}")
+    model, args, kwargs = load_model_and_inputs(source, dev, input_shapes, example_inputs)
     check_args = _to(args, config.dtype) if config.dtype is not None else args
+    check_kwargs = dict(zip(kwargs, _to(tuple(kwargs.values()), config.dtype))) if config.dtype is not None else kwargs
     try:
         with torch.no_grad():
-            (model.to(config.dtype) if config.dtype is not None else model)(*check_args)
+            (model.to(config.dtype) if config.dtype is not None else model)(*check_args, **check_kwargs)
     except Exception as e:
-        shapes = ", ".join("x".join(map(str, a.shape)) for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor))
+        shapes = ", ".join("x".join(map(str, a.shape)) for a in pytree.tree_leaves((args, kwargs))
+                           if isinstance(a, torch.Tensor))
         raise ModelFileError(f"the model's forward failed on inputs of shape {shapes}: {short_error(e)}") from e
 
-    progress("optimizing: capture, rewrite, check every rewritten layer")
-    job = prepare(model, args, config, copy_model=False)   # loaded here: nobody else holds it
+    job = prepare(model, args, config, copy_model=False, example_kwargs=kwargs)   # loaded here: nobody else holds it
     opt = optimize_prepared(job)
-    progress(f"writing {out}")
+    log.info(f"accelc: writing {out}")
     save(opt, out)
     if report_dir:
         write_summary(opt, report_dir)
-        progress(f"timing every layer against eager and ONNX Runtime for {report_dir}/report.*")
+        log.info(f"accelc: timing every layer against eager and ONNX Runtime for {report_dir}/report.*")
         measure(opt, job, model_name=str(source)).write(report_dir)
     return opt
 
 
 def load_model_and_inputs(source: str, device: torch.device, input_shapes: str | None = None,
                           example_inputs: str | None = None, batch_size: int | None = None):
-    """The model and the example inputs the CLI's flags ask for: a file of inputs, random inputs
-    of given shapes, a built-in model's own at `batch_size`, or those the model file carries."""
-    model, own_inputs = load_model(source, device)
+    """The model and the example inputs the CLI's flags ask for, as (model, args, kwargs): a file of
+    inputs, random inputs of given shapes, a built-in model's own at `batch_size`, or those the
+    model file carries (a .pt2's keyword arguments included)."""
+    model, own_inputs, own_kwargs = load_model(source, device)
     if example_inputs:
-        return model, load_example_inputs(example_inputs, device)
+        return model, load_example_inputs(example_inputs, device), {}
     if input_shapes:
-        return model, tuple(torch.randn(s, device=device) for s in parse_shapes(input_shapes))
+        return model, tuple(torch.randn(s, device=device) for s in parse_shapes(input_shapes)), {}
     if batch_size is not None and hasattr(model, "example_inputs"):
-        return model, tuple(model.example_inputs(batch_size=batch_size))
+        return model, tuple(model.example_inputs(batch_size=batch_size)), {}
     if own_inputs is not None:
-        return model, own_inputs
+        return model, own_inputs, own_kwargs
     raise ModelFileError(f"{source!r} carries no example inputs: give --input-shape (e.g. 8x3x224x224) "
                          "or --example-inputs FILE")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 from accelc.errors import ModelFileError
@@ -21,6 +22,46 @@ def atomic_path(path: str | os.PathLike):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_output_file(path: str | os.PathLike, suffix: str, what: str) -> Path:
+    """Refuses, before any long work, an output file path accelc could not write: another suffix,
+    a missing or read-only folder, a folder where the file goes."""
+    path = Path(path)
+    if path.suffix != suffix:
+        raise ModelFileError(f"output {str(path)!r} must end in {suffix} ({what})")
+    if path.is_dir():
+        raise ModelFileError(f"output {str(path)!r} is a folder: give a file name ending in {suffix}")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ModelFileError(f"output folder {str(path.parent)!r} is a file")
+    if not path.parent.is_dir():
+        raise ModelFileError(f"output folder {str(path.parent)!r} does not exist")
+    _check_writable(path.parent, f"output folder {str(path.parent)!r}")
+    return path
+
+
+def check_output_folder(path: str | os.PathLike) -> Path:
+    """Refuses, before any long work, an output folder accelc could not make or write into: an
+    existing file in its place, a read-only folder on the way."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ModelFileError(f"output folder {str(path)!r} is a file: give a folder (it is made if missing)")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ModelFileError(f"cannot make output folder {str(path)!r}: {str(existing)!r} is a file")
+    _check_writable(existing, f"output folder {str(path)!r}" if existing == path
+                    else f"{str(existing)!r} (where output folder {str(path)!r} would be made)")
+    return path
+
+
+def _check_writable(folder: Path, what: str) -> None:
+    try:   # a real write: permission bits do not tell for root, read-only mounts or full disks
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ModelFileError(f"{what} is not writable ({e.strerror or e})") from None
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

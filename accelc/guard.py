@@ -205,7 +205,9 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
             if rw is None:
                 return super().run_node(n)
             ins = [self.env[i] for i in rw.inputs]
-            eager = rw.original(*ins)
+            # .forward: a GraphModule's __call__ prints a traceback to stderr before raising (the
+            # model may not run at another batch size; other_inputs says so in the log)
+            eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
             if only is not None and n not in only:
                 return eager
             a, kw = self.fetch_args_kwargs_from_env(n)

@@ -116,6 +116,10 @@ class OptimizedModule(nn.Module):
         returns: the report times and compares both sides this way."""
         if _traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
             return self.graph_module(*args, **kwargs)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            raise InputError("accelc's optimized model is for inference and computes no gradients, but an input "
+                             "requires grad: call it with inputs that do not (x.detach()), under torch.no_grad() "
+                             "or torch.inference_mode(); differentiate the original model")
         if self.runner is None:
             self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(args, kwargs, self))
         try:
@@ -169,6 +173,11 @@ class OptimizedModule(nn.Module):
         lines += self.coverage_lines()
         lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
                      + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
+        fixed = self.call_spec.defaults if self.call_spec is not None else {}
+        if fixed:
+            shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in list(fixed.items())[:6])
+            lines.append(f"fixed at their defaults (not inputs of the optimized model; pass them in the example to "
+                         f"make them inputs): {shown}" + (f" and {len(fixed) - 6} more" if len(fixed) > 6 else ""))
         if self.info.runtime:
             status = self.runner.status() if self.runner is not None else ""
             lines.append(f"runtime: {self.info.runtime}" + (f" ({status})" if status else ""))
@@ -195,6 +204,11 @@ class OptimizedModule(nn.Module):
         if len(left) > 5:
             lines.append(f"  ... and {len(left) - 5} more layer(s), {100 * sum(r.flops for r in left[5:]) / total:.1f}%")
         return lines
+
+
+def _short_repr(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 24 else type(v).__name__
 
 
 def _flop(n: int) -> str:
@@ -257,6 +271,8 @@ def collect_layers(gm: fx.GraphModule, checks: dict, flops: dict | None = None) 
         if op_name(n) in _GLUE:
             continue
         path = meta.path(n)
+        if path == "_guards_fn" or path.startswith("_guards_fn."):
+            continue   # a torch.export program's input-shape checks, not a layer of the model
         cls = n.meta.get(meta.MODULE_TYPE) or ""
         if path and cls.startswith("torch.nn.modules.") and cls != "torch.nn.modules.module.Module":
             name, kind = path, cls.rpartition(".")[2]      # a leaf layer: "blocks.0.norm", LayerNorm

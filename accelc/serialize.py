@@ -7,6 +7,7 @@ interrupted or failed write never leaves a half-written file under the final nam
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -14,24 +15,52 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from accelc.capture import export_program
+from accelc.capture import export_program, quiet_torch_logs
 from accelc.errors import ModelFileError, short_error
-from accelc.files import atomic_path
+from accelc.files import atomic_path, check_output_file
 from accelc.optimized import OptimizedModule
 
 SUMMARY_FILE = "accelc_summary.json"
 
 
 def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | None = None) -> None:
-    """Export `opt` (on its example inputs unless given others) and write it to `path` (.pt2)."""
+    """Export `opt` (on its example inputs unless given others) and write it to `path` (.pt2).
+    The program takes the call the model was optimized with: positional inputs, and its tensor
+    keyword arguments by name (an output holding a cache comes back as its flat tuple of tensors)."""
     if not isinstance(opt, OptimizedModule):
         raise TypeError(f"accelc.save takes the module accelc.optimize returned, not {type(opt).__name__}")
-    args = example_inputs if example_inputs is not None else opt.example_inputs
-    # the graph module, not the wrapper: its forward has the model's own signature, which
-    # per-dimension dynamic shapes are matched against
-    ep = export_program(opt.graph_module, tuple(args))
+    path = check_output_file(path, ".pt2", "a torch.export program")
+    args = tuple(example_inputs if example_inputs is not None else opt.example_inputs)
+    spec = opt.call_spec
+    with quiet_torch_logs():
+        if spec is not None and spec.kw_names:
+            ep = export_program(_as_called(opt.graph_module, spec), args[:spec.n_args],
+                                dict(zip(spec.kw_names, args[spec.n_args:])))
+        else:
+            # the graph module, not the wrapper: its forward has the model's own signature, which
+            # per-dimension dynamic shapes are matched against
+            ep = export_program(opt.graph_module, args)
     with atomic_path(path) as tmp:
-        torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict())})
+        try:
+            torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict())})
+        except (OSError, RuntimeError) as e:
+            raise ModelFileError(f"could not write {str(path)!r}: {short_error(e)}") from e
+
+
+def _as_called(gm: nn.Module, spec) -> nn.Module:
+    """A module whose forward takes the model's call (named positional inputs, then the tensor
+    keyword arguments, keyword-only) and runs the flat graph `gm`: what torch.export reads the
+    program's signature from."""
+    def forward(self, *args, **kwargs):
+        return self.graph_module(*spec.flat(args, kwargs))
+
+    P = inspect.Parameter
+    forward.__signature__ = inspect.Signature(
+        [P("self", P.POSITIONAL_OR_KEYWORD)] + [P(n, P.POSITIONAL_OR_KEYWORD) for n in spec.arg_names]
+        + [P(n, P.KEYWORD_ONLY) for n in spec.kw_names])
+    module = type("AccelcProgram", (nn.Module,), {"forward": forward})()
+    module.graph_module = gm
+    return module
 
 
 def load(path: str | os.PathLike) -> nn.Module:

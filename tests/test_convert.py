@@ -150,7 +150,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
         open(f, "wb").write(b"partial")
         raise OSError("disk full")
     monkeypatch.setattr(torch.export, "save", half_written)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(accelc.ModelFileError, match="could not write .*out.pt2.*disk full"):
         accelc.convert("mlp", tmp_path / "out.pt2", device=DEVICE.type)
     assert _files(tmp_path) == []
 

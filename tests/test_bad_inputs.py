@@ -1,0 +1,357 @@
+"""The catalogue of ordinary model code and bad inputs a user brings: each either behaves as eager
+does or is refused in one line naming the real cause and what to do. (Older cases live beside
+the feature they test: matmul spellings and weight views in test_guard.py, channels-last views in
+test_conv_gemm.py, bad model files in test_convert.py's BAD table, buffers and input mutation in
+test_state.py.)"""
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import accelc
+from accelc.cli import main
+from accelc.errors import CaptureError, InputError, ModelFileError
+from conftest import DEVICE, rel_l2
+
+DEV = ["--device", DEVICE.type]
+CFG = accelc.OptimizeConfig(only_if_faster=False)
+
+
+def _files(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def _error_lines(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("accelc: error")]
+
+
+class _Fc(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+# --- gradients: an inference compiler says so, once, in its own words ----------------------------
+
+class _InplaceAfterLinear(_Fc):
+    def forward(self, x):
+        y = self.fc(x)
+        y.relu_()
+        return y
+
+
+def test_in_place_op_on_a_rewritten_output_with_grad_enabled():
+    model = _InplaceAfterLinear().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    assert torch.is_grad_enabled()
+    assert rel_l2(opt(x), model(x).detach()) < 1e-5
+
+
+def test_an_input_that_requires_grad_is_refused_in_one_sentence():
+    opt = accelc.optimize(_Fc().to(DEVICE).eval(), torch.randn(4, 16, device=DEVICE), CFG)
+    x = torch.randn(4, 16, device=DEVICE, requires_grad=True)
+    with pytest.raises(InputError, match="for inference and computes no gradients.*torch.no_grad"):
+        opt(x)
+    with torch.no_grad():       # the same input is fine where no gradient is asked for
+        assert opt(x).shape == (4, 16)
+    assert opt(x.detach()).shape == (4, 16)
+
+
+# --- fused residuals broadcast as eager's add does -------------------------------------------------
+
+class _Residual(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.r = nn.Parameter(torch.randn(*shape))
+
+    def forward(self, x):
+        return F.relu(self.fc(x) + self.r)
+
+
+@pytest.mark.parametrize("x_shape,r_shape", [((4, 16), (1, 16)), ((4, 16), (16,)), ((2, 3, 16), (3, 16)),
+                                             ((2, 3, 16), (2, 1, 16)), ((2, 3, 16), (3, 1))])
+def test_residual_add_broadcasts_as_eager(x_shape, r_shape):
+    model = _Residual(r_shape).to(DEVICE).eval()
+    x = torch.randn(*x_shape, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    assert [r.kind for r in opt.rewritten] == ["linear"], opt.summary()
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+# --- capture failures name the real cause -----------------------------------------------------------
+
+class _AlwaysDropout(_Fc):
+    def forward(self, x):
+        return F.dropout(self.fc(x), 0.5, training=True)
+
+
+class _Branch(_Fc):
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 2 if y.sum() > 0 else y
+
+
+def test_randomness_in_eval_mode_is_named_not_branches():
+    with pytest.raises(CaptureError) as e:
+        accelc.optimize(_AlwaysDropout().to(DEVICE).eval(), torch.randn(4, 16, device=DEVICE), CFG)
+    assert "random numbers" in str(e.value) and "self.training" in str(e.value)
+    assert "Branches" not in str(e.value)
+
+
+class _UsesItsCounter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("n", torch.zeros(()))
+
+    def forward(self, x):
+        self.n += 1
+        return self.fc(x) * self.n
+
+
+def test_output_that_depends_on_a_buffer_updated_in_forward():
+    model = _UsesItsCounter().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    assert model.n.item() == 0
+    with torch.no_grad():
+        for _ in range(3):
+            assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+def test_cli_capture_failure_is_one_paragraph_without_torch_graph_dumps(tmp_path, capsys):
+    torch.save(_Branch(), tmp_path / "branchy.pt")
+    assert main(["convert", str(tmp_path / "branchy.pt"), "-o", str(tmp_path / "o.pt2"), "--input-shape", "4x16",
+                 *DEV]) == 1
+    err = capsys.readouterr().err
+    assert "def forward" not in err and len(err.splitlines()) <= 10, err
+    assert "symbolic_trace:" in err and "torch.export:" in err and "Branches on tensor values" in err
+    assert "-v shows" in err and _files(tmp_path) == ["branchy.pt"]
+
+
+# --- model files, example-input files and output paths ------------------------------------------------
+
+_MAIN_SCRIPT = """
+import torch, torch.nn as nn
+class MainNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+    def forward(self, x):
+        return self.fc(x)
+torch.save(MainNet(), "main.pt")
+"""
+
+
+def test_onnx_file_and_main_class_pickle_say_what_they_are(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    subprocess.run([sys.executable, "-c", _MAIN_SCRIPT], check=True, cwd=tmp_path)
+    onnx = pytest.importorskip("onnx")
+    node = onnx.helper.make_node("Relu", ["x"], ["y"])
+    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])])
+    onnx.save(onnx.helper.make_model(graph), str(tmp_path / "m.onnx"))
+    assert main(["convert", "m.onnx", "-o", "o.pt2", "--input-shape", "4x16", *DEV]) == 1
+    [line] = _error_lines(capsys)
+    assert "is an ONNX model" in line and "torch.export program" in line
+    assert main(["convert", "main.pt", "-o", "o.pt2", "--input-shape", "4x16", *DEV]) == 1
+    [line] = _error_lines(capsys)
+    assert "class 'MainNet' was defined in the script that saved it (__main__)" in line and "PYTHONPATH" in line
+    assert not (tmp_path / "o.pt2").exists()
+
+
+def test_pickle_of_a_module_that_is_not_installed(tmp_path, capsys):
+    (tmp_path / "mymodels.py").write_text(_MAIN_SCRIPT.replace('torch.save(MainNet(), "main.pt")', ""))
+    subprocess.run([sys.executable, "-c", "import torch, mymodels; torch.save(mymodels.MainNet(), 'm.pt')"],
+                   check=True, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": ""})
+    assert main(["convert", str(tmp_path / "m.pt"), "-o", str(tmp_path / "o.pt2"), "--input-shape", "4x16", *DEV]) == 1
+    [line] = _error_lines(capsys)
+    assert "module 'mymodels', which cannot be imported here" in line
+
+
+def test_model_pickle_given_as_example_inputs(tmp_path, capsys):
+    torch.save(nn.Sequential(nn.Linear(16, 8)), tmp_path / "model.pt")
+    assert main(["convert", "mlp", "-o", str(tmp_path / "o.pt2"), "--example-inputs", str(tmp_path / "model.pt"),
+                 *DEV]) == 1
+    [line] = _error_lines(capsys)
+    assert "holds a Sequential, not only tensors" in line and "\x1b" not in line and "weights_only" not in line
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x, scale=None):
+        y = self.fc(x)
+        return y if scale is None else y * scale
+
+
+def test_export_program_with_keyword_inputs_converts_and_keeps_its_call(tmp_path, capsys):
+    model = _Scaled().to(DEVICE).eval()
+    x, s = torch.randn(4, 16, device=DEVICE), torch.randn(4, 8, device=DEVICE)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(model, (x,), {"scale": s}, dynamic_shapes=({0: batch}, {0: batch}))
+    torch.export.save(ep, tmp_path / "kw.pt2")
+    assert main(["convert", str(tmp_path / "kw.pt2"), "-o", str(tmp_path / "o.pt2"), *DEV]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "_guards_fn" not in out and "_assert" not in out      # the program's shape checks are not layers
+    reloaded = accelc.load(tmp_path / "o.pt2")
+    x2, s2 = torch.randn(7, 16, device=DEVICE), torch.randn(7, 8, device=DEVICE)
+    with torch.no_grad():
+        assert rel_l2(reloaded(x2, scale=s2), model(x2, scale=s2)) < 1e-5
+
+
+def test_saved_optimized_model_takes_keywords_by_name(tmp_path):
+    model = _Scaled().to(DEVICE).eval()
+    x, s = torch.randn(4, 16, device=DEVICE), torch.randn(4, 8, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG, example_kwargs={"scale": s})
+    accelc.save(opt, tmp_path / "o.pt2")
+    reloaded = accelc.load(tmp_path / "o.pt2")
+    x2, s2 = torch.randn(3, 16, device=DEVICE), torch.randn(3, 8, device=DEVICE)
+    with torch.no_grad():
+        assert rel_l2(reloaded(x2, scale=s2), model(x2, scale=s2)) < 1e-5
+    with pytest.raises(ModelFileError, match="must end in .pt2"):
+        accelc.save(opt, tmp_path / "o")                    # the CLI's rule, for the API too
+    assert _files(tmp_path) == ["o.pt2"]
+
+
+@pytest.mark.parametrize("flag", ["--report", "-o"])
+def test_output_paths_checked_before_the_work(tmp_path, capsys, flag):
+    (tmp_path / "taken").write_text("a file")
+    argv = ["convert", "mlp", "-o", str(tmp_path / "o.pt2"), "--report", str(tmp_path / "taken"), *DEV]
+    message = "output folder '{}' is a file".format(tmp_path / "taken")
+    if flag == "-o":
+        argv = ["convert", "mlp", "-o", str(tmp_path / "taken" / "o.pt2"), *DEV]
+    assert main(argv) == 1
+    [line] = _error_lines(capsys)
+    assert message in line
+    assert _files(tmp_path) == ["taken"]            # nothing written, nothing left half-done
+
+
+def test_output_folder_a_path_goes_to_is_not_a_file(tmp_path, capsys):
+    (tmp_path / "o.pt2").mkdir()
+    assert main(["convert", "mlp", "-o", str(tmp_path / "o.pt2"), *DEV]) == 1
+    assert "is a folder: give a file name ending in .pt2" in _error_lines(capsys)[0]
+
+
+def test_read_only_output_folder_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    assert main(["convert", "mlp", "-o", str(tmp_path / "o.pt2"), *DEV]) == 1
+    [line] = _error_lines(capsys)
+    assert f"output folder '{tmp_path}' is not writable (Permission denied)" in line
+    assert main(["report", "mlp", "-o", str(tmp_path / "rep"), *DEV]) == 1
+    [line] = _error_lines(capsys)
+    assert f"'{tmp_path}' (where output folder '{tmp_path / 'rep'}' would be made) is not writable" in line
+    assert _files(tmp_path) == []
+
+
+_SIGTERM_SCRIPT = """
+import os, sys, time, torch
+import accelc.cli
+def slow_save(ep, f, **kwargs):
+    open(f, "wb").write(b"partial")
+    print("WRITING", flush=True)
+    time.sleep(60)
+torch.export.save = slow_save
+sys.exit(accelc.cli.main(["convert", "mlp", "-o", sys.argv[1], "--device", sys.argv[2]]))
+"""
+
+
+def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _SIGTERM_SCRIPT, str(tmp_path / "o.pt2"), DEVICE.type],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "WRITING" in line:
+            break
+    assert any(p.name.startswith(".o.tmp-") for p in tmp_path.iterdir())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "accelc: terminated" in err, err
+    assert _files(tmp_path) == []
+
+
+# --- the optimized module itself ----------------------------------------------------------------------
+
+def test_optional_argument_left_out_is_said_at_optimize_and_at_the_call():
+    model = _Scaled().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    assert "fixed at their defaults (not inputs of the optimized model" in opt.summary()
+    assert "scale=None" in opt.summary()
+    with pytest.raises(InputError, match=r"takes 1 positional input\(s\) \(x\).*'scale' was left at its default"):
+        opt(x, torch.randn(4, 8, device=DEVICE))
+    with pytest.raises(InputError, match="'scale' was not in the example.*left at its default, None"):
+        opt(x, scale=torch.randn(4, 8, device=DEVICE))
+
+
+def test_optimizing_an_optimized_module_is_refused():
+    opt = accelc.optimize(_Fc().to(DEVICE).eval(), torch.randn(4, 16, device=DEVICE), CFG)
+    assert not opt.training
+    with pytest.raises(InputError, match="already accelc's optimized module"):
+        accelc.optimize(opt, torch.randn(4, 16, device=DEVICE))
+
+
+def test_cli_and_api_keep_the_models_dtype_unless_asked(monkeypatch, tmp_path):
+    seen = []
+    real = accelc.optimize
+
+    def spy(model, inputs, config=None, **kw):
+        seen.append(config.dtype)
+        return real(model, inputs, config, **kw)
+    monkeypatch.setattr(accelc, "optimize", spy)
+    assert main(["optimize", "mlp", "--batch-size", "2", *DEV]) == 0
+    assert main(["optimize", "mlp", "--batch-size", "2", "--dtype", "bf16", *DEV]) == 0
+    assert seen == [None, torch.bfloat16]
+
+
+# --- logging: quiet in the library, steps in the CLI ---------------------------------------------------
+
+def test_library_is_quiet_and_logs_its_steps_to_the_accelc_logger(capfd, caplog):
+    model, x = _Fc().to(DEVICE).eval(), torch.randn(4, 16, device=DEVICE)
+    capfd.readouterr()
+    accelc.optimize(model, x, CFG)
+    err = capfd.readouterr().err
+    assert "capturing" not in err and "checking" not in err
+    with caplog.at_level(logging.INFO, logger="accelc"):
+        accelc.optimize(model, x, CFG)
+    text = caplog.text
+    assert "capturing _Fc" in text and "captured with symbolic_trace" in text and "1 layer(s) rewritten" in text
+
+
+def test_cli_shows_steps_and_verbose_after_the_command(tmp_path, capsys):
+    assert main(["convert", "mlp", "-o", str(tmp_path / "o.pt2"), "-v", *DEV]) == 0
+    err = capsys.readouterr().err
+    assert "accelc: loading mlp" in err and "accelc: capturing" in err and f"accelc: writing {tmp_path}" in err
+
+
+def test_report_progress_follows_the_logger(tmp_path, capsys):
+    assert main(["report", "mlp", "-o", str(tmp_path / "r"), "--batch-size", "2", "--no-ort", "--format", "json",
+                 "--rep-ms", "1", *DEV]) == 0
+    assert "accelc report [" in capsys.readouterr().err
+    model = accelc.models.get("mlp").to(DEVICE)
+    accelc.report(model, model.example_inputs(batch_size=2), with_ort=False, rep_ms=1)
+    assert "accelc report [" not in capsys.readouterr().err     # the API: silent unless logging is on
+
+
+def test_cli_steps_shown_after_the_library_was_asked_quietly(tmp_path, capsys):
+    """logging caches "INFO is off" per logger; the CLI's level change must clear that cache."""
+    assert not logging.getLogger("accelc").isEnabledFor(logging.INFO)    # cached as off
+    assert main(["convert", "mlp", "-o", str(tmp_path / "o.pt2"), *DEV]) == 0
+    assert "accelc: loading mlp" in capsys.readouterr().err
