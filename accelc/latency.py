@@ -3,6 +3,13 @@
 On a GPU: triton.testing.do_bench (CUDA events, L2 flushed before each run, median), or the
 same over a captured CUDA graph for layers so short that Python launch overhead would be
 timed instead of the GPU (`cuda_graph=True`). On the CPU: perf_counter, median.
+
+The report compares engines that cannot all be captured in one CUDA graph (ONNX Runtime runs
+its own), so it times every side with one of two functions, the same for all sides
+(`side_ms`): per layer, `kernel_ms` (the GPU time of one call's kernels and copies as CUPTI
+records it, L2 flushed before each call: no engine's host cost, every engine's GPU work); per
+whole model, `median_ms` on plain calls (as a user calls it: host cost, launches and syncs
+included).
 """
 from __future__ import annotations
 
@@ -84,3 +91,103 @@ def layer_ms(fn: Callable[[], object], device: torch.device | str, rep_ms: float
         except Exception:  # capture refused: time plain calls instead (said in the report row)
             torch.cuda.synchronize()
     return median_ms(fn, device, rep_ms=rep_ms), False
+
+
+def kernel_ms(fn: Callable[[], object], device: torch.device | str = "cuda", rep_ms: float = 100) -> float:
+    """The GPU time one call of `fn` takes, in ms: the durations of the kernels, copies and
+    memsets it enqueues (on any stream, by any library: PyTorch, Triton, ONNX Runtime), as CUPTI
+    records them through torch.profiler, summed per call; the median over calls, each after an
+    L2 flush. Gaps between kernels (host launch cost) are not GPU time and are not counted. On
+    the CPU: median_ms."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return median_ms(fn, device, rep_ms=rep_ms)
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()   # warm-up: compilation, autotuning, allocations
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    n = max(5, min(200, int(rep_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))))
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            _l2_flush(flush)
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+    calls = _per_call_gpu_us(prof)
+    if len(calls) < n:
+        raise RuntimeError(f"the profiler recorded {len(calls)} of {n} calls")
+    return statistics.median(calls[-n:]) / 1e3
+
+
+_FLUSH_NAME = "accelc_l2_flush"
+
+
+def _l2_flush(buf: torch.Tensor) -> None:
+    """Overwrites `buf` (larger than L2) with a kernel of its own name: the marker between calls."""
+    _flush_kernel()[(triton_cdiv(buf.numel(), 4096),)](buf, buf.numel(), BLOCK=4096)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+_FLUSH = {}
+
+
+def _flush_kernel():
+    if "k" not in _FLUSH:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def accelc_l2_flush(ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(ptr + offs, 0, mask=offs < n)
+
+        _FLUSH["k"] = accelc_l2_flush
+    return _FLUSH["k"]
+
+
+def _per_call_gpu_us(prof) -> list[float]:
+    """The summed durations (us) of the device activities between consecutive flush kernels."""
+    events = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == torch.autograd.DeviceType.CUDA:
+            events.append((e.start_ns(), e.duration_ns(), e.name()))
+    events.sort()
+    calls, current = [], None
+    for _, dur, name in events:
+        if _FLUSH_NAME in name:
+            if current is not None:
+                calls.append(current)
+            current = 0.0
+        elif current is not None:
+            current += dur / 1e3
+    if current is not None:
+        calls.append(current)
+    return calls
+
+
+def side_ms(fn: Callable[[], object], device: torch.device | str, rep_ms: float = 100,
+            whole_model: bool = False) -> float:
+    """The report's one timer for every side it compares (eager, accelc, ONNX Runtime): a whole
+    model per call as a user calls it (median_ms: CUDA events around each plain call, L2
+    flushed, median), a layer by its GPU time (kernel_ms)."""
+    if whole_model:
+        return median_ms(fn, device, rep_ms=rep_ms)
+    return kernel_ms(fn, device, rep_ms=rep_ms)
+
+
+def side_method(device: torch.device | str) -> str:
+    """side_ms in words, for the report's header."""
+    if torch.device(device).type != "cuda":
+        return "CPU perf_counter median per call, the same for every side"
+    return ("the same timer for every side: per layer, GPU time of one call (CUPTI kernel, copy and memset "
+            "durations summed, via torch.profiler; L2 flushed before each call; median; host cost not "
+            "counted); whole model, plain calls as a user makes them (CUDA events around each call, L2 "
+            "flushed, median; host cost counted)")

@@ -16,6 +16,7 @@ import csv
 import datetime
 import io
 import json
+import logging
 import math
 import sys
 import tempfile
@@ -33,12 +34,14 @@ from accelc.errors import short_error
 from accelc.files import write_text
 from accelc.guard import LayerCheck, verdict
 from accelc.numerics import error_stats, sqnr_db
-from accelc.latency import layer_ms, median_ms
+from accelc.latency import side_method, side_ms
 from accelc.optimized import LayerRecord
 from accelc.rewrite import layers
 from accelc.version import __version__
 
 SCHEMA_VERSION = 1
+NO_CUDA_ORT = ("ORT ran on its CPU provider (no CUDAExecutionProvider here): numbers checked, no speedup "
+               "stated against it; pip install 'accelc[ort-gpu]' for the CUDA provider")
 FORMATS = ("json", "csv", "md", "html")
 INTERPRETER_NOTE = ("No GPU: accelc's Triton kernels ran in Triton's CPU interpreter and ONNX Runtime on its "
                     "CPU provider. The accelc timings below are NOT performance figures; they show only "
@@ -175,12 +178,17 @@ def _clean(obj):
 # ---------------------------------------------------------------------------------------------
 # measuring
 
+log = logging.getLogger("accelc")
+
 class _Progress:
-    """One line on stderr, rewritten in place: [####------] 4/10 blocks.0.fc1+gelu"""
+    """The report's progress on the "accelc" logger at INFO (the CLI shows it; the Python API only
+    where the application enables that logger): one line rewritten in place on a terminal,
+    [####------] 4/10 blocks.0.fc1+gelu, else one log record per item."""
 
     def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.tty = enabled and sys.stderr.isatty()   # a log file gets one line per item instead
+        self.total, self.done = total, 0
+        self.enabled = enabled and log.isEnabledFor(logging.INFO)
+        self.tty = self.enabled and sys.stderr.isatty() and _logs_to_stderr()
 
     def step(self, label: str):
         if not self.enabled:
@@ -188,15 +196,29 @@ class _Progress:
         width = 24
         filled = int(width * self.done / max(self.total, 1))
         line = f"accelc report [{'#' * filled}{'-' * (width - filled)}] {self.done + 1}/{self.total} {label}"
-        sys.stderr.write("\r" + line[:110].ljust(110) if self.tty else line + "\n")
-        sys.stderr.flush()
+        if self.tty:
+            sys.stderr.write("\r" + line[:110].ljust(110))
+            sys.stderr.flush()
+        else:
+            log.info(line)
         self.done += 1
 
     def close(self):
         if self.enabled:
-            sys.stderr.write(("\r" if self.tty else "") + f"accelc report: measured {self.total} item(s)".ljust(110)
-                             + "\n")
-            sys.stderr.flush()
+            if self.tty:
+                sys.stderr.write("\r" + " " * 110 + "\r")
+            log.info(f"accelc report: measured {self.total} item(s)")
+
+
+def _logs_to_stderr() -> bool:
+    """Whether the accelc logger's records end up on stderr (the CLI's handler)."""
+    logger = log
+    while logger is not None:
+        if any(isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stderr
+               for h in logger.handlers):
+            return True
+        logger = logger.parent if logger.propagate else None
+    return False
 
 
 def _errors(out, ref):
@@ -209,8 +231,9 @@ def _speedup(base, fast):
     return base / fast if base and fast else None
 
 
-def _ort_measure(module, ins, device, workdir, name, rep_ms, tf32):
-    """(ms, outputs, export method, error) of `module` on `ins` in ORT."""
+def _ort_measure(module, ins, device, workdir, name, rep_ms, tf32, whole_model=False):
+    """(ms, outputs, export method, error) of `module` on `ins` in ORT, timed by side_ms as the
+    other sides are."""
     path = str(Path(workdir) / (name.replace("/", "_")[:80] + ".onnx"))
     exp = ort.export(module, ins, path, device, allow_tf32=tf32)
     if exp.path is None:
@@ -218,9 +241,9 @@ def _ort_measure(module, ins, device, workdir, name, rep_ms, tf32):
     try:
         runner = ort.OrtRunner(exp.path, ins, device, allow_tf32=tf32)
         outs = [o.clone() for o in runner.run()]
-        # ORT cannot be captured in accelc's CUDA graph: do_bench over run_with_iobinding (its own
-        # CUDA graph inside where the session allows), whose L2 flush hides the host launch cost
-        ms = median_ms(runner.run, runner.device if runner.on_gpu else torch.device("cpu"), rep_ms=rep_ms)
+        # run_with_iobinding (ORT's own CUDA graph inside where the session allows it), timed by
+        # the same function as eager and accelc
+        ms = side_ms(runner.run, runner.device if runner.on_gpu else torch.device("cpu"), rep_ms, whole_model)
         return ms, outs, exp.method + (" +cuda graph" if runner.cuda_graph else ""), ""
     except Exception as e:  # ORT accepted the file but could not run it on these inputs
         return None, None, exp.method, f"ORT run failed: {short_error(e)}"
@@ -249,12 +272,14 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
         call = opt.call_flat
     interpreted = runtime.interpreted() or device.type != "cuda"
     ort_why_not = ort.available() if with_ort else "ONNX Runtime not asked for (with_ort=False)"
+    # a GPU report against ORT's CPU provider: ORT's numbers are checked, its times are no baseline
+    no_ratio = (NO_CUDA_ORT if device.type == "cuda" and not ort_why_not and not ort.has_cuda() else None)
     tf32 = config.fp32_precision == "tf32"
 
     gm = opt.graph_module
     nodes = {meta.rewrite_of(n).layer: n for n in layers(gm)}
     captured = guard.layer_inputs(gm, args, model)
-    timer = ("CUDA-graph median (L2 flushed)" if device.type == "cuda" else "CPU perf_counter median")
+    timer = side_method(device)
     rows: list[LayerRow] = []
     todo = [r for r in opt.layers if r.status == "rewritten" and r.name in nodes]
     bar = _Progress(len(todo) + 1, progress)
@@ -269,14 +294,14 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
             rw = meta.rewrite_of(node)
             original = rw.eager(model)       # int8 layers: their float weights live in the model
             ins, (a, kw) = captured[node]
-            row.eager_ms, g1 = layer_ms(lambda: original(*ins), device, rep_ms)
-            row.accelc_ms, g2 = layer_ms(lambda: node.target(*a, **kw), device, rep_ms)
-            row.timer = timer if (g1 and g2) or device.type != "cuda" else "plain do_bench (graph capture failed)"
+            row.eager_ms = side_ms(lambda: original(*ins), device, rep_ms)
+            row.accelc_ms = side_ms(lambda: node.target(*a, **kw), device, rep_ms)
+            row.timer = "per layer: GPU time per call" if device.type == "cuda" else timer
             _fill_ort(row, original, ins, lambda: guard.reference(original, ins), device, workdir, rec.name,
-                      rep_ms, tf32, ort_why_not, config)
+                      rep_ms, tf32, ort_why_not, config, no_ratio)
 
         bar.step("whole model")
-        e2e = _whole_model(model, call, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32)
+        e2e = _whole_model(model, call, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32, no_ratio)
         bar.close()
 
     timed = [r for r in rows if r.accelc_ms is not None]
@@ -287,35 +312,44 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
         "eager_ms": sum(r.eager_ms for r in timed), "accelc_ms": sum(r.accelc_ms for r in timed),
         "ort_ms": sum(r.ort_ms for r in both) if both else None,
         "accelc_ms_where_ort": sum(r.accelc_ms for r in both) if both else None,
-        "ort_failed": sum(r.ort_ms is None for r in timed),
+        "ort_failed": sum(r.ort_ms is None and not (no_ratio and r.ort_error == no_ratio) for r in timed),
         "accelc_pass": sum(bool(r.accelc_pass) for r in timed),
         "faster_than_ort_1_5x": sum(bool(r.speedup_vs_ort and r.speedup_vs_ort >= 1.5) for r in timed),
     }
     totals["speedup_vs_eager"] = _speedup(totals["eager_ms"], totals["accelc_ms"])
     totals["speedup_vs_ort"] = _speedup(totals["ort_ms"], totals["accelc_ms_where_ort"])
+    totals["no_ort_ratio"] = ort_why_not or no_ratio
     return Report(header=_header(model_name or type(model).__name__, opt, config, device, args, interpreted,
                                  ort_why_not, timer),
                   layers=rows, totals=totals, end_to_end=e2e)
 
 
-def _whole_model(model, opt, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32) -> LayerRow:
+def _whole_model(model, opt, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32, no_ratio=None
+                 ) -> LayerRow:
     ref = _upcast(model)(*[t.to(torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else torch.float64)
                            if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args])
     check = guard.compare(opt(*args), model(*args), ref, list(args), config)
-    row = LayerRow(LayerRecord("end-to-end (whole model)", "model", "", "accelc.optimize", check=check), timer=timer)
-    row.eager_ms, _ = layer_ms(lambda: model(*args), device, rep_ms)
-    row.accelc_ms, _ = layer_ms(lambda: opt(*args), device, rep_ms)
-    _fill_ort(row, model, list(args), lambda: ref, device, workdir, "model", rep_ms, tf32, ort_why_not, config)
+    row = LayerRow(LayerRecord("end-to-end (whole model)", "model", "", "accelc.optimize", check=check),
+                   timer="whole model: per call as a user calls it" if device.type == "cuda" else timer)
+    row.eager_ms = side_ms(lambda: model(*args), device, rep_ms, whole_model=True)
+    row.accelc_ms = side_ms(lambda: opt(*args), device, rep_ms, whole_model=True)
+    _fill_ort(row, model, list(args), lambda: ref, device, workdir, "model", rep_ms, tf32, ort_why_not, config,
+              no_ratio, whole_model=True)
     return row
 
 
-def _fill_ort(row, module, ins, ref, device, workdir, name, rep_ms, tf32, ort_why_not, config) -> None:
+def _fill_ort(row, module, ins, ref, device, workdir, name, rep_ms, tf32, ort_why_not, config,
+              no_ratio: str | None = None, whole_model: bool = False) -> None:
     """ORT's time, errors against the reference `ref()` and verdict (the guard's rule) for `module`
-    on `ins`, into `row`."""
+    on `ins`, into `row`. no_ratio: why ORT's time is not recorded (its CPU provider on a GPU
+    report): the row keeps ORT's errors and no speedup against it."""
     if ort_why_not:
         row.ort_error = ort_why_not
         return
-    row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(module, ins, device, workdir, name, rep_ms, tf32)
+    row.ort_ms, outs, row.ort_export, row.ort_error = _ort_measure(module, ins, device, workdir, name, rep_ms, tf32,
+                                                                   whole_model)
+    if no_ratio and row.ort_ms is not None:
+        row.ort_ms, row.ort_error = None, no_ratio
     if outs is not None:
         row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(outs[0] if len(outs) == 1 else outs, ref())
         if row.status:
@@ -344,8 +378,8 @@ def _header(name, opt, config, device, args, interpreted, ort_why_not, timer) ->
         "dtype": str(config.dtype or _dtype_of(args)).replace("torch.", ""),
         "int8": config.int8 is not None,
         "input_shapes": [list(t.shape) for t in args if isinstance(t, torch.Tensor)],
-        "timer": f"{timer}; ORT: do_bench median of run_with_iobinding (ORT's own CUDA graph where the "
-                 "session allows it)" if device.type == "cuda" else timer,
+        "timer": f"{timer}; ORT called through run_with_iobinding (its own CUDA graph where the session "
+                 "allows it)" if device.type == "cuda" else timer,
         "interpreted": bool(interpreted),
         "note": INTERPRETER_NOTE if interpreted else "",
         "capture": opt.info.capture_method,

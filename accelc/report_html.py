@@ -3,6 +3,7 @@ and SVG chart, no scripts, no network) with the same table under a per-layer lat
 from __future__ import annotations
 
 import html as _html
+import math
 
 COLORS = {"eager": "#8c8c8c", "ort": "#e69f00", "accelc": "#0072b2"}
 COLUMNS = ["layer", "kind", "input shape", "kernel", "eager ms", "ORT ms", "accelc ms", "vs ORT", "vs eager",
@@ -79,22 +80,37 @@ def markdown(report) -> str:
 
 
 def _chart(rows: list[dict], title: str) -> str:
-    """Horizontal grouped bars: eager / ORT / accelc ms per row, speedup vs ORT on the right."""
+    """Horizontal grouped bars: eager / ORT / accelc ms per row on a log scale (one slow layer
+    must not flatten the others), decades marked; speedup vs ORT on the right."""
     rows = [r for r in rows if r["accelc_ms"] is not None]
     if not rows:
         return ""
-    label_w, bar_w, right_w, bar_h, gap, top = 300, 460, 150, 9, 12, 46
+    label_w, bar_w, right_w, bar_h, gap, top = 300, 460, 150, 9, 12, 58
     group = 3 * bar_h + gap
     width, height = label_w + bar_w + right_w, top + group * len(rows) + 10
-    vmax = max(max(r[k] or 0 for k in ("eager_ms", "ort_ms", "accelc_ms")) for r in rows) or 1.0
+    values = [r[k] for r in rows for k in ("eager_ms", "ort_ms", "accelc_ms") if r[k]]
+    lo = 10 ** math.floor(math.log10(min(values))) if values else 1e-3
+    hi = 10 ** math.ceil(math.log10(max(values))) if values else 1.0
+    hi = hi if hi > lo else lo * 10
+    span = math.log10(hi) - math.log10(lo)
+
+    def length(v: float) -> float:   # the log-scale bar length of v ms; lo maps to a stub
+        return max(bar_w * 0.9 * (math.log10(v) - math.log10(lo)) / span, 0) + 2
+
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11" role="img">',
-           f'<text x="0" y="14" font-size="13" font-weight="bold">{_html.escape(title)}</text>']
+           f'<text x="0" y="14" font-size="13" font-weight="bold">{_html.escape(title)} (log scale)</text>']
     for i, (key, name) in enumerate((("eager", "eager PyTorch"), ("ort", "ONNX Runtime"), ("accelc", "accelc"))):
         x = label_w + i * 130
         out.append(f'<rect x="{x}" y="24" width="12" height="10" fill="{COLORS[key]}"/>'
                    f'<text x="{x + 16}" y="33">{name}</text>')
     out.append(f'<text x="{label_w + bar_w + 8}" y="33">accelc vs ORT</text>')
+    for d in range(round(span) + 1):   # a line and a label at each decade
+        v = lo * 10 ** d
+        x = label_w + length(v)
+        out.append(f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{height - 10}" stroke="#ddd"/>'
+                   f'<text x="{x:.1f}" y="{top - 9}" font-size="9" fill="#666" text-anchor="middle">'
+                   f'{v:g} ms</text>')
     for j, r in enumerate(rows):
         y0 = top + j * group
         label = r["layer"] if len(r["layer"]) <= 44 else r["layer"][:42] + "..."
@@ -103,10 +119,10 @@ def _chart(rows: list[dict], title: str) -> str:
         for i, key in enumerate(("eager", "ort", "accelc")):
             v = r[f"{key}_ms"]
             y = y0 + i * bar_h
-            if v is None:
+            if not v:
                 out.append(f'<text x="{label_w + 2}" y="{y + bar_h - 1}" fill="#999" font-size="9">n/a</text>')
                 continue
-            w = max(bar_w * 0.85 * v / vmax, 1)
+            w = length(v)
             out.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h - 1}" fill="{COLORS[key]}">'
                        f'<title>{key}: {v:.4g} ms</title></rect>'
                        f'<text x="{label_w + w + 3:.1f}" y="{y + bar_h - 1}" font-size="9">{v:.3g}</text>')

@@ -44,7 +44,8 @@ def available() -> str | None:
     try:
         import onnxruntime  # noqa: F401
     except Exception as e:  # an ImportError, or a broken install's OSError
-        return f"onnxruntime cannot be imported: {type(e).__name__}: {e}"
+        return (f"onnxruntime cannot be imported ({type(e).__name__}: {e}): pip install 'accelc[ort-gpu]' for "
+                "ONNX Runtime with its CUDA provider ('accelc[ort]': the CPU build)")
     return None
 
 
@@ -60,6 +61,13 @@ def providers(device: torch.device, allow_tf32: bool = False) -> list:
     return ["CPUExecutionProvider"]
 
 
+def has_cuda() -> bool:
+    """Whether onnxruntime here has its CUDA execution provider (onnxruntime-gpu)."""
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
 def provider_note(device: torch.device) -> str:
     """Which execution provider layers run on, in words (for the report's header)."""
     import onnxruntime as ort
@@ -69,8 +77,9 @@ def provider_note(device: torch.device) -> str:
         if "CUDAExecutionProvider" in have:
             return (f"onnxruntime {ort.__version__}, CUDAExecutionProvider (IO binding; cuDNN algorithms "
                     "searched exhaustively; TF32 only with fp32_precision='tf32')")
-        return (f"onnxruntime {ort.__version__} has no CUDAExecutionProvider here ({', '.join(have)}): "
-                "ORT timings are CPU timings")
+        return (f"onnxruntime {ort.__version__} has no CUDAExecutionProvider here ({', '.join(have)}): ORT ran "
+                "on the CPU, for accuracy only, and no speedup is stated against it (pip install "
+                "'accelc[ort-gpu]' for the CUDA provider)")
     return f"onnxruntime {ort.__version__}, CPUExecutionProvider"
 
 
