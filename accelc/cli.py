@@ -3,7 +3,7 @@
     accelc convert IN -o OUT.pt2 [--input-shape 8x3x224x224 | --example-inputs FILE] [--dtype fp16]
     accelc optimize mlp [--dtype fp16] [--batch-size 64] [--device cuda] [--int8]
     accelc report MODEL -o DIR [--batch-size 8 | --input-shape ... | --example-inputs FILE] [--dtype fp16]
-                               [--int8] [--format json,csv,md,html] [--no-ort]
+                               [--int8] [--format json,csv,md,html] [--no-ort] [--compile auto|yes|no]
     accelc list-models
     accelc --version
 
@@ -88,7 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None, help=_DTYPE_HELP)
     r.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when a GPU is present")
     r.add_argument("--format", default="json,csv,md,html", help="comma-separated: json, csv, md, html")
-    r.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime (eager vs accelc only)")
+    r.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
+    r.add_argument("--compile", choices=["auto", "yes", "no"], default="auto",
+                   help="also time torch.compile (default and reduce-overhead for the whole model): auto = on a GPU")
     r.add_argument("--rep-ms", type=float, default=100, help="timing budget per measurement, ms (default 100)")
     _runtime_args(r)
     _int8_args(r)
@@ -262,13 +264,16 @@ def _report(args) -> int:
                                                   args.batch_size)
     rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args),
                                                              **_runtime_config(args)), example_kwargs=kwargs,
-                        with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model)
+                        with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model,
+                        with_compile={"auto": None, "yes": True, "no": False}[args.compile])
     for path in rep.write(args.output, formats):
         print(f"wrote {path}")
     t = rep.totals
+    e2e = rep.end_to_end
     print(f"{t['rewritten']} layer(s) rewritten; timed layers: accelc {_fmt_x(t['speedup_vs_eager'])} vs eager, "
-          f"{_fmt_x(t['speedup_vs_ort'])} vs ONNX Runtime; end to end {_fmt_x(rep.end_to_end.speedup_vs_eager)} "
-          f"vs eager, {_fmt_x(rep.end_to_end.speedup_vs_ort)} vs ONNX Runtime")
+          f"{_fmt_x(t['speedup_vs_ort'])} vs ONNX Runtime, {_fmt_x(t.get('speedup_vs_compile'))} vs torch.compile; "
+          f"end to end {_fmt_x(e2e.speedup_vs_eager)} vs eager, {_fmt_x(e2e.speedup_vs_ort)} vs ONNX Runtime, "
+          f"{_fmt_x(e2e.speedup_vs_compile)} vs torch.compile (its faster mode)")
     if t.get("no_ort_ratio") and not rep.header["interpreted"]:
         print(f"no speedup vs ONNX Runtime: {t['no_ort_ratio']}")
     if rep.header["note"]:

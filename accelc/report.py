@@ -1,5 +1,7 @@
-"""accelc.report: every layer timed three ways (eager PyTorch, ONNX Runtime, accelc) and checked
-against a higher-precision reference, plus the whole model the same three ways.
+"""accelc.report: every layer timed three ways (eager PyTorch, ONNX Runtime, accelc; on a GPU also
+torch.compile) by one timer (accelc.latency.side_ms) and checked against a higher-precision
+reference, plus the whole model the same ways (torch.compile in both its default and
+reduce-overhead modes).
 
     rep = accelc.report(model, example_inputs, config)      # -> Report
     rep.write("out/")   # report.json (schema REPORT_SCHEMA), report.csv, report.md, report.html
@@ -39,7 +41,7 @@ from accelc.optimized import LayerRecord
 from accelc.rewrite import layers
 from accelc.version import __version__
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: torch.compile columns; every side timed by latency.side_ms
 NO_CUDA_ORT = ("ORT ran on its CPU provider (no CUDAExecutionProvider here): numbers checked, no speedup "
                "stated against it; pip install 'accelc[ort-gpu]' for the CUDA provider")
 FORMATS = ("json", "csv", "md", "html")
@@ -64,6 +66,9 @@ class LayerRow:
     ort_export: str = ""              # which exporter produced the ONNX file ORT ran
     ort_error: str = ""               # why ORT has no number for this layer
     timer: str = ""                   # how eager / accelc / ORT were timed
+    compile_ms: float | None = None   # torch.compile (default mode) of the same subgraph / model
+    compile_ro_ms: float | None = None   # the whole model: torch.compile(mode="reduce-overhead")
+    compile_error: str = ""           # why torch.compile has no number here
 
     # the record's fields under the report's names
     layer = property(lambda self: self.record.name)
@@ -82,6 +87,9 @@ class LayerRow:
     accelc_pass = property(lambda self: self.record.check.passed if self.record.check and self.status else None)
     speedup_vs_ort = property(lambda self: _speedup(self.ort_ms, self.accelc_ms))
     speedup_vs_eager = property(lambda self: _speedup(self.eager_ms, self.accelc_ms))
+    # against the better of torch.compile's modes (what a user would pick instead)
+    speedup_vs_compile = property(lambda self: _speedup(
+        min((v for v in (self.compile_ms, self.compile_ro_ms) if v), default=None), self.accelc_ms))
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ROW_FIELDS}
@@ -97,14 +105,15 @@ class LayerRow:
                                num["accelc_max_abs_error"], num["tolerance"], shapes,
                                getattr(torch, d["dtype"]) if d["dtype"] else None, sqnr_db=num["accelc_sqnr_db"])
         record = LayerRecord(d["layer"], d["kind"], d["status"], d["kernel"], d["reason"], check, shapes, d["dtype"])
-        return cls(record, **{f.name: d[f.name] for f in fields(cls) if f.name != "record"})
+        return cls(record, **{f.name: d[f.name] for f in fields(cls) if f.name != "record" and f.name in d})
 
 
 # the JSON / CSV columns of a row, in order
 ROW_FIELDS = ("layer", "kind", "status", "kernel", "reason", "input_shape", "dtype", "eager_ms", "ort_ms", "accelc_ms",
               "speedup_vs_ort", "speedup_vs_eager", "accelc_rel_error", "accelc_max_abs_error", "accelc_sqnr_db",
               "accelc_pass", "ort_rel_error", "ort_max_abs_error", "ort_sqnr_db", "ort_pass", "eager_rel_error",
-              "tolerance", "ort_export", "ort_error", "timer")
+              "tolerance", "ort_export", "ort_error", "timer", "compile_ms", "compile_ro_ms", "speedup_vs_compile",
+              "compile_error")
 
 
 @dataclass
@@ -231,6 +240,22 @@ def _speedup(base, fast):
     return base / fast if base and fast else None
 
 
+def _compile_measure(module, ins, device, rep_ms, modes, whole_model=False):
+    """(ms of the first mode, ms of the second mode or None, error) of torch.compile(module) in
+    each mode, on `ins`, timed by side_ms as the other sides are. (Not torch._dynamo.reset():
+    accelc's own Inductor-compiled glue lives in the same caches.)"""
+    times, errors = [], []
+    for mode in modes:
+        try:
+            compiled = torch.compile(module, mode=None if mode == "default" else mode, dynamic=False)
+            compiled(*ins)   # compile now, not inside the timer
+            times.append(side_ms(lambda: compiled(*ins), device, rep_ms, whole_model))
+        except Exception as e:   # a graph torch.compile cannot take: said in the row
+            times.append(None)
+            errors.append(f"torch.compile ({mode}) failed: {short_error(e)}")
+    return times[0], times[1] if len(times) > 1 else None, "; ".join(errors)
+
+
 def _ort_measure(module, ins, device, workdir, name, rep_ms, tf32, whole_model=False):
     """(ms, outputs, export method, error) of `module` on `ins` in ORT, timed by side_ms as the
     other sides are."""
@@ -250,17 +275,17 @@ def _ort_measure(module, ins, device, workdir, name, rep_ms, tf32, whole_model=F
 
 
 def report(model, example_inputs=(), config=None, *, with_ort: bool = True, progress: bool = True, example_kwargs=None,
-           rep_ms: float = 100, model_name: str = "") -> Report:
+           rep_ms: float = 100, model_name: str = "", with_compile: bool | None = None) -> Report:
     """Optimize `model` (accelc.optimize with `config`), then time every rewritten layer and the
     whole model three ways. See the module docstring."""
     job = prepare(model, example_inputs, config, example_kwargs=example_kwargs)
     opt = optimize_prepared(job)
-    return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms,
+    return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms, with_compile=with_compile,
                    model_name=model_name or type(model).__name__)
 
 
 def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_ms: float = 100,
-            model_name: str = "") -> Report:
+            model_name: str = "", with_compile: bool | None = None) -> Report:
     """The report of `opt`, which accelc.optimize made of the prepared `job` (accelc.api.prepare;
     accelc convert --report uses this, to not optimize twice). Each layer runs on the inputs the
     guard checked it on (the same forward pass), and its accelc error is the guard's."""
@@ -275,6 +300,9 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
     # a GPU report against ORT's CPU provider: ORT's numbers are checked, its times are no baseline
     no_ratio = (NO_CUDA_ORT if device.type == "cuda" and not ort_why_not and not ort.has_cuda() else None)
     tf32 = config.fp32_precision == "tf32"
+    # torch.compile beside them: what a user would pick instead (on the CPU only when asked: its
+    # C++ compile per layer costs more than the report there is worth)
+    with_compile = device.type == "cuda" if with_compile is None else with_compile
 
     gm = opt.graph_module
     nodes = {meta.rewrite_of(n).layer: n for n in layers(gm)}
@@ -299,9 +327,14 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
             row.timer = "per layer: GPU time per call" if device.type == "cuda" else timer
             _fill_ort(row, original, ins, lambda: guard.reference(original, ins), device, workdir, rec.name,
                       rep_ms, tf32, ort_why_not, config, no_ratio)
+            if with_compile:
+                row.compile_ms, _, row.compile_error = _compile_measure(original, ins, device, rep_ms, modes=("default",))
 
         bar.step("whole model")
         e2e = _whole_model(model, call, args, config, device, workdir, ort_why_not, rep_ms, timer, tf32, no_ratio)
+        if with_compile:
+            e2e.compile_ms, e2e.compile_ro_ms, e2e.compile_error = _compile_measure(
+                model, args, device, rep_ms, modes=("default", "reduce-overhead"), whole_model=True)
         bar.close()
 
     timed = [r for r in rows if r.accelc_ms is not None]
@@ -319,6 +352,9 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
     totals["speedup_vs_eager"] = _speedup(totals["eager_ms"], totals["accelc_ms"])
     totals["speedup_vs_ort"] = _speedup(totals["ort_ms"], totals["accelc_ms_where_ort"])
     totals["no_ort_ratio"] = ort_why_not or no_ratio
+    compiled = [r for r in timed if r.compile_ms is not None]
+    totals["compile_ms"] = sum(r.compile_ms for r in compiled) if compiled else None
+    totals["speedup_vs_compile"] = _speedup(totals["compile_ms"], sum(r.accelc_ms for r in compiled))
     return Report(header=_header(model_name or type(model).__name__, opt, config, device, args, interpreted,
                                  ort_why_not, timer),
                   layers=rows, totals=totals, end_to_end=e2e)
@@ -407,11 +443,13 @@ _NUM = {"type": ["number", "null"]}
 _ROW = {
     "type": "object",
     "required": ["layer", "kind", "status", "kernel", "reason", "input_shape", "eager_ms", "ort_ms", "accelc_ms",
-                 "speedup_vs_ort", "speedup_vs_eager", "accelc_rel_error", "ort_rel_error", "accelc_pass"],
+                 "speedup_vs_ort", "speedup_vs_eager", "accelc_rel_error", "ort_rel_error", "accelc_pass",
+                 "compile_ms", "speedup_vs_compile"],
     "properties": {
         **{k: {"type": "string"} for k in ("layer", "kind", "status", "kernel", "reason", "input_shape",
-                                           "dtype", "ort_export", "ort_error", "timer")},
+                                           "dtype", "ort_export", "ort_error", "timer", "compile_error")},
         **{k: _NUM for k in ("eager_ms", "ort_ms", "accelc_ms", "speedup_vs_ort", "speedup_vs_eager",
+                             "compile_ms", "compile_ro_ms", "speedup_vs_compile",
                              "accelc_rel_error", "accelc_max_abs_error", "accelc_sqnr_db", "ort_rel_error",
                              "ort_max_abs_error", "ort_sqnr_db", "eager_rel_error", "tolerance")},
         "accelc_pass": {"type": ["boolean", "null"]}, "ort_pass": {"type": ["boolean", "null"]},

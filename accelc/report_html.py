@@ -7,7 +7,7 @@ import math
 
 COLORS = {"eager": "#8c8c8c", "ort": "#e69f00", "accelc": "#0072b2"}
 COLUMNS = ["layer", "kind", "input shape", "kernel", "eager ms", "ORT ms", "accelc ms", "vs ORT", "vs eager",
-           "accelc error", "ORT error", "status"]
+           "torch.compile ms", "vs compile", "accelc error", "ORT error", "status"]
 
 
 def _ms(v) -> str:
@@ -35,15 +35,21 @@ def _cells(r: dict) -> list[str]:
     ort_err = _err(r["ort_rel_error"], r["ort_sqnr_db"], r["ort_pass"])
     if r["ort_ms"] is None and r["ort_error"]:
         ort_err = r["ort_error"]
+    comp = _ms(r.get("compile_ms"))
+    if r.get("compile_ro_ms") is not None:
+        comp += f" (reduce-overhead {_ms(r['compile_ro_ms'])})"
+    if r.get("compile_error") and r.get("compile_ms") is None:
+        comp = r["compile_error"]
     return [r["layer"], r["kind"], r["input_shape"], r["kernel"], _ms(r["eager_ms"]), _ms(r["ort_ms"]),
-            _ms(r["accelc_ms"]), _x(r["speedup_vs_ort"]), _x(r["speedup_vs_eager"]),
-            _err(r["accelc_rel_error"], r["accelc_sqnr_db"], r["accelc_pass"]), ort_err, _status(r)]
+            _ms(r["accelc_ms"]), _x(r["speedup_vs_ort"]), _x(r["speedup_vs_eager"]), comp,
+            _x(r.get("speedup_vs_compile")), _err(r["accelc_rel_error"], r["accelc_sqnr_db"], r["accelc_pass"]), ort_err, _status(r)]
 
 
 def _totals_cells(t: dict) -> list[str]:
     return ["total (timed layers)", "", "", "", _ms(t["eager_ms"]),
             _ms(t["ort_ms"]) + (f" ({t['ort_failed']} without ORT)" if t.get("ort_failed") else ""),
-            _ms(t["accelc_ms"]), _x(t["speedup_vs_ort"]), _x(t["speedup_vs_eager"]), "", "",
+            _ms(t["accelc_ms"]), _x(t["speedup_vs_ort"]), _x(t["speedup_vs_eager"]), _ms(t.get("compile_ms")),
+            _x(t.get("speedup_vs_compile")), "", "",
             f"{t['rewritten']} rewritten, {t['reverted']} reverted, {t['kept']} kept; "
             f"{t['faster_than_ort_1_5x']} layer(s) >= 1.5x ORT"]
 
@@ -68,7 +74,8 @@ def markdown(report) -> str:
     if d["header"]["note"]:
         lines += [f"**{d['header']['note']}**", ""]
     lines += [f"- {k}: {val}" for k, val in _header_lines(d)]
-    lines += ["", "Times in ms (median). Speedup = other's time / accelc's; > 1: accelc faster. Errors: relative L2 "
+    lines += ["", "Times in ms (median). Speedup = other's time / accelc's; > 1: accelc faster (vs compile: "
+              "against the faster of its modes). Errors: relative L2 "
               "vs the layer in fp32 (fp64 for fp32 layers), SQNR in brackets; ok / FAIL against the dtype's "
               "tolerance (int8 layers: the SQNR floor).", ""]
     rows = [_cells(r) for r in d["layers"]] + [_totals_cells(d["totals"]), _cells(d["end_to_end"])]
@@ -165,7 +172,7 @@ def html(report) -> str:
     parts.append("<h2>Layers</h2><p>Times in ms (median). Speedup = other's time / accelc's. Errors: relative L2 "
                  "vs the layer in higher precision (SQNR in dB).</p><table><thead><tr>"
                  + "".join(f"<th>{c}</th>" for c in COLUMNS) + "</tr></thead><tbody>")
-    numeric = {4, 5, 6, 7, 8}
+    numeric = {4, 5, 6, 7, 8, 9, 10}
     for r in d["layers"] + [None, d["end_to_end"]]:
         cells = _totals_cells(d["totals"]) if r is None else _cells(r)
         cls = ' class="total"' if r is None or r is d["end_to_end"] else ""

@@ -1,5 +1,6 @@
 """accelc.report on every built-in model at a realistic size, on the GPU: per-layer eager /
-ONNX Runtime (CUDA provider) / accelc, committed as Markdown + JSON under bench/results/.
+ONNX Runtime (CUDA provider) / torch.compile / accelc, every side timed by one function
+(accelc.latency.side_ms), committed as Markdown + JSON under bench/results/.
 
     source .ort/install.sh && python bench/report_models.py [--models vit,bert] [--out bench/results]
     python bench/report_models.py --int8 --models mlp,gpt       # W8A8 linear layers (Int8Config defaults)
@@ -55,7 +56,9 @@ def run(names: list[str], out: str, rep_ms: float, int8: bool = False) -> None:
         t, e = rep.totals, rep.end_to_end
         print(f"{name}: {t['rewritten']} rewritten, {t['faster_than_ort_1_5x']} >= {PROMISE}x ORT; layers "
               f"{_x(t['speedup_vs_ort'])} vs ORT, {_x(t['speedup_vs_eager'])} vs eager; end to end "
-              f"{_x(e.speedup_vs_ort)} vs ORT, {_x(e.speedup_vs_eager)} vs eager ({time.time() - t0:.0f} s)",
+              f"{_x(e.speedup_vs_ort)} vs ORT, {_x(e.speedup_vs_eager)} vs eager, {_x(e.speedup_vs_compile)} vs "
+              f"torch.compile (eager {e.eager_ms:.3f} / ORT {e.ort_ms or 0:.3f} / compile {e.compile_ms or 0:.3f}, "
+              f"reduce-overhead {e.compile_ro_ms or 0:.3f} / accelc {e.accelc_ms:.3f} ms) ({time.time() - t0:.0f} s)",
               flush=True)
         del model, rep
         torch.cuda.empty_cache()

@@ -196,8 +196,9 @@ def test_gpu_report_states_no_speedup_against_cpu_ort(monkeypatch):
 
 
 def test_one_timer_for_every_side(monkeypatch):
-    """The timing policy: eager, accelc and ONNX Runtime are timed by the same function with the
-    same arguments: per layer, and for the whole model (whole_model=True) on all three sides."""
+    """The timing policy: eager, accelc, ONNX Runtime and torch.compile are timed by the same
+    function with the same arguments: per layer, and for the whole model (whole_model=True; both
+    torch.compile modes there)."""
     import importlib
     report_mod = importlib.import_module("accelc.report")
     calls = []
@@ -207,15 +208,17 @@ def test_one_timer_for_every_side(monkeypatch):
         fn()
         return 1.0
     monkeypatch.setattr(report_mod, "side_ms", spy)
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)   # the policy, not Inductor's time
     model = accelc.models.get("mlp").to(DEVICE)
-    rep = accelc.report(model, model.example_inputs(2), **FAST)
+    rep = accelc.report(model, model.example_inputs(2), with_compile=True, **FAST)
     rewritten = [r for r in rep.layers if r.status == "rewritten"]
     layer_calls = [c for c in calls if not c[0]]
     if ORT_TIMED:   # (ORT's CPU build on a GPU machine is timed on the CPU and its time dropped)
-        assert len(layer_calls) == 3 * len(rewritten) and len([c for c in calls if c[0]]) == 3
+        assert len(layer_calls) == 4 * len(rewritten) and len([c for c in calls if c[0]]) == 5
         assert len({c[1:] for c in calls}) == 1                  # one rep_ms, one device kind
-    assert all(r.eager_ms == r.accelc_ms == 1.0 for r in rewritten)
-    assert rep.end_to_end.eager_ms == rep.end_to_end.accelc_ms == 1.0
+    assert all(r.eager_ms == r.accelc_ms == r.compile_ms == 1.0 for r in rewritten)
+    e = rep.end_to_end
+    assert e.eager_ms == e.accelc_ms == e.compile_ms == e.compile_ro_ms == 1.0
     assert "same" in rep.header["timer"]
 
 
@@ -246,3 +249,37 @@ def test_chart_is_log_scale_so_one_slow_layer_does_not_flatten_the_rest():
     assert min(widths) > 0.05 * max(widths)                  # linear: 0.0075 / 6 of the width
     assert widths[1] < widths[4] < widths[7] < widths[10]     # order kept: ORT 0.03 < 0.06 < 0.1 < 6 ms
     assert "0.001 ms" in svg and "10 ms" in svg               # decades marked
+
+
+def test_torch_compile_columns():
+    """torch.compile beside the other sides, timed by the same function: per layer (default mode)
+    and the whole model in both modes; vs compile is against the faster mode."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(DEVICE).eval()
+    rep = accelc.report(model, torch.randn(4, 16, device=DEVICE), accelc.OptimizeConfig(only_if_faster=False),
+                        with_ort=False, with_compile=True, **FAST)
+    rewritten = [r for r in rep.layers if r.status == "rewritten"]
+    assert rewritten and all(r.compile_ms > 0 and r.compile_ro_ms is None for r in rewritten)
+    assert all(r.speedup_vs_compile == pytest.approx(r.compile_ms / r.accelc_ms) for r in rewritten)
+    e = rep.end_to_end
+    assert e.compile_ms > 0 and e.compile_ro_ms > 0 and not e.compile_error
+    assert e.speedup_vs_compile == pytest.approx(min(e.compile_ms, e.compile_ro_ms) / e.accelc_ms)
+    check_schema(rep.to_dict())
+    assert "torch.compile ms" in rep.to_markdown() and "reduce-overhead" in rep.to_markdown()
+
+
+def test_torch_compile_failure_is_said_in_the_row(monkeypatch):
+    from accelc.api import optimize_prepared, prepare
+    from accelc.report import measure
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("backend compiler failed (test)")
+    model = accelc.models.get("mlp").to(DEVICE)
+    job = prepare(model, model.example_inputs(2))
+    opt = optimize_prepared(job)     # accelc's own glue compiled before torch.compile breaks
+    monkeypatch.setattr(torch, "compile", refuses)
+    rep = measure(opt, job, with_ort=False, with_compile=True, **FAST)
+    rows = [r for r in rep.layers if r.status == "rewritten"] + [rep.end_to_end]
+    assert all(r.compile_ms is None and r.speedup_vs_compile is None for r in rows)
+    assert all("torch.compile (default) failed: RuntimeError: backend compiler failed" in r.compile_error for r in rows)
+    assert rep.end_to_end.accelc_ms > 0 and rep.totals["compile_ms"] is None
+    check_schema(rep.to_dict())
