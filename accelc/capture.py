@@ -11,8 +11,8 @@
    F.conv2d(x, w, b, stride, padding, dilation, groups); eval nn.BatchNorm2d -> F.batch_norm(x,
    running_mean, running_var, weight, bias, False, momentum, eps); activation modules, methods,
    aten ops -> F.relu, F.gelu, F.silu, torch.sigmoid, torch.tanh; torch.add / aten.add /
-   x.add(y) -> operator.add; x @ y / aten.matmul -> torch.matmul; eval-mode dropout and Identity
-   are removed. In-place forms are canonicalised only where nothing else reads their input.
+   x.add(y) -> operator.add; x @ y / aten.matmul -> torch.matmul; a GELU written out in pointwise
+   ops -> F.gelu; eval-mode dropout and Identity are removed. In-place forms are canonicalised only where nothing else reads their input.
 """
 from __future__ import annotations
 
@@ -546,8 +546,113 @@ def canonicalize(gm: fx.GraphModule) -> None:
                 g.erase_node(n)
             elif target in _ATEN_BATCH_NORM:
                 _canonical_aten_batch_norm(g, n)
+    _fold_written_gelus(g)
     g.lint()
     gm.recompile()
+
+
+# pointwise ops a written-out activation is made of: how to evaluate each on float64 tensors
+_POINTWISE_FUNCTIONS = {
+    operator.mul: operator.mul, operator.add: operator.add, operator.sub: operator.sub,
+    operator.truediv: operator.truediv, operator.neg: operator.neg, operator.pow: operator.pow,
+    torch.sub: torch.sub, aten.sub.Tensor: torch.sub, aten.mul.Scalar: operator.mul, aten.add.Scalar: operator.add,
+    aten.neg.default: operator.neg, torch.neg: operator.neg,
+    torch.pow: torch.pow, aten.pow.Tensor_Scalar: torch.pow, aten.pow.Tensor_Tensor: torch.pow,
+    torch.tanh: torch.tanh, torch.sigmoid: torch.sigmoid, torch.erf: torch.erf, aten.erf.default: torch.erf,
+    torch.special.erf: torch.erf, torch.sqrt: torch.sqrt,
+}
+_POINTWISE_METHODS = {"pow": torch.pow, "erf": torch.erf, "neg": operator.neg, "sub": torch.sub}
+# the activations a written-out form may compute, and the canonical call that replaces it
+_WRITTEN_ACTIVATIONS = (("tanh", lambda x: F.gelu(x, approximate="tanh")), ("none", F.gelu))
+_PROBE = torch.cat([torch.linspace(-9, 9, 361, dtype=torch.float64),
+                    torch.tensor([-40.0, -15.0, 15.0, 40.0, 1e-3, -1e-3, 0.0], dtype=torch.float64)])
+
+
+def _pointwise_fn(n: fx.Node):
+    if n.op == "call_function":
+        return _POINTWISE_FUNCTIONS.get(n.target)
+    if n.op == "call_method":
+        return _POINTWISE_METHODS.get(n.target) or _FUNCTIONS.get(_METHODS.get(n.target))
+    return None
+
+
+def _written_expression(root: fx.Node):
+    """(the single tensor the pointwise expression at `root` is a function of, its interior
+    nodes) where `root` computes f(x) from x and number constants only; None otherwise."""
+    leaves, interior, todo = set(), [], [root]
+    while todo:
+        n = todo.pop()
+        if n in interior:
+            continue
+        if _pointwise_fn(n) is None or n.kwargs:
+            return None
+        interior.append(n)
+        for a in n.args:
+            if isinstance(a, fx.Node):
+                (todo.append(a) if _pointwise_fn(a) is not None and not a.kwargs else leaves.add(a))
+            elif not isinstance(a, (int, float)) or isinstance(a, bool):
+                return None
+    return (leaves.pop(), interior) if len(leaves) == 1 else None
+
+
+def _evaluate(root: fx.Node, x: fx.Node, values: torch.Tensor) -> torch.Tensor:
+    memo = {x: values}
+
+    def ev(n):
+        if not isinstance(n, fx.Node):
+            return n
+        if n not in memo:
+            memo[n] = _pointwise_fn(n)(*(ev(a) for a in n.args))
+        return memo[n]
+    return ev(root)
+
+
+def _fold_written_gelus(g: fx.Graph) -> None:
+    """A GELU written out in pointwise ops (HF's gelu_new / gelu_fast: 0.5 * x * (1 + tanh(
+    sqrt(2 / pi) * (x + 0.044715 * x ** 3))); the erf form x * 0.5 * (1 + erf(x / sqrt(2)))), in
+    any order of its commutative operands, becomes F.gelu(x, approximate=...), so that the
+    epilogue rules see it. Told by evaluating the expression, in float64, on probe values (NaN
+    and inf included) against each form: an expression is replaced only where it computes that
+    function to 1e-9."""
+    gone: set = set()
+    special = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=torch.float64)
+    for root in reversed(list(g.nodes)):
+        if root in gone or _pointwise_fn(root) is None:
+            continue
+        found = _written_expression(root)
+        if found is None or len(found[1]) < 4:    # a GELU takes at least four ops written out
+            continue
+        x, interior = found
+        try:
+            got, got_special = _evaluate(root, x, _PROBE), _evaluate(root, x, special)
+        except Exception:
+            continue
+        if not isinstance(got, torch.Tensor) or got.shape != _PROBE.shape:
+            continue
+        for approximate, fn in _WRITTEN_ACTIVATIONS:
+            if torch.allclose(got, fn(_PROBE), rtol=1e-9, atol=1e-9) and same_values(got_special, fn(special)):
+                with g.inserting_before(root):
+                    gelu = g.call_function(F.gelu, (x,), _gelu_kwargs(approximate))
+                _swap(root, gelu)
+                gone.add(root)
+                gone.update(_erase_dead([n for n in interior if n is not root]))
+                break
+
+
+def _erase_dead(nodes) -> list:
+    """Erase the nodes of `nodes` nothing reads any more (repeatedly: each erase may free others);
+    returns those erased."""
+    alive, erased = list(nodes), []
+    changed = True
+    while changed:
+        changed = False
+        for n in list(alive):
+            if not n.users:
+                n.graph.erase_node(n)
+                alive.remove(n)
+                erased.append(n)
+                changed = True
+    return erased
 
 
 # ATen's eval batch norms (torch.export keeps them): (input, weight, bias, running_mean, running_var,

@@ -1,4 +1,5 @@
 """passes/linear_act.py: which spellings of linear + epilogue are found, and what stays."""
+import math
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,3 +195,37 @@ def test_addmm_linears():
     assert _kernels(opt) == ["accelc::linear"]       # the gelu comes after a view: not absorbed
     opt = _optimize(Conv1D(20, 12, beta=2), 2, 5, 20)
     assert _kernels(opt) == []                       # 2 * bias + x @ w: not a linear layer's addmm
+
+
+_S2 = math.sqrt(2.0 / math.pi)
+WRITTEN_GELUS = {   # HF's gelu_new / gelu_fast, the erf form, operand orders a user may write
+    "gelu_new": (lambda h: 0.5 * h * (1.0 + torch.tanh(_S2 * (h + 0.044715 * torch.pow(h, 3.0)))), "gelu_tanh"),
+    "commuted": (lambda h: (torch.tanh((0.044715 * h ** 3 + h) * _S2) + 1.0) * h * 0.5, "gelu_tanh"),
+    "gelu_fast": (lambda h: 0.5 * h * (1.0 + torch.tanh(h * 0.7978845608 * (1.0 + 0.044715 * h * h))), "gelu_tanh"),
+    "erf": (lambda h: h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0))), "gelu"),
+    "quick_gelu": (lambda h: h * torch.sigmoid(1.702 * h), None),         # another function: not a GELU
+    "near_miss": (lambda h: 0.5 * h * (1.0 + torch.tanh(_S2 * (h + 0.05 * h ** 3))), None),
+}
+
+
+class _Written(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.fc, self.f = nn.Linear(16, 32), f
+
+    def forward(self, x):
+        return self.f(self.fc(x))
+
+
+@pytest.mark.parametrize("form", list(WRITTEN_GELUS))
+def test_written_out_gelus_fuse_as_gelu(form):
+    f, act = WRITTEN_GELUS[form]
+    model = _Written(f).to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, x, accelc.OptimizeConfig(only_if_faster=False))
+    assert [r.kernel for r in opt.rewritten] == ["accelc::linear" + (f"[{act}]" if act else "")], opt.summary()
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+        y = x.clone()
+        y[0, 0] = float("nan")
+        assert torch.isnan(opt(y)[0]).all() and torch.isnan(model(y)[0]).all()
