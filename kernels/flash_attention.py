@@ -9,7 +9,8 @@ is_causal: query i attends keys j <= i (top-left aligned, as F.scaled_dot_produc
 scale defaults to 1/sqrt(D). Out (B, H, L, D) in q's dtype, laid out in memory as (B, L, H, D):
 the usual next step, out.transpose(1, 2).reshape(B, L, H * D), is then a view, not a copy. A
 query row whose keys are all masked gives zeros, as F.scaled_dot_product_attention does (HF's
-padding masks make such rows: a left-padded causal row); NaN in q, k or v still gives NaN.
+padding masks make such rows: a left-padded causal row), or NaN with empty_nan=True, as a
+written-out softmax(...) @ v does; NaN in q, k or v still gives NaN.
 
 FlashAttention (Dao et al. 2022), forward as Triton's tutorial 06-fused-attention: one program
 per BLOCK_M query rows of one (batch, head); keys and values streamed in BLOCK_N blocks; the
@@ -105,7 +106,7 @@ def _flash_fwd_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     # meta-parameters
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr, EMPTY_NAN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -144,8 +145,12 @@ def _flash_fwd_kernel(
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, IS_CAUSAL, True, DOT_IN_FP32, QK_INT8,
                                  USE_LIBDEVICE)
 
-    # a row with no visible key (l_i == 0, acc == 0) gives 0, as SDPA does; a NaN l_i stays NaN
-    out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
+    # a row with no visible key (l_i == 0, acc == 0) gives 0, as SDPA does, or NaN (0 / 0) as a
+    # written-out softmax does (EMPTY_NAN); a NaN l_i stays NaN
+    if EMPTY_NAN:
+        out = acc / l_i[:, None]
+    else:
+        out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
@@ -210,12 +215,12 @@ def why_unsupported(q, k, v, mask=None) -> Optional[str]:
 _CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
 
 
-def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False):
+def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False):
     """Checks, allocates, launches. A call signature seen before launches its compiled kernel
     directly (accelc.tuning.CompiledCall)."""
     tensors = (q, k, v) if mask is None else (q, k, v, mask)
     sig = (tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
-           bool(is_causal), scale, bool(qk_int8))
+           bool(is_causal), scale, bool(qk_int8), bool(empty_nan))
     check_once(_CHECKED, sig, lambda: why_unsupported(q, k, v, mask), "flash_attention")
     B, H, L, D = q.shape
     S = k.shape[2]
@@ -232,7 +237,7 @@ def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_i
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
                     IS_CAUSAL=bool(is_causal), DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16,
-                    QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted())
+                    QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted(), EMPTY_NAN=bool(empty_nan))
 
         def run(cfg):
             kw = cfg.all_kwargs()
@@ -263,9 +268,10 @@ def _quantize_rows(t):
     return q.to(t.dtype) * s[..., None].to(t.dtype)
 
 
-def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False):
+def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False):
     """Pure-PyTorch reference in fp32 (fp64 for fp64 inputs), result in q's dtype. qk_int8:
-    q and k quantized per token first, as the kernel does."""
+    q and k quantized per token first, as the kernel does. empty_nan: a row with no visible key
+    gives NaN (softmax's 0 / 0) instead of SDPA's 0."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     if qk_int8:
@@ -279,20 +285,22 @@ def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8
         L, S = s.shape[-2:]
         s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=s.device).tril(), float("-inf"))
     p = torch.softmax(s, dim=-1)
-    p = torch.where(torch.isneginf(s).all(-1, keepdim=True), 0.0, p)   # no visible key: 0, as SDPA
+    if not empty_nan:
+        p = torch.where(torch.isneginf(s).all(-1, keepdim=True), 0.0, p)   # no visible key: 0, as SDPA
     return torch.matmul(p, v.to(acc)).to(q.dtype)
 
 
 @torch.library.custom_op("accelc::flash_attention", mutates_args=())
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                    is_causal: bool = False, scale: Optional[float] = None, qk_int8: bool = False) -> torch.Tensor:
+                    is_causal: bool = False, scale: Optional[float] = None, qk_int8: bool = False,
+                    empty_nan: bool = False) -> torch.Tensor:
     """softmax(q @ k^T * scale + mask) @ v: see the module docstring."""
     return runtime.launch_or_fallback("flash_attention", q.device, flash_attention_launch, _ref_in_out_layout,
-                                      q, k, v, mask, is_causal, scale, qk_int8)
+                                      q, k, v, mask, is_causal, scale, qk_int8, empty_nan)
 
 
-def _ref_in_out_layout(q, k, v, mask, is_causal, scale, qk_int8):
-    return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale, qk_int8))
+def _ref_in_out_layout(q, k, v, mask, is_causal, scale, qk_int8, empty_nan=False):
+    return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale, qk_int8, empty_nan))
 
 
 def _empty_out(q):
@@ -301,5 +309,5 @@ def _empty_out(q):
 
 
 @flash_attention.register_fake
-def _(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False):
+def _(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False):
     return _empty_out(q)

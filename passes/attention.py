@@ -237,8 +237,9 @@ def _decomposed(scale_of):
     """The build of a decomposed pattern whose softmax scale is scale_of(the matched constant)."""
     def build(m, ctx) -> Replacement:
         mask = m.input("mask")
+        # a row whose keys are all masked: eager's softmax gives NaN there (SDPA gives 0)
         return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, False,
-                                   float(scale_of(m.input("scale", 1.0)))),
+                                   float(scale_of(m.input("scale", 1.0)))), {"empty_nan": True},
                            kind="attention", kernel=_kernel_label(mask, False))
     return build
 

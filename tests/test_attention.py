@@ -168,3 +168,29 @@ def test_sdpa_argument_spellings():
     opt = _optimize(SdpaSpellings(), q, k, v)
     nodes = [n for n in opt.graph_module.graph.nodes if n.target is FLASH]
     assert [(n.args[4], n.args[5]) for n in nodes] == [(False, 0.3), (True, None), (False, None)]
+
+
+class _MaskedSoftmax(nn.Module):
+    """A written-out attention whose additive mask is built from a boolean one: -inf where masked."""
+
+    def forward(self, q, k, v, keep):
+        mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(~keep, float("-inf"))
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v
+
+
+def test_written_softmax_keeps_eagers_nan_on_a_row_with_no_visible_key():
+    """softmax over an all -inf row is NaN in eager; the decomposed form's kernel call says
+    empty_nan so it gives NaN there too (an SDPA call's gives 0, as SDPA does)."""
+    q, k, v = (torch.randn(1, 2, 8, 64, device=DEVICE, dtype=torch.float16) for _ in range(3))
+    keep = torch.rand(1, 1, 8, 8, device=DEVICE) > 0.3
+    keep[..., 0] = True
+    model = _MaskedSoftmax().eval()
+    opt = accelc.optimize(model, (q, k, v, keep), accelc.OptimizeConfig(only_if_faster=False))
+    [node] = [n for n in opt.graph_module.graph.nodes if n.target is FLASH]
+    assert node.kwargs.get("empty_nan") is True
+    keep[0, 0, 3] = False
+    with torch.no_grad():
+        out, eager = opt(q, k, v, keep), model(q, k, v, keep)
+    assert torch.isnan(eager[0, :, 3]).all() and torch.isnan(out[0, :, 3]).all()
+    rows = [0, 1, 2, 4, 5, 6, 7]
+    assert rel_l2(out[:, :, rows], eager[:, :, rows]) < 5e-3

@@ -87,6 +87,23 @@ def test_fully_masked_row_is_zero_like_sdpa(kind):
     assert torch.isnan(out[0, 0, 1]).all() and torch.isfinite(out[0, 0, [0, 3]]).all()
 
 
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_fully_masked_row_is_nan_with_empty_nan_like_a_written_softmax(kind):
+    """empty_nan=True (the decomposed softmax(...) @ v form): a row with no visible key is NaN, as
+    eager's softmax of an all -inf row; the other rows are unchanged."""
+    q, k, v = _qkv(1, 1, 4, 8, 32, torch.float16)
+    keep = torch.ones(1, 1, 4, 8, dtype=torch.bool, device=DEVICE)
+    keep[0, 0, 2] = False
+    mask = keep if kind == "bool" else torch.zeros(keep.shape, dtype=q.dtype, device=DEVICE).masked_fill(~keep, float("-inf"))
+    out = torch.ops.accelc.flash_attention(q, k, v, mask, empty_nan=True)
+    zero = torch.ops.accelc.flash_attention(q, k, v, mask)
+    assert torch.isnan(out[0, 0, 2]).all() and not torch.isnan(zero).any()
+    assert torch.equal(out[0, 0, [0, 1, 3]], zero[0, 0, [0, 1, 3]])
+    ref = fa.flash_attention_ref(q.double(), k.double(), v.double(), mask if kind == "bool" else mask.double(),
+                                 empty_nan=True)
+    assert torch.isnan(ref[0, 0, 2]).all()
+
+
 @pytest.mark.parametrize("args,message", [
     (lambda q, k, v: (q.float(), k.float(), v.float()), "dtype torch.float32"),
     (lambda q, k, v: (q[..., :44], k[..., :44], v[..., :44]), "head dim 44"),
