@@ -572,7 +572,7 @@ def _pointwise_fn(n: fx.Node):
     if n.op == "call_function":
         return _POINTWISE_FUNCTIONS.get(n.target)
     if n.op == "call_method":
-        return _POINTWISE_METHODS.get(n.target) or _FUNCTIONS.get(_METHODS.get(n.target))
+        return _POINTWISE_METHODS.get(n.target)   # (mul / add / tanh ... methods: canonical functions by now)
     return None
 
 

@@ -59,8 +59,7 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
             raise ModelFileError(f"{source!r} is not a readable torch.export program: {short_error(e)}") from e
         args, kwargs = ep.example_inputs if ep.example_inputs is not None else (None, {})
         model = ep.module().to(device)
-        kwargs = dict(zip(kwargs, _to(tuple(kwargs.values()), device))) if kwargs else {}
-        return model, _to(args, device) if args is not None else None, kwargs
+        return model, _to(args, device) if args is not None else None, _to(dict(kwargs or {}), device)
     try:
         # A full module is a pickle: loading it runs code from the file, as torch.load says.
         obj = torch.load(path, map_location=device, weights_only=False)
@@ -182,7 +181,7 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     log.info(f"accelc: loading {source}")
     model, args, kwargs = load_model_and_inputs(source, dev, input_shapes, example_inputs)
     check_args = _to(args, config.dtype) if config.dtype is not None else args
-    check_kwargs = dict(zip(kwargs, _to(tuple(kwargs.values()), config.dtype))) if config.dtype is not None else kwargs
+    check_kwargs = _to(kwargs, config.dtype) if config.dtype is not None else kwargs
     try:
         with torch.no_grad():
             (model.to(config.dtype) if config.dtype is not None else model)(*check_args, **check_kwargs)
@@ -229,8 +228,10 @@ def write_summary(opt: OptimizedModule, folder: str | os.PathLike) -> None:
         write_text(folder / name, text)
 
 
-def _to(args, target):
-    return tuple(pytree.tree_map(
+def _to(tree, target):
+    """`tree` (a tuple of arguments, a dict of keyword arguments) with its tensors moved to a
+    device, or its floating-point tensors cast to a dtype; the same structure back."""
+    return pytree.tree_map(
         lambda t: t.to(target) if isinstance(t, torch.Tensor) and (not isinstance(target, torch.dtype)
                                                                     or t.is_floating_point()) else t,
-        args))
+        tree)

@@ -13,6 +13,7 @@ included).
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Callable
@@ -129,28 +130,24 @@ _FLUSH_NAME = "accelc_l2_flush"
 
 def _l2_flush(buf: torch.Tensor) -> None:
     """Overwrites `buf` (larger than L2) with a kernel of its own name: the marker between calls."""
-    _flush_kernel()[(triton_cdiv(buf.numel(), 4096),)](buf, buf.numel(), BLOCK=4096)
+    import triton
+
+    _flush_kernel()[(triton.cdiv(buf.numel(), 4096),)](buf, buf.numel(), BLOCK=4096)
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-_FLUSH = {}
-
-
+@functools.cache
 def _flush_kernel():
-    if "k" not in _FLUSH:
-        import triton
-        import triton.language as tl
+    """The marker kernel, defined at first use (not at import: accelc.runtime picks interpreter
+    or GPU before any kernel is defined)."""
+    import triton
+    import triton.language as tl
 
-        @triton.jit
-        def accelc_l2_flush(ptr, n, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(ptr + offs, 0, mask=offs < n)
+    @triton.jit
+    def accelc_l2_flush(ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(ptr + offs, 0, mask=offs < n)
 
-        _FLUSH["k"] = accelc_l2_flush
-    return _FLUSH["k"]
+    return accelc_l2_flush
 
 
 def _per_call_gpu_us(prof) -> list[float]:
