@@ -35,12 +35,15 @@ def _cells(r: dict) -> list[str]:
     ort_err = _err(r["ort_rel_error"], r["ort_sqnr_db"], r["ort_pass"])
     if r["ort_ms"] is None and r["ort_error"]:
         ort_err = r["ort_error"]
+    ort_ms = _ms(r["ort_ms"])
+    if r.get("ort_opt_ms") is not None:
+        ort_ms += f" (transformer optimizer {_ms(r['ort_opt_ms'])})"
     comp = _ms(r.get("compile_ms"))
     if r.get("compile_ro_ms") is not None:
         comp += f" (reduce-overhead {_ms(r['compile_ro_ms'])})"
     if r.get("compile_error") and r.get("compile_ms") is None:
         comp = r["compile_error"]
-    return [r["layer"], r["kind"], r["input_shape"], r["kernel"], _ms(r["eager_ms"]), _ms(r["ort_ms"]),
+    return [r["layer"], r["kind"], r["input_shape"], r["kernel"], _ms(r["eager_ms"]), ort_ms,
             _ms(r["accelc_ms"]), _x(r["speedup_vs_ort"]), _x(r["speedup_vs_eager"]), comp,
             _x(r.get("speedup_vs_compile")), _err(r["accelc_rel_error"], r["accelc_sqnr_db"], r["accelc_pass"]), ort_err, _status(r)]
 
@@ -83,7 +86,18 @@ def markdown(report) -> str:
     lines.append("|" + "---|" * len(COLUMNS))
     for cells in rows:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", ort_optimizer_line(d["end_to_end"])]
     return "\n".join(lines) + "\n"
+
+
+def ort_optimizer_line(e: dict) -> str:
+    """The whole model in ORT with its transformer optimizer, in one sentence (how it was made,
+    or why there is no such figure)."""
+    if e.get("ort_opt_ms") is not None:
+        return (f"Whole model in ORT with its transformer optimizer: {_ms(e['ort_opt_ms'])} ms "
+                f"({e['ort_opt_method']}; error {e['ort_opt_rel_error']:.1e}); vs ORT compares accelc with the "
+                "faster of it and plain ORT.")
+    return f"Whole model in ORT with its transformer optimizer: no figure ({e.get('ort_opt_error') or 'not run'})."
 
 
 def _chart(rows: list[dict], title: str) -> str:
@@ -188,5 +202,5 @@ def html(report) -> str:
             attr = f' class="{" ".join(klass)}"' if klass else ""
             tds.append(f"<td{attr}>{_html.escape(c)}</td>")
         parts.append(f"<tr{cls}>" + "".join(tds) + "</tr>")
-    parts.append("</tbody></table></body></html>")
+    parts.append(f"</tbody></table><p>{_html.escape(ort_optimizer_line(d['end_to_end']))}</p></body></html>")
     return "\n".join(parts) + "\n"

@@ -189,6 +189,65 @@ def side_ort(model, inputs, row):
                 row["ort_rel_err_vs_eager"] = _rel(best[2], model(*inputs))
 
 
+class _WithMask(torch.nn.Module):
+    """An HF text model called with an attention mask, as ORT's users export it (HF Optimum)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        return self.model(ids, attention_mask=mask)
+
+
+def side_ort_opt(model, inputs, row, max_timed=3):
+    """ORT at its best: the candidates of ORT's transformer optimizer (accelc.baselines.ort:
+    exporters x model types, the model's attention in its exportable form; for HF text models
+    also exported with an all-ones attention mask input), each checked against eager and timed
+    as the other sides are; the fastest kept."""
+    import onnxruntime as ort_rt
+
+    from accelc.baselines import ort
+
+    if "CUDAExecutionProvider" not in ort_rt.get_available_providers():
+        row["ort_opt_error"] = "onnxruntime has no CUDAExecutionProvider here"
+        return
+    variants = []
+    if hasattr(getattr(model, "config", None), "model_type") and not inputs[0].is_floating_point():
+        m2, label = ort.exportable_attention(model)
+        mask = torch.ones_like(inputs[0])
+        variants.append(((label + ", " if label else "") + "attention mask input", _WithMask(m2).eval(),
+                         [inputs[0], mask]))
+    with tempfile.TemporaryDirectory() as d, torch.no_grad():
+        t0 = time.perf_counter()
+        cands, errors = ort.optimized_candidates(model, list(inputs), d, torch.device("cuda"), variants)
+        row["ort_opt_prepare_s"] = round(time.perf_counter() - t0, 1)
+        ref = model(*inputs)
+        tried = []
+        for c in cands[:max_timed]:
+            try:
+                runner = ort.OrtRunner(c.path, c.args, torch.device("cuda"))
+                rel = _rel(runner.run()[0].clone(), ref)
+                if not rel < 2e-2:   # a fusion that changed the numbers: not a baseline
+                    errors.append(f"{c.method}: relative error {rel:.2e} vs eager")
+                    continue
+                ms = per_call_ms(runner.run)
+                tried.append({"method": c.method + (" +cuda graph" if runner.cuda_graph else ""), "ms": ms,
+                              "rel_err_vs_eager": rel})
+                del runner
+            except Exception as e:
+                errors.append(f"{c.method}: {type(e).__name__}: {str(e)[:200]}")
+        row["ort_opt_candidates"] = tried
+        if errors:
+            row["ort_opt_notes"] = errors
+        if tried:
+            best = min(tried, key=lambda t: t["ms"])
+            row["ort_opt_ms"], row["ort_opt_method"] = best["ms"], best["method"]
+            row["ort_opt_rel_err_vs_eager"] = best["rel_err_vs_eager"]
+        else:
+            row["ort_opt_error"] = "; ".join(errors)[:600] or "no candidate"
+
+
 def _np(dtype):
     import numpy as np
 
@@ -196,7 +255,7 @@ def _np(dtype):
             torch.bool: np.bool_}[dtype]
 
 
-SIDES = ("eager", "compile", "compile_ro", "ort", "accelc", "accelc_nograph", "accelc_int8")
+SIDES = ("eager", "compile", "compile_ro", "ort", "ort_opt", "accelc", "accelc_nograph", "accelc_int8")
 
 
 def run_model(name, sides, out_dir, batches="all"):
@@ -217,6 +276,8 @@ def run_model(name, sides, out_dir, batches="all"):
                     side_compile(model, inputs, row, "reduce-overhead")
                 elif side == "ort":
                     side_ort(model, inputs, row)
+                elif side == "ort_opt":
+                    side_ort_opt(model, inputs, row)
                 elif side == "accelc":
                     side_accelc(model, inputs, row, "accelc")
                 elif side == "accelc_nograph":
@@ -303,6 +364,15 @@ def gap_table(rows) -> str:
                                 "accelc speed", "note"], lines))
 
 
+NO_FUSIONS = "has no fusions for this model"
+
+
+def _drop_empty(head, table):
+    """The columns some row has a value in (e.g. no nograph column when that side was not run)."""
+    keep = [i for i in range(len(head)) if any(str(row[i]) for row in table)]
+    return [head[i] for i in keep], [[row[i] for i in keep] for row in table]
+
+
 def merge(in_dir, out_dir):
     by_key, opt_s, env, dates = {}, {}, None, set()
     for p in sorted(Path(in_dir).glob("**/e2e-*.json")):     # runs in name order: a later run's sides win
@@ -320,13 +390,19 @@ def merge(in_dir, out_dir):
 
     def ms(r, k):
         v = r.get(f"{k}_ms")
+        if not v and NO_FUSIONS in r.get(f"{k}_error", ""):
+            return "n/a"      # not a model ORT's transformer optimizer has fusions for
         return f"{v:.3f}" if v else ("error" if f"{k}_error" in r else "")
 
     table = []
+    head = ["model", "batch", "eager", "compile", "compile_ro", "ORT", "ORT optimizer", "accelc", "accelc nograph",
+            "accelc int8", "accelc vs compile_ro", "accelc vs faster ORT", "accelc vs eager", "layers"]
     for r in rows:
+        best_ort = min((r[k] for k in ("ort_ms", "ort_opt_ms") if r.get(k)), default=None)
         table.append([r["model"], r["batch"], ms(r, "eager"), ms(r, "compile"), ms(r, "compile_ro"), ms(r, "ort"),
-                      ms(r, "accelc"), ms(r, "accelc_nograph"), ms(r, "accelc_int8"),
-                      _x(r.get("compile_ro_ms"), r.get("accelc_ms")), _x(r.get("eager_ms"), r.get("accelc_ms")),
+                      ms(r, "ort_opt"), ms(r, "accelc"), ms(r, "accelc_nograph"), ms(r, "accelc_int8"),
+                      _x(r.get("compile_ro_ms"), r.get("accelc_ms")), _x(best_ort, r.get("accelc_ms")),
+                      _x(r.get("eager_ms"), r.get("accelc_ms")),
                       "{rewritten}/{reverted}/{kept}".format(**r["accelc_layers"]) if "accelc_layers" in r else ""])
     gm = [r["compile_ro_ms"] / r["accelc_ms"] for r in rows if r.get("compile_ro_ms") and r.get("accelc_ms")]
     geo = statistics.geometric_mean(gm) if gm else None
@@ -335,17 +411,25 @@ def merge(in_dir, out_dir):
           + (f"Runs (one device session): {', '.join(sorted(dates))}.\n\n" if len(dates) > 1 else "")
           + "ms per call, median of rounds of back-to-back calls, fp16, random weights. compile_ro: "
           "torch.compile(mode=\"reduce-overhead\"); ORT: onnxruntime-gpu CUDA provider, whole model exported by the "
-          "dynamo exporter, IO binding, its CUDA graph where the session takes it. accelc: the default call "
+          "dynamo exporter, IO binding, NHWC convs, cuDNN exhaustive search, its CUDA graph where the session takes "
+          "it; ORT optimizer: the same with ORT's transformer optimizer and its fp16 converter (the fastest "
+          "correct candidate; which one, below). accelc: the default call "
           "(Inductor glue, CUDA graph replay); nograph: cuda_graphs=False; int8: Int8Config defaults. "
           "layers: rewritten / reverted / kept as PyTorch.\n\n"
-          + _common.md_table(["model", "batch", "eager", "compile", "compile_ro", "ORT", "accelc", "accelc nograph",
-                              "accelc int8", "accelc vs compile_ro", "accelc vs eager", "layers"], table)
+          + _common.md_table(*_drop_empty(head, table))
           + (f"\nGeometric mean, accelc vs compile_ro: {geo:.2f}x\n" if geo else "")
-          + "\nOptimize seconds (accelc.optimize, realistic batch; cold: empty caches in a fresh process, warm: "
-            "a second process):\n\n"
-          + _common.md_table(["model", "cold s", "warm s"], [[m, v.get("cold"), v.get("warm")] for m, v in opt_s.items()]))
+          + ("\nOptimize seconds (accelc.optimize, realistic batch; cold: empty caches in a fresh process, warm: "
+             "a second process):\n\n"
+             + _common.md_table(["model", "cold s", "warm s"], [[m, v.get("cold"), v.get("warm")] for m, v in opt_s.items()])
+             if opt_s else ""))
+    opt_rows = [[r["model"], r["batch"], r.get("ort_opt_method") or r.get("ort_opt_error", "")[:300]]
+                for r in rows if "ort_opt_method" in r or "ort_opt_error" in r]
+    if opt_rows:
+        md += ("\nORT's transformer optimizer, the candidate kept (or why none):\n\n"
+               + _common.md_table(["model", "batch", "candidate"], opt_rows))
     md += "\n" + gap_table(rows)
-    errors = [f"- {r['model']} b{r['batch']} {k}: {v}" for r in rows for k, v in r.items() if k.endswith("_error")]
+    errors = [f"- {r['model']} b{r['batch']} {k}: {v}" for r in rows for k, v in r.items()
+              if k.endswith("_error") and NO_FUSIONS not in str(v)]
     if errors:
         md += "\nErrors:\n\n" + "\n".join(errors) + "\n"
     Path(out_dir).mkdir(parents=True, exist_ok=True)

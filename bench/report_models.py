@@ -4,7 +4,7 @@ ONNX Runtime (CUDA provider) / torch.compile / accelc, every side timed by one f
 
     source .ort/install.sh && python bench/report_models.py [--models vit,bert] [--out bench/results]
     python bench/report_models.py --int8 --models mlp,gpt       # W8A8 linear layers (Int8Config defaults)
-    python bench/report_models.py --summary bench/results      # the 1.5x-vs-ORT table, from the JSONs
+    python bench/report_models.py --summary bench/results      # report-summary.md, from the JSONs
 
 Layer widths, sequence lengths, image sizes and batch sizes are the real models'; the transformer
 stacks are cut to DEPTH blocks and ResNet-50 to one block per stage, so that a model fits in one
@@ -14,6 +14,7 @@ same as the full model's; the end-to-end row is then the shortened model's).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -27,6 +28,8 @@ import _common  # noqa: E402
 import accelc  # noqa: E402
 from accelc import models  # noqa: E402
 
+SCHEMA_VERSION = importlib.import_module("accelc.report").SCHEMA_VERSION
+
 DEPTH = 2
 # name -> (constructor kwargs, batch size)
 MODELS = {
@@ -38,7 +41,6 @@ MODELS = {
     "resnet": ({**models.SIZES["resnet"], "layers": (1, 1, 1, 1)}, 32),
     "cnn_small": (dict(width=64, image_size=128), 64),
 }
-PROMISE = 1.5   # every rewritten layer at least this much faster than ONNX Runtime's CUDA provider
 
 
 def run(names: list[str], out: str, rep_ms: float, int8: bool = False) -> None:
@@ -53,50 +55,52 @@ def run(names: list[str], out: str, rep_ms: float, int8: bool = False) -> None:
                             model_name=f"{name} ({', '.join(f'{k}={v}' for k, v in kwargs.items())}; batch {batch})")
         kind = "report-int8" if int8 else "report"
         rep.write(out, ("json", "md"), stem=f"{kind}-{name}-{_common.slug(env['device'])}")
-        t, e = rep.totals, rep.end_to_end
-        print(f"{name}: {t['rewritten']} rewritten, {t['faster_than_ort_1_5x']} >= {PROMISE}x ORT; layers "
-              f"{_x(t['speedup_vs_ort'])} vs ORT, {_x(t['speedup_vs_eager'])} vs eager; end to end "
-              f"{_x(e.speedup_vs_ort)} vs ORT, {_x(e.speedup_vs_eager)} vs eager, {_x(e.speedup_vs_compile)} vs "
-              f"torch.compile (eager {e.eager_ms:.3f} / ORT {e.ort_ms or 0:.3f} / compile {e.compile_ms or 0:.3f}, "
-              f"reduce-overhead {e.compile_ro_ms or 0:.3f} / accelc {e.accelc_ms:.3f} ms) ({time.time() - t0:.0f} s)",
-              flush=True)
+        e = rep.end_to_end.to_dict()
+        print(f"{name}: {rep.totals['rewritten']} rewritten; " + " / ".join(
+            f"{k} {_ms(e[c])}" for k, c in SIDES) + f" ms; accelc {_x(e['speedup_vs_ort'])} vs the faster ORT, "
+            f"{_x(e['speedup_vs_compile'])} vs the faster torch.compile ({time.time() - t0:.0f} s)", flush=True)
         del model, rep
         torch.cuda.empty_cache()
+
+
+# the whole-model columns: (label, report field)
+SIDES = (("eager", "eager_ms"), ("ORT", "ort_ms"), ("ORT optimizer", "ort_opt_ms"), ("compile", "compile_ms"),
+         ("compile reduce-overhead", "compile_ro_ms"), ("accelc", "accelc_ms"))
 
 
 def _x(v):
     return "n/a" if v is None else f"{v:.2f}x"
 
 
+def _ms(v):
+    return "n/a" if v is None else f"{v:.3f}"
+
+
 def summary(folder: str) -> str:
-    """One table over every report-*.json in `folder`: which rewritten layers meet the promise."""
-    lines = ["# accelc vs ONNX Runtime (CUDA provider), every built-in model", "",
-             f"The promise: every rewritten layer at least {PROMISE}x faster than ONNX Runtime's CUDA "
-             "provider running the same layer. Per-model tables: report-<model>-<device>.md.", "",
-             "| model | rewritten layers | >= 1.5x ORT | 1.0-1.5x | < 1.0x | no ORT number | layers total vs ORT | "
-             "vs eager | end to end vs ORT | end to end vs eager |", "|" + "---|" * 10]
-    misses = []
-    env = ""
+    """One table over every report-*.json in `folder` of one schema: the whole model on every
+    side, and how the rewritten layers' GPU time compares."""
+    lines = ["# Every built-in model, whole model and per layer (accelc.report)", ""]
+    head = ("| model | " + " | ".join(k + " ms" for k, _ in SIDES) + " | accelc vs faster ORT | accelc vs faster "
+            "compile | accelc vs eager | rewritten layers | their GPU time vs eager | vs ORT | vs compile |")
+    table, envs, notes = [head, "|" + "---|" * (len(SIDES) + 8)], set(), []
     for path in sorted(p for p in Path(folder).glob("report-*.json") if not p.name.startswith("report-int8-")):
         d = json.loads(path.read_text())
-        env = env or f"{d['header']['device']}, {d['header']['date']}, " + ", ".join(
-            f"{k} {v}" for k, v in d["header"]["versions"].items() if v)
-        rows = [r for r in d["layers"] if r["status"] == "rewritten"]
-        sp = [r["speedup_vs_ort"] for r in rows]
-        meet = sum(s is not None and s >= PROMISE for s in sp)
-        mid = sum(s is not None and 1.0 <= s < PROMISE for s in sp)
-        low = sum(s is not None and s < 1.0 for s in sp)
-        none = sum(s is None for s in sp)
-        t, e = d["totals"], d["end_to_end"]
-        lines.append(f"| {d['header']['model'].split(' (')[0]} | {len(rows)} | {meet} | {mid} | {low} | {none} | "
-                     f"{_x(t['speedup_vs_ort'])} | {_x(t['speedup_vs_eager'])} | {_x(e['speedup_vs_ort'])} | "
-                     f"{_x(e['speedup_vs_eager'])} |")
-        misses += [f"{d['header']['model'].split(' (')[0]}: {r['layer']} ({r['kernel']}, {r['input_shape']}): "
-                   f"{_x(r['speedup_vs_ort'])}" + (f" [{r['ort_error'][:120]}]" if r["ort_error"] else "")
-                   for r in rows if r["speedup_vs_ort"] is None or r["speedup_vs_ort"] < PROMISE]
-    lines[2:2] = [env, ""]
-    lines += ["", f"## Layers under {PROMISE}x ONNX Runtime", ""] + [f"- {m}" for m in misses]
-    return "\n".join(lines) + "\n"
+        if d.get("schema_version") != SCHEMA_VERSION:
+            continue
+        h, t, e = d["header"], d["totals"], d["end_to_end"]
+        envs.add(f"{h['device']}, " + ", ".join(f"{k} {v}" for k, v in h["versions"].items() if v))
+        name = h["model"].split(" (")[0]
+        table.append(f"| {name} | " + " | ".join(_ms(e[c]) for _, c in SIDES) + f" | {_x(e['speedup_vs_ort'])} | "
+                     f"{_x(e['speedup_vs_compile'])} | {_x(e['speedup_vs_eager'])} | {t['rewritten']} | "
+                     f"{_x(t['speedup_vs_eager'])} | {_x(t['speedup_vs_ort'])} | {_x(t.get('speedup_vs_compile'))} |")
+        notes.append(f"- {name} ({h['date']}): {e.get('ort_opt_method') or e.get('ort_opt_error') or 'n/a'}")
+    timer = ("Timer (accelc.latency.side_ms, the same for every side): whole model, plain calls as a user "
+             "makes them (CUDA events, L2 flushed, median); per layer, GPU time per call from CUPTI. "
+             "'faster ORT': the faster of plain ORT and ORT with its transformer optimizer; 'faster compile': "
+             "of torch.compile's default and reduce-overhead modes.")
+    return "\n".join(lines + [f"Devices and versions: {'; '.join(sorted(envs))}", "", timer, ""] + table
+                     + ["", "ORT's transformer optimizer, per model (the candidate kept, or why none):", ""]
+                     + notes) + "\n"
 
 
 def main():

@@ -174,7 +174,10 @@ def test_save_keeps_only_int8_weights(tmp_path):
     path = tmp_path / "m.pt2"
     accelc.save(opt, path)
     loaded = accelc.load(path)
-    assert rel_l2(loaded(x), opt(x)) == 0
+    # the same int8 kernels; the glue between them (LayerNorm, adds) runs eagerly in the loaded
+    # program and through Inductor in the optimized module: on a GPU fp16 rounding may differ by
+    # an ulp there (1e-6 seen on an H100), so not bit-equal, and far under the fp16 tolerance
+    assert rel_l2(loaded(x), opt(x)) < 1e-4
     ep = torch.export.load(path)
     int8_paths = [r.name.split("+")[0] for r in opt.layers if r.kind == "linear_int8"]
     saved = set(ep.state_dict) | set(ep.constants)

@@ -54,10 +54,12 @@ def test_mlp_rows(mlp_report):
         assert math.isclose(r.speedup_vs_eager, r.eager_ms / r.accelc_ms)
         assert r.accelc_pass and r.ort_pass, r
         assert r.accelc_rel_error < 1e-5 and r.ort_rel_error < 1e-5        # fp32 layers
-        assert r.accelc_sqnr_db > 100 and r.ort_export.startswith("torchscript")
+        assert r.accelc_sqnr_db > 100 and r.ort_export.startswith("dynamo")      # the current exporter first
         assert r.kernel.startswith("accelc::linear") and r.input_shape
     e2e = rep.end_to_end
     assert e2e.eager_ms > 0 and ort_timed(e2e) and e2e.accelc_ms > 0 and e2e.accelc_rel_error < 1e-5
+    # no transformer: ORT's transformer optimizer has nothing to fuse, and the row says so
+    assert e2e.ort_opt_ms is None and (not ORT_TIMED or "no fusions" in e2e.ort_opt_error)
     t = rep.totals
     assert math.isclose(t["accelc_ms"], sum(r.accelc_ms for r in rewritten))
     if ORT_TIMED:
@@ -121,6 +123,13 @@ def test_attention_model(name):
     kept = [r for r in rep.layers if r.status == "kept"]
     assert kept and all(r.reason and r.accelc_ms is None for r in kept)
     check_schema(rep.to_dict())
+    # the whole model also in ORT at its best: its transformer optimizer fused LayerNorms and GELUs
+    e = rep.end_to_end
+    if ORT_TIMED:
+        assert e.ort_opt_ms > 0 and "transformer optimizer" in e.ort_opt_method, e.ort_opt_error
+        assert "LayerNormalization" in e.ort_opt_method and e.ort_opt_rel_error < 1e-2
+        assert e.speedup_vs_ort == pytest.approx(min(e.ort_ms, e.ort_opt_ms) / e.accelc_ms)
+        assert "Whole model in ORT with its transformer optimizer: " in rep.to_markdown()
 
 
 def test_layer_whose_export_fails(monkeypatch):
@@ -160,7 +169,8 @@ def test_half_export_falls_back_to_fp32_then_fp16(monkeypatch, tmp_path):
     layer = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.LayerNorm(16)).half().to(DEVICE).eval()
     x = torch.randn(4, 32, device=DEVICE, dtype=torch.float16)
     exp = ort.export(layer, [x], str(tmp_path / "l.onnx"), DEVICE)
-    assert exp.method == "torchscript fp32->fp16" and len(exp.errors) == 2
+    assert exp.method == "dynamo fp32->fp16" and len(exp.errors) == 2
+    assert exp.errors[0].startswith("dynamo float16") and exp.errors[1].startswith("torchscript float16")
     out = ort.OrtRunner(exp.path, [x], DEVICE).run()[0]
     assert out.dtype == torch.float16
     assert rel_l2(out.to(DEVICE), layer.float()(x.float())) < 5e-3   # on the CPU where ORT ran there
@@ -283,3 +293,108 @@ def test_torch_compile_failure_is_said_in_the_row(monkeypatch):
     assert all("torch.compile (default) failed: RuntimeError: backend compiler failed" in r.compile_error for r in rows)
     assert rep.end_to_end.accelc_ms > 0 and rep.totals["compile_ms"] is None
     check_schema(rep.to_dict())
+
+
+# ORT at its best: its transformer optimizer on the whole model, NHWC convs, the exporter order
+
+def test_optimizer_model_types():
+    """HF models by their config (heads and width given); other transformers get the BERT and
+    GPT-2 fusions tried; a CNN or an MLP, none."""
+    transformers = pytest.importorskip("transformers")
+    bert = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                                          num_hidden_layers=1, vocab_size=50))
+    assert ort.optimizer_types(bert) == (["bert"], 2, 32)
+    wrapped = torch.nn.Sequential(bert)                       # a user's wrapper around it
+    assert ort.optimizer_types(wrapped) == (["bert"], 2, 32)
+    assert ort.optimizer_types(accelc.models.get("vit"))[0] == ["bert", "gpt2"]
+    assert ort.optimizer_types(accelc.models.get("mlp")) == ([], 0, 0)
+    assert ort.optimizer_types(accelc.models.get("cnn_small")) == ([], 0, 0)
+
+
+def test_exportable_attention_copies_and_leaves_the_model_alone():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64, num_hidden_layers=1,
+                                  vocab_size=50, attn_implementation="sdpa")
+    bert = transformers.BertModel(cfg).eval()
+    m, what = ort.exportable_attention(bert)
+    assert m is not bert and what == "HF eager attention"
+    assert m.config._attn_implementation == "eager" and bert.config._attn_implementation == "sdpa"
+    ids = torch.randint(0, 50, (2, 8))
+    with torch.no_grad():
+        assert rel_l2(m(ids)[0], bert(ids)[0]) < 1e-5
+
+    class TimmStyle(torch.nn.Module):   # timm's Attention: a fused_attn switch
+        def __init__(self):
+            super().__init__()
+            self.fused_attn = True
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(x)
+    t = torch.nn.Sequential(TimmStyle())
+    m, what = ort.exportable_attention(t)
+    assert what == "unfused attention" and m[0].fused_attn is False and t[0].fused_attn is True
+    plain = torch.nn.Linear(4, 4)
+    assert ort.exportable_attention(plain) == (plain, "")
+
+
+def test_optimizer_candidate_with_wrong_numbers_is_no_baseline(monkeypatch, tmp_path):
+    """A candidate whose output is off (a fusion that changed the numbers) is refused with the
+    reason; the fastest of the correct ones is kept, and vs ORT takes the faster ORT."""
+    import importlib
+    report_mod = importlib.import_module("accelc.report")
+    from accelc.guard import LayerCheck
+    from accelc.optimized import LayerRecord
+
+    ref = torch.randn(4, 8, dtype=torch.float64)
+
+    class Runner:
+        def __init__(self, path, args, device, allow_tf32=False):
+            self.path, self.on_gpu, self.cuda_graph = path, False, False
+
+        def run(self):
+            return [ref.float() * (3.0 if self.path == "bad" else 1.0)]
+    cands = [ort.OptimizedCandidate(p, [], f"cand {p}", {"Attention": 1}) for p in ("bad", "good")]
+    monkeypatch.setattr(ort, "optimized_candidates", lambda *a, **k: (cands, ["torchscript: failed (test)"]))
+    monkeypatch.setattr(ort, "OrtRunner", Runner)
+    monkeypatch.setattr(report_mod, "side_ms", lambda fn, *a, **k: 0.25)
+    row = report_mod.LayerRow(LayerRecord("end-to-end (whole model)", "model", "", "accelc.optimize",
+                                          check=LayerCheck(True, 1e-7, 1e-7, 0.0, 1e-5, ((4, 8),), torch.float32)))
+    row.accelc_ms, row.ort_ms = 0.5, 1.0
+    report_mod._fill_ort_optimized(row, None, [], ref, torch.device("cpu"), str(tmp_path), 5, False,
+                                   accelc.OptimizeConfig())
+    assert row.ort_opt_ms == 0.25 and row.ort_opt_method == "cand good" and row.ort_opt_rel_error < 1e-6
+    assert row.speedup_vs_ort == pytest.approx(0.5)              # against the faster ORT
+    monkeypatch.setattr(ort, "optimized_candidates", lambda *a, **k: (cands[:1], []))
+    row.ort_opt_ms, row.ort_opt_method = None, ""
+    report_mod._fill_ort_optimized(row, None, [], ref, torch.device("cpu"), str(tmp_path), 5, False,
+                                   accelc.OptimizeConfig())
+    assert row.ort_opt_ms is None and "cand bad: error" in row.ort_opt_error and "over tolerance" in row.ort_opt_error
+    assert row.speedup_vs_ort == pytest.approx(2.0)              # plain ORT only
+
+
+def test_cuda_provider_options(monkeypatch):
+    """On a GPU: cuDNN's exhaustive search and NHWC convs; a provider that refuses prefer_nhwc
+    gets the session without it (not a failed export)."""
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    provs = ort.providers(torch.device("cuda", 0))
+    assert provs[0][0] == "CUDAExecutionProvider"
+    assert provs[0][1]["prefer_nhwc"] == "1" and provs[0][1]["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    seen = []
+
+    def session(path, so, providers):
+        seen.append(providers[0][1])
+        if "prefer_nhwc" in providers[0][1]:
+            raise RuntimeError("Unknown provider option: prefer_nhwc (this build has no NHWC kernels)")
+        return "session"
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    assert ort.session("m.onnx", torch.device("cuda", 0)) == "session"
+    assert "prefer_nhwc" in seen[0] and "prefer_nhwc" not in seen[1] and seen[1]["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+
+    def broken(path, so, providers):
+        raise RuntimeError("Load model from m.onnx failed: protobuf parsing failed")
+    monkeypatch.setattr(onnxruntime, "InferenceSession", broken)
+    with pytest.raises(RuntimeError, match="protobuf"):     # other errors are not swallowed
+        ort.session("m.onnx", torch.device("cuda", 0))

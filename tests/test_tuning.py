@@ -37,6 +37,7 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(tuning, "device_identity", lambda: ("Fake GPU", "9.0"))
     monkeypatch.setattr(tuning, "time_config", fake_time)
     monkeypatch.setenv("ACCELC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ACCELC_AUTOTUNE", "1")   # these tests are about tuning, whatever the caller set
     return timed
 
 

@@ -10,12 +10,22 @@ copy is timed; elsewhere the CPUExecutionProvider.
 
 Real models break naive ONNX export, so `export` tries, in order, and keeps the first file that
 ORT accepts (a session is created to check):
-  1. the TorchScript exporter (torch.onnx.export(dynamo=False)) in the layer's dtype,
-  2. the torch.export-based exporter (dynamo=True) in the layer's dtype,
+  1. the torch.export-based exporter (torch.onnx.export(dynamo=True), opset DYNAMO_OPSET) in the
+     layer's dtype,
+  2. the TorchScript exporter (dynamo=False, opset OPSET; deprecated, kept for what the first
+     cannot export) in the layer's dtype,
   3. and 4. the same two in fp32, the ONNX graph then converted to fp16 by ORT's own converter
      (onnxruntime.transformers.float16), for half models whose direct export ORT refuses (e.g.
      LayerNormalization bound to float and float16 at once).
 Every attempt's error is kept; a layer no attempt exports is reported with them, never fatal.
+bf16 has no ORT kernels to speak of: bf16 layers run in ORT as fp16 (their method says so).
+
+A whole transformer also gets ORT at its best (`optimized_candidates`): ORT's transformer
+optimizer (onnxruntime.transformers.optimizer, what HF Optimum's O2-O4 levels run: fused
+Attention, SkipLayerNormalization, BiasGelu / FastGelu) on each exporter's fp32 graph, with the
+model's attention in its exportable form (HF's "eager" attention, timm's unfused path) where it
+has one, then converted to fp16 by the optimizer's own converter. The caller times each candidate
+that matches the reference and keeps the fastest.
 """
 from __future__ import annotations
 
@@ -32,7 +42,8 @@ from torch import nn
 
 from accelc.errors import short_error
 
-OPSET = 17   # LayerNormalization is in the default domain from 17
+OPSET = 17           # the TorchScript exporter: LayerNormalization is in the default domain from 17
+DYNAMO_OPSET = 20    # the torch.export-based exporter (its own default is 18)
 
 _NP_DTYPES = {"tensor(float16)": torch.float16, "tensor(float)": torch.float32, "tensor(double)": torch.float64,
               "tensor(bfloat16)": torch.bfloat16, "tensor(int64)": torch.int64, "tensor(int32)": torch.int32,
@@ -55,8 +66,9 @@ def providers(device: torch.device, allow_tf32: bool = False) -> list:
     import onnxruntime as ort
 
     if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        # prefer_nhwc: ORT's convs in channels-last, as accelc's and torch.compile's run
         opts = {"device_id": str(device.index or 0), "cudnn_conv_algo_search": "EXHAUSTIVE",
-                "use_tf32": "1" if allow_tf32 else "0"}
+                "use_tf32": "1" if allow_tf32 else "0", "prefer_nhwc": "1"}
         return [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
 
@@ -76,7 +88,9 @@ def provider_note(device: torch.device) -> str:
     if device.type == "cuda":
         if "CUDAExecutionProvider" in have:
             return (f"onnxruntime {ort.__version__}, CUDAExecutionProvider (IO binding; cuDNN algorithms "
-                    "searched exhaustively; TF32 only with fp32_precision='tf32')")
+                    "searched exhaustively; NHWC convs (prefer_nhwc); TF32 only with fp32_precision='tf32'); "
+                    "per layer: the layer exported alone, dynamo exporter first; whole model: plain and with "
+                    "ORT's transformer optimizer, the faster one compared")
         return (f"onnxruntime {ort.__version__} has no CUDAExecutionProvider here ({', '.join(have)}): ORT ran "
                 "on the CPU, for accuracy only, and no speedup is stated against it (pip install "
                 "'accelc[ort-gpu]' for the CUDA provider)")
@@ -144,7 +158,7 @@ def torch_export(module, tensors, path, dynamo: bool) -> None:
     with _quiet(), torch.no_grad():
         if dynamo:
             torch.onnx.export(module, tuple(tensors), path, dynamo=True, input_names=names,
-                              external_data=False, opset_version=max(OPSET, 18), verbose=False)
+                              external_data=False, opset_version=DYNAMO_OPSET, verbose=False)
         else:
             torch.onnx.export(module, tuple(tensors), path, dynamo=False, input_names=names,
                               opset_version=OPSET, do_constant_folding=True)
@@ -167,9 +181,9 @@ def export(module: nn.Module, args: list, path: str, device: torch.device, allow
     half = bool(dtypes & {torch.float16, torch.bfloat16})
     wrapped = _Tensors(module, list(args)).eval()
     # bf16: no numpy type to bind it with, and few ORT kernels; such layers run in fp16 in ORT
-    attempts = [] if torch.bfloat16 in dtypes else [("torchscript", False, False), ("dynamo", True, False)]
+    attempts = [] if torch.bfloat16 in dtypes else [("dynamo", True, False), ("torchscript", False, False)]
     if half:
-        attempts += [("torchscript fp32->fp16", False, True), ("dynamo fp32->fp16", True, True)]
+        attempts += [("dynamo fp32->fp16", True, True), ("torchscript fp32->fp16", False, True)]
     result = OrtExport(None)
     for name, dynamo, via_fp32 in attempts:
         dtype = "" if via_fp32 else " " + str(next(iter(dtypes), "")).replace("torch.", "")
@@ -182,7 +196,7 @@ def export(module: nn.Module, args: list, path: str, device: torch.device, allow
             if via_fp32:
                 _to_fp16(path)
             session(path, device, allow_tf32=allow_tf32)       # ORT must accept the file
-            result.path, result.method = path, name + dtype
+            result.path, result.method = path, (name + dtype).strip()
             return result
         except Exception as e:  # each exporter fails in its own way; the next one may not
             result.errors.append(f"{name}{dtype}: {short_error(e)}")
@@ -200,7 +214,14 @@ def session(path: str, device: torch.device, cuda_graph: bool = False, allow_tf3
     provs = providers(device, allow_tf32)
     if cuda_graph and isinstance(provs[0], tuple):
         provs = [(provs[0][0], {**provs[0][1], "enable_cuda_graph": "1"})] + provs[1:]
-    return ort.InferenceSession(path, so, providers=provs)
+    try:
+        return ort.InferenceSession(path, so, providers=provs)
+    except Exception as e:
+        # a CUDA provider built without NHWC kernels refuses prefer_nhwc: the session without it
+        if not (isinstance(provs[0], tuple) and "nhwc" in str(e).lower()):
+            raise
+        opts = {k: v for k, v in provs[0][1].items() if k != "prefer_nhwc"}
+        return ort.InferenceSession(path, so, providers=[(provs[0][0], opts)] + provs[1:])
 
 
 class OrtRunner:
@@ -258,3 +279,141 @@ def _np(dtype: torch.dtype):
     return {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
             torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_, torch.int8: np.int8,
             torch.uint8: np.uint8}[dtype]
+
+
+# ---------------------------------------------------------------------------------------------
+# ORT at its best on a whole transformer: its transformer optimizer
+
+# HF config.model_type -> the optimizer's model_type (the encoders of the BERT family share its fusions)
+_HF_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert", "electra": "bert",
+             "camembert": "bert", "albert": "bert", "gpt2": "gpt2", "vit": "vit", "deit": "vit", "t5": "t5",
+             "bart": "bart", "gpt_neox": "gpt_neox", "swin": "swin", "clip": "clip", "phi": "phi"}
+_FUSED_ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention")
+
+
+@dataclass
+class OptimizedCandidate:
+    path: str                 # the optimized .onnx file
+    args: list                # the inputs it takes (a variant may add e.g. an attention mask)
+    method: str               # how it was made, in words
+    fused: dict               # fused operator -> count
+
+
+def optimizer_types(model: nn.Module) -> tuple[list[str], int, int]:
+    """(model types to try, heads, hidden size; 0 = the optimizer finds them) of ORT's
+    transformer optimizer for `model`: HF's config names it; another model with LayerNorm and
+    attention gets the BERT and GPT-2 fusions tried (the fastest correct one is kept); any other
+    model (CNNs, RMSNorm decoders: the optimizer's fusions for those need its own export scripts), none."""
+    cfg = next((m.config for m in model.modules() if hasattr(getattr(m, "config", None), "model_type")), None)
+    kind = _HF_TYPES.get(getattr(cfg, "model_type", None))
+    if kind:
+        heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 0) or 0
+        hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0) or 0
+        return [kind], int(heads), int(hidden)
+    mods = list(model.modules())
+    if any(isinstance(m, nn.LayerNorm) for m in mods) and any(_is_attention(m) for m in mods):
+        return ["bert", "gpt2"], 0, 0
+    return [], 0, 0
+
+
+def _is_attention(m: nn.Module) -> bool:
+    return (isinstance(m, nn.MultiheadAttention) or isinstance(getattr(m, "fused_attn", None), bool)
+            or "attention" in type(m).__name__.lower())
+
+
+def exportable_attention(model: nn.Module) -> tuple[nn.Module, str]:
+    """A copy of `model` whose attention is written in ops ORT's optimizer fuses (HF's "eager"
+    attention instead of SDPA, timm's unfused path), and what changed; (model, "") if nothing did."""
+    changed = []
+    hf = [name for name, m in model.named_modules() if hasattr(m, "set_attn_implementation")
+          and getattr(getattr(m, "config", None), "_attn_implementation", "eager") not in (None, "eager")]
+    if hf:   # the outermost HF model (a wrapper may hold it); it sets its submodels' too
+        clone = copy.deepcopy(model)
+        try:
+            clone.get_submodule(hf[0]).set_attn_implementation("eager")
+            model, changed = clone, ["HF eager attention"]
+        except Exception:   # a model without an eager path: as it is
+            pass
+    fused = [m for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool) and m.fused_attn]
+    if fused:
+        if not changed:
+            model = copy.deepcopy(model)
+        for m in model.modules():
+            if isinstance(getattr(m, "fused_attn", None), bool):
+                m.fused_attn = False
+        changed.append("unfused attention")
+    return model, ", ".join(changed)
+
+
+def _large(module: nn.Module) -> bool:
+    """Over protobuf's 2 GB once in fp32: weights in an external data file."""
+    return sum(p.numel() for p in module.parameters()) * 4 > 1.8e9
+
+
+def optimized_candidates(model: nn.Module, args: list, workdir: str, device: torch.device,
+                         variants: list | None = None) -> tuple[list[OptimizedCandidate], list[str]]:
+    """ORT's transformer optimizer on `model` (see the module docstring): one candidate per
+    (variant, exporter, model type) with a distinct set of fusions, and one line per failed try.
+    `variants`: extra (label, module, args) to export as well (e.g. the model given an all-ones
+    attention mask, as ORT's users export it)."""
+    kinds, heads, hidden = optimizer_types(model)
+    if not kinds:
+        return [], ["ORT's transformer optimizer has no fusions for this model (not a transformer with LayerNorm "
+                    "or of an HF model type it knows)"]
+    from onnxruntime.transformers import optimizer
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    dtypes = {t.dtype for t in tensors if t.is_floating_point()}
+    params = {p.dtype for p in model.parameters()}
+    half = bool((dtypes | params) & {torch.float16, torch.bfloat16})
+    plain, changed = exportable_attention(model)
+    todo = [(changed, plain, list(args))] + list(variants or [])
+    out, errors, seen = [], [], set()
+    for v, (label, module, vargs) in enumerate(todo):
+        module = copy.deepcopy(module).float().eval() if half else module
+        vts = [a for a in vargs if isinstance(a, torch.Tensor)]
+        fts = [t.float() if t.is_floating_point() else t for t in vts]
+        for exporter, dynamo in (("dynamo", True), ("torchscript", False)):
+            raw = os.path.join(workdir, f"whole{v}-{exporter}.onnx")
+            try:
+                _export_whole(_Tensors(module, list(vargs)).eval(), fts, raw, dynamo)
+            except Exception as e:
+                errors.append(f"{exporter}{' (' + label + ')' if label else ''}: {short_error(e)}")
+                continue
+            for kind in kinds:
+                name = f"{exporter} opset {DYNAMO_OPSET if dynamo else OPSET}" + (f", {label}" if label else "")
+                try:
+                    with _quiet():
+                        opt = optimizer.optimize_model(raw, model_type=kind, num_heads=heads, hidden_size=hidden,
+                                                       opt_level=0, use_gpu=device.type == "cuda")
+                    fused = {k: n for k, n in opt.get_fused_operator_statistics().items() if n}
+                    key = (v, tuple(sorted(fused.items())))
+                    if not fused or key in seen:
+                        continue
+                    seen.add(key)
+                    if half:
+                        with _quiet():
+                            opt.convert_float_to_float16(keep_io_types=False)
+                    path = os.path.join(workdir, f"whole{v}-{exporter}-{kind}.onnx")
+                    opt.save_model_to_file(path, use_external_data_format=_large(module))
+                except Exception as e:   # the optimizer's patterns assume shapes it may not find
+                    errors.append(f"{name}, optimizer '{kind}': {short_error(e)}")
+                    continue
+                fusions = ", ".join(f"{k} {n}" for k, n in sorted(fused.items()))
+                out.append(OptimizedCandidate(
+                    path, list(vargs), f"{name}, transformer optimizer '{kind}' ({fusions})"
+                    + (", fp16 by its converter" if half else ""), fused))
+    # the candidates with fused attention first: the caller may time only the first few
+    out.sort(key=lambda c: -sum(c.fused.get(k, 0) for k in _FUSED_ATTENTION))
+    return out, errors
+
+
+def _export_whole(module, tensors, path, dynamo: bool) -> None:
+    names = [f"in{i}" for i in range(len(tensors))]
+    with _quiet(), torch.no_grad():
+        if dynamo:
+            torch.onnx.export(module, tuple(tensors), path, dynamo=True, input_names=names,
+                              external_data=_large(module), opset_version=DYNAMO_OPSET, verbose=False)
+        else:
+            torch.onnx.export(module, tuple(tensors), path, dynamo=False, input_names=names,
+                              opset_version=OPSET, do_constant_folding=True)
