@@ -357,13 +357,19 @@ def test_optimizer_candidate_with_wrong_numbers_is_no_baseline(monkeypatch, tmp_
     cands = [ort.OptimizedCandidate(p, [], f"cand {p}", {"Attention": 1}) for p in ("bad", "good")]
     monkeypatch.setattr(ort, "optimized_candidates", lambda *a, **k: (cands, ["torchscript: failed (test)"]))
     monkeypatch.setattr(ort, "OrtRunner", Runner)
-    monkeypatch.setattr(report_mod, "side_ms", lambda fn, *a, **k: 0.25)
+    timed = []
+
+    def side_ms(fn, device, rep_ms=100, whole_model=False):   # the one timer, as for every other side
+        timed.append(whole_model)
+        return 0.25
+    monkeypatch.setattr(report_mod, "side_ms", side_ms)
     row = report_mod.LayerRow(LayerRecord("end-to-end (whole model)", "model", "", "accelc.optimize",
                                           check=LayerCheck(True, 1e-7, 1e-7, 0.0, 1e-5, ((4, 8),), torch.float32)))
     row.accelc_ms, row.ort_ms = 0.5, 1.0
     report_mod._fill_ort_optimized(row, None, [], ref, torch.device("cpu"), str(tmp_path), 5, False,
                                    accelc.OptimizeConfig())
     assert row.ort_opt_ms == 0.25 and row.ort_opt_method == "cand good" and row.ort_opt_rel_error < 1e-6
+    assert timed == [True]                       # only the correct candidate, timed as a whole model
     assert row.speedup_vs_ort == pytest.approx(0.5)              # against the faster ORT
     monkeypatch.setattr(ort, "optimized_candidates", lambda *a, **k: (cands[:1], []))
     row.ort_opt_ms, row.ort_opt_method = None, ""
