@@ -12,7 +12,7 @@
    running_mean, running_var, weight, bias, False, momentum, eps); activation modules, methods,
    aten ops -> F.relu, F.gelu, F.silu, torch.sigmoid, torch.tanh; torch.add / aten.add /
    x.add(y) -> operator.add; x @ y / aten.matmul -> torch.matmul; a GELU written out in pointwise
-   ops -> F.gelu; eval-mode dropout and Identity are removed. In-place forms are canonicalised only where nothing else reads their input.
+   ops -> F.gelu; nn.LayerNorm / aten.layer_norm -> F.layer_norm(x, shape, w, b, eps); eval-mode dropout and Identity are removed. In-place forms are canonicalised only where nothing else reads their input.
 """
 from __future__ import annotations
 
@@ -546,6 +546,8 @@ def canonicalize(gm: fx.GraphModule) -> None:
                 g.erase_node(n)
             elif target in _ATEN_BATCH_NORM:
                 _canonical_aten_batch_norm(g, n)
+            elif target in _LAYER_NORMS:
+                _canonical_layer_norm(g, n)
     _fold_written_gelus(g)
     g.lint()
     gm.recompile()
@@ -660,6 +662,35 @@ def _erase_dead(nodes) -> list:
 _ATEN_BATCH_NORM = {aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default}
 
 
+# F.layer_norm / torch.layer_norm / aten.layer_norm: (input, normalized_shape, weight=None,
+# bias=None, eps=1e-5[, cudnn_enable]); aten.native_layer_norm returns (out, mean, rstd)
+_LAYER_NORMS = {F.layer_norm, torch.layer_norm, aten.layer_norm.default, aten.native_layer_norm.default}
+_LAYER_NORM_PARAMS = ("input", "normalized_shape", "weight", "bias", "eps")
+
+
+def _canonical_layer_norm(g: fx.Graph, n: fx.Node) -> None:
+    """-> F.layer_norm(x, normalized_shape, weight, bias, eps), every argument positional."""
+    given = dict(zip(_LAYER_NORM_PARAMS, n.args))
+    given.update({k: v for k, v in n.kwargs.items() if k in _LAYER_NORM_PARAMS})
+    if "input" not in given or "normalized_shape" not in given:
+        return
+    args = (given["input"], tuple(given["normalized_shape"]) if isinstance(given["normalized_shape"], (list, tuple))
+            else given["normalized_shape"], given.get("weight"), given.get("bias"), given.get("eps", 1e-5))
+    if n.target is not aten.native_layer_norm.default:
+        n.target, n.args, n.kwargs = F.layer_norm, args, {}
+        return
+    users = list(n.users)
+    if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+        return  # the saved statistics are read: left as written
+    with g.inserting_before(n):
+        new = g.call_function(F.layer_norm, args)
+    new.meta.update(users[0].meta)
+    for u in users:
+        u.replace_all_uses_with(new)
+        g.erase_node(u)
+    g.erase_node(n)
+
+
 def _canonical_aten_batch_norm(g: fx.Graph, n: fx.Node) -> None:
     """-> F.batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps), for eval
     batch norms whose running statistics are given."""
@@ -722,6 +753,15 @@ def _canonical_module(gm, n, mod):
     elif isinstance(mod, nn.GELU):
         with g.inserting_before(n):
             new = g.call_function(F.gelu, (n.args[0],), _gelu_kwargs(mod.approximate))
+        _swap(n, new)
+    elif type(mod) is nn.LayerNorm:
+        with g.inserting_before(n):
+            w = g.get_attr(f"{n.target}.weight") if mod.weight is not None else None
+            b = g.get_attr(f"{n.target}.bias") if mod.bias is not None else None
+            new = g.call_function(F.layer_norm, (n.args[0], tuple(mod.normalized_shape), w, b, mod.eps))
+        for a in (w, b):
+            if a is not None:
+                a.meta[meta.PATH] = n.target
         _swap(n, new)
 
 

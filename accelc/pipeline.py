@@ -5,7 +5,7 @@ from torch import fx
 
 from accelc import meta, runtime
 from accelc.errors import PassError
-from accelc.passes import attention, conv_gemm, fold_bn, int8, linear_act
+from accelc.passes import attention, conv_gemm, fold_bn, int8, linear_act, norms
 from accelc.rewrite import PassContext, run_pass
 
 PASSES = (
@@ -13,6 +13,7 @@ PASSES = (
     conv_gemm.PASS,
     attention.PASS,     # before linear_act: it lowers nn.MultiheadAttention to linears + SDPA
     linear_act.PASS,
+    norms.PASS,         # after linear_act: a residual add a GEMM epilogue took is not taken again
     int8.PASS,          # only with OptimizeConfig.int8: float accelc layers -> int8 kernels
 )
 PASS_NAMES = tuple(p.name for p in PASSES)

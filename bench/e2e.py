@@ -255,7 +255,7 @@ def _np(dtype):
             torch.bool: np.bool_}[dtype]
 
 
-SIDES = ("eager", "compile", "compile_ro", "ort", "ort_opt", "accelc", "accelc_nograph", "accelc_int8")
+SIDES = ("eager", "compile", "compile_ro", "ort", "ort_opt", "accelc", "accelc_nograph", "accelc_int8", "accelc_nonorms")
 
 
 def run_model(name, sides, out_dir, batches="all"):
@@ -284,6 +284,9 @@ def run_model(name, sides, out_dir, batches="all"):
                     side_accelc(model, inputs, row, "accelc_nograph", cuda_graphs=False)
                 elif side == "accelc_int8":
                     side_accelc(model, inputs, row, "accelc_int8", int8=True)
+                elif side == "accelc_nonorms":   # A/B of the norms pass: its LayerNorms left to the glue
+                    from accelc.pipeline import PASS_NAMES
+                    side_accelc(model, inputs, row, "accelc_nonorms", passes=tuple(p for p in PASS_NAMES if p != "norms"))
             except Exception as e:
                 row[f"{side}_error"] = f"{type(e).__name__}: {str(e)[:400]}"
                 traceback.print_exc()

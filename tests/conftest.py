@@ -11,6 +11,9 @@ os.environ.setdefault("ACCELC_ONLY_IF_FASTER", "0")
 import accelc  # noqa: F401  (sets TRITON_INTERPRET=1 when there is no GPU, registers the ops)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# LayerNorms are rewritten where the glue is eager: the default glue on a GPU is Inductor's, which
+# keeps them to fuse with their neighbours (passes/norms.py)
+NORMS_REWRITTEN = DEVICE.type != "cuda"
 
 
 @pytest.fixture(autouse=True)

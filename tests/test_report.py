@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import accelc
 from accelc.baselines import ort
 from accelc.report import REPORT_SCHEMA, SCHEMA_VERSION, validate
-from conftest import DEVICE, rel_l2
+from conftest import DEVICE, NORMS_REWRITTEN, rel_l2
 
 try:   # the reference validator where installed (the test extra); accelc's own one always
     import jsonschema
@@ -121,7 +121,9 @@ def test_attention_model(name):
     for r in attn:
         assert ort_timed(r) and r.accelc_ms > 0 and r.accelc_pass and r.ort_pass, r
     kept = [r for r in rep.layers if r.status == "kept"]
-    assert kept and all(r.reason and r.accelc_ms is None for r in kept)
+    assert all(r.reason and r.accelc_ms is None for r in kept)
+    norms = [r for r in rep.layers if r.kind in ("LayerNorm", "layer_norm")]
+    assert norms and all(r.status == ("rewritten" if NORMS_REWRITTEN else "kept") for r in norms)
     check_schema(rep.to_dict())
     # the whole model also in ORT at its best: its transformer optimizer fused LayerNorms and GELUs
     e = rep.end_to_end

@@ -1,0 +1,109 @@
+"""LayerNorm (and residual add + LayerNorm) on the GPU at real models' shapes: accelc::layer_norm
+against eager PyTorch (F.layer_norm, after an add where fused) and torch.compile of the same
+function (default mode: Inductor's own fused Triton kernel).
+
+    python bench/norms.py [--out bench/results]
+
+Timing as bench/gemm.py: CUDA-graph medians, ROUNDS interleaved rounds, speedups the median of
+per-round ratios. A norm is memory-bound: each row reports the bytes it must move (x, the
+residual, y; weights once) over the time, against the device's HBM bandwidth. Accuracy: relative
+L2 error against fp64.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common  # noqa: E402
+
+import accelc  # noqa: E402,F401
+
+# (rows, width, where): batch x tokens of real models
+SHAPES = [(3072, 768, "BERT-base 8x384"), (4096, 768, "GPT-2 4x1024"), (6304, 768, "ViT-B/16 32x197"),
+          (2048, 2048, "1B decoder 2x1024"), (4096, 4096, "7B decoder 4096 tokens"), (64, 768, "one short sequence")]
+ROUNDS = 7
+HBM_TBS = {"H100 80GB HBM3": 3.35, "H200": 4.8}    # dense HBM bandwidth, TB/s
+
+
+def rel_err(out, ref) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def rows_for(dtype=torch.float16) -> list[dict]:
+    rows = []
+    for M, N, where in SHAPES:
+        for residual in (False, True):
+            x = torch.randn(M, N, device="cuda", dtype=dtype) * 2 + 0.5
+            r = torch.randn(M, N, device="cuda", dtype=dtype) if residual else None
+            w = (torch.rand(N, device="cuda") + 0.5).to(dtype)
+            b = torch.randn(N, device="cuda", dtype=dtype)
+
+            def eager(x=x, r=r):
+                return F.layer_norm(x if r is None else x + r, (N,), w, b, 1e-5)
+
+            compiled = torch.compile(eager)
+
+            def accelc_ln(x=x, r=r):
+                return torch.ops.accelc.layer_norm(x, w, b, r, 1e-5)
+
+            ref = F.layer_norm((x if r is None else x + r).double(), (N,), w.double(), b.double(), 1e-5)
+            row = {"shape": f"{M}x{N}", "where": where, "residual": residual, "dtype": str(dtype).replace("torch.", ""),
+                   "rel_err": {k: rel_err(f(), ref) for k, f in (("eager", eager), ("compile", compiled),
+                                                                 ("accelc", accelc_ln))}}
+            _common.time_rounds({"eager": eager, "compile": compiled, "accelc": accelc_ln}, row, ROUNDS, flops=0)
+            moved = (M * N * (3 if residual else 2) + 2 * N) * x.element_size()
+            for k in ("eager", "compile", "accelc"):
+                row[k]["gbs"] = round(moved / row[k]["us"] / 1e3, 1)
+            row["vs_eager"] = _common.speedup(row, "accelc", "eager")
+            row["vs_compile"] = _common.speedup(row, "accelc", "compile")
+            rows.append(row)
+            print(f"{row['shape']:>10} {'add+' if residual else '    '}LN: eager {row['eager']['us']:.1f} us, compile "
+                  f"{row['compile']['us']:.1f}, accelc {row['accelc']['us']:.1f} ({row['accelc']['gbs']} GB/s); "
+                  f"{row['vs_eager'][0]}x eager, {row['vs_compile'][0]}x compile", flush=True)
+    return rows
+
+
+def markdown(env, rows) -> str:
+    peak = next((v for k, v in HBM_TBS.items() if k in env["device"]), None)
+    table = []
+    for r in rows:
+        pct = f"{100 * r['accelc']['gbs'] / (peak * 1e3):.0f}%" if peak else ""
+        table.append([r["where"], r["shape"], "add + LN" if r["residual"] else "LN", r["eager"]["us"],
+                      r["compile"]["us"], r["accelc"]["us"], f"{r['accelc']['gbs']} ({pct})",
+                      f"{r['compile']['gbs']}", f"{r['vs_eager'][0]}x ({r['vs_eager'][1]}-{r['vs_eager'][2]})",
+                      f"{r['vs_compile'][0]}x ({r['vs_compile'][1]}-{r['vs_compile'][2]})",
+                      f"{r['rel_err']['accelc']:.1e} / {r['rel_err']['eager']:.1e}"])
+    return (f"# LayerNorm (+ residual add), fp16 ({env['device']})\n\n{_common.env_line(env)}\n\n"
+            "us: CUDA-graph median per call, median of rounds; GB/s: bytes the op must move (x, residual, y, "
+            "weights) over the time (% of the device's HBM bandwidth; a replay runs several calls on the same "
+            "tensors, which smaller shapes read back from the 50 MB L2: near 100% means that); speedups: median (min-max) of per-round "
+            "ratios; error: relative L2 vs fp64, accelc / eager.\n\n"
+            + _common.md_table(["model", "rows x width", "op", "eager us", "torch.compile us", "accelc us",
+                                "accelc GB/s", "compile GB/s", "accelc vs eager", "accelc vs compile",
+                                "error accelc / eager"], table))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--markdown", metavar="JSON", help="only rewrite the .md beside a results JSON")
+    args = ap.parse_args()
+    if args.markdown:
+        data = json.loads(Path(args.markdown).read_text())
+        Path(args.markdown).with_suffix(".md").write_text(markdown(data["environment"], data["rows"]))
+        return
+    env = _common.environment()
+    print(_common.env_line(env))
+    rows = rows_for()
+    _common.write(args.out, "norms", env, rows, markdown(env, rows))
+    print(markdown(env, rows))
+
+
+if __name__ == "__main__":
+    main()
