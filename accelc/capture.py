@@ -679,11 +679,17 @@ def _canonical_layer_norm(g: fx.Graph, n: fx.Node) -> None:
     if n.target is not aten.native_layer_norm.default:
         n.target, n.args, n.kwargs = F.layer_norm, args, {}
         return
+    _first_output_as(g, n, F.layer_norm, args)
+
+
+def _first_output_as(g: fx.Graph, n: fx.Node, target, args) -> None:
+    """An ATen norm returning (out, saved statistics...) -> target(*args), where only its output
+    is read (getitem 0); left as written where the saved statistics are read."""
     users = list(n.users)
     if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
-        return  # the saved statistics are read: left as written
+        return
     with g.inserting_before(n):
-        new = g.call_function(F.layer_norm, args)
+        new = g.call_function(target, args)
     new.meta.update(users[0].meta)
     for u in users:
         u.replace_all_uses_with(new)
@@ -701,16 +707,7 @@ def _canonical_aten_batch_norm(g: fx.Graph, n: fx.Node) -> None:
         n.target, n.args, n.kwargs = F.batch_norm, (x, mean, var, w, b, False, momentum, eps), {}
         return
     x, w, b, mean, var, momentum, eps = n.args[:7]
-    users = list(n.users)
-    if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
-        return  # the saved statistics are read: left as written
-    with g.inserting_before(n):
-        new = g.call_function(F.batch_norm, (x, mean, var, w, b, False, momentum, eps))
-    new.meta.update(users[0].meta)
-    for u in users:
-        u.replace_all_uses_with(new)
-        g.erase_node(u)
-    g.erase_node(n)
+    _first_output_as(g, n, F.batch_norm, (x, mean, var, w, b, False, momentum, eps))
 
 
 def _canonical_module(gm, n, mod):

@@ -394,29 +394,23 @@ def _fill_ort_optimized(row, model, args, ref, device, workdir, rep_ms, tf32, co
     by side_ms; the fastest is kept, with how it was made."""
     cands, errors = ort.optimized_candidates(model, args, workdir, device)
     tol = row.tolerance if not math.isnan(row.tolerance) else config.tolerance_for(torch.float32)
-    timed = 0
-    for c in cands[:MAX_OPTIMIZED]:
-        try:
-            runner = ort.OrtRunner(c.path, c.args, device, allow_tf32=tf32)
-            outs = [o.clone() for o in runner.run()]
-            rel = _errors(outs[0] if len(outs) == 1 else outs, ref)[0]
-            bad = verdict(rel, row.eager_rel_error or 0.0, tol, config, False)
-            if bad:
-                errors.append(f"{c.method}: {bad}")
-                continue
-            ms = side_ms(runner.run, device if runner.on_gpu else torch.device("cpu"), rep_ms, whole_model=True)
-            timed += 1
-        except Exception as e:   # ORT refused the optimized file or its inputs
-            errors.append(f"{c.method}: {short_error(e)}")
-            continue
-        if row.ort_opt_ms is None or ms < row.ort_opt_ms:
-            row.ort_opt_ms, row.ort_opt_rel_error = ms, rel
-            row.ort_opt_method = c.method + (" +cuda graph" if runner.cuda_graph else "")
-        del runner
-    if row.ort_opt_ms is None:
-        row.ort_opt_error = "; ".join(errors) or "ORT's transformer optimizer fused nothing"
-    elif timed > 1:
-        row.ort_opt_method += f"; the fastest of {timed} candidates"
+
+    def judge(outs):
+        rel = _errors(outs[0] if len(outs) == 1 else outs, ref)[0]
+        return rel, verdict(rel, row.eager_rel_error or 0.0, tol, config, False)
+
+    def timer(runner):
+        return side_ms(runner.run, device if runner.on_gpu else torch.device("cpu"), rep_ms, whole_model=True)
+
+    timed, refused = ort.time_candidates(cands, device, judge, timer, MAX_OPTIMIZED, allow_tf32=tf32)
+    if not timed:
+        row.ort_opt_error = "; ".join(errors + refused) or "ORT's transformer optimizer fused nothing"
+        return
+    best = min(timed, key=lambda t: t.ms)
+    row.ort_opt_ms, row.ort_opt_rel_error = best.ms, best.rel_error
+    row.ort_opt_method = best.candidate.method + (" +cuda graph" if best.cuda_graph else "")
+    if len(timed) > 1:
+        row.ort_opt_method += f"; the fastest of {len(timed)} candidates"
 
 
 def _fill_ort(row, module, ins, ref, device, workdir, name, rep_ms, tf32, ort_why_not, config,

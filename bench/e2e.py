@@ -223,25 +223,20 @@ def side_ort_opt(model, inputs, row, max_timed=3):
         cands, errors = ort.optimized_candidates(model, list(inputs), d, torch.device("cuda"), variants)
         row["ort_opt_prepare_s"] = round(time.perf_counter() - t0, 1)
         ref = model(*inputs)
-        tried = []
-        for c in cands[:max_timed]:
-            try:
-                runner = ort.OrtRunner(c.path, c.args, torch.device("cuda"))
-                rel = _rel(runner.run()[0].clone(), ref)
-                if not rel < 2e-2:   # a fusion that changed the numbers: not a baseline
-                    errors.append(f"{c.method}: relative error {rel:.2e} vs eager")
-                    continue
-                ms = per_call_ms(runner.run)
-                tried.append({"method": c.method + (" +cuda graph" if runner.cuda_graph else ""), "ms": ms,
-                              "rel_err_vs_eager": rel})
-                del runner
-            except Exception as e:
-                errors.append(f"{c.method}: {type(e).__name__}: {str(e)[:200]}")
-        row["ort_opt_candidates"] = tried
+
+        def judge(outs):   # a fusion that changed the numbers: not a baseline
+            rel = _rel(outs[0], ref)
+            return rel, "" if rel < 2e-2 else f"relative error {rel:.2e} vs eager"
+
+        timed, refused = ort.time_candidates(cands, torch.device("cuda"), judge,
+                                             lambda runner: per_call_ms(runner.run), max_timed)
+        errors += refused
+        row["ort_opt_candidates"] = [{"method": t.candidate.method + (" +cuda graph" if t.cuda_graph else ""),
+                                      "ms": t.ms, "rel_err_vs_eager": t.rel_error} for t in timed]
         if errors:
             row["ort_opt_notes"] = errors
-        if tried:
-            best = min(tried, key=lambda t: t["ms"])
+        if timed:
+            best = min(row["ort_opt_candidates"], key=lambda t: t["ms"])
             row["ort_opt_ms"], row["ort_opt_method"] = best["ms"], best["method"]
             row["ort_opt_rel_err_vs_eager"] = best["rel_err_vs_eager"]
         else:

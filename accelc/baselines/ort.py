@@ -153,12 +153,14 @@ def _quiet():
                 os.close(copy_fd)
 
 
-def torch_export(module, tensors, path, dynamo: bool) -> None:
+def torch_export(module, tensors, path, dynamo: bool, external_data: bool = False) -> None:
+    """`module` on `tensors` to an ONNX file (inputs named in0, in1, ...); external_data: the
+    weights beside it (the dynamo exporter; a model over protobuf's 2 GB)."""
     names = [f"in{i}" for i in range(len(tensors))]
     with _quiet(), torch.no_grad():
         if dynamo:
             torch.onnx.export(module, tuple(tensors), path, dynamo=True, input_names=names,
-                              external_data=False, opset_version=DYNAMO_OPSET, verbose=False)
+                              external_data=external_data, opset_version=DYNAMO_OPSET, verbose=False)
         else:
             torch.onnx.export(module, tuple(tensors), path, dynamo=False, input_names=names,
                               opset_version=OPSET, do_constant_folding=True)
@@ -334,12 +336,11 @@ def exportable_attention(model: nn.Module) -> tuple[nn.Module, str]:
             model, changed = clone, ["HF eager attention"]
         except Exception:   # a model without an eager path: as it is
             pass
-    fused = [m for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool) and m.fused_attn]
-    if fused:
+    if any(getattr(m, "fused_attn", None) is True for m in model.modules()):
         if not changed:
             model = copy.deepcopy(model)
         for m in model.modules():
-            if isinstance(getattr(m, "fused_attn", None), bool):
+            if getattr(m, "fused_attn", None) is True:
                 m.fused_attn = False
         changed.append("unfused attention")
     return model, ", ".join(changed)
@@ -371,12 +372,11 @@ def optimized_candidates(model: nn.Module, args: list, workdir: str, device: tor
     out, errors, seen = [], [], set()
     for v, (label, module, vargs) in enumerate(todo):
         module = copy.deepcopy(module).float().eval() if half else module
-        vts = [a for a in vargs if isinstance(a, torch.Tensor)]
-        fts = [t.float() if t.is_floating_point() else t for t in vts]
+        fts = [a.float() if a.is_floating_point() else a for a in vargs if isinstance(a, torch.Tensor)]
         for exporter, dynamo in (("dynamo", True), ("torchscript", False)):
             raw = os.path.join(workdir, f"whole{v}-{exporter}.onnx")
             try:
-                _export_whole(_Tensors(module, list(vargs)).eval(), fts, raw, dynamo)
+                torch_export(_Tensors(module, list(vargs)).eval(), fts, raw, dynamo, external_data=_large(module))
             except Exception as e:
                 errors.append(f"{exporter}{' (' + label + ')' if label else ''}: {short_error(e)}")
                 continue
@@ -408,12 +408,28 @@ def optimized_candidates(model: nn.Module, args: list, workdir: str, device: tor
     return out, errors
 
 
-def _export_whole(module, tensors, path, dynamo: bool) -> None:
-    names = [f"in{i}" for i in range(len(tensors))]
-    with _quiet(), torch.no_grad():
-        if dynamo:
-            torch.onnx.export(module, tuple(tensors), path, dynamo=True, input_names=names,
-                              external_data=_large(module), opset_version=DYNAMO_OPSET, verbose=False)
-        else:
-            torch.onnx.export(module, tuple(tensors), path, dynamo=False, input_names=names,
-                              opset_version=OPSET, do_constant_folding=True)
+@dataclass
+class TimedCandidate:
+    candidate: OptimizedCandidate
+    ms: float
+    rel_error: float          # the judge's figure for its output
+    cuda_graph: bool          # ORT's own CUDA graph took the session
+
+
+def time_candidates(cands: list, device: torch.device, judge, timer, limit: int = 3,
+                    allow_tf32: bool = False) -> tuple[list[TimedCandidate], list[str]]:
+    """The first `limit` candidates run in ORT: `judge(outputs)` -> (relative error, why it is no
+    baseline or ""); each one it accepts is timed by `timer(runner)` (ms). Returns the timed ones
+    and one line per refused or failed candidate."""
+    timed, errors = [], []
+    for c in cands[:limit]:
+        try:
+            runner = OrtRunner(c.path, c.args, device, allow_tf32=allow_tf32)
+            rel, bad = judge([o.clone() for o in runner.run()])
+            if bad:
+                errors.append(f"{c.method}: {bad}")
+                continue
+            timed.append(TimedCandidate(c, timer(runner), rel, runner.cuda_graph))
+        except Exception as e:   # ORT refused the optimized file or its inputs
+            errors.append(f"{c.method}: {short_error(e)}")
+    return timed, errors
