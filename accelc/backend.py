@@ -19,6 +19,7 @@ from accelc import runtime
 from accelc.api import device_of, optimize_graph
 from accelc.capture import prepare
 from accelc.config import OptimizeConfig
+from accelc.runner import resolve_glue
 
 
 def accelc_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None, **_):
@@ -37,7 +38,7 @@ def accelc_backend(gm: fx.GraphModule, example_inputs: list, options: dict | Non
     expected = prepare(gm, args)
     opt = optimize_graph(gm, args, config, "torch.compile (Dynamo)", expected, device)
     on_gpu = runtime.can_time(device)
-    if config.glue == "inductor" or (config.glue == "auto" and on_gpu):
+    if resolve_glue(config.glue, on_gpu) == "inductor":
         from torch._inductor.compile_fx import compile_fx   # Inductor's entry point, imported on use
 
         return compile_fx(opt.graph_module, list(args),

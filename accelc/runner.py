@@ -199,12 +199,17 @@ class CompiledGlue:
         return self.plain(*args, **kwargs)
 
 
+def resolve_glue(glue: str, on_gpu: bool) -> str:
+    """OptimizeConfig.glue with "auto" resolved: Inductor on a GPU, eager elsewhere."""
+    return glue if glue != "auto" else ("inductor" if on_gpu else "eager")
+
+
 def plan(config, device: torch.device, gm: fx.GraphModule | None = None) -> tuple[str, bool, str]:
     """(glue, CUDA graphs?, both in words) that `config` asks for on `device`. A graph that
     updates module state in place (a call counter, a cache) runs as it is, eager glue and plain
     calls: a CUDA graph's warm-up and Inductor's compile would run the update more often than eager."""
     on_gpu = runtime.can_time(device)
-    glue = config.glue if config.glue != "auto" else ("inductor" if on_gpu else "eager")
+    glue = resolve_glue(config.glue, on_gpu)
     graphs = bool(config.cuda_graphs and on_gpu)
     state = mutated_state(gm) if gm is not None else []
     if state:

@@ -48,9 +48,11 @@ INDUCTOR_GLUE = ("left to the Inductor glue, which fuses it with its neighbours:
 
 
 def inductor_glue(ctx) -> bool:
-    """Whether what accelc leaves runs compiled by Inductor (OptimizeConfig.glue)."""
-    glue = getattr(ctx.config, "glue", "eager")
-    return glue == "inductor" or (glue == "auto" and ctx.device.type == "cuda")
+    """Whether what accelc leaves runs compiled by Inductor (OptimizeConfig.glue, as accelc.runner
+    resolves it for the model's device)."""
+    from accelc.runner import resolve_glue   # on use: the runner imports the kernels the passes feed
+
+    return resolve_glue(ctx.config.glue, ctx.device.type == "cuda") == "inductor"
 
 
 def _check(m, ctx) -> str | None:
