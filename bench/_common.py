@@ -71,6 +71,71 @@ def time_rounds(variants: dict, row: dict, rounds: int, flops: float, rep_ms: fl
         row[name].update(us=us, tflops=round(flops / us / 1e6, 1))
 
 
+def bench_main(name: str, rows_for, markdown, variants: dict | None = None) -> None:
+    """The command line of a kernel benchmark: `--out DIR` runs rows_for() and writes
+    DIR/<name>-<device>.json and .md; `--markdown JSON` only rewrites the .md beside a results JSON.
+    variants: {flag: (results name, rows function)} for extra row sets (`--rms`)."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--markdown", metavar="JSON", help="only rewrite the .md beside a results JSON")
+    for flag, (result_name, _) in (variants or {}).items():
+        ap.add_argument(f"--{flag}", action="store_true", help=f"these rows instead (results file {result_name}-*)")
+    args = ap.parse_args()
+    if args.markdown:
+        data = json.loads(Path(args.markdown).read_text())
+        Path(args.markdown).with_suffix(".md").write_text(markdown(data["environment"], data["rows"]))
+        return
+    for flag, (result_name, fn) in (variants or {}).items():
+        if getattr(args, flag):
+            name, rows_for = result_name, fn
+    env = environment()
+    print(env_line(env))
+    rows = rows_for()
+    write(args.out, name, env, rows, markdown(env, rows))
+    print(markdown(env, rows))
+
+
+def measure_row(row: dict, variants: dict, ref: torch.Tensor, rounds: int, flops: float = 0,
+                moved: int | None = None, label: str = "") -> dict:
+    """One row of a kernel benchmark: each variant's relative L2 error against `ref` (its first
+    call, which also compiles it), then time_rounds; GB/s where the bytes `moved` are given; accelc's
+    speedups over eager and torch.compile; a one-line summary printed. Returns row."""
+    row["rel_err"] = {k: ((f().double() - ref).norm() / ref.norm()).item() for k, f in variants.items()
+                      if k in ("eager", "compile", "accelc")}
+    time_rounds(variants, row, rounds, flops=flops)
+    if moved is not None:
+        for k in variants:
+            row[k]["gbs"] = round(moved / row[k]["us"] / 1e3, 1)
+    ratios(row)
+    rate = f"{row['accelc']['gbs']} GB/s" if moved is not None else f"{row['accelc']['tflops']} TF/s"
+    print(f"{label}: eager {row['eager']['us']:.1f} us, compile {row['compile']['us']:.1f}, accelc "
+          f"{row['accelc']['us']:.1f} ({rate}); {row['vs_eager'][0]}x eager, {row['vs_compile'][0]}x compile",
+          flush=True)
+    return row
+
+
+def ratios(row: dict, fast: str = "accelc", against=("eager", "compile")) -> None:
+    """row[f"vs_{base}"] = speedup(row, fast, base) for each base."""
+    for base in against:
+        row[f"vs_{base}"] = speedup(row, fast, base)
+
+
+def ratio_cell(r: tuple) -> str:
+    """A speedup tuple as a table cell: 1.1x (1.05-1.2)."""
+    return f"{r[0]}x ({r[1]}-{r[2]})"
+
+
+def compiled(fn, **kwargs):
+    """torch.compile(fn) for one row of a benchmark: dynamo's caches reset first and shapes static.
+    A bench defines the same function (one code object) for row after row; without the reset the
+    second shape recompiles it with dynamic shapes (automatic_dynamic_shapes), a slower generic
+    kernel, and past recompile_limit (8) dynamo silently runs it eagerly."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False, **kwargs)
+
+
 def speedup(row: dict, fast: str, base: str) -> tuple[float, float, float]:
     """base time / fast time per round: (median, min, max)."""
     ratios = [tb / tf for tf, tb in zip(row[fast]["rounds_us"], row[base]["rounds_us"])]

@@ -63,7 +63,7 @@ def main():
 
         variants = {"eager": eager, "cublas_linear_only": cublas, "accelc": fused}
         if not args.no_compile:
-            compiled = torch.compile(eager, mode="max-autotune-no-cudagraphs")
+            compiled = _common.compiled(eager, mode="max-autotune-no-cudagraphs")
             variants["compile"] = compiled
         ref = gemm.linear_ref(x.float(), w.float(), b.float(), activation="gelu")
         flops = 2 * M * N * K

@@ -77,7 +77,7 @@ def linear_rows(compile_too: bool) -> list[dict]:
                     "accelc_int8_gemm_only": int8_gemm_only, "accelc_quantize_only": quantize_only,
                     "torch_int_mm_only": int_mm}
         if compile_too:
-            variants["compile_w8a8"] = torch.compile(w8a8_torch, mode="max-autotune-no-cudagraphs")
+            variants["compile_w8a8"] = _common.compiled(w8a8_torch, mode="max-autotune-no-cudagraphs")
         ref = F.gelu(F.linear(x.float(), w.float(), b.float()))
         row = {"M": M, "K": K, "N": N, "skipped": {}}
         for name in list(variants):

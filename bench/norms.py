@@ -1,8 +1,9 @@
 """LayerNorm (and residual add + LayerNorm) on the GPU at real models' shapes: accelc::layer_norm
 against eager PyTorch (F.layer_norm, after an add where fused) and torch.compile of the same
-function (default mode: Inductor's own fused Triton kernel).
+function (default mode: Inductor's own fused Triton kernel). With --rms: RMSNorm as HF's Llama
+writes it (fp32 statistics, weight * normed.to(half)) against accelc::rms_norm.
 
-    python bench/norms.py [--out bench/results]
+    python bench/norms.py [--rms] [--out bench/results]
 
 Timing as bench/gemm.py: CUDA-graph medians, ROUNDS interleaved rounds, speedups the median of
 per-round ratios. A norm is memory-bound: each row reports the bytes it must move (x, the
@@ -11,8 +12,6 @@ L2 error against fp64.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,9 +30,6 @@ ROUNDS = 7
 HBM_TBS = {"H100 80GB HBM3": 3.35, "H200": 4.8}    # dense HBM bandwidth, TB/s
 
 
-def rel_err(out, ref) -> float:
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
 
 def rows_for(dtype=torch.float16) -> list[dict]:
     rows = []
@@ -47,25 +43,48 @@ def rows_for(dtype=torch.float16) -> list[dict]:
             def eager(x=x, r=r):
                 return F.layer_norm(x if r is None else x + r, (N,), w, b, 1e-5)
 
-            compiled = torch.compile(eager)
+            compiled = _common.compiled(eager)
 
             def accelc_ln(x=x, r=r):
                 return torch.ops.accelc.layer_norm(x, w, b, r, 1e-5)
 
             ref = F.layer_norm((x if r is None else x + r).double(), (N,), w.double(), b.double(), 1e-5)
-            row = {"shape": f"{M}x{N}", "where": where, "residual": residual, "dtype": str(dtype).replace("torch.", ""),
-                   "rel_err": {k: rel_err(f(), ref) for k, f in (("eager", eager), ("compile", compiled),
-                                                                 ("accelc", accelc_ln))}}
-            _common.time_rounds({"eager": eager, "compile": compiled, "accelc": accelc_ln}, row, ROUNDS, flops=0)
-            moved = (M * N * (3 if residual else 2) + 2 * N) * x.element_size()
-            for k in ("eager", "compile", "accelc"):
-                row[k]["gbs"] = round(moved / row[k]["us"] / 1e3, 1)
-            row["vs_eager"] = _common.speedup(row, "accelc", "eager")
-            row["vs_compile"] = _common.speedup(row, "accelc", "compile")
-            rows.append(row)
-            print(f"{row['shape']:>10} {'add+' if residual else '    '}LN: eager {row['eager']['us']:.1f} us, compile "
-                  f"{row['compile']['us']:.1f}, accelc {row['accelc']['us']:.1f} ({row['accelc']['gbs']} GB/s); "
-                  f"{row['vs_eager'][0]}x eager, {row['vs_compile'][0]}x compile", flush=True)
+            row = {"shape": f"{M}x{N}", "where": where, "residual": residual, "dtype": str(dtype).replace("torch.", "")}
+            rows.append(_common.measure_row(row, {"eager": eager, "compile": compiled, "accelc": accelc_ln}, ref, ROUNDS,
+                                            moved=(M * N * (3 if residual else 2) + 2 * N) * x.element_size(),
+                                            label=f"{row['shape']:>10} {'add+' if residual else '    '}LN"))
+    return rows
+
+
+RMS_SHAPES = [(2048, 2048, "TinyLlama-1.1B 2x1024"), (4096, 4096, "Llama-2-7B 4x1024"),
+              (16, 4096, "Llama-2-7B decode, 16 sequences"), (2048, 768, "T5-base encoder 8x256")]
+
+
+def rms_rows_for(dtype=torch.float16) -> list[dict]:
+    rows = []
+    for M, N, where in RMS_SHAPES:
+        for residual in (False, True):
+            x = torch.randn(M, N, device="cuda", dtype=dtype) * 2 + 0.5
+            r = torch.randn(M, N, device="cuda", dtype=dtype) if residual else None
+            w = (torch.rand(N, device="cuda") + 0.5).to(dtype)
+
+            def eager(x=x, r=r):       # LlamaRMSNorm.forward, after the residual add where fused
+                h = (x if r is None else x + r).to(torch.float32)
+                h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+                return w * h.to(dtype)
+
+            compiled = _common.compiled(eager)
+
+            def accelc_rms(x=x, r=r):
+                return torch.ops.accelc.rms_norm(x, w, r, 1e-6)
+
+            h = (x if r is None else x + r).double()
+            ref = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+            row = {"op": "add + RMSNorm" if residual else "RMSNorm", "shape": f"{M}x{N}", "where": where,
+                   "residual": residual, "dtype": str(dtype).replace("torch.", "")}
+            rows.append(_common.measure_row(row, {"eager": eager, "compile": compiled, "accelc": accelc_rms}, ref,
+                                            ROUNDS, moved=(M * N * (3 if residual else 2) + N) * x.element_size(),
+                                            label=f"{row['shape']:>10} {row['op']}"))
     return rows
 
 
@@ -74,12 +93,14 @@ def markdown(env, rows) -> str:
     table = []
     for r in rows:
         pct = f"{100 * r['accelc']['gbs'] / (peak * 1e3):.0f}%" if peak else ""
-        table.append([r["where"], r["shape"], "add + LN" if r["residual"] else "LN", r["eager"]["us"],
+        table.append([r["where"], r["shape"], r.get("op", "add + LN" if r["residual"] else "LN"), r["eager"]["us"],
                       r["compile"]["us"], r["accelc"]["us"], f"{r['accelc']['gbs']} ({pct})",
-                      f"{r['compile']['gbs']}", f"{r['vs_eager'][0]}x ({r['vs_eager'][1]}-{r['vs_eager'][2]})",
-                      f"{r['vs_compile'][0]}x ({r['vs_compile'][1]}-{r['vs_compile'][2]})",
+                      f"{r['compile']['gbs']}", _common.ratio_cell(r["vs_eager"]),
+                      _common.ratio_cell(r["vs_compile"]),
                       f"{r['rel_err']['accelc']:.1e} / {r['rel_err']['eager']:.1e}"])
-    return (f"# LayerNorm (+ residual add), fp16 ({env['device']})\n\n{_common.env_line(env)}\n\n"
+    title = "RMSNorm (+ residual add), HF Llama's form" if rows and "RMS" in rows[0].get("op", "") else \
+        "LayerNorm (+ residual add)"
+    return (f"# {title}, fp16 ({env['device']})\n\n{_common.env_line(env)}\n\n"
             "us: CUDA-graph median per call, median of rounds; GB/s: bytes the op must move (x, residual, y, "
             "weights) over the time (% of the device's HBM bandwidth; a replay runs several calls on the same "
             "tensors, which smaller shapes read back from the 50 MB L2: near 100% means that); speedups: median (min-max) of per-round "
@@ -90,19 +111,7 @@ def markdown(env, rows) -> str:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--markdown", metavar="JSON", help="only rewrite the .md beside a results JSON")
-    args = ap.parse_args()
-    if args.markdown:
-        data = json.loads(Path(args.markdown).read_text())
-        Path(args.markdown).with_suffix(".md").write_text(markdown(data["environment"], data["rows"]))
-        return
-    env = _common.environment()
-    print(_common.env_line(env))
-    rows = rows_for()
-    _common.write(args.out, "norms", env, rows, markdown(env, rows))
-    print(markdown(env, rows))
+    _common.bench_main("norms", rows_for, markdown, {"rms": ("norms_rms", rms_rows_for)})
 
 
 if __name__ == "__main__":
