@@ -548,6 +548,12 @@ def canonicalize(gm: fx.GraphModule) -> None:
                 _canonical_aten_batch_norm(g, n)
             elif target in _LAYER_NORMS:
                 _canonical_layer_norm(g, n)
+            elif target in _RMS_NORMS:
+                _canonical_rms_norm(n)
+            elif target is aten._assert_tensor_metadata.default and not n.users:
+                # torch.export's check of a cast's dtype and device, fixed by the graph itself: as
+                # a reader it would keep every value it checks out of the rules' single-reader chains
+                g.erase_node(n)
     _fold_written_gelus(g)
     g.lint()
     gm.recompile()
@@ -682,6 +688,24 @@ def _canonical_layer_norm(g: fx.Graph, n: fx.Node) -> None:
     _first_output_as(g, n, F.layer_norm, args)
 
 
+# F.rms_norm / torch.rms_norm / aten.rms_norm: (input, normalized_shape, weight=None, eps=None)
+_RMS_NORMS = {F.rms_norm, torch.rms_norm, aten.rms_norm.default}
+_RMS_NORM_PARAMS = ("input", "normalized_shape", "weight", "eps")
+
+
+def _canonical_rms_norm(n: fx.Node) -> None:
+    """-> F.rms_norm(x, normalized_shape, weight, eps), every argument positional (eps None: the
+    dtype's machine epsilon, as F.rms_norm takes it)."""
+    given = dict(zip(_RMS_NORM_PARAMS, n.args))
+    given.update({k: v for k, v in n.kwargs.items() if k in _RMS_NORM_PARAMS})
+    if "input" not in given or "normalized_shape" not in given:
+        return
+    shape = given["normalized_shape"]
+    n.target, n.kwargs = F.rms_norm, {}
+    n.args = (given["input"], tuple(shape) if isinstance(shape, (list, tuple)) else shape, given.get("weight"),
+              given.get("eps"))
+
+
 def _first_output_as(g: fx.Graph, n: fx.Node, target, args) -> None:
     """An ATen norm returning (out, saved statistics...) -> target(*args), where only its output
     is read (getitem 0); left as written where the saved statistics are read."""
@@ -750,6 +774,13 @@ def _canonical_module(gm, n, mod):
     elif isinstance(mod, nn.GELU):
         with g.inserting_before(n):
             new = g.call_function(F.gelu, (n.args[0],), _gelu_kwargs(mod.approximate))
+        _swap(n, new)
+    elif type(mod) is nn.RMSNorm:
+        with g.inserting_before(n):
+            w = g.get_attr(f"{n.target}.weight") if mod.weight is not None else None
+            new = g.call_function(F.rms_norm, (n.args[0], tuple(mod.normalized_shape), w, mod.eps))
+        if w is not None:
+            w.meta[meta.PATH] = n.target
         _swap(n, new)
     elif type(mod) is nn.LayerNorm:
         with g.inserting_before(n):

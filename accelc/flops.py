@@ -27,10 +27,21 @@ def _linear_flops(x, weight, *args, out_val=None, **kwargs) -> int:
     return 2 * math.prod(x.shape[:-1]) * weight.shape[0] * x.shape[-1]
 
 
+def _gated_linear_flops(x, weight, bias, n, *args, out_val=None, **kwargs) -> int:
+    # packed weight (2 Np, K): the two products of n columns each
+    return 2 * 2 * math.prod(x.shape[:-1]) * n * x.shape[-1]
+
+
 def _conv_flops(x, weight, *args, out_val=None, **kwargs) -> int:
     # weight packed (K, R, S, C); out (N, K, OH, OW)
     K, R, S, C = weight.shape
     return 2 * out_val.numel() * R * S * C
+
+
+def _depthwise_flops(x, weight, *args, out_val=None, **kwargs) -> int:
+    # weight packed (R, S, C): one multiply-add per tap and output value
+    R, S, C = weight.shape
+    return 2 * out_val.numel() * R * S
 
 
 def _attention_flops(q, k, v, *args, out_val=None, **kwargs) -> int:
@@ -42,7 +53,8 @@ def _attention_flops(q, k, v, *args, out_val=None, **kwargs) -> int:
 def _register() -> None:
     from accelc import kernels  # noqa: F401  (registers the ops)
     formulas = {"linear": _linear_flops, "linear_w8a8": _linear_flops, "conv2d": _conv_flops,
-                "flash_attention": _attention_flops}
+                "flash_attention": _attention_flops, "gated_linear": _gated_linear_flops,
+                "conv2d_depthwise": _depthwise_flops}
     for name, fn in formulas.items():
         register_flop_formula(getattr(accelc_ops, name), get_raw=True)(fn)
 

@@ -5,13 +5,14 @@ from torch import fx
 
 from accelc import meta, runtime
 from accelc.errors import PassError
-from accelc.passes import attention, conv_gemm, fold_bn, int8, linear_act, norms
+from accelc.passes import attention, conv_gemm, fold_bn, gated_mlp, int8, linear_act, norms
 from accelc.rewrite import PassContext, run_pass
 
 PASSES = (
     fold_bn.PASS,
     conv_gemm.PASS,
     attention.PASS,     # before linear_act: it lowers nn.MultiheadAttention to linears + SDPA
+    gated_mlp.PASS,     # before linear_act: it would take the gate projection and its activation alone
     linear_act.PASS,
     norms.PASS,         # after linear_act: a residual add a GEMM epilogue took is not taken again
     int8.PASS,          # only with OptimizeConfig.int8: float accelc layers -> int8 kernels

@@ -250,7 +250,8 @@ def _np(dtype):
             torch.bool: np.bool_}[dtype]
 
 
-SIDES = ("eager", "compile", "compile_ro", "ort", "ort_opt", "accelc", "accelc_nograph", "accelc_int8", "accelc_nonorms")
+SIDES = ("eager", "compile", "compile_ro", "ort", "ort_opt", "accelc", "accelc_nograph", "accelc_int8", "accelc_nonorms",
+         "accelc_nogated")
 
 
 def run_model(name, sides, out_dir, batches="all"):
@@ -282,6 +283,10 @@ def run_model(name, sides, out_dir, batches="all"):
                 elif side == "accelc_nonorms":   # A/B of the norms pass: its LayerNorms left to the glue
                     from accelc.pipeline import PASS_NAMES
                     side_accelc(model, inputs, row, "accelc_nonorms", passes=tuple(p for p in PASS_NAMES if p != "norms"))
+                elif side == "accelc_nogated":   # A/B of the gated_mlp pass: gate and up as two linears
+                    from accelc.pipeline import PASS_NAMES
+                    side_accelc(model, inputs, row, "accelc_nogated",
+                                passes=tuple(p for p in PASS_NAMES if p != "gated_mlp"))
             except Exception as e:
                 row[f"{side}_error"] = f"{type(e).__name__}: {str(e)[:400]}"
                 traceback.print_exc()

@@ -12,6 +12,7 @@ tuning. Writes families-<device>.json / .md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -102,6 +103,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated names (substrings) of FAMILIES")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--into", default=None, metavar="JSON",
+                    help="a results JSON whose rows of the same models this run replaces (the others kept, each "
+                         "row saying the date of its run)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -114,15 +118,22 @@ def main():
         except Exception as e:
             rows.append(dict(model=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}" if str(e) else
                              type(e).__name__, trace=traceback.format_exc(limit=-3)))
+        rows[-1]["run"] = env.get("date", "")
         print(rows[-1], flush=True)
         torch.cuda.empty_cache() if device == "cuda" else None
+    if args.into:
+        old = json.loads(Path(args.into).read_text())
+        fresh = {r["model"]: r for r in rows}
+        rows = [fresh.pop(r["model"], None) or dict(r, run=r.get("run", old["environment"].get("date", "")))
+                for r in old["rows"]] + list(fresh.values())
     table = md_table(["model", "input", "capture", "rewritten / reverted / kept", "coverage % FLOPs", "GFLOP",
-                      "accelc vs fp32", "eager fp16 vs fp32", "optimize s"],
+                      "accelc vs fp32", "eager fp16 vs fp32", "optimize s", "run (UTC)"],
                      [[r["model"], r.get("input", ""), r.get("capture", r.get("error", "")),
                        f"{r['rewritten']} / {r['reverted']} / {r['kept']}" if "rewritten" in r else "",
                        r.get("coverage_pct", ""), r.get("gflop", ""),
                        f"{r['accelc_vs_fp32']:.1e}" if "accelc_vs_fp32" in r else "",
-                       f"{r['eager_fp16_vs_fp32']:.1e}" if "eager_fp16_vs_fp32" in r else "", r.get("optimize_s", "")]
+                       f"{r['eager_fp16_vs_fp32']:.1e}" if "eager_fp16_vs_fp32" in r else "", r.get("optimize_s", ""),
+                       r.get("run", "")]
                       for r in rows])
     left = "\n".join(f"- {r['model']}: " + ("; ".join(r.get("left", [])) or "nothing") for r in rows if "left" in r)
     md = (f"# Real model families ({env.get('device', 'cpu')})\n\n" + " ".join(f"{k} {v}," for k, v in env.items())

@@ -32,7 +32,7 @@ def main():
     (call, kw), = [v for k, v in gemm.TUNER.calls.items() if k[0] == (16, 256)]
     cfg = triton.Config({k: v for k, v in kw.items() if k.isupper()}, num_warps=kw["num_warps"],
                         num_stages=kw["num_stages"])
-    meta = dict(HAS_BIAS=True, HAS_RESIDUAL=False, RESIDUAL_FIRST=False, ACTIVATION=2, QUANT=0, FAST_MATH=False,
+    meta = dict(HAS_BIAS=True, HAS_RESIDUAL=False, RESIDUAL_FIRST=False, ACTIVATION=2, QUANT=0, FAST_MATH=False, GATED=False,
                 INPUT_PRECISION="ieee", DOT_IN_FP32=False, EVEN_K=True)
     args = gemm.kernel_args(kw, (x, w, b, o, o, o, o))
     grid = call.grid

@@ -6,15 +6,18 @@ plain calls use them directly (accelc.runner), skipping the op dispatcher's host
 import torch
 
 from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import conv, flash_attention, gemm, int8_gemm, layernorm, quantize
+from accelc.kernels import conv, depthwise_conv, flash_attention, gated_linear, gemm, int8_gemm, layernorm, quantize
 
 LAUNCHERS = {
     torch.ops.accelc.linear.default: gemm.linear_launch,
     torch.ops.accelc.conv2d.default: conv.conv2d_launch,
+    torch.ops.accelc.conv2d_depthwise.default: depthwise_conv.conv2d_depthwise_launch,
     torch.ops.accelc.flash_attention.default: flash_attention.flash_attention_launch,
     torch.ops.accelc.linear_w8a8.default: int8_gemm.linear_w8a8_launch,
     torch.ops.accelc.quantize_per_token.default: quantize.quantize_launch,
     torch.ops.accelc.layer_norm.default: layernorm.layer_norm_launch,
+    torch.ops.accelc.rms_norm.default: layernorm.rms_norm_launch,
+    torch.ops.accelc.gated_linear.default: gated_linear.gated_linear_launch,
 }
 
-__all__ = ["LAUNCHERS", "conv", "flash_attention", "gemm", "int8_gemm", "layernorm", "quantize"]
+__all__ = ["LAUNCHERS", "conv", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "layernorm", "quantize"]

@@ -26,7 +26,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_code, epilogue, epilogue_ref
+from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation, epilogue,
+                                     epilogue_ref)
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -44,12 +45,25 @@ def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+GATE_GROUP = 16   # rows of gate, then of up, alternating in a gated weight (divides every config's BLOCK_N / 2)
+
+
+@triton.jit
+def gated_halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A tile over interleaved [gate GATE_GROUP | up GATE_GROUP] column blocks -> (gate, up), each
+    (BLOCK_M, BLOCK_N // 2) in output-column order."""
+    G: tl.constexpr = 16
+    a = tl.reshape(acc, (BLOCK_M, BLOCK_N // (2 * G), 2, G))
+    a = tl.reshape(tl.permute(a, (0, 1, 3, 2)), (BLOCK_M, BLOCK_N // 2, 2))
+    return tl.split(a)
+
+
 @triton.jit
 def linear_kernel(
     # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA)
     x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr, a_scale_ptr, w_scale_ptr,
-    # sizes
-    M, N, K,
+    # sizes (N: the weight's rows; N_OUT: the output's columns, N / 2 rounded down to GATE_GROUP when GATED)
+    M, N, K, N_OUT,
     # strides
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
     # epilogue
@@ -58,6 +72,9 @@ def linear_kernel(
     # QUANT: 0 float operands; 1 int8 operands, int32 accumulators dequantized by a_scale (per
     # row of x) x w_scale (per output channel) before the epilogue; 2 int8, raw int32 stored
     QUANT: tl.constexpr, FAST_MATH: tl.constexpr,
+    # GATED: the weight holds a gated MLP's gate and up rows interleaved in GATE_GROUP blocks
+    # (kernels/gated_linear.py); the epilogue writes act(gate) * up, half the tile's columns
+    GATED: tl.constexpr,
     # meta-parameters
     USE_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -114,7 +131,14 @@ def linear_kernel(
             a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
             w_s = tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
             acc = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
-        if QUANT != 2:
+        if GATED:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            gate, up = gated_halves(acc, BLOCK_M, BLOCK_N)
+            acc = apply_activation(gate, ACTIVATION, FAST_MATH) * up
+            offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N_OUT)
+        elif QUANT != 2:
             res_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
             acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
                            HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH)
@@ -250,19 +274,21 @@ def linear_launch(x, weight, bias=None, residual=None, activation="none",
 
 
 def launch(x2, weight, bias, res2, out, activation="none", residual_first=False, allow_tf32=False,
-           config: triton.Config | None = None, scales=None, tuner: Tuner | None = None):
+           config: triton.Config | None = None, scales=None, tuner: Tuner | None = None, gated: bool = False):
     """Launch on checked 2-D operands: out (M, N) = epilogue(x2 (M, K) @ weight (N, K)^T).
     `config` overrides the tuner (bench/gemm_sweep.py). For int8 x2 and weight
     (kernels/int8_gemm.py): scales = (a_scale (M,), w_scale (N,)) fp32, and an int32 `out`
-    receives the raw accumulators; `tuner` is then the int8 one. A call signature seen before
-    launches its compiled kernel directly (accelc.tuning.CompiledCall)."""
+    receives the raw accumulators; `tuner` is then the int8 one. gated: weight (and bias) hold
+    gate and up rows interleaved (kernels/gated_linear.py), out (M, N_OUT) = act(gate) * up, and
+    `tuner` is the gated one. A call signature seen before launches its compiled kernel directly
+    (accelc.tuning.CompiledCall)."""
     tuner = tuner or TUNER
     a_scale, w_scale = scales if scales is not None else (out, out)
     res = res2 if res2 is not None else out
     tensors = (x2, weight, bias if bias is not None else out, res, out, a_scale, w_scale)
     sig = (x2.shape, x2.stride(), weight.shape, weight.stride(), res.stride(), out.stride(), x2.dtype, out.dtype,
            bias is None, res2 is None, scales is None, activation, bool(residual_first), bool(allow_tf32),
-           x2.device, tuple(t.data_ptr() % 16 for t in tensors))
+           bool(gated), x2.device, tuple(t.data_ptr() % 16 for t in tensors))
     known = tuner.calls.get(sig) if config is None else None
     with runtime.device_guard(x2):
         if known is not None:
@@ -277,6 +303,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         meta = dict(
             HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not None,
             RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
+            GATED=bool(gated),
             # int8 layers with half outputs: GELU on the SFU's tanh (kernels/epilogue.py)
             FAST_MATH=quant == 1 and out.dtype in (torch.float16, torch.bfloat16),
             INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
@@ -314,7 +341,7 @@ def kernel_args(kw, tensors) -> tuple:
     return (x2, weight,
             TensorDescriptor.from_tensor(x2, [kw["BLOCK_M"], kw["BLOCK_K"]]) if tma else x2,
             TensorDescriptor.from_tensor(weight, [kw["BLOCK_N"], kw["BLOCK_K"]]) if tma else weight,
-            bias, res, out, a_scale, w_scale, x2.shape[0], weight.shape[0], x2.shape[1],
+            bias, res, out, a_scale, w_scale, x2.shape[0], weight.shape[0], x2.shape[1], out.shape[1],
             x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
             res.stride(0), res.stride(1), out.stride(0), out.stride(1))
 

@@ -1,14 +1,18 @@
-"""accelc::layer_norm — LayerNorm over the last dim, with an optional residual added first
-(ONNX Runtime's SkipLayerNormalization; the post-norm block `LayerNorm(x + sublayer(x))`).
+"""accelc::layer_norm and accelc::rms_norm — LayerNorm / RMSNorm over the last dim, with an
+optional residual added first (ONNX Runtime's SkipLayerNormalization; the post-norm block
+`LayerNorm(x + sublayer(x))`).
 
 For x (..., N) in fp16 / bf16 / fp32, each row in one program, statistics in fp32:
 
     h = x + residual          (rounded to x's dtype, as eager's add is; when residual is given)
     y = (h - mean(h)) * rsqrt(mean((h - mean(h))^2) + eps) * weight + bias
 
+    y = h * rsqrt(mean(h^2) + eps) * weight                       (RMSNorm: Llama, T5, Mistral)
+
 weight and bias (N,) are optional (elementwise_affine=False, bias=False). The variance is the
 two-pass form over the row held in registers (no E[h^2] - E[h]^2 cancellation). A row holding NaN
-or inf gives NaN in the whole row, as eager's LayerNorm does. Rows up to MAX_N wide.
+or inf gives NaN in the whole row, as eager's LayerNorm does (RMSNorm: inf gives NaN where eager's
+inf * rsqrt(inf) does, NaN the row). Rows up to MAX_N wide. One kernel, RMS a constexpr.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ MAX_N = 16384          # one row in registers: 16384 fp32 values over 16 warps
 def _layer_norm_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr, y_ptr,
     M, N, stride_x, stride_r, eps,
-    HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     # ROWS rows a program: narrow rows (768 wide) would leave one program too little to do
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -41,8 +46,11 @@ def _layer_norm_kernel(
         r = tl.load(r_ptr + rows[:, None] * stride_r + cols[None, :], mask=ok, other=0.0)
         h = (h.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
     h = h.to(tl.float32)
-    mean = tl.sum(h, 1) / N
-    d = tl.where(ok, h - mean[:, None], 0.0)
+    if RMS:
+        d = tl.where(ok, h, 0.0)
+    else:
+        mean = tl.sum(h, 1) / N
+        d = tl.where(ok, h - mean[:, None], 0.0)
     var = tl.sum(d * d, 1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
     y = d * rstd[:, None]
@@ -76,15 +84,15 @@ def why_unsupported(x, weight=None, bias=None, residual=None, normalized_shape=N
     return None
 
 
-def _check(x, weight, bias, residual):
+def _check(x, weight, bias, residual, op="layer_norm"):
     reason = why_unsupported(x, weight, bias, residual)
     if reason is not None:
-        raise ValueError(f"accelc::layer_norm: {reason}")
+        raise ValueError(f"accelc::{op}: {reason}")
 
 
-def layer_norm_launch(x, weight=None, bias=None, residual=None, eps=1e-5):
+def layer_norm_launch(x, weight=None, bias=None, residual=None, eps=1e-5, rms=False):
     """Checks, allocates, launches. x (..., N) -> y (..., N) in x's dtype, contiguous."""
-    _check(x, weight, bias, residual)
+    _check(x, weight, bias, residual, "rms_norm" if rms else "layer_norm")
     N = x.shape[-1]
     x2 = x.reshape(-1, N)
     if N and x2.stride(-1) != 1:
@@ -106,7 +114,7 @@ def layer_norm_launch(x, weight=None, bias=None, residual=None, eps=1e-5):
                 x2, r2 if r2 is not None else dummy, weight if weight is not None else dummy,
                 bias if bias is not None else dummy, y, M, N, x2.stride(0), r2.stride(0) if r2 is not None else 0,
                 float(eps), HAS_RES=r2 is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-                ROWS=rows, BLOCK_N=block, num_warps=warps)
+                RMS=bool(rms), ROWS=rows, BLOCK_N=block, num_warps=warps)
     return y.reshape(x.shape)
 
 
@@ -132,4 +140,29 @@ def _(x, weight=None, bias=None, residual=None, eps=1e-5):
     return x.new_empty(x.shape)
 
 
-__all__ = ["layer_norm", "layer_norm_launch", "layer_norm_ref", "why_unsupported", "MAX_N"]
+def rms_norm_launch(x, weight=None, residual=None, eps=1e-6):
+    return layer_norm_launch(x, weight, None, residual, eps, rms=True)
+
+
+def rms_norm_ref(x, weight=None, residual=None, eps=1e-6):
+    """Pure-PyTorch reference: eager's add in x's dtype, then RMSNorm in fp32."""
+    h = (x if residual is None else x + residual).float()
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (y if weight is None else y * weight.float()).to(x.dtype)
+
+
+@torch.library.custom_op("accelc::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
+             eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm(x (+ residual)) over the last dim: see the module docstring."""
+    _check(x, weight, None, residual, "rms_norm")
+    return runtime.launch_or_fallback("rms_norm", x.device, rms_norm_launch, rms_norm_ref, x, weight, residual, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight=None, residual=None, eps=1e-6):
+    return x.new_empty(x.shape)
+
+
+__all__ = ["layer_norm", "layer_norm_launch", "layer_norm_ref", "rms_norm", "rms_norm_launch", "rms_norm_ref",
+           "why_unsupported", "MAX_N"]

@@ -3,9 +3,12 @@ after the activation) -> one torch.ops.accelc.conv2d call (kernels/conv.py).
 
 Taken: groups=1, any stride, padding (ints, 'same', 'valid'), dilation, what the kernel's
 why_unsupported accepts (kernel sizes up to 7x7, any channel counts, fp16 / bf16 / fp32). The
-weight is packed once here, (K, C, R, S) -> (K, R, S, C), as a buffer of the graph module. Kept as
-PyTorch, with the reason: grouped and depthwise convs, weights computed at run time, what the
-kernel refuses. (Transposed convs and other layouts are other ops and never match.)
+weight is packed once here, (K, C, R, S) -> (K, R, S, C), as a buffer of the graph module.
+Depthwise convs (groups = in channels = out channels) -> torch.ops.accelc.conv2d_depthwise
+(kernels/depthwise_conv.py), weight packed (C, 1, R, S) -> (R, S, C), with the same epilogue. Kept
+as PyTorch, with the reason: other grouped convs (and depthwise ones with a channel multiplier),
+weights computed at run time, what the kernels refuse. (Transposed convs and other layouts are
+other ops and never match.)
 
 Matches are taken from the end of the graph: where a residual add joins two convs (ResNet's main
 path and its downsample), the later one, the block's main path, takes the add:
@@ -18,11 +21,13 @@ import torch.nn.functional as F
 from torch import fx
 
 from accelc import meta
+from accelc.kernels import depthwise_conv
 from accelc.kernels.conv import pack_weight, why_unsupported
 from accelc.passes import epilogue
 from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant, attr_value
 
 CONV = torch.ops.accelc.conv2d.default
+DEPTHWISE = torch.ops.accelc.conv2d_depthwise.default
 
 
 def _conv(x, w, b, stride, padding, dilation, groups):
@@ -59,31 +64,53 @@ def _check(m, ctx) -> str | None:
     if x is None or w is None or (m.input("b") is not None and b is None):
         return "input shapes unknown"
     if m.input("groups") != 1:
-        return f"groups={m.input('groups')} (grouped / depthwise convs stay PyTorch)"
+        return (f"groups={m.input('groups')} (grouped convs stay PyTorch; depthwise ones, groups = in = out "
+                "channels, are taken)")
+    return _common_reason(m, x, w) or why_unsupported(x, w.permute(0, 2, 3, 1), b, None, _pair(m.input("stride")),
+                                                      _padding(m), _pair(m.input("dilation")))
+
+
+def _common_reason(m, x, w) -> str | None:
     if x.dim() != 4 or w.dim() != 4:
         return "not a batched 2-D conv"
     w_node = m.input("w")
     if not (isinstance(w_node, fx.Node) and w_node.op == "get_attr"):
         return "weight computed at run time (cannot be packed ahead)"
-    pad = _padding(m)
-    if pad is None:
+    if _padding(m) is None:
         return "padding='same' with stride > 1"
-    return why_unsupported(x, w.permute(0, 2, 3, 1), b, None, _pair(m.input("stride")), pad,
-                           _pair(m.input("dilation")))
+    return None
+
+
+def _is_depthwise(m) -> bool:
+    """groups = in channels = out channels (weight (C, 1, R, S)); other grouped convs are the conv rule's."""
+    x, w = meta.tensor_meta(m.input("x")), meta.tensor_meta(m.input("w"))
+    g = m.input("groups")
+    return (x is not None and w is not None and len(x.shape) == 4 and len(w.shape) == 4 and isinstance(g, int)
+            and g > 1 and x.shape[1] == g == w.shape[0] and w.shape[1] == 1)
+
+
+def _check_depthwise(m, ctx) -> str | None:
+    x, w, b = (meta.meta_tensor(m.input(k)) for k in ("x", "w", "b"))
+    if m.input("b") is not None and b is None:
+        return "input shapes unknown"
+    return _common_reason(m, x, w) or depthwise_conv.why_unsupported(
+        x, w[:, 0].permute(1, 2, 0), b, None, _pair(m.input("stride")), _padding(m), _pair(m.input("dilation")))
 
 
 def _build(m, ctx) -> Replacement:
     w = m.input("w")
-    packed = pack_weight(attr_value(m.gm, w).detach())
+    depthwise = m.input("groups") != 1
+    packed = (depthwise_conv.pack_weight if depthwise else pack_weight)(attr_value(m.gm, w).detach())
     w_node = add_constant(m.gm, w.target.replace(".", "_") + "_accelc_packed", packed, before=m.anchor,
                           path=meta.path(w))
     ep = epilogue.absorb(m.anchor)
-    kwargs = dict(activation=ep.activation, residual_first=ep.residual_first,
-                  allow_tf32=ctx.config.fp32_precision == "tf32")
+    kwargs = dict(activation=ep.activation, residual_first=ep.residual_first)
+    if not depthwise:
+        kwargs["allow_tf32"] = ctx.config.fp32_precision == "tf32"
     args = (m.input("x"), w_node, m.input("b"), ep.residual, list(_pair(m.input("stride"))), list(_padding(m)),
             list(_pair(m.input("dilation"))))
-    return Replacement(CONV, args, kwargs, kind="conv2d", kernel=ep.label("conv2d"), absorbed=ep.nodes,
-                       aux=(w_node,))
+    op, kind = (DEPTHWISE, "conv2d_depthwise") if depthwise else (CONV, "conv2d")
+    return Replacement(op, args, kwargs, kind=kind, kernel=ep.label(kind), absorbed=ep.nodes, aux=(w_node,))
 
 
 _VIEWS = {"view", "view_as"}
@@ -95,14 +122,14 @@ def _eager_layout_where_needed(gm: fx.GraphModule, ctx) -> int:
     `.view()` (LeNet / VGG flatten: it fails on channels-last) and the graph's outputs (the caller
     may view them), the value is made contiguous first: a no-op where it already is."""
     g = gm.graph
-    downstream, todo = set(), [n for n in g.nodes if n.target is CONV]
+    downstream, todo = set(), [n for n in g.nodes if n.target in (CONV, DEPTHWISE)]
     while todo:
         n = todo.pop()
         for u in n.users:
             if u not in downstream:
                 downstream.add(u)
                 todo.append(u)
-    sources = {n for n in g.nodes if n.target is CONV} | downstream
+    sources = {n for n in g.nodes if n.target in (CONV, DEPTHWISE)} | downstream
     for u in list(downstream):
         if u.op == "output" or (u.op in ("call_method", "call_function") and meta.op_name(u) in _VIEWS):
             for arg in {a for a in u.all_input_nodes if a in sources}:
@@ -117,5 +144,7 @@ def _eager_layout_where_needed(gm: fx.GraphModule, ctx) -> int:
     return 0
 
 
-RULES = (Rule(Pattern("conv2d", _conv), build=_build, check=_check, last_first=True),)
+RULES = (Rule(Pattern("conv2d_depthwise", _conv), build=_build, check=_check_depthwise, applies=_is_depthwise,
+              last_first=True),
+         Rule(Pattern("conv2d", _conv), build=_build, check=_check, last_first=True))
 PASS = Pass("conv_gemm", RULES, transform=_eager_layout_where_needed)

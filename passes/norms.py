@@ -1,7 +1,14 @@
-"""norms: LayerNorm over the last dim -> torch.ops.accelc.layer_norm (kernels/layernorm.py), with
-the residual add before it fused where nothing else reads the sum (a post-norm block,
-`LayerNorm(x + sublayer(x))`: BERT, the original Transformer). A pre-norm stream's add, whose sum
-is also the next residual, stays PyTorch and the LayerNorm alone is rewritten.
+"""norms: LayerNorm and RMSNorm over the last dim -> torch.ops.accelc.layer_norm / rms_norm
+(kernels/layernorm.py), with the residual add before it fused where nothing else reads the sum (a
+post-norm block, `LayerNorm(x + sublayer(x))`: BERT, the original Transformer). A pre-norm
+stream's add, whose sum is also the next residual, stays PyTorch and the norm alone is rewritten.
+
+RMSNorm as nn.RMSNorm / F.rms_norm (capture's canonical form) or written out as HF's Llama, T5,
+Mistral, Qwen write it: `w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)`
+with h = x.to(float32) (or x itself in fp32; T5: x * rsqrt(...) with x in half), the square as
+pow or h * h; the step before the rules folds such a chain into F.rms_norm where its statistics
+are taken in fp32 and its result has x's dtype and shape (a half-precision square, which eager
+may overflow, stays as written).
 
 Runs after linear_act: an add that a GEMM's epilogue already took (`linear[residual]`) is not
 taken again. Only where the glue is eager: Inductor fuses a LayerNorm with the ops around it (a
@@ -16,12 +23,15 @@ import operator
 
 import torch
 import torch.nn.functional as F
+from torch import fx
 
 from accelc import meta
+from accelc.capture import _erase_dead
 from accelc.kernels.layernorm import why_unsupported
-from accelc.rewrite import Pass, Pattern, Replacement, Rule
+from accelc.rewrite import Pass, Pattern, Replacement, Rule, replace_uses
 
 LAYER_NORM = torch.ops.accelc.layer_norm.default
+RMS_NORM = torch.ops.accelc.rms_norm.default
 
 
 def _add_layer_norm(x, residual, shape, weight, bias, eps):
@@ -32,6 +42,14 @@ def _layer_norm(x, shape, weight, bias, eps):
     return F.layer_norm(x, shape, weight, bias, eps)
 
 
+def _add_rms_norm(x, residual, shape, weight, eps):
+    return F.rms_norm(x + residual, shape, weight, eps)
+
+
+def _rms_norm(x, shape, weight, eps):
+    return F.rms_norm(x, shape, weight, eps)
+
+
 def _sum_read_once(m) -> bool:
     """The add's sum feeds only the LayerNorm (else it is needed as it is: not fused)."""
     add = next(n for n in m.nodes if n.target is operator.add)
@@ -39,7 +57,7 @@ def _sum_read_once(m) -> bool:
 
 
 def _operands(m):
-    return [meta.meta_tensor(m.input(k)) if m.input(k) is not None else None for k in ("weight", "bias")]
+    return [meta.meta_tensor(m.input(k)) if m.input(k, None) is not None else None for k in ("weight", "bias")]
 
 
 INDUCTOR_GLUE = ("left to the Inductor glue, which fuses it with its neighbours: accelc's kernel, faster than "
@@ -63,9 +81,9 @@ def _check(m, ctx) -> str | None:
     if x is None or (m.has("residual") and res is None):
         return "input shapes unknown"
     w, b = _operands(m)
-    if (m.input("weight") is not None and w is None) or (m.input("bias") is not None and b is None):
+    if (m.input("weight") is not None and w is None) or (m.input("bias", None) is not None and b is None):
         return "weight shapes unknown"
-    if not isinstance(m.input("eps"), (int, float)):
+    if not isinstance(m.input("eps"), (int, float)) and not (m.input("eps") is None and _is_rms(m)):
         return "eps is not a constant"
     shape = _static_shape(m.input("shape"), m.anchor.args[0])
     if shape is None:
@@ -115,15 +133,155 @@ def _shape_of(n):
     return None
 
 
+def _is_rms(m) -> bool:
+    return m.pattern.name.endswith("rms_norm")
+
+
 def _build(m, ctx) -> Replacement:
     residual = m.input("residual") if m.has("residual") else None
+    label = "[residual]" if residual is not None else ""
+    if _is_rms(m):
+        eps = m.input("eps")
+        if eps is None:      # F.rms_norm's default: the dtype's machine epsilon
+            eps = torch.finfo(meta.tensor_meta(m.input("x")).dtype).eps
+        return Replacement(RMS_NORM, (m.input("x"), m.input("weight"), residual, float(eps)), kind="rms_norm",
+                           kernel="accelc::rms_norm" + label)
     args = (m.input("x"), m.input("weight"), m.input("bias"), residual, float(m.input("eps")))
-    return Replacement(LAYER_NORM, args, kind="layer_norm",
-                       kernel="accelc::layer_norm" + ("[residual]" if residual is not None else ""))
+    return Replacement(LAYER_NORM, args, kind="layer_norm", kernel="accelc::layer_norm" + label)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm written out -> F.rms_norm
+
+_CAST_KWARGS = {"dtype", "copy", "non_blocking"}
+
+
+def _cast_to(n) -> torch.dtype | None:
+    """The dtype a cast node (x.to(dtype), x.float(), aten.to.dtype / _to_copy) converts to, else None."""
+    if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method"):
+        return None
+    name = meta.op_name(n)
+    if name == "float" and len(n.args) == 1 and not n.kwargs:
+        return torch.float32
+    if name not in ("to", "_to_copy") or set(n.kwargs) - _CAST_KWARGS:
+        return None
+    def dtype_arg(a):     # a dtype, or one read off a tensor (x.dtype): the cast's output metadata says which
+        if isinstance(a, torch.dtype):
+            return a
+        if isinstance(a, fx.Node) and a.target is getattr and a.args[1] == "dtype":
+            out = meta.tensor_meta(n)
+            return out.dtype if out is not None else None
+        return None
+    given = [*n.args[1:], *([n.kwargs["dtype"]] if "dtype" in n.kwargs else [])]
+    dtypes = [dtype_arg(a) for a in given if not isinstance(a, bool)]
+    return dtypes[0] if len(dtypes) == 1 and dtypes[0] is not None else None
+
+
+def _uncast(n):
+    """The tensor a float32 cast reads (the node itself where it is no cast)."""
+    return n.args[0] if _cast_to(n) is torch.float32 else n
+
+
+def _is(n, name: str, nargs: int) -> bool:
+    return (isinstance(n, fx.Node) and n.op in ("call_function", "call_method") and meta.op_name(n) == name
+            and len(n.args) == nargs)
+
+
+def _sole_user(n):
+    return next(iter(n.users)) if len(n.users) == 1 else None
+
+
+def _mean_over_last(v, rank) -> bool:
+    args = dict(zip(("input", "dim", "keepdim"), v.args))
+    args.update(v.kwargs)
+    dim = args.get("dim")
+    dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+    return (set(args) <= {"input", "dim", "keepdim"} and args.get("keepdim") is True
+            and isinstance(dim, int) and dim in (-1, rank - 1))
+
+
+def written_rms_norm(r: fx.Node):
+    """For an rsqrt node: (x, weight or None, eps, the node whose value is RMSNorm(x), the chain's
+    nodes) where it is the rsqrt of an RMSNorm written out in fp32 (see the module docstring);
+    None otherwise."""
+    if not _is(r, "rsqrt", 1) or r.kwargs or not _is(r.args[0], "add", 2):
+        return None
+    add = r.args[0]
+    nodes = [a for a in add.args if isinstance(a, fx.Node)]
+    numbers = [a for a in add.args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    if len(nodes) != 1 or len(numbers) != 1 or nodes[0].op not in ("call_function", "call_method") \
+            or meta.op_name(nodes[0]) != "mean":
+        return None
+    v, eps = nodes[0], float(numbers[0])
+    p = v.args[0] if v.args else None
+    h2 = None
+    if _is(p, "pow", 2) and p.args[1] in (2, 2.0) and not p.kwargs:
+        h2 = p.args[0]
+    elif _is(p, "mul", 2) and p.args[0] is p.args[1] and not p.kwargs:
+        h2 = p.args[0]
+    hm = meta.tensor_meta(h2) if isinstance(h2, fx.Node) else None
+    if hm is None or hm.dtype != torch.float32 or not hm.shape or not _mean_over_last(v, len(hm.shape)):
+        return None
+    if any(len(n.users) != 1 for n in (add, v, p, r)):
+        return None
+    x = _uncast(h2)
+    out = _sole_user(r)
+    if not _is(out, "mul", 2) or out.kwargs:
+        return None
+    h = out.args[1] if out.args[0] is r else out.args[0]
+    if _uncast(h) is not x or r not in out.args:
+        return None
+    chain = [add, v, p, r, out]
+    nxt = _sole_user(out)
+    if _cast_to(nxt) is not None and nxt.args[0] is out:
+        out = nxt
+        chain.append(out)
+        nxt = _sole_user(out)
+    weight = None
+    N = hm.shape[-1]
+    if _is(nxt, "mul", 2) and not nxt.kwargs and out in nxt.args and nxt.args[0] is not nxt.args[1]:
+        w = nxt.args[1] if nxt.args[0] is out else nxt.args[0]
+        wm = meta.tensor_meta(w) if isinstance(w, fx.Node) else None
+        if wm is not None and tuple(wm.shape) == (N,):
+            weight, out = w, nxt
+            chain.append(out)
+    xm, om = meta.tensor_meta(x), meta.tensor_meta(out)
+    if xm is None or om is None or (tuple(om.shape), om.dtype) != (tuple(xm.shape), xm.dtype):
+        return None
+    casts = [n for n in dict.fromkeys((h2, h)) if n is not x and isinstance(n, fx.Node)]
+    dtype_reads = [a for n in chain + casts for a in n.args if isinstance(a, fx.Node) and a.target is getattr]
+    return x, weight, eps, out, chain + casts + dtype_reads
+
+
+def fold_written_rms_norms(gm: fx.GraphModule, ctx) -> None:
+    """The norms pass's step before its rules: each written-out RMSNorm the kernel can take becomes
+    F.rms_norm(x, (N,), weight, eps); under Inductor glue, or where the kernel cannot take it, the
+    chain stays as written with the reason."""
+    g = gm.graph
+    for r in list(g.nodes):
+        if r.graph is not g or meta.op_name(r) != "rsqrt":
+            continue
+        found = written_rms_norm(r)
+        if found is None:
+            continue
+        x, weight, eps, out, chain = found
+        reason = INDUCTOR_GLUE if inductor_glue(ctx) else why_unsupported(
+            meta.meta_tensor(x), meta.meta_tensor(weight) if weight is not None else None)
+        if reason:
+            for n in chain:
+                meta.explain(n, f"an RMSNorm written out: {reason}")
+            continue
+        with g.inserting_before(out):
+            new = g.call_function(F.rms_norm, (x, (meta.tensor_meta(x).shape[-1],), weight, eps))
+        new.meta.update(out.meta)
+        replace_uses(gm, out, new)      # (also in the inputs of the layers linear_act made)
+        _erase_dead(chain)
 
 
 RULES = (
     Rule(Pattern("add+layer_norm", _add_layer_norm), build=_build, check=_check, applies=_sum_read_once),
     Rule(Pattern("layer_norm", _layer_norm), build=_build, check=_check),
+    Rule(Pattern("add+rms_norm", _add_rms_norm), build=_build, check=_check, applies=_sum_read_once),
+    Rule(Pattern("rms_norm", _rms_norm), build=_build, check=_check),
 )
-PASS = Pass("norms", RULES)
+PASS = Pass("norms", RULES, prepare=fold_written_rms_norms)

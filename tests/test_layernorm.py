@@ -176,3 +176,135 @@ def test_left_to_the_inductor_glue_with_the_reason():
         assert norms.inductor_glue(ctx) is expect, (glue, device)
     ctx = PassContext(accelc.OptimizeConfig(glue="inductor"), (), [], torch.device("cpu"))
     assert "Inductor glue" in norms._check(None, ctx)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm: accelc::rms_norm and the written-out forms the norms pass folds
+
+def _rms64(x, w, r, eps):
+    h = (x if r is None else x + r).double()
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return y if w is None else y * w.double()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(3, 5, 64), (7, 100), (1, 2048)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_against_fp64(shape, dtype, residual):
+    N = shape[-1]
+    x = (torch.randn(shape, device=DEVICE) * 3 + 1).to(dtype)
+    r = torch.randn(shape, device=DEVICE).to(dtype) if residual else None
+    w = (torch.rand(N, device=DEVICE) + 0.5).to(dtype)
+    out = torch.ops.accelc.rms_norm(x, w, r, 1e-6)
+    ref = _rms64(x, w, r, 1e-6)
+    h = (x if r is None else x + r)
+    eager = F.rms_norm(h.float(), (N,), w.float(), 1e-6).to(dtype)
+    assert_close_to_ref(out, ref, eager, dtype, atol=ATOL[dtype], rtol=ATOL[dtype])
+
+
+def test_rms_norm_nan_and_inf_as_eager():
+    x = torch.randn(4, 32, device=DEVICE)
+    x[1, 3] = float("nan")
+    x[2, 5] = float("inf")
+    out = torch.ops.accelc.rms_norm(x, None, None, 1e-6)
+    eager = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.equal(out.isnan(), eager.isnan()) and out[1].isnan().all()
+    assert torch.isfinite(out[[0, 3]]).all()
+    with pytest.raises(ValueError, match="accelc::rms_norm: .*weight"):
+        torch.ops.accelc.rms_norm(torch.randn(2, 8), torch.randn(4))
+
+
+class LlamaStyle(nn.Module):
+    """RMSNorm as HF's Llama (and T5, Mistral, Qwen) writes it, and the other spellings."""
+
+    def __init__(self, d=32, form="llama"):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+        self.form = form
+        self.rms = nn.RMSNorm(d, eps=1e-5)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        if self.form == "llama":      # LlamaRMSNorm
+            h = x.to(torch.float32)
+            variance = h.pow(2).mean(-1, keepdim=True)
+            h = h * torch.rsqrt(variance + 1e-6)
+            y = self.weight * h.to(x.dtype)
+        elif self.form == "t5":       # T5LayerNorm: the half input times an fp32 rsqrt
+            variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+            h = x * torch.rsqrt(variance + 1e-6)
+            y = self.weight * h.to(self.weight.dtype)
+        elif self.form == "square":   # x * x, .float(), dim= keyword, weight on the right
+            h = x.float()
+            y = (h * torch.rsqrt((h * h).mean(dim=-1, keepdim=True) + 1e-5)).to(x.dtype) * self.weight
+        elif self.form == "module":
+            y = self.rms(x)
+        elif self.form == "functional":   # eps=None: the dtype's machine epsilon
+            y = F.rms_norm(x, (x.shape[-1],), self.weight)
+        return self.fc(y)
+
+
+@pytest.mark.parametrize("form", ["llama", "t5", "square", "module", "functional"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_rms_norm_forms_rewritten(form, dtype):
+    model = LlamaStyle(form=form).to(DEVICE).to(dtype).eval()
+    x = torch.randn(2, 8, 32, device=DEVICE, dtype=dtype) * 2
+    opt = accelc.optimize(model, (x,), EAGER_GLUE)
+    norms = [r for r in opt.layers if r.kernel == "accelc::rms_norm"]
+    assert len(norms) == 1 and norms[0].status == "rewritten", opt.summary()
+    assert not [r for r in opt.layers if r.status == "kept" and r.op in ("pow", "mean", "rsqrt")], opt.summary()
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        out, eager = opt(x), model.to(dtype)(x)
+    tol = 5e-2 if dtype == torch.float16 else 1e-5
+    assert_close_to_ref(out, ref, eager, dtype, atol=tol, rtol=tol)
+
+
+def test_rms_norm_near_misses_stay_with_pytorch():
+    """A square taken in half precision (eager may overflow it), a mean over another dim, a
+    reduction without keepdim: not an RMSNorm the kernel computes as eager does."""
+    class Near(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.rand(32) + 0.5)
+
+        def forward(self, x):
+            half = self.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+            h = x.float()
+            other_dim = h * torch.rsqrt(h.pow(2).mean(1, keepdim=True) + 1e-6)
+            cubed = h * torch.rsqrt(h.pow(3).mean(-1, keepdim=True).abs() + 1e-6)
+            return half.float() + other_dim + cubed
+    model = Near().to(DEVICE).half().eval()
+    x = torch.randn(2, 8, 32, device=DEVICE, dtype=torch.float16)
+    opt = accelc.optimize(model, (x,), EAGER_GLUE)
+    assert not [r for r in opt.layers if "rms_norm" in r.kernel], opt.summary()
+    with torch.no_grad():
+        assert torch.allclose(opt(x), model(x), atol=1e-3)
+
+
+def test_rms_norm_under_inductor_glue_says_why():
+    from accelc.passes import norms
+    from accelc.rewrite import PassContext
+
+    model = LlamaStyle(form="llama").to(DEVICE).half().eval()
+    x = torch.randn(2, 8, 32, device=DEVICE, dtype=torch.float16)
+    gm, _, _ = accelc.capture.capture(model, (x,))
+    accelc.capture.prepare(gm, (x,))
+    norms.fold_written_rms_norms(gm, PassContext(accelc.OptimizeConfig(glue="inductor"), (), [], torch.device("cpu")))
+    rsqrt = [n for n in gm.graph.nodes if n.op != "placeholder" and "rsqrt" in str(n.target)]
+    assert len(rsqrt) == 1 and "RMSNorm written out" in rsqrt[0].meta[accelc.meta.SKIP]
+    assert "Inductor" in rsqrt[0].meta[accelc.meta.SKIP]
+
+
+def test_hf_llama_rms_norms_rewritten():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+                                   num_hidden_layers=1, vocab_size=50)
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(cfg).to(DEVICE).eval()
+    ids = torch.randint(0, 50, (2, 8), device=DEVICE)
+    opt = accelc.optimize(model, (ids,), EAGER_GLUE)
+    assert sorted(n for n, k in _kernels(opt).items() if k == "accelc::rms_norm") == [
+        "layers.0.input_layernorm", "layers.0.post_attention_layernorm", "norm"], opt.summary()
+    with torch.no_grad():
+        assert torch.allclose(opt(ids).last_hidden_state, model(ids).last_hidden_state, atol=1e-4)

@@ -1,0 +1,78 @@
+"""gated_mlp: a gated MLP's input side, `act(gate(x)) * up(x)` with both projections Linear layers
+of the same input, -> torch.ops.accelc.gated_linear (kernels/gated_linear.py): SwiGLU (Llama,
+Mistral, Qwen: silu), GeGLU (T5 v1.1, Gemma: gelu, exact or tanh, however capture found it
+written), ReGLU (relu), in either operand order of the product.
+
+Runs before linear_act, which would otherwise take the gate projection with its activation and
+leave the product and the second GEMM. The two weights (parameters of the model) are packed once,
+here, into the kernel's interleaved layout (kernels/gated_linear.pack) as a buffer of the graph. A projection whose output is read elsewhere too is no
+gated MLP here (the matcher keeps such matches out). The down projection stays linear_act's.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from accelc import meta
+from accelc.kernels.epilogue import ACTIVATIONS
+from accelc.kernels.gated_linear import pack, why_unsupported
+from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant, attr_value
+
+GATED_LINEAR = torch.ops.accelc.gated_linear.default
+
+
+def _pattern(act: str, gate_first: bool) -> Pattern:
+    fn, kw = ACTIVATIONS[act]
+
+    if gate_first:
+        def gated(x, w_gate, b_gate, w_up, b_up):
+            return fn(F.linear(x, w_gate, b_gate), **kw) * F.linear(x, w_up, b_up)
+    else:
+        def gated(x, w_gate, b_gate, w_up, b_up):
+            return F.linear(x, w_up, b_up) * fn(F.linear(x, w_gate, b_gate), **kw)
+    return Pattern(f"{act}(gate)*up" if gate_first else f"up*{act}(gate)", gated)
+
+
+def _check(m, ctx, act: str) -> str | None:
+    x = meta.meta_tensor(m.input("x"))
+    params = [m.input(k) for k in ("w_gate", "w_up", "b_gate", "b_up")]
+    if not all(p is None or _is_param(p) for p in params) or params[0] is None or params[1] is None:
+        return "weights computed at run time (the packed weight is made once, ahead)"
+    wg, wu = meta.meta_tensor(m.input("w_gate")), meta.meta_tensor(m.input("w_up"))
+    if x is None or wg is None or wu is None:
+        return "input shapes unknown"
+    biases = []
+    for k in ("b_gate", "b_up"):
+        b = m.input(k)
+        if b is not None and not isinstance(b, torch.fx.Node):
+            return f"{k} is not a tensor"
+        biases.append(meta.meta_tensor(b) if b is not None else None)
+        if b is not None and biases[-1] is None:
+            return "bias shapes unknown"
+    return why_unsupported(x, wg, wu, *biases, activation=act)
+
+
+def _is_param(n) -> bool:
+    return isinstance(n, torch.fx.Node) and n.op == "get_attr"
+
+
+def _build(m, ctx, act: str) -> Replacement:
+    gm = m.gm
+    wg, wu, bg, bu = (m.input(k) for k in ("w_gate", "w_up", "b_gate", "b_up"))
+    value = [attr_value(gm, n).detach() if n is not None else None for n in (wg, wu, bg, bu)]
+    weight, bias = pack(*value)
+    stem = wg.target.replace(".", "_") + "_accelc_gated"
+    aux = [add_constant(gm, stem, weight, before=m.anchor, path=meta.path(wg))]
+    if bias is not None:
+        aux.append(add_constant(gm, stem + "_bias", bias, before=m.anchor, path=meta.path(wg)))
+    args = (m.input("x"), aux[0], aux[1] if bias is not None else None, value[0].shape[0])
+    return Replacement(GATED_LINEAR, args, dict(activation=act, allow_tf32=ctx.config.fp32_precision == "tf32"),
+                       kind="gated_linear", kernel=f"accelc::gated_linear[{act}]", aux=tuple(aux))
+
+
+RULES = tuple(Rule(_pattern(act, first), build=functools.partial(_build, act=act),
+                   check=functools.partial(_check, act=act))
+              for act in ACTIVATIONS if act != "none" for first in (True, False))
+PASS = Pass("gated_mlp", RULES)

@@ -1,0 +1,202 @@
+"""accelc::gated_linear (kernels/gated_linear.py) and the gated_mlp pass (passes/gated_mlp.py): a
+gated MLP's gate and up projections as one GEMM with the act(a) * b epilogue."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import accelc
+from accelc.kernels.epilogue import activation_ref
+from accelc.kernels.gated_linear import TUNER, gated_linear_launch, gated_linear_ref, pack, unpack, why_unsupported
+from conftest import DEVICE, assert_close_to_ref
+
+FLOATS = [torch.float16, torch.bfloat16, torch.float32]
+ATOL = {torch.float16: 1e-2, torch.bfloat16: 8e-2, torch.float32: 1e-4}
+
+
+def _ref64(x, wg, wu, bg, bu, act):
+    d = torch.float64
+    g = F.linear(x.to(d), wg.to(d), None if bg is None else bg.to(d))
+    u = F.linear(x.to(d), wu.to(d), None if bu is None else bu.to(d))
+    return activation_ref(act, g) * u
+
+
+def _eager(x, wg, wu, bg, bu, act):
+    return activation_ref(act, F.linear(x, wg, bg)) * F.linear(x, wu, bu)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(2, 9, 40, 24), (1, 1, 64, 48), (3, 33, 72, 40)])
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "relu"])
+def test_gated_linear_against_fp64(shape, dtype, act):
+    """Widths that are and are not multiples of the 16-row interleave (padded), with and without biases."""
+    B, L, K, N = shape
+    x = torch.randn(B, L, K, device=DEVICE).to(dtype)
+    wg, wu = (torch.randn(N, K, device=DEVICE).div(K ** 0.5).to(dtype) for _ in range(2))
+    bg, bu = (torch.randn(N, device=DEVICE).to(dtype) for _ in range(2))
+    for biases in ((None, None), (bg, bu), (bg, None)):
+        w, b = pack(wg, wu, *biases)
+        out = gated_linear_launch(x, w, b, N, act)
+        ref = _ref64(x, wg, wu, *biases, act)
+        assert_close_to_ref(out, ref, _eager(x, wg, wu, *biases, act), dtype, atol=ATOL[dtype], rtol=ATOL[dtype])
+        assert torch.allclose(gated_linear_ref(x, w, b, N, act).double(), ref, atol=ATOL[dtype], rtol=ATOL[dtype])
+
+
+def test_pack_interleaves_and_unpacks_exactly():
+    """Rows [g0..g15, u0..u15, g16..], zero-padded to 16; views (a slice of a fused gate_up matrix,
+    transposed storage) pack the same as their copies."""
+    K, N = 24, 40
+    gate_up = torch.randn(2 * N, K, device=DEVICE)
+    wg, wu = gate_up[:N], torch.randn(K, N, device=DEVICE).t()
+    bg, bu = torch.randn(N, device=DEVICE), torch.randn(N, device=DEVICE)
+    w, b = pack(wg, wu, bg, bu)
+    assert w.shape == (96, K) and b.shape == (96,) and w.is_contiguous()
+    assert torch.equal(w[:16], wg[:16]) and torch.equal(w[16:32], wu[:16]) and torch.equal(w[32:48], wg[16:32])
+    assert torch.equal(w[64:72], wg[32:40]) and not w[72:80].any() and not w[88:].any()
+    for got, want in zip(unpack(w, b, N), (wg, wu, bg, bu)):
+        assert torch.equal(got, want)
+    assert pack(wg, wu)[1] is None
+    assert torch.equal(unpack(*pack(wg, wu, None, bu), N)[2], torch.zeros(N, device=DEVICE))
+
+
+def test_strided_rows():
+    K, N = 48, 32
+    wg, wu = (torch.randn(N, K, device=DEVICE, dtype=torch.float16) / K ** 0.5 for _ in range(2))
+    x = torch.randn(5, 2 * K, device=DEVICE, dtype=torch.float16)[:, ::2]
+    out = gated_linear_launch(x, *pack(wg, wu), N, "silu")
+    assert_close_to_ref(out, _ref64(x, wg, wu, None, None, "silu"), _eager(x, wg, wu, None, None, "silu"),
+                        torch.float16, atol=1e-2, rtol=1e-2)
+
+
+def test_nan_and_inf_as_eager():
+    K, N = 32, 16
+    x = torch.randn(4, K, device=DEVICE)
+    x[1, 3] = float("nan")
+    x[2, 5] = float("inf")
+    wg, wu = torch.randn(N, K, device=DEVICE), torch.randn(N, K, device=DEVICE)
+    out = gated_linear_launch(x, *pack(wg, wu), N, "silu")
+    eager = _eager(x, wg, wu, None, None, "silu")
+    assert torch.equal(out.isnan(), eager.isnan()) and out[1].isnan().all()
+    assert torch.isfinite(out[[0, 3]]).all()
+
+
+def test_empty_and_why_unsupported():
+    w = torch.randn(8, 16, device=DEVICE)
+    assert gated_linear_launch(torch.empty(0, 16, device=DEVICE), *pack(w, w), 8).shape == (0, 8)
+    m = torch.empty(4, 16, device="meta", dtype=torch.float16)
+    wm = torch.empty(8, 16, device="meta", dtype=torch.float16)
+    assert why_unsupported(m, wm, wm) is None
+    assert "differ in width" in why_unsupported(m, wm, torch.empty(4, 16, device="meta", dtype=torch.float16))
+    assert "(N, 16)" in why_unsupported(m, torch.empty(8, 12, device="meta", dtype=torch.float16), wm)
+    assert "float32" in why_unsupported(m, wm.float(), wm)
+    assert "activation" in why_unsupported(m, wm, wm, activation="none")
+    assert "gate bias" in why_unsupported(m, wm, wm, torch.empty(7, device="meta", dtype=torch.float16))
+    with pytest.raises(ValueError, match="accelc::gated_linear: the packed weight"):
+        torch.ops.accelc.gated_linear(torch.randn(2, 16), torch.randn(8, 16), None, 8)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the tuned configs need a GPU (the interpreter runs one)")
+def test_every_candidate_config_is_correct():
+    from accelc.kernels.gemm import CONFIGS, launch, prune_configs, tma_ok
+
+    for M, K, N in ((300, 256, 200), (16, 128, 96)):
+        x = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+        wg, wu = (torch.randn(N, K, device=DEVICE, dtype=torch.float16) / K ** 0.5 for _ in range(2))
+        w, _ = pack(wg, wu)
+        ref = _ref64(x, wg, wu, None, None, "silu")
+        for cfg in prune_configs(CONFIGS, dict(M=M, N=w.shape[0], K=K, tma=tma_ok(x) and tma_ok(w))):
+            out = torch.empty(M, N, device=DEVICE, dtype=torch.float16)
+            launch(x, w, None, None, out, "silu", config=cfg, tuner=TUNER, gated=True)
+            torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2, msg=str(cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# the pass
+
+class GatedMLP(nn.Module):
+    def __init__(self, d=32, h=48, act=F.silu, bias=False, up_first=False):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(d, h, bias=bias), nn.Linear(d, h, bias=bias)
+        self.down_proj = nn.Linear(h, d, bias=bias)
+        self.act, self.up_first = act, up_first
+
+    def forward(self, x):
+        g = self.act(self.gate_proj(x))
+        u = self.up_proj(x)
+        return self.down_proj(u * g if self.up_first else g * u)
+
+
+def _kernels(opt):
+    return {r.name: r.kernel for r in opt.layers if r.status == "rewritten"}
+
+
+@pytest.mark.parametrize("act, label", [(F.silu, "silu"), (nn.SiLU(), "silu"), (F.gelu, "gelu"),
+                                        (nn.GELU(approximate="tanh"), "gelu_tanh"), (F.relu, "relu")])
+@pytest.mark.parametrize("up_first", [False, True])
+def test_gated_mlps_rewritten(act, label, up_first):
+    model = GatedMLP(act=act, up_first=up_first, bias=up_first).to(DEVICE).half().eval()
+    x = torch.randn(2, 8, 32, device=DEVICE, dtype=torch.float16)
+    opt = accelc.optimize(model, (x,))
+    kernels = _kernels(opt)
+    assert f"accelc::gated_linear[{label}]" in kernels.values(), opt.summary()
+    assert kernels["down_proj"] == "accelc::linear"
+    assert not [r for r in opt.layers if r.status != "rewritten"], opt.summary()
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        out, eager = opt(x), model.half()(x)
+    assert_close_to_ref(out, ref, eager, torch.float16, atol=1e-2, rtol=1e-2)
+
+
+def test_gated_linear_layers_in_the_flop_coverage():
+    model = GatedMLP().to(DEVICE).half().eval()
+    opt = accelc.optimize(model, (torch.randn(2, 8, 32, device=DEVICE, dtype=torch.float16),))
+    assert opt.info.flops == 3 * 2 * 16 * 32 * 48
+    assert opt.info.accelc_flops == opt.info.flops
+
+
+class NotGated(nn.Module):
+    """Look-alikes that are no gated MLP: the gate's output also read elsewhere, two different
+    inputs, an activation the epilogue lacks."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(d, d) for _ in range(4))
+        self.e, self.f = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x, y):
+        g = F.silu(self.a(x))
+        shared = g * self.b(x) + g                  # the activation read twice
+        other = F.silu(self.c(x)) * self.d(y)       # gate and up over different inputs
+        leaky = F.leaky_relu(self.e(x)) * self.f(x)
+        return shared + other + leaky
+
+
+def test_look_alikes_stay_separate_linears():
+    model = NotGated().to(DEVICE).eval()
+    x, y = torch.randn(4, 32, device=DEVICE), torch.randn(4, 32, device=DEVICE)
+    opt = accelc.optimize(model, (x, y))
+    assert not [k for k in _kernels(opt).values() if "gated" in k], opt.summary()
+    assert sum(k.startswith("accelc::linear") for k in _kernels(opt).values()) == 6
+    with torch.no_grad():
+        assert torch.allclose(opt(x, y), model(x, y), atol=1e-4)
+
+
+def test_gated_pass_can_be_turned_off():
+    from accelc.pipeline import PASS_NAMES
+
+    model = GatedMLP().to(DEVICE).eval()
+    x = torch.randn(2, 32, device=DEVICE)
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(passes=[p for p in PASS_NAMES if p != "gated_mlp"]))
+    assert "accelc::linear[silu]" in _kernels(opt).values() and opt.info.pass_counts["linear_act"] == 3
+
+
+def test_weights_computed_at_run_time_stay_two_linears():
+    class Scaled(GatedMLP):
+        def forward(self, x):
+            return self.down_proj(F.silu(F.linear(x, self.gate_proj.weight * 2)) * self.up_proj(x))
+    model = Scaled().to(DEVICE).eval()
+    x = torch.randn(2, 32, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    assert not [k for k in _kernels(opt).values() if "gated" in k], opt.summary()
+    with torch.no_grad():
+        assert torch.allclose(opt(x), model(x), atol=1e-4)
