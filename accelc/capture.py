@@ -643,11 +643,11 @@ def _fold_written_gelus(g: fx.Graph) -> None:
                     gelu = g.call_function(F.gelu, (x,), _gelu_kwargs(approximate))
                 _swap(root, gelu)
                 gone.add(root)
-                gone.update(_erase_dead([n for n in interior if n is not root]))
+                gone.update(erase_dead([n for n in interior if n is not root]))
                 break
 
 
-def _erase_dead(nodes) -> list:
+def erase_dead(nodes) -> list:
     """Erase the nodes of `nodes` nothing reads any more (repeatedly: each erase may free others);
     returns those erased."""
     alive, erased = list(nodes), []

@@ -86,6 +86,11 @@ def reason_kept(node: fx.Node) -> str | None:
     return node.meta.get(SKIP)
 
 
+def sole_user(n: fx.Node):
+    """The one node that reads n, or None (no reader, or several)."""
+    return next(iter(n.users)) if len(n.users) == 1 else None
+
+
 def op_name(n: fx.Node) -> str:
     """A node's op in one word: the module's attribute name, the method, or the function's name
     (an aten overload's op: aten.view.default -> view)."""

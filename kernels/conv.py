@@ -246,6 +246,15 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=
         return f"x has {C} channels but the packed weight {tuple(weight.shape)} expects {Cw}"
     if (R > MAX_KERNEL or S > MAX_KERNEL) and not is_patchify(weight.shape, stride, padding, dilation):
         return f"kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL} (taken only as a patch embedding: stride = kernel, no padding)"
+    return operands_problem(x, weight, bias, residual, K, output_size(H, W, R, S, stride, padding, dilation),
+                            activation)
+
+
+def operands_problem(x, weight, bias, residual, K, out_hw, activation) -> str | None:
+    """What is wrong with a conv's dtypes, devices, bias (K,), residual (shaped as the output
+    (N, K, OH, OW)), output size or activation, or None (conv2d and conv2d_depthwise)."""
+    N, _, H, W = x.shape
+    OH, OW = out_hw
     if x.dtype not in SUPPORTED_DTYPES:
         return f"dtype {x.dtype} is not supported (fp16, bf16, fp32)"
     for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
@@ -253,7 +262,6 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=
             return f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}"
     if bias is not None and tuple(bias.shape) != (K,):
         return f"bias must be ({K},), got {tuple(bias.shape)}"
-    OH, OW = output_size(H, W, R, S, stride, padding, dilation)
     if residual is not None and tuple(residual.shape) != (N, K, OH, OW):
         return f"residual must have the output's shape {(N, K, OH, OW)}, got {tuple(residual.shape)}"
     if (OH <= 0 or OW <= 0) and N * K > 0:

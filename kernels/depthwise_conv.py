@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
-from accelc.kernels.conv import MAX_KERNEL, SUPPORTED_DTYPES, output_size
-from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_code, epilogue, epilogue_ref
+from accelc.kernels.conv import MAX_KERNEL, operands_problem, output_size
+from accelc.kernels.epilogue import activation_code, epilogue, epilogue_ref
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 
@@ -104,21 +104,8 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=
         return f"depthwise kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL}"
     if padding[0] != padding[1] or padding[2] != padding[3]:
         return f"asymmetric padding {tuple(padding)}"
-    if x.dtype not in SUPPORTED_DTYPES:
-        return f"dtype {x.dtype} is not supported (fp16, bf16, fp32)"
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
-        if t is not None and (t.dtype != x.dtype or t.device != x.device):
-            return f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}"
-    if bias is not None and tuple(bias.shape) != (C,):
-        return f"bias must be ({C},), got {tuple(bias.shape)}"
-    OH, OW = output_size(H, W, R, S, stride, padding, dilation)
-    if (OH <= 0 or OW <= 0) and N * C > 0:
-        return f"output size {OH}x{OW} for input {H}x{W}"
-    if residual is not None and tuple(residual.shape) != (N, C, OH, OW):
-        return f"residual must have the output's shape {(N, C, OH, OW)}, got {tuple(residual.shape)}"
-    if activation not in ACTIVATIONS:
-        return f"activation must be one of {ACTIVATION_NAMES}, not {activation!r}"
-    return None
+    return operands_problem(x, weight, bias, residual, C, output_size(H, W, R, S, stride, padding, dilation),
+                            activation)
 
 
 _CHECKED: set = set()

@@ -46,14 +46,14 @@ def tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 GATE_GROUP = 16   # rows of gate, then of up, alternating in a gated weight (divides every config's BLOCK_N / 2)
+_GATE_GROUP = tl.constexpr(GATE_GROUP)   # the same, as the kernels see it
 
 
 @triton.jit
 def gated_halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """A tile over interleaved [gate GATE_GROUP | up GATE_GROUP] column blocks -> (gate, up), each
     (BLOCK_M, BLOCK_N // 2) in output-column order."""
-    G: tl.constexpr = 16
-    a = tl.reshape(acc, (BLOCK_M, BLOCK_N // (2 * G), 2, G))
+    a = tl.reshape(acc, (BLOCK_M, BLOCK_N // (2 * _GATE_GROUP), 2, _GATE_GROUP))
     a = tl.reshape(tl.permute(a, (0, 1, 3, 2)), (BLOCK_M, BLOCK_N // 2, 2))
     return tl.split(a)
 

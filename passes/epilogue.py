@@ -39,10 +39,7 @@ def absorb(anchor: fx.Node) -> Epilogue:
     of the same shape and dtype, in either order (act(y) + r, or act(y + r))."""
     ep = Epilogue(nodes=[])
     node = anchor
-
-    def sole_user(n):
-        return next(iter(n.users)) if len(n.users) == 1 else None
-
+    sole_user = meta.sole_user
     def residual_of(add, n):
         if not (isinstance(add, fx.Node) and add.op == "call_function" and add.target is operator.add):
             return None

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from accelc import meta
-from accelc.capture import _erase_dead
+from accelc.capture import erase_dead
 from accelc.kernels.layernorm import why_unsupported
 from accelc.rewrite import Pass, Pattern, Replacement, Rule, replace_uses
 
@@ -187,10 +187,6 @@ def _is(n, name: str, nargs: int) -> bool:
             and len(n.args) == nargs)
 
 
-def _sole_user(n):
-    return next(iter(n.users)) if len(n.users) == 1 else None
-
-
 def _mean_over_last(v, rank) -> bool:
     args = dict(zip(("input", "dim", "keepdim"), v.args))
     args.update(v.kwargs)
@@ -225,18 +221,18 @@ def written_rms_norm(r: fx.Node):
     if any(len(n.users) != 1 for n in (add, v, p, r)):
         return None
     x = _uncast(h2)
-    out = _sole_user(r)
+    out = meta.sole_user(r)
     if not _is(out, "mul", 2) or out.kwargs:
         return None
     h = out.args[1] if out.args[0] is r else out.args[0]
     if _uncast(h) is not x or r not in out.args:
         return None
     chain = [add, v, p, r, out]
-    nxt = _sole_user(out)
+    nxt = meta.sole_user(out)
     if _cast_to(nxt) is not None and nxt.args[0] is out:
         out = nxt
         chain.append(out)
-        nxt = _sole_user(out)
+        nxt = meta.sole_user(out)
     weight = None
     N = hm.shape[-1]
     if _is(nxt, "mul", 2) and not nxt.kwargs and out in nxt.args and nxt.args[0] is not nxt.args[1]:
@@ -275,7 +271,7 @@ def fold_written_rms_norms(gm: fx.GraphModule, ctx) -> None:
             new = g.call_function(F.rms_norm, (x, (meta.tensor_meta(x).shape[-1],), weight, eps))
         new.meta.update(out.meta)
         replace_uses(gm, out, new)      # (also in the inputs of the layers linear_act made)
-        _erase_dead(chain)
+        erase_dead(chain)
 
 
 RULES = (
