@@ -490,7 +490,8 @@ def _clean_path(path: str) -> str:
 # canonical form
 
 # activation modules -> their ACTIVATIONS entry (kernels/epilogue.py), the one table of activations
-_ACTIVATION_MODULES = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
+_ACTIVATION_MODULES = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh",
+                       nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid"}
 _DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 
 # spelling -> canonical callable, for call_function targets
@@ -499,6 +500,9 @@ _FUNCTIONS = {
     torch.relu: F.relu, aten.relu.default: F.relu,
     F.gelu: F.gelu, aten.gelu.default: F.gelu,
     aten.silu.default: F.silu,
+    F.relu6: F.relu6, aten.relu6.default: F.relu6,
+    F.hardswish: F.hardswish, aten.hardswish.default: F.hardswish,
+    F.hardsigmoid: F.hardsigmoid, aten.hardsigmoid.default: F.hardsigmoid,
     F.sigmoid: torch.sigmoid, aten.sigmoid.default: torch.sigmoid,
     F.tanh: torch.tanh, aten.tanh.default: torch.tanh,
     torch.add: operator.add, aten.add.Tensor: operator.add,
@@ -520,7 +524,15 @@ _METHODS = {"addmm": torch.addmm, "relu": F.relu, "sigmoid": torch.sigmoid, "tan
             "mul": operator.mul, "div": operator.truediv}
 # in-place spelling -> out-of-place canonical (only where the mutated input has no other reader)
 _INPLACE_FUNCTIONS = {torch.relu_: F.relu, operator.iadd: operator.add, aten.relu_.default: F.relu,
-                      aten.add_.Tensor: operator.add}
+                      aten.add_.Tensor: operator.add, aten.hardswish_.default: F.hardswish,
+                      aten.hardsigmoid_.default: F.hardsigmoid, aten.relu6_.default: F.relu6}
+# clamps to [0, 6] in their other spellings -> F.relu6 (in place: where nothing else reads the input)
+_RELU6_SPELLINGS = {F.hardtanh: ("input", "min_val", "max_val", "inplace"),
+                    aten.hardtanh.default: ("input", "min_val", "max_val"),
+                    aten.hardtanh_.default: ("input", "min_val", "max_val"),
+                    torch.clamp: ("input", "min", "max"), aten.clamp.default: ("input", "min", "max"),
+                    torch.clip: ("input", "min", "max"), aten.clip.default: ("input", "min", "max")}
+_RELU6_METHODS = {"clamp": ("min", "max"), "clip": ("min", "max")}
 _INPLACE_METHODS = {"relu_": F.relu, "add_": operator.add, "sigmoid_": torch.sigmoid, "tanh_": torch.tanh}
 
 
@@ -531,13 +543,17 @@ def canonicalize(gm: fx.GraphModule) -> None:
         if n.op == "call_module":
             _canonical_module(gm, n, modules[n.target])
         elif n.op == "call_method":
-            if n.target in _METHODS:
+            if n.target in _RELU6_METHODS and _clamps_to_relu6(n):
+                n.op, n.target, n.args, n.kwargs = "call_function", F.relu6, n.args[:1], {}
+            elif n.target in _METHODS:
                 _retarget(n, _METHODS[n.target])
             elif n.target in _INPLACE_METHODS and _only_reader(n):
                 _retarget(n, _INPLACE_METHODS[n.target])
         elif n.op == "call_function":
             target = n.target
-            if target in _INPLACE_FUNCTIONS and _only_reader(n):
+            if target in _RELU6_SPELLINGS and _clamps_to_relu6(n):
+                n.target, n.args, n.kwargs = F.relu6, n.args[:1], {}
+            elif target in _INPLACE_FUNCTIONS and _only_reader(n):
                 _retarget(n, _INPLACE_FUNCTIONS[target])
             elif target in _FUNCTIONS and (not _inplace_arg(n) or _only_reader(n)):
                 _retarget(n, _FUNCTIONS[target])
@@ -550,11 +566,13 @@ def canonicalize(gm: fx.GraphModule) -> None:
                 _canonical_layer_norm(g, n)
             elif target in _RMS_NORMS:
                 _canonical_rms_norm(n)
+            elif target in _PADS:
+                _canonical_pad(n)
             elif target is aten._assert_tensor_metadata.default and not n.users:
                 # torch.export's check of a cast's dtype and device, fixed by the graph itself: as
                 # a reader it would keep every value it checks out of the rules' single-reader chains
                 g.erase_node(n)
-    _fold_written_gelus(g)
+    _fold_written_activations(g)
     g.lint()
     gm.recompile()
 
@@ -567,11 +585,19 @@ _POINTWISE_FUNCTIONS = {
     aten.neg.default: operator.neg, torch.neg: operator.neg,
     torch.pow: torch.pow, aten.pow.Tensor_Scalar: torch.pow, aten.pow.Tensor_Tensor: torch.pow,
     torch.tanh: torch.tanh, torch.sigmoid: torch.sigmoid, torch.erf: torch.erf, aten.erf.default: torch.erf,
-    torch.special.erf: torch.erf, torch.sqrt: torch.sqrt,
+    torch.special.erf: torch.erf, torch.sqrt: torch.sqrt, F.relu6: F.relu6,
 }
 _POINTWISE_METHODS = {"pow": torch.pow, "erf": torch.erf, "neg": operator.neg, "sub": torch.sub}
-# the activations a written-out form may compute, and the canonical call that replaces it
-_WRITTEN_ACTIVATIONS = (("tanh", lambda x: F.gelu(x, approximate="tanh")), ("none", F.gelu))
+# the activations a written-out form may compute: (the fewest ops its written form takes, the
+# ACTIVATIONS entry of the canonical call that replaces it)
+_WRITTEN_ACTIVATIONS = (
+    (4, "gelu_tanh"),      # 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))): gelu_new, gelu_fast
+    (4, "gelu"),           # x * 0.5 * (1 + erf(x / sqrt(2)))
+    (3, "quick_gelu"),     # x * sigmoid(1.702 * x)
+    (3, "hardswish"),      # x * relu6(x + 3) / 6
+    (3, "hardsigmoid"),    # relu6(x + 3) / 6
+    (2, "silu"),           # x * sigmoid(x)
+)
 _PROBE = torch.cat([torch.linspace(-9, 9, 361, dtype=torch.float64),
                     torch.tensor([-40.0, -15.0, 15.0, 40.0, 1e-3, -1e-3, 0.0], dtype=torch.float64)])
 
@@ -615,20 +641,20 @@ def _evaluate(root: fx.Node, x: fx.Node, values: torch.Tensor) -> torch.Tensor:
     return ev(root)
 
 
-def _fold_written_gelus(g: fx.Graph) -> None:
-    """A GELU written out in pointwise ops (HF's gelu_new / gelu_fast: 0.5 * x * (1 + tanh(
-    sqrt(2 / pi) * (x + 0.044715 * x ** 3))); the erf form x * 0.5 * (1 + erf(x / sqrt(2)))), in
-    any order of its commutative operands, becomes F.gelu(x, approximate=...), so that the
-    epilogue rules see it. Told by evaluating the expression, in float64, on probe values (NaN
-    and inf included) against each form: an expression is replaced only where it computes that
-    function to 1e-9."""
+def _fold_written_activations(g: fx.Graph) -> None:
+    """An activation written out in pointwise ops (_WRITTEN_ACTIVATIONS: HF's gelu_new /
+    gelu_fast, the erf GELU, CLIP's quick_gelu, hardswish and hardsigmoid through relu6, SiLU), in any
+    order of its commutative operands, becomes its canonical call (F.gelu(x, approximate=...),
+    quick_gelu(x), F.hardswish(x) ...), so that the epilogue rules see it. Told by evaluating the
+    expression, in float64, on probe values (NaN and inf included) against each form: an
+    expression is replaced only where it computes that function to 1e-9."""
     gone: set = set()
     special = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=torch.float64)
     for root in reversed(list(g.nodes)):
         if root in gone or _pointwise_fn(root) is None:
             continue
         found = _written_expression(root)
-        if found is None or len(found[1]) < 4:    # a GELU takes at least four ops written out
+        if found is None or len(found[1]) < 2:    # one op is a call already
             continue
         x, interior = found
         try:
@@ -637,11 +663,15 @@ def _fold_written_gelus(g: fx.Graph) -> None:
             continue
         if not isinstance(got, torch.Tensor) or got.shape != _PROBE.shape:
             continue
-        for approximate, fn in _WRITTEN_ACTIVATIONS:
-            if torch.allclose(got, fn(_PROBE), rtol=1e-9, atol=1e-9) and same_values(got_special, fn(special)):
+        for fewest_ops, name in _WRITTEN_ACTIVATIONS:
+            fn, kwargs = ACTIVATIONS[name]
+            if len(interior) < fewest_ops:
+                continue
+            want, want_special = fn(_PROBE, **kwargs), fn(special, **kwargs)
+            if torch.allclose(got, want, rtol=1e-9, atol=1e-9) and same_values(got_special, want_special):
                 with g.inserting_before(root):
-                    gelu = g.call_function(F.gelu, (x,), _gelu_kwargs(approximate))
-                _swap(root, gelu)
+                    call = g.call_function(fn, (x,), dict(kwargs))
+                _swap(root, call)
                 gone.add(root)
                 gone.update(erase_dead([n for n in interior if n is not root]))
                 break
@@ -748,8 +778,9 @@ def _canonical_module(gm, n, mod):
             if a is not None:
                 a.meta[meta.PATH] = n.target
         _swap(n, new)
-    elif type(mod) in _ACTIVATION_MODULES and (not getattr(mod, "inplace", False) or _only_reader(n)):
-        fn, kwargs = ACTIVATIONS[_ACTIVATION_MODULES[type(mod)]]
+    elif (type(mod) in _ACTIVATION_MODULES or _is_relu6_module(mod)) \
+            and (not getattr(mod, "inplace", False) or _only_reader(n)):
+        fn, kwargs = ACTIVATIONS[_ACTIVATION_MODULES.get(type(mod), "relu6")]
         with g.inserting_before(n):
             new = g.call_function(fn, (n.args[0],), kwargs)
         _swap(n, new)
@@ -775,6 +806,10 @@ def _canonical_module(gm, n, mod):
         with g.inserting_before(n):
             new = g.call_function(F.gelu, (n.args[0],), _gelu_kwargs(mod.approximate))
         _swap(n, new)
+    elif type(mod) in (nn.ZeroPad2d, nn.ConstantPad2d) and mod.value == 0:
+        with g.inserting_before(n):
+            new = g.call_function(F.pad, (n.args[0], tuple(mod.padding)))
+        _swap(n, new)
     elif type(mod) is nn.RMSNorm:
         with g.inserting_before(n):
             w = g.get_attr(f"{n.target}.weight") if mod.weight is not None else None
@@ -791,6 +826,26 @@ def _canonical_module(gm, n, mod):
             if a is not None:
                 a.meta[meta.PATH] = n.target
         _swap(n, new)
+
+
+# F.pad / aten.pad (input, pad, mode="constant", value=None); aten.constant_pad_nd (input, pad, value=0)
+_PADS = {F.pad: ("input", "pad", "mode", "value"), aten.pad.default: ("input", "pad", "mode", "value"),
+         aten.constant_pad_nd.default: ("input", "pad", "value")}
+
+
+def _canonical_pad(n: fx.Node) -> None:
+    """A zero pad -> F.pad(x, pad), the two arguments positional (the form the conv rules fold
+    into the conv's padding); other modes and fill values stay as written."""
+    names = _PADS[n.target]
+    bound = dict(zip(names, n.args))
+    bound.update(n.kwargs)
+    if set(bound) - set(names) or bound.get("mode", "constant") != "constant" or bound.get("value") not in (None, 0):
+        return
+    n.target, n.args, n.kwargs = F.pad, (bound["input"], bound["pad"]), {}
+
+
+def _is_relu6_module(mod) -> bool:
+    return type(mod) is nn.Hardtanh and mod.min_val == 0 and mod.max_val == 6
 
 
 def _swap(old, new):
@@ -832,7 +887,7 @@ def _retarget(n, target):
         args = (args[0], kwargs.pop("dim0", args[1] if len(args) > 1 else None),
                 kwargs.pop("dim1", args[2] if len(args) > 2 else None))
     n.op, n.target, n.args, n.kwargs = "call_function", target, args, kwargs
-    if target is F.relu or target is F.silu:
+    if target in _INPLACE_ACTIVATIONS:
         n.args = args[:1]
 
 
@@ -854,9 +909,25 @@ def _gelu_kwargs(approximate: str) -> dict:
     return dict(ACTIVATIONS["gelu_tanh" if approximate == "tanh" else "gelu"][1])
 
 
+def _clamps_to_relu6(n) -> bool:
+    """F.hardtanh(x, 0, 6), torch.clamp(x, 0, 6), x.clamp(min=0, max=6) ...: relu6 written
+    another way (in place only where nothing else reads x)."""
+    names = _RELU6_SPELLINGS.get(n.target) if n.op == "call_function" else ("self",) + _RELU6_METHODS[n.target]
+    bound = dict(zip(names, n.args))
+    bound.update(n.kwargs)
+    lo, hi = bound.get(names[1]), bound.get(names[2])
+    if set(bound) - set(names) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (lo, hi)):
+        return False
+    inplace = bound.get("inplace", False) or n.target is aten.hardtanh_.default
+    return lo == 0 and hi == 6 and (not inplace or _only_reader(n))
+
+
+_INPLACE_ACTIVATIONS = (F.relu, F.silu, F.relu6, F.hardswish, F.hardsigmoid)
+
+
 def _inplace_arg(n) -> bool:
     """F.relu(x, inplace=True) / F.relu(x, True)."""
-    if n.target in (F.relu, F.silu):
+    if n.target in _INPLACE_ACTIVATIONS:
         return bool(n.kwargs.get("inplace", n.args[1] if len(n.args) > 1 else False))
     return False
 

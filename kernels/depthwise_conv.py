@@ -102,8 +102,6 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=
         return f"x has {C} channels but the packed depthwise weight {tuple(weight.shape)} has {Cw}"
     if R > MAX_KERNEL or S > MAX_KERNEL:
         return f"depthwise kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL}"
-    if padding[0] != padding[1] or padding[2] != padding[3]:
-        return f"asymmetric padding {tuple(padding)}"
     return operands_problem(x, weight, bias, residual, C, output_size(H, W, R, S, stride, padding, dilation),
                             activation)
 

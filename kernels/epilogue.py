@@ -17,6 +17,12 @@ from triton.language.extra import libdevice
 
 from accelc import runtime
 
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(1.702 x): the GELU approximation of CLIP (HF's QuickGELUActivation), which
+    models write out; capture folds that written form into a call of this function."""
+    return x * torch.sigmoid(1.702 * x)
+
+
 # The activations the epilogue applies, one table for capture, rules and kernels:
 # name -> (the PyTorch call capture writes it as, that call's keyword arguments). The position of a
 # name in this table is the ACTIVATION constexpr code the kernels take.
@@ -28,6 +34,10 @@ ACTIVATIONS = {
     "silu": (F.silu, {}),
     "sigmoid": (torch.sigmoid, {}),
     "tanh": (torch.tanh, {}),
+    "relu6": (F.relu6, {}),
+    "hardswish": (F.hardswish, {}),
+    "hardsigmoid": (F.hardsigmoid, {}),
+    "quick_gelu": (quick_gelu, {}),
 }
 ACTIVATION_NAMES = tuple(ACTIVATIONS)
 
@@ -90,6 +100,12 @@ def _gelu(x):
 
 
 @triton.jit
+def _relu6(x):
+    # comparisons, not tl.minimum / tl.maximum: NaN stays NaN, as in eager
+    return tl.where(x < 0.0, 0.0, tl.where(x > 6.0, 6.0, x))
+
+
+@triton.jit
 def apply_activation(x, ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr):
     """x: fp32 tile. ACTIVATION: code of an ACTIVATIONS name (activation_code). FAST_MATH (int8 layers with half
     outputs): both GELUs in the tanh form on the SFU's tanh. Against exact GELU that is 1.5e-4
@@ -111,6 +127,14 @@ def apply_activation(x, ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr):
         x = tl.sigmoid(x)
     elif ACTIVATION == 6:
         x = _tanh(x)
+    elif ACTIVATION == 7:
+        x = _relu6(x)
+    elif ACTIVATION == 8:
+        x = x * _relu6(x + 3.0) / 6.0     # -inf * 0 = NaN, as eager's hardswish gives
+    elif ACTIVATION == 9:
+        x = _relu6(x + 3.0) / 6.0
+    elif ACTIVATION == 10:
+        x = x * tl.sigmoid(1.702 * x)
     return x
 
 

@@ -1,7 +1,8 @@
 """conv_gemm: F.conv2d (+ bias, folded BN included) (+ activation) (+ residual add, before or
 after the activation) -> one torch.ops.accelc.conv2d call (kernels/conv.py).
 
-Taken: groups=1, any stride, padding (ints, 'same', 'valid'), dilation, what the kernel's
+Taken: groups=1, any stride, padding (ints, 'same', 'valid', and a zero F.pad just before the
+conv, folded in: TF-style asymmetric 'same' padding), dilation, what the kernel's
 why_unsupported accepts (kernel sizes up to 7x7, any channel counts, fp16 / bf16 / fp32). The
 weight is packed once here, (K, C, R, S) -> (K, R, S, C), as a buffer of the graph module.
 Depthwise convs (groups = in channels = out channels) -> torch.ops.accelc.conv2d_depthwise
@@ -34,6 +35,12 @@ def _conv(x, w, b, stride, padding, dilation, groups):
     return F.conv2d(x, w, b, stride, padding, dilation, groups)
 
 
+def _padded_conv(x, pad, w, b, stride, padding, dilation, groups):
+    # an explicit zero pad first (TF-style 'same' padding: HF's MobileNet / EfficientNet ports, timm's
+    # Conv2dSame): folded into the conv's own, possibly asymmetric, padding
+    return F.conv2d(F.pad(x, pad), w, b, stride, padding, dilation, groups)
+
+
 def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
@@ -54,9 +61,25 @@ def explicit_padding(padding, kernel, dilation, stride):
     return (ph, ph, pw, pw)
 
 
+def pad_widths(pad) -> tuple | None:
+    """F.pad's widths over the last two dims as (top, bottom, left, right); None where they are
+    not constants >= 0 or pad another dim too."""
+    if not isinstance(pad, (list, tuple)) or len(pad) not in (2, 4, 6, 8) \
+            or any(isinstance(p, bool) or not isinstance(p, int) for p in pad):
+        return None
+    if any(p < 0 for p in pad) or any(pad[4:]):
+        return None
+    left, right, top, bottom = (tuple(pad) + (0, 0))[:4]
+    return (top, bottom, left, right)
+
+
 def _padding(m):
     mw = meta.tensor_meta(m.input("w"))
-    return explicit_padding(m.input("padding"), mw.shape[2:], m.input("dilation"), m.input("stride"))
+    own = explicit_padding(m.input("padding"), mw.shape[2:], m.input("dilation"), m.input("stride"))
+    if own is None or not m.has("pad"):
+        return own
+    extra = pad_widths(m.input("pad"))
+    return None if extra is None else tuple(a + b for a, b in zip(own, extra))
 
 
 def _check(m, ctx) -> str | None:
@@ -76,6 +99,8 @@ def _common_reason(m, x, w) -> str | None:
     w_node = m.input("w")
     if not (isinstance(w_node, fx.Node) and w_node.op == "get_attr"):
         return "weight computed at run time (cannot be packed ahead)"
+    if m.has("pad") and pad_widths(m.input("pad")) is None:
+        return f"a pad before the conv the kernel cannot fold: widths {m.input('pad')}"
     if _padding(m) is None:
         return "padding='same' with stride > 1"
     return None
@@ -144,7 +169,10 @@ def _eager_layout_where_needed(gm: fx.GraphModule, ctx) -> int:
     return 0
 
 
-RULES = (Rule(Pattern("conv2d_depthwise", _conv), build=_build, check=_check_depthwise, applies=_is_depthwise,
+RULES = (Rule(Pattern("pad+conv2d_depthwise", _padded_conv), build=_build, check=_check_depthwise,
+              applies=_is_depthwise, last_first=True),
+         Rule(Pattern("conv2d_depthwise", _conv), build=_build, check=_check_depthwise, applies=_is_depthwise,
               last_first=True),
+         Rule(Pattern("pad+conv2d", _padded_conv), build=_build, check=_check, last_first=True),
          Rule(Pattern("conv2d", _conv), build=_build, check=_check, last_first=True))
 PASS = Pass("conv_gemm", RULES, transform=_eager_layout_where_needed)

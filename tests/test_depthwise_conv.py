@@ -9,7 +9,7 @@ import accelc
 from accelc.kernels.depthwise_conv import (CONFIGS, _prune, conv2d_depthwise_launch, conv2d_depthwise_ref,
                                            pack_weight, why_unsupported)
 from accelc.kernels.epilogue import activation_ref
-from conftest import DEVICE, assert_close_to_ref
+from conftest import DEVICE, assert_close_to_ref, rel_l2
 
 ATOL = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-5}
 
@@ -53,6 +53,22 @@ def test_depthwise_against_fp64(shape, dtype, channels_last):
     assert torch.allclose(ref_fn, _eager(x.double(), w.double(), b.double(), None, st, pad, dil, "relu"))
 
 
+@pytest.mark.parametrize("padding,stride,r", [((0, 1, 0, 1), 2, 3), ((1, 2, 1, 2), 1, 4), ((3, 0, 0, 2), 2, 5)])
+def test_asymmetric_padding_against_fp64(padding, stride, r):
+    """TF-style 'same' padding (more at the bottom / right), and any other split."""
+    x = torch.randn(2, 12, 9, 10, device=DEVICE, dtype=torch.float16)
+    w = (torch.randn(12, 1, r, r, device=DEVICE) / r).to(torch.float16)
+    b = torch.randn(12, device=DEVICE, dtype=torch.float16)
+    top, bottom, left, right = padding
+
+    def eager(d):
+        y = F.conv2d(F.pad(x.to(d), (left, right, top, bottom)), w.to(d), b.to(d), stride, 0, 1, 12)
+        return F.hardswish(y)
+    out = conv2d_depthwise_launch(x, pack_weight(w), b, None, [stride] * 2, list(padding), [1, 1], "hardswish")
+    assert_close_to_ref(out, eager(torch.float64), eager(torch.float32).half(), torch.float16,
+                        atol=ATOL[torch.float16], rtol=ATOL[torch.float16])
+
+
 def test_nan_and_inf_as_eager():
     x = torch.randn(1, 8, 6, 6, device=DEVICE)
     x[0, 2, 3, 3] = float("nan")
@@ -70,7 +86,7 @@ def test_why_unsupported_says_why():
     assert why_unsupported(x, w, padding=(1, 1, 1, 1)) is None
     assert "channels" in why_unsupported(x, torch.empty(3, 3, 8, device="meta", dtype=torch.float16))
     assert "9x9" in why_unsupported(x, torch.empty(9, 9, 16, device="meta", dtype=torch.float16))
-    assert "asymmetric" in why_unsupported(x, w, padding=(0, 1, 0, 1))
+    assert why_unsupported(x, w, padding=(0, 1, 2, 0)) is None            # asymmetric: taken
     assert "bias" in why_unsupported(x, w, torch.empty(8, device="meta", dtype=torch.float16))
     with pytest.raises(ValueError, match="accelc::conv2d_depthwise: .*channels"):
         torch.ops.accelc.conv2d_depthwise(torch.randn(1, 4, 5, 5), torch.randn(3, 3, 2), None, None, [1, 1],
@@ -149,7 +165,7 @@ def test_grouped_and_multiplier_convs_stay_with_the_reason():
             super().__init__()
             self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2)
             self.multiplier = nn.Conv2d(8, 16, 3, padding=1, groups=8)
-            self.same_even = nn.Conv2d(16, 16, 4, padding="same", groups=16)
+            self.same_even = nn.Conv2d(16, 16, 4, padding="same", groups=16)   # asymmetric: taken
 
         def forward(self, x):
             return self.same_even(self.multiplier(self.grouped(x)))
@@ -159,6 +175,51 @@ def test_grouped_and_multiplier_convs_stay_with_the_reason():
     rows = {r.name: r for r in opt.layers}
     assert rows["grouped"].status == "kept" and "groups=2" in rows["grouped"].reason
     assert rows["multiplier"].status == "kept" and "groups=8" in rows["multiplier"].reason
-    assert rows["same_even"].status == "kept" and "asymmetric" in rows["same_even"].reason
+    assert rows["same_even"].kernel == "accelc::conv2d_depthwise", opt.summary()
     with torch.no_grad():
         assert torch.allclose(opt(x), model(x), atol=1e-5)
+
+
+class PaddedConvs(nn.Module):
+    """TF-style 'same' padding as HF's MobileNet / EfficientNet ports and timm's Conv2dSame write
+    it: an explicit zero F.pad, then the conv with padding 0; look-alikes that must stay."""
+
+    def __init__(self, style):
+        super().__init__()
+        self.style = style
+        self.dw = nn.Conv2d(8, 8, 3, stride=2, groups=8)
+        self.pw = nn.Conv2d(8, 16, 3, stride=2)
+        self.bn = nn.BatchNorm2d(8)
+        self.zero_pad = nn.ZeroPad2d((1, 2, 1, 2))
+
+    def forward(self, x):
+        if self.style == "export" and x.shape[0] > 1:     # a shape branch: captured by torch.export
+            x = x * 0.5
+        value, mode = {"reflect": (0.0, "reflect"), "fill": (1.0, "constant")}.get(self.style, (0.0, "constant"))
+        pad = {"negative": (0, 1, -1, 1), "batch": (0, 1, 0, 1, 0, 0, 0, 1)}.get(self.style, (0, 1, 0, 1))
+        h = F.relu6(self.bn(self.dw(F.pad(x, pad, mode, value))))
+        return self.pw(self.zero_pad(h))
+
+
+@pytest.mark.parametrize("style", ["trace", "export"])
+def test_zero_pad_before_a_conv_is_folded_into_its_padding(style):
+    model = _randomize_bn(PaddedConvs(style)).to(DEVICE).eval()
+    x = torch.randn(2, 8, 11, 12, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    assert opt.info.capture_method == ("torch.export" if style == "export" else "symbolic_trace")
+    kernels = sorted(r.kernel for r in opt.rewritten)
+    assert kernels == ["accelc::conv2d", "accelc::conv2d_depthwise[relu6]"], opt.summary()
+    assert not [r for r in opt.layers if r.status != "rewritten"], opt.summary()   # no pad left
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("style", ["reflect", "fill", "negative", "batch"])
+def test_pads_that_are_not_zero_padding_stay(style):
+    model = _randomize_bn(PaddedConvs(style)).to(DEVICE).eval()
+    x = torch.randn(2, 8, 11, 12, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    rows = [r for r in opt.layers if r.kind == "pad" or r.name.endswith("pad")]
+    assert rows and all(r.status == "kept" for r in rows), opt.summary()
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5

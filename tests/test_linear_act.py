@@ -41,12 +41,74 @@ class LinearAct(nn.Module):
     (nn.SiLU(), "accelc::linear[silu]"),
     (nn.Sigmoid(), "accelc::linear[sigmoid]"),
     (nn.Tanh(), "accelc::linear[tanh]"),
+    (nn.ReLU6(), "accelc::linear[relu6]"),
+    (nn.ReLU6(inplace=True), "accelc::linear[relu6]"),
+    (nn.Hardtanh(0.0, 6.0), "accelc::linear[relu6]"),
+    (nn.Hardtanh(), "accelc::linear"),                 # clamps to [-1, 1]: not an epilogue activation
+    (nn.Hardswish(), "accelc::linear[hardswish]"),
+    (nn.Hardsigmoid(inplace=True), "accelc::linear[hardsigmoid]"),
     (nn.Identity(), "accelc::linear"),
 ])
 def test_activation_modules_fused(act, label):
     opt = _optimize(LinearAct(act), 9, 20)
     assert _kernels(opt) == [label]
     assert opt.info.pass_counts["linear_act"] == 1
+
+
+class Relu6Spelled(nn.Module):
+    """relu6 written each way models write it; `shape_branch` makes symbolic_trace fail, so the
+    graph comes from torch.export (aten.hardtanh / aten.clamp / aten.relu6)."""
+
+    def __init__(self, style, shape_branch=False):
+        super().__init__()
+        self.fc, self.style, self.shape_branch = nn.Linear(20, 12), style, shape_branch
+
+    def forward(self, x):
+        if self.shape_branch and x.shape[0] > 1:
+            x = x * 0.5
+        y = self.fc(x)
+        if self.style == "F.relu6":
+            return F.relu6(y, inplace=True)
+        if self.style == "F.hardtanh":
+            return F.hardtanh(y, min_val=0.0, max_val=6.0)
+        if self.style == "torch.clamp":
+            return torch.clamp(y, 0, 6)
+        if self.style == "clamp_kwargs":
+            return y.clamp(min=0.0, max=6.0)
+        if self.style == "clip":
+            return y.clip(0, 6)
+        if self.style == "clamp_other":
+            return y.clamp(0, 5)             # not relu6: stays
+        if self.style == "clamp_min_only":
+            return y.clamp(min=0)            # stays (a relu, but spelled as clamp: left as written)
+        return F.hardswish(y)
+
+
+@pytest.mark.parametrize("shape_branch", [False, True])
+@pytest.mark.parametrize("style,label", [
+    ("F.relu6", "accelc::linear[relu6]"), ("F.hardtanh", "accelc::linear[relu6]"),
+    ("torch.clamp", "accelc::linear[relu6]"), ("clamp_kwargs", "accelc::linear[relu6]"),
+    ("clip", "accelc::linear[relu6]"), ("clamp_other", "accelc::linear"), ("clamp_min_only", "accelc::linear"),
+    ("F.hardswish", "accelc::linear[hardswish]"),
+])
+def test_relu6_and_hardswish_spellings_fused(style, label, shape_branch):
+    opt = _optimize(Relu6Spelled(style, shape_branch), 9, 20)
+    assert opt.info.capture_method == ("torch.export" if shape_branch else "symbolic_trace")
+    assert _kernels(opt) == [label], opt.summary()
+
+
+def test_relu6_in_place_on_a_tensor_read_again_stays():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(20, 12)
+
+        def forward(self, x):
+            y = self.fc(x)
+            z = F.relu6(y, inplace=True)     # mutates y, which is read again below
+            return z + y
+    opt = _optimize(M(), 9, 20)
+    assert _kernels(opt) == ["accelc::linear"], opt.summary()
 
 
 class Functional(nn.Module):
@@ -199,13 +261,23 @@ def test_addmm_linears():
 
 
 _S2 = math.sqrt(2.0 / math.pi)
-WRITTEN_GELUS = {   # HF's gelu_new / gelu_fast, the erf form, operand orders a user may write
+WRITTEN = {   # HF's gelu_new / gelu_fast, the erf form, operand orders a user may write; CLIP's quick_gelu,
+              # hardswish / hardsigmoid through relu6, SiLU written out; look-alikes stay as written
     "gelu_new": (lambda h: 0.5 * h * (1.0 + torch.tanh(_S2 * (h + 0.044715 * torch.pow(h, 3.0)))), "gelu_tanh"),
     "commuted": (lambda h: (torch.tanh((0.044715 * h ** 3 + h) * _S2) + 1.0) * h * 0.5, "gelu_tanh"),
     "gelu_fast": (lambda h: 0.5 * h * (1.0 + torch.tanh(h * 0.7978845608 * (1.0 + 0.044715 * h * h))), "gelu_tanh"),
     "erf": (lambda h: h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0))), "gelu"),
-    "quick_gelu": (lambda h: h * torch.sigmoid(1.702 * h), None),         # another function: not a GELU
     "near_miss": (lambda h: 0.5 * h * (1.0 + torch.tanh(_S2 * (h + 0.05 * h ** 3))), None),
+    "quick_gelu": (lambda h: h * torch.sigmoid(1.702 * h), "quick_gelu"),
+    "quick_gelu_commuted": (lambda h: torch.sigmoid(h * 1.702) * h, "quick_gelu"),
+    "quick_gelu_near_miss": (lambda h: h * torch.sigmoid(1.7 * h), None),
+    "hardswish": (lambda h: h * F.relu6(h + 3.0) / 6.0, "hardswish"),
+    "hardswish_clamp": (lambda h: h * torch.clamp(h + 3, 0, 6) / 6, "hardswish"),
+    "hardswish_hardtanh": (lambda h: h * F.hardtanh(h + 3.0, 0.0, 6.0) * (1.0 / 6.0), "hardswish"),
+    "hardsigmoid": (lambda h: F.relu6(h + 3.0) / 6.0, "hardsigmoid"),
+    "silu": (lambda h: h * torch.sigmoid(h), "silu"),
+    "sigmoid_squared": (lambda h: torch.sigmoid(h) * torch.sigmoid(h), None),
+    "relu6_shifted": (lambda h: F.relu6(h + 2.0) / 6.0, None),
 }
 
 
@@ -218,9 +290,9 @@ class _Written(nn.Module):
         return self.f(self.fc(x))
 
 
-@pytest.mark.parametrize("form", list(WRITTEN_GELUS))
-def test_written_out_gelus_fuse_as_gelu(form):
-    f, act = WRITTEN_GELUS[form]
+@pytest.mark.parametrize("form", list(WRITTEN))
+def test_written_out_activations_fuse(form):
+    f, act = WRITTEN[form]
     model = _Written(f).to(DEVICE).eval()
     x = torch.randn(4, 16, device=DEVICE)
     opt = accelc.optimize(model, x, accelc.OptimizeConfig(only_if_faster=False))

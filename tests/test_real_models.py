@@ -94,6 +94,20 @@ def test_family_captures_and_rewrites(name):
         assert a.shape == b.shape and rel_l2(a, b) < TOL, (name, rel_l2(a, b))
 
 
+@pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet"])
+def test_tf_padding_and_activations_fold_into_the_convs(name):
+    """HF's MobileNetV2 / EfficientNet pad explicitly (TF 'same' padding) and use ReLU6 / SiLU: each
+    pad is folded into its conv's padding and each activation into its epilogue; nothing of the
+    conv blocks stays PyTorch."""
+    model, args = FAMILIES[name][0]()
+    opt = accelc.optimize(model.to(DEVICE, DTYPE), args)
+    kept = [r for r in opt.layers if r.status == "kept" and r.kind in ("pad", "relu6", "hardtanh", "silu")]
+    assert not kept, opt.summary()
+    act = "relu6" if name == "mobilenet_v2" else "silu"
+    assert any(r.kernel == f"accelc::conv2d_depthwise[{act}]" for r in opt.rewritten), opt.summary()
+    assert any(r.kernel == f"accelc::conv2d[{act}]" for r in opt.rewritten), opt.summary()
+
+
 def test_hf_cnn_batch_norms_are_folded():
     """torch.export keeps HF ResNet's batch norms as aten.batch_norm: folded like nn.BatchNorm2d."""
     model, args = FAMILIES["resnet"][0]()
