@@ -5,12 +5,13 @@ from torch import fx
 
 from accelc import meta, runtime
 from accelc.errors import PassError
-from accelc.passes import attention, conv_gemm, fold_bn, gated_mlp, int8, linear_act, norms
+from accelc.passes import attention, conv_gemm, fold_bn, gated_mlp, int8, linear_act, norms, rotary
 from accelc.rewrite import PassContext, run_pass
 
 PASSES = (
     fold_bn.PASS,
     conv_gemm.PASS,
+    rotary.PASS,        # before attention: q and k reach the attention rules as the rotation's outputs
     attention.PASS,     # before linear_act: it lowers nn.MultiheadAttention to linears + SDPA
     gated_mlp.PASS,     # before linear_act: it would take the gate projection and its activation alone
     linear_act.PASS,

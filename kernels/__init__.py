@@ -6,7 +6,8 @@ plain calls use them directly (accelc.runner), skipping the op dispatcher's host
 import torch
 
 from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import conv, depthwise_conv, flash_attention, gated_linear, gemm, int8_gemm, layernorm, quantize
+from accelc.kernels import (conv, depthwise_conv, flash_attention, gated_linear, gemm, int8_gemm, layernorm, quantize,
+                            rotary)
 
 LAUNCHERS = {
     torch.ops.accelc.linear.default: gemm.linear_launch,
@@ -18,6 +19,8 @@ LAUNCHERS = {
     torch.ops.accelc.layer_norm.default: layernorm.layer_norm_launch,
     torch.ops.accelc.rms_norm.default: layernorm.rms_norm_launch,
     torch.ops.accelc.gated_linear.default: gated_linear.gated_linear_launch,
+    torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_launch,
 }
 
-__all__ = ["LAUNCHERS", "conv", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "layernorm", "quantize"]
+__all__ = ["LAUNCHERS", "conv", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "layernorm", "quantize",
+           "rotary"]

@@ -1,0 +1,156 @@
+"""rotary: rotary position embeddings written out -> torch.ops.accelc.rotary_embedding
+(kernels/rotary.py), one kernel for what eager runs as seven.
+
+Models write RoPE as HF's `apply_rotary_pos_emb` does: `x * cos + rotate_half(x) * sin`, with
+rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]) (Llama, Mistral, Qwen, Gemma, GPT-NeoX, Phi-3),
+the slices as getitem or aten.slice, the halves' bounds literal or computed from x.shape, the
+products either way round. The step before the rule finds the candidates by their shape (an add of
+two products, one of them of a cat computed from the other product's operand) and keeps only those
+that compute RoPE: the expression is evaluated, in float64, on random tensors of the example shapes
+and compared with kernels/rotary.rotary_embedding_ref. Each one becomes a call of that reference
+(the same arithmetic), which the rule then rewrites. The interleaved form of GPT-J / CodeGen
+(rotate_every_two) computes another function and stays as written.
+
+As with the norms, the rule rewrites only where the glue is eager: under Inductor glue, Inductor
+fuses the rotation with the head split around it, and the summary says so.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+from accelc import meta
+from accelc.capture import erase_dead
+from accelc.kernels.rotary import rotary_embedding_ref, why_unsupported
+from accelc.passes.norms import inductor_glue
+from accelc.rewrite import Pass, Pattern, Replacement, Rule, replace_uses
+
+ROTARY = torch.ops.accelc.rotary_embedding.default
+INDUCTOR_GLUE = ("left to the Inductor glue, which fuses the rotation with the head split around it; "
+                 "glue='eager' rewrites it")
+
+torch.fx.wrap("rotary_embedding_ref")     # a pattern call of its own, not traced through
+_MAX_OPS = 24                             # a written RoPE takes 7 ops (12 with shape arithmetic)
+
+
+def _is_mul(n) -> bool:
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target is operator.mul and len(n.args) == 2
+
+
+def _depends_on(n: fx.Node, x: fx.Node, limit: int = _MAX_OPS) -> bool:
+    seen, todo = set(), [n]
+    while todo and len(seen) <= limit:
+        m = todo.pop()
+        if m is x:
+            return True
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(m.all_input_nodes)
+    return False
+
+
+def _candidate(root: fx.Node):
+    """(x, cos, sin) where root is structurally `x * cos + r * sin` with r = cat(...) computed
+    from x; None otherwise."""
+    if not (root.op == "call_function" and root.target is operator.add and len(root.args) == 2
+            and all(_is_mul(a) for a in root.args)):
+        return None
+    for direct, rotated in (root.args, root.args[::-1]):
+        cats = [a for a in rotated.args if isinstance(a, fx.Node) and meta.op_name(a) == "cat"]
+        if len(cats) != 1:
+            continue
+        cat = cats[0]
+        sin = rotated.args[1] if rotated.args[0] is cat else rotated.args[0]
+        for x, cos in (direct.args, direct.args[::-1]):
+            if isinstance(x, fx.Node) and isinstance(cos, fx.Node) and isinstance(sin, fx.Node) \
+                    and x is not cos and _depends_on(cat, x):
+                return x, cos, sin
+    return None
+
+
+def _interior(root: fx.Node, leaves: tuple) -> list | None:
+    """The nodes root computes from `leaves` alone (in graph order), or None where it reads
+    anything else (another tensor, a module attribute) or is too large to be a RoPE."""
+    found, todo = set(), [root]
+    while todo:
+        n = todo.pop()
+        if n in leaves or n in found:
+            continue
+        if n.op not in ("call_function", "call_method") or len(found) >= _MAX_OPS:
+            return None
+        found.add(n)
+        todo.extend(n.all_input_nodes)
+    order = {n: i for i, n in enumerate(root.graph.nodes)}
+    return sorted(found, key=order.__getitem__)
+
+
+def _evaluate(nodes: list, env: dict):
+    for n in nodes:
+        args = fx.node.map_arg(n.args, env.__getitem__)
+        kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
+        env[n] = n.target(*args, **kwargs) if n.op == "call_function" else getattr(args[0], n.target)(*args[1:], **kwargs)
+    return env[nodes[-1]]
+
+
+def _computes_rope(root, x, cos, sin, nodes) -> bool:
+    shapes = [meta.tensor_meta(t) for t in (x, cos, sin)]
+    if any(s is None for s in shapes):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        probe = [torch.randn(s.shape, generator=gen, dtype=torch.float64) for s in shapes]
+        try:
+            got = _evaluate(nodes, dict(zip((x, cos, sin), probe)))
+            want = rotary_embedding_ref(*probe)
+        except Exception:
+            return False
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape \
+                or not torch.allclose(got, want, rtol=1e-12, atol=1e-12):
+            return False
+    return True
+
+
+def fold_written_rotary(gm: fx.GraphModule, ctx) -> None:
+    """The rotary pass's step before its rule: each written-out RoPE becomes
+    rotary_embedding_ref(x, cos, sin)."""
+    g = gm.graph
+    for root in list(g.nodes):
+        if root.graph is not g:
+            continue
+        found = _candidate(root)
+        if found is None:
+            continue
+        x, cos, sin = found
+        nodes = _interior(root, (x, cos, sin))
+        if nodes is None or not _computes_rope(root, x, cos, sin, nodes):
+            continue
+        with g.inserting_before(root):
+            new = g.call_function(rotary_embedding_ref, (x, cos, sin))
+        new.meta.update(root.meta)
+        replace_uses(gm, root, new)
+        erase_dead(nodes)
+
+
+def _rope(x, cos, sin):
+    return rotary_embedding_ref(x, cos, sin)
+
+
+def _check(m, ctx) -> str | None:
+    if inductor_glue(ctx):
+        return INDUCTOR_GLUE
+    ts = [meta.meta_tensor(m.input(k)) for k in ("x", "cos", "sin")]
+    if any(t is None for t in ts):
+        return "input shapes unknown"
+    return why_unsupported(*ts)
+
+
+def _build(m, ctx) -> Replacement:
+    return Replacement(ROTARY, (m.input("x"), m.input("cos"), m.input("sin")), kind="rotary",
+                       kernel="accelc::rotary_embedding")
+
+
+RULES = (Rule(Pattern("rotary_embedding", _rope), build=_build, check=_check),)
+PASS = Pass("rotary", RULES, prepare=fold_written_rotary)
