@@ -102,8 +102,7 @@ def measure_row(row: dict, variants: dict, ref: torch.Tensor, rounds: int, flops
     """One row of a kernel benchmark: each variant's relative L2 error against `ref` (its first
     call, which also compiles it), then time_rounds; GB/s where the bytes `moved` are given; accelc's
     speedups over eager and torch.compile; a one-line summary printed. Returns row."""
-    row["rel_err"] = {k: ((f().double() - ref).norm() / ref.norm()).item() for k, f in variants.items()
-                      if k in ("eager", "compile", "accelc")}
+    row["rel_err"] = {k: rel_l2(f(), ref) for k, f in variants.items() if k in ("eager", "compile", "accelc")}
     time_rounds(variants, row, rounds, flops=flops)
     if moved is not None:
         for k in variants:
@@ -116,10 +115,26 @@ def measure_row(row: dict, variants: dict, ref: torch.Tensor, rounds: int, flops
     return row
 
 
+def rel_l2(out, ref) -> float:
+    """Relative L2 error of a tensor, or of a tuple of tensors taken together, against ref."""
+    outs, refs = (out, ref) if isinstance(ref, (tuple, list)) else ((out,), (ref,))
+    err = sum(((o.double() - r).norm() ** 2).item() for o, r in zip(outs, refs, strict=True))
+    return (err / sum((r.norm() ** 2).item() for r in refs)) ** 0.5
+
+
 def ratios(row: dict, fast: str = "accelc", against=("eager", "compile")) -> None:
     """row[f"vs_{base}"] = speedup(row, fast, base) for each base."""
     for base in against:
         row[f"vs_{base}"] = speedup(row, fast, base)
+
+
+HBM_TBS = {"H100 80GB HBM3": 3.35, "H200": 4.8}    # dense HBM bandwidth, TB/s
+
+
+def gbs_cell(env: dict, gbs: float) -> str:
+    """A memory-bound kernel's GB/s with its share of the device's HBM bandwidth: 2598.9 (78%)."""
+    peak = next((v for k, v in HBM_TBS.items() if k in env["device"]), None)
+    return f"{gbs} ({100 * gbs / (peak * 1e3):.0f}%)" if peak else f"{gbs}"
 
 
 def ratio_cell(r: tuple) -> str:

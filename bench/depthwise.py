@@ -30,7 +30,6 @@ SHAPES = [(32, 96, 56, 7, 1, "none", "ConvNeXt-T stage 1 b32"), (32, 192, 28, 7,
           (32, 480, 14, 5, 1, "silu", "EfficientNet-B0 5x5"), (32, 96, 112, 3, 2, "relu", "MobileNetV2 3x3 s2"),
           (1, 96, 56, 7, 1, "none", "ConvNeXt-T stage 1 b1")]
 ROUNDS = 5
-HBM_TBS = {"H100 80GB HBM3": 3.35, "H200": 4.8}
 
 
 
@@ -67,12 +66,10 @@ def rows_for(dtype=torch.float16) -> list[dict]:
 
 
 def markdown(env, rows) -> str:
-    peak = next((v for k, v in HBM_TBS.items() if k in env["device"]), None)
     table = []
     for r in rows:
-        pct = f" ({100 * r['accelc']['gbs'] / (peak * 1e3):.0f}%)" if peak else ""
         table.append([r["where"], r["shape"], r["activation"], r["eager"]["us"], r["compile"]["us"], r["accelc"]["us"],
-                      f"{r['accelc']['gbs']}{pct}", r["eager"]["gbs"],
+                      _common.gbs_cell(env, r['accelc']['gbs']), r["eager"]["gbs"],
                       _common.ratio_cell(r["vs_eager"]),
                       _common.ratio_cell(r["vs_compile"]),
                       f"{r['rel_err']['accelc']:.1e} / {r['rel_err']['eager']:.1e}"])

@@ -27,7 +27,6 @@ import accelc  # noqa: E402,F401
 SHAPES = [(3072, 768, "BERT-base 8x384"), (4096, 768, "GPT-2 4x1024"), (6304, 768, "ViT-B/16 32x197"),
           (2048, 2048, "1B decoder 2x1024"), (4096, 4096, "7B decoder 4096 tokens"), (64, 768, "one short sequence")]
 ROUNDS = 7
-HBM_TBS = {"H100 80GB HBM3": 3.35, "H200": 4.8}    # dense HBM bandwidth, TB/s
 
 
 
@@ -89,12 +88,10 @@ def rms_rows_for(dtype=torch.float16) -> list[dict]:
 
 
 def markdown(env, rows) -> str:
-    peak = next((v for k, v in HBM_TBS.items() if k in env["device"]), None)
     table = []
     for r in rows:
-        pct = f"{100 * r['accelc']['gbs'] / (peak * 1e3):.0f}%" if peak else ""
         table.append([r["where"], r["shape"], r.get("op", "add + LN" if r["residual"] else "LN"), r["eager"]["us"],
-                      r["compile"]["us"], r["accelc"]["us"], f"{r['accelc']['gbs']} ({pct})",
+                      r["compile"]["us"], r["accelc"]["us"], _common.gbs_cell(env, r['accelc']['gbs']),
                       f"{r['compile']['gbs']}", _common.ratio_cell(r["vs_eager"]),
                       _common.ratio_cell(r["vs_compile"]),
                       f"{r['rel_err']['accelc']:.1e} / {r['rel_err']['eager']:.1e}"])

@@ -2,6 +2,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
@@ -27,3 +28,12 @@ def test_compiled_is_static_for_every_row():
 
         _common.compiled(row, backend=recorder)()
     assert seen == [False, False, False]        # one static graph per row
+
+
+def test_rel_l2_of_a_tensor_and_of_a_tuple_taken_together():
+    ref = (torch.ones(4, dtype=torch.float64), torch.zeros(2, dtype=torch.float64) + 2)
+    out = (torch.ones(4) * 1.5, torch.zeros(2) + 2)
+    assert _common.rel_l2(out[0], ref[0]) == pytest.approx(0.5)
+    assert _common.rel_l2(out, ref) == pytest.approx((4 * 0.25 / (4 + 8)) ** 0.5)
+    with pytest.raises(ValueError):
+        _common.rel_l2(out[:1], ref)
