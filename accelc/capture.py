@@ -509,6 +509,8 @@ _FUNCTIONS = {
     operator.matmul: torch.matmul, aten.matmul.default: torch.matmul,
     aten.linear.default: F.linear,
     aten.addmm.default: torch.addmm, torch.addmm: torch.addmm,
+    torch.bmm: torch.matmul, aten.bmm.default: torch.matmul,      # bmm is matmul of two 3-D tensors
+    torch.baddbmm: torch.baddbmm, aten.baddbmm.default: torch.baddbmm,
     aten.t.default: torch.t,
     F.conv2d: F.conv2d, aten.conv2d.default: F.conv2d, aten.conv2d.padding: F.conv2d, F.batch_norm: F.batch_norm,
     F.softmax: F.softmax, torch.softmax: F.softmax, aten.softmax.int: F.softmax,
@@ -519,7 +521,7 @@ _FUNCTIONS = {
     operator.truediv: operator.truediv, torch.div: operator.truediv, aten.div.Tensor: operator.truediv,
     operator.mul: operator.mul, torch.mul: operator.mul, aten.mul.Tensor: operator.mul,
 }
-_METHODS = {"addmm": torch.addmm, "relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "add": operator.add,
+_METHODS = {"addmm": torch.addmm, "bmm": torch.matmul, "baddbmm": torch.baddbmm, "relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "add": operator.add,
             "matmul": torch.matmul, "t": torch.t, "softmax": F.softmax, "transpose": torch.transpose,
             "mul": operator.mul, "div": operator.truediv}
 # in-place spelling -> out-of-place canonical (only where the mutated input has no other reader)
@@ -610,23 +612,46 @@ def _pointwise_fn(n: fx.Node):
     return None
 
 
-def _written_expression(root: fx.Node):
+_MAX_WRITTEN_OPS = 16        # a written GELU takes 8 to 10
+
+
+def _written_expression(root: fx.Node, x: fx.Node | None = None):
     """(the single tensor the pointwise expression at `root` is a function of, its interior
-    nodes) where `root` computes f(x) from x and number constants only; None otherwise."""
+    nodes) where `root` computes f(x) from x and number constants only; None otherwise. With x
+    given, the walk stops there (x may itself be pointwise: silu(h + 1) is silu of h + 1)."""
     leaves, interior, todo = set(), [], [root]
     while todo:
         n = todo.pop()
         if n in interior:
             continue
-        if _pointwise_fn(n) is None or n.kwargs:
+        if _pointwise_fn(n) is None or n.kwargs or len(interior) >= _MAX_WRITTEN_OPS:
             return None
         interior.append(n)
         for a in n.args:
             if isinstance(a, fx.Node):
-                (todo.append(a) if _pointwise_fn(a) is not None and not a.kwargs else leaves.add(a))
+                (todo.append(a) if a is not x and _pointwise_fn(a) is not None and not a.kwargs else leaves.add(a))
             elif not isinstance(a, (int, float)) or isinstance(a, bool):
                 return None
     return (leaves.pop(), interior) if len(leaves) == 1 else None
+
+
+def _written_candidates(root: fx.Node) -> list:
+    """Each (x, interior) for which root is a pointwise function of x alone: x the expression's
+    one leaf, or one of its own pointwise nodes (nearest the root first)."""
+    whole = _written_expression(root)
+    found = [] if whole is None else [whole]
+    pointwise, todo = [], [root]
+    while todo and len(pointwise) < _MAX_WRITTEN_OPS:
+        n = todo.pop(0)
+        for a in n.all_input_nodes:
+            if a not in pointwise and _pointwise_fn(a) is not None and not a.kwargs:
+                pointwise.append(a)
+                todo.append(a)
+    for x in pointwise:
+        sub = _written_expression(root, x)
+        if sub is not None and sub[0] is x:
+            found.append(sub)
+    return found
 
 
 def _evaluate(root: fx.Node, x: fx.Node, values: torch.Tensor) -> torch.Tensor:
@@ -653,28 +678,32 @@ def _fold_written_activations(g: fx.Graph) -> None:
     for root in reversed(list(g.nodes)):
         if root in gone or _pointwise_fn(root) is None:
             continue
-        found = _written_expression(root)
-        if found is None or len(found[1]) < 2:    # one op is a call already
-            continue
-        x, interior = found
-        try:
-            got, got_special = _evaluate(root, x, _PROBE), _evaluate(root, x, special)
-        except Exception:
-            continue
-        if not isinstance(got, torch.Tensor) or got.shape != _PROBE.shape:
-            continue
-        for fewest_ops, name in _WRITTEN_ACTIVATIONS:
-            fn, kwargs = ACTIVATIONS[name]
-            if len(interior) < fewest_ops:
-                continue
-            want, want_special = fn(_PROBE, **kwargs), fn(special, **kwargs)
-            if torch.allclose(got, want, rtol=1e-9, atol=1e-9) and same_values(got_special, want_special):
-                with g.inserting_before(root):
-                    call = g.call_function(fn, (x,), dict(kwargs))
-                _swap(root, call)
-                gone.add(root)
-                gone.update(erase_dead([n for n in interior if n is not root]))
+        for x, interior in _written_candidates(root):     # (one op alone is a call already)
+            if len(interior) >= 2 and _fold_as_activation(g, root, x, interior, special, gone):
                 break
+
+
+def _fold_as_activation(g, root, x, interior, special, gone) -> bool:
+    """Replace root by the canonical call of the activation it computes of x, if any."""
+    try:
+        got, got_special = _evaluate(root, x, _PROBE), _evaluate(root, x, special)
+    except Exception:
+        return False
+    if not isinstance(got, torch.Tensor) or got.shape != _PROBE.shape:
+        return False
+    for fewest_ops, name in _WRITTEN_ACTIVATIONS:
+        fn, kwargs = ACTIVATIONS[name]
+        if len(interior) < fewest_ops:
+            continue
+        want, want_special = fn(_PROBE, **kwargs), fn(special, **kwargs)
+        if torch.allclose(got, want, rtol=1e-9, atol=1e-9) and same_values(got_special, want_special):
+            with g.inserting_before(root):
+                call = g.call_function(fn, (x,), dict(kwargs))
+            _swap(root, call)
+            gone.add(root)
+            gone.update(erase_dead([n for n in interior if n is not root]))
+            return True
+    return False
 
 
 def erase_dead(nodes) -> list:
@@ -899,6 +928,7 @@ _CANONICAL_ARGS = {
                (None, None, None, 1, 0, 1, 1), 7),
     F.batch_norm: (("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
                    (None, None, None, None, None, False, 0.1, 1e-5), 8),
+    torch.baddbmm: (("input", "batch1", "batch2", "beta", "alpha"), (None, None, None, 1, 1), 3),
     F.scaled_dot_product_attention: (
         ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
         (None, None, None, None, 0.0, False, None, False), 6),

@@ -183,8 +183,10 @@ TUNER = Tuner("flash_attention", _flash_fwd_kernel, CONFIGS, prune=_prune, defau
 
 def why_unsupported(q, k, v, mask=None) -> Optional[str]:
     """Why accelc::flash_attention cannot take these inputs (the caller then stays PyTorch)."""
+    if q.dim() == k.dim() == v.dim() == 3:     # (batch * heads, length, head_dim): attention written with bmm
+        return why_unsupported(q[None], k[None], v[None], mask)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        return "q, k, v must be 4-D (batch, heads, length, head_dim)"
+        return "q, k, v must be 4-D (batch, heads, length, head_dim) or all 3-D (batch * heads, length, head_dim)"
     if q.dtype not in SUPPORTED_DTYPES:
         return f"dtype {q.dtype} (the kernel takes fp16 and bf16)"
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -217,23 +219,33 @@ _CHECKED: set = set()   # call signatures whose operands why_unsupported accepte
 
 def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False):
     """Checks, allocates, launches. A call signature seen before launches its compiled kernel
-    directly (accelc.tuning.CompiledCall)."""
+    directly (accelc.tuning.CompiledCall). 3-D q, k, v (batch * heads, length, head_dim) run as
+    one batch of that many heads, into a contiguous (batch * heads, length, head_dim) result, as
+    torch.bmm gives it."""
+    out = _empty_out(q)
+    if q.dim() == k.dim() == v.dim() == 3:
+        _launch(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan, out[None])
+    else:
+        _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out)
+    return out
+
+
+def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out):
     tensors = (q, k, v) if mask is None else (q, k, v, mask)
     sig = (tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
            bool(is_causal), scale, bool(qk_int8), bool(empty_nan))
     check_once(_CHECKED, sig, lambda: why_unsupported(q, k, v, mask), "flash_attention")
     B, H, L, D = q.shape
     S = k.shape[2]
-    out = _empty_out(q)
     if out.numel() == 0:
-        return out
+        return
     mask_t = q if mask is None else mask.expand(B, H, L, S)  # a view: broadcast dims get stride 0
     with runtime.device_guard(q):
         known = TUNER.calls.get(sig)
         if known is not None:
             call, kw = known
             call(_args(q, k, v, mask_t, out, mask is not None, scale), q.device.index or 0)
-            return out
+            return
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
                     IS_CAUSAL=bool(is_causal), DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16,
@@ -251,7 +263,7 @@ def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_i
         kw = cfg.all_kwargs()
         TUNER.calls[sig] = (CompiledCall(_flash_fwd_kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
                                          _args(q, k, v, mask_t, out, mask is not None, scale), dict(meta, **kw)), kw)
-    return out
+    return
 
 
 def _args(q, k, v, mask_t, out, has_mask, scale) -> tuple:
@@ -272,6 +284,8 @@ def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8
     """Pure-PyTorch reference in fp32 (fp64 for fp64 inputs), result in q's dtype. qk_int8:
     q and k quantized per token first, as the kernel does. empty_nan: a row with no visible key
     gives NaN (softmax's 0 / 0) instead of SDPA's 0."""
+    if q.dim() == k.dim() == v.dim() == 3:
+        return flash_attention_ref(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan)[0]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     if qk_int8:
@@ -304,6 +318,8 @@ def _ref_in_out_layout(q, k, v, mask, is_causal, scale, qk_int8, empty_nan=False
 
 
 def _empty_out(q):
+    if q.dim() != 4:        # 3-D: contiguous, as bmm's; other ranks are refused by the check after this
+        return q.new_empty(q.shape)
     B, H, L, D = q.shape
     return q.new_empty((B, L, H, D)).transpose(1, 2)
 

@@ -8,7 +8,8 @@
 2. F.scaled_dot_product_attention calls (mask, is_causal, scale; dropout_p 0 as in eval).
 3. The decomposed form softmax(q @ k^T * scale (+ mask)) @ v, the patterns at the end of this
    file: scale multiplied or divided (a constant, math.sqrt(d) included), or applied to q first,
-   or absent. Eval-mode dropout was removed at capture.
+   or absent; matmul or bmm (3-D q, k, v of batch * heads); the scores as one
+   baddbmm(bias, q, k^T, beta, alpha). Eval-mode dropout was removed at capture.
 Whatever the kernel cannot take (fp32, head dims outside 32/64/80/96/128, other mask dtypes)
 stays PyTorch with the reason in the summary.
 """
@@ -221,7 +222,30 @@ def _no_scale_mask(q, k, v, mask, d0, d1, sdim):
     return torch.matmul(F.softmax(torch.matmul(q, _t(k, d0, d1)) + mask, sdim), v)
 
 
+def _baddbmm(q, k, v, bias, beta, scale, d0, d1, sdim):
+    # softmax(beta * bias + scale * q @ k^T) @ v, the scores of (batch * heads, length, head_dim)
+    # tensors in one baddbmm (ALiBi-style biases, attention written with bmm)
+    return torch.matmul(F.softmax(torch.baddbmm(bias, q, _t(k, d0, d1), beta=beta, alpha=scale), sdim), v)
+
+
+def _check_baddbmm(m, ctx) -> str | None:
+    if m.input("beta") not in (0, 1) or isinstance(m.input("beta"), bool):
+        return f"baddbmm scales its bias by beta={m.input('beta')}"
+    return _decomposed_problem(m, m.input("bias") if m.input("beta") == 1 else None)
+
+
+def _build_baddbmm(m, ctx) -> Replacement:
+    # beta=0: baddbmm ignores its bias (NaN in it included)
+    mask = m.input("bias") if m.input("beta") == 1 else None
+    return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, False, float(m.input("scale"))),
+                       {"empty_nan": True}, kind="attention", kernel=_kernel_label(mask, False))
+
+
 def _check_decomposed(m, ctx) -> str | None:
+    return _decomposed_problem(m, m.input("mask"))
+
+
+def _decomposed_problem(m, mask) -> str | None:
     scale = m.input("scale", 1.0)
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale == 0:
         return "attention scale is not a constant"
@@ -230,7 +254,7 @@ def _check_decomposed(m, ctx) -> str | None:
     dims = {d % rank for d in (m.input("d0"), m.input("d1"))} if rank else set()
     if dims != {rank - 2, rank - 1} or m.input("sdim") not in (-1, rank - 1):
         return "not a softmax over keys of q @ k^T"
-    return _kernel_problem(m.input("q"), m.input("k"), m.input("v"), m.input("mask"))
+    return _kernel_problem(m.input("q"), m.input("k"), m.input("v"), mask)
 
 
 def _decomposed(scale_of):
@@ -258,5 +282,6 @@ RULES = (
     _rule("softmax(q@k^T/s)@v", _div,                          lambda s: 1.0 / s),
     _rule("softmax((q*s)@k^T)@v", _q_scaled,                   lambda s: s),
     _rule("softmax(q@k^T)@v", _no_scale,                       lambda s: 1.0),
+    Rule(Pattern("softmax(baddbmm(bias,q,k^T))@v", _baddbmm), build=_build_baddbmm, check=_check_baddbmm),
 )
 PASS = Pass("attention", RULES, prepare=_lower_mha)   # lowering first: nn.MultiheadAttention -> linears + SDPA

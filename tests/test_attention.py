@@ -194,3 +194,50 @@ def test_written_softmax_keeps_eagers_nan_on_a_row_with_no_visible_key():
     assert torch.isnan(eager[0, :, 3]).all() and torch.isnan(out[0, :, 3]).all()
     rows = [0, 1, 2, 4, 5, 6, 7]
     assert rel_l2(out[:, :, rows], eager[:, :, rows]) < 5e-3
+
+
+class BmmAttention(nn.Module):
+    """Attention over (batch * heads, length, head_dim) tensors written with bmm, the scores
+    either a scaled bmm or one baddbmm with a bias (ALiBi-style, beta / alpha as given)."""
+
+    def __init__(self, style, heads=2, d=32):
+        super().__init__()
+        self.style, self.heads, self.d = style, heads, d
+
+    def forward(self, x, bias):
+        B, L, _ = x.shape
+        q = x.view(B, L, self.heads, self.d).transpose(1, 2).reshape(B * self.heads, L, self.d)
+        k, v = q * 0.5, q.flip(1)
+        if self.style == "bmm":
+            p = torch.softmax(torch.bmm(q, k.transpose(1, 2)) / math.sqrt(self.d), dim=-1)
+        else:
+            beta = {"baddbmm": 1.0, "baddbmm_beta0": 0.0, "baddbmm_beta2": 2.0}[self.style]
+            p = F.softmax(torch.baddbmm(bias, q, k.transpose(-1, -2), beta=beta, alpha=self.d ** -0.5), dim=-1)
+        out = torch.bmm(p, v)                                      # (B * heads, L, d)
+        return out.view(B, self.heads, L, self.d).transpose(1, 2).reshape(B, L, -1)
+
+
+@pytest.mark.parametrize("style,kernel", [("bmm", "accelc::flash_attention"),
+                                          ("baddbmm", "accelc::flash_attention[mask]"),
+                                          ("baddbmm_beta0", "accelc::flash_attention"),
+                                          ("baddbmm_beta2", None)])
+def test_bmm_and_baddbmm_attention(style, kernel):
+    x = torch.randn(2, 9, 64)
+    bias = torch.randn(4, 1, 9) * 2                                # (batch * heads, 1, keys)
+    opt = _optimize(BmmAttention(style), x, bias)
+    rows = _attention_rows(opt)
+    if kernel is None:
+        assert not rows and "beta=2.0" in opt.summary(), opt.summary()
+    else:
+        assert [r.kernel for r in rows] == [kernel], opt.summary()
+
+
+def test_baddbmm_that_is_no_attention_stays_and_keeps_beta_and_alpha():
+    class M(nn.Module):
+        def forward(self, c, a, b):
+            return torch.baddbmm(c, a, b, beta=0.5, alpha=2.0).relu() + a.bmm(b)
+    c, a, b = torch.randn(3, 4, 5), torch.randn(3, 4, 6), torch.randn(3, 6, 5)
+    opt = _optimize(M(), c, a, b, dtype=torch.float32)
+    assert not opt.rewritten
+    with torch.no_grad():
+        torch.testing.assert_close(opt(c, a, b), M()(c, a, b))

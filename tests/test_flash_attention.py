@@ -63,6 +63,27 @@ def test_explicit_scale_and_strided_inputs():
     _check(q, k, v, scale=0.3)
 
 
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("mask_kind", [None, "bias", "bool"])
+def test_three_dim_batch_times_heads(dtype, atol, rtol, mask_kind):
+    """(batch * heads, length, head_dim), as attention written with bmm / baddbmm has it: the
+    result is contiguous, as bmm's (a later view that merges dims must work)."""
+    q, k, v = (t[0] for t in _qkv(1, 6, 19, 23, 64, dtype))
+    mask = None
+    if mask_kind == "bias":                     # ALiBi-like: one bias row per (batch * head)
+        mask = (torch.randn(6, 1, 23, device=DEVICE) * 2).to(dtype)
+    elif mask_kind == "bool":
+        mask = torch.rand(6, 19, 23, device=DEVICE) > 0.3
+        mask[..., 0] = True
+    out = torch.ops.accelc.flash_attention(q, k, v, mask)
+    assert out.shape == (6, 19, 64) and out.is_contiguous()
+    d = lambda t: None if t is None else (t if t.dtype == torch.bool else t.double())
+    ref = fa.flash_attention_ref(d(q), d(k), d(v), d(mask))
+    eager = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_close_to_ref(out, ref, eager, dtype, atol, rtol)
+    assert out.view(6 * 19, 64).shape == (114, 64)
+
+
 def test_output_memory_is_batch_length_heads():
     q, k, v = _qkv(2, 3, 9, 9, 32, torch.float16)
     out = torch.ops.accelc.flash_attention(q, k, v)
@@ -109,7 +130,8 @@ def test_fully_masked_row_is_nan_with_empty_nan_like_a_written_softmax(kind):
     (lambda q, k, v: (q[..., :44], k[..., :44], v[..., :44]), "head dim 44"),
     (lambda q, k, v: (torch.cat([q, q[:, :1]], 1), k, v), "query heads a multiple of key/value heads"),
     (lambda q, k, v: (q, k, v[..., :32]), "head dims differ"),
-    (lambda q, k, v: (q[0], k[0], v[0]), "must be 4-D"),
+    (lambda q, k, v: (q[0], k, v), "must be 4-D"),
+    (lambda q, k, v: (q[0, 0], k[0, 0], v[0, 0]), "must be 4-D"),
 ])
 def test_unsupported_inputs_explained(args, message):
     q, k, v = _qkv(2, 2, 8, 8, 64, torch.float16)

@@ -290,6 +290,27 @@ class _Written(nn.Module):
         return self.f(self.fc(x))
 
 
+class _WrittenAfterBias(nn.Module):
+    """matmul + bias, then an activation written out over that sum: the written form's input is
+    itself a pointwise node (the bias add), not the expression's one leaf."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.w, self.b, self.act = nn.Parameter(torch.randn(16, 32) / 4), nn.Parameter(torch.randn(32)), act
+
+    def forward(self, x):
+        h = x @ self.w + self.b
+        if self.act == "gelu_tanh":
+            return 0.5 * h * (1.0 + torch.tanh(_S2 * (h + 0.044715 * h ** 3)))
+        return h * torch.sigmoid(h)
+
+
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
+def test_written_activation_over_a_bias_add_fuses(act):
+    opt = _optimize(_WrittenAfterBias(act), 4, 16)
+    assert _kernels(opt) == [f"accelc::linear[{act}]"], opt.summary()
+
+
 @pytest.mark.parametrize("form", list(WRITTEN))
 def test_written_out_activations_fuse(form):
     f, act = WRITTEN[form]

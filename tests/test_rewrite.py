@@ -16,13 +16,20 @@ from conftest import DEVICE, rel_l2
 
 
 class WrittenOutSilu(nn.Module):
+    """x * tanh(x), twice: an expression no pass and no canonical form knows (capture folds a
+    written-out silu, so it is no example of a new rule any more)."""
+
     def forward(self, x):
         y = x + 1
-        return torch.sigmoid(x) * x + torch.sigmoid(y) * y
+        return torch.tanh(x) * x + torch.tanh(y) * y
 
 
 def _silu(x):
-    return torch.sigmoid(x) * x
+    return torch.tanh(x) * x
+
+
+def x_tanh(x):
+    return x * torch.tanh(x)
 
 
 def _graph(model, *args):
@@ -37,13 +44,13 @@ def _ctx(*args):
 
 def test_a_new_rewrite_is_one_rule():
     """A rule declared in four lines (pattern, build) is found, counted and replaced by the driver."""
-    rule = Rule(Pattern("written-out silu", _silu), build=lambda m, ctx: Replacement(F.silu, (m.input("x"),)))
+    rule = Rule(Pattern("written-out x tanh(x)", _silu), build=lambda m, ctx: Replacement(x_tanh, (m.input("x"),)))
     x = torch.randn(3, 5, device=DEVICE)
     gm = _graph(WrittenOutSilu(), x)
     assert run_pass(gm, Pass("silu", (rule,)), _ctx(x)) == 2
     gm.recompile()
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    assert targets.count(F.silu) == 2 and torch.sigmoid not in targets
+    assert targets.count(x_tanh) == 2 and torch.tanh not in targets
     assert rel_l2(gm(x), WrittenOutSilu()(x)) < 1e-6
 
 
