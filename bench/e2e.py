@@ -68,6 +68,7 @@ def _hf(kind, batch, seq):
 MODELS = {
     "resnet50": (lambda b: _timm("resnet50", b), (32, 1), "CNN (timm)"),
     "convnext_tiny": (lambda b: _timm("convnext_tiny", b), (32, 1), "ConvNeXt (timm)"),
+    "mobilenetv2": (lambda b: _timm("mobilenetv2_100", b), (32, 1), "MobileNetV2 (timm): depthwise convs, ReLU6"),
     "vit_base": (lambda b: _timm("vit_base_patch16_224", b), (32, 1), "ViT-B/16 (timm)"),
     "bert": (lambda b: _hf("bert", b, 384), (8, 1), "BERT-base encoder (HF), 384 tokens"),
     "gpt2": (lambda b: _hf("gpt2", b, 1024), (4, 1), "GPT-2 small decoder (HF), 1024 tokens"),
