@@ -16,6 +16,7 @@ from accelc import guard, meta, runner, runtime
 from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.flops import node_flops
+from accelc.latency import layer_ms
 from accelc.errors import AccelcError, InputError, short_error
 from accelc.numerics import rel_l2, sqnr_db
 from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
@@ -159,6 +160,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     `expected`."""
     ctx = PassContext(config, args, calibration if calibration is not None else [args], device)
     model_bytes = tensor_bytes([gm])
+    eager_ms = _eager_gpu_ms(gm, args, config, device)
     t0 = time.perf_counter()
     counts = run_passes(gm, ctx)
     t1 = time.perf_counter()
@@ -186,7 +188,22 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     records = collect_layers(gm, checks, node_flops(gm))
     info.flops = sum(r.flops for r in records)
     info.accelc_flops = sum(r.flops for r in records if r.status == "rewritten")
+    if eager_ms is not None:
+        info.eager_gpu_ms = eager_ms
+        info.accelc_eager_gpu_ms = sum(ctx.eager_ms.get(r.name, 0.0) for r in records if r.status == "rewritten")
     return OptimizedModule(gm, records, info, example_inputs=args, config=config, call_spec=spec)
+
+
+def _eager_gpu_ms(gm: fx.GraphModule, args: tuple, config, device: torch.device) -> float | None:
+    """The eager model's GPU time a call on the example inputs, over a CUDA graph as the guard
+    times each layer (OptimizeConfig.only_if_faster, on a GPU): the denominator of the summary's
+    share of eager time now in accelc kernels. None where not timed or the model cannot be
+    captured in a CUDA graph (a plain-call time would count host overhead the layers' exclude)."""
+    if not (runtime.can_time(device) and config.only_if_faster):
+        return None
+    with torch.no_grad():
+        ms, graphed = layer_ms(lambda: gm(*args), device, rep_ms=50)
+    return ms if graphed else None
 
 
 def resolve_config(config) -> OptimizeConfig:

@@ -103,6 +103,7 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
         ctx.seconds["timing layers"] = round(time.perf_counter() - t0, 2)
         for node, (ta, to) in race.items():
             if ta < to:
+                ctx.eager_ms[meta.rewrite_of(node).layer] = to     # eager time of a layer accelc runs
                 continue
             rw = meta.rewrite_of(node)
             if node in final:

@@ -79,6 +79,8 @@ class OptimizeInfo:
     runtime: str = ""                          # how calls run (accelc.runner.plan), in words
     flops: int = 0                             # per call on the example inputs (accelc.flops) ...
     accelc_flops: int = 0                      # ... of which in accelc kernels
+    eager_gpu_ms: float = math.nan             # eager model's GPU time a call (a GPU, only_if_faster) ...
+    accelc_eager_gpu_ms: float = math.nan      # ... of which in the layers accelc now runs (their eager times)
     seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
     #                                               included), warmup (glue compile, CUDA graph capture)
 
@@ -198,6 +200,10 @@ class OptimizedModule(nn.Module):
             return ["coverage: the model has no matrix-product, conv or attention FLOPs"]
         lines = [f"coverage: {100 * ours / total:.1f}% of the model's FLOPs in accelc kernels ({_flop(ours)} of "
                  f"{_flop(total)} a call on the example inputs; matmul, conv and attention FLOPs)"]
+        if (self.info.eager_gpu_ms or 0) > 0:      # (NaN: not timed)
+            e, a = self.info.eager_gpu_ms, self.info.accelc_eager_gpu_ms
+            lines.append(f"coverage: {100 * a / e:.1f}% of the model's eager GPU time in layers accelc runs ({a:.3f} of "
+                         f"{e:.3f} ms a call, each side timed over a CUDA graph on the example inputs)")
         left = sorted((r for r in self.layers if r.status != "rewritten" and r.flops), key=lambda r: -r.flops)
         for r in left[:5]:
             lines.append(f"  left to PyTorch: {r.name} ({r.kernel or r.kind}) {100 * r.flops / total:.1f}%: {r.reason}")

@@ -49,6 +49,7 @@ class PassContext:
     calibration: list
     device: torch.device
     seconds: dict = field(default_factory=dict)   # where optimize's time goes, by phase
+    eager_ms: dict = field(default_factory=dict)  # layer name -> eager ms of the original, where timed
 
 
 # ---------------------------------------------------------------------------------------------

@@ -134,3 +134,36 @@ def test_only_if_faster_default_from_the_environment(monkeypatch):
     assert accelc.OptimizeConfig().only_if_faster
     monkeypatch.setenv("ACCELC_ONLY_IF_FASTER", "0")
     assert not accelc.OptimizeConfig().only_if_faster
+
+
+class _Mlp(nn.Module):
+    def __init__(self, d=1024):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def test_eager_time_coverage_line():
+    """The summary's second coverage line: the share of the eager model's GPU time in the layers
+    accelc runs; absent where nothing was timed (the CPU, only_if_faster off)."""
+    model = _Mlp(16).to(DEVICE).eval()
+    opt = accelc.optimize(model, (torch.randn(4, 16, device=DEVICE),), accelc.OptimizeConfig(only_if_faster=False))
+    assert opt.info.eager_gpu_ms != opt.info.eager_gpu_ms          # NaN: not timed
+    assert "eager GPU time" not in opt.summary()
+    assert opt.summary_dict()["info"]["eager_gpu_ms"] is None
+    opt.info.eager_gpu_ms, opt.info.accelc_eager_gpu_ms = 0.2, 0.15
+    assert "coverage: 75.0% of the model's eager GPU time in layers accelc runs (0.150 of 0.200 ms" in opt.summary()
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="times the eager model and its layers on the GPU")
+def test_eager_time_coverage_measured_on_the_gpu():
+    model = _Mlp().to(DEVICE).half().eval()
+    x = torch.randn(2048, 1024, device=DEVICE, dtype=torch.float16)
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=True))
+    e, a = opt.info.eager_gpu_ms, opt.info.accelc_eager_gpu_ms
+    assert e > 0 and "eager GPU time" in opt.summary(), opt.summary()
+    kept = [r for r in opt.layers if r.kind == "linear" and r.status == "rewritten"]
+    # the layers' own eager times: none where every GEMM stayed PyTorch, else a share of the model's
+    assert (a == 0) == (not kept) and a <= 1.2 * e, (a, e, opt.summary())
