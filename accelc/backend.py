@@ -19,7 +19,7 @@ from accelc import runtime
 from accelc.api import device_of, optimize_graph
 from accelc.capture import prepare
 from accelc.config import OptimizeConfig
-from accelc.runner import resolve_glue
+from accelc.runtime import resolve_glue
 
 
 def accelc_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None, **_):

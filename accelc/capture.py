@@ -735,12 +735,9 @@ _LAYER_NORM_PARAMS = ("input", "normalized_shape", "weight", "bias", "eps")
 
 def _canonical_layer_norm(g: fx.Graph, n: fx.Node) -> None:
     """-> F.layer_norm(x, normalized_shape, weight, bias, eps), every argument positional."""
-    given = dict(zip(_LAYER_NORM_PARAMS, n.args))
-    given.update({k: v for k, v in n.kwargs.items() if k in _LAYER_NORM_PARAMS})
-    if "input" not in given or "normalized_shape" not in given:
+    args = _norm_args(n, _LAYER_NORM_PARAMS, eps=1e-5)
+    if args is None:
         return
-    args = (given["input"], tuple(given["normalized_shape"]) if isinstance(given["normalized_shape"], (list, tuple))
-            else given["normalized_shape"], given.get("weight"), given.get("bias"), given.get("eps", 1e-5))
     if n.target is not aten.native_layer_norm.default:
         n.target, n.args, n.kwargs = F.layer_norm, args, {}
         return
@@ -755,14 +752,20 @@ _RMS_NORM_PARAMS = ("input", "normalized_shape", "weight", "eps")
 def _canonical_rms_norm(n: fx.Node) -> None:
     """-> F.rms_norm(x, normalized_shape, weight, eps), every argument positional (eps None: the
     dtype's machine epsilon, as F.rms_norm takes it)."""
-    given = dict(zip(_RMS_NORM_PARAMS, n.args))
-    given.update({k: v for k, v in n.kwargs.items() if k in _RMS_NORM_PARAMS})
+    args = _norm_args(n, _RMS_NORM_PARAMS, eps=None)
+    if args is not None:
+        n.target, n.args, n.kwargs = F.rms_norm, args, {}
+
+
+def _norm_args(n: fx.Node, params: tuple, eps) -> tuple | None:
+    """A norm call's (input, normalized_shape as a tuple, ...params, eps) positionally, other
+    keywords dropped (cudnn_enable); None without input and shape."""
+    given = {k: v for k, v in meta.bound_args(n, params).items() if k in params}
     if "input" not in given or "normalized_shape" not in given:
-        return
+        return None
     shape = given["normalized_shape"]
-    n.target, n.kwargs = F.rms_norm, {}
-    n.args = (given["input"], tuple(shape) if isinstance(shape, (list, tuple)) else shape, given.get("weight"),
-              given.get("eps"))
+    given["normalized_shape"] = tuple(shape) if isinstance(shape, (list, tuple)) else shape
+    return tuple(given.get(p, eps if p == "eps" else None) for p in params)
 
 
 def _first_output_as(g: fx.Graph, n: fx.Node, target, args) -> None:
@@ -807,9 +810,8 @@ def _canonical_module(gm, n, mod):
             if a is not None:
                 a.meta[meta.PATH] = n.target
         _swap(n, new)
-    elif (type(mod) in _ACTIVATION_MODULES or _is_relu6_module(mod)) \
-            and (not getattr(mod, "inplace", False) or _only_reader(n)):
-        fn, kwargs = ACTIVATIONS[_ACTIVATION_MODULES.get(type(mod), "relu6")]
+    elif _module_activation(mod) is not None and (not getattr(mod, "inplace", False) or _only_reader(n)):
+        fn, kwargs = ACTIVATIONS[_module_activation(mod)]
         with g.inserting_before(n):
             new = g.call_function(fn, (n.args[0],), kwargs)
         _swap(n, new)
@@ -866,15 +868,17 @@ def _canonical_pad(n: fx.Node) -> None:
     """A zero pad -> F.pad(x, pad), the two arguments positional (the form the conv rules fold
     into the conv's padding); other modes and fill values stay as written."""
     names = _PADS[n.target]
-    bound = dict(zip(names, n.args))
-    bound.update(n.kwargs)
+    bound = meta.bound_args(n, names)
     if set(bound) - set(names) or bound.get("mode", "constant") != "constant" or bound.get("value") not in (None, 0):
         return
     n.target, n.args, n.kwargs = F.pad, (bound["input"], bound["pad"]), {}
 
 
-def _is_relu6_module(mod) -> bool:
-    return type(mod) is nn.Hardtanh and mod.min_val == 0 and mod.max_val == 6
+def _module_activation(mod) -> str | None:
+    """The ACTIVATIONS name of an activation module (nn.Hardtanh(0, 6) is relu6), else None."""
+    if type(mod) is nn.Hardtanh:
+        return "relu6" if (mod.min_val, mod.max_val) == (0, 6) else None
+    return _ACTIVATION_MODULES.get(type(mod))
 
 
 def _swap(old, new):
@@ -943,8 +947,7 @@ def _clamps_to_relu6(n) -> bool:
     """F.hardtanh(x, 0, 6), torch.clamp(x, 0, 6), x.clamp(min=0, max=6) ...: relu6 written
     another way (in place only where nothing else reads x)."""
     names = _RELU6_SPELLINGS.get(n.target) if n.op == "call_function" else ("self",) + _RELU6_METHODS[n.target]
-    bound = dict(zip(names, n.args))
-    bound.update(n.kwargs)
+    bound = meta.bound_args(n, names)
     lo, hi = bound.get(names[1]), bound.get(names[2])
     if set(bound) - set(names) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (lo, hi)):
         return False

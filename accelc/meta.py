@@ -86,6 +86,14 @@ def reason_kept(node: fx.Node) -> str | None:
     return node.meta.get(SKIP)
 
 
+def bound_args(n: fx.Node, names) -> dict:
+    """n's arguments by parameter name: its positional ones named by `names` in order, then its
+    keywords as given (unknown names included: callers refuse or drop them)."""
+    bound = dict(zip(names, n.args))
+    bound.update(n.kwargs)
+    return bound
+
+
 def sole_user(n: fx.Node):
     """The one node that reads n, or None (no reader, or several)."""
     return next(iter(n.users)) if len(n.users) == 1 else None

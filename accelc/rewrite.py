@@ -51,6 +51,13 @@ class PassContext:
     seconds: dict = field(default_factory=dict)   # where optimize's time goes, by phase
     eager_ms: dict = field(default_factory=dict)  # layer name -> eager ms of the original, where timed
 
+    @property
+    def inductor_glue(self) -> bool:
+        """Whether what accelc leaves runs compiled by Inductor (OptimizeConfig.glue resolved for
+        the model's device, as accelc.runner resolves it): rules whose kernel only pays against
+        eager glue (the norms, RoPE) leave their match to Inductor then."""
+        return runtime.resolve_glue(self.config.glue, self.device.type == "cuda") == "inductor"
+
 
 # ---------------------------------------------------------------------------------------------
 # patterns and matches

@@ -27,6 +27,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import runtime
+from accelc.runtime import resolve_glue
 from accelc.capture import mutated_state
 from accelc.kernels import LAUNCHERS
 
@@ -197,11 +198,6 @@ class CompiledGlue:
                 self.failed = f"Inductor could not compile the glue ({type(e).__name__}: {str(e).splitlines()[0][:150]})"
                 log.warning("accelc: %s; running it uncompiled", self.failed)
         return self.plain(*args, **kwargs)
-
-
-def resolve_glue(glue: str, on_gpu: bool) -> str:
-    """OptimizeConfig.glue with "auto" resolved: Inductor on a GPU, eager elsewhere."""
-    return glue if glue != "auto" else ("inductor" if on_gpu else "eager")
 
 
 def plan(config, device: torch.device, gm: fx.GraphModule | None = None) -> tuple[str, bool, str]:

@@ -61,6 +61,11 @@ def launch_or_fallback(op: str, device: torch.device, launch, reference, *args):
     return reference(*args)
 
 
+def resolve_glue(glue: str, on_gpu: bool) -> str:
+    """OptimizeConfig.glue with "auto" resolved: Inductor on a GPU, eager elsewhere."""
+    return glue if glue != "auto" else ("inductor" if on_gpu else "eager")
+
+
 def device_guard(t: torch.Tensor):
     """Triton launches on the current CUDA device: make it t's (a no-op when it already is)."""
     if t.is_cuda and t.device.index != torch.cuda.current_device():

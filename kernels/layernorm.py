@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
+from accelc.tuning import check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_N = 16384          # one row in registers: 16384 fp32 values over 16 warps
@@ -84,10 +85,13 @@ def why_unsupported(x, weight=None, bias=None, residual=None, normalized_shape=N
     return None
 
 
+_CHECKED: set = set()   # call signatures why_unsupported accepted
+
+
 def _check(x, weight, bias, residual, op="layer_norm"):
-    reason = why_unsupported(x, weight, bias, residual)
-    if reason is not None:
-        raise ValueError(f"accelc::{op}: {reason}")
+    """why_unsupported as a one-line ValueError naming the op, once per call signature."""
+    sig = (op, *((None if t is None else (t.shape, t.dtype, t.device)) for t in (x, weight, bias, residual)))
+    check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, residual), op)
 
 
 def layer_norm_launch(x, weight=None, bias=None, residual=None, eps=1e-5, rms=False):

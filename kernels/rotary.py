@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
+from accelc.tuning import check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_D = 1024
@@ -71,10 +72,13 @@ def why_unsupported(x, cos, sin) -> str | None:
     return None
 
 
+_CHECKED: set = set()   # call signatures why_unsupported accepted
+
+
 def _check(x, cos, sin):
-    reason = why_unsupported(x, cos, sin)
-    if reason is not None:
-        raise ValueError(f"accelc::rotary_embedding: {reason}")
+    """why_unsupported as a one-line ValueError, once per call signature."""
+    sig = tuple((t.shape, t.stride(), t.dtype, t.device) for t in (x, cos, sin))
+    check_once(_CHECKED, sig, lambda: why_unsupported(x, cos, sin), "rotary_embedding")
 
 
 def out_dtype(x, cos, sin) -> torch.dtype:
@@ -83,9 +87,10 @@ def out_dtype(x, cos, sin) -> torch.dtype:
 
 
 def _strides4(t: torch.Tensor, shape: torch.Size) -> list:
-    """t's strides broadcast to `shape` (0 where broadcast), left-padded to four dims."""
-    e = t.expand(shape)
-    strides = [0 if size == 1 else st for size, st in zip(e.shape, e.stride())]
+    """t's strides broadcast to `shape` (0 where t has size 1 or lacks the dim), left-padded to
+    four dims; arithmetic only, no view made."""
+    lead = len(shape) - t.dim()
+    strides = [0 if i < lead or t.shape[i - lead] == 1 else t.stride(i - lead) for i in range(len(shape))]
     return [0] * (4 - len(strides)) + strides
 
 

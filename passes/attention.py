@@ -10,8 +10,8 @@
    file: scale multiplied or divided (a constant, math.sqrt(d) included), or applied to q first,
    or absent; matmul or bmm (3-D q, k, v of batch * heads); the scores as one
    baddbmm(bias, q, k^T, beta, alpha). Eval-mode dropout was removed at capture.
-Whatever the kernel cannot take (fp32, head dims outside 32/64/80/96/128, other mask dtypes)
-stays PyTorch with the reason in the summary.
+Whatever the kernel cannot take (fp32, head dims outside 16-256 in multiples of 8, other mask
+dtypes) stays PyTorch with the reason in the summary.
 """
 from __future__ import annotations
 
@@ -48,9 +48,7 @@ _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_
 
 
 def _mha_args(node) -> dict:
-    bound = dict(zip(_MHA_ARGS, node.args))
-    bound.update(node.kwargs)
-    return bound
+    return meta.bound_args(node, _MHA_ARGS)
 
 
 def _mha_why_not(node, mha: nn.MultiheadAttention) -> str | None:
@@ -228,17 +226,15 @@ def _baddbmm(q, k, v, bias, beta, scale, d0, d1, sdim):
     return torch.matmul(F.softmax(torch.baddbmm(bias, q, _t(k, d0, d1), beta=beta, alpha=scale), sdim), v)
 
 
+def _baddbmm_mask(m):
+    # beta=0: baddbmm ignores its bias (NaN in it included)
+    return m.input("bias") if m.input("beta") == 1 else None
+
+
 def _check_baddbmm(m, ctx) -> str | None:
     if m.input("beta") not in (0, 1) or isinstance(m.input("beta"), bool):
         return f"baddbmm scales its bias by beta={m.input('beta')}"
-    return _decomposed_problem(m, m.input("bias") if m.input("beta") == 1 else None)
-
-
-def _build_baddbmm(m, ctx) -> Replacement:
-    # beta=0: baddbmm ignores its bias (NaN in it included)
-    mask = m.input("bias") if m.input("beta") == 1 else None
-    return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, False, float(m.input("scale"))),
-                       {"empty_nan": True}, kind="attention", kernel=_kernel_label(mask, False))
+    return _decomposed_problem(m, _baddbmm_mask(m))
 
 
 def _check_decomposed(m, ctx) -> str | None:
@@ -257,10 +253,11 @@ def _decomposed_problem(m, mask) -> str | None:
     return _kernel_problem(m.input("q"), m.input("k"), m.input("v"), mask)
 
 
-def _decomposed(scale_of):
-    """The build of a decomposed pattern whose softmax scale is scale_of(the matched constant)."""
+def _decomposed(scale_of, mask_of=lambda m: m.input("mask")):
+    """The build of a decomposed pattern whose softmax scale is scale_of(the matched constant)
+    and whose additive mask is mask_of(the match)."""
     def build(m, ctx) -> Replacement:
-        mask = m.input("mask")
+        mask = mask_of(m)
         # a row whose keys are all masked: eager's softmax gives NaN there (SDPA gives 0)
         return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, False,
                                    float(scale_of(m.input("scale", 1.0)))), {"empty_nan": True},
@@ -282,6 +279,7 @@ RULES = (
     _rule("softmax(q@k^T/s)@v", _div,                          lambda s: 1.0 / s),
     _rule("softmax((q*s)@k^T)@v", _q_scaled,                   lambda s: s),
     _rule("softmax(q@k^T)@v", _no_scale,                       lambda s: 1.0),
-    Rule(Pattern("softmax(baddbmm(bias,q,k^T))@v", _baddbmm), build=_build_baddbmm, check=_check_baddbmm),
+    Rule(Pattern("softmax(baddbmm(bias,q,k^T))@v", _baddbmm), build=_decomposed(lambda s: s, _baddbmm_mask),
+         check=_check_baddbmm),
 )
 PASS = Pass("attention", RULES, prepare=_lower_mha)   # lowering first: nn.MultiheadAttention -> linears + SDPA

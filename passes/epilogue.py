@@ -39,7 +39,7 @@ def absorb(anchor: fx.Node) -> Epilogue:
     of the same shape and dtype, in either order (act(y) + r, or act(y + r))."""
     ep = Epilogue(nodes=[])
     node = anchor
-    sole_user = meta.sole_user
+
     def residual_of(add, n):
         if not (isinstance(add, fx.Node) and add.op == "call_function" and add.target is operator.add):
             return None
@@ -51,10 +51,10 @@ def absorb(anchor: fx.Node) -> Epilogue:
             return None
         return other
 
-    user = sole_user(node)
+    user = meta.sole_user(node)
     res = residual_of(user, node)
-    if res is not None and activation_name(sole_user(user)) is not None:
-        act_node = sole_user(user)
+    if res is not None and activation_name(meta.sole_user(user)) is not None:
+        act_node = meta.sole_user(user)
         ep.nodes += [user, act_node]
         ep.residual, ep.residual_first, ep.activation = res, True, activation_name(act_node)
         return ep
@@ -63,7 +63,7 @@ def absorb(anchor: fx.Node) -> Epilogue:
         ep.nodes.append(user)
         ep.activation = act
         node = user
-        user = sole_user(node)
+        user = meta.sole_user(node)
     res = residual_of(user, node)
     if res is not None:
         ep.nodes.append(user)

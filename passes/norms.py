@@ -65,16 +65,8 @@ INDUCTOR_GLUE = ("left to the Inductor glue, which fuses it with its neighbours:
                  "glue='eager' rewrites it")
 
 
-def inductor_glue(ctx) -> bool:
-    """Whether what accelc leaves runs compiled by Inductor (OptimizeConfig.glue, as accelc.runner
-    resolves it for the model's device)."""
-    from accelc.runner import resolve_glue   # on use: the runner imports the kernels the passes feed
-
-    return resolve_glue(ctx.config.glue, ctx.device.type == "cuda") == "inductor"
-
-
 def _check(m, ctx) -> str | None:
-    if inductor_glue(ctx):
+    if ctx.inductor_glue:
         return INDUCTOR_GLUE
     x = meta.meta_tensor(m.input("x"))
     res = meta.meta_tensor(m.input("residual")) if m.has("residual") else None
@@ -188,8 +180,7 @@ def _is(n, name: str, nargs: int) -> bool:
 
 
 def _mean_over_last(v, rank) -> bool:
-    args = dict(zip(("input", "dim", "keepdim"), v.args))
-    args.update(v.kwargs)
+    args = meta.bound_args(v, ("input", "dim", "keepdim"))
     dim = args.get("dim")
     dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
     return (set(args) <= {"input", "dim", "keepdim"} and args.get("keepdim") is True
@@ -261,7 +252,7 @@ def fold_written_rms_norms(gm: fx.GraphModule, ctx) -> None:
         if found is None:
             continue
         x, weight, eps, out, chain = found
-        reason = INDUCTOR_GLUE if inductor_glue(ctx) else why_unsupported(
+        reason = INDUCTOR_GLUE if ctx.inductor_glue else why_unsupported(
             meta.meta_tensor(x), meta.meta_tensor(weight) if weight is not None else None)
         if reason:
             for n in chain:

@@ -24,7 +24,6 @@ from torch import fx
 from accelc import meta
 from accelc.capture import erase_dead
 from accelc.kernels.rotary import rotary_embedding_ref, why_unsupported
-from accelc.passes.norms import inductor_glue
 from accelc.rewrite import Pass, Pattern, Replacement, Rule, replace_uses
 
 ROTARY = torch.ops.accelc.rotary_embedding.default
@@ -139,7 +138,7 @@ def _rope(x, cos, sin):
 
 
 def _check(m, ctx) -> str | None:
-    if inductor_glue(ctx):
+    if ctx.inductor_glue:
         return INDUCTOR_GLUE
     ts = [meta.meta_tensor(m.input(k)) for k in ("x", "cos", "sin")]
     if any(t is None for t in ts):

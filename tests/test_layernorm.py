@@ -173,7 +173,7 @@ def test_left_to_the_inductor_glue_with_the_reason():
     for glue, device, expect in (("auto", "cuda", True), ("inductor", "cpu", True), ("auto", "cpu", False),
                                  ("eager", "cuda", False)):
         ctx = PassContext(accelc.OptimizeConfig(glue=glue), (), [], torch.device(device))
-        assert norms.inductor_glue(ctx) is expect, (glue, device)
+        assert ctx.inductor_glue is expect, (glue, device)
     ctx = PassContext(accelc.OptimizeConfig(glue="inductor"), (), [], torch.device("cpu"))
     assert "Inductor glue" in norms._check(None, ctx)
 
