@@ -312,7 +312,11 @@ def prepare(gm: fx.GraphModule, args: tuple):
     _annotate_paths(gm)
     canonicalize(gm)
     with torch.no_grad():
-        return record_meta(gm, args)
+        out = record_meta(gm, args)
+    if _unflatten_addmm(gm.graph):    # needs the shapes record_meta gives
+        gm.graph.lint()
+        gm.recompile()
+    return out
 
 
 def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None) -> torch.export.ExportedProgram:
@@ -577,6 +581,50 @@ def canonicalize(gm: fx.GraphModule) -> None:
     _fold_written_activations(g)
     g.lint()
     gm.recompile()
+
+
+_RESHAPES = {"view", "reshape", "_unsafe_view"}
+
+
+def _reshape_of(node):
+    """The tensor a view / reshape node reshapes, else None."""
+    if isinstance(node, fx.Node) and node.op in ("call_method", "call_function") and node.args \
+            and isinstance(node.args[0], fx.Node) and meta.op_name(node) in _RESHAPES:
+        return node.args[0]
+    return None
+
+
+def _unflatten_addmm(g: fx.Graph) -> bool:
+    """HF's Conv1D (GPT-2, GPT-J's MLPs in some ports): addmm(b, x.view(-1, K), W).view(*lead, N)
+    -> F.linear(x, W.t(), b). Eager runs the same kernel either way (F.linear flattens a contiguous
+    input into that addmm), and the activation and residual add that follow then meet the GEMM
+    directly instead of through the view, so the epilogue takes them. Returns whether it changed g."""
+    changed = False
+    for n in list(g.nodes):
+        if n.op != "call_function" or n.target is not torch.addmm or len(n.args) != 3 or n.kwargs:
+            continue
+        bias, flat, w = n.args
+        x, out = _reshape_of(flat), meta.sole_user(n)
+        if x is None or _reshape_of(out) is not n:
+            continue
+        mx, mw, mo = meta.tensor_meta(x), meta.tensor_meta(w), meta.tensor_meta(out)
+        if None in (mx, mw, mo) or len(mx.shape) < 2 or len(mw.shape) != 2 \
+                or tuple(mo.shape) != (*mx.shape[:-1], mw.shape[1]):
+            continue
+        with g.inserting_before(n):
+            wt = g.call_function(torch.t, (w,))
+            linear = g.call_function(F.linear, (x, wt, bias))
+        wt.meta.update(n.meta)
+        wt.meta[meta.VALUE] = meta.TensorMeta(tuple(mw.shape[::-1]), mw.dtype, mw.device, contiguous=False)
+        linear.meta.update(n.meta)
+        linear.meta[meta.VALUE] = mo
+        out.replace_all_uses_with(linear)
+        g.erase_node(out)
+        g.erase_node(n)
+        if not flat.users:
+            g.erase_node(flat)
+        changed = True
+    return changed
 
 
 # pointwise ops a written-out activation is made of: how to evaluate each on float64 tensors

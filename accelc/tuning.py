@@ -145,6 +145,7 @@ class Tuner:
         self.interpreter = interpreter
         self.chosen: dict[tuple, triton.Config] = {}
         self.calls: dict[tuple, object] = {}     # launcher's call signature -> its CompiledCall and arguments
+        self.timings: dict[tuple, list] = {}    # key -> [(config dict, us or None when it failed)], as tuned
         self._source_hash = None
         self._forced: triton.Config | None = None
 
@@ -183,7 +184,7 @@ class Tuner:
         if len(candidates) == 1:
             return candidates[0]
         path = self._cache_file(key)
-        cfg = self._read(path, candidates)
+        cfg = self._read(path, candidates, self.timings, key)
         if cfg is not None:
             return cfg
         log.info("accelc: tuning %s (%s) for %s: %d candidates", self.name, _describe(sizes),
@@ -195,8 +196,18 @@ class Tuner:
         best, best_us = min(timed, key=lambda t: t[1])
         if math.isinf(best_us):
             raise RuntimeError(f"{self.name}: no candidate config ran for {_describe(sizes)}")
+        self.timings[key] = [(config_dict(c), None if math.isinf(us) else round(us, 3)) for c, us in timed]
         self._write(path, key, best, timed)
         return best
+
+    def spread(self, key) -> dict | None:
+        """The tuning run of `key` in numbers: candidates timed, how many ran, the fastest and the
+        slowest (us); None when `key` was not tuned (interpreter, ACCELC_AUTOTUNE=0, one candidate)."""
+        timed = self.timings.get(key)
+        ran = [us for _, us in timed or () if us is not None]
+        if not ran:
+            return None
+        return {"candidates": len(timed), "ran": len(ran), "fastest_us": min(ran), "slowest_us": max(ran)}
 
     # -- the disk cache ----------------------------------------------------------------------
 
@@ -210,12 +221,16 @@ class Tuner:
         return cache_dir() / f"{self.name}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.json"
 
     @staticmethod
-    def _read(path: Path, candidates: list) -> triton.Config | None:
+    def _read(path: Path, candidates: list, timings: dict, key) -> triton.Config | None:
         try:
-            want = json.loads(path.read_text())["config"]
+            record = json.loads(path.read_text())
+            want = record["config"]
         except (OSError, ValueError, KeyError, TypeError):
             return None     # not there, or unreadable: tune again (and overwrite it)
-        return next((c for c in candidates if config_dict(c) == want), None)
+        cfg = next((c for c in candidates if config_dict(c) == want), None)
+        if cfg is not None and isinstance(record.get("timings_us"), list):
+            timings[key] = [tuple(t) for t in record["timings_us"]]
+        return cfg
 
     def _write(self, path: Path, key, best, timed) -> None:
         record = {"kernel": self.name, "key": [str(k) for k in key], "config": config_dict(best),

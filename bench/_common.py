@@ -137,6 +137,30 @@ def gbs_cell(env: dict, gbs: float) -> str:
     return f"{gbs} ({100 * gbs / (peak * 1e3):.0f}%)" if peak else f"{gbs}"
 
 
+# dense tensor-core peaks (no sparsity), TF/s for fp16 / bf16 and TOPS for int8: NVIDIA's H100 SXM
+# and H200 datasheets (the same SXM5 tensor cores and clocks)
+DENSE_PEAK = {"H100 80GB HBM3": {"fp16": 989.4, "int8": 1978.9}, "H200": {"fp16": 989.4, "int8": 1978.9}}
+
+
+def peak(env: dict, kind: str = "fp16") -> float | None:
+    return next((v[kind] for k, v in DENSE_PEAK.items() if k in env["device"]), None)
+
+
+def rate_cell(env: dict, rate: float, kind: str = "fp16") -> str:
+    """A compute-bound kernel's TF/s (TOPS for int8) with its share of the device's dense peak:
+    598 TF/s (60%)."""
+    top = peak(env, kind)
+    unit = "TOPS" if kind == "int8" else "TF/s"
+    return f"{rate:.0f} {unit} ({100 * rate / top:.0f}%)" if top else f"{rate:.0f} {unit}"
+
+
+def spread_cell(spread: dict | None) -> str:
+    """accelc.tuning.Tuner.spread as a cell: fastest-slowest us over the candidates that ran."""
+    if not spread:
+        return "not tuned"
+    return f"{spread['fastest_us']:.1f}-{spread['slowest_us']:.1f} us ({spread['ran']}/{spread['candidates']} ran)"
+
+
 def ratio_cell(r: tuple) -> str:
     """A speedup tuple as a table cell: 1.1x (1.05-1.2)."""
     return f"{r[0]}x ({r[1]}-{r[2]})"

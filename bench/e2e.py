@@ -412,7 +412,7 @@ def merge(in_dir, out_dir):
     geo = statistics.geometric_mean(gm) if gm else None
     md = (f"# Whole models, called as a user calls them ({env['device'] if env else '?'})\n\n"
           + (_common.env_line(env) if env else "") + "\n\n"
-          + (f"Runs (one device session): {', '.join(sorted(dates))}.\n\n" if len(dates) > 1 else "")
+          + (f"Runs: {', '.join(sorted(dates))}.\n\n" if len(dates) > 1 else "")
           + "ms per call, median of rounds of back-to-back calls, fp16, random weights. compile_ro: "
           "torch.compile(mode=\"reduce-overhead\"); ORT: onnxruntime-gpu CUDA provider, whole model exported by the "
           "dynamo exporter, IO binding, NHWC convs, cuDNN exhaustive search, its CUDA graph where the session takes "

@@ -60,7 +60,8 @@ def gated_halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def linear_kernel(
-    # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA)
+    # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA; with W_T, w_desc
+    # is the descriptor of weight^T, a row-major (K, N))
     x_ptr, w_ptr, x_desc, w_desc, bias_ptr, res_ptr, out_ptr, a_scale_ptr, w_scale_ptr,
     # sizes (N: the weight's rows; N_OUT: the output's columns, N / 2 rounded down to GATE_GROUP when GATED)
     M, N, K, N_OUT,
@@ -77,7 +78,7 @@ def linear_kernel(
     GATED: tl.constexpr,
     # meta-parameters
     USE_TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, W_T: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     PROGRAMS_PER_SM: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -102,7 +103,10 @@ def linear_kernel(
             if USE_TMA:
                 # the copy engine zero-fills rows, columns and K past the tensor's edge
                 a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
-                b = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+                if W_T:   # the weight is the transpose of a row-major (K, N): x @ W, GPT-2's Conv1D
+                    b = w_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+                else:
+                    b = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
             else:
                 # wrapped row/column indices stay in bounds; the masked store drops them
                 rows = offs_m % M
@@ -172,21 +176,39 @@ CONFIGS = [
     config(16, 32, 256, 3, 4, tma=False, flatten=False), config(16, 32, 256, 4, 4),
     config(16, 64, 128, 4, 4, tma=False),
 ]
+# Narrow or shallow tiles for many rows over few output channels or a short K: the pointwise
+# convs of MobileNet / EfficientNet (K 16-32 in, N 16-96 out, ~10^5 rows) are memory-bound, and a
+# 128 x 256 x 64 tile there mostly multiplies and stores padding. Offered only where N or K is
+# that small (prune_configs).
+FIT_CONFIGS = [
+    config(128, 32, 64, 4, 4), config(128, 64, 64, 4, 4), config(256, 64, 64, 3, 8),
+    config(128, 32, 32, 4, 4), config(128, 64, 32, 4, 4), config(128, 128, 32, 3, 4), config(256, 128, 32, 3, 8),
+    config(128, 64, 16, 4, 4), config(128, 128, 16, 3, 4), config(256, 128, 16, 3, 8),
+]
+CONFIGS += FIT_CONFIGS
 
 
 def prune_configs(configs, sizes):
     """Only tiles whose height suits M (tall tiles on tiny M compute padding, short ones on
-    large M re-read the weight too often), and TMA configs only where the operands allow it."""
+    large M re-read the weight too often), no wider than N and no deeper than K need (rounded up
+    to a power of two, at least 16), narrow or shallow ones (FIT_CONFIGS) only where N or K is
+    small, and TMA configs only where the operands allow it. Never empty: the default config
+    stands in when nothing fits."""
     m = sizes["M"]
+    n_fit = max(16, triton.next_power_of_2(max(1, sizes["N"])))
+    k_fit = max(16, triton.next_power_of_2(max(1, sizes["K"])))
     if m <= 32:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
     elif m <= 128:
         keep = [c for c in configs if 32 <= c.kwargs["BLOCK_M"] <= 128]
     else:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] >= 64]
+    small = n_fit < 128 or k_fit < 64
+    keep = [c for c in keep if (c not in FIT_CONFIGS or small)
+            and c.kwargs["BLOCK_N"] <= max(n_fit, 32) and c.kwargs["BLOCK_K"] <= k_fit]
     if not sizes["tma"]:
         keep = [c for c in keep if not c.kwargs["USE_TMA"]]
-    return keep
+    return keep or [default_config(sizes)]
 
 
 def default_config(sizes) -> triton.Config:
@@ -215,6 +237,13 @@ def tma_ok(t: torch.Tensor) -> bool:
     """The copy engine needs a contiguous last dim and 16-byte aligned rows and base."""
     return (t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0
             and t.data_ptr() % 16 == 0 and t.shape[1] * t.element_size() >= 16)
+
+
+def weight_by_columns(weight: torch.Tensor) -> bool:
+    """The (N, K) weight is the transpose of a row-major (K, N) the copy engine can load (x @ W with
+    W stored (in, out), as GPT-2's Conv1D and written matmuls keep it): the kernel loads (K, N)
+    boxes of weight^T (W_T) instead of (N, K) boxes of weight."""
+    return not tma_ok(weight) and tma_ok(weight.t())
 
 
 def epilogue_problem(x, N, bias, residual, activation) -> str | None:
@@ -298,12 +327,13 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         M, K = x2.shape
         N = weight.shape[0]
         quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 1)
-        use_tma = K > 0 and tma_ok(x2) and tma_ok(weight)
+        w_t = weight_by_columns(weight)
+        use_tma = K > 0 and tma_ok(x2) and (tma_ok(weight) or w_t)
         sms = _sm_count(x2.device.index or 0) if x2.is_cuda else None
         meta = dict(
             HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not None,
             RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
-            GATED=bool(gated),
+            GATED=bool(gated), W_T=use_tma and w_t,
             # int8 layers with half outputs: GELU on the SFU's tanh (kernels/epilogue.py)
             FAST_MATH=quant == 1 and out.dtype in (torch.float16, torch.bfloat16),
             INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
@@ -326,7 +356,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             run(config)
             return
         # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
-        key = (triton.next_power_of_2(M), N, K, use_tma, x2.dtype, out.dtype)
+        key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype)
         cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype), run)
         kw = cfg.all_kwargs()
         tuner.calls[sig] = (CompiledCall(linear_kernel, grid(kw), kernel_args(kw, tensors),
@@ -338,9 +368,14 @@ def kernel_args(kw, tensors) -> tuple:
     descriptors (boxes: the config's tiles) where the config loads by TMA, else the tensors."""
     x2, weight, bias, res, out, a_scale, w_scale = tensors
     tma = kw["USE_TMA"]
+    if not tma:
+        w_desc = weight
+    elif weight_by_columns(weight):
+        w_desc = TensorDescriptor.from_tensor(weight.t(), [kw["BLOCK_K"], kw["BLOCK_N"]])
+    else:
+        w_desc = TensorDescriptor.from_tensor(weight, [kw["BLOCK_N"], kw["BLOCK_K"]])
     return (x2, weight,
-            TensorDescriptor.from_tensor(x2, [kw["BLOCK_M"], kw["BLOCK_K"]]) if tma else x2,
-            TensorDescriptor.from_tensor(weight, [kw["BLOCK_N"], kw["BLOCK_K"]]) if tma else weight,
+            TensorDescriptor.from_tensor(x2, [kw["BLOCK_M"], kw["BLOCK_K"]]) if tma else x2, w_desc,
             bias, res, out, a_scale, w_scale, x2.shape[0], weight.shape[0], x2.shape[1], out.shape[1],
             x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
             res.stride(0), res.stride(1), out.stride(0), out.stride(1))

@@ -48,7 +48,8 @@ def _sweep(tuner, run, ref, tol):
 
 
 LINEAR_SHAPES = [(1, 768, 768), (7, 64, 96), (16, 4096, 4096), (33, 77, 50), (130, 200, 136), (394, 768, 3072),
-                 (1024, 768, 768), (2048, 1024, 4096), (4000, 3072, 768)]
+                 (1024, 768, 768), (2048, 1024, 4096), (4000, 3072, 768),
+                 (3000, 16, 96), (2500, 144, 24), (1100, 40, 56)]   # narrow / shallow tiles (FIT_CONFIGS)
 
 
 def _dtypes(shapes, bf16_every=3):
@@ -64,6 +65,17 @@ def test_linear_candidates(M, K, N, dtype):
     r = torch.randn(M, N, device="cuda", dtype=dtype)
     ref = gemm.linear_ref(x.float(), w.float(), b.float(), r.float(), "gelu_tanh")
     assert _sweep(gemm.TUNER, lambda: gemm.linear_launch(x, w, b, r, "gelu_tanh"), ref, TOL[dtype]) >= 1
+
+
+@pytest.mark.parametrize("M,K,N", [(45, 64, 96), (1030, 768, 2304), (3000, 24, 144)])
+def test_linear_candidates_weight_by_columns(M, K, N):
+    # x @ W with W (K, N) row-major (GPT-2's Conv1D): the TMA configs load W's (K, N) boxes
+    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    W = torch.randn(K, N, device="cuda", dtype=torch.float16) / K ** 0.5
+    b = torch.randn(N, device="cuda", dtype=torch.float16)
+    ref = gemm.linear_ref(x.float(), W.t().float(), b.float(), None, "gelu")
+    assert gemm.weight_by_columns(W.t())
+    assert _sweep(gemm.TUNER, lambda: gemm.linear_launch(x, W.t(), b, None, "gelu"), ref, TOL[torch.float16]) >= 1
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 768, 768), (130, 200, 136), (1024, 768, 768)])

@@ -134,6 +134,42 @@ def test_tma_and_pointer_paths(k, tma):
                         torch.float16, 1e-2, 1e-2)
 
 
+@pytest.mark.parametrize("k,n,by_columns", [(64, 96, True), (64, 36, False), (48, 40, True)])
+def test_weight_stored_in_by_out_is_loaded_by_columns(k, n, by_columns):
+    # x @ W with W (K, N) row-major, as GPT-2's Conv1D stores it: weight = W.t(). Its (N, K) rows are
+    # not contiguous, so the copy engine loads (K, N) boxes of W (W_T); N=36 fp16 rows of W are not
+    # 16-byte aligned: pointer loads. Tail rows / columns (45 x n) included.
+    x, _, b, r = _inputs(45, k, n, torch.float16)
+    W = (torch.randn(k, n, device=DEVICE) / k ** 0.5).half()
+    w = W.t()
+    assert gemm.weight_by_columns(w) == by_columns and not gemm.tma_ok(w)
+    out = torch.ops.accelc.linear(x, w, b, r, activation="gelu")
+    assert_close_to_ref(out, _ref(x, w, b, r, "gelu"), _eager(x, w, b, r, "gelu"), torch.float16, 1e-2, 1e-2)
+    # the tuning key (rows bucket, N, K, use_tma, W_T, dtypes): loaded as expected
+    assert (64, n, k, by_columns, by_columns, torch.float16, torch.float16) in gemm.TUNER.chosen
+
+
+def _sizes(m, k, n, tma=True):
+    return dict(M=m, N=n, K=k, tma=tma, dtype=torch.float16)
+
+
+def test_candidates_fit_small_output_and_reduction_widths():
+    # MobileNetV2's pointwise convs as GEMMs: ~10^5 rows, K 16-144, N 16-144
+    for m, k, n in [(401408, 16, 96), (100352, 144, 24), (401408, 32, 16)]:
+        cands = gemm.prune_configs(gemm.CONFIGS, _sizes(m, k, n))
+        k_fit, n_fit = max(16, 1 << (k - 1).bit_length()), max(16, 1 << (n - 1).bit_length())
+        assert cands and any(c in gemm.FIT_CONFIGS for c in cands)
+        assert all(c.kwargs["BLOCK_K"] <= k_fit and c.kwargs["BLOCK_N"] <= max(n_fit, 32) for c in cands)
+    # a transformer's layer keeps the large tiles only
+    cands = gemm.prune_configs(gemm.CONFIGS, _sizes(6304, 768, 2304))
+    assert cands and not any(c in gemm.FIT_CONFIGS for c in cands)
+    assert any(c.kwargs["BLOCK_N"] == 256 for c in cands)
+    # nothing fits (16 rows, K 16: every small-M tile is 128+ deep): the default stands in, and runs
+    (only,) = gemm.prune_configs(gemm.CONFIGS, _sizes(16, 16, 16, tma=False))
+    assert only.kwargs == gemm.default_config(_sizes(16, 16, 16, tma=False)).kwargs
+    assert not any(c.kwargs["USE_TMA"] for c in gemm.prune_configs(gemm.CONFIGS, _sizes(4096, 70, 4096, tma=False)))
+
+
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="the autotuner times configs on a GPU")
 @pytest.mark.parametrize("k", [256, 250])  # TMA configs allowed / pruned
 def test_autotuned_launch(monkeypatch, k):

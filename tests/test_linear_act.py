@@ -239,25 +239,46 @@ def test_counts_and_names_on_a_sequence():
 
 
 class Conv1D(nn.Module):
-    """HF's GPT-2 linear: bias + x @ weight through torch.addmm, weight stored (K, N)."""
+    """HF's GPT-2 linear: bias + x @ weight through torch.addmm on x flattened to 2-D, weight stored
+    (K, N), the result viewed back to x's leading dims; then GELU (and, with residual, + x)."""
 
-    def __init__(self, k, n, beta=1):
+    def __init__(self, k, n, beta=1, style="view", residual=False, shape_branch=False):
         super().__init__()
         self.weight = nn.Parameter(torch.randn(k, n) / k ** 0.5)
         self.bias = nn.Parameter(torch.randn(n))
-        self.beta = beta
+        self.beta, self.style, self.residual, self.shape_branch = beta, style, residual, shape_branch
 
     def forward(self, x):
+        if self.shape_branch and x.shape[0] > 1:      # symbolic_trace fails: the graph comes from torch.export
+            x = x * 0.5
         size_out = x.size()[:-1] + (self.weight.shape[1],)
-        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight, beta=self.beta)
-        return F.gelu(x.view(size_out))
+        if self.style == "reshape":
+            y = torch.addmm(self.bias, x.reshape(-1, x.size(-1)), self.weight).reshape(size_out)
+        elif self.style == "other_view":               # viewed to another shape: not x's rows
+            y = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(-1, x.size(1), 2, size_out[-1] // 2)
+        else:
+            y = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight, beta=self.beta).view(size_out)
+        y = F.gelu(y, approximate="tanh")
+        return y + x if self.residual else y
 
 
-def test_addmm_linears():
-    opt = _optimize(Conv1D(20, 12), 2, 5, 20)
-    assert _kernels(opt) == ["accelc::linear"]       # the gelu comes after a view: not absorbed
+@pytest.mark.parametrize("shape_branch", [False, True])
+@pytest.mark.parametrize("style", ["view", "reshape"])
+def test_addmm_linears(style, shape_branch):
+    # the view back to x's leading dims is undone (F.linear on x itself), so the activation and the
+    # residual meet the GEMM and fuse into it; the weight is read (K, N) as stored
+    opt = _optimize(Conv1D(20, 12, style=style, shape_branch=shape_branch), 2, 5, 20)
+    assert opt.info.capture_method == ("torch.export" if shape_branch else "symbolic_trace")
+    assert _kernels(opt) == ["accelc::linear[gelu_tanh]"], opt.summary()
+    opt = _optimize(Conv1D(20, 20, style=style, residual=True, shape_branch=shape_branch), 2, 5, 20)
+    assert _kernels(opt) == ["accelc::linear[gelu_tanh+residual]"], opt.summary()
+
+
+def test_addmm_look_alikes():
     opt = _optimize(Conv1D(20, 12, beta=2), 2, 5, 20)
     assert _kernels(opt) == []                       # 2 * bias + x @ w: not a linear layer's addmm
+    opt = _optimize(Conv1D(20, 12, style="other_view"), 2, 5, 20)
+    assert _kernels(opt) == ["accelc::linear"]       # the view is not back to x's rows: the gelu stays after it
 
 
 _S2 = math.sqrt(2.0 / math.pi)

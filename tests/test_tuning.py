@@ -60,6 +60,19 @@ def test_tunes_once_then_reads_the_disk_in_a_new_process(fake_gpu, tmp_path):
     assert again.pick((1024, "fp16"), {"M": 1024}, None) is again.pick((1024, "fp16"), {"M": 1024}, None)
 
 
+def test_spread_of_the_candidates_in_memory_and_from_disk(fake_gpu):
+    key = (1024, "fp16")
+    t = _tuner()
+    assert t.spread(key) is None                                       # not tuned yet
+    t.pick(key, {"M": 1024}, lambda c: None)
+    want = {"candidates": 6, "ran": 5, "fastest_us": 1.0, "slowest_us": 3.28}   # BLOCK 128, 2 stages failed
+    assert t.spread(key) == want
+    assert _tuner().pick(key, {"M": 1024}, lambda c: None) and fake_gpu[6:] == []
+    again = _tuner()
+    again.pick(key, {"M": 1024}, lambda c: None)                       # read from disk: the same figures
+    assert again.spread(key) == want
+
+
 def test_other_keys_configs_and_devices_tune_again(fake_gpu, monkeypatch, tmp_path):
     t = _tuner()
     t.pick((1024, "fp16"), {"M": 1024}, lambda c: None)
