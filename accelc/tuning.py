@@ -184,7 +184,7 @@ class Tuner:
         if len(candidates) == 1:
             return candidates[0]
         path = self._cache_file(key)
-        cfg = self._read(path, candidates, self.timings, key)
+        cfg = self._read(path, candidates, key)
         if cfg is not None:
             return cfg
         log.info("accelc: tuning %s (%s) for %s: %d candidates", self.name, _describe(sizes),
@@ -197,7 +197,7 @@ class Tuner:
         if math.isinf(best_us):
             raise RuntimeError(f"{self.name}: no candidate config ran for {_describe(sizes)}")
         self.timings[key] = [(config_dict(c), None if math.isinf(us) else round(us, 3)) for c, us in timed]
-        self._write(path, key, best, timed)
+        self._write(path, key, best)
         return best
 
     def spread(self, key) -> dict | None:
@@ -220,8 +220,7 @@ class Tuner:
                             torch.version.cuda])
         return cache_dir() / f"{self.name}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.json"
 
-    @staticmethod
-    def _read(path: Path, candidates: list, timings: dict, key) -> triton.Config | None:
+    def _read(self, path: Path, candidates: list, key) -> triton.Config | None:
         try:
             record = json.loads(path.read_text())
             want = record["config"]
@@ -229,12 +228,12 @@ class Tuner:
             return None     # not there, or unreadable: tune again (and overwrite it)
         cfg = next((c for c in candidates if config_dict(c) == want), None)
         if cfg is not None and isinstance(record.get("timings_us"), list):
-            timings[key] = [tuple(t) for t in record["timings_us"]]
+            self.timings[key] = [tuple(t) for t in record["timings_us"]]
         return cfg
 
-    def _write(self, path: Path, key, best, timed) -> None:
+    def _write(self, path: Path, key, best) -> None:
         record = {"kernel": self.name, "key": [str(k) for k in key], "config": config_dict(best),
-                  "timings_us": [[config_dict(c), None if math.isinf(us) else round(us, 3)] for c, us in timed],
+                  "timings_us": [list(t) for t in self.timings[key]],
                   "device": device_identity()[0], "triton": triton.__version__, "torch": torch.__version__}
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

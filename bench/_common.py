@@ -131,9 +131,14 @@ def ratios(row: dict, fast: str = "accelc", against=("eager", "compile")) -> Non
 HBM_TBS = {"H100 80GB HBM3": 3.35, "H200": 4.8}    # dense HBM bandwidth, TB/s
 
 
+def _for_device(table: dict, env: dict):
+    """The entry of a per-device table (keyed by a part of the device's name) for env's device, or None."""
+    return next((v for k, v in table.items() if k in env["device"]), None)
+
+
 def gbs_cell(env: dict, gbs: float) -> str:
     """A memory-bound kernel's GB/s with its share of the device's HBM bandwidth: 2598.9 (78%)."""
-    peak = next((v for k, v in HBM_TBS.items() if k in env["device"]), None)
+    peak = _for_device(HBM_TBS, env)
     return f"{gbs} ({100 * gbs / (peak * 1e3):.0f}%)" if peak else f"{gbs}"
 
 
@@ -142,14 +147,10 @@ def gbs_cell(env: dict, gbs: float) -> str:
 DENSE_PEAK = {"H100 80GB HBM3": {"fp16": 989.4, "int8": 1978.9}, "H200": {"fp16": 989.4, "int8": 1978.9}}
 
 
-def peak(env: dict, kind: str = "fp16") -> float | None:
-    return next((v[kind] for k, v in DENSE_PEAK.items() if k in env["device"]), None)
-
-
 def rate_cell(env: dict, rate: float, kind: str = "fp16") -> str:
     """A compute-bound kernel's TF/s (TOPS for int8) with its share of the device's dense peak:
     598 TF/s (60%)."""
-    top = peak(env, kind)
+    top = (_for_device(DENSE_PEAK, env) or {}).get(kind)
     unit = "TOPS" if kind == "int8" else "TF/s"
     return f"{rate:.0f} {unit} ({100 * rate / top:.0f}%)" if top else f"{rate:.0f} {unit}"
 
