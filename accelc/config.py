@@ -50,7 +50,10 @@ class Int8Config:
                     per-input-channel factors from calibration data move activation outliers
                     into the weights.
     attention:      q and k quantized per token to int8 for q @ k^T in the flash kernel
-                    (softmax and p @ v stay fp16 / bf16).
+                    (softmax and p @ v stay fp16 / bf16). Not a speed option: the kernel
+                    quantizes each K block in every program and runs at 0.51x-0.64x the fp16
+                    kernel on an H100 (bench/results/int8-nvidia-h100-80gb-hbm3.md), so with
+                    only_if_faster the guard puts every such layer back in fp16.
     sqnr_floor:     the guard's floor in dB (int8 vs the float layer); a layer below it is put
                     back in float and reported.
     min_rows:       below this many rows (tokens) in the example inputs a linear layer stays in

@@ -1,16 +1,22 @@
 """FlashAttention forward, fp16, on the GPU: accelc::flash_attention against
 F.scaled_dot_product_attention with the FLASH_ATTENTION and CUDNN_ATTENTION backends, and the naive
-eager form softmax(q @ k^T * scale) @ v.
+eager form softmax(q @ k^T * scale + mask) @ v. The issue's long-sequence shapes and the real
+models' (ViT-B, BERT-base with its key padding mask, GPT-2 causal), q / k / v as the models make
+them where that matters: BERT's are (B, L, H, D) memory viewed as (B, H, L, D).
 
     python bench/attention.py [--out bench/results]
 
 Timed like bench/gemm.py: CUDA-graph medians in interleaved rounds, speedups as medians of
-per-round ratios. FLOPs counted as 4*B*H*S*S*D (halved for causal).
+per-round ratios. FLOPs counted as 4*B*H*S*S*D (halved for causal); each rate with its share of
+the device's dense fp16 peak. accelc tunes every case here (a fresh cache directory); the row
+gives the config chosen and the spread of the candidates' tuning times.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -19,36 +25,53 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
+os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")   # tune every case here
 import accelc  # noqa: E402,F401
 from accelc.kernels import flash_attention as fa  # noqa: E402
+from accelc.tuning import config_dict  # noqa: E402
 
-CASES = [  # (B, H, S, D, causal)
-    (8, 16, 1024, 64, False), (8, 16, 1024, 64, True),
-    (4, 16, 4096, 64, False), (4, 16, 4096, 64, True),
-    (4, 16, 4096, 128, False), (4, 16, 4096, 128, True),
-    (32, 12, 197, 64, False),
+CASES = [  # (B, H, S, D, causal, what: "" random (B, H, S, D) tensors; "bert": (B, S, H, D) memory + padding mask)
+    (8, 16, 1024, 64, False, ""), (8, 16, 1024, 64, True, ""),
+    (4, 16, 4096, 64, False, ""), (4, 16, 4096, 64, True, ""),
+    (4, 16, 4096, 128, False, ""), (4, 16, 4096, 128, True, ""),
+    (32, 12, 197, 64, False, "vit"), (8, 12, 384, 64, False, "bert"), (4, 12, 1024, 64, True, "gpt2"),
 ]
 ROUNDS = 5
 F = torch.nn.functional
 
 
-def sdpa_with(backend, q, k, v, causal):
+def sdpa_with(backend, q, k, v, causal, mask):
     def fn():
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     return fn
 
 
-def naive(q, k, v, causal):
+def naive(q, k, v, causal, mask):
     scale = q.shape[-1] ** -0.5
-    mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril() if causal else None
+    tril = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril() if causal else None
 
     def fn():
         s = q @ k.transpose(-2, -1) * scale
+        if tril is not None:
+            s = s.masked_fill(~tril, float("-inf"))
         if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
+            s = s + mask
         return torch.softmax(s, dim=-1) @ v
     return fn
+
+
+def inputs(B, H, S, D, what):
+    """q, k, v and the additive mask (or None) of a case."""
+    if what == "bert":   # one (B, S, 3, H, D) projection output viewed per head, a padded batch
+        qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.float16)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        mask = torch.zeros(B, 1, 1, S, device="cuda", dtype=torch.float16)
+        for b in range(B):
+            mask[b, ..., S - 24 * b:] = torch.finfo(torch.float16).min    # 0 to 168 padded tokens
+        return q, k, v, mask
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    return q, k, v, None
 
 
 def main():
@@ -58,17 +81,18 @@ def main():
     env = _common.environment()
     print(_common.env_line(env))
     rows = []
-    for B, H, S, D, causal in CASES:
-        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    for B, H, S, D, causal, what in CASES:
+        q, k, v, mask = inputs(B, H, S, D, what)
         variants = {
-            "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
-            "sdpa_cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION, q, k, v, causal),
-            "naive_eager": naive(q, k, v, causal),
-            "accelc": lambda: torch.ops.accelc.flash_attention(q, k, v, None, causal),
+            "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION, q, k, v, causal, mask),
+            "sdpa_cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, mask),
+            "naive_eager": naive(q, k, v, causal, mask),
+            "accelc": lambda: torch.ops.accelc.flash_attention(q, k, v, mask, causal),
         }
-        ref = fa.flash_attention_ref(q, k, v, None, causal)
+        ref = fa.flash_attention_ref(q, k, v, mask, causal)
         flops = 4 * B * H * S * S * D / (2 if causal else 1)
-        row = dict(B=B, H=H, S=S, D=D, causal=causal)
+        row = dict(B=B, H=H, S=S, D=D, causal=causal, case=what or "random", mask=mask is not None)
+        keys_before = set(fa.TUNER.chosen)
         for name, fn in list(variants.items()):
             try:
                 out = fn()
@@ -80,25 +104,39 @@ def main():
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             row[name] = {"rel_l2_vs_fp32": float(f"{err:.2e}")}
         _common.time_rounds(variants, row, ROUNDS, flops)
+        new = [key for key in fa.TUNER.chosen if key not in keys_before]
+        row["config"] = config_dict(fa.TUNER.chosen[new[-1]]) if new else None
+        row["spread"] = fa.TUNER.spread(new[-1]) if new else None
         for base in ("sdpa_flash", "sdpa_cudnn", "naive_eager"):
             if base in variants:
                 row[f"speedup_vs_{base}"] = _common.speedup(row, "accelc", base)[0]
-        print(f"  {B}x{H}x{S}x{D} causal={causal}: " + ", ".join(
-            f"{n} {row[n]['us']:.0f} us {row[n]['tflops']:.0f} TF/s" for n in variants), flush=True)
+        print(f"  {B}x{H}x{S}x{D} causal={causal} {what}: " + ", ".join(
+            f"{n} {row[n]['us']:.0f} us {row[n]['tflops']:.0f} TF/s" for n in variants)
+            + f" | {row['config']} | {_common.spread_cell(row['spread'])}", flush=True)
         rows.append(row)
 
     def cell(r, n):
-        return f"{r[n]['us']:.1f} us, {r[n]['tflops']:.0f} TF/s" if n in r else "n/a"
+        return f"{r[n]['us']:.1f} us, {_common.rate_cell(env, r[n]['tflops'])}" if "us" in r.get(n, {}) else "n/a"
 
-    header = ["B, H, S, D", "causal", "SDPA flash", "SDPA cuDNN", "naive eager", "accelc",
-              "accelc / SDPA flash", "accelc / cuDNN", "accelc / naive"]
-    table = [[f"{r['B']}, {r['H']}, {r['S']}, {r['D']}", r["causal"], cell(r, "sdpa_flash"), cell(r, "sdpa_cudnn"),
-              cell(r, "naive_eager"), cell(r, "accelc")]
+    def cfg(r):
+        c = r.get("config") or {}
+        return (f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}, {c.get('num_stages')} st, {c.get('num_warps')} w"
+                + (", TMA" if c.get("TMA") else "")) if c else "n/a"
+
+    header = ["B, H, S, D", "case", "causal", "SDPA flash", "SDPA cuDNN", "naive eager", "accelc",
+              "accelc / SDPA flash", "accelc / cuDNN", "accelc / naive", "accelc config", "autotune spread"]
+    table = [[f"{r['B']}, {r['H']}, {r['S']}, {r['D']}", r["case"] + (" + padding mask" if r["mask"] else ""),
+              r["causal"], cell(r, "sdpa_flash"), cell(r, "sdpa_cudnn"), cell(r, "naive_eager"), cell(r, "accelc")]
              + [f"{r[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in r else "n/a"
-                for b in ("sdpa_flash", "sdpa_cudnn", "naive_eager")] for r in rows]
+                for b in ("sdpa_flash", "sdpa_cudnn", "naive_eager")]
+             + [cfg(r), _common.spread_cell(r.get("spread"))] for r in rows]
     md = (f"# accelc::flash_attention forward, fp16\n\n{_common.env_line(env)}\n\n"
           f"Median over captured CUDA graphs, {ROUNDS} interleaved rounds; speedup = other / accelc, median "
-          "of per-round ratios (> 1: accelc faster). FLOPs 4*B*H*S*S*D, halved when causal.\n\n"
+          "of per-round ratios (> 1: accelc faster). FLOPs 4*B*H*S*S*D, halved when causal; % of the "
+          "dense fp16 peak. vit / bert / gpt2: the shapes of ViT-B/16 at batch 32, BERT-base at 8 x 384 "
+          "(q, k, v viewed from (B, S, H, D) memory, an additive key padding mask), GPT-2 at 4 x 1024. "
+          "Config: the one the tuner chose (TMA: q / K / V blocks loaded as TMA boxes); spread: "
+          "fastest - slowest candidate as the tuner timed them.\n\n"
           + _common.md_table(header, table))
     _common.write(args.out, "attention", env, rows, md)
     print()

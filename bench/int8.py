@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
+os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")   # tune every shape here
 import accelc  # noqa: E402,F401
 from accelc.kernels import int8_gemm  # noqa: E402
 from accelc.kernels.int8_gemm import int8_gemm_launch, quantize_weight  # noqa: E402
@@ -104,6 +107,8 @@ def linear_rows(compile_too: bool) -> list[dict]:
         chosen = [str(c) for k, c in int8_gemm.TUNER.chosen.items()
                   if k[:3] == (triton.next_power_of_2(M), N, K)]
         row["int8_config"] = chosen[0] if chosen else "n/a"
+        keys = [k for k in int8_gemm.TUNER.timings if k[:3] == (triton.next_power_of_2(M), N, K)]
+        row["spread"] = int8_gemm.TUNER.spread(keys[-1]) if keys else None
         rows.append(row)
     return rows
 
@@ -146,15 +151,21 @@ def main():
         k = f"w8a8_speedup_vs_{base}"
         return f"{r[k]:.2f}x ({r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f})" if k in r else "n/a"
 
+    def rate(r, k, kind):
+        return _common.rate_cell(env, r[k]["tflops"], kind) if "us" in r.get(k, {}) else "n/a"
+
     header = ["M x K x N", "fp16 eager us", "accelc fp16 us", "compile W8A8 us", "accelc W8A8 us",
               "(int8 GEMM / quantize) us", "torch._int_mm us (TOPS)", "W8A8 / fp16 eager", "W8A8 / compile",
-              "SQNR dB W8A8 (fp16)"]
+              "SQNR dB W8A8 (fp16)", "fp16 eager rate", "accelc W8A8 rate", "int8 GEMM alone rate",
+              "int8 autotune spread"]
     table = [[f"{r['M']} x {r['K']} x {r['N']}", t(r, "eager_fp16"), t(r, "accelc_fp16"), t(r, "compile_w8a8"),
               t(r, "accelc_w8a8"), f"{t(r, 'accelc_int8_gemm_only')} / {t(r, 'accelc_quantize_only')}",
               (f"{t(r, 'torch_int_mm_only')} ({r['torch_int_mm_only']['tflops']:.0f})"
                if "us" in r.get("torch_int_mm_only", {}) else "n/a"),
               sp(r, "eager_fp16"), sp(r, "compile_w8a8"),
-              f"{r['accelc_w8a8']['sqnr_db']} ({r['eager_fp16']['sqnr_db']})"] for r in rows]
+              f"{r['accelc_w8a8']['sqnr_db']} ({r['eager_fp16']['sqnr_db']})",
+              rate(r, "eager_fp16", "fp16"), rate(r, "accelc_w8a8", "int8"), rate(r, "accelc_int8_gemm_only", "int8"),
+              _common.spread_cell(r.get("spread"))] for r in rows]
     attn_table = [[f"{r['B']}x{r['H']}x{r['L']}x{r['D']}", f"{r['flash_fp16']['us']:.1f}",
                    f"{r['flash_qk_int8']['us']:.1f}", f"{r['speedup'][0]:.2f}x",
                    f"{r['flash_fp16']['sqnr_db']} / {r['flash_qk_int8']['sqnr_db']}"] for r in attn]
@@ -163,7 +174,10 @@ def main():
           "Times: median over a captured CUDA graph (L2 flushed between replays), median of "
           f"{ROUNDS} interleaved rounds; speedup = the other's time / accelc W8A8's, median of per-round "
           "ratios (range). accelc W8A8 includes the per-token activation quantization kernel; the "
-          "weight was quantized beforehand (once, at optimize time). SQNR against the fp32 float layer.\n\n"
+          "weight was quantized beforehand (once, at optimize time). SQNR against the fp32 float layer. "
+          "Rates: TF/s (fp16) or TOPS (int8, the W8A8 layer's 2*M*N*K over its whole time, quantization "
+          "included) with the share of the device's dense fp16 / int8 peak; spread: fastest - slowest int8 "
+          "GEMM candidate as the tuner timed them.\n\n"
           + _common.md_table(header, table)
           + "\nautotuned int8 configs: " + "; ".join(f"{r['M']}: {r['int8_config']}" for r in rows)
           + (f"\n\nnot run: {skipped}" if skipped else "")

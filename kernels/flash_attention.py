@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
 from accelc.kernels.quantize import quantize_ref, rint
@@ -40,50 +41,74 @@ HEAD_DIMS = tuple(range(16, 257, 8))   # multiples of 8, 16 to 256
 
 
 @triton.jit
-def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo, hi, L, S,
+def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_base, offs_m, offs_d, lo, hi, L, S,
                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                 MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
+                 MASK_KIND: tl.constexpr, MASK_ROW: tl.constexpr, CAUSAL: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
+                 FMA_SOFTMAX: tl.constexpr, TMA: tl.constexpr,
                  DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
     """Key blocks [lo, hi): online-softmax update of (acc, l_i, m_i). With QK_INT8, q is the
-    int8 tile and qk_scale the (BLOCK_M,) vector of its row scales x softmax scale."""
+    int8 tile and qk_scale the (BLOCK_M,) vector of its row scales x softmax scale. With TMA the
+    K / V blocks are (1, 1, BLOCK_N, BLOCK_D) boxes of the (B, Hkv, S, D) tensors, the copy engine
+    zero-filling rows past S and columns past D; else pointer loads, masked the same way."""
     d_ok = offs_d < HEAD_DIM
     m_ok = offs_m < L     # the mask is read only at real query rows: the last block's extra rows are past its end
+    # no mask, no causal or bounds mask in these blocks, a scale >= 0: the scale multiplies the
+    # row max (max(s * x) = s * max(x) for s >= 0) and then folds into one fma with the max's
+    # subtraction, one float op an element fewer in the softmax
+    PLAIN: tl.constexpr = FMA_SOFTMAX and MASK_KIND == 0 and not CAUSAL and not CHECK_BOUNDS and not QK_INT8
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < S
-        kt = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                     mask=d_ok[:, None] & n_ok[None, :], other=0.0)           # (BLOCK_D, BLOCK_N)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)            # (BLOCK_N, BLOCK_D)
+        if TMA:
+            kt = tl.reshape(k_desc.load([b, hk, start_n, 0]), [BLOCK_N, BLOCK_D]).T   # (BLOCK_D, BLOCK_N)
+            v = tl.reshape(v_desc.load([b, hk, start_n, 0]), [BLOCK_N, BLOCK_D])
+        else:
+            kt = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                         mask=d_ok[:, None] & n_ok[None, :], other=0.0)           # (BLOCK_D, BLOCK_N)
+            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)            # (BLOCK_N, BLOCK_D)
         if QK_INT8:
             k_amax = tl.max(tl.abs(kt.to(tl.float32)), 0)                      # (BLOCK_N,)
             k_inv = tl.div_rn(127.0, tl.maximum(k_amax, 1e-30))
             kt8 = rint(kt.to(tl.float32) * k_inv[None, :], USE_LIBDEVICE).to(tl.int8)
             k_scale = tl.div_rn(k_amax, 127.0)
             qk = tl.dot(q, kt8, out_dtype=tl.int32).to(tl.float32) * qk_scale[:, None] * k_scale[None, :]
+        elif DOT_IN_FP32:
+            qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
         else:
-            if DOT_IN_FP32:
-                qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
-            else:
-                qk = tl.dot(q, kt)
-            qk = qk * qk_scale                              # log2 units: exp2 below
-        if MASK_KIND == 1:   # additive float mask, natural-log units
-            add = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
-                          mask=m_ok[:, None] & n_ok[None, :], other=0.0)
-            qk += add.to(tl.float32) * 1.4426950408889634
-        elif MASK_KIND == 2:  # boolean mask: True attends
-            keep = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
-                           mask=m_ok[:, None] & n_ok[None, :], other=0)
-            qk = tl.where(keep != 0, qk, float("-inf"))
-        if CAUSAL:
-            qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
-        if CHECK_BOUNDS:
-            qk = tl.where(n_ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # a row with no visible key so far keeps m = -inf: subtract 0 instead (p = 0, no NaN)
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_sub[:, None])
+            qk = tl.dot(q, kt)
+        if PLAIN:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            # a row with no visible key so far keeps m = -inf: subtract 0 instead (p = 0, no NaN)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+        else:
+            if not QK_INT8:
+                qk = qk * qk_scale                          # log2 units: exp2 below
+            if MASK_KIND == 1:   # additive float mask, natural-log units
+                if MASK_ROW:     # the same for every query row (a key padding mask): one row read
+                    add = tl.load(mask_base + offs_n * stride_mn, mask=n_ok, other=0.0)
+                    qk += (add.to(tl.float32) * 1.4426950408889634)[None, :]
+                else:
+                    add = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
+                                  mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+                    qk += add.to(tl.float32) * 1.4426950408889634
+            elif MASK_KIND == 2:  # boolean mask: True attends
+                if MASK_ROW:
+                    keep = tl.load(mask_base + offs_n * stride_mn, mask=n_ok, other=0)
+                    qk = tl.where(keep[None, :] != 0, qk, float("-inf"))
+                else:
+                    keep = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
+                                   mask=m_ok[:, None] & n_ok[None, :], other=0)
+                    qk = tl.where(keep != 0, qk, float("-inf"))
+            if CAUSAL:
+                qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
+            if CHECK_BOUNDS:
+                qk = tl.where(n_ok[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DOT_IN_FP32:
@@ -98,6 +123,9 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, lo
 def _flash_fwd_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
+    # TMA descriptors of q, k, v as (B, H, L, D) / (B, Hkv, S, D) with (1, 1, rows, BLOCK_D) boxes
+    # (placeholders unless TMA)
+    q_desc, k_desc, v_desc,
     # sizes (GROUP = H / Hkv query heads share a K/V head)
     H, GROUP, L, S, qk_scale,
     # strides (batch, head, row, dim); mask strides are 0 along broadcast dims
@@ -105,9 +133,10 @@ def _flash_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mm, stride_mn,
     stride_ob, stride_oh, stride_om, stride_od,
     # meta-parameters
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROW: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr, EMPTY_NAN: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -116,8 +145,11 @@ def _flash_fwd_kernel(
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < L
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if TMA:
+        q = tl.reshape(q_desc.load([b, h, start_m * BLOCK_M, 0]), [BLOCK_M, BLOCK_D])
+    else:
+        q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                    mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if QK_INT8:
         q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)                           # (BLOCK_M,)
         q = rint(q.to(tl.float32) * tl.div_rn(127.0, tl.maximum(q_amax, 1e-30))[:, None],
@@ -134,16 +166,18 @@ def _flash_fwd_kernel(
     # keys every query row of this block may see, in whole blocks: no causal or bounds mask
     end = tl.minimum(start_m * BLOCK_M, S) if IS_CAUSAL else S
     full = (end // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, 0, full, L, S,
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, h // GROUP, mask_base,
+                                 offs_m, offs_d, 0, full, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
-                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, False, False, DOT_IN_FP32, QK_INT8,
-                                 USE_LIBDEVICE)
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, MASK_ROW, False, False, FMA_SOFTMAX, TMA,
+                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE)
     # the rest: the causal diagonal and the ragged end of S
     tail_end = tl.minimum((start_m + 1) * BLOCK_M, S) if IS_CAUSAL else S
-    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m, offs_d, full, tail_end, L, S,
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, h // GROUP, mask_base,
+                                 offs_m, offs_d, full, tail_end, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
-                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, IS_CAUSAL, True, DOT_IN_FP32, QK_INT8,
-                                 USE_LIBDEVICE)
+                                 HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, MASK_ROW, IS_CAUSAL, True, FMA_SOFTMAX, TMA,
+                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE)
 
     # a row with no visible key (l_i == 0, acc == 0) gives 0, as SDPA does, or NaN (0 / 0) as a
     # written-out softmax does (EMPTY_NAN); a NaN l_i stays NaN
@@ -155,20 +189,45 @@ def _flash_fwd_kernel(
              out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-def config(bm, bn, stages, warps) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
+def config(bm, bn, stages, warps, tma=False) -> triton.Config:
+    """tma: q, K and V blocks loaded as TMA boxes (tma_ok inputs, head dims up to 128)."""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": tma}, num_stages=stages, num_warps=warps)
 
 
 # H100 candidates, tutorial 06's forward space: 128 query rows a program (64 for short L),
-# 64 or 128 keys a step
+# 64 or 128 keys a step, by pointer loads or (where the strides allow) TMA boxes
 # head dims over 128 (a 256-wide fp32 accumulator, K/V tiles twice as large): fewer rows, 2 stages
 CONFIGS = [config(128, 64, 3, 8), config(128, 128, 3, 8), config(128, 64, 4, 4), config(128, 32, 4, 4),
-           config(64, 64, 4, 4), config(64, 32, 2, 4), config(64, 64, 2, 8)]
+           config(64, 64, 4, 4), config(64, 32, 2, 4), config(64, 64, 2, 8),
+           config(128, 64, 3, 8, tma=True), config(128, 128, 3, 8, tma=True), config(128, 128, 2, 8, tma=True),
+           config(128, 64, 4, 4, tma=True), config(64, 64, 4, 4, tma=True)]
 _WIDE = [config(64, 32, 2, 4), config(64, 64, 2, 8)]
 
 
 def _prune(configs, sizes):
-    return [c for c in configs if c in _WIDE] if sizes["D"] > 128 else [c for c in configs if c not in _WIDE]
+    if sizes["D"] > 128:
+        return [c for c in configs if c in _WIDE]
+    return [c for c in configs if c not in _WIDE and (sizes["tma"] or not c.kwargs["TMA"])]
+
+
+def _tma_view(t):
+    """t with the strides of its size-1 dims made 16-byte multiples (they never address memory,
+    but a TMA descriptor checks every stride)."""
+    fix = 16 // t.element_size()
+    if all(n != 1 or st % fix == 0 and st > 0 for n, st in zip(t.shape, t.stride())):
+        return t
+    return t.as_strided(t.shape, [fix if n == 1 else st for n, st in zip(t.shape, t.stride())])
+
+
+def tma_ok(*tensors) -> bool:
+    """Whether q, k, v (4-D) can be read as TMA boxes: head dim contiguous, every other stride a
+    non-zero multiple of 16 bytes (an expanded head dim is not), 16-byte aligned data."""
+    for t in tensors:
+        t = _tma_view(t)
+        size = t.element_size()
+        if t.stride(3) != 1 or t.data_ptr() % 16 or any(st <= 0 or st * size % 16 for st in t.stride()[:3]):
+            return False
+    return True
 
 
 def _default(sizes):
@@ -244,33 +303,46 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out):
         known = TUNER.calls.get(sig)
         if known is not None:
             call, kw = known
-            call(_args(q, k, v, mask_t, out, mask is not None, scale), q.device.index or 0)
+            call(_args(kw, q, k, v, mask_t, out, mask is not None, scale), q.device.index or 0)
             return
+        use_tma = D <= 128 and tma_ok(q, k, v)
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
-                    IS_CAUSAL=bool(is_causal), DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16,
+                    MASK_ROW=mask is not None and mask_t.stride(2) == 0,
+                    IS_CAUSAL=bool(is_causal), FMA_SOFTMAX=_scale(q, scale) >= 0, DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16,
                     QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted(), EMPTY_NAN=bool(empty_nan))
 
         def run(cfg):
             kw = cfg.all_kwargs()
             _flash_fwd_kernel[(triton.cdiv(L, kw["BLOCK_M"]), B * H)](
-                *_args(q, k, v, mask_t, out, mask is not None, scale), **meta, **kw)
+                *_args(kw, q, k, v, mask_t, out, mask is not None, scale), **meta, **kw)
 
         # the tuning key: lengths by their next power of two
-        key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], bool(is_causal),
-               bool(qk_int8), q.dtype)
-        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D), run)
+        key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], meta["MASK_ROW"],
+               bool(is_causal), bool(qk_int8), use_tma, q.dtype)
+        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D, tma=use_tma), run)
         kw = cfg.all_kwargs()
         TUNER.calls[sig] = (CompiledCall(_flash_fwd_kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
-                                         _args(q, k, v, mask_t, out, mask is not None, scale), dict(meta, **kw)), kw)
+                                         _args(kw, q, k, v, mask_t, out, mask is not None, scale),
+                                         dict(meta, **kw)), kw)
     return
 
 
-def _args(q, k, v, mask_t, out, has_mask, scale) -> tuple:
-    """_flash_fwd_kernel's positional arguments."""
+def _scale(q, scale) -> float:
+    return scale if scale is not None else q.shape[-1] ** -0.5
+
+
+def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
+    """_flash_fwd_kernel's positional arguments for a config's kwargs: TMA descriptors (boxes
+    of the config's rows and the padded head dim) where the config loads by TMA, else the tensors."""
     B, H, L, D = q.shape
-    sm_scale = scale if scale is not None else D ** -0.5
-    return (q, k, v, mask_t, out, H, H // k.shape[1], L, k.shape[2], sm_scale * 1.4426950408889634,
+    if kw["TMA"]:
+        bd = triton.next_power_of_2(D)
+        descs = [TensorDescriptor.from_tensor(_tma_view(t), [1, 1, rows, bd])
+                 for t, rows in ((q, kw["BLOCK_M"]), (k, kw["BLOCK_N"]), (v, kw["BLOCK_N"]))]
+    else:
+        descs = [q, k, v]
+    return (q, k, v, mask_t, out, *descs, H, H // k.shape[1], L, k.shape[2], _scale(q, scale) * 1.4426950408889634,
             *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)), *out.stride())
 
 

@@ -196,3 +196,92 @@ def test_mask_read_only_at_real_query_rows(kind):
     _check(q, k, v, mask)
     if DEVICE == "cuda":
         torch.cuda.synchronize()
+
+
+# TMA boxes (1, 1, rows, BLOCK_D) of q, k, v, forced: the interpreter runs the one config it is given
+_TMA_CFG = fa.config(64, 64, 4, 4, tma=True) if DEVICE.type == "cuda" else fa.config(16, 16, 1, 4, tma=True)
+
+
+@pytest.mark.parametrize("d", [16, 40, 64, 80, 128])
+@pytest.mark.parametrize("lq,lk,causal", [(37, 37, False), (33, 70, True), (70, 33, False), (1, 19, False)])
+def test_tma_boxes_every_head_dim_and_ragged_lengths(d, lq, lk, causal):
+    """Rows past L and S and columns past D come back zero-filled from the copy engine: no masks on
+    the loads, the bounds mask on the scores only."""
+    q, k, v = _qkv(2, 3, lq, lk, d, torch.float16)
+    assert fa.tma_ok(q, k, v)
+    with fa.TUNER.force(_TMA_CFG):
+        _check(q, k, v, causal=causal)
+        assert all(kw["TMA"] for _, kw in fa.TUNER.calls.values())
+
+
+def test_tma_boxes_strided_inputs_grouped_heads_and_masks():
+    """(B, L, H, D) memory read as (B, H, L, D), grouped K/V heads, a key padding mask and a
+    per-row mask: the boxes follow the real strides."""
+    base = torch.randn(2, 21, 3, 4, 32, device=DEVICE, dtype=torch.float16)
+    q = base[:, :, 0].transpose(1, 2)                                   # (2, 4, 21, 32), heads interleaved
+    kv = torch.randn(2, 25, 2, 2, 32, device=DEVICE, dtype=torch.float16)
+    k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)     # (2, 2, 25, 32)
+    assert fa.tma_ok(q, k, v) and not q.is_contiguous()
+    keep = torch.rand(2, 1, 21, 25, device=DEVICE) > 0.3
+    keep[..., 0] = True
+    pad = torch.zeros(2, 1, 1, 25, device=DEVICE, dtype=torch.float16)
+    pad[1, ..., 17:] = torch.finfo(torch.float16).min
+    with fa.TUNER.force(_TMA_CFG):
+        for mask in (None, keep, pad):
+            out = torch.ops.accelc.flash_attention(q, k, v, mask)
+            d = lambda t: None if t is None else (t if t.dtype == torch.bool else t.double())  # noqa: E731
+            ref = fa.flash_attention_ref(q.double(), k.double(), v.double(), d(mask))
+            eager = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            assert_close_to_ref(out, ref, eager, torch.float16, 2e-3, 1e-2)
+
+
+def test_tma_boxes_int8_scores():
+    q, k, v = _qkv(1, 2, 40, 40, 64, torch.float16)
+    ref = fa.flash_attention_ref(q.double(), k.double(), v.double(), None, False, None, True)
+    with fa.TUNER.force(_TMA_CFG):
+        out = fa.flash_attention_launch(q, k, v, None, False, None, True)
+    assert sqnr_db(rel_l2(out.double(), ref)) > 40
+
+
+def test_tma_refused_where_strides_do_not_allow_it():
+    q, k, v = _qkv(1, 2, 8, 8, 64, torch.float16)
+    assert fa.tma_ok(q, k, v)
+    assert fa.tma_ok(q[:1, :1], k[:1, :1], v[:1, :1])                   # size-1 dims: any stride
+    assert not fa.tma_ok(q, k[:, :1].expand(1, 2, 8, 64), v)            # an expanded head: stride 0
+    assert not fa.tma_ok(q, k.transpose(2, 3).contiguous().transpose(2, 3), v)   # head dim not contiguous
+    odd = torch.randn(1, 2, 8, 68, device=DEVICE, dtype=torch.float16)[..., :60]  # rows of 136 bytes
+    assert not fa.tma_ok(q[..., :60], odd, odd)
+    sizes = dict(B=1, H=2, L=8, S=8, D=64, tma=False)
+    assert fa._prune(fa.CONFIGS, sizes) and not any(c.kwargs["TMA"] for c in fa._prune(fa.CONFIGS, sizes))
+    assert any(c.kwargs["TMA"] for c in fa._prune(fa.CONFIGS, dict(sizes, tma=True)))
+    assert not any(c.kwargs["TMA"] for c in fa._prune(fa.CONFIGS, dict(sizes, D=256, tma=True)))
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_mask_read_as_one_row(kind, causal):
+    """A mask broadcast over query rows (B, 1, 1, S) is read as one row of S per block; a
+    (B, 1, L, S) one as a tile. Both against the reference, with a fully padded tail."""
+    q, k, v = _qkv(2, 3, 45, 45, 64, torch.float16)
+    if kind == "bool":
+        row = torch.rand(2, 1, 1, 45, device=DEVICE) > 0.3
+        row[..., 0] = True
+    else:
+        row = torch.randn(2, 1, 1, 45, device=DEVICE, dtype=torch.float16)
+        row[1, ..., 30:] = torch.finfo(torch.float16).min
+    _check(q, k, v, row, causal)
+    _check(q, k, v, row.expand(2, 1, 45, 45).contiguous(), causal)
+
+
+@pytest.mark.parametrize("scale", [0.125, 0.0, -0.2])
+def test_scale_of_any_sign(scale):
+    """The folded softmax (row max times the scale) holds for scales >= 0; a negative scale takes
+    the plain path (there the row max of the scores times a negative scale is no max: with scores
+    in the thousands exp2 would overflow). Both match the fp64 reference. (Not compared with eager
+    SDPA: on a GPU its flash backend gives NaN at these scales.)"""
+    q, k, v = _qkv(1, 2, 33, 50, 64, torch.float16)
+    q, k = q * 8, k * 8
+    out = torch.ops.accelc.flash_attention(q, k, v, None, False, scale)
+    ref = fa.flash_attention_ref(q.double(), k.double(), v.double(), None, False, scale)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=1e-2)
