@@ -47,8 +47,8 @@ def _conv_kernel(
     C, H, W, K, OH, OW, M, RSC,
     # geometry
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    # strides in (n, c, h, w) order
-    sx_n, sx_c, sx_h, sx_w, sr_n, sr_c, sr_h, sr_w, so_n, so_c, so_h, so_w,
+    # strides in (n, c, h, w) order; so_split: between the slices' partial sums (SPLIT > 1)
+    sx_n, sx_c, sx_h, sx_w, sr_n, sr_c, sr_h, sr_w, so_n, so_c, so_h, so_w, so_split,
     # epilogue
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
     ACTIVATION: tl.constexpr,
@@ -56,9 +56,22 @@ def _conv_kernel(
     S: tl.constexpr, TAPS: tl.constexpr, FLAT_K: tl.constexpr, RECT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT: tl.constexpr,
 ):
     offs_k = tl.arange(0, BLOCK_K)
+    # SPLIT > 1 (few output tiles, a long reduction: batch 1-8 at 14x14 / 7x7): program axis 1
+    # takes one of SPLIT contiguous slices of the (tap, channel block) loop and stores its fp32
+    # partial sum to out_ptr (the slices' buffer); _splitk_reduce adds them in slice order and
+    # applies the epilogue, so results do not depend on timing
+    n_iter = TAPS * tl.cdiv(C, BLOCK_K)
+    if SPLIT > 1:
+        per = tl.cdiv(n_iter, SPLIT)
+        it_lo = tl.program_id(1) * per
+        it_hi = tl.minimum(it_lo + per, n_iter)
+    else:
+        it_lo = 0
+        it_hi = n_iter
+    tl.static_assert(SPLIT == 1 or not FLAT_K, "the FLAT_K loop is not split")
     if RECT:
         # a BLOCK_H x BLOCK_W rectangle of one image's output pixels (BLOCK_M = BLOCK_H * BLOCK_W)
         tiles_h = tl.cdiv(OH, BLOCK_H)
@@ -95,7 +108,7 @@ def _conv_kernel(
         # zero in x, so the weight columns they meet (the next tap's) contribute nothing.
         # One flat loop over (tap, channel block), so the pipeline runs on across taps.
         n_c = tl.cdiv(C, BLOCK_K)
-        for it in range(TAPS * n_c):
+        for it in range(it_lo, it_hi):
             tap = it // n_c
             c0 = (it - tap * n_c) * BLOCK_K
             h_in = oh0 - pad_h + (tap // S) * dil_h
@@ -125,7 +138,7 @@ def _conv_kernel(
     else:
         # one flat loop over (tap, channel block), as in the RECT path
         n_c = tl.cdiv(C, BLOCK_K)
-        for it in range(TAPS * n_c):
+        for it in range(it_lo, it_hi):
             tap = it // n_c
             c = (it - tap * n_c) * BLOCK_K + offs_k
             ih = ih0 + (tap // S) * dil_h
@@ -141,20 +154,46 @@ def _conv_kernel(
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     mask = m_ok[:, None] & n_ok[None, :]
+    out_ptrs = out_ptr + (img * so_n + oh * so_h + ow * so_w)[:, None] + offs_n[None, :] * so_c
+    if SPLIT > 1:
+        tl.store(out_ptrs + tl.program_id(1) * so_split, acc, mask=mask)
+    else:
+        res_ptrs = res_ptr + (img * sr_n + oh * sr_h + ow * sr_w)[:, None] + offs_n[None, :] * sr_c
+        acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, K, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _splitk_reduce(part_ptr, bias_ptr, res_ptr, out_ptr, M, K, OHW, OW,
+                   sr_n, sr_c, sr_h, sr_w, so_n, so_c, so_h, so_w,
+                   HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
+                   ACTIVATION: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out = epilogue(sum over s of part[s]) for part (SPLIT, M, K) fp32, rows = output pixels."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < M)[:, None] & (offs_n < K)[None, :]
+    ptrs = part_ptr + offs_m[:, None] * K + offs_n[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(ptrs + s * M * K, mask=mask, other=0.0)
+    img = offs_m // OHW
+    oh = (offs_m % OHW) // OW
+    ow = offs_m % OW
     res_ptrs = res_ptr + (img * sr_n + oh * sr_h + ow * sr_w)[:, None] + offs_n[None, :] * sr_c
     acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, K, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
-    out_ptrs = out_ptr + (img * so_n + oh * so_h + ow * so_w)[:, None] + offs_n[None, :] * so_c
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + (img * so_n + oh * so_h + ow * so_w)[:, None] + offs_n[None, :] * so_c,
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def config(bm, bn, bk, stages, warps) -> triton.Config:
+def config(bm, bn, bk, stages, warps, split=1) -> triton.Config:
     """Tiles of BLOCK_M pixels in row-major order, gathered with pointers. (BLOCK_H / BLOCK_W
-    only size the descriptor boxes, which every launch with descriptors encodes.)"""
+    only size the descriptor boxes, which every launch with descriptors encodes.) split: the
+    reduction in that many slices (see _conv_kernel's SPLIT)."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": False,
-                          "BLOCK_H": 8, "BLOCK_W": 8}, num_stages=stages, num_warps=warps)
+                          "BLOCK_H": 8, "BLOCK_W": 8, "SPLIT": split}, num_stages=stages, num_warps=warps)
 
 
-def rect_config(bh, bw, bn, bk, stages, warps) -> triton.Config:
+def rect_config(bh, bw, bn, bk, stages, warps, split=1) -> triton.Config:
     """Tiles of bh x bw output pixels, each tap's patch one TMA box (stride-1 convs on NHWC).
 
     One warpgroup (4 warps) only. The (1, bh, bw, BLOCK_K) box cannot be reshaped to the
@@ -170,7 +209,7 @@ def rect_config(bh, bw, bn, bk, stages, warps) -> triton.Config:
     if warps != 4:
         raise ValueError("TMA-rectangle conv configs take 4 warps (one warpgroup): see rect_config")
     return triton.Config({"BLOCK_M": bh * bw, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": True,
-                          "BLOCK_H": bh, "BLOCK_W": bw}, num_stages=stages, num_warps=warps)
+                          "BLOCK_H": bh, "BLOCK_W": bw, "SPLIT": split}, num_stages=stages, num_warps=warps)
 
 
 # H100 candidates: 128-pixel row tiles (ResNet layers have 1.5k-100k pixels at batch 32), K tiles
@@ -181,11 +220,31 @@ CONFIGS = [config(128, 128, 64, 3, 8), config(128, 64, 64, 4, 4), config(64, 128
            rect_config(8, 16, 128, 64, 3, 4), rect_config(16, 8, 128, 64, 3, 4),
            rect_config(8, 16, 64, 64, 4, 4), rect_config(8, 8, 128, 64, 4, 4),
            rect_config(8, 8, 64, 64, 4, 4)]
+# few output tiles and a long reduction (batch 1-8 at 14x14 and 7x7: 8-64 tiles of 64 channels
+# on 132 SMs, 2304-4608 deep): the reduction in 2-8 slices, summed by _splitk_reduce
+SPLIT_CONFIGS = [rect_config(8, 8, 64, 64, 4, 4, split=s) for s in (2, 4, 8)] \
+    + [config(64, 64, 64, 4, 4, split=s) for s in (2, 4, 8)]
+CONFIGS += SPLIT_CONFIGS
+SPLIT_TILES = 66       # split only where the unsplit grid fills at most half of an H100's 132 SMs
+SPLIT_MIN_STEPS = 8    # reduction steps (BLOCK_K channels of one tap) each slice keeps at least
+
+
+def tiles(kw, sizes) -> int:
+    """Output tiles (programs before splitting) of a config."""
+    rows = (sizes["N"] * triton.cdiv(sizes["OH"], kw["BLOCK_H"]) * triton.cdiv(sizes["OW"], kw["BLOCK_W"])
+            if kw["RECT"] else triton.cdiv(sizes["M"], kw["BLOCK_M"]))
+    return rows * triton.cdiv(sizes["K"], kw["BLOCK_N"])
 
 
 def prune_configs(configs, sizes):
+    steps = sizes["R"] * sizes["S"] * triton.cdiv(sizes["C"], 64)
+
+    def split_ok(c):
+        s = c.kwargs["SPLIT"]
+        return s == 1 or (sizes["C"] >= 16 and tiles(c.kwargs, sizes) <= SPLIT_TILES
+                          and steps >= s * SPLIT_MIN_STEPS)
     keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(sizes["K"]))
-            and (sizes["rect"] or not c.kwargs["RECT"])]
+            and (sizes["rect"] or not c.kwargs["RECT"]) and split_ok(c)]
     return keep or [c for c in configs if not c.kwargs["RECT"]][:1]
 
 
@@ -305,51 +364,111 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
     res = residual if residual is not None else out
     tensors = (x, weight, bias if bias is not None else out, res, out)
     key_here = (sig, tuple(t.data_ptr() % 16 for t in tensors))
+    M = N * OH * OW
     with runtime.device_guard(x):
         known = TUNER.calls.get(key_here)
         if known is not None:
-            call, kw = known
-            call(_args(kw, tensors, stride, padding, dilation), x.device.index or 0)
+            calls, kw = known
+            calls(kw, tensors, stride, padding, dilation, x.device.index or 0)
             return out
-        M = N * OH * OW
         use_rect = rect_ok(nhwc_view(x), weight, stride)
         meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                     RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), S=S, TAPS=R * S,
                     FLAT_K=C < 16, INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
                     DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16)
 
-        def grid(kw):
-            rows = (N * triton.cdiv(OH, kw["BLOCK_H"]) * triton.cdiv(OW, kw["BLOCK_W"]) if kw["RECT"]
-                    else triton.cdiv(M, kw["BLOCK_M"]))
-            return (rows * triton.cdiv(K, kw["BLOCK_N"]),)
-
-        def run(cfg):
+        def run(cfg):   # through Triton: tuning times this
             kw = cfg.all_kwargs()
-            _conv_kernel[grid(kw)](*_args(kw, tensors, stride, padding, dilation), **meta, **kw)
+            part = _Calls.partials(kw, out)
+            _conv_kernel[_Calls.grid(kw, out)](*_args(kw, tensors, stride, padding, dilation, part), **meta, **kw)
+            if part is not None:
+                _splitk_reduce[_Calls.reduce_grid(out)](*_reduce_args(part, tensors), **_reduce_meta(kw, meta))
 
         # the tuning key: every batch size of a bucket (next power of two of the pixel count) shares one run
         key = (triton.next_power_of_2(M), K, C, R * S, C < 16, stride[0], use_rect, x.dtype)
-        cfg = TUNER.pick(key, dict(N=N, C=C, H=H, W=W, K=K, R=R, S=S, stride=stride[0], rect=use_rect), run)
+        cfg = TUNER.pick(key, dict(N=N, C=C, H=H, W=W, K=K, R=R, S=S, OH=OH, OW=OW, M=M, stride=stride[0],
+                                   rect=use_rect), run)
         kw = cfg.all_kwargs()
-        TUNER.calls[key_here] = (CompiledCall(_conv_kernel, grid(kw), _args(kw, tensors, stride, padding, dilation),
-                                              dict(meta, **kw)), kw)
+        TUNER.calls[key_here] = (_Calls(kw, tensors, stride, padding, dilation, meta), kw)
     return out
 
 
-def _args(kw, tensors, stride, padding, dilation) -> tuple:
+class _Calls:
+    """The launches of one call signature: the conv kernel's CompiledCall, and where the config
+    splits the reduction (SPLIT > 1) the partial sums' buffer, allocated per call, and the
+    reduce kernel's. Constructing it launches both once; calling it launches them again on new
+    tensors of the same signature."""
+
+    def __init__(self, kw, tensors, stride, padding, dilation, meta):
+        x, weight, bias, res, out = tensors
+        part = self.partials(kw, out)
+        self.main = CompiledCall(_conv_kernel, self.grid(kw, out),
+                                 _args(kw, tensors, stride, padding, dilation, part), dict(meta, **kw))
+        self.reduce = None
+        if part is not None:
+            self.reduce = CompiledCall(_splitk_reduce, self.reduce_grid(out), _reduce_args(part, tensors),
+                                       _reduce_meta(kw, meta))
+
+    @property
+    def direct(self):
+        return self.main.direct
+
+    @staticmethod
+    def grid(kw, out):
+        N, K, OH, OW = out.shape
+        rows = (N * triton.cdiv(OH, kw["BLOCK_H"]) * triton.cdiv(OW, kw["BLOCK_W"]) if kw["RECT"]
+                else triton.cdiv(N * OH * OW, kw["BLOCK_M"]))
+        return (rows * triton.cdiv(K, kw["BLOCK_N"]), kw["SPLIT"])
+
+    @staticmethod
+    def reduce_grid(out):
+        N, K, OH, OW = out.shape
+        return (triton.cdiv(N * OH * OW, 64), triton.cdiv(K, 64))
+
+    @staticmethod
+    def partials(kw, out):
+        if kw["SPLIT"] == 1:
+            return None
+        N, K, OH, OW = out.shape
+        return torch.empty((kw["SPLIT"], N * OH * OW, K), dtype=torch.float32, device=out.device)
+
+    def __call__(self, kw, tensors, stride, padding, dilation, device_index):
+        part = self.partials(kw, tensors[4])
+        self.main(_args(kw, tensors, stride, padding, dilation, part), device_index)
+        if part is not None:
+            self.reduce(_reduce_args(part, tensors), device_index)
+
+
+def _args(kw, tensors, stride, padding, dilation, part=None) -> tuple:
     """_conv_kernel's positional arguments for a config's kwargs: TMA descriptors (boxes: the
-    config's tile) where the config gathers by TMA rectangles, else the tensors."""
+    config's tile) where the config gathers by TMA rectangles, else the tensors. With part (the
+    (SPLIT, M, K) fp32 partial sums of a split config) the kernel stores there instead of out."""
     x, weight, bias, res, out = tensors
     N, C, H, W = x.shape
     K, R, S, _ = weight.shape
     OH, OW = out.shape[2:]
     rect = kw["RECT"]
+    if part is None:
+        dest, dest_strides = out, (*out.stride(), 0)
+    else:   # (N, K, OH, OW) strides of the (M, K) slices, rows in (n, oh, ow) order
+        dest, dest_strides = part, (OH * OW * K, 1, OW * K, K, N * OH * OW * K)
     return (x, weight,
             TensorDescriptor.from_tensor(nhwc_view(x), [1, kw["BLOCK_H"], kw["BLOCK_W"], kw["BLOCK_K"]]) if rect else x,
             TensorDescriptor.from_tensor(weight.view(K, R * S * C), [kw["BLOCK_N"], kw["BLOCK_K"]]) if rect else weight,
-            bias, res, out, C, H, W, K, OH, OW, N * OH * OW, R * S * C,
+            bias, res, dest, C, H, W, K, OH, OW, N * OH * OW, R * S * C,
             stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
-            *x.stride(), *res.stride(), *out.stride())
+            *x.stride(), *res.stride(), *dest_strides)
+
+
+def _reduce_meta(kw, meta) -> dict:
+    return dict(HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
+                ACTIVATION=meta["ACTIVATION"], SPLIT=kw["SPLIT"], BLOCK_M=64, BLOCK_N=64)
+
+
+def _reduce_args(part, tensors) -> tuple:
+    x, weight, bias, res, out = tensors
+    N, K, OH, OW = out.shape
+    return (part, bias, res, out, N * OH * OW, K, OH * OW, OW, *res.stride(), *out.stride())
 
 
 def conv2d_ref(x, weight, bias, residual, stride, padding, dilation, activation="none",

@@ -143,3 +143,40 @@ def test_large_kernel_refused_unless_patches():
     x, wt, b = _case(3, 8, 9, torch.float16, h=20, w=20)
     assert "kernel 9x9 over 7x7" in conv.why_unsupported(x, conv.pack_weight(wt), b, None, (2, 2), (0, 0, 0, 0), (1, 1))
     assert "kernel 9x9 over 7x7" in conv.why_unsupported(x, conv.pack_weight(wt), b, None, (9, 9), (1, 1, 1, 1), (1, 1))
+
+
+# the reduction split into slices (few output tiles, batch 1-8 at 14x14 / 7x7): forced configs; the
+# interpreter runs whatever it is given, a GPU only candidates (its sweep: tests/test_candidates.py)
+_SPLITS = ([conv.rect_config(4, 8, 32, 16, 1, 4, split=3), conv.config(32, 32, 16, 1, 4, split=4)]
+           if DEVICE.type == "cpu" else [c for c in conv.SPLIT_CONFIGS])
+
+
+@pytest.mark.parametrize("cfg", range(len(_SPLITS)))
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES[1:])
+@pytest.mark.parametrize("res_first,act", [(True, "relu"), (False, "silu")])
+def test_split_reduction_matches_and_applies_the_epilogue_once(cfg, dtype, atol, rtol, res_first, act):
+    """Slices' fp32 partial sums added in slice order by the reduce kernel, then bias, activation
+    and residual there, once: against fp64, with ragged tiles (7x9 maps, 40 or 520 channels)."""
+    C, K = (32, 40) if DEVICE.type == "cpu" else (512, 520)    # a GPU: sizes where every split is a candidate
+    x, wt, b = _case(C, K, 3, dtype, n=1, h=7, w=9)
+    x = x.contiguous(memory_format=torch.channels_last)
+    res = torch.randn(1, K, 7, 9, device=DEVICE, dtype=dtype)
+    c = _SPLITS[cfg]
+    with conv.TUNER.force(c):
+        outs = [_run(x, wt, b, res, 1, 1, 1, act, res_first) for _ in range(2)]
+        assert all(kw["SPLIT"] > 1 for _, kw in conv.TUNER.calls.values())
+    d = torch.float64
+    ref = _eager(x.to(d), wt.to(d), b.to(d), res.to(d), 1, 1, 1, act, res_first)
+    assert_close_to_ref(outs[0], ref, _eager(x, wt, b, res, 1, 1, 1, act, res_first), dtype, atol, rtol)
+    assert torch.equal(outs[0], outs[1])      # the slice order is fixed: the same bits every run
+
+
+def test_split_offered_only_where_tiles_are_few_and_the_reduction_long():
+    def splits(**kw):
+        sizes = dict(N=1, C=512, H=7, W=7, K=512, R=3, S=3, OH=7, OW=7, M=49, stride=1, rect=True)
+        sizes.update(kw)
+        return sorted({c.kwargs["SPLIT"] for c in conv.prune_configs(conv.CONFIGS, sizes)})
+    assert splits() == [1, 2, 4, 8]                                # ResNet-50 layer4 3x3 at batch 1
+    assert splits(N=32, M=32 * 49) == [1]                          # batch 32: 128+ tiles
+    assert splits(C=16, K=16, R=1, S=1) == [1]                     # a short reduction
+    assert splits(C=3, K=64, R=7, S=7, rect=False) == [1]          # an RGB stem (FLAT_K: no slices)
