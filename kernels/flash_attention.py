@@ -211,12 +211,15 @@ def _prune(configs, sizes):
 
 
 def _tma_view(t):
-    """t with the strides of its size-1 dims made 16-byte multiples (they never address memory,
-    but a TMA descriptor checks every stride)."""
+    """t with the strides of its size-1 dims replaced where they are not 16-byte multiples: they
+    never address memory, but a TMA descriptor checks every stride. The replacement spans the
+    whole tensor (as a contiguous layout's outer stride would), rounded up to 16 bytes."""
     fix = 16 // t.element_size()
     if all(n != 1 or st % fix == 0 and st > 0 for n, st in zip(t.shape, t.stride())):
         return t
-    return t.as_strided(t.shape, [fix if n == 1 else st for n, st in zip(t.shape, t.stride())])
+    span = max(st * n for n, st in zip(t.shape, t.stride()) if n != 1) if t.numel() > 1 else 1
+    span = -(-span // fix) * fix
+    return t.as_strided(t.shape, [span if n == 1 else st for n, st in zip(t.shape, t.stride())])
 
 
 def tma_ok(*tensors) -> bool:

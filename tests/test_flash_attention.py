@@ -235,6 +235,20 @@ def test_tma_boxes_strided_inputs_grouped_heads_and_masks():
             assert_close_to_ref(out, ref, eager, torch.float16, 2e-3, 1e-2)
 
 
+def test_tma_boxes_size_one_dims_with_odd_strides():
+    """One head sliced out of a (B, L, 3 * D) projection has a size-1 head dim whose stride PyTorch
+    leaves at any value (here 97 elements, not a 16-byte multiple); the descriptor gets an aligned
+    stride there and the result is unchanged."""
+    base = torch.randn(2, 19, 3 * 32, device=DEVICE, dtype=torch.float16)
+    q, k, v = (base[:, :, i * 32:(i + 1) * 32].unsqueeze(1) for i in range(3))   # (2, 1, 19, 32)
+    q = q.as_strided(q.shape, (q.stride(0), 97, q.stride(2), 1))
+    view = fa._tma_view(q)
+    assert view.stride(1) % 8 == 0 and view.stride(1) >= q.stride(0) and view.stride()[::2] == q.stride()[::2]
+    assert fa.tma_ok(q, k, v)
+    with fa.TUNER.force(_TMA_CFG):
+        _check(q, k, v)
+
+
 def test_tma_boxes_int8_scores():
     q, k, v = _qkv(1, 2, 40, 40, 64, torch.float16)
     ref = fa.flash_attention_ref(q.double(), k.double(), v.double(), None, False, None, True)
