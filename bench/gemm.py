@@ -7,11 +7,15 @@ Every variant is timed with accelc.latency.median_ms over a captured CUDA graph 
 no Python launch overhead), in ROUNDS interleaved rounds: the H100 here drifts by 5-8% over a
 minute of sustained GEMMs, so each round times every variant back to back and the speedups are
 medians of per-round ratios. Plain calls (Python launch overhead included) are timed once.
+Rates with their share of the device's dense fp16 peak; accelc tunes every shape here (a fresh
+cache directory) and the row gives the spread of its candidates' tuning times.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -21,6 +25,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
+os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")   # tune every shape here
 import accelc  # noqa: E402,F401
 from accelc.kernels import gemm  # noqa: E402
 from accelc.latency import median_ms  # noqa: E402
@@ -84,24 +89,27 @@ def main():
         chosen = [str(c) for k, c in gemm.TUNER.chosen.items()
                   if k[:3] == (triton.next_power_of_2(M), N, K)]
         row["accelc_config"] = chosen[0] if chosen else "n/a"
+        keys = [k for k in gemm.TUNER.timings if k[:3] == (triton.next_power_of_2(M), N, K)]
+        row["spread"] = gemm.TUNER.spread(keys[-1]) if keys else None
         rows.append(row)
 
     header = ["M x K x N", "eager cuBLAS+GELU", "cuBLAS linear only", "torch.compile max-autotune",
-              "accelc fused", "accelc / eager", "accelc / compile"]
+              "accelc fused", "accelc / eager", "accelc / compile", "autotune spread"]
     table = []
     for r in rows:
         def cell(k):
-            return f"{r[k]['us']:.1f} us, {r[k]['tflops']:.0f} TF/s" if k in r else "n/a"
+            return f"{r[k]['us']:.1f} us, {_common.rate_cell(env, r[k]['tflops'])}" if k in r else "n/a"
         sp_e = f"{r['speedup_vs_eager']:.2f}x ({r['speedup_vs_eager_range'][0]:.2f}-{r['speedup_vs_eager_range'][1]:.2f})"
         sp_c = (f"{r['speedup_vs_compile']:.2f}x ({r['speedup_vs_compile_range'][0]:.2f}-"
                 f"{r['speedup_vs_compile_range'][1]:.2f})" if "compile" in r else "n/a")
         table.append([f"{r['M']} x {r['K']} x {r['N']}", cell("eager"), cell("cublas_linear_only"),
-                      cell("compile"), cell("accelc"), sp_e, sp_c])
+                      cell("compile"), cell("accelc"), sp_e, sp_c, _common.spread_cell(r.get("spread"))])
     md = (f"# accelc::linear (fused bias + GELU), fp16\n\n{_common.env_line(env)}\n\n"
           f"cuBLAS fp16 4096^3 matmul on this device: {ceiling:.0f} TF/s. Times: median over a "
           f"captured CUDA graph (L2 flushed between replays), median of {ROUNDS} interleaved rounds; "
           "speedup = eager (or compile) time / accelc time, median of per-round ratios (range in "
-          "brackets); > 1 means accelc is faster.\n\n"
+          "brackets); > 1 means accelc is faster. Rates: TF/s with the % of the dense fp16 peak; spread: "
+          "fastest - slowest candidate as the tuner timed them.\n\n"
           + _common.md_table(header, table)
           + "\nautotuned accelc configs: " + "; ".join(f"{r['M']}: {r['accelc_config']}" for r in rows)
           + "\n\nPlain calls (Python launch overhead included, not graph-captured), us: "
