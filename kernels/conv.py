@@ -17,6 +17,9 @@ ways to gather, chosen per config by the autotuner where the input allows:
   taps    (C >= 16) pointer loads tap by tap, BLOCK_K channels at a time, contiguous along C;
   FLAT_K  (C < 16, an RGB stem) pointer loads over the flattened (r, s, c) index, so that the
           tensor cores are not fed mostly padding.
+Where the output tiles are few and the reduction long (batch 1-8 at 14x14 / 7x7), the RECT and
+taps loops can run in SPLIT slices (SPLIT_CONFIGS): each stores fp32 partial sums, and
+_splitk_reduce adds them in slice order and applies the epilogue.
 Convs over non-overlapping patches (kernel == stride, no padding or dilation) are plain GEMMs
 and go to kernels/gemm.py: 1x1 stride-1 convs on the NHWC view, patch embeddings (ViT's 16x16
 stride 16, any kernel size) after one copy that gathers the patches as rows (N*OH*OW, R*S*C).

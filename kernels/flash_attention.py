@@ -16,7 +16,10 @@ FlashAttention (Dao et al. 2022), forward as Triton's tutorial 06-fused-attentio
 per BLOCK_M query rows of one (batch, head); keys and values streamed in BLOCK_N blocks; the
 running row max m_i and sum l_i rescale the fp32 accumulator (online softmax, in base 2).
 Key blocks fully left of the causal diagonal and fully inside S run without any masking; only
-the diagonal and the ragged tail apply the causal and bounds masks.
+the diagonal and the ragged tail apply the causal and bounds masks. Where the strides allow
+(tma_ok), TMA configs load q, K and V as (1, 1, rows, BLOCK_D) boxes of 4-D descriptors over the
+tensors' own strides. Without a mask the softmax scale folds into one fma with the row max; a
+mask broadcast over query rows (a key padding mask) is read as one row per key block.
 
 qk_int8=True (Int8Config.attention): q and k are quantized per token to int8 in registers, as
 they are loaded (symmetric, absmax over the head dim, the rounding of kernels/quantize.py), and
