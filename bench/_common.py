@@ -7,6 +7,7 @@ import os
 import re
 import statistics
 import subprocess
+import tempfile
 from pathlib import Path
 
 import torch
@@ -32,6 +33,20 @@ def environment() -> dict:
     else:
         env["device"] = "cpu"
     return env
+
+
+def fresh_tuning_cache() -> None:
+    """Point accelc's tuning cache at a new empty directory (accelc reads ACCELC_CACHE_DIR when it
+    tunes), so that a benchmark times every key itself and reports its own candidates' spread."""
+    os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")
+
+
+def tuned(tuner, match):
+    """(config, spread) of the last key the tuner chose for that match(key) accepts: the
+    triton.Config and accelc.tuning.Tuner.spread's numbers (None where the key was not timed);
+    (None, None) when no key matches."""
+    keys = [k for k in tuner.chosen if match(k)]
+    return (tuner.chosen[keys[-1]], tuner.spread(keys[-1])) if keys else (None, None)
 
 
 def slug(text: str) -> str:

@@ -14,9 +14,7 @@ gives the config chosen and the spread of the candidates' tuning times.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
-os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")   # tune every case here
+_common.fresh_tuning_cache()   # tune every case here
 import accelc  # noqa: E402,F401
 from accelc.kernels import flash_attention as fa  # noqa: E402
 from accelc.tuning import config_dict  # noqa: E402
@@ -104,9 +102,8 @@ def main():
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             row[name] = {"rel_l2_vs_fp32": float(f"{err:.2e}")}
         _common.time_rounds(variants, row, ROUNDS, flops)
-        new = [key for key in fa.TUNER.chosen if key not in keys_before]
-        row["config"] = config_dict(fa.TUNER.chosen[new[-1]]) if new else None
-        row["spread"] = fa.TUNER.spread(new[-1]) if new else None
+        cfg, row["spread"] = _common.tuned(fa.TUNER, lambda key: key not in keys_before)
+        row["config"] = config_dict(cfg) if cfg else None
         for base in ("sdpa_flash", "sdpa_cudnn", "naive_eager"):
             if base in variants:
                 row[f"speedup_vs_{base}"] = _common.speedup(row, "accelc", base)[0]

@@ -15,9 +15,7 @@ fp16 peak. accelc tunes every shape here (a fresh cache directory); the row give
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,7 +25,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
-os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")   # tune every shape here
+_common.fresh_tuning_cache()   # tune every shape here
 import accelc  # noqa: E402,F401
 from accelc.kernels import conv, gemm  # noqa: E402
 from accelc.passes.fold_bn import fold  # noqa: E402
@@ -143,9 +141,9 @@ def conv_row(BATCH, C, H, K, R, st, where) -> dict:
         _common.time_rounds(variants, row, ROUNDS, flops, rep_ms=25)
     M = BATCH * OH * OH
     prefix = (triton.next_power_of_2(M), K, C) if tuner is gemm.TUNER else (triton.next_power_of_2(M), K, C, R * R)
-    keys = [k for k in tuner.chosen if k[:len(prefix)] == prefix and (tuner is gemm.TUNER or k[5] == st)]
-    cfg = config_dict(tuner.chosen[keys[-1]]) if keys else {}
-    row["spread"] = tuner.spread(keys[-1]) if keys else None
+    cfg, row["spread"] = _common.tuned(tuner, lambda k: k[:len(prefix)] == prefix
+                                       and (tuner is gemm.TUNER or k[5] == st))
+    cfg = config_dict(cfg) if cfg else {}
     row["config"] = cfg
     row["path"] = path_of(cfg, tuner is gemm.TUNER)
     for acc, base in (("accelc_fused_bn_relu", "eager_nchw_conv_bn_relu"), ("accelc_conv", "cudnn_nhwc_conv")):

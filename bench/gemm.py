@@ -13,9 +13,7 @@ cache directory) and the row gives the spread of its candidates' tuning times.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
-os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")   # tune every shape here
+_common.fresh_tuning_cache()   # tune every shape here
 import accelc  # noqa: E402,F401
 from accelc.kernels import gemm  # noqa: E402
 from accelc.latency import median_ms  # noqa: E402
@@ -86,11 +84,8 @@ def main():
             if base in row:
                 med, lo, hi = _common.speedup(row, "accelc", base)
                 row[f"speedup_vs_{base}"], row[f"speedup_vs_{base}_range"] = med, [lo, hi]
-        chosen = [str(c) for k, c in gemm.TUNER.chosen.items()
-                  if k[:3] == (triton.next_power_of_2(M), N, K)]
-        row["accelc_config"] = chosen[0] if chosen else "n/a"
-        keys = [k for k in gemm.TUNER.timings if k[:3] == (triton.next_power_of_2(M), N, K)]
-        row["spread"] = gemm.TUNER.spread(keys[-1]) if keys else None
+        cfg, row["spread"] = _common.tuned(gemm.TUNER, lambda k: k[:3] == (triton.next_power_of_2(M), N, K))
+        row["accelc_config"] = str(cfg) if cfg else "n/a"
         rows.append(row)
 
     header = ["M x K x N", "eager cuBLAS+GELU", "cuBLAS linear only", "torch.compile max-autotune",

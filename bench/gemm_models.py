@@ -14,18 +14,17 @@ candidate; tuning runs in a fresh cache directory so that every key is timed her
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
-os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")   # tune every key here
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
+
+_common.fresh_tuning_cache()   # tune every key here
 
 import accelc  # noqa: E402,F401
 from accelc.kernels import conv, gemm  # noqa: E402
@@ -143,10 +142,8 @@ def main():
             print(f"{model} {layer}: {row['error']}", flush=True)
             rows.append(row)
             continue
-        tuner_keys = [k for k in gemm.TUNER.timings if k[:3] == key]
-        row["spread"] = gemm.TUNER.spread(tuner_keys[-1]) if tuner_keys else None
-        chosen = [c for k, c in gemm.TUNER.chosen.items() if k[:3] == key]
-        row["config"] = config_dict(chosen[-1]) if chosen else None
+        cfg, row["spread"] = _common.tuned(gemm.TUNER, lambda k: k[:3] == key)
+        row["config"] = config_dict(cfg) if cfg else None
         rows.append(row)
     _common.write(args.out, "gemm_models", env, rows, markdown(env, rows))
     print(markdown(env, rows))

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -24,7 +22,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
-os.environ["ACCELC_CACHE_DIR"] = tempfile.mkdtemp(prefix="accelc-bench-")   # tune every shape here
+_common.fresh_tuning_cache()   # tune every shape here
 import accelc  # noqa: E402,F401
 from accelc.kernels import int8_gemm  # noqa: E402
 from accelc.kernels.int8_gemm import int8_gemm_launch, quantize_weight  # noqa: E402
@@ -104,11 +102,8 @@ def linear_rows(compile_too: bool) -> list[dict]:
             if base in row and base in variants:
                 med, lo, hi = _common.speedup(row, "accelc_w8a8", base)
                 row[f"w8a8_speedup_vs_{base}"], row[f"w8a8_speedup_vs_{base}_range"] = med, [lo, hi]
-        chosen = [str(c) for k, c in int8_gemm.TUNER.chosen.items()
-                  if k[:3] == (triton.next_power_of_2(M), N, K)]
-        row["int8_config"] = chosen[0] if chosen else "n/a"
-        keys = [k for k in int8_gemm.TUNER.timings if k[:3] == (triton.next_power_of_2(M), N, K)]
-        row["spread"] = int8_gemm.TUNER.spread(keys[-1]) if keys else None
+        cfg, row["spread"] = _common.tuned(int8_gemm.TUNER, lambda k: k[:3] == (triton.next_power_of_2(M), N, K))
+        row["int8_config"] = str(cfg) if cfg else "n/a"
         rows.append(row)
     return rows
 

@@ -269,14 +269,9 @@ def output_size(h, w, r, s, stride, padding, dilation):
 
 
 def nhwc_view(x: torch.Tensor) -> torch.Tensor:
-    """x (N, C, H, W) in channels-last memory as an (N, H, W, C) view with the canonical strides:
-    PyTorch leaves the strides of size-1 dims as they were (a 1x1 map keeps NCHW ones), and a
-    TMA descriptor needs every stride 16-byte aligned, although those never address memory."""
-    v = x.permute(0, 2, 3, 1)
-    if v.is_contiguous():
-        n, h, w, c = v.shape
-        v = v.as_strided(v.shape, (h * w * c, w * c, c, 1))
-    return v
+    """x (N, C, H, W) in channels-last memory as an (N, H, W, C) view whose size-1 dims have
+    strides a TMA descriptor takes (gemm.tma_view)."""
+    return gemm.tma_view(x.permute(0, 2, 3, 1))
 
 
 def rect_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:

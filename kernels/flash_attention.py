@@ -36,6 +36,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
+from accelc.kernels import gemm
 from accelc.kernels.quantize import quantize_ref, rint
 from accelc.tuning import CompiledCall, Tuner, check_once
 
@@ -213,23 +214,11 @@ def _prune(configs, sizes):
     return [c for c in configs if c not in _WIDE and (sizes["tma"] or not c.kwargs["TMA"])]
 
 
-def _tma_view(t):
-    """t with the strides of its size-1 dims replaced where they are not 16-byte multiples: they
-    never address memory, but a TMA descriptor checks every stride. The replacement spans the
-    whole tensor (as a contiguous layout's outer stride would), rounded up to 16 bytes."""
-    fix = 16 // t.element_size()
-    if all(n != 1 or st % fix == 0 and st > 0 for n, st in zip(t.shape, t.stride())):
-        return t
-    span = max(st * n for n, st in zip(t.shape, t.stride()) if n != 1) if t.numel() > 1 else 1
-    span = -(-span // fix) * fix
-    return t.as_strided(t.shape, [span if n == 1 else st for n, st in zip(t.shape, t.stride())])
-
-
 def tma_ok(*tensors) -> bool:
     """Whether q, k, v (4-D) can be read as TMA boxes: head dim contiguous, every other stride a
     non-zero multiple of 16 bytes (an expanded head dim is not), 16-byte aligned data."""
     for t in tensors:
-        t = _tma_view(t)
+        t = gemm.tma_view(t)
         size = t.element_size()
         if t.stride(3) != 1 or t.data_ptr() % 16 or any(st <= 0 or st * size % 16 for st in t.stride()[:3]):
             return False
@@ -344,7 +333,7 @@ def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
     B, H, L, D = q.shape
     if kw["TMA"]:
         bd = triton.next_power_of_2(D)
-        descs = [TensorDescriptor.from_tensor(_tma_view(t), [1, 1, rows, bd])
+        descs = [TensorDescriptor.from_tensor(gemm.tma_view(t), [1, 1, rows, bd])
                  for t, rows in ((q, kw["BLOCK_M"]), (k, kw["BLOCK_N"]), (v, kw["BLOCK_N"]))]
     else:
         descs = [q, k, v]

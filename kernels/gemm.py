@@ -239,6 +239,21 @@ def tma_ok(t: torch.Tensor) -> bool:
             and t.data_ptr() % 16 == 0 and t.shape[1] * t.element_size() >= 16)
 
 
+def tma_view(t: torch.Tensor) -> torch.Tensor:
+    """t with the strides of its size-1 dims replaced where they are not non-zero 16-byte
+    multiples: PyTorch leaves those strides as they were (a 1x1 map keeps NCHW ones, a head sliced
+    out keeps its projection's), they never address memory, but a TMA descriptor checks every
+    stride. The replacement spans the whole tensor (as a contiguous layout's outer stride would),
+    rounded up to 16 bytes. The attention and conv kernels' descriptors take their tensors
+    through it."""
+    fix = 16 // t.element_size()
+    if all(n != 1 or st % fix == 0 and st > 0 for n, st in zip(t.shape, t.stride())):
+        return t
+    span = max(st * n for n, st in zip(t.shape, t.stride()) if n != 1) if t.numel() > 1 else 1
+    span = -(-span // fix) * fix
+    return t.as_strided(t.shape, [span if n == 1 else st for n, st in zip(t.shape, t.stride())])
+
+
 def weight_by_columns(weight: torch.Tensor) -> bool:
     """The (N, K) weight is the transpose of a row-major (K, N) the copy engine can load (x @ W with
     W stored (in, out), as GPT-2's Conv1D and written matmuls keep it): the kernel loads (K, N)

@@ -37,3 +37,14 @@ def test_rel_l2_of_a_tensor_and_of_a_tuple_taken_together():
     assert _common.rel_l2(out, ref) == pytest.approx((4 * 0.25 / (4 + 8)) ** 0.5)
     with pytest.raises(ValueError):
         _common.rel_l2(out[:1], ref)
+
+
+def test_tuned_reports_the_last_matching_key_and_its_spread():
+    """_common.tuned: the config chosen for the last key a predicate accepts, with its spread."""
+    class FakeTuner:
+        chosen = {(1, "a"): "cfg-a", (2, "b"): "cfg-b", (1, "c"): "cfg-c"}
+
+        def spread(self, key):
+            return {"key": key}
+    assert _common.tuned(FakeTuner(), lambda k: k[0] == 1) == ("cfg-c", {"key": (1, "c")})
+    assert _common.tuned(FakeTuner(), lambda k: k[0] == 3) == (None, None)

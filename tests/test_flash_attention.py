@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from accelc.numerics import sqnr_db
-from accelc.kernels import flash_attention as fa
+from accelc.kernels import flash_attention as fa, gemm
 from accelc.kernels.flash_attention import flash_attention_launch, flash_attention_ref
 from conftest import DEVICE, assert_close_to_ref, rel_l2
 
@@ -242,7 +242,7 @@ def test_tma_boxes_size_one_dims_with_odd_strides():
     base = torch.randn(2, 19, 3 * 32, device=DEVICE, dtype=torch.float16)
     q, k, v = (base[:, :, i * 32:(i + 1) * 32].unsqueeze(1) for i in range(3))   # (2, 1, 19, 32)
     q = q.as_strided(q.shape, (q.stride(0), 97, q.stride(2), 1))
-    view = fa._tma_view(q)
+    view = gemm.tma_view(q)
     assert view.stride(1) % 8 == 0 and view.stride(1) >= q.stride(0) and view.stride()[::2] == q.stride()[::2]
     assert fa.tma_ok(q, k, v)
     with fa.TUNER.force(_TMA_CFG):
