@@ -122,6 +122,21 @@ def _no_launch_hooks() -> bool:
     return True
 
 
+_warned_profiler: list = []   # the warning above, once a process
+
+
+def profiler() -> str | None:
+    """What is watching this process's kernels, or None: a CUDA tool injected through
+    CUDA_INJECTION64_PATH (Nsight Compute, Nsight Systems, compute-sanitizer) or a Triton launch
+    hook (Proton). Kernels timed then run replayed, serialised or instrumented."""
+    injected = os.environ.get("CUDA_INJECTION64_PATH")
+    if injected:
+        return f"CUDA_INJECTION64_PATH={injected}"
+    if not _no_launch_hooks():
+        return "a Triton launch hook"
+    return None
+
+
 class NotACandidate(Exception):
     """Tuner.force: the forced config is not one the tuner would try for these sizes."""
 
@@ -197,7 +212,13 @@ class Tuner:
         if math.isinf(best_us):
             raise RuntimeError(f"{self.name}: no candidate config ran for {_describe(sizes)}")
         self.timings[key] = [(config_dict(c), None if math.isinf(us) else round(us, 3)) for c, us in timed]
-        self._write(path, key, best)
+        watcher = profiler()
+        if watcher is None:
+            self._write(path, key, best)
+        elif not _warned_profiler:
+            _warned_profiler.append(watcher)
+            log.warning("accelc: tuning under a profiler (%s): the configs chosen now are used in this process "
+                        "but not written to the tuning cache", watcher)
         return best
 
     def spread(self, key) -> dict | None:

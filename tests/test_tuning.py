@@ -131,3 +131,32 @@ def test_force_runs_one_candidate_then_restores_the_choices(fake_gpu):
             tuner.pick((16, "fp16"), {"M": 16}, None)        # BLOCK 32 is pruned for M=16
     assert tuner.pick((1024, "fp16"), {"M": 1024}, None) is tuned and tuner.calls == {"sig": "remembered call"}
     assert fake_gpu.count(CONFIGS[0]) == 1                      # forcing timed nothing
+
+
+@pytest.mark.parametrize("watcher", ["injected", "hook"])
+def test_a_profiler_tunes_for_this_process_only(fake_gpu, monkeypatch, tmp_path, caplog, watcher):
+    """Under Nsight Compute / Systems (CUDA_INJECTION64_PATH) or a Triton launch hook the timings
+    are not the kernels' own: the choice serves this process and is not written for later ones.
+    A choice already on disk is still read."""
+    key = (1024, "fp16")
+    _tuner().pick((2048, "fp16"), {"M": 2048}, lambda c: None)          # tuned before, unwatched
+    monkeypatch.setattr(tuning, "_warned_profiler", [])
+    if watcher == "injected":
+        monkeypatch.setenv("CUDA_INJECTION64_PATH", "/opt/nsight-compute/libInjection.so")
+    else:
+        monkeypatch.setattr(tuning, "_no_launch_hooks", lambda: False)
+    assert tuning.profiler() is not None
+    watched = _tuner()
+    with caplog.at_level("WARNING", logger="accelc"):
+        assert _chosen(watched.pick(key, {"M": 1024}, lambda c: None)) == FAST
+        watched.pick((512, "fp16"), {"M": 512}, lambda c: None)
+    assert caplog.text.count("not written to the tuning cache") == 1        # once a process
+    assert len(list((tmp_path / "tuning").iterdir())) == 1                  # only the unwatched one
+    fake_gpu.clear()
+    assert _chosen(_tuner().pick((2048, "fp16"), {"M": 2048}, lambda c: None)) == FAST
+    assert fake_gpu == []                                                   # read from disk
+    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    monkeypatch.setattr(tuning, "_no_launch_hooks", lambda: True)
+    assert tuning.profiler() is None
+    _tuner().pick(key, {"M": 1024}, lambda c: None)                          # unwatched: tuned and written
+    assert len(fake_gpu) == len(CONFIGS) and len(list((tmp_path / "tuning").iterdir())) == 2
