@@ -65,11 +65,15 @@ def main():
     print(md)
 
 
-def path_of(cfg: dict, gemm_path: bool) -> str:
+def path_of(cfg: dict, gemm_path: bool, rows: bool = False) -> str:
     """The kernel and config a row ran: the GEMM's tile, or the conv kernel's (RECT: TMA rectangles
-    of BLOCK_H x BLOCK_W pixels; split: the reduction in that many slices)."""
+    of BLOCK_H x BLOCK_W pixels; ROWS: the padded-rows stem path, its K step the kernel row;
+    split: the reduction in that many slices)."""
     if gemm_path:
         return f"GEMM {cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')}x{cfg.get('BLOCK_K')}"
+    if rows:
+        return (f"conv ROWS {cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')} {cfg.get('num_warps')}w {cfg.get('num_stages')}st, "
+                f"{cfg.get('ROW_STEP')} row(s) a K step")
     rect = f"RECT {cfg.get('BLOCK_H')}x{cfg.get('BLOCK_W')} " if cfg.get("RECT") else ""
     split = f", split {cfg['SPLIT']}" if cfg.get("SPLIT", 1) > 1 else ""
     return f"conv {rect}{cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')}x{cfg.get('BLOCK_K')} {cfg.get('num_warps')}w{split}"
@@ -95,7 +99,8 @@ def markdown(env, rows, batches) -> str:
           "per-round ratios (> 1: accelc faster); rates with their % of the dense fp16 peak. accelc runs on "
           "channels-last input, as inside a run of rewritten convs; eager on NCHW as a user's model runs it "
           "(the fused columns: batch 32, 3x3 convs and the stem). accelc path: the GEMM kernel for a 1x1 "
-          "stride-1 conv, else the implicit-GEMM conv kernel and its config (RECT: TMA rectangles; split: the "
+          "stride-1 conv, else the implicit-GEMM conv kernel and its config (RECT: TMA rectangles; ROWS: the "
+          "stem's padded rows, after a padding kernel that is part of its time; split: the "
           "reduction in slices summed by a second kernel). Spread: "
           "fastest - slowest candidate as the tuner timed them.\n\n"
           f"accelc conv at or above cuDNN at {wins} of {len(rows)} rows.\n\n" + _common.md_table(header, table))
@@ -142,10 +147,10 @@ def conv_row(BATCH, C, H, K, R, st, where) -> dict:
     M = BATCH * OH * OH
     prefix = (triton.next_power_of_2(M), K, C) if tuner is gemm.TUNER else (triton.next_power_of_2(M), K, C, R * R)
     cfg, row["spread"] = _common.tuned(tuner, lambda k: k[:len(prefix)] == prefix
-                                       and (tuner is gemm.TUNER or k[5] == st))
+                                       and (tuner is gemm.TUNER or k[6] == st))
     cfg = config_dict(cfg) if cfg else {}
     row["config"] = cfg
-    row["path"] = path_of(cfg, tuner is gemm.TUNER)
+    row["path"] = path_of(cfg, tuner is gemm.TUNER, rows=C < 16)
     for acc, base in (("accelc_fused_bn_relu", "eager_nchw_conv_bn_relu"), ("accelc_conv", "cudnn_nhwc_conv")):
         if acc in variants:
             row[f"{acc}_vs_{base}"] = _common.speedup(row, acc, base)[0]

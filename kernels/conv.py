@@ -10,13 +10,18 @@ PyTorch's elementwise ops and pooling (which keep the format) read NHWC with no 
     out = act(conv(x, w) + bias + residual)      residual_first=True (ResNet: relu(bn(conv) + x))
 
 The GEMM: rows = output pixels (N*OH*OW), columns = output channels K, reduction over (r, s, c),
-never materialising the im2col matrix: each program gathers its input patches tap by tap. Three
-ways to gather, chosen per config by the autotuner where the input allows:
+never materialising the im2col matrix: each program gathers its input patches tap by tap. Four
+ways to gather, by the input's channels and strides (RECT or taps chosen by the autotuner):
   RECT    (stride 1, aligned NHWC) the tile is a rectangle of output pixels; each tap's patch is
           one 4-D TMA box of the input, the padding zero-filled by the copy engine;
   taps    (C >= 16) pointer loads tap by tap, BLOCK_K channels at a time, contiguous along C;
-  FLAT_K  (C < 16, an RGB stem) pointer loads over the flattened (r, s, c) index, so that the
-          tensor cores are not fed mostly padding.
+  FLAT_K  (C < 16, dilated along W) pointer loads over the flattened (r, s, c) index, so that
+          the tensor cores are not fed mostly padding;
+  ROWS    (C < 16 otherwise: an RGB stem) the input is first copied with its zero
+          padding and channels padded to CP, the weight to (K, R, SP, CP) (rows_geometry), so
+          each output pixel's kernel row is one contiguous, 16-byte aligned run of SP pixels x CP
+          channels, as is the weight's: vector loads with no per-element index math, one
+          tensor-core K step per kernel row.
 Where the output tiles are few and the reduction long (batch 1-8 at 14x14 / 7x7), the RECT and
 taps loops can run in SPLIT slices (SPLIT_CONFIGS): each stores fp32 partial sums, and
 _splitk_reduce adds them in slice order and applies the epilogue.
@@ -57,9 +62,10 @@ def _conv_kernel(
     ACTIVATION: tl.constexpr,
     # meta-parameters
     S: tl.constexpr, TAPS: tl.constexpr, FLAT_K: tl.constexpr, RECT: tl.constexpr,
+    ROW_CP: tl.constexpr, ROW_SP: tl.constexpr, ROW_ALIGN: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT: tl.constexpr, ROW_STEP: tl.constexpr,
 ):
     offs_k = tl.arange(0, BLOCK_K)
     # SPLIT > 1 (few output tiles, a long reduction: batch 1-8 at 14x14 / 7x7): program axis 1
@@ -74,7 +80,7 @@ def _conv_kernel(
     else:
         it_lo = 0
         it_hi = n_iter
-    tl.static_assert(SPLIT == 1 or not FLAT_K, "the FLAT_K loop is not split")
+    tl.static_assert(SPLIT == 1 or not (FLAT_K or ROW_CP), "the FLAT_K and ROWS loops are not split")
     if RECT:
         # a BLOCK_H x BLOCK_W rectangle of one image's output pixels (BLOCK_M = BLOCK_H * BLOCK_W)
         tiles_h = tl.cdiv(OH, BLOCK_H)
@@ -118,6 +124,32 @@ def _conv_kernel(
             w_in = ow0 - pad_w + (tap % S) * dil_w
             a = tl.reshape(x_desc.load([pid_m // (tiles_h * tiles_w), h_in, w_in, c0]), [BLOCK_M, BLOCK_K])
             b = w_desc.load([pid_n * BLOCK_N, tap * C + c0]).T
+            if DOT_IN_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    elif ROW_CP:
+        # ROWS (few channels, an RGB stem): x and the weight are the padded copies made by
+        # _pad_rows_kernel: x (N, Hp, Wp, ROW_CP) with the conv's zero padding around it, the
+        # weight (K, R, ROW_SP, ROW_CP) (RSC its row length), both contiguous and zero past S and C.
+        # Kernel row r of output pixel (oh, ow) then reads ROW_SP pixels x ROW_CP channels =
+        # ROW_K contiguous elements from (oh * stride_h + r * dil_h, ow * stride_w), and the
+        # weight's row r is ROW_K contiguous elements: 16-byte aligned, unmasked vector loads, no
+        # per-element index math, one tensor-core K step per kernel row.
+        # ROW_STEP kernel rows a K step (the last step's rows past R masked)
+        ROW_K: tl.constexpr = ROW_SP * ROW_CP
+        kr = tl.arange(0, ROW_STEP * ROW_K)
+        dr = kr // ROW_K                       # the row within the step
+        kx = kr % ROW_K                        # the element within the row's run
+        x_row = x_img + (oh * stride_h) * sx_h + tl.multiple_of(ow * (stride_w * ROW_CP), ROW_ALIGN)
+        R_ROWS = TAPS // S
+        for r in range(0, R_ROWS, ROW_STEP):
+            row_ok = (r + dr) < R_ROWS
+            a = tl.load(x_row[:, None] + ((r + dr) * dil_h * sx_h + kx)[None, :],
+                        mask=m_ok[:, None] & row_ok[None, :], other=0.0)
+            # the run's pixels past S meet zero weights; zeroed so an inf there gives no NaN
+            a = tl.where((kx // ROW_CP < S)[None, :], a, 0.0)
+            b = tl.load(w_rows[None, :] + (r * ROW_K + kr)[:, None], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
             if DOT_IN_FP32:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
@@ -167,6 +199,50 @@ def _conv_kernel(
 
 
 @triton.jit
+def _pad_rows_kernel(x_ptr, out_ptr, B, C, D, Bp, Cp, off_b, off_c, P, s0, s1, s2, s3,
+                     DP: tl.constexpr, BLOCK: tl.constexpr):
+    """out (A, Bp, Cp, DP) contiguous = x (A, B, C, D) (strides s0..s3) moved by (off_b, off_c)
+    along its middle dims, zero elsewhere (the last dim's entries past D included). The ROWS
+    path's input (N, H, W, C) -> (N, Hp, Wp, CP), with the conv's padding as the offsets, and its
+    weight (K, R, S, C) -> (K, R, SP, CP). P = A * Bp * Cp."""
+    pix = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, DP)
+    p_ok = pix < P
+    a = pix // (Bp * Cp)
+    i = (pix // Cp) % Bp - off_b
+    j = pix % Cp - off_c
+    ok = p_ok & (i >= 0) & (i < B) & (j >= 0) & (j < C)
+    v = tl.load(x_ptr + (a * s0 + i * s1 + j * s2)[:, None] + d[None, :] * s3,
+                mask=ok[:, None] & (d < D)[None, :], other=0.0)
+    tl.store(out_ptr + pix[:, None] * DP + d[None, :], v, mask=p_ok[:, None])
+
+
+PAD_BLOCK = 256   # pixels a program of _pad_rows_kernel
+
+
+def rows_geometry(x, weight, stride, dilation, out_hw):
+    """The ROWS path's padded input for a conv with few channels (C < 16, an RGB stem) and no
+    dilation along W, else None: (CP, SP, Hp, Wp, ALIGN). Each output pixel's kernel row is then a
+    run of SP pixels x CP channels, SP * CP >= 16 (one tensor-core K step at least), CP chosen
+    so that every run starts 16 bytes aligned (ALIGN elements), Wp a multiple of 16 so the rows
+    are too."""
+    C = x.shape[1]
+    K, R, S, _ = weight.shape
+    if C >= 16 or dilation[1] != 1:
+        return None
+    align = 16 // x.element_size()
+    cp, sp = triton.next_power_of_2(C), triton.next_power_of_2(S)
+    while (stride[1] * cp) % align:
+        cp *= 2
+    while sp * cp < 16:
+        sp *= 2
+    OH, OW = out_hw
+    hp = (OH - 1) * stride[0] + (R - 1) * dilation[0] + 1
+    wp = triton.cdiv((OW - 1) * stride[1] + sp, 16) * 16
+    return cp, sp, hp, wp, align
+
+
+@triton.jit
 def _splitk_reduce(part_ptr, bias_ptr, res_ptr, out_ptr, M, K, OHW, OW,
                    sr_n, sr_c, sr_h, sr_w, so_n, so_c, so_h, so_w,
                    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
@@ -188,12 +264,14 @@ def _splitk_reduce(part_ptr, bias_ptr, res_ptr, out_ptr, M, K, OHW, OW,
              acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def config(bm, bn, bk, stages, warps, split=1) -> triton.Config:
+def config(bm, bn, bk, stages, warps, split=1, row_step=1) -> triton.Config:
     """Tiles of BLOCK_M pixels in row-major order, gathered with pointers. (BLOCK_H / BLOCK_W
     only size the descriptor boxes, which every launch with descriptors encodes.) split: the
-    reduction in that many slices (see _conv_kernel's SPLIT)."""
+    reduction in that many slices (see _conv_kernel's SPLIT). row_step: kernel rows a K step
+    on the ROWS path (which ignores bk)."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": False,
-                          "BLOCK_H": 8, "BLOCK_W": 8, "SPLIT": split}, num_stages=stages, num_warps=warps)
+                          "BLOCK_H": 8, "BLOCK_W": 8, "SPLIT": split, "ROW_STEP": row_step},
+                         num_stages=stages, num_warps=warps)
 
 
 def rect_config(bh, bw, bn, bk, stages, warps, split=1) -> triton.Config:
@@ -212,7 +290,8 @@ def rect_config(bh, bw, bn, bk, stages, warps, split=1) -> triton.Config:
     if warps != 4:
         raise ValueError("TMA-rectangle conv configs take 4 warps (one warpgroup): see rect_config")
     return triton.Config({"BLOCK_M": bh * bw, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": True,
-                          "BLOCK_H": bh, "BLOCK_W": bw, "SPLIT": split}, num_stages=stages, num_warps=warps)
+                          "BLOCK_H": bh, "BLOCK_W": bw, "SPLIT": split, "ROW_STEP": 1},
+                         num_stages=stages, num_warps=warps)
 
 
 # H100 candidates: 128-pixel row tiles (ResNet layers have 1.5k-100k pixels at batch 32), K tiles
@@ -228,6 +307,12 @@ CONFIGS = [config(128, 128, 64, 3, 8), config(128, 64, 64, 4, 4), config(64, 128
 SPLIT_CONFIGS = [rect_config(8, 8, 64, 64, 4, 4, split=s) for s in (2, 4, 8)] \
     + [config(64, 64, 64, 4, 4, split=s) for s in (2, 4, 8)]
 CONFIGS += SPLIT_CONFIGS
+# the ROWS path (an RGB stem): BLOCK_K is unused there (its K step is the padded kernel row)
+ROWS_CONFIGS = [config(128, 64, 16, 3, 4), config(128, 64, 16, 2, 4), config(256, 64, 16, 3, 8),
+                config(64, 64, 16, 3, 4), config(128, 128, 16, 3, 8),
+                config(128, 64, 16, 3, 4, row_step=2), config(64, 64, 16, 3, 4, row_step=2),
+                config(256, 64, 16, 3, 8, row_step=2)]
+CONFIGS += ROWS_CONFIGS
 SPLIT_TILES = 66       # split only where the unsplit grid fills at most half of an H100's 132 SMs
 SPLIT_MIN_STEPS = 8    # reduction steps (BLOCK_K channels of one tap) each slice keeps at least
 
@@ -247,8 +332,8 @@ def prune_configs(configs, sizes):
         return s == 1 or (sizes["C"] >= 16 and tiles(c.kwargs, sizes) <= SPLIT_TILES
                           and steps >= s * SPLIT_MIN_STEPS)
     keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(sizes["K"]))
-            and (sizes["rect"] or not c.kwargs["RECT"]) and split_ok(c)]
-    return keep or [c for c in configs if not c.kwargs["RECT"]][:1]
+            and (sizes["rect"] or not c.kwargs["RECT"]) and split_ok(c) and (c in ROWS_CONFIGS) == sizes["rows"]]
+    return keep or [c for c in configs if not c.kwargs["RECT"] and (c in ROWS_CONFIGS) == sizes["rows"]][:1]
 
 
 TUNER = Tuner("conv2d", _conv_kernel, CONFIGS, prune=prune_configs,
@@ -359,6 +444,7 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
         return out
     x = x.contiguous(memory_format=torch.channels_last)  # a no-op inside a run of rewritten convs
 
+    rows = rows_geometry(x, weight, stride, dilation, (OH, OW))
     res = residual if residual is not None else out
     tensors = (x, weight, bias if bias is not None else out, res, out)
     key_here = (sig, tuple(t.data_ptr() % 16 for t in tensors))
@@ -369,26 +455,57 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
             calls, kw = known
             calls(kw, tensors, stride, padding, dilation, x.device.index or 0)
             return out
-        use_rect = rect_ok(nhwc_view(x), weight, stride)
+        use_rect = rows is None and rect_ok(nhwc_view(x), weight, stride)
+        cp, sp, _, _, align = rows or (0, 0, 0, 0, 0)
         meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                     RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), S=S, TAPS=R * S,
-                    FLAT_K=C < 16, INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
+                    FLAT_K=C < 16 and rows is None, ROW_CP=cp, ROW_SP=sp, ROW_ALIGN=align,
+                    INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
                     DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16)
+        run_tensors = _Pad(rows, x, weight, padding).tensors(tensors) if rows else tensors
 
         def run(cfg):   # through Triton: tuning times this
             kw = cfg.all_kwargs()
             part = _Calls.partials(kw, out)
-            _conv_kernel[_Calls.grid(kw, out)](*_args(kw, tensors, stride, padding, dilation, part), **meta, **kw)
+            _conv_kernel[_Calls.grid(kw, out)](*_args(kw, run_tensors, stride, padding, dilation, part), **meta, **kw)
             if part is not None:
                 _splitk_reduce[_Calls.reduce_grid(out)](*_reduce_args(part, tensors), **_reduce_meta(kw, meta))
 
         # the tuning key: every batch size of a bucket (next power of two of the pixel count) shares one run
-        key = (triton.next_power_of_2(M), K, C, R * S, C < 16, stride[0], use_rect, x.dtype)
+        key = (triton.next_power_of_2(M), K, C, R * S, C < 16, rows is not None, stride[0], use_rect, x.dtype)
         cfg = TUNER.pick(key, dict(N=N, C=C, H=H, W=W, K=K, R=R, S=S, OH=OH, OW=OW, M=M, stride=stride[0],
-                                   rect=use_rect), run)
+                                   rect=use_rect, rows=rows is not None), run)
         kw = cfg.all_kwargs()
-        TUNER.calls[key_here] = (_Calls(kw, tensors, stride, padding, dilation, meta), kw)
+        TUNER.calls[key_here] = (_Calls(kw, tensors, stride, padding, dilation, meta, rows), kw)
     return out
+
+
+class _Pad:
+    """The ROWS path's padded copies (rows_geometry) of x and the weight, allocated per call and
+    filled by two launches of _pad_rows_kernel (CompiledCalls after the first). `x` is the
+    padded input as an (N, CP, Hp, Wp) view, `weight` the padded (K, R, SP, CP) weight."""
+
+    def __init__(self, rows, x, weight, padding, calls=None):
+        cp, sp, hp, wp, _ = rows
+        N, C, H, W = x.shape
+        K, R, S, _ = weight.shape
+        xbuf = torch.empty((N, hp, wp, cp), dtype=x.dtype, device=x.device)
+        self.x, self.weight = xbuf.permute(0, 3, 1, 2), torch.empty((K, R, sp, cp), dtype=x.dtype, device=x.device)
+        sx = x.stride()
+        jobs = [((x, xbuf, H, W, C, hp, wp, padding[0], padding[2], N * hp * wp, sx[0], sx[2], sx[3], sx[1]),
+                 triton.cdiv(N * hp * wp, PAD_BLOCK)),
+                ((weight, self.weight, R, S, C, R, sp, 0, 0, K * R * sp, *weight.stride()),
+                 triton.cdiv(K * R * sp, PAD_BLOCK))]
+        if calls is None:
+            self.calls = [CompiledCall(_pad_rows_kernel, (g,), args, dict(DP=cp, BLOCK=PAD_BLOCK)) for args, g in jobs]
+        else:
+            self.calls = calls
+            for call, (args, _) in zip(calls, jobs):
+                call(args, x.device.index or 0)
+
+    def tensors(self, tensors):
+        """The conv's (x, weight, bias, res, out) with x and the weight replaced by the copies."""
+        return (self.x, self.weight) + tuple(tensors[2:])
 
 
 class _Calls:
@@ -397,8 +514,13 @@ class _Calls:
     reduce kernel's. Constructing it launches both once; calling it launches them again on new
     tensors of the same signature."""
 
-    def __init__(self, kw, tensors, stride, padding, dilation, meta):
+    def __init__(self, kw, tensors, stride, padding, dilation, meta, rows=None):
         x, weight, bias, res, out = tensors
+        self.rows, self.pad = rows, None
+        if rows:
+            first = _Pad(rows, x, weight, padding)
+            self.pad = first.calls
+            tensors = first.tensors(tensors)
         part = self.partials(kw, out)
         self.main = CompiledCall(_conv_kernel, self.grid(kw, out),
                                  _args(kw, tensors, stride, padding, dilation, part), dict(meta, **kw))
@@ -431,6 +553,8 @@ class _Calls:
         return torch.empty((kw["SPLIT"], N * OH * OW, K), dtype=torch.float32, device=out.device)
 
     def __call__(self, kw, tensors, stride, padding, dilation, device_index):
+        if self.rows:   # the padded copies (ROWS), made by the remembered pad launches
+            tensors = _Pad(self.rows, tensors[0], tensors[1], padding, self.pad).tensors(tensors)
         part = self.partials(kw, tensors[4])
         self.main(_args(kw, tensors, stride, padding, dilation, part), device_index)
         if part is not None:
@@ -442,8 +566,8 @@ def _args(kw, tensors, stride, padding, dilation, part=None) -> tuple:
     config's tile) where the config gathers by TMA rectangles, else the tensors. With part (the
     (SPLIT, M, K) fp32 partial sums of a split config) the kernel stores there instead of out."""
     x, weight, bias, res, out = tensors
-    N, C, H, W = x.shape
-    K, R, S, _ = weight.shape
+    N, _, H, W = x.shape
+    K, R, S, C = weight.shape     # (ROWS: the padded copies, C = CP, R * S * C the padded row length)
     OH, OW = out.shape[2:]
     rect = kw["RECT"]
     if part is None:

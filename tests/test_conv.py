@@ -1,5 +1,7 @@
 """accelc::conv2d (kernels/conv.py) against an fp64 reference and eager PyTorch: every geometry and
 dtype, the fused residual, input layouts, the TMA-rectangle path choice, bad inputs."""
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +12,7 @@ from conftest import DEVICE, assert_close_to_ref, rel_l2
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float16, 1e-2, 1e-2), (torch.bfloat16, 6e-2, 4e-2)]
 # (C, K, kernel, stride, padding, dilation): odd channel counts, every stride / padding / dilation
 GEOMETRY = [
-    (3, 16, 7, 2, 3, 1),   # RGB stem: the flattened-reduction path (C < 16)
+    (3, 16, 7, 2, 3, 1),   # RGB stem: the padded-rows path (C < 16)
     (17, 33, 3, 1, 1, 1), (16, 20, 3, 2, 1, 1), (24, 8, 3, 1, 2, 2), (5, 7, 5, 1, 2, 1),
     (32, 8, 1, 1, 0, 1),   # 1x1 stride 1: the GEMM path
     (24, 16, 1, 2, 0, 1), (16, 16, 3, 1, 0, 1), (20, 12, 7, 1, 3, 1),
@@ -173,10 +175,93 @@ def test_split_reduction_matches_and_applies_the_epilogue_once(cfg, dtype, atol,
 
 def test_split_offered_only_where_tiles_are_few_and_the_reduction_long():
     def splits(**kw):
-        sizes = dict(N=1, C=512, H=7, W=7, K=512, R=3, S=3, OH=7, OW=7, M=49, stride=1, rect=True)
+        sizes = dict(N=1, C=512, H=7, W=7, K=512, R=3, S=3, OH=7, OW=7, M=49, stride=1, rect=True, rows=False)
         sizes.update(kw)
         return sorted({c.kwargs["SPLIT"] for c in conv.prune_configs(conv.CONFIGS, sizes)})
     assert splits() == [1, 2, 4, 8]                                # ResNet-50 layer4 3x3 at batch 1
     assert splits(N=32, M=32 * 49) == [1]                          # batch 32: 128+ tiles
     assert splits(C=16, K=16, R=1, S=1) == [1]                     # a short reduction
-    assert splits(C=3, K=64, R=7, S=7, rect=False) == [1]          # an RGB stem (FLAT_K: no slices)
+    assert splits(C=3, K=64, R=7, S=7, rect=False, rows=True) == [1]   # an RGB stem (ROWS: no slices)
+    assert splits(C=3, K=64, R=7, S=7, rect=False) == [1]          # FLAT_K (dilated along W): no slices
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_rows_geometry_keeps_every_run_aligned(dtype):
+    """The ROWS path's padded input (conv.rows_geometry): each kernel row a run of SP >= S pixels
+    x CP >= C channels, at least one tensor-core K step, starting 16 bytes aligned, in rows that
+    are multiples of 16 elements; convs with 16+ channels or dilated along W do not take it."""
+    x = torch.empty(2, 3, 20, 20, dtype=dtype)
+    for c in (1, 3, 4, 8, 15):
+        for st in (1, 2, 3, 4):
+            for r, s in ((7, 7), (3, 3), (1, 1), (1, 7), (5, 2)):
+                w = torch.empty(8, r, s, c, dtype=dtype)
+                oh, ow = conv.output_size(20, 20, r, s, (st, st), (1, 1, 1, 1), (1, 1))
+                cp, sp, hp, wp, align = conv.rows_geometry(x[:, :1].expand(2, c, 20, 20), w, (st, st), (1, 1), (oh, ow))
+                assert align == 16 // x.element_size() and (st * cp) % align == 0
+                assert cp >= c and sp >= s and sp * cp >= 16 and wp % 16 == 0
+                assert wp >= (ow - 1) * st + sp and hp == (oh - 1) * st + r
+    w = torch.empty(8, 3, 3, 16, dtype=dtype)
+    assert conv.rows_geometry(torch.empty(2, 16, 9, 9, dtype=dtype), w, (1, 1), (1, 1), (9, 9)) is None
+    w = torch.empty(8, 3, 3, 3, dtype=dtype)
+    assert conv.rows_geometry(torch.empty(2, 3, 9, 9, dtype=dtype), w, (1, 1), (1, 2), (9, 7)) is None
+
+
+ROWS_CASES = [  # (C, K, (R, S), (sh, sw), (top, bottom, left, right), (dh, dw))
+    (3, 16, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),     # ResNet's stem
+    (1, 8, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),      # one channel: CP and SP widen to a K step
+    (5, 12, (1, 7), (2, 1), (0, 2, 3, 1), (1, 1)),     # rectangular kernel, uneven strides and padding
+    (12, 9, (5, 2), (3, 3), (2, 0, 0, 1), (2, 1)),     # dilated along H only
+    (4, 16, (4, 4), (4, 4), (0, 0, 0, 0), (1, 1)),     # kernel = stride, no padding: the patch GEMM
+    (3, 8, (3, 3), (1, 1), (1, 1, 1, 1), (1, 2)),      # dilated along W: FLAT_K
+]
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("c,k,rs,st,pad,dil", ROWS_CASES)
+@pytest.mark.parametrize("row_step", [1, 2])
+def test_few_channel_convs(dtype, atol, rtol, c, k, rs, st, pad, dil, row_step):
+    """Few-channel convs, every geometry; on the ROWS path one and two kernel rows a K step
+    (R = 7, 5, 3, 1: the last step of two half past R)."""
+    x = torch.randn(2, c, 13, 11, device=DEVICE, dtype=dtype)
+    wt = (torch.randn(k, c, *rs, device=DEVICE) / (c * rs[0] * rs[1]) ** 0.5).to(dtype)
+    b = torch.randn(k, device=DEVICE, dtype=dtype)
+    packed = conv.pack_weight(wt)
+    rows = not conv.is_patchify(packed.shape, st, pad, dil) and conv.rows_geometry(x, packed, st, dil, (1, 1))
+    if not rows and row_step == 2:
+        pytest.skip("not the ROWS path: no K-step choice")
+    forced = conv.TUNER.force(conv.config(64, 64, 16, 3, 4, row_step=row_step)) if rows else contextlib.nullcontext()
+    with forced:
+        out = torch.ops.accelc.conv2d(x, packed, b, None, list(st), list(pad), list(dil), "relu")
+
+    def eager(x, wt, b):
+        xp = F.pad(x, (pad[2], pad[3], pad[0], pad[1]))
+        return F.relu(F.conv2d(xp, wt, b, st, 0, dil))
+    d = torch.float64
+    assert_close_to_ref(out, eager(x.to(d), wt.to(d), b.to(d)), eager(x, wt, b), dtype, atol, rtol)
+
+
+@pytest.mark.parametrize("where", ["inside", "edge", "corner"])
+def test_rgb_stem_inf_and_nan_reach_the_pixels_eager_gives(where):
+    """The ROWS path reads one pixel past the 7x7 kernel in each run (SP = 8) and multiplies it
+    by zero weights: an inf there must not make NaN where eager's output is finite."""
+    x = torch.randn(2, 3, 16, 16, device=DEVICE, dtype=torch.float16)
+    i, j = {"inside": (6, 9), "edge": (0, 15), "corner": (15, 0)}[where]
+    x[0, 1, i, j] = float("inf")
+    x[1, 2, j, i] = float("nan")
+    wt = (torch.randn(8, 3, 7, 7, device=DEVICE) / 12).half()
+    b = torch.randn(8, device=DEVICE, dtype=torch.float16)
+    out = torch.ops.accelc.conv2d(x, conv.pack_weight(wt), b, None, [2, 2], [3, 3, 3, 3], [1, 1])
+    ref = F.conv2d(x.double(), wt.double(), b.double(), 2, 3)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    fin = ref.isfinite()
+    assert rel_l2(out[fin], ref[fin]) < 1e-2
+
+
+def test_rgb_stem_with_residual_repeated_calls():
+    """The ROWS path's pad launch is remembered with the conv's: fresh inputs every call."""
+    for _ in range(3):
+        x, wt, b = _case(3, 16, 7, torch.float16, h=17, w=15)
+        res = torch.randn(2, 16, 9, 8, device=DEVICE, dtype=torch.float16)
+        out = _run(x, wt, b, res, 2, 3, 1, "relu", True)
+        ref = _eager(x.double(), wt.double(), b.double(), res.double(), 2, 3, 1, "relu", True)
+        assert_close_to_ref(out, ref, _eager(x, wt, b, res, 2, 3, 1, "relu", True), torch.float16, 1e-2, 1e-2)
