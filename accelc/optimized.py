@@ -23,7 +23,7 @@ _GLUE = {
     "unflatten", "size", "sym_size", "expand", "unsqueeze", "squeeze", "cat", "stack", "chunk",
     "split", "add", "sub", "mul", "truediv", "div", "neg", "clone", "to", "type_as", "float",
     "half", "_guards_fn", "_assert_tensor_metadata", "_assert_scalar", "alias", "detach",
-    "floordiv", "rsub", "slice", "select", "arange", "logical_not", "unbind", "_assert_is_none",
+    "floordiv", "rsub", "slice", "select", "narrow", "arange", "logical_not", "unbind", "_assert_is_none",
 }
 
 

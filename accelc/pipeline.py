@@ -5,7 +5,7 @@ from torch import fx
 
 from accelc import meta, runtime
 from accelc.errors import PassError
-from accelc.passes import attention, conv_gemm, fold_bn, gated_mlp, int8, linear_act, norms, rotary
+from accelc.passes import attention, conv_gemm, fold_bn, gated_mlp, int8, linear_act, norms, rotary, sibling_linears
 from accelc.rewrite import PassContext, run_pass
 
 PASSES = (
@@ -14,6 +14,7 @@ PASSES = (
     rotary.PASS,        # before attention: q and k reach the attention rules as the rotation's outputs
     attention.PASS,     # before linear_act: it lowers nn.MultiheadAttention to linears + SDPA
     gated_mlp.PASS,     # before linear_act: it would take the gate projection and its activation alone
+    sibling_linears.PASS,   # after gated_mlp (gate / up are siblings too), before linear_act: q, k, v as one GEMM
     linear_act.PASS,
     norms.PASS,         # after linear_act: a residual add a GEMM epilogue took is not taken again
     int8.PASS,          # only with OptimizeConfig.int8: float accelc layers -> int8 kernels
