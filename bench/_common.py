@@ -8,6 +8,7 @@ import re
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -69,16 +70,22 @@ def md_table(header: list[str], rows: list[list]) -> str:
 
 
 def time_rounds(variants: dict, row: dict, rounds: int, flops: float, rep_ms: float = 40,
-                device: str = "cuda") -> None:
+                device: str = "cuda", settle_s: float = 0.0) -> None:
     """Time every variant `rounds` times, round-robin (the GPUs here drift 5-8% over a minute of
     load, so the variants being compared share each round's conditions). Per variant, row[name]
-    gets rounds_us (CUDA-graph medians, us), us (their median) and tflops."""
+    gets rounds_us (CUDA-graph medians, us), us (their median) and tflops. settle_s: an idle pause
+    before each variant's timing, so that none starts in the lowered clocks the one before left
+    (after 50 ms of an H100's fp16 GEMM at 660 TF/s the next 500 us kernel ran 10% slower:
+    bench/results/int8-power-state-nvidia-h100-80gb-hbm3.txt)."""
     from accelc.latency import median_ms
 
     for name in variants:
         row.setdefault(name, {})["rounds_us"] = []
     for _ in range(rounds):
         for name, fn in variants.items():
+            if settle_s:
+                torch.cuda.synchronize()
+                time.sleep(settle_s)
             t = median_ms(fn, device=device, cuda_graph=device == "cuda", rep_ms=rep_ms)
             row[name]["rounds_us"].append(round(t * 1e3, 2))
     for name in variants:

@@ -32,6 +32,7 @@ from accelc.latency import median_ms  # noqa: E402
 SHAPES = [(4096, 4096, 16384), (512, 4096, 4096), (16, 4096, 4096)]  # (M, K, N)
 ATTN_SHAPES = [(4, 16, 4096, 128), (32, 12, 197, 64)]                   # (B, H, L, D)
 ROUNDS = 7
+SETTLE_S = 0.5   # idle before each timing: every side starts from the same clocks (_common.time_rounds)
 
 
 def sqnr(out, ref) -> float:
@@ -94,7 +95,7 @@ def linear_rows(compile_too: bool) -> list[dict]:
             else:
                 row[name] = {}
             row[name]["us_plain_calls"] = round(median_ms(variants[name]) * 1e3, 2)
-        _common.time_rounds(variants, row, ROUNDS, 2 * M * N * K, rep_ms=50)
+        _common.time_rounds(variants, row, ROUNDS, 2 * M * N * K, rep_ms=50, settle_s=SETTLE_S)
         for name in variants:
             print(f"  {M}x{K}x{N} {name:24s} {row[name]['us']:9.1f} us  {row[name]['tflops']:7.1f} T(F)OPS"
                   f"  sqnr {row[name].get('sqnr_db', '')}")
@@ -120,7 +121,7 @@ def attention_rows() -> list[dict]:
         row = {"B": B, "H": H, "L": L, "D": D}
         for name, fn in variants.items():
             row[name] = {"sqnr_db": sqnr(fn(), ref)}
-        _common.time_rounds(variants, row, ROUNDS, 4 * B * H * L * L * D, rep_ms=50)
+        _common.time_rounds(variants, row, ROUNDS, 4 * B * H * L * L * D, rep_ms=50, settle_s=SETTLE_S)
         row["speedup"] = _common.speedup(row, "flash_qk_int8", "flash_fp16")
         rows.append(row)
         print(f"  attention {B}x{H}x{L}x{D}: fp16 {row['flash_fp16']['us']:.1f} us, qk int8 "
@@ -167,7 +168,8 @@ def main():
     skipped = "; ".join(f"{r['M']}: {k}: {v}" for r in rows for k, v in r["skipped"].items())
     md = (f"# W8A8 linear + bias + GELU, fp16 in / out\n\n{_common.env_line(env)}\n\n"
           "Times: median over a captured CUDA graph (L2 flushed between replays), median of "
-          f"{ROUNDS} interleaved rounds; speedup = the other's time / accelc W8A8's, median of per-round "
+          f"{ROUNDS} interleaved rounds, each timing after {SETTLE_S} s idle (so that no side starts in the "
+          "lowered clocks the one before left); speedup = the other's time / accelc W8A8's, median of per-round "
           "ratios (range). accelc W8A8 includes the per-token activation quantization kernel; the "
           "weight was quantized beforehand (once, at optimize time). SQNR against the fp32 float layer. "
           "Rates: TF/s (fp16) or TOPS (int8, the W8A8 layer's 2*M*N*K over its whole time, quantization "
