@@ -120,7 +120,7 @@ def _stack(gm: fx.GraphModule, group: list[fx.Node]) -> None:
     args = (x, w_node, b_node)
     with g.inserting_before(first):
         fused = g.call_function(F.linear, args)
-    fused.meta.update(first.meta)
+    fused.meta.update({k: v for k, v in first.meta.items() if k not in ("val", "tensor_meta", "example_value")})
     out_meta = meta.tensor_meta(first)
     fused.meta[meta.VALUE] = meta.TensorMeta(out_meta.shape[:-1] + (sum(widths),), out_meta.dtype, out_meta.device)
     fused.meta[meta.ABSORBED] = first.meta.get(meta.ABSORBED, []) + [meta.path(n) for n in group[1:]]
