@@ -586,7 +586,7 @@ def canonicalize(gm: fx.GraphModule) -> None:
 _RESHAPES = {"view", "reshape", "_unsafe_view"}
 
 
-def _reshape_of(node):
+def reshape_of(node):
     """The tensor a view / reshape node reshapes, else None."""
     if isinstance(node, fx.Node) and node.op in ("call_method", "call_function") and node.args \
             and isinstance(node.args[0], fx.Node) and meta.op_name(node) in _RESHAPES:
@@ -604,8 +604,8 @@ def _unflatten_addmm(g: fx.Graph) -> bool:
         if n.op != "call_function" or n.target is not torch.addmm or len(n.args) != 3 or n.kwargs:
             continue
         bias, flat, w = n.args
-        x, out = _reshape_of(flat), meta.sole_user(n)
-        if x is None or _reshape_of(out) is not n:
+        x, out = reshape_of(flat), meta.sole_user(n)
+        if x is None or reshape_of(out) is not n:
             continue
         mx, mw, mo = meta.tensor_meta(x), meta.tensor_meta(w), meta.tensor_meta(out)
         if None in (mx, mw, mo) or len(mx.shape) < 2 or len(mw.shape) != 2 \
@@ -1022,7 +1022,7 @@ def _only_reader(n) -> bool:
 
 
 # ops whose result may share memory with their first argument
-_VIEW_OPS = {"view", "reshape", "permute", "transpose", "t", "getitem", "select", "slice", "narrow", "expand",
+VIEW_OPS = {"view", "reshape", "permute", "transpose", "t", "getitem", "select", "slice", "narrow", "expand",
              "unsqueeze", "squeeze", "flatten", "unflatten", "as_strided", "detach", "alias", "contiguous",
              "view_as", "unfold", "diagonal", "split", "chunk", "unbind", "movedim", "T", "mT"}
 
@@ -1030,7 +1030,7 @@ _VIEW_OPS = {"view", "reshape", "permute", "transpose", "t", "getitem", "select"
 def _view_base(node: fx.Node) -> fx.Node:
     """The node whose memory `node` may be a view of (itself if it is not a view op)."""
     while node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], fx.Node) \
-            and meta.op_name(node) in _VIEW_OPS:
+            and meta.op_name(node) in VIEW_OPS:
         node = node.args[0]
     return node
 

@@ -25,31 +25,10 @@ import torch.nn.functional as F
 from torch import fx
 
 from accelc import meta
+from accelc.capture import VIEW_OPS, reshape_of
 from accelc.rewrite import Pass, add_constant, attr_value, replace_uses
 
 aten = torch.ops.aten
-
-_RESHAPES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, torch.reshape}
-_RESHAPE_METHODS = {"view", "reshape"}
-# ops whose output is a view of their input: a `view` further down such a chain may meet the
-# slice's strides
-_VIEW_FUNCTIONS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, torch.reshape,
-                   aten.transpose.int, torch.transpose, aten.permute.default, torch.permute,
-                   aten.unsqueeze.default, torch.unsqueeze, aten.squeeze.dim, aten.squeeze.default,
-                   aten.expand.default, aten.t.default, torch.t, aten.select.int, aten.slice.Tensor,
-                   torch.unflatten, aten.unflatten.int, torch.flatten, aten.flatten.using_ints}
-_VIEW_METHODS = {"view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand", "t",
-                 "unflatten", "flatten", "select"}
-
-
-def _is_reshape(n: fx.Node) -> bool:
-    return ((n.op == "call_function" and n.target in _RESHAPES)
-            or (n.op == "call_method" and n.target in _RESHAPE_METHODS))
-
-
-def _is_view_op(n: fx.Node) -> bool:
-    return ((n.op == "call_function" and n.target in _VIEW_FUNCTIONS)
-            or (n.op == "call_method" and n.target in _VIEW_METHODS))
 
 
 def _projection(n: fx.Node):
@@ -60,7 +39,7 @@ def _projection(n: fx.Node):
     b = n.args[2] if len(n.args) == 3 else None
     if not isinstance(x, fx.Node) or not _param(w) or not (b is None or _param(b)):
         return None
-    if not n.users or not all(_is_reshape(u) for u in n.users):
+    if not n.users or not all(reshape_of(u) is n for u in n.users):
         return None
     wm = meta.tensor_meta(w)
     if wm is None or len(wm.shape) != 2 or meta.tensor_meta(n) is None:
@@ -89,18 +68,20 @@ def _groups(gm: fx.GraphModule) -> list[list[fx.Node]]:
 
 
 def _views_to_reshapes(start: fx.Node) -> None:
-    """Every `view` reached from `start` through view ops becomes a reshape (same values; a view of
-    a strided slice can be impossible where one of the contiguous output was not)."""
+    """Every `view` reached from `start` through view ops (capture.VIEW_OPS) becomes a reshape
+    (same values; a view of a strided slice can be impossible where one of the contiguous output
+    was not). A view to another dtype stays."""
     todo, seen = list(start.users), set()
     while todo:
         n = todo.pop()
-        if n in seen or not _is_view_op(n):
+        if n in seen or n.op not in ("call_method", "call_function") or meta.op_name(n) not in VIEW_OPS:
             continue
         seen.add(n)
-        if n.op == "call_function" and n.target in (aten.view.default, aten._unsafe_view.default):
-            n.target = aten.reshape.default
-        elif n.op == "call_method" and n.target == "view" and not any(isinstance(a, torch.dtype) for a in n.args[1:]):
-            n.target = "reshape"
+        if meta.op_name(n) in ("view", "_unsafe_view") and not any(isinstance(a, torch.dtype) for a in n.args[1:]):
+            if n.op == "call_method":
+                n.target = "reshape"
+            else:
+                n.target = aten.reshape.default if isinstance(n.target, torch._ops.OpOverload) else torch.reshape
         todo.extend(n.users)
 
 
