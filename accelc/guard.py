@@ -217,7 +217,8 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
                     out = n.target(*a, **kw)
                     again = n.target(*a, **kw) if repeat else out
             except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
-                checks[n] = _failed(ins, eager, config, f"kernel failed: {type(e).__name__}: {e}")
+                cause = (runtime.interpreted() and runtime.interpreter_problem()) or f"{type(e).__name__}: {e}"
+                checks[n] = _failed(ins, eager, config, f"kernel failed: {cause}")
                 return eager
             checks[n] = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
             if checks[n].passed and not all(same_values(x, y) for x, y in zip(pytree.tree_leaves(out), pytree.tree_leaves(again))):

@@ -90,9 +90,31 @@ def warn_once(key: str, message: str, stacklevel: int = 2) -> None:
         warnings.warn(message, stacklevel=stacklevel + 1)
 
 
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def interpreter_problem() -> str | None:
+    """Why Triton's CPU interpreter cannot run accelc's kernels in this environment, or None.
+    Triton before 3.7 converts 1-element arrays to Python scalars, which numpy 2.4 refuses: every
+    interpreted kernel then fails with "only 0-dimensional arrays can be converted to Python scalars"
+    (seen with triton 3.4 and 3.6 beside numpy 2.4.0; numpy 2.3.5 and triton 3.7.1 - 3.9.0 are fine)."""
+    import numpy
+    import triton
+    if _release(triton.__version__) < (3, 7) and _release(numpy.__version__) >= (2, 4):
+        return (f"Triton {triton.__version__}'s CPU interpreter cannot run with numpy {numpy.__version__}: "
+                "install triton>=3.7 or numpy<2.4")
+    return None
+
+
 def warn_if_interpreted(stacklevel: int = 2) -> None:
     """Warns once, pointing `stacklevel` frames above the caller (the user's optimize call)."""
     if interpreted():
+        problem = interpreter_problem()
+        if problem is not None:
+            warn_once("interpreter-numpy", f"accelc: {problem}; every accelc layer will be kept in PyTorch",
+                      stacklevel=stacklevel + 1)
         warn_once(
             "interpreter",
             "accelc: no CUDA GPU in use, so its Triton kernels run in Triton's CPU interpreter: "

@@ -1,0 +1,46 @@
+"""The environment accelc runs in: which Triton / numpy pairs the CPU interpreter can take, and what a
+user is told when it cannot."""
+import numpy
+import pytest
+import torch
+import triton
+from torch import nn
+
+import accelc
+from accelc import runtime
+
+
+@pytest.mark.parametrize("triton_version,numpy_version,broken", [
+    ("3.6.0", "2.4.0", True), ("3.4.0", "2.5.1", True),
+    ("3.6.0", "2.3.5", False), ("3.7.1", "2.4.6", False), ("3.9.0", "2.4.6", False), ("3.10.0+git1", "2.4.6", False),
+])
+def test_interpreter_problem_names_the_versions(monkeypatch, triton_version, numpy_version, broken):
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    monkeypatch.setattr(numpy, "__version__", numpy_version)
+    problem = runtime.interpreter_problem()
+    assert (problem is not None) == broken
+    if broken:
+        assert triton_version in problem and numpy_version in problem and "triton>=3.7" in problem
+
+
+@pytest.mark.skipif(not runtime.interpreted(), reason="the interpreter's environment (a GPU runs compiled kernels)")
+def test_this_environment_runs_the_interpreter():
+    # what the README's install resolves must be a pair the interpreter takes (the bound in pyproject)
+    assert runtime.interpreter_problem() is None
+
+
+@pytest.mark.skipif(not runtime.interpreted(), reason="the interpreter's failure mode")
+def test_a_broken_interpreter_keeps_layers_in_pytorch_and_says_why(monkeypatch):
+    monkeypatch.setattr(runtime, "interpreter_problem", lambda: "Triton 0.0's CPU interpreter cannot run with numpy 9.9")
+
+    def fail(*args, **kwargs):
+        raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+
+    from accelc.kernels import gemm
+    monkeypatch.setattr(gemm, "linear_launch", fail)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    opt = accelc.optimize(model, (x,))
+    assert opt.layers and all(r.status == "reverted" for r in opt.layers)
+    assert all("cannot run with numpy 9.9" in r.reason for r in opt.layers)
+    torch.testing.assert_close(opt(x), model(x))
