@@ -151,9 +151,11 @@ class Tuner:
     """
 
     def __init__(self, name: str, kernel, configs: list, *, prune: Callable | None = None,
-                 default: Callable[[dict], triton.Config], interpreter: Callable[[dict], triton.Config]):
+                 default: Callable[[dict], triton.Config], interpreter: Callable[[dict], triton.Config],
+                 other_kernels: Callable[[], list] | None = None):
         self.name = name
         self.kernel = kernel
+        self.other_kernels = other_kernels   # -> further kernels its candidates launch (their source keys the cache too)
         self.configs = list(configs)
         self.prune = prune or (lambda configs, sizes: configs)
         self.default = default
@@ -234,8 +236,9 @@ class Tuner:
 
     def _cache_file(self, key) -> Path:
         if self._source_hash is None:
-            src = getattr(self.kernel, "cache_key", None) or getattr(self.kernel, "src", "")
-            self._source_hash = hashlib.sha256(str(src).encode()).hexdigest()
+            kernels = [self.kernel, *(self.other_kernels() if self.other_kernels else ())]
+            src = [getattr(k, "cache_key", None) or getattr(k, "src", "") for k in kernels]
+            self._source_hash = hashlib.sha256(str(src if len(src) > 1 else src[0]).encode()).hexdigest()
         ident = json.dumps([_FORMAT, self.name, self._source_hash, [config_dict(c) for c in self.configs],
                             [str(k) for k in key], *device_identity(), triton.__version__, torch.__version__,
                             torch.version.cuda])

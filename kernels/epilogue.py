@@ -87,10 +87,13 @@ def _fast_tanh(x):
 
 
 @triton.jit
-def _gelu(x):
-    # On the GPU, exact GELU through libdevice's erf, as PyTorch computes it; in the interpreter
-    # the erfc fit below (same accuracy class, both within 1e-6 of fp64).
-    if _ON_GPU:
+def _gelu(x, FIT: tl.constexpr):
+    # On the GPU, exact GELU through libdevice's erf, as PyTorch computes it; in the interpreter,
+    # and where FIT asks for it, the erfc fit below (same accuracy class, both within 1e-6 of fp64).
+    # FIT: the warp-specialized Gluon GEMM (kernels/gemm_hopper.py), whose 4-warp consumers hold 128
+    # accumulators a thread under a 168-register cap: libdevice's erf there spills 736 bytes a
+    # thread (ptxas, sm_90a, triton 3.6), the branch-free fit nothing.
+    if _ON_GPU and not FIT:
         y = 0.5 * x * (1.0 + libdevice.erf(x * 0.7071067811865476))
     else:
         # GELU(x) = x * Phi(x), Phi(x) = erfc(-x / sqrt(2)) / 2, with erfc from the Chebyshev fit
@@ -114,7 +117,7 @@ def _relu6(x):
 
 
 @triton.jit
-def apply_activation(x, ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr):
+def apply_activation(x, ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr, GELU_FIT: tl.constexpr = False):
     """x: fp32 tile. ACTIVATION: code of an ACTIVATIONS name (activation_code). FAST_MATH (int8 layers with half
     outputs): both GELUs in the tanh form on the SFU's tanh. Against exact GELU that is 1.5e-4
     relative L2 (5e-4 at most per element), 60x under the int8 layer's own error (~41 dB), and it
@@ -123,7 +126,7 @@ def apply_activation(x, ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr):
     if ACTIVATION == 1:
         x = tl.where(x < 0.0, 0.0, x)   # not tl.maximum, which turns NaN into 0; eager's relu keeps NaN
     elif ACTIVATION == 2 and not FAST_MATH:
-        x = _gelu(x)
+        x = _gelu(x, GELU_FIT)
     elif ACTIVATION == 2 or ACTIVATION == 3:
         if FAST_MATH:
             x = 0.5 * x * (1.0 + _fast_tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
@@ -152,17 +155,28 @@ def epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
              RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr = False):
     """acc: fp32 [BLOCK_M, BLOCK_N] tile of output channels offs_n (< N valid); res_ptrs: the
     residual's [BLOCK_M, BLOCK_N] pointers (unused without HAS_RESIDUAL); mask: valid elements."""
+    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0) if HAS_BIAS else None
+    res = tl.load(res_ptrs, mask=mask, other=0.0) if HAS_RESIDUAL else None
+    return finish(acc, bias, res, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH)
+
+
+@triton.jit
+def finish(acc, bias, res, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+           RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr,
+           GELU_FIT: tl.constexpr = False):
+    """The epilogue's arithmetic on loaded operands: acc fp32 [BLOCK_M, BLOCK_N], bias [BLOCK_N],
+    res [BLOCK_M, BLOCK_N] (either unused when its flag is off). The Gluon kernels
+    (kernels/gemm_hopper.py), which load their operands their own way, call it as well."""
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
     if HAS_RESIDUAL:
-        res = tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+        res = res.to(tl.float32)
         if RESIDUAL_FIRST:
-            acc = apply_activation(acc + res, ACTIVATION, FAST_MATH)
+            acc = apply_activation(acc + res, ACTIVATION, FAST_MATH, GELU_FIT)
         else:
-            acc = apply_activation(acc, ACTIVATION, FAST_MATH) + res
+            acc = apply_activation(acc, ACTIVATION, FAST_MATH, GELU_FIT) + res
     else:
-        acc = apply_activation(acc, ACTIVATION, FAST_MATH)
+        acc = apply_activation(acc, ACTIVATION, FAST_MATH, GELU_FIT)
     return acc
 
 

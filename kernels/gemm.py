@@ -18,6 +18,7 @@ so weight.t() views (matmul(x, W) written as a Linear) cost no copy.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Optional
 
 import torch
@@ -31,6 +32,7 @@ from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_c
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+log = logging.getLogger("accelc")
 
 
 @triton.jit
@@ -188,6 +190,29 @@ FIT_CONFIGS = [
 CONFIGS += FIT_CONFIGS
 
 
+def gluon_config(bm, bn, bk, stages, consumers, warps) -> triton.Config:
+    """A candidate of the warp-specialized Gluon kernel (kernels/gemm_hopper.py, sm90 only): tiles,
+    ring depth (STAGES), MMA warpgroups (CONSUMERS; num_warps is the first one's). The load warp takes
+    a warpgroup of its own, so 12 warps hold the SM's 64K registers at 168 a thread (maxnreg); the
+    launcher moves them to the MMA warps (232) from the load warp (40) with setmaxnreg."""
+    total = (4 * consumers if consumers > 1 else warps) + 4
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": True,
+                          "PROGRAMS_PER_SM": 1, "GLUON": True, "STAGES": stages, "CONSUMERS": consumers},
+                         num_warps=warps, num_stages=1, maxnreg=168 if total > 8 else None)
+
+
+# The Gluon candidates (sm90): two consumers of 128 x 128 tiles in ping-pong (CUTLASS's default fp16
+# schedule on H100), one 8-warp consumer of 128 x 256 / 256 x 128, and narrower tiles (tile sides
+# are powers of two: 128 x 192, one wave for N = 768 layers, does not build). H100, 2026-11-23
+# (bench/results/gemm_hopper-*): at 4096 x 4096 x 16384 the 128 x 256 one ran 727 us alone
+# (cuBLAS 771 in the rounds), ping-pong 128 x 128 784 us, 64 x 256 ping-pong 858 us.
+GLUON_CONFIGS = [
+    gluon_config(128, 128, 64, 4, 2, 4), gluon_config(128, 256, 64, 3, 1, 8), gluon_config(64, 256, 64, 4, 2, 4),
+    gluon_config(128, 128, 64, 5, 1, 8), gluon_config(128, 64, 64, 6, 2, 4), gluon_config(256, 128, 64, 3, 1, 8),
+]
+CONFIGS += GLUON_CONFIGS
+
+
 def prune_configs(configs, sizes):
     """Only tiles whose height suits M (tall tiles on tiny M compute padding, short ones on
     large M re-read the weight too often), no wider than N and no deeper than K need (rounded up
@@ -208,6 +233,8 @@ def prune_configs(configs, sizes):
             and c.kwargs["BLOCK_N"] <= max(n_fit, 32) and c.kwargs["BLOCK_K"] <= k_fit]
     if not sizes["tma"]:
         keep = [c for c in keep if not c.kwargs["USE_TMA"]]
+    if not sizes.get("gluon"):
+        keep = [c for c in keep if not c.kwargs.get("GLUON")]
     return keep or [default_config(sizes)]
 
 
@@ -225,7 +252,7 @@ def interpreter_config(sizes) -> triton.Config:
 
 
 TUNER = Tuner("linear", linear_kernel, CONFIGS, prune=prune_configs, default=default_config,
-              interpreter=interpreter_config)
+              interpreter=interpreter_config, other_kernels=lambda: _gluon_kernels())
 
 
 @functools.lru_cache(maxsize=None)
@@ -355,33 +382,87 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
         )
 
+        gluon = quant == 0 and not gated and use_tma and gluon_problem(x2, res2, out) is None
+
         def grid(kw):
             # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer
             # programs (and every program in the interpreter) take one tile each
             tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
             return (min(tiles, sms * kw["PROGRAMS_PER_SM"]) if (sms and kw["USE_TMA"]) else tiles,)
 
+        def plan(kw):
+            """(kernel, its constexprs and launch options) for a config's kwargs."""
+            if kw.get("GLUON"):
+                return _hopper().linear_ws_kernel, dict(
+                    HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
+                    ACTIVATION=meta["ACTIVATION"], W_T=meta["W_T"], STAGES=kw["STAGES"], GROUP_M=kw["GROUP_M"],
+                    CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232, num_warps=kw["num_warps"],
+                    maxnreg=kw.get("maxnreg"))
+            return linear_kernel, dict(meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
+
         def run(cfg):
             kw = cfg.all_kwargs()
-            if kw["USE_TMA"] and not use_tma:
+            if kw["USE_TMA"] and not use_tma or kw.get("GLUON") and not gluon:
                 raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
-            linear_kernel[grid(kw)](*kernel_args(kw, tensors), **meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
+            kernel, constexprs = plan(kw)
+            kernel[grid(kw)](*kernel_args(kw, tensors), **constexprs)
 
         if config is not None:
             run(config)
             return
         # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
-        key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype)
-        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype), run)
+        key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype) + (("gluon",) if gluon else ())
+        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon), run)
         kw = cfg.all_kwargs()
-        tuner.calls[sig] = (CompiledCall(linear_kernel, grid(kw), kernel_args(kw, tensors),
-                                         dict(meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)), kw)
+        kernel, constexprs = plan(kw)
+        tuner.calls[sig] = (CompiledCall(kernel, grid(kw), kernel_args(kw, tensors), constexprs), kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_import():
+    """(kernels.gemm_hopper, None), or (None, why it cannot be imported): Gluon is experimental and
+    its API moves between Triton releases, so a Triton that cannot build it keeps the tl kernel."""
+    try:
+        from accelc.kernels import gemm_hopper
+        return gemm_hopper, None
+    except Exception as e:  # ImportError / AttributeError from another Triton's Gluon
+        reason = f"the Gluon GEMM does not build with triton {triton.__version__} ({type(e).__name__}: {e})"
+        log.info("accelc: %s; accelc::linear uses its tl kernel", reason)
+        return None, reason
+
+
+def _hopper():
+    return _hopper_import()[0]
+
+
+def _gluon_kernels() -> list:
+    """The Gluon kernels the tuner's candidates may launch (their source is part of its cache key)."""
+    hopper = _hopper()
+    return [hopper.linear_ws_kernel] if hopper else []
+
+
+def gluon_problem(x2, res2, out) -> str | None:
+    """Why the warp-specialized Gluon kernel (kernels/gemm_hopper.py) cannot take this float call, or
+    None. (Its x and weight loads are those of the tl kernel's TMA configs, checked by the caller.)"""
+    if runtime.interpreted() or not x2.is_cuda:
+        return "Gluon kernels need a GPU (the interpreter runs tl kernels only)"
+    if torch.cuda.get_device_capability(x2.device) != (9, 0):
+        return "the Gluon GEMM is written for sm90 (Hopper)"
+    if x2.dtype not in (torch.float16, torch.bfloat16):
+        return f"the Gluon GEMM takes fp16 / bf16, not {x2.dtype}"
+    if not tma_ok(out) or (res2 is not None and not tma_ok(res2)):
+        return "the output or residual rows are not 16-byte aligned for the copy engine"
+    return _hopper_import()[1]
 
 
 def kernel_args(kw, tensors) -> tuple:
     """linear_kernel's positional arguments for a config's kwargs and the operands: TMA
     descriptors (boxes: the config's tiles) where the config loads by TMA, else the tensors."""
     x2, weight, bias, res, out, a_scale, w_scale = tensors
+    if kw.get("GLUON"):
+        descs = _hopper().descriptors(x2, weight, None if res is out else res, out, kw["BLOCK_M"], kw["BLOCK_N"],
+                                      kw["BLOCK_K"], weight.stride(1) != 1)
+        return (*descs, bias, x2.shape[0], weight.shape[0], x2.shape[1])
     tma = kw["USE_TMA"]
     if not tma:
         w_desc = weight

@@ -146,7 +146,8 @@ def test_weight_stored_in_by_out_is_loaded_by_columns(k, n, by_columns):
     out = torch.ops.accelc.linear(x, w, b, r, activation="gelu")
     assert_close_to_ref(out, _ref(x, w, b, r, "gelu"), _eager(x, w, b, r, "gelu"), torch.float16, 1e-2, 1e-2)
     # the tuning key (rows bucket, N, K, use_tma, W_T, dtypes): loaded as expected
-    assert (64, n, k, by_columns, by_columns, torch.float16, torch.float16) in gemm.TUNER.chosen
+    # (on sm90 the key ends with "gluon" where the Gluon kernel races too)
+    assert any(key[:7] == (64, n, k, by_columns, by_columns, torch.float16, torch.float16) for key in gemm.TUNER.chosen)
 
 
 def _sizes(m, k, n, tma=True):

@@ -160,3 +160,21 @@ def test_a_profiler_tunes_for_this_process_only(fake_gpu, monkeypatch, tmp_path,
     assert tuning.profiler() is None
     _tuner().pick(key, {"M": 1024}, lambda c: None)                          # unwatched: tuned and written
     assert len(fake_gpu) == len(CONFIGS) and len(list((tmp_path / "tuning").iterdir())) == 2
+
+
+def test_the_other_kernels_source_keys_the_cache(fake_gpu):
+    """A tuner whose candidates launch a second kernel (the Gluon GEMM beside the tl one): a change to
+    that kernel's source is a new cache file, as a change to the first one's is."""
+    class _Other:
+        def __init__(self, src):
+            self.src = src
+
+    def tuner(other_src):
+        return tuning.Tuner("fake", _Kernel(), CONFIGS, default=lambda s: CONFIGS[0], interpreter=lambda s: CONFIGS[1],
+                            other_kernels=lambda: [_Other(other_src)])
+
+    key = (128, "fp16")
+    same = tuner("def other(x): ...")._cache_file(key), tuner("def other(x): ...")._cache_file(key)
+    assert same[0] == same[1]
+    assert tuner("def other(x): return x")._cache_file(key) != same[0]
+    assert _tuner()._cache_file(key) != same[0]

@@ -1,0 +1,107 @@
+"""Compile the Gluon GEMM's candidates for sm90 on a machine without a GPU, and read what ptxas made of
+them: registers, stack (spills), shared memory, and the count of wgmma (HGMMA) instructions in the SASS.
+
+    TRITON_INTERPRET=0 python bench/gluon_compile.py [--configs 0,1] [--json]
+
+Triton compiles for the target its active driver names; a stand-in driver that names sm90 lets the
+whole pipeline (Gluon -> TTGIR -> LLVM -> PTX -> ptxas -> cubin) run here, with the ptxas and cuobjdump
+that ship inside the triton wheel. What cannot be known without the GPU: whether it runs, and how
+fast. Used to catch a kernel the installed Triton cannot build (tests/test_gemm_hopper.py runs it in a
+subprocess) and to read spills before spending device time (kernels/epilogue.py's GELU_FIT: libdevice's
+erf spilled 736 bytes a thread in the 4-warp consumers, the branch-free fit nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"      # before accelc: kernels compile, they are not interpreted
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+
+class Sm90Driver:
+    """The parts of Triton's active driver that compiling (not launching) asks for."""
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def is_active(self):
+        return True
+
+
+# (epilogue, residual, weight stored (K, N)) per case: what each candidate is built with
+CASES = [("gelu", True, False), ("gelu_tanh", False, True)]
+
+
+def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dtype=torch.float16) -> dict:
+    from accelc.kernels import gemm, gemm_hopper
+    from accelc.kernels.epilogue import activation_code
+
+    kw = gemm.GLUON_CONFIGS[index].all_kwargs()
+    M, N, K = 4096, 4096, 4096
+    x = torch.empty(M, K, dtype=dtype)
+    w = torch.empty(K, N, dtype=dtype).t() if w_t else torch.empty(N, K, dtype=dtype)
+    out = torch.empty(M, N, dtype=dtype)
+    res = torch.empty(M, N, dtype=dtype) if residual else None
+    descs = gemm_hopper.descriptors(x, w, res, out, kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], w_t)
+    compiled = gemm_hopper.linear_ws_kernel.warmup(
+        *descs, torch.empty(N, dtype=dtype), M, N, K, True, residual, False, activation_code(activation), w_t,
+        kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"),
+        grid=(132,))
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return {"config": index, "activation": activation, "residual": residual, "w_t": w_t, "dtype": str(dtype),
+            "registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None,
+            "shared_bytes": compiled.metadata.shared, "hgmma": sass.count("HGMMA"), "spill_stores": sass.count("STL")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="", help="indices into gemm.GLUON_CONFIGS (default: all)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = ap.parse_args()
+    triton.runtime.driver.set_active(Sm90Driver())
+    from accelc.kernels import gemm
+
+    module, reason = gemm._hopper_import()
+    if module is None:
+        print(json.dumps({"error": reason}) if args.json else reason)
+        return 1
+    indices = [int(i) for i in args.configs.split(",")] if args.configs else range(len(gemm.GLUON_CONFIGS))
+    failed = 0
+    for i in indices:
+        for activation, residual, w_t in CASES:
+            try:
+                row = compile_candidate(i, activation, residual, w_t)
+            except Exception as e:   # a build failure is the answer here
+                row = {"config": i, "activation": activation, "error": f"{type(e).__name__}: {str(e)[-300:]}"}
+                failed += 1
+            print(json.dumps(row) if args.json else row, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
