@@ -47,6 +47,108 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
+def _dot(a, b, acc, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    if DOT_IN_FP32:   # the interpreter's bf16 tl.dot workaround, see kernels/gemm.py
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+
+@triton.jit
+def _rect_gather(acc, x_desc, w_desc, it_lo, it_hi, C, pad_h, pad_w, dil_h, dil_w, image, oh0, ow0, pid_n,
+                 S: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """RECT (stride 1, aligned NHWC): each tap's input patch is the output rectangle shifted by the
+    tap, one rectangular box of the NHWC tensor; the copy engine zero-fills what falls outside the
+    image (the padding, negative coordinates included), so no masks. Channels past C are zero in x,
+    so the weight columns they meet (the next tap's) contribute nothing. One flat loop over (tap,
+    channel block), so the pipeline runs on across taps."""
+    n_c = tl.cdiv(C, BLOCK_K)
+    for it in range(it_lo, it_hi):
+        tap = it // n_c
+        c0 = (it - tap * n_c) * BLOCK_K
+        h_in = oh0 - pad_h + (tap // S) * dil_h
+        w_in = ow0 - pad_w + (tap % S) * dil_w
+        a = tl.reshape(x_desc.load([image, h_in, w_in, c0]), [BLOCK_M, BLOCK_K])
+        b = w_desc.load([pid_n * BLOCK_N, tap * C + c0]).T
+        acc = _dot(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
+    return acc
+
+
+@triton.jit
+def _rows_gather(acc, x_img, w_rows, oh, ow, m_ok, n_ok, stride_h, stride_w, dil_h, sx_h,
+                 S: tl.constexpr, TAPS: tl.constexpr, ROW_CP: tl.constexpr, ROW_SP: tl.constexpr,
+                 ROW_ALIGN: tl.constexpr, ROW_STEP: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 DOT_IN_FP32: tl.constexpr):
+    """ROWS (few channels, an RGB stem): x and the weight are the padded copies made by
+    _pad_rows_kernel: x (N, Hp, Wp, ROW_CP) with the conv's zero padding around it, the weight (K,
+    R, ROW_SP, ROW_CP) (RSC its row length), both contiguous and zero past S and C. Kernel row r of
+    output pixel (oh, ow) then reads ROW_SP pixels x ROW_CP channels = ROW_K contiguous elements from
+    (oh * stride_h + r * dil_h, ow * stride_w), and the weight's row r is ROW_K contiguous elements:
+    16-byte aligned, unmasked vector loads, no per-element index math, one tensor-core K step per
+    kernel row. ROW_STEP kernel rows a K step (the last step's rows past R masked)."""
+    ROW_K: tl.constexpr = ROW_SP * ROW_CP
+    kr = tl.arange(0, ROW_STEP * ROW_K)
+    dr = kr // ROW_K                       # the row within the step
+    kx = kr % ROW_K                        # the element within the row's run
+    x_row = x_img + (oh * stride_h) * sx_h + tl.multiple_of(ow * (stride_w * ROW_CP), ROW_ALIGN)
+    R_ROWS = TAPS // S
+    for r in range(0, R_ROWS, ROW_STEP):
+        row_ok = (r + dr) < R_ROWS
+        a = tl.load(x_row[:, None] + ((r + dr) * dil_h * sx_h + kx)[None, :],
+                    mask=m_ok[:, None] & row_ok[None, :], other=0.0)
+        # the run's pixels past S meet zero weights; zeroed so an inf there gives no NaN
+        a = tl.where((kx // ROW_CP < S)[None, :], a, 0.0)
+        b = tl.load(w_rows[None, :] + (r * ROW_K + kr)[:, None], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
+    return acc
+
+
+@triton.jit
+def _flat_k_gather(acc, x_img, w_rows, ih0, iw0, m_ok, n_ok, C, H, W, RSC, dil_h, dil_w, sx_c, sx_h, sx_w,
+                   S: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """FLAT_K (C < 16, dilated along W): pointer loads over the flattened (r, s, c) index, so that
+    the tensor cores are not fed mostly padding."""
+    offs_k = tl.arange(0, BLOCK_K)
+    for k0 in range(0, RSC, BLOCK_K):
+        kk = k0 + offs_k
+        k_ok = kk < RSC
+        c = kk % C
+        r = (kk // C) // S
+        s = (kk // C) % S
+        ih = ih0[:, None] + r[None, :] * dil_h
+        iw = iw0[:, None] + s[None, :] * dil_w
+        a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        a = tl.load(x_img[:, None] + c[None, :] * sx_c + ih * sx_h + iw * sx_w, mask=a_ok, other=0.0)
+        b = tl.load(w_rows[None, :] + kk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
+    return acc
+
+
+@triton.jit
+def _taps_gather(acc, x_img, w_rows, ih0, iw0, m_ok, n_ok, it_lo, it_hi, C, H, W, dil_h, dil_w, sx_c, sx_h, sx_w,
+                 S: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """taps (C >= 16): pointer loads tap by tap, BLOCK_K channels at a time, contiguous along C; one
+    flat loop over (tap, channel block), as in the RECT path."""
+    offs_k = tl.arange(0, BLOCK_K)
+    n_c = tl.cdiv(C, BLOCK_K)
+    for it in range(it_lo, it_hi):
+        tap = it // n_c
+        c = (it - tap * n_c) * BLOCK_K + offs_k
+        ih = ih0 + (tap // S) * dil_h
+        iw = iw0 + (tap % S) * dil_w
+        pix_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        c_ok = c < C
+        a = tl.load((x_img + ih * sx_h + iw * sx_w)[:, None] + c[None, :] * sx_c,
+                    mask=pix_ok[:, None] & c_ok[None, :], other=0.0)
+        b = tl.load(w_rows[None, :] + (tap * C + c)[:, None], mask=c_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot(a, b, acc, INPUT_PRECISION, DOT_IN_FP32)
+    return acc
+
+
+@triton.jit
 def _conv_kernel(
     # pointers (x_desc: TMA descriptor of x as (N, H, W, C), w_desc: of the packed weight as
     # (K, R*S*C); placeholders unless RECT_OK)
@@ -67,7 +169,8 @@ def _conv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT: tl.constexpr, ROW_STEP: tl.constexpr,
 ):
-    offs_k = tl.arange(0, BLOCK_K)
+    """The implicit GEMM: which output pixels and channels this program computes, one of the four
+    gathers above for the reduction, then the epilogue (or, SPLIT > 1, the slice's partial sum)."""
     # SPLIT > 1 (few output tiles, a long reduction: batch 1-8 at 14x14 / 7x7): program axis 1
     # takes one of SPLIT contiguous slices of the (tap, channel block) loop and stores its fp32
     # partial sum to out_ptr (the slices' buffer); _splitk_reduce adds them in slice order and
@@ -111,82 +214,18 @@ def _conv_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if RECT:
-        # stride 1: each tap's input patch is the output rectangle shifted by the tap, one
-        # rectangular box of the NHWC tensor; the copy engine zero-fills what falls outside the
-        # image (the padding, negative coordinates included), so no masks. Channels past C are
-        # zero in x, so the weight columns they meet (the next tap's) contribute nothing.
-        # One flat loop over (tap, channel block), so the pipeline runs on across taps.
-        n_c = tl.cdiv(C, BLOCK_K)
-        for it in range(it_lo, it_hi):
-            tap = it // n_c
-            c0 = (it - tap * n_c) * BLOCK_K
-            h_in = oh0 - pad_h + (tap // S) * dil_h
-            w_in = ow0 - pad_w + (tap % S) * dil_w
-            a = tl.reshape(x_desc.load([pid_m // (tiles_h * tiles_w), h_in, w_in, c0]), [BLOCK_M, BLOCK_K])
-            b = w_desc.load([pid_n * BLOCK_N, tap * C + c0]).T
-            if DOT_IN_FP32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = _rect_gather(acc, x_desc, w_desc, it_lo, it_hi, C, pad_h, pad_w, dil_h, dil_w,
+                           pid_m // (tiles_h * tiles_w), oh0, ow0, pid_n, S, INPUT_PRECISION, DOT_IN_FP32,
+                           BLOCK_M, BLOCK_N, BLOCK_K)
     elif ROW_CP:
-        # ROWS (few channels, an RGB stem): x and the weight are the padded copies made by
-        # _pad_rows_kernel: x (N, Hp, Wp, ROW_CP) with the conv's zero padding around it, the
-        # weight (K, R, ROW_SP, ROW_CP) (RSC its row length), both contiguous and zero past S and C.
-        # Kernel row r of output pixel (oh, ow) then reads ROW_SP pixels x ROW_CP channels =
-        # ROW_K contiguous elements from (oh * stride_h + r * dil_h, ow * stride_w), and the
-        # weight's row r is ROW_K contiguous elements: 16-byte aligned, unmasked vector loads, no
-        # per-element index math, one tensor-core K step per kernel row.
-        # ROW_STEP kernel rows a K step (the last step's rows past R masked)
-        ROW_K: tl.constexpr = ROW_SP * ROW_CP
-        kr = tl.arange(0, ROW_STEP * ROW_K)
-        dr = kr // ROW_K                       # the row within the step
-        kx = kr % ROW_K                        # the element within the row's run
-        x_row = x_img + (oh * stride_h) * sx_h + tl.multiple_of(ow * (stride_w * ROW_CP), ROW_ALIGN)
-        R_ROWS = TAPS // S
-        for r in range(0, R_ROWS, ROW_STEP):
-            row_ok = (r + dr) < R_ROWS
-            a = tl.load(x_row[:, None] + ((r + dr) * dil_h * sx_h + kx)[None, :],
-                        mask=m_ok[:, None] & row_ok[None, :], other=0.0)
-            # the run's pixels past S meet zero weights; zeroed so an inf there gives no NaN
-            a = tl.where((kx // ROW_CP < S)[None, :], a, 0.0)
-            b = tl.load(w_rows[None, :] + (r * ROW_K + kr)[:, None], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
-            if DOT_IN_FP32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = _rows_gather(acc, x_img, w_rows, oh, ow, m_ok, n_ok, stride_h, stride_w, dil_h, sx_h, S, TAPS,
+                           ROW_CP, ROW_SP, ROW_ALIGN, ROW_STEP, INPUT_PRECISION, DOT_IN_FP32)
     elif FLAT_K:
-        for k0 in range(0, RSC, BLOCK_K):
-            kk = k0 + offs_k
-            k_ok = kk < RSC
-            c = kk % C
-            r = (kk // C) // S
-            s = (kk // C) % S
-            ih = ih0[:, None] + r[None, :] * dil_h
-            iw = iw0[:, None] + s[None, :] * dil_w
-            a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            a = tl.load(x_img[:, None] + c[None, :] * sx_c + ih * sx_h + iw * sx_w, mask=a_ok, other=0.0)
-            b = tl.load(w_rows[None, :] + kk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if DOT_IN_FP32:  # the interpreter's bf16 tl.dot workaround, see kernels/gemm.py
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = _flat_k_gather(acc, x_img, w_rows, ih0, iw0, m_ok, n_ok, C, H, W, RSC, dil_h, dil_w, sx_c, sx_h, sx_w,
+                             S, INPUT_PRECISION, DOT_IN_FP32, BLOCK_K)
     else:
-        # one flat loop over (tap, channel block), as in the RECT path
-        n_c = tl.cdiv(C, BLOCK_K)
-        for it in range(it_lo, it_hi):
-            tap = it // n_c
-            c = (it - tap * n_c) * BLOCK_K + offs_k
-            ih = ih0 + (tap // S) * dil_h
-            iw = iw0 + (tap % S) * dil_w
-            pix_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            c_ok = c < C
-            a = tl.load((x_img + ih * sx_h + iw * sx_w)[:, None] + c[None, :] * sx_c,
-                        mask=pix_ok[:, None] & c_ok[None, :], other=0.0)
-            b = tl.load(w_rows[None, :] + (tap * C + c)[:, None], mask=c_ok[:, None] & n_ok[None, :], other=0.0)
-            if DOT_IN_FP32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = _taps_gather(acc, x_img, w_rows, ih0, iw0, m_ok, n_ok, it_lo, it_hi, C, H, W, dil_h, dil_w,
+                           sx_c, sx_h, sx_w, S, INPUT_PRECISION, DOT_IN_FP32, BLOCK_K)
 
     mask = m_ok[:, None] & n_ok[None, :]
     out_ptrs = out_ptr + (img * so_n + oh * so_h + ow * so_w)[:, None] + offs_n[None, :] * so_c
