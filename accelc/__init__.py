@@ -16,8 +16,10 @@ from accelc.api import optimize
 from accelc.config import Int8Config, OptimizeConfig, PRESETS
 from accelc.convert import convert
 from accelc.errors import AccelcError, CaptureError, ModelFileError, PassError
-from accelc.optimized import LayerRecord, OptimizedModule
-from accelc.report import Report, report
+from accelc.optimized import OptimizedModule
+from accelc.records import LayerRecord
+from accelc.report import report
+from accelc.report_rows import Report
 from accelc.serialize import load, save
 from accelc.version import __version__
 

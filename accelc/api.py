@@ -19,7 +19,8 @@ from accelc.flops import node_flops
 from accelc.latency import layer_ms
 from accelc.errors import AccelcError, InputError, short_error
 from accelc.numerics import rel_l2, sqnr_db
-from accelc.optimized import OptimizeInfo, OptimizedModule, collect_layers
+from accelc.optimized import OptimizedModule, collect_layers
+from accelc.records import OptimizeInfo
 from accelc.pipeline import run_passes
 from accelc.rewrite import PassContext, layers
 
@@ -53,15 +54,15 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     (buffers it updates in forward keep their values) and its mode is not changed (the copy runs
     in eval mode: accelc optimizes for inference).
     """
-    job = prepare(model, example_inputs, config, calibration, stacklevel=3, example_kwargs=example_kwargs)
+    job = make_job(model, example_inputs, config, calibration, stacklevel=3, example_kwargs=example_kwargs)
     runtime.warn_if_interpreted(stacklevel=2)
-    return optimize_prepared(job)
+    return optimize_job(job)
 
 
 @dataclass
 class Job:
     """A model and its inputs made ready for optimizing: in the config's dtype, in eval mode. The
-    report times this same model against what optimize_prepared made of it."""
+    report times this same model against what optimize_job made of it."""
     model: nn.Module
     args: tuple
     config: OptimizeConfig
@@ -70,7 +71,7 @@ class Job:
     kwargs: dict = field(default_factory=dict)
 
 
-def prepare(model: nn.Module, example_inputs, config=None, calibration=None, stacklevel: int = 2,
+def make_job(model: nn.Module, example_inputs, config=None, calibration=None, stacklevel: int = 2,
             copy_model: bool = True, example_kwargs: dict | None = None) -> Job:
     """The checks and conversions of optimize() before capture (see there). copy_model=False:
     the caller gives up `model` (a model loaded from a file), so it is not copied."""
@@ -129,7 +130,7 @@ def check_example_inputs(args: tuple, kwargs: dict | None = None) -> None:
                              "on the example inputs, so give finite ones (real data, or torch.randn)")
 
 
-def optimize_prepared(job: Job) -> OptimizedModule:
+def optimize_job(job: Job) -> OptimizedModule:
     """Capture, passes, guard and warm-up of a prepared model. Optimizing runs the model's
     forward many times; buffers that forward updates in place get back the values they had
     before, so the optimized module starts from the model's state."""
@@ -156,7 +157,7 @@ def optimize_prepared(job: Job) -> OptimizedModule:
 
 def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,
                    device: torch.device, calibration: list | None = None) -> OptimizedModule:
-    """Passes and guard on a prepared graph (accelc.capture.prepare) whose output on `args` is
+    """Passes and guard on a captured graph in canonical form (accelc.capture.make_canonical) whose output on `args` is
     `expected`."""
     ctx = PassContext(config, args, calibration if calibration is not None else [args], device)
     model_bytes = tensor_bytes([gm])

@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from accelc import runtime
 from accelc.api import device_of, optimize_graph
-from accelc.capture import prepare
+from accelc.capture import make_canonical
 from accelc.config import OptimizeConfig
 from accelc.runtime import resolve_glue
 
@@ -35,7 +35,7 @@ def accelc_backend(gm: fx.GraphModule, example_inputs: list, options: dict | Non
         return gm.forward
     runtime.warn_if_interpreted(stacklevel=2)
     device = device_of(gm, args)
-    expected = prepare(gm, args)
+    expected = make_canonical(gm, args)
     opt = optimize_graph(gm, args, config, "torch.compile (Dynamo)", expected, device)
     on_gpu = runtime.can_time(device)
     if resolve_glue(config.glue, on_gpu) == "inductor":

@@ -24,7 +24,7 @@ from accelc.config import Int8Config
 from accelc.convert import load_model_and_inputs
 from accelc.errors import CaptureError
 from accelc.files import check_output_folder
-from accelc.report import FORMATS
+from accelc.report_rows import FORMATS
 
 
 # one rule for every command and the Python API: the model runs in its own dtype unless asked

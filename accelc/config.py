@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from accelc.pipeline import PASS_NAMES
+from accelc.numerics import REL_L2_FLOOR
 
 # Names accepted for `dtype`, as the CLI and configs spell them.
 DTYPES = {
@@ -15,17 +15,22 @@ DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
 }
 
-# Guard floor: largest relative L2 error (||out - ref|| / ||ref||, ref in higher precision) a
-# rewritten layer may have whatever eager's own error is. fp16 rounds at 2^-11 ~ 4.9e-4 and bf16
-# at 2^-8 ~ 3.9e-3 per element; a layer's error is a few roundings. fp32 "ieee" accumulates in
-# fp32 like eager; "tf32" rounds operands to 10 mantissa bits, about fp16's error.
 GLUES = ("auto", "inductor", "eager")
 
+# The passes, in the order the pipeline runs them (accelc/pipeline.py holds the passes themselves
+# and checks that their names are these): data here, so that a config needs no pass or kernel.
+PASS_NAMES = ("fold_bn", "conv_gemm", "rotary", "attention", "gated_mlp", "sibling_linears", "linear_act", "norms",
+              "int8")
+
+# Guard floor: largest relative L2 error (||out - ref|| / ||ref||, ref in higher precision) a
+# rewritten layer may have whatever eager's own error is: numerics.REL_L2_FLOOR for half
+# precisions. fp32 "ieee" accumulates in fp32 like eager, in another order over reductions of
+# thousands (1e-4); "tf32" rounds operands to 10 mantissa bits, about fp16's error.
 DEFAULT_TOLERANCES = {
     torch.float32: 1e-4,
-    "tf32": 2e-3,
-    torch.float16: 2e-3,
-    torch.bfloat16: 1.6e-2,
+    "tf32": REL_L2_FLOOR[torch.float16],
+    torch.float16: REL_L2_FLOOR[torch.float16],
+    torch.bfloat16: REL_L2_FLOOR[torch.bfloat16],
 }
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from accelc import models
-from accelc.api import optimize_prepared, prepare
+from accelc.api import make_job, optimize_job
 from accelc.config import OptimizeConfig
 from accelc.errors import ModelFileError, short_error
 from accelc.files import check_output_file, check_output_folder, write_text
@@ -190,8 +190,8 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
                            if isinstance(a, torch.Tensor))
         raise ModelFileError(f"the model's forward failed on inputs of shape {shapes}: {short_error(e)}") from e
 
-    job = prepare(model, args, config, copy_model=False, example_kwargs=kwargs)   # loaded here: nobody else holds it
-    opt = optimize_prepared(job)
+    job = make_job(model, args, config, copy_model=False, example_kwargs=kwargs)   # loaded here: nobody else holds it
+    opt = optimize_job(job)
     log.info(f"accelc: writing {out}")
     save(opt, out)
     if report_dir:

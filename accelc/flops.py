@@ -17,7 +17,7 @@ from torch import fx
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
 from accelc import meta
-from accelc.rewrite import attr_value
+from accelc.meta import attr_value
 
 accelc_ops = torch.ops.accelc
 

@@ -36,7 +36,7 @@ import dataclasses
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx
@@ -44,77 +44,89 @@ from torch.utils import _pytree as pytree
 
 from accelc import meta, runtime, tuning
 from accelc.latency import layer_ms
+from accelc.layer_runner import LayerRunner
 from accelc.numerics import error_stats, same_values, sqnr_db
+from accelc.records import LayerCheck
 from accelc.rewrite import demote, forget_replacements, layers, revert
 
 log = logging.getLogger("accelc")
 
 
 @dataclass
-class LayerCheck:
-    passed: bool
-    rel_error: float          # accelc vs higher-precision reference, relative L2
-    eager_rel_error: float    # eager PyTorch vs the same reference
-    max_abs_error: float
-    tolerance: float
-    input_shapes: tuple
-    dtype: torch.dtype | None
-    reason: str = ""
-    sqnr_db: float = math.nan       # vs the same reference
+class _Verdicts:
+    """What settle's phases hand on: the layers that stay accelc's so far, with their checks; the
+    checks of the layers put back, by name; the layers moved to their float kernel, to check again."""
+    passed: dict = field(default_factory=dict)     # fx.Node -> LayerCheck
+    put_back: dict = field(default_factory=dict)   # layer name -> LayerCheck
+    recheck: set = field(default_factory=set)      # fx.Node
 
 
 def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
     """Check, revert, demote, choose int8 or float, check again, keep only what is faster
     (module docstring); returns {layer name: its final check} for every layer checked, reverted
     and kept ones included."""
-    config, args = ctx.config, ctx.example_inputs
-    final: dict[fx.Node, LayerCheck] = {}
-    put_back: dict[str, LayerCheck] = {}
-    again: set = set()
-    for node, check in (check_layers(gm, args, config, seconds=ctx.seconds) if config.guard else {}).items():
-        rw = meta.rewrite_of(node)
-        if check.passed:
-            final[node] = check
-        elif rw.fallback is not None:
-            again.add(demote(gm, node, f"{check.reason}: float kernel instead"))
-        else:
-            put_back[rw.layer] = check
-            revert(gm, node, check.reason)
-    timed = runtime.can_time(ctx.device)
-    if timed and config.int8 is not None and config.int8.only_if_faster:
-        int8 = [n for n in layers(gm) if meta.rewrite_of(n).quantized and meta.rewrite_of(n).fallback is not None]
-        for node, (t8, tf) in _race(gm, args, int8, "fallback").items():
-            if t8 < tf:
-                continue
-            check = final.pop(node, None)
-            note = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on the example inputs: float kernel kept "
-                    "(Int8Config.only_if_faster)")
-            again.add(demote(gm, node, f"int8 SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
-    if again and config.guard:
-        for node, check in check_layers(gm, args, config, only=again, seconds=ctx.seconds).items():
-            if check.passed:
-                final[node] = check
-            else:
-                put_back[meta.rewrite_of(node).layer] = check
-                revert(gm, node, check.reason)
-    if timed and config.only_if_faster:
-        t0 = time.perf_counter()
-        race = _race(gm, args, layers(gm), "original")
-        ctx.seconds["timing layers"] = round(time.perf_counter() - t0, 2)
-        for node, (ta, to) in race.items():
-            if ta < to:
-                ctx.eager_ms[meta.rewrite_of(node).layer] = to     # eager time of a layer accelc runs
-                continue
-            rw = meta.rewrite_of(node)
-            if node in final:
-                put_back[rw.layer] = final.pop(node)
-            revert(gm, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch {to * 1e3:.1f} us on the example inputs: "
-                             "PyTorch kept (OptimizeConfig.only_if_faster)", status="kept")
+    v = _Verdicts()
+    if ctx.config.guard:
+        _judge(gm, v, check_layers(gm, ctx.example_inputs, ctx.config, seconds=ctx.seconds), may_demote=True)
+    _choose_int8_or_float(gm, ctx, v)
+    if v.recheck and ctx.config.guard:
+        _judge(gm, v, check_layers(gm, ctx.example_inputs, ctx.config, only=v.recheck, seconds=ctx.seconds),
+               may_demote=False)
+    _keep_the_faster(gm, ctx, v)
     forget_replacements(gm)
     _release_int8_float_weights(gm)
     gm.graph.lint()
     gm.recompile()
-    return {**{meta.rewrite_of(n).layer: c for n, c in final.items()}, **put_back}
+    return {**{meta.rewrite_of(n).layer: c for n, c in v.passed.items()}, **v.put_back}
+
+
+def _judge(gm, v: _Verdicts, checks: dict, may_demote: bool) -> None:
+    """Phases 1 and 3: a layer that passed stays; one that failed goes to its float kernel (to be
+    checked again) where it has one and may_demote, else back to PyTorch."""
+    for node, check in checks.items():
+        rw = meta.rewrite_of(node)
+        if check.passed:
+            v.passed[node] = check
+        elif may_demote and rw.fallback is not None:
+            v.recheck.add(demote(gm, node, f"{check.reason}: float kernel instead"))
+        else:
+            v.put_back[rw.layer] = check
+            revert(gm, node, check.reason)
+
+
+def _choose_int8_or_float(gm, ctx, v: _Verdicts) -> None:
+    """Phase 2 (a GPU, Int8Config.only_if_faster): an int8 layer slower than its float kernel on the
+    example inputs goes to the float kernel (checked again in phase 3)."""
+    config = ctx.config
+    if not (runtime.can_time(ctx.device) and config.int8 is not None and config.int8.only_if_faster):
+        return
+    int8 = [n for n in layers(gm) if meta.rewrite_of(n).quantized and meta.rewrite_of(n).fallback is not None]
+    for node, (t8, tf) in _race(gm, ctx.example_inputs, int8, "fallback").items():
+        if t8 < tf:
+            continue
+        check = v.passed.pop(node, None)
+        note = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on the example inputs: float kernel kept "
+                "(Int8Config.only_if_faster)")
+        v.recheck.add(demote(gm, node, f"int8 SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
+
+
+def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
+    """Phase 4 (a GPU, OptimizeConfig.only_if_faster): each layer against its original PyTorch
+    subgraph on the example inputs; where PyTorch is not slower it stays PyTorch ("kept")."""
+    if not (runtime.can_time(ctx.device) and ctx.config.only_if_faster):
+        return
+    t0 = time.perf_counter()
+    race = _race(gm, ctx.example_inputs, layers(gm), "original")
+    ctx.seconds["timing layers"] = round(time.perf_counter() - t0, 2)
+    for node, (ta, to) in race.items():
+        rw = meta.rewrite_of(node)
+        if ta < to:
+            ctx.eager_ms[rw.layer] = to     # eager time of a layer accelc runs
+            continue
+        if node in v.passed:
+            v.put_back[rw.layer] = v.passed.pop(node)
+        revert(gm, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch {to * 1e3:.1f} us on the example inputs: "
+                         "PyTorch kept (OptimizeConfig.only_if_faster)", status="kept")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,61 +209,36 @@ def _draw(args, gen, batch):
 
 
 def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerCheck]:
+    """One forward pass of the checks: at each layer (all, or those in `only`) the kernel's output
+    against eager's and the higher-precision reference; eager's output flows on."""
     checks: dict[fx.Node, LayerCheck] = {}
     todo = [n for n in layers(gm) if only is None or n in only]
 
-    class _Guard(LayerRunner):
-        def run_node(self, n):
-            rw = meta.rewrite_of(n)
-            if rw is None:
-                return super().run_node(n)
-            ins = [self.env[i] for i in rw.inputs]
-            # .forward: a GraphModule's __call__ prints a traceback to stderr before raising (the
-            # model may not run at another batch size; other_inputs says so in the log)
-            eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
-            if only is not None and n not in only:
-                return eager
-            a, kw = self.fetch_args_kwargs_from_env(n)
-            try:
-                with tuning.task(f"layer {len(checks) + 1}/{len(todo)} {rw.layer}"):
-                    out = n.target(*a, **kw)
-                    again = n.target(*a, **kw) if repeat else out
-            except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
-                cause = (runtime.interpreted() and runtime.interpreter_problem()) or f"{type(e).__name__}: {e}"
-                checks[n] = _failed(ins, eager, config, f"kernel failed: {cause}")
-                return eager
-            checks[n] = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
-            if checks[n].passed and not all(same_values(x, y) for x, y in zip(pytree.tree_leaves(out), pytree.tree_leaves(again))):
-                checks[n] = dataclasses.replace(checks[n], passed=False, reason=(
-                    "non-deterministic: two runs on the same inputs gave different results (a race in the kernel)"))
+    def at_layer(runner, n, rw):
+        ins = runner.layer_inputs(rw)
+        # .forward: a GraphModule's __call__ prints a traceback to stderr before raising (the
+        # model may not run at another batch size; other_inputs says so in the log)
+        eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
+        if only is not None and n not in only:
             return eager
+        a, kw = runner.fetch_args_kwargs_from_env(n)
+        try:
+            with tuning.task(f"layer {len(checks) + 1}/{len(todo)} {rw.layer}"):
+                out = n.target(*a, **kw)
+                again = n.target(*a, **kw) if repeat else out
+        except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
+            cause = (runtime.interpreted() and runtime.interpreter_problem()) or f"{type(e).__name__}: {e}"
+            checks[n] = _failed(ins, eager, config, f"kernel failed: {cause}")
+            return eager
+        checks[n] = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
+        if checks[n].passed and not all(same_values(x, y) for x, y in zip(pytree.tree_leaves(out), pytree.tree_leaves(again))):
+            checks[n] = dataclasses.replace(checks[n], passed=False, reason=(
+                "non-deterministic: two runs on the same inputs gave different results (a race in the kernel)"))
+        return eager
 
     with torch.no_grad():
-        _Guard(gm).run(*args)
+        LayerRunner(gm, at_layer).run(*args)
     return checks
-
-
-class LayerRunner(fx.Interpreter):
-    """fx.Interpreter over a rewritten graph that keeps alive, until a rewritten node has run,
-    every value its original subgraph and its fallback read. The rewritten graph alone may have
-    stopped reading them: `x @ W.T` becomes linear(x, t(W.T)) while the original reads W.T, which
-    plain garbage collection frees once t(W.T) has run."""
-
-    def __init__(self, gm: fx.GraphModule):
-        super().__init__(gm)
-        seen, self.user_to_last_uses = set(), {}
-        for node in reversed(gm.graph.nodes):
-            reads = list(node.all_input_nodes)
-            rw = meta.rewrite_of(node)
-            if rw is not None:
-                reads += rw.inputs
-                if rw.fallback is not None:
-                    reads += [a for a in pytree.tree_leaves((rw.fallback.args, rw.fallback.kwargs))
-                              if isinstance(a, fx.Node)]
-            for n in reads:
-                if n not in seen:
-                    seen.add(n)
-                    self.user_to_last_uses.setdefault(node, []).append(n)
 
 
 def reference(original: fx.GraphModule, ins: list):
@@ -311,17 +298,13 @@ def layer_inputs(gm: fx.GraphModule, args: tuple, model=None) -> dict:
     (int8) read them (accelc.rewrite.Rewrite.eager)."""
     seen = {}
 
-    class _Record(LayerRunner):
-        def run_node(self, n):
-            rw = meta.rewrite_of(n)
-            if rw is None:
-                return super().run_node(n)
-            ins = [self.env[i] for i in rw.inputs]
-            seen[n] = (ins, self.fetch_args_kwargs_from_env(n))
-            return rw.eager(model)(*ins)
+    def at_layer(runner, n, rw):
+        ins = runner.layer_inputs(rw)
+        seen[n] = (ins, runner.fetch_args_kwargs_from_env(n))
+        return rw.eager(model)(*ins)
 
     with torch.no_grad():
-        _Record(gm).run(*args)
+        LayerRunner(gm, at_layer).run(*args)
     return seen
 
 
@@ -336,29 +319,27 @@ def _race(gm, args, nodes, against: str) -> dict:
     nodes = set(nodes)
     calls = {}
 
-    class _Calls(LayerRunner):
-        def run_node(self, n):
-            rw = meta.rewrite_of(n)
-            if n in nodes:
-                a, kw = self.fetch_args_kwargs_from_env(n)
-                if against == "fallback":
-                    fb = rw.fallback
-                    fa, fkw = self.map_nodes_to_values(fb.args, n), self.map_nodes_to_values(fb.kwargs, n)
-                    calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
-                                lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw))
-                else:
-                    ins = [self.env[i] for i in rw.inputs]
-                    if rw.kind == "conv2d":   # x and the residual; the packed weight stays as it is
-                        a = tuple(_channels_last(v) if i in (0, 3) else v for i, v in enumerate(a))
-                        ins = [_channels_last(v) for v in ins]
-                    calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
-                                lambda orig=rw.original, ins=ins: orig(*ins))
-            return super().run_node(n)
+    def at_layer(runner, n, rw):
+        if n in nodes:
+            a, kw = runner.fetch_args_kwargs_from_env(n)
+            if against == "fallback":
+                fb = rw.fallback
+                fa, fkw = runner.map_nodes_to_values(fb.args, n), runner.map_nodes_to_values(fb.kwargs, n)
+                calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
+                            lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw))
+            else:
+                ins = runner.layer_inputs(rw)
+                if rw.kind == "conv2d":   # x and the residual; the packed weight stays as it is
+                    a = tuple(_channels_last(v) if i in (0, 3) else v for i, v in enumerate(a))
+                    ins = [_channels_last(v) for v in ins]
+                calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
+                            lambda orig=rw.original, ins=ins: orig(*ins))
+        return runner.run_as_graph(n)
 
     times = {}
     with torch.no_grad():
         if nodes:
-            _Calls(gm).run(*args)
+            LayerRunner(gm, at_layer).run(*args)
         for n, (ours, theirs) in calls.items():
             device = meta.tensor_meta(n).device
             times[n] = (layer_ms(ours, device, rep_ms=20)[0], layer_ms(theirs, device, rep_ms=20)[0])

@@ -188,3 +188,38 @@ def side_method(device: torch.device | str) -> str:
             "durations summed, via torch.profiler; L2 flushed before each call; median; host cost not "
             "counted); whole model, plain calls as a user makes them (CUDA events around each call, L2 "
             "flushed, median; host cost counted)")
+
+
+def per_call_us(fn: Callable[[], object], n: int, rounds: int = 5, wall: bool = False, warmup: int = 100) -> float:
+    """Median over `rounds` of microseconds per call of `n` back-to-back calls of fn: host time only
+    (wall=False: the GPU is synchronised between rounds, not inside one; on shapes where the GPU
+    keeps up this is the host's cost), or the GPU's work included (wall=True: synchronised at the
+    end of each round)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if wall:
+            torch.cuda.synchronize()
+        per.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per)
+
+
+def back_to_back_ms(fn: Callable[[], object], rounds: int = 7, budget_s: float = 0.25) -> float:
+    """ms per call of a whole model called back to back: the median over `rounds` rounds of about
+    budget_s each (per_call_us, wall time), the GPU synchronised at the end of each round. The same
+    for every side of a whole-model comparison (eager, torch.compile, ONNX Runtime, accelc)."""
+    with torch.no_grad():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        n = max(3, min(200, int(budget_s / max(time.perf_counter() - t0, 1e-5))))
+        return per_call_us(fn, n, rounds, wall=True, warmup=0) / 1e3

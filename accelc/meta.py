@@ -14,6 +14,7 @@ The graph module's own meta holds REPLACED during a pass (accelc.rewrite.replace
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -108,3 +109,8 @@ def op_name(n: fx.Node) -> str:
         return str(n.target)
     name = getattr(n.target, "__name__", str(n.target))
     return name.split(".")[0]
+
+
+def attr_value(gm: fx.GraphModule, node: fx.Node):
+    """The parameter / buffer a get_attr node reads ("layer1.0.conv1.weight")."""
+    return functools.reduce(getattr, node.target.split("."), gm)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import torch
 from torch import fx, nn
@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 from accelc import meta
 from accelc.config import OptimizeConfig
 from accelc.errors import InputError
-from accelc.guard import LayerCheck
+from accelc.records import LayerRecord, OptimizeInfo
 from accelc.runner import make_runner
 from accelc.rewrite import layers as layer_nodes
 from accelc.meta import op_name
@@ -25,64 +25,6 @@ _GLUE = {
     "half", "_guards_fn", "_assert_tensor_metadata", "_assert_scalar", "alias", "detach",
     "floordiv", "rsub", "slice", "select", "narrow", "arange", "logical_not", "unbind", "_assert_is_none",
 }
-
-
-@dataclass
-class LayerRecord:
-    """One layer of the summary, and of the latency report (which adds timings to it)."""
-    name: str                       # module path of the node group, e.g. "blocks.0.fc1+gelu"
-    kind: str                       # "linear" for rewrites; the op or module type for kept ones
-    status: str                     # "rewritten" | "reverted" | "kept"
-    kernel: str = ""                # e.g. "accelc::linear[gelu]"
-    reason: str = ""                # why kept or reverted
-    check: LayerCheck | None = None     # the guard's, for rewritten and reverted layers
-    input_shapes: tuple = ()        # kept layers (the others': their check's)
-    dtype: str = ""                 # kept layers (the others': their check's)
-    flops: int = 0                  # per call on the example inputs (accelc.flops)
-
-    def __post_init__(self):
-        if self.check is not None:
-            self.input_shapes = self.check.input_shapes
-            self.dtype = str(self.check.dtype).replace("torch.", "") if self.check.dtype else ""
-
-    # the guard's numbers (NaN where the layer was not checked)
-    rel_error = property(lambda self: _num(self.check, "rel_error"))               # vs higher precision
-    eager_rel_error = property(lambda self: _num(self.check, "eager_rel_error"))
-    max_abs_error = property(lambda self: _num(self.check, "max_abs_error"))
-    tolerance = property(lambda self: _num(self.check, "tolerance"))
-    sqnr_db = property(lambda self: _num(self.check, "sqnr_db"))                   # int8 layers' measure
-
-    def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "check"}
-        d.update({k: getattr(self, k) for k in ("rel_error", "eager_rel_error", "max_abs_error", "tolerance",
-                                                "sqnr_db")})
-        return d
-
-
-def _num(check, name) -> float:
-    return math.nan if check is None else getattr(check, name)
-
-
-@dataclass
-class OptimizeInfo:
-    capture_method: str
-    device: str
-    pass_counts: dict = field(default_factory=dict)
-    end_to_end_rel_error: float = math.nan     # optimized vs eager model output, relative L2
-    int8: bool = False
-    end_to_end_sqnr_db: float = math.nan       # the same comparison in dB
-    float_weight_bytes: int = 0                # of the layers now running in int8 ...
-    int8_weight_bytes: int = 0                 # ... and what their int8 weights + scales take
-    model_weight_bytes: int = 0                # parameters + buffers of the captured model
-    weight_bytes: int = 0                      # ... of the optimized module's graph
-    original_weight_bytes: int = 0             # more held by the original layers kept for reports (folded BN)
-    runtime: str = ""                          # how calls run (accelc.runner.plan), in words
-    flops: int = 0                             # per call on the example inputs (accelc.flops) ...
-    accelc_flops: int = 0                      # ... of which in accelc kernels
-    eager_gpu_ms: float = math.nan             # eager model's GPU time a call (a GPU, only_if_faster) ...
-    accelc_eager_gpu_ms: float = math.nan      # ... of which in the layers accelc now runs (their eager times)
-    seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
-    #                                               included), warmup (glue compile, CUDA graph capture)
 
 
 class OptimizedModule(nn.Module):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from torch import fx
 
 from accelc import meta, runtime
+from accelc.config import PASS_NAMES
 from accelc.errors import PassError
 from accelc.passes import attention, conv_gemm, fold_bn, gated_mlp, int8, linear_act, norms, rotary, sibling_linears
 from accelc.rewrite import PassContext, run_pass
@@ -19,7 +20,9 @@ PASSES = (
     norms.PASS,         # after linear_act: a residual add a GEMM epilogue took is not taken again
     int8.PASS,          # only with OptimizeConfig.int8: float accelc layers -> int8 kernels
 )
-PASS_NAMES = tuple(p.name for p in PASSES)
+if tuple(p.name for p in PASSES) != PASS_NAMES:
+    raise ImportError(f"accelc.config.PASS_NAMES {PASS_NAMES} must name PASSES in order: "
+                      f"{tuple(p.name for p in PASSES)}")
 
 
 def run_passes(gm: fx.GraphModule, ctx: PassContext) -> dict[str, int]:

@@ -33,6 +33,7 @@ from torch import fx
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from accelc import meta, runtime
+from accelc.records import Fallback, Rewrite
 from accelc.capture import canonicalize
 
 
@@ -121,11 +122,6 @@ def find(gm: fx.GraphModule, pattern: Pattern) -> list[Match]:
     return sorted(matches, key=lambda mt: order[mt.anchor])
 
 
-def attr_value(gm: fx.GraphModule, node: fx.Node):
-    """The parameter / buffer a get_attr node reads ("layer1.0.conv1.weight")."""
-    return functools.reduce(getattr, node.target.split("."), gm)
-
-
 def add_constant(gm: fx.GraphModule, name: str, value: torch.Tensor, before: fx.Node, path: str = "") -> fx.Node:
     """Register `value` as a buffer of gm (a packed or folded weight, int8 weights and scales) and
     read it with a get_attr node inserted before `before`."""
@@ -166,19 +162,19 @@ class Rule:
 
 @dataclass(frozen=True)
 class Pass:
-    """A named table of rules. `prepare` runs before them (graph surgery that exposes their
+    """A named table of rules. `before_rules` runs before them (graph surgery that exposes their
     patterns: attention lowers nn.MultiheadAttention); `transform` after them, for work on the
     layers already made that is not a pattern match (int8)."""
     name: str
     rules: tuple = ()
-    prepare: Callable[[fx.GraphModule, PassContext], None] | None = None
+    before_rules: Callable[[fx.GraphModule, PassContext], None] | None = None
     transform: Callable[[fx.GraphModule, PassContext], int] | None = None
 
 
 def run_pass(gm: fx.GraphModule, p: Pass, ctx: PassContext) -> int:
     """Run one pass on gm; returns the number of rewrites it made."""
-    if p.prepare is not None:
-        p.prepare(gm, ctx)
+    if p.before_rules is not None:
+        p.before_rules(gm, ctx)
         gm.graph.lint()
         gm.recompile()
     count = apply_rules(gm, p.rules, ctx)
@@ -238,70 +234,6 @@ def _simplify(gm, nodes, target, args, kwargs) -> fx.Node:
 
 # ---------------------------------------------------------------------------------------------
 # layers: replacing, moving to another kernel, reverting
-
-@dataclass
-class Fallback:
-    """The call a layer goes back to when the guard rejects its current one (an int8 layer's
-    float kernel)."""
-    target: object
-    args: tuple
-    kwargs: dict
-    kind: str
-    kernel: str
-    aux: list                    # the Rewrite.aux of that call
-
-
-@dataclass
-class Rewrite:
-    layer: str                   # e.g. "blocks.0.fc1+gelu"
-    kind: str                    # "linear", "linear_int8", ...
-    kernel: str                  # e.g. "accelc::linear[gelu]"
-    original: fx.GraphModule     # the replaced nodes as a module; placeholders <- inputs
-    inputs: list = field(default_factory=list)   # main-graph nodes feeding original's placeholders
-    aux: list = field(default_factory=list)      # nodes the pass added for the op (e.g. weight.t())
-    fallback: Fallback | None = None   # the call this layer replaced, when it replaced one
-    note: str = ""               # shown in the summary (why a layer stayed in float, ...)
-    weight_bytes: tuple = ()     # int8 layers: (float weight bytes, int8 weight + scale bytes)
-    released: bool = False       # original's tensors dropped (release_original)
-
-    @property
-    def quantized(self) -> bool:
-        """int8 layers: judged by SQNR, not the float tolerance."""
-        return self.kind.endswith("_int8")
-
-    def eager(self, model=None) -> fx.GraphModule:
-        """The original layer as a module: its own, or, once released, one reading its parameters
-        from `model` (the model it was captured from: same attribute paths)."""
-        if not self.released:
-            return self.original
-        if model is None:
-            raise ValueError(f"layer {self.layer}: its float weights were released; pass the model they live in")
-        return fx.GraphModule(model, self.original.graph, class_name="OriginalLayer")
-
-    def release_original(self) -> None:
-        """Keep the original's graph but not its tensors, nor the fallback call: for a layer whose
-        float weights the optimized module no longer holds (int8). eager(model) rebuilds it."""
-        consts = {n.target: attr_value(self.original, n).to("meta")
-                  for n in self.original.graph.nodes if n.op == "get_attr"}
-        self.original = fx.GraphModule(_Holder(consts), self.original.graph, class_name="OriginalLayer")
-        self.fallback = None
-        self.released = True
-
-
-class _Holder(torch.nn.Module):
-    """Attributes at dotted paths, for GraphModule(root=...) to copy from."""
-
-    def __init__(self, values: dict):
-        super().__init__()
-        for target, v in values.items():
-            *path, name = target.split(".")
-            mod = self
-            for p in path:
-                if not hasattr(mod, p):
-                    mod.add_module(p, torch.nn.Module())
-                mod = getattr(mod, p)
-            mod.register_buffer(name, v)
-
 
 def replace_group(gm: fx.GraphModule, nodes: list, target, args: tuple, kwargs: dict,
                   kind: str, kernel: str, aux: tuple = ()) -> fx.Node:

@@ -14,6 +14,9 @@ from pathlib import Path
 import torch
 import triton
 
+from accelc.latency import per_call_us  # noqa: F401  (the benches' host-time timer, one for all)
+from accelc.numerics import rel_l2  # noqa: F401  (one relative L2 for benches, reports and tests)
+
 
 def environment() -> dict:
     env = {
@@ -137,13 +140,6 @@ def measure_row(row: dict, variants: dict, ref: torch.Tensor, rounds: int, flops
     return row
 
 
-def rel_l2(out, ref) -> float:
-    """Relative L2 error of a tensor, or of a tuple of tensors taken together, against ref."""
-    outs, refs = (out, ref) if isinstance(ref, (tuple, list)) else ((out,), (ref,))
-    err = sum(((o.double() - r).norm() ** 2).item() for o, r in zip(outs, refs, strict=True))
-    return (err / sum((r.norm() ** 2).item() for r in refs)) ** 0.5
-
-
 def ratios(row: dict, fast: str = "accelc", against=("eager", "compile")) -> None:
     """row[f"vs_{base}"] = speedup(row, fast, base) for each base."""
     for base in against:
@@ -202,28 +198,6 @@ def speedup(row: dict, fast: str, base: str) -> tuple[float, float, float]:
     """base time / fast time per round: (median, min, max)."""
     ratios = [tb / tf for tf, tb in zip(row[fast]["rounds_us"], row[base]["rounds_us"])]
     return round(statistics.median(ratios), 3), round(min(ratios), 3), round(max(ratios), 3)
-
-
-def per_call_us(fn, n: int, rounds: int = 5, wall: bool = False, warmup: int = 100) -> float:
-    """Median over `rounds` of microseconds per call of `n` back-to-back calls of fn: host time only
-    (wall=False: the GPU is synchronised between rounds, not inside one; on shapes where the GPU
-    keeps up this is the host's cost), or the GPU's work included (wall=True: synchronised at the
-    end of each round)."""
-    import time
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        if wall:
-            torch.cuda.synchronize()
-        per.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(per)
 
 
 def env_line(env: dict) -> str:

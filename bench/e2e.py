@@ -34,6 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
+from accelc.latency import back_to_back_ms  # noqa: E402
+from accelc.numerics import rel_l2  # noqa: E402
+
 ROUNDS = 7
 
 
@@ -86,18 +89,9 @@ def build(name, batch):
 # ---------------------------------------------------------------------------------------------
 # timing: one method for every side
 
-def per_call_ms(fn, rounds=ROUNDS, budget_s=0.25) -> float:
-    """ms per call: the median over rounds of back-to-back calls (about budget_s each), the GPU
-    synchronised at the end of each round."""
-    with torch.no_grad():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        n = max(3, min(200, int(budget_s / max(time.perf_counter() - t0, 1e-5))))
-        return _common.per_call_us(fn, n, rounds, wall=True, warmup=0) / 1e3
+def per_call_ms(fn) -> float:
+    """ms per call, the one whole-model timer (accelc.latency.back_to_back_ms), every side alike."""
+    return back_to_back_ms(fn, ROUNDS)
 
 
 def _first_tensor(out):
@@ -107,8 +101,7 @@ def _first_tensor(out):
 
 
 def _rel(out, ref) -> float:
-    a, b = _first_tensor(out).double(), _first_tensor(ref).double()
-    return ((a - b).norm() / b.norm()).item()
+    return rel_l2(_first_tensor(out), _first_tensor(ref))
 
 
 def _reset():
@@ -150,44 +143,25 @@ def side_accelc(model, inputs, row, key, **config):
 
 
 def side_ort(model, inputs, row):
-    import onnxruntime as ort
+    """Plain ORT: the model exported as the report exports a layer (accelc.baselines.ort.export:
+    dynamo first, weights beside the file for models over 2 GB), run with IO binding and ORT's own
+    CUDA graph where the session takes it (OrtRunner), timed as the other sides are."""
+    from accelc.baselines import ort
 
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
+    if not ort.has_cuda():
         row["ort_error"] = "onnxruntime has no CUDAExecutionProvider here"
         return
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "m.onnx")
+    device = torch.device("cuda")
+    with tempfile.TemporaryDirectory() as d, torch.no_grad():
         t0 = time.perf_counter()
-        with torch.no_grad():
-            torch.onnx.export(model, inputs, path, dynamo=True, external_data=True, opset_version=18)
+        exp = ort.export(model, list(inputs), os.path.join(d, "m.onnx"), device)
         row["ort_export_s"] = round(time.perf_counter() - t0, 1)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
-        best = None
-        for graph in (True, False):   # ORT's own CUDA graph where the session takes it
-            try:
-                prov = [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "EXHAUSTIVE", "prefer_nhwc": "1",
-                                                   "enable_cuda_graph": "1" if graph else "0"})]
-                sess = ort.InferenceSession(path, so, providers=prov)
-                binding = sess.io_binding()
-                feeds = [t.contiguous() for t in inputs]
-                for i, t in zip(sess.get_inputs(), feeds):
-                    binding.bind_input(i.name, "cuda", 0, _np(t.dtype), tuple(t.shape), t.data_ptr())
-                first = sess.run(None, {i.name: t.cpu().numpy() for i, t in zip(sess.get_inputs(), feeds)})
-                outs = [torch.from_numpy(o).cuda() for o in first]
-                for o, t in zip(sess.get_outputs(), outs):
-                    binding.bind_output(o.name, "cuda", 0, _np(t.dtype), tuple(t.shape), t.data_ptr())
-                sess.run_with_iobinding(binding)
-                ms = per_call_ms(lambda: sess.run_with_iobinding(binding))
-                if best is None or ms < best[0]:
-                    best = (ms, graph, outs[0].clone())
-            except Exception as e:
-                row.setdefault("ort_notes", []).append(f"cuda_graph={graph}: {type(e).__name__}: {str(e)[:200]}")
-        if best is not None:
-            row["ort_ms"], row["ort_cuda_graph"] = best[0], best[1]
-            with torch.no_grad():
-                row["ort_rel_err_vs_eager"] = _rel(best[2], model(*inputs))
+        if exp.path is None:
+            row["ort_error"] = f"ONNX export failed: {exp.error}"[:600]
+            return
+        runner = ort.OrtRunner(exp.path, list(inputs), device)
+        row["ort_ms"], row["ort_cuda_graph"], row["ort_export"] = per_call_ms(runner.run), runner.cuda_graph, exp.method
+        row["ort_rel_err_vs_eager"] = _rel(runner.run()[0].clone(), model(*inputs))
 
 
 class _WithMask(torch.nn.Module):
@@ -242,13 +216,6 @@ def side_ort_opt(model, inputs, row, max_timed=3):
             row["ort_opt_rel_err_vs_eager"] = best["rel_err_vs_eager"]
         else:
             row["ort_opt_error"] = "; ".join(errors)[:600] or "no candidate"
-
-
-def _np(dtype):
-    import numpy as np
-
-    return {torch.float16: np.float16, torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32,
-            torch.bool: np.bool_}[dtype]
 
 
 SIDES = ("eager", "compile", "compile_ro", "ort", "ort_opt", "accelc", "accelc_nograph", "accelc_int8", "accelc_nonorms",

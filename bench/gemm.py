@@ -32,10 +32,6 @@ SHAPES = [(4096, 4096, 16384), (512, 4096, 4096), (16, 4096, 4096)]  # (M, K, N)
 ROUNDS = 7
 
 
-def rel_l2(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
@@ -74,7 +70,7 @@ def main():
         for name, fn in variants.items():  # compile, autotune, check
             out = fn()
             torch.cuda.synchronize()
-            row[name] = {"rel_l2_vs_fp32": float(f"{rel_l2(out, ref):.3e}"),
+            row[name] = {"rel_l2_vs_fp32": float(f"{_common.rel_l2(out, ref):.3e}"),
                          "us_plain_calls": round(median_ms(fn) * 1e3, 2)}
         _common.time_rounds(variants, row, ROUNDS, flops, rep_ms=50)
         for name in variants:

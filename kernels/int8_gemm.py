@@ -34,7 +34,7 @@ from accelc.tuning import Tuner
 _c = gemm.config
 # int8 candidates: gemm.py's shapes with BLOCK_K doubled (same bytes per stage). From
 # bench/gemm_sweep.py --int8 on an H200 (+ GELU; exact GELU: gemm_sweep_int8_exact_gelu-nvidia-h200.json,
-# the FAST_MATH one: gemm_sweep_int8-nvidia-h200.json in bench/results):
+# the FAST_MATH one: gemm_sweep_int8-nvidia-h200.json in bench/results/runs/h200):
 # - 128x128x256, 3 stages, TMA: 569 us at 4096x4096x16384 (491 us without the GELU: 1120 TOPS,
 #   Inductor's best Triton int_mm 515 us), 21.4 us at 512x4096x4096; 128x256 tiles 673-686 us,
 #   256x128 615 us, pointer loads 830-1190 us. GELU in the epilogue cost 83 us there (relu

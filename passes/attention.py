@@ -23,8 +23,8 @@ from torch import fx, nn
 
 from accelc import meta
 from accelc.kernels.flash_attention import why_unsupported
-from accelc.meta import tensor_meta
-from accelc.rewrite import Pass, Pattern, Replacement, Rule, attr_value
+from accelc.meta import attr_value, tensor_meta
+from accelc.rewrite import Pass, Pattern, Replacement, Rule
 
 FLASH = torch.ops.accelc.flash_attention.default
 
@@ -282,4 +282,4 @@ RULES = (
     Rule(Pattern("softmax(baddbmm(bias,q,k^T))@v", _baddbmm), build=_decomposed(lambda s: s, _baddbmm_mask),
          check=_check_baddbmm),
 )
-PASS = Pass("attention", RULES, prepare=_lower_mha)   # lowering first: nn.MultiheadAttention -> linears + SDPA
+PASS = Pass("attention", RULES, before_rules=_lower_mha)   # lowering first: nn.MultiheadAttention -> linears + SDPA

@@ -22,10 +22,11 @@ import torch.nn.functional as F
 from torch import fx
 
 from accelc import meta
+from accelc.meta import attr_value
 from accelc.kernels import depthwise_conv
 from accelc.kernels.conv import pack_weight, why_unsupported
 from accelc.passes import epilogue
-from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant, attr_value
+from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant
 
 CONV = torch.ops.accelc.conv2d.default
 DEPTHWISE = torch.ops.accelc.conv2d_depthwise.default

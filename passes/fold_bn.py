@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import fx
 
 from accelc import meta
-from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant, attr_value
+from accelc.meta import attr_value
+from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant
 
 _PARAMS = ("w", "b", "mean", "var", "gamma", "beta")
 

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from accelc import meta
+from accelc.meta import attr_value
 from accelc.kernels.epilogue import ACTIVATIONS
 from accelc.kernels.gated_linear import pack, why_unsupported
-from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant, attr_value
+from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant
 
 GATED_LINEAR = torch.ops.accelc.gated_linear.default
 

@@ -24,7 +24,10 @@ from torch import fx
 
 from accelc import meta
 from accelc.kernels.int8_gemm import quantize_weight
-from accelc.rewrite import Pass, Rewrite, add_constant, attr_value, layers, restack
+from accelc.layer_runner import LayerRunner
+from accelc.meta import attr_value
+from accelc.records import Rewrite
+from accelc.rewrite import Pass, add_constant, layers, restack
 
 LINEAR = torch.ops.accelc.linear.default
 W8A8 = torch.ops.accelc.linear_w8a8.default
@@ -75,19 +78,18 @@ def _why_not(gm, n: fx.Node, index: int, count: int, cfg) -> str | None:
 def _calibrate(gm, nodes: list[fx.Node], batches: list) -> dict[fx.Node, torch.Tensor]:
     """Per-input-channel absmax (K,) of each node's x over the calibration batches."""
     stats: dict[fx.Node, torch.Tensor] = {}
-    wanted = set(nodes)
+    wanted = set(nodes)     # accelc linear layers (layers(gm)): LayerRunner hands each to at_layer
 
-    class _Record(fx.Interpreter):
-        def run_node(self, node):
-            if node in wanted:
-                x = self.env[node.args[0]].detach().float()
-                amax = x.abs().reshape(-1, x.shape[-1]).amax(0)
-                stats[node] = amax if node not in stats else torch.maximum(stats[node], amax)
-            return super().run_node(node)
+    def at_layer(runner, node, rw):
+        if node in wanted:
+            x = runner.env[node.args[0]].detach().float()
+            amax = x.abs().reshape(-1, x.shape[-1]).amax(0)
+            stats[node] = amax if node not in stats else torch.maximum(stats[node], amax)
+        return runner.run_as_graph(node)
 
     with torch.no_grad():
         for args in batches:
-            _Record(gm).run(*args)
+            LayerRunner(gm, at_layer).run(*args)
     return stats
 
 

@@ -13,7 +13,7 @@ may overflow, stays as written).
 Runs after linear_act: an add that a GEMM's epilogue already took (`linear[residual]`) is not
 taken again. Only where the glue is eager: Inductor fuses a LayerNorm with the ops around it (a
 pre-norm stream's add and its norm become one kernel writing both), and with that glue the
-whole models measured no faster with accelc's kernel (bench/results/e2e-runs/run14: BERT-base
+whole models measured no faster with accelc's kernel (bench/results/runs/e2e/run14: BERT-base
 2.28 ms with it, 2.19 without; GPT-2 2.48 / 2.47, H100), though the kernel alone is 1.2x-2.3x
 eager's LayerNorm (bench/results/norms-*.md).
 """
@@ -27,7 +27,9 @@ from torch import fx
 
 from accelc import meta
 from accelc.capture import erase_dead
+from accelc.capture.written import matches_reference
 from accelc.kernels.layernorm import why_unsupported
+from accelc.numerics import REL_L2_FLOOR
 from accelc.rewrite import Pass, Pattern, Replacement, Rule, replace_uses
 
 LAYER_NORM = torch.ops.accelc.layer_norm.default
@@ -240,6 +242,24 @@ def written_rms_norm(r: fx.Node):
     return x, weight, eps, out, chain + casts + dtype_reads
 
 
+def _computes_rms_norm(x, weight, eps, out, chain) -> bool:
+    """The chain's shape matched; confirm what it computes: run on random x (and weight) in their
+    dtypes against F.rms_norm's arithmetic (statistics in fp32), within two roundings of x's dtype."""
+    order = {n: i for i, n in enumerate(out.graph.nodes)}
+    nodes = sorted(set(chain), key=order.__getitem__)
+    if nodes[-1] is not out:
+        return False
+    inputs = (x,) if weight is None else (x, weight)
+    dtypes = tuple(meta.tensor_meta(t).dtype for t in inputs)
+    tol = 2 * REL_L2_FLOOR.get(dtypes[0], REL_L2_FLOOR[torch.float32])
+
+    def reference(x, weight=None):
+        y = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+        return y if weight is None else weight * y
+
+    return matches_reference(nodes, inputs, reference, dtypes, rtol=tol, atol=tol)
+
+
 def fold_written_rms_norms(gm: fx.GraphModule, ctx) -> None:
     """The norms pass's step before its rules: each written-out RMSNorm the kernel can take becomes
     F.rms_norm(x, (N,), weight, eps); under Inductor glue, or where the kernel cannot take it, the
@@ -249,7 +269,7 @@ def fold_written_rms_norms(gm: fx.GraphModule, ctx) -> None:
         if r.graph is not g or meta.op_name(r) != "rsqrt":
             continue
         found = written_rms_norm(r)
-        if found is None:
+        if found is None or not _computes_rms_norm(*found):
             continue
         x, weight, eps, out, chain = found
         reason = INDUCTOR_GLUE if ctx.inductor_glue else why_unsupported(
@@ -271,4 +291,4 @@ RULES = (
     Rule(Pattern("add+rms_norm", _add_rms_norm), build=_build, check=_check, applies=_sum_read_once),
     Rule(Pattern("rms_norm", _rms_norm), build=_build, check=_check),
 )
-PASS = Pass("norms", RULES, prepare=fold_written_rms_norms)
+PASS = Pass("norms", RULES, before_rules=fold_written_rms_norms)

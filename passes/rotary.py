@@ -23,6 +23,7 @@ from torch import fx
 
 from accelc import meta
 from accelc.capture import erase_dead
+from accelc.capture.written import matches_reference
 from accelc.kernels.rotary import rotary_embedding_ref, why_unsupported
 from accelc.rewrite import Pass, Pattern, Replacement, Rule, replace_uses
 
@@ -86,32 +87,6 @@ def _interior(root: fx.Node, leaves: tuple) -> list | None:
     return sorted(found, key=order.__getitem__)
 
 
-def _evaluate(nodes: list, env: dict):
-    for n in nodes:
-        args = fx.node.map_arg(n.args, env.__getitem__)
-        kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
-        env[n] = n.target(*args, **kwargs) if n.op == "call_function" else getattr(args[0], n.target)(*args[1:], **kwargs)
-    return env[nodes[-1]]
-
-
-def _computes_rope(root, x, cos, sin, nodes) -> bool:
-    shapes = [meta.tensor_meta(t) for t in (x, cos, sin)]
-    if any(s is None for s in shapes):
-        return False
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(2):
-        probe = [torch.randn(s.shape, generator=gen, dtype=torch.float64) for s in shapes]
-        try:
-            got = _evaluate(nodes, dict(zip((x, cos, sin), probe)))
-            want = rotary_embedding_ref(*probe)
-        except Exception:
-            return False
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape \
-                or not torch.allclose(got, want, rtol=1e-12, atol=1e-12):
-            return False
-    return True
-
-
 def fold_written_rotary(gm: fx.GraphModule, ctx) -> None:
     """The rotary pass's step before its rule: each written-out RoPE becomes
     rotary_embedding_ref(x, cos, sin)."""
@@ -124,7 +99,7 @@ def fold_written_rotary(gm: fx.GraphModule, ctx) -> None:
             continue
         x, cos, sin = found
         nodes = _interior(root, (x, cos, sin))
-        if nodes is None or not _computes_rope(root, x, cos, sin, nodes):
+        if nodes is None or not matches_reference(nodes, (x, cos, sin), rotary_embedding_ref):
             continue
         with g.inserting_before(root):
             new = g.call_function(rotary_embedding_ref, (x, cos, sin))
@@ -152,4 +127,4 @@ def _build(m, ctx) -> Replacement:
 
 
 RULES = (Rule(Pattern("rotary_embedding", _rope), build=_build, check=_check),)
-PASS = Pass("rotary", RULES, prepare=fold_written_rotary)
+PASS = Pass("rotary", RULES, before_rules=fold_written_rotary)

@@ -26,7 +26,8 @@ from torch import fx
 
 from accelc import meta
 from accelc.capture import VIEW_OPS, reshape_of
-from accelc.rewrite import Pass, add_constant, attr_value, replace_uses
+from accelc.meta import attr_value
+from accelc.rewrite import Pass, add_constant, replace_uses
 
 aten = torch.ops.aten
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from accelc.kernels import conv, flash_attention, gemm, int8_gemm, quantize
-from accelc.numerics import rel_l2
+from accelc.numerics import REL_L2_FLOOR, rel_l2
 from accelc.tuning import NotACandidate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="forces compiled configs: GPU only")
 
 # relative L2 against the fp32 reference: a few roundings of the output dtype
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+TOL = REL_L2_FLOOR
 REPEATS = 3
 
 

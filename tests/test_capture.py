@@ -148,3 +148,35 @@ def test_optional_arguments_left_out_are_captured_at_their_default():
         assert rel_l2(opt(x), model(x)) < 5e-3
         with pytest.raises(accelc.errors.InputError, match="takes 1 positional input"):
             opt(x, torch.zeros(9, 9, device=DEVICE, dtype=torch.float16))
+
+
+# ---------------------------------------------------------------------------------------------
+# accelc.capture.written: the one probe evaluator of written-out operations
+
+def _traced(fn, *shapes):
+    from torch import fx
+
+    gm = fx.symbolic_trace(fn)
+    accelc.capture.record_meta(gm, tuple(torch.randn(*s) for s in shapes))
+    nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    inputs = tuple(n for n in gm.graph.nodes if n.op == "placeholder")
+    return nodes, inputs
+
+
+def test_evaluate_runs_functions_and_methods_in_graph_order():
+    from accelc.capture.written import evaluate
+
+    nodes, (x, y) = _traced(lambda x, y: (x * 2 + y).pow(2).sum(-1), (3, 4), (3, 4))
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    assert torch.equal(evaluate(nodes, {x: a, y: b}), (a * 2 + b).pow(2).sum(-1))
+
+
+def test_matches_reference_tells_the_function_apart():
+    from accelc.capture.written import matches_reference
+
+    nodes, inputs = _traced(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), (2, 8))
+    assert matches_reference(nodes, inputs, lambda x: F.rms_norm(x, (8,), None, 1e-6))
+    assert not matches_reference(nodes, inputs, lambda x: F.rms_norm(x, (8,), None, 1e-2))   # another eps
+    assert not matches_reference(nodes, inputs, lambda x: F.layer_norm(x, (8,)))
+    nodes[0].meta.clear()   # an input of unknown shape: no verdict but no
+    assert not matches_reference(nodes, (nodes[0],), lambda x: x)

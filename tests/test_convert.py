@@ -9,7 +9,7 @@ import torch
 
 import accelc
 from accelc.cli import main
-from accelc.report import validate
+from accelc.report_schema import validate
 from conftest import DEVICE, NORMS_REWRITTEN, rel_l2
 
 DEV = ["--device", DEVICE.type]

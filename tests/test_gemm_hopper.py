@@ -15,12 +15,12 @@ import torch
 from accelc import runtime
 from accelc.kernels import gemm
 from accelc.kernels.epilogue import ACTIVATION_NAMES
-from accelc.numerics import rel_l2
+from accelc.numerics import REL_L2_FLOOR, rel_l2
 from accelc.tuning import NotACandidate
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 gpu = pytest.mark.skipif(not SM90, reason="Gluon kernels need an sm90 GPU (not the interpreter)")
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+TOL = REL_L2_FLOOR
 
 
 def test_the_gluon_module_imports_or_says_why():

@@ -289,7 +289,7 @@ def test_rms_norm_under_inductor_glue_says_why():
     model = LlamaStyle(form="llama").to(DEVICE).half().eval()
     x = torch.randn(2, 8, 32, device=DEVICE, dtype=torch.float16)
     gm, _, _ = accelc.capture.capture(model, (x,))
-    accelc.capture.prepare(gm, (x,))
+    accelc.capture.make_canonical(gm, (x,))
     norms.fold_written_rms_norms(gm, PassContext(accelc.OptimizeConfig(glue="inductor"), (), [], torch.device("cpu")))
     rsqrt = [n for n in gm.graph.nodes if n.op != "placeholder" and "rsqrt" in str(n.target)]
     assert len(rsqrt) == 1 and "RMSNorm written out" in rsqrt[0].meta[accelc.meta.SKIP]

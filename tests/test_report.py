@@ -1,6 +1,7 @@
 """accelc.report: per-layer eager / ONNX Runtime / accelc rows, the JSON schema, the writers, the
 export fallbacks and the CLI. On the CPU: ORT's CPU provider and Triton's interpreter."""
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 import accelc
 from accelc.baselines import ort
-from accelc.report import REPORT_SCHEMA, SCHEMA_VERSION, validate
+from accelc.report_schema import REPORT_SCHEMA, SCHEMA_VERSION, validate
 from conftest import DEVICE, NORMS_REWRITTEN, rel_l2
 
 try:   # the reference validator where installed (the test extra); accelc's own one always
@@ -190,20 +191,20 @@ def test_gpu_report_states_no_speedup_against_cpu_ort(monkeypatch):
     baseline: no ORT time, no ratio, and the reason in its place."""
     import importlib
     report_mod = importlib.import_module("accelc.report")
-    from accelc.guard import LayerCheck
-    from accelc.optimized import LayerRecord
+    from accelc.records import LayerCheck, LayerRecord
 
     out = torch.randn(4, 8)
     monkeypatch.setattr(report_mod, "_ort_measure", lambda *a: (0.5, [out], "dynamo fp32", None))
     row = report_mod.LayerRow(LayerRecord("fc", "linear", "rewritten", "accelc::linear", "",
                                           LayerCheck(True, 1e-7, 1e-7, 0.0, 1e-3, ((4, 8),), torch.float32)))
     row.accelc_ms = 0.1
-    args = (row, None, [out], lambda: out.double(), torch.device("cuda"), "", "fc", 5, False, None,
-            accelc.OptimizeConfig())
-    report_mod._fill_ort(*args, report_mod.NO_CUDA_ORT)
+    sides = report_mod.Sides(torch.device("cuda"), accelc.OptimizeConfig(), "", 5, False, "",
+                             no_ratio=report_mod.NO_CUDA_ORT)
+    args = (row, None, [out], lambda: out.double(), "fc")
+    report_mod._fill_ort(*args, sides)
     assert row.ort_ms is None and row.speedup_vs_ort is None and "accelc[ort-gpu]" in row.ort_error
     assert row.ort_rel_error == 0.0                                  # its accuracy is still there
-    report_mod._fill_ort(*args)
+    report_mod._fill_ort(*args, dataclasses.replace(sides, no_ratio=None))
     assert row.ort_ms == 0.5 and row.speedup_vs_ort == pytest.approx(5.0)
 
 
@@ -280,14 +281,14 @@ def test_torch_compile_columns():
 
 
 def test_torch_compile_failure_is_said_in_the_row(monkeypatch):
-    from accelc.api import optimize_prepared, prepare
+    from accelc.api import make_job, optimize_job
     from accelc.report import measure
 
     def refuses(*args, **kwargs):
         raise RuntimeError("backend compiler failed (test)")
     model = accelc.models.get("mlp").to(DEVICE)
-    job = prepare(model, model.example_inputs(2))
-    opt = optimize_prepared(job)     # accelc's own glue compiled before torch.compile breaks
+    job = make_job(model, model.example_inputs(2))
+    opt = optimize_job(job)     # accelc's own glue compiled before torch.compile breaks
     monkeypatch.setattr(torch, "compile", refuses)
     rep = measure(opt, job, with_ort=False, with_compile=True, **FAST)
     rows = [r for r in rep.layers if r.status == "rewritten"] + [rep.end_to_end]
@@ -345,8 +346,7 @@ def test_optimizer_candidate_with_wrong_numbers_is_no_baseline(monkeypatch, tmp_
     reason; the fastest of the correct ones is kept, and vs ORT takes the faster ORT."""
     import importlib
     report_mod = importlib.import_module("accelc.report")
-    from accelc.guard import LayerCheck
-    from accelc.optimized import LayerRecord
+    from accelc.records import LayerCheck, LayerRecord
 
     ref = torch.randn(4, 8, dtype=torch.float64)
 
@@ -368,15 +368,14 @@ def test_optimizer_candidate_with_wrong_numbers_is_no_baseline(monkeypatch, tmp_
     row = report_mod.LayerRow(LayerRecord("end-to-end (whole model)", "model", "", "accelc.optimize",
                                           check=LayerCheck(True, 1e-7, 1e-7, 0.0, 1e-5, ((4, 8),), torch.float32)))
     row.accelc_ms, row.ort_ms = 0.5, 1.0
-    report_mod._fill_ort_optimized(row, None, [], ref, torch.device("cpu"), str(tmp_path), 5, False,
-                                   accelc.OptimizeConfig())
+    sides = report_mod.Sides(torch.device("cpu"), accelc.OptimizeConfig(), str(tmp_path), 5, False, "")
+    report_mod._fill_ort_optimized(row, None, [], ref, sides)
     assert row.ort_opt_ms == 0.25 and row.ort_opt_method == "cand good" and row.ort_opt_rel_error < 1e-6
     assert timed == [True]                       # only the correct candidate, timed as a whole model
     assert row.speedup_vs_ort == pytest.approx(0.5)              # against the faster ORT
     monkeypatch.setattr(ort, "optimized_candidates", lambda *a, **k: (cands[:1], []))
     row.ort_opt_ms, row.ort_opt_method = None, ""
-    report_mod._fill_ort_optimized(row, None, [], ref, torch.device("cpu"), str(tmp_path), 5, False,
-                                   accelc.OptimizeConfig())
+    report_mod._fill_ort_optimized(row, None, [], ref, sides)
     assert row.ort_opt_ms is None and "cand bad: error" in row.ort_opt_error and "over tolerance" in row.ort_opt_error
     assert row.speedup_vs_ort == pytest.approx(2.0)              # plain ORT only
 

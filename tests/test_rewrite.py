@@ -8,7 +8,7 @@ from torch import fx, nn
 
 import accelc
 from accelc import meta
-from accelc.capture import prepare
+from accelc.capture import make_canonical
 from accelc.config import OptimizeConfig
 from accelc.kernels import conv, flash_attention, gemm, int8_gemm, quantize
 from accelc.rewrite import Pass, PassContext, Pattern, Replacement, Rule, apply_rules, run_pass
@@ -34,7 +34,7 @@ def x_tanh(x):
 
 def _graph(model, *args):
     gm = fx.symbolic_trace(model)
-    prepare(gm, args)
+    make_canonical(gm, args)
     return gm
 
 

@@ -155,8 +155,9 @@ def _quiet():
 
 def torch_export(module, tensors, path, dynamo: bool, external_data: bool = False) -> None:
     """`module` on `tensors` to an ONNX file (inputs named in0, in1, ...); external_data: the
-    weights beside it (the dynamo exporter; a model over protobuf's 2 GB)."""
+    weights beside it (the dynamo exporter; a model over protobuf's 2 GB always)."""
     names = [f"in{i}" for i in range(len(tensors))]
+    external_data = external_data or _large(module)
     with _quiet(), torch.no_grad():
         if dynamo:
             torch.onnx.export(module, tuple(tensors), path, dynamo=True, input_names=names,

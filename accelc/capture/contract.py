@@ -1,0 +1,195 @@
+"""The call contract of a captured graph: how a user's call (positional and keyword arguments,
+constants, outputs held in objects) maps onto the graph's flat inputs and outputs and back, and the
+model state (buffers) a forward may update."""
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from accelc.capture.nodes import is_inplace, view_base
+from accelc.errors import InputError
+
+CALL_SPEC = "accelc_call_spec"   # gm.meta key: the CallSpec of a captured graph
+
+
+class _Slot:
+    """Where the i-th output tensor goes in an output template."""
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, type)
+
+
+def _remap(obj, visit, memo: dict):
+    """`obj` with every tensor (and _Slot) in it replaced by visit(it): tuples, lists, dicts,
+    dataclasses, HF ModelOutputs and plain objects (a DynamicCache) are copied along the way, so
+    the caller's objects are never changed. Objects reached twice are copied once."""
+    if isinstance(obj, (torch.Tensor, _Slot)):
+        return visit(obj)
+    if isinstance(obj, _ATOMS) or id(obj) in memo:
+        return obj if isinstance(obj, _ATOMS) else memo[id(obj)]
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        new = type(obj)(*(_remap(v, visit, memo) for v in obj))
+    elif type(obj) in (tuple, list):
+        new = type(obj)(_remap(v, visit, memo) for v in obj)
+    elif isinstance(obj, dict) or hasattr(obj, "__dict__"):
+        new = copy.copy(obj)
+        memo[id(obj)] = new
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                dict.__setitem__(new, k, _remap(v, visit, memo))
+        for k, v in getattr(obj, "__dict__", {}).items():
+            object.__setattr__(new, k, _remap(v, visit, memo))
+        return new
+    else:
+        return obj
+    memo[id(obj)] = new
+    return new
+
+
+def _tensors_in(obj) -> list:
+    """The distinct tensors anywhere in obj (see _remap), in the order first met."""
+    found = {}
+    _remap(obj, lambda t: found.setdefault(id(t), t), {})
+    return list(found.values())
+
+
+@dataclass
+class CallSpec:
+    """How a user's call of the model maps onto the captured graph and back.
+
+    The graph takes the positional arguments, then the keyword arguments that are tensors (in the
+    forward's order); keyword arguments that are not tensors (use_cache=False) are fixed at
+    capture, as torch.export fixes them. An output holding tensors where the tracers cannot see
+    them (HF's DynamicCache, a plain object) is captured as its flat tuple of tensors and rebuilt
+    around the graph's result on each call, as the model returns it."""
+    n_args: int
+    kw_names: tuple = ()
+    constants: dict = field(default_factory=dict)
+    template: object = None      # the output with _Slots for its tensors, where it needs rebuilding
+    arg_names: tuple = ()        # the forward's names of the positional arguments
+    defaults: dict = field(default_factory=dict)   # parameters the call left out, fixed at these defaults
+
+    @staticmethod
+    def of(model, args, kwargs, expected) -> "CallSpec":
+        try:
+            params = list(inspect.signature(model.forward).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        order = [p.name for p in params]
+        positional = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                           inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        arg_names = tuple(positional[:len(args)]) if len(positional) >= len(args) else tuple(
+            f"input_{i}" for i in range(len(args)))
+        defaults = {k: v for k, v in left_out(model, args).items() if k not in kwargs}
+        tensors = sorted((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)),
+                         key=lambda k: order.index(k) if k in order else len(order))
+        constants = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+        template = None
+        seen = {id(t) for t in pytree.tree_leaves(expected) if isinstance(t, torch.Tensor)}
+        hidden = _tensors_in(expected)
+        if any(id(t) not in seen for t in hidden):
+            index = {id(t): i for i, t in enumerate(hidden)}
+            template = _remap(expected, lambda t: _Slot(index[id(t)]), {})
+        return CallSpec(len(args), tuple(tensors), constants, template, arg_names, defaults)
+
+    @property
+    def trivial(self) -> bool:
+        return not self.kw_names and not self.constants and self.template is None
+
+    def flat(self, args, kwargs) -> tuple:
+        """The graph's inputs for a call model(*args, **kwargs); InputError where the call does
+        not fit what was captured."""
+        if not kwargs and not self.kw_names and len(args) == self.n_args:
+            return tuple(args)   # the common call, checked in a line
+        if len(args) > self.n_args:
+            left = list(self.defaults)        # in the forward's order: the first extra argument is the first of these
+            fixed = left[0] if left else None
+            said = (f"; {fixed!r} was left at its default ({self.defaults[fixed]!r}) in the example, and is fixed "
+                    "in the captured graph: optimize with an example that passes it" if fixed else "")
+            raise InputError(f"the optimized model takes {self.n_args} positional input(s) "
+                             f"({', '.join(self.arg_names)}), as its example had; got {len(args)}{said}")
+        if len(args) < self.n_args:
+            raise InputError(f"the optimized model takes {self.n_args} positional input(s) "
+                             f"({', '.join(self.arg_names)}), as its example had; got {len(args)}")
+        extra = sorted(set(kwargs) - set(self.kw_names) - set(self.constants))
+        if extra:
+            default = (f" (it was left at its default, {self.defaults[extra[0]]!r}, fixed in the graph)"
+                       if extra[0] in self.defaults else "")
+            raise InputError(f"keyword argument {extra[0]!r} was not in the example the model was optimized with"
+                             f"{default}, so the captured graph has no input for it; optimize with an example "
+                             "that passes it")
+        for k, v in self.constants.items():
+            if k in kwargs and not _same_constant(kwargs[k], v):
+                raise InputError(f"keyword argument {k}={kwargs[k]!r}: the model was optimized with {k}={v!r}, "
+                                 "fixed in the captured graph; optimize again with the value you call it with")
+        missing = [k for k in self.kw_names if k not in kwargs]
+        if missing:
+            raise InputError(f"keyword argument {missing[0]!r} is missing: the model was optimized with it, "
+                             "and its graph takes it")
+        return tuple(args) + tuple(kwargs[k] for k in self.kw_names)
+
+    def flat_output(self, out):
+        """The model's output as the graph returns it (its tensors, flat, where it needs rebuilding)."""
+        return out if self.template is None else tuple(_tensors_in(out))
+
+    def rebuild(self, out):
+        """The graph's output as the model returns it."""
+        if self.template is None:
+            return out
+        return _remap(self.template, lambda s: out[s.i], {})
+
+
+def _same_constant(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return a is b
+
+
+def buffer_state(model) -> dict:
+    """Copies of the model's buffers, by name: restore_buffers puts them back after forwards that
+    update buffers in place."""
+    return {name: b.detach().clone() for name, b in model.named_buffers()}
+
+
+def restore_buffers(model, state: dict) -> None:
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name in state and b.shape == state[name].shape:
+                b.copy_(state[name])
+
+
+
+def left_out(model, args, exclude=()) -> dict:
+    """The forward parameters with defaults that `args` leaves out, at their defaults: captured
+    as constants (as torch.export does), so that the rules see `attn_mask=None` rather than a graph
+    input that might be anything. Calling the captured graph with such an argument set raises."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name: p.default for p in params[len(args):]
+            if p.kind in kinds and p.default is not inspect.Parameter.empty and p.name not in exclude}
+
+
+
+def mutated_state(gm: fx.GraphModule) -> list[str]:
+    """The module attributes (buffers) the graph updates in place: targets of get_attr nodes an
+    in-place op writes, through views."""
+    out = []
+    for n in gm.graph.nodes:
+        if is_inplace(n) and n.args and isinstance(n.args[0], fx.Node):
+            base = view_base(n.args[0])
+            if base.op == "get_attr" and base.target not in out:
+                out.append(base.target)
+    return out

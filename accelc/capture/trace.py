@@ -1,0 +1,311 @@
+"""Capture: nn.Module -> torch.fx.GraphModule in accelc's canonical form.
+
+1. torch.fx.symbolic_trace; where it fails (data-dependent control flow: branches on shapes,
+   `if mask is None`-style library code), torch.export (non-strict), whose ATen graph keeps the
+   module path of every node in meta["nn_module_stack"]. The captured graph must reproduce the
+   model's output on the example inputs, else the next method is tried.
+2. Every node gets its module path ("blocks.0.fc1"), module class, and the shape, dtype and
+   device of its value on the example inputs (accelc.meta names the keys).
+3. The canonical form (accelc.capture.canonical).
+The call contract (which inputs the graph takes, how its output is rebuilt) is
+accelc.capture.contract's.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import io
+import logging
+import re
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from accelc import meta
+from accelc.capture.canonical import canonicalize, unflatten_addmm
+from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out, restore_buffers
+from accelc.errors import CaptureError
+from accelc.numerics import REL_L2_FLOOR, rel_l2, same_values
+
+def capture(model: nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[fx.GraphModule, str, object]:
+    """Returns (graph module, capture method, the model's eager output on `args`, `kwargs`). The
+    graph takes the CallSpec's flat positional inputs (gm.meta[CALL_SPEC]: the positional
+    arguments, then the tensor keyword arguments). Buffers the forward updates in place get back
+    their values after each run here; symbolic_trace is not tried on such a model (it runs buffer
+    updates once, at trace time, instead of recording them)."""
+    kwargs = dict(kwargs or {})
+    state = buffer_state(model)
+    given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (*args, *kwargs.values())]
+    with torch.no_grad():
+        expected = model(*args, **kwargs)
+    updated = [name for name, b in model.named_buffers() if name in state and not same_values(b, state[name])]
+    restore_buffers(model, state)
+    names = [str(i) for i in range(len(args))] + list(kwargs)
+    changed = [names[i] for i, (t, g) in enumerate(zip((*args, *kwargs.values()), given))
+               if isinstance(t, torch.Tensor) and not same_values(t, g)]
+    if changed:
+        raise CaptureError(f"the model's forward changes its input {changed[0]} in place (x.add_(...), x[...] = ...): "
+                           "accelc optimizes forwards that leave their inputs as they are; write the update "
+                           "out of place (x = x + ...)")
+    spec = CallSpec.of(model, args, kwargs, expected)
+    flat = spec.flat(args, kwargs)
+    failures = []
+    with quiet_torch_logs():
+        found = _try_tracers(model, spec, flat, expected, state, updated, failures)
+    if found is not None:
+        return found
+    raise CaptureError("accelc could not capture the model as a graph.\n  " + "\n  ".join(failures) + "\n"
+                       + _capture_advice(model, args, kwargs, expected, state, failures))
+
+
+@contextlib.contextmanager
+def quiet_torch_logs():
+    """torch's own loggers at ERROR, and stderr held back, while a tracer works: a failing
+    torch.export logs and prints whole graphs (accelc reports the failure, once). Left alone with
+    accelc's log at DEBUG (-v)."""
+    if logging.getLogger("accelc").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _try_tracers(model, spec, flat, expected, state, updated, failures):
+    """(graph module, method, expected) from the first tracer whose graph reproduces the model;
+    None when none does (each failure appended to `failures`)."""
+    for method, trace in (("symbolic_trace", _symbolic_trace), ("torch.export", _export)):
+        if method == "symbolic_trace" and updated:
+            failures.append(f"{method}: not tried: forward updates buffers in place ({', '.join(updated[:3])}), "
+                            "which it cannot record")
+            continue
+        if method == "symbolic_trace" and spec.template is not None:
+            failures.append(f"{method}: not tried: the output holds tensors in objects a traced graph cannot return")
+            continue
+        try:
+            gm = trace(model, spec, flat)
+            restore_buffers(model, state)   # tracing (and export's own check) ran the forward's updates
+            restore_buffers(gm, state)
+            gm.meta[CALL_SPEC] = spec
+            _check_same(spec.flat_output(expected), make_canonical(gm, flat))
+            return gm, method, expected
+        except Exception as e:  # each method's failure is reported together below
+            failures.append(f"{method}: {type(e).__name__}: {_first_line(e)}")
+        finally:
+            restore_buffers(model, state)
+    return None
+
+
+def _capture_advice(model, args, kwargs, expected, state, failures) -> str:
+    """What to try when no tracer reproduced the model: the cause found by looking (output that
+    changes from call to call), else the usual cause of the failures seen."""
+    try:
+        with torch.no_grad():
+            again = model(*args, **kwargs)
+        restore_buffers(model, state)
+    except Exception:
+        again = None
+    try:
+        if again is not None:
+            _check_same(expected, again)
+    except RuntimeError:
+        return ("The model's output differs between two calls on the same inputs: it draws random numbers "
+                "in eval mode (F.dropout(x, p, training=True), torch.rand...), so no graph can be checked "
+                "against it. Tie the randomness to self.training (F.dropout(x, p, self.training)) or "
+                "remove it for inference.")
+    if any("differs from the model's" in f or "data-dependent" in f.lower() or "guard" in f.lower()
+           for f in failures):
+        return ("Branches on tensor values (if x.sum() > 0) defeat both tracers: rewrite them with "
+                "torch.where or torch.cond, or optimize the submodules that trace on their own.")
+    return ("Optimize the submodules that trace on their own, or export the model yourself "
+            "(torch.export.export) and give accelc the program (.pt2).")
+
+
+
+def make_canonical(gm: fx.GraphModule, args: tuple):
+    """Module paths, canonical form and value metadata for a graph from any tracer (also the
+    graphs torch.compile hands the accelc backend). Returns gm's output on `args`."""
+    _annotate_paths(gm)
+    canonicalize(gm)
+    with torch.no_grad():
+        out = record_meta(gm, args)
+    if unflatten_addmm(gm.graph):     # needs the shapes record_meta gives
+        gm.graph.lint()
+        gm.recompile()
+    return out
+
+
+def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None) -> torch.export.ExportedProgram:
+    """torch.export (non-strict) with every dimension allowed to vary (batch, sequence); export
+    specializes those the model pins down. Static shapes if that fails. A batch of one is traced
+    as a batch of two (the example repeated): torch.export fixes every dim whose example is 0 or
+    1, and a program traced at batch 1 would take batch 1 only; where the batch-2 program's shape
+    guards refuse the example itself, the example's own shapes are traced. Keyword arguments must
+    follow the forward's parameter order."""
+    kwargs = dict(kwargs or {})
+    grown = _batch_of_two((*args, *kwargs.values()))
+    examples = [(tuple(args), kwargs)]
+    if grown is not None:
+        examples.insert(0, (grown[:len(args)], dict(zip(kwargs, grown[len(args):]))))
+    for example_args, example_kwargs in examples:
+        dynamic = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor) else None
+                        for a in (*example_args, *example_kwargs.values()))
+        try:
+            ep = torch.export.export(model, example_args, example_kwargs, dynamic_shapes=dynamic, strict=False)
+            if example_args is not examples[-1][0]:
+                with torch.no_grad():
+                    ep.module()(*args, **kwargs)    # shape guards traced at batch 2 may exclude batch 1
+            return ep
+        except Exception:
+            continue
+    return torch.export.export(model, tuple(args), kwargs, strict=False)
+
+
+def _batch_of_two(values: tuple) -> tuple | None:
+    """`values` with every tensor repeated along dim 0, where each is a batch of one; else None."""
+    tensors = [a for a in values if isinstance(a, torch.Tensor)]
+    if tensors and all(t.dim() >= 1 and t.shape[0] == 1 for t in tensors):
+        return tuple(torch.cat([a, a]) if isinstance(a, torch.Tensor) else a for a in values)
+    return None
+
+
+
+def _symbolic_trace(model, spec: "CallSpec", flat):
+    """symbolic_trace with the forward's parameters the call leaves out (and its non-tensor keyword
+    arguments) fixed; their placeholders are dropped, so the graph takes the CallSpec's flat inputs."""
+    concrete = left_out(model, flat[:spec.n_args], exclude=spec.kw_names)
+    concrete.update(spec.constants)
+    gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+    if not concrete:
+        return gm
+    params = list(inspect.signature(model.forward).parameters)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(params) != len(placeholders):
+        raise RuntimeError("the forward's parameters do not line up with the traced graph's inputs")
+    for name, node in zip(params, placeholders):
+        if name in concrete:
+            value = concrete[name]
+            for user in list(node.users):
+                user.args = fx.node.map_arg(user.args, lambda a: value if a is node else a)
+                user.kwargs = fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
+            gm.graph.erase_node(node)
+    # CallSpec orders the tensor keywords as the forward does: what is left lines up with `flat`
+    if sum(n.op == "placeholder" for n in gm.graph.nodes) != len(flat):
+        raise RuntimeError("the forward's parameters do not line up with the example's arguments")
+    gm.recompile()
+    return gm
+
+
+
+def _export(model, spec: "CallSpec", flat):
+    return export_program(flat_module(model, spec) if not spec.trivial else model, flat).module()
+
+
+def flat_module(model: nn.Module, spec: "CallSpec") -> nn.Module:
+    """The model as a module whose forward takes the CallSpec's flat inputs and returns the flat
+    output: a shallow copy (the same parameters, buffers and submodules under the same names, so a
+    graph traced from it has the model's paths) of a subclass overriding forward. Deep copies and
+    .to() conversions of it stay flat."""
+    cls = type(model)
+    flat_cls = type(cls.__name__, (cls,), {"forward": _flat_forward, "__module__": cls.__module__})
+    shell = copy.copy(model)
+    shell.__class__ = flat_cls
+    shell.accelc_call_spec = spec
+    return shell
+
+
+def _flat_forward(self, *flat):
+    spec = self.accelc_call_spec
+    kw = dict(zip(spec.kw_names, flat[spec.n_args:]), **spec.constants)
+    return spec.flat_output(super(type(self), self).forward(*flat[:spec.n_args], **kw))
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
+# How far a correct captured graph may differ from the model (the same ops, possibly regrouped,
+# decomposed, or given another kernel by the tracer: an SDPA with an all-zero mask where eager took
+# none), relative L2 per output tensor: a few roundings of its dtype (REL_L2_FLOOR; 1e-5 for fp32
+# and fp64).
+
+
+def _check_same(expected, got):
+    exp_leaves, got_leaves = pytree.tree_leaves(expected), pytree.tree_leaves(got)
+    if len(exp_leaves) != len(got_leaves):
+        raise RuntimeError("the captured graph returns a different output structure than the model")
+    for e, g in zip(exp_leaves, got_leaves):
+        if not isinstance(e, torch.Tensor):
+            continue
+        if not (isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype):
+            raise RuntimeError("the captured graph's output has another shape or dtype than the model's")
+        if not e.is_floating_point():
+            same = torch.equal(e, g)
+        else:
+            nan, inf = torch.isnan(e), torch.isinf(e)
+            finite = ~(nan | inf)
+            same = (torch.equal(nan, torch.isnan(g)) and torch.equal(e[inf], g[inf])
+                    and rel_l2(g[finite], e[finite]) <= REL_L2_FLOOR.get(e.dtype, 1e-5))
+        if not same:
+            raise RuntimeError("the captured graph's output differs from the model's on the example inputs")
+
+
+class _Recorder(fx.Interpreter):
+    """Runs a graph, storing each node's TensorMeta (and whether its value is None) as it goes."""
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if isinstance(out, torch.Tensor):
+            meta.set_tensor_meta(n, out)
+        n.meta[meta.IS_NONE] = out is None  # e.g. an optional mask argument left at None
+        return out
+
+
+def record_meta(gm: fx.GraphModule, args: tuple):
+    """Run gm on `args`, storing each node's TensorMeta; returns gm's output. (fx.Interpreter.run
+    flattens the arguments and unflattens the output through the graph's codegen itself: an export
+    graph takes its inputs flat.)"""
+    return _Recorder(gm).run(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# module paths
+
+def _annotate_paths(gm: fx.GraphModule) -> None:
+    """meta.PATH: the module path a node came from; meta.MODULE_TYPE: that module's original
+    class, qualified name (graph modules keep only stand-in containers)."""
+    modules = dict(gm.named_modules())
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack") or {}
+        if n.op == "call_module":
+            path, cls = n.target, type(modules[n.target])
+        elif n.op == "get_attr":
+            path, cls = n.target.rpartition(".")[0], None
+        else:
+            path, cls = (_clean_path(list(stack.values())[-1][0]), list(stack.values())[-1][1]) if stack else ("", None)
+        n.meta[meta.PATH] = path
+        n.meta[meta.MODULE_TYPE] = cls if cls is None or isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+
+
+_TRACER_ROOT = re.compile(r"^(L\['[^']*'\]|L__self__)\.?")
+
+
+def _clean_path(path: str) -> str:
+    """Drop the tracer's name for the root module: L['self'].blocks.0 (strict export),
+    L['fn'].0 (torch.compile), L__self__.fc -> blocks.0, 0, fc."""
+    return _TRACER_ROOT.sub("", path)
+
+
+# ---------------------------------------------------------------------------------------------
+# canonical form

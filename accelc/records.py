@@ -1,0 +1,153 @@
+"""The records optimize's stages leave for the later ones, low in the import tower so that each stage
+imports its inputs' types and nothing above them:
+
+    Rewrite      a rewritten layer (rewrite -> guard, runner, summary, report), on its node's meta
+    Fallback     the call a layer goes back to (an int8 layer's float kernel)
+    LayerCheck   the guard's verdict on one layer (guard -> summary, report)
+    LayerRecord  one row of the summary and the report
+    OptimizeInfo what optimize measured and decided for the whole model
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import fx
+
+from accelc.meta import attr_value
+
+
+@dataclass
+class Fallback:
+    """The call a layer goes back to when the guard rejects its current one (an int8 layer's
+    float kernel)."""
+    target: object
+    args: tuple
+    kwargs: dict
+    kind: str
+    kernel: str
+    aux: list                    # the Rewrite.aux of that call
+
+
+@dataclass
+class Rewrite:
+    layer: str                   # e.g. "blocks.0.fc1+gelu"
+    kind: str                    # "linear", "linear_int8", ...
+    kernel: str                  # e.g. "accelc::linear[gelu]"
+    original: fx.GraphModule     # the replaced nodes as a module; placeholders <- inputs
+    inputs: list = field(default_factory=list)   # main-graph nodes feeding original's placeholders
+    aux: list = field(default_factory=list)      # nodes the pass added for the op (e.g. weight.t())
+    fallback: Fallback | None = None   # the call this layer replaced, when it replaced one
+    note: str = ""               # shown in the summary (why a layer stayed in float, ...)
+    weight_bytes: tuple = ()     # int8 layers: (float weight bytes, int8 weight + scale bytes)
+    released: bool = False       # original's tensors dropped (release_original)
+
+    @property
+    def quantized(self) -> bool:
+        """int8 layers: judged by SQNR, not the float tolerance."""
+        return self.kind.endswith("_int8")
+
+    def eager(self, model=None) -> fx.GraphModule:
+        """The original layer as a module: its own, or, once released, one reading its parameters
+        from `model` (the model it was captured from: same attribute paths)."""
+        if not self.released:
+            return self.original
+        if model is None:
+            raise ValueError(f"layer {self.layer}: its float weights were released; pass the model they live in")
+        return fx.GraphModule(model, self.original.graph, class_name="OriginalLayer")
+
+    def release_original(self) -> None:
+        """Keep the original's graph but not its tensors, nor the fallback call: for a layer whose
+        float weights the optimized module no longer holds (int8). eager(model) rebuilds it."""
+        consts = {n.target: attr_value(self.original, n).to("meta")
+                  for n in self.original.graph.nodes if n.op == "get_attr"}
+        self.original = fx.GraphModule(_Holder(consts), self.original.graph, class_name="OriginalLayer")
+        self.fallback = None
+        self.released = True
+
+
+class _Holder(torch.nn.Module):
+    """Attributes at dotted paths, for GraphModule(root=...) to copy from."""
+
+    def __init__(self, values: dict):
+        super().__init__()
+        for target, v in values.items():
+            *path, name = target.split(".")
+            mod = self
+            for p in path:
+                if not hasattr(mod, p):
+                    mod.add_module(p, torch.nn.Module())
+                mod = getattr(mod, p)
+            mod.register_buffer(name, v)
+
+
+@dataclass
+class LayerCheck:
+    passed: bool
+    rel_error: float          # accelc vs higher-precision reference, relative L2
+    eager_rel_error: float    # eager PyTorch vs the same reference
+    max_abs_error: float
+    tolerance: float
+    input_shapes: tuple
+    dtype: torch.dtype | None
+    reason: str = ""
+    sqnr_db: float = math.nan       # vs the same reference
+
+
+@dataclass
+class LayerRecord:
+    """One layer of the summary, and of the latency report (which adds timings to it)."""
+    name: str                       # module path of the node group, e.g. "blocks.0.fc1+gelu"
+    kind: str                       # "linear" for rewrites; the op or module type for kept ones
+    status: str                     # "rewritten" | "reverted" | "kept"
+    kernel: str = ""                # e.g. "accelc::linear[gelu]"
+    reason: str = ""                # why kept or reverted
+    check: LayerCheck | None = None     # the guard's, for rewritten and reverted layers
+    input_shapes: tuple = ()        # kept layers (the others': their check's)
+    dtype: str = ""                 # kept layers (the others': their check's)
+    flops: int = 0                  # per call on the example inputs (accelc.flops)
+
+    def __post_init__(self):
+        if self.check is not None:
+            self.input_shapes = self.check.input_shapes
+            self.dtype = str(self.check.dtype).replace("torch.", "") if self.check.dtype else ""
+
+    # the guard's numbers (NaN where the layer was not checked)
+    rel_error = property(lambda self: _num(self.check, "rel_error"))               # vs higher precision
+    eager_rel_error = property(lambda self: _num(self.check, "eager_rel_error"))
+    max_abs_error = property(lambda self: _num(self.check, "max_abs_error"))
+    tolerance = property(lambda self: _num(self.check, "tolerance"))
+    sqnr_db = property(lambda self: _num(self.check, "sqnr_db"))                   # int8 layers' measure
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "check"}
+        d.update({k: getattr(self, k) for k in ("rel_error", "eager_rel_error", "max_abs_error", "tolerance",
+                                                "sqnr_db")})
+        return d
+
+
+def _num(check, name) -> float:
+    return math.nan if check is None else getattr(check, name)
+
+
+@dataclass
+class OptimizeInfo:
+    capture_method: str
+    device: str
+    pass_counts: dict = field(default_factory=dict)
+    end_to_end_rel_error: float = math.nan     # optimized vs eager model output, relative L2
+    int8: bool = False
+    end_to_end_sqnr_db: float = math.nan       # the same comparison in dB
+    float_weight_bytes: int = 0                # of the layers now running in int8 ...
+    int8_weight_bytes: int = 0                 # ... and what their int8 weights + scales take
+    model_weight_bytes: int = 0                # parameters + buffers of the captured model
+    weight_bytes: int = 0                      # ... of the optimized module's graph
+    original_weight_bytes: int = 0             # more held by the original layers kept for reports (folded BN)
+    runtime: str = ""                          # how calls run (accelc.runner.plan), in words
+    flops: int = 0                             # per call on the example inputs (accelc.flops) ...
+    accelc_flops: int = 0                      # ... of which in accelc kernels
+    eager_gpu_ms: float = math.nan             # eager model's GPU time a call (a GPU, only_if_faster) ...
+    accelc_eager_gpu_ms: float = math.nan      # ... of which in the layers accelc now runs (their eager times)
+    seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
+    #                                               included), warmup (glue compile, CUDA graph capture)

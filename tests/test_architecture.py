@@ -1,0 +1,92 @@
+"""The code's shape, checked: the import structure follows the data flow (no module imports one that
+imports it back), one concern per module (none over ~500 lines outside the kernels, whose files
+hold a kernel, its launcher and its reference by design), no class defined inside a function, and
+no private name (`_x`) imported from another module."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"accelc": "accelc", "passes": "accelc.passes", "kernels": "accelc.kernels", "models": "accelc.models"}
+MAX_LINES = 500
+
+
+def _modules() -> dict:
+    found = {}
+    for folder, package in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _module_imports(path: Path) -> list:
+    """(module imported, names) for every accelc import at the module's top level."""
+    out = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("accelc"):
+            out.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names if a.name.startswith("accelc")]
+    return out
+
+
+def _graph() -> dict:
+    graph = {}
+    for name, path in MODULES.items():
+        deps = set()
+        for module, names in _module_imports(path):
+            for n in names or [None]:
+                full = f"{module}.{n}" if n else module
+                deps.add(full if full in MODULES else module)
+        graph[name] = {d for d in deps if d in MODULES and d != name}
+    return graph
+
+
+def test_no_import_circle():
+    graph, state, circles = _graph(), {}, []
+
+    def visit(m, stack):
+        state[m] = "open"
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                circles.append(" -> ".join(stack[stack.index(d):] + [d]))
+            elif d not in state:
+                visit(d, stack)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert not circles, circles
+
+
+@pytest.mark.parametrize("name", sorted(n for n, p in MODULES.items() if not p.is_relative_to(ROOT / "kernels")))
+def test_one_concern_per_module(name):
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)}: {lines} lines; split what it holds"
+
+
+def test_no_class_defined_in_a_function():
+    found = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{path.relative_to(ROOT)}:{c.lineno} {c.name} in {node.name}" for c in ast.walk(node)
+                          if isinstance(c, ast.ClassDef)]
+    assert not found, found
+
+
+def test_no_private_name_imported_from_another_module():
+    found = [f"{path.relative_to(ROOT)}: {module}.{n}" for path in MODULES.values()
+             for module, names in _module_imports(path) for n in names
+             if n.startswith("_") and not n.endswith("__")]
+    assert not found, found
