@@ -45,6 +45,16 @@ HEAD_DIMS = tuple(range(16, 257, 8))   # multiples of 8, 16 to 256
 
 
 @triton.jit
+def _log2_units(add):
+    """An additive mask in log2 units: x log2(e), saturating at the largest finite float where
+    that product overflows (bf16's and fp32's own minimum, the value HF's masks fill with, stays
+    finite, as eager's softmax sees it: a row masked that way averages its values, not 0 or NaN);
+    -inf stays -inf."""
+    a = add.to(tl.float32)
+    return tl.where(a == float("-inf"), a, tl.maximum(a * 1.4426950408889634, -3.4028234663852886e38))
+
+
+@triton.jit
 def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_base, offs_m, offs_d, lo, hi, L, S,
                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -93,11 +103,11 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
             if MASK_KIND == 1:   # additive float mask, natural-log units
                 if MASK_ROW:     # the same for every query row (a key padding mask): one row read
                     add = tl.load(mask_base + offs_n * stride_mn, mask=n_ok, other=0.0)
-                    qk += (add.to(tl.float32) * 1.4426950408889634)[None, :]
+                    qk += _log2_units(add)[None, :]
                 else:
                     add = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
                                   mask=m_ok[:, None] & n_ok[None, :], other=0.0)
-                    qk += add.to(tl.float32) * 1.4426950408889634
+                    qk += _log2_units(add)
             elif MASK_KIND == 2:  # boolean mask: True attends
                 if MASK_ROW:
                     keep = tl.load(mask_base + offs_n * stride_mn, mask=n_ok, other=0)

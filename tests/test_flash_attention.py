@@ -125,6 +125,30 @@ def test_fully_masked_row_is_nan_with_empty_nan_like_a_written_softmax(kind):
     assert torch.isnan(ref[0, 0, 2]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("row", [True, False])
+@pytest.mark.parametrize("empty_nan", [False, True])
+def test_row_masked_with_the_dtypes_minimum_averages_like_eager(dtype, row, empty_nan):
+    """A row whose keys are all masked with finfo(dtype).min (HF's padding value: a one-token
+    request whose only token is padding) is no empty row: eager's softmax sees finite scores and
+    averages the values. bf16's minimum times log2(e) overflows fp32: the kernel saturates it
+    instead of making it -inf (which gave 0, or NaN with empty_nan)."""
+    q, k, v = _qkv(2, 2, 3, 8, 32, dtype)
+    shape = (2, 1, 1, 8) if row else (2, 1, 3, 8)
+    mask = torch.zeros(shape, dtype=dtype, device=DEVICE)
+    mask[1] = torch.finfo(dtype).min          # batch 1: every key masked, every row
+    mask[0, ..., 5:] = torch.finfo(dtype).min  # batch 0: a padded tail
+    out = torch.ops.accelc.flash_attention(q, k, v, mask, empty_nan=empty_nan)
+    assert torch.isfinite(out).all()
+    ref = fa.flash_attention_ref(q.double(), k.double(), v.double(), mask.double(), empty_nan=empty_nan)
+    eager = torch.softmax(q.float() @ k.float().transpose(-1, -2) / 32 ** 0.5 + mask.float(), -1) @ v.float()
+    tol = 2e-3 if dtype == torch.float16 else 1.6e-2
+    assert rel_l2(out, ref) < tol and rel_l2(out, eager) < tol
+    if dtype == torch.bfloat16:   # -3.4e38 + a score is -3.4e38 even in fp64: every key weighs the same
+        torch.testing.assert_close(out[1].float(), v[1].double().mean(-2, keepdim=True).expand(2, 3, 32).float(),
+                                   atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("args,message", [
     (lambda q, k, v: (q.float(), k.float(), v.float()), "dtype torch.float32"),
     (lambda q, k, v: (q[..., :44], k[..., :44], v[..., :44]), "head dim 44"),
