@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 import warnings
@@ -14,6 +15,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import guard, meta, runner, runtime
 from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
+from accelc.capture.shapes import SHAPES
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.flops import node_flops
 from accelc.latency import layer_ms
@@ -29,7 +31,7 @@ log = logging.getLogger("accelc")
 
 
 def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str | None = None,
-             calibration=None, example_kwargs: dict | None = None) -> OptimizedModule:
+             calibration=None, example_kwargs: dict | None = None, dynamic=None) -> OptimizedModule:
     """Rewrite `model`'s recognised layers into accelc's Triton kernels.
 
     example_inputs: a tensor or a tuple of positional arguments, on the device the model runs
@@ -44,6 +46,9 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     calibration: with int8 static scales or smoothing (Int8Config), a list of input batches
         (tensors or tuples, like example_inputs) the activation ranges are measured on; the
         example inputs when None.
+    dynamic: which input shapes the optimized model takes (OptimizeConfig.dynamic; given here,
+        it replaces the config's): True (default) every batch size and sequence length up to the
+        model's limits, False the example's shapes only, or {"input_ids": {0: (1, 64), 1: (1, 512)}}.
 
     Layers accelc does not recognise, and rewritten layers whose numbers the guard rejects, run
     as PyTorch; OptimizedModule.summary() lists every one with its reason.
@@ -54,6 +59,8 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     (buffers it updates in forward keep their values) and its mode is not changed (the copy runs
     in eval mode: accelc optimizes for inference).
     """
+    if dynamic is not None:
+        config = dataclasses.replace(resolve_config(config), dynamic=dynamic)
     job = make_job(model, example_inputs, config, calibration, stacklevel=3, example_kwargs=example_kwargs)
     runtime.warn_if_interpreted(stacklevel=2)
     return optimize_job(job)
@@ -138,7 +145,7 @@ def optimize_job(job: Job) -> OptimizedModule:
     try:
         t0 = time.perf_counter()
         log.info("accelc: capturing %s", type(job.model).__name__)
-        gm, method, expected = capture(job.model, job.args, job.kwargs)
+        gm, method, expected = capture(job.model, job.args, job.kwargs, dynamic=job.config.dynamic)
         t1 = time.perf_counter()
         log.info("accelc: captured with %s (%d graph nodes, %.1f s)", method, len(gm.graph.nodes), t1 - t0)
         spec = gm.meta[CALL_SPEC]
@@ -159,7 +166,8 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
                    device: torch.device, calibration: list | None = None) -> OptimizedModule:
     """Passes and guard on a captured graph in canonical form (accelc.capture.make_canonical) whose output on `args` is
     `expected`."""
-    ctx = PassContext(config, args, calibration if calibration is not None else [args], device)
+    ctx = PassContext(config, args, calibration if calibration is not None else [args], device,
+                      shapes=gm.meta.get(SHAPES))
     model_bytes = tensor_bytes([gm])
     eager_ms = _eager_gpu_ms(gm, args, config, device)
     t0 = time.perf_counter()
@@ -175,6 +183,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     # layers now in int8
     spec = gm.meta.get(CALL_SPEC)
     gm = fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)
+    gm.meta[SHAPES] = ctx.shapes
     with torch.no_grad():
         got = gm(*args)
     err = output_error(got, expected)
@@ -185,7 +194,8 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
                         float_weight_bytes=sum(b[0] for b in weights), int8_weight_bytes=sum(b[1] for b in weights),
                         model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
                         original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
-                        runtime=runner.plan(config, device, gm)[2], seconds=seconds)
+                        runtime=runner.plan(config, device, gm)[2], seconds=seconds,
+                        shapes=ctx.shapes.describe() if ctx.shapes is not None else "")
     records = collect_layers(gm, checks, node_flops(gm))
     info.flops = sum(r.flops for r in records)
     info.accelc_flops = sum(r.flops for r in records if r.status == "rewritten")

@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="also write summary.txt, layers.json and the per-layer latency report "
                         "(report.json / .csv / .md / .html, as `accelc report`) to DIR")
     _int8_args(c)
+    _shape_args(c)
 
     r = sub.add_parser(
         "report", parents=[common], help="time and check every layer: eager PyTorch vs ONNX Runtime vs accelc",
@@ -110,7 +111,38 @@ def _input_args(p):
     return shapes
 
 
+def _shape_args(p) -> None:
+    g = p.add_argument_group("input shapes (default: every batch size and length up to the model's limits)")
+    x = g.add_mutually_exclusive_group()
+    x.add_argument("--static", action="store_true", help="take the example's shapes only")
+    x.add_argument("--dynamic", metavar="NAME:DIM=LO..HI[,DIM=LO..HI]", action="append", default=None,
+                   help="the dims of input NAME that vary, and their ranges (HI 'any': no limit), e.g. "
+                        "input_ids:0=1..64,1=1..512; every other dim takes the example's size; repeat for "
+                        "each input")
+
+
+def _dynamic(args):
+    """OptimizeConfig.dynamic from --static / --dynamic."""
+    if getattr(args, "static", False):
+        return False
+    if not getattr(args, "dynamic", None):
+        return True
+    out = {}
+    for item in args.dynamic:
+        name, _, dims = item.partition(":")
+        try:
+            for part in dims.split(","):
+                d, _, rng = part.partition("=")
+                lo, _, hi = rng.partition("..")
+                out.setdefault(name.strip(), {})[int(d)] = (int(lo), None if hi.strip() in ("any", "") else int(hi))
+        except ValueError:
+            raise ValueError(f"--dynamic {item!r}: expected NAME:DIM=LO..HI[,DIM=LO..HI], e.g. "
+                             "input_ids:0=1..64,1=1..512") from None
+    return out
+
+
 def _runtime_args(p) -> None:
+    _shape_args(p)
     g = p.add_argument_group("runtime")
     g.add_argument("--glue", choices=["auto", "inductor", "eager"], default="auto",
                    help="how the layers accelc does not rewrite run: compiled by Inductor, eager, or auto "
@@ -122,7 +154,8 @@ def _runtime_args(p) -> None:
 
 
 def _runtime_config(args) -> dict:
-    return dict(glue=args.glue, cuda_graphs=not args.no_cuda_graphs, only_if_faster=not args.keep_slower)
+    return dict(glue=args.glue, cuda_graphs=not args.no_cuda_graphs, only_if_faster=not args.keep_slower,
+                dynamic=_dynamic(args))
 
 
 def _int8_args(p) -> None:
@@ -245,7 +278,7 @@ def _optimize(args) -> int:
 def _convert(args) -> int:
     opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                          example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
-                         report_dir=args.report, int8=_int8_config(args))
+                         report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args))
     print(opt.summary())
     print(f"wrote {args.output}")
     return 0

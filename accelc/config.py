@@ -122,6 +122,12 @@ class OptimizeConfig:
                     device, eager elsewhere).
     cuda_graphs:    on a CUDA device, capture the model in a CUDA graph per input signature and
                     replay it (accelc.runner); off: plain calls.
+    dynamic:        which input shapes the optimized model takes. True (the default): every dim
+                    may vary (batch, sequence) up to the model's own limits, fixed only where the
+                    model pins it; False: the example's shapes only; {input name: {dim: (lo, hi)}}
+                    (hi None: no limit): these dims vary over these ranges, as TensorRT's
+                    optimization profiles declare them, and every other dim is the example's. The
+                    summary says which dims vary and why one is fixed.
     """
 
     dtype: torch.dtype | str | None = None
@@ -134,6 +140,7 @@ class OptimizeConfig:
     only_if_faster: bool = field(default_factory=lambda: os.environ.get("ACCELC_ONLY_IF_FASTER", "1") != "0")
     glue: str = "auto"
     cuda_graphs: bool = True
+    dynamic: bool | dict = True
 
     def __post_init__(self):
         if self.int8 is True:
@@ -162,6 +169,7 @@ class OptimizeConfig:
             raise ValueError(f"glue must be one of {GLUES}, not {self.glue!r}")
         if not self.eager_error_factor >= 1:
             raise ValueError(f"eager_error_factor must be >= 1, not {self.eager_error_factor}")
+        object.__setattr__(self, "dynamic", _dynamic(self.dynamic))
 
     def tolerance_for(self, dtype: torch.dtype) -> float:
         """The guard's relative-L2 floor for a layer computing in `dtype`."""
@@ -170,6 +178,28 @@ class OptimizeConfig:
         if dtype == torch.float32 and self.fp32_precision == "tf32":
             return DEFAULT_TOLERANCES["tf32"]
         return DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[torch.float32])
+
+
+def _dynamic(value):
+    """OptimizeConfig.dynamic checked: True, False, or {input name: {dim: (lo, hi)}} with ints, 1 <= lo,
+    lo <= hi (hi None: no limit); ValueError naming what is wrong."""
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"dynamic must be True, False or {{input name: {{dim: (lo, hi)}}}}, not {value!r}")
+    out = {}
+    for name, dims in value.items():
+        if not isinstance(name, str) or not isinstance(dims, dict):
+            raise ValueError(f"dynamic[{name!r}] must map dims to (lo, hi) ranges, as {{0: (1, 64)}}; got {dims!r}")
+        out[name] = {}
+        for d, rng in dims.items():
+            ok = (isinstance(d, int) and d >= 0 and isinstance(rng, (tuple, list)) and len(rng) == 2
+                  and isinstance(rng[0], int) and (rng[1] is None or isinstance(rng[1], int)))
+            if not ok or rng[0] < 1 or (rng[1] is not None and rng[1] < rng[0]):
+                raise ValueError(f"dynamic[{name!r}][{d!r}] must be a (lo, hi) range with 1 <= lo <= hi "
+                                 f"(hi None for no limit); got {rng!r}")
+            out[name][d] = (rng[0], rng[1])
+    return out
 
 
 PRESETS = {

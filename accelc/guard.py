@@ -67,11 +67,12 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
     and kept ones included."""
     v = _Verdicts()
     if ctx.config.guard:
-        _judge(gm, v, check_layers(gm, ctx.example_inputs, ctx.config, seconds=ctx.seconds), may_demote=True)
+        _judge(gm, v, check_layers(gm, ctx.example_inputs, ctx.config, seconds=ctx.seconds, shapes=ctx.shapes),
+               may_demote=True)
     _choose_int8_or_float(gm, ctx, v)
     if v.recheck and ctx.config.guard:
-        _judge(gm, v, check_layers(gm, ctx.example_inputs, ctx.config, only=v.recheck, seconds=ctx.seconds),
-               may_demote=False)
+        _judge(gm, v, check_layers(gm, ctx.example_inputs, ctx.config, only=v.recheck, seconds=ctx.seconds,
+                                   shapes=ctx.shapes), may_demote=False)
     _keep_the_faster(gm, ctx, v)
     forget_replacements(gm)
     _release_int8_float_weights(gm)
@@ -132,17 +133,19 @@ def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
 # ---------------------------------------------------------------------------------------------
 # checking
 
-def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: dict | None = None
-                 ) -> dict[fx.Node, LayerCheck]:
+def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: dict | None = None,
+                 shapes=None) -> dict[fx.Node, LayerCheck]:
     """Check every rewritten node (or those in `only`) on `args`, then again on the other inputs
-    of `other_inputs` (a second draw, another batch size): a layer passes only if it passes on
-    all of them. On a GPU each kernel runs twice on the example inputs and must give the same
-    bits both times (accelc's kernels have no atomics: a difference is a race). A kernel's first
-    call tunes it (accelc.tuning): the tuning log names the layer and how many are left.
-    seconds: where to add the time the checks on other inputs took ("guard: other inputs")."""
+    of `other_inputs` (a second draw; other batch sizes and sequence lengths, the ends of the
+    ranges `shapes` says the graph takes): a layer passes only if it passes on all of them. On a
+    GPU each kernel runs twice on the example inputs and must give the same bits both times
+    (accelc's kernels have no atomics: a difference is a race). A kernel's first call tunes it
+    (accelc.tuning): the tuning log names the layer and how many are left. seconds: where to add
+    the time the checks on other inputs took ("guard: other inputs"). shapes
+    (accelc.capture.InputShapes) records the sizes every layer was checked at."""
     checks = _check_pass(gm, args, config, only, repeat=repeat_runs())
     t0 = time.perf_counter()
-    for label, more_args in other_inputs(args):
+    for label, more_args, sizes in _other_inputs(args, shapes):
         passing = {n for n, c in checks.items() if c.passed}
         if not passing:
             break
@@ -150,7 +153,11 @@ def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: di
             more = _check_pass(gm, more_args, config, passing, repeat=False)
         except Exception as e:   # the model itself does not run on them (a shape it fixes): nothing to check
             log.debug("accelc: guard: no check %s (%s: %s)", label, type(e).__name__, e)
+            if shapes is not None:
+                shapes.learn(str(e))    # a shape guard the program holds beyond its stated ranges
             continue
+        if sizes is not None and only is None:
+            shapes.checked_at(label, args, sizes)
         for n, c in more.items():
             if not c.passed:
                 checks[n] = dataclasses.replace(c, reason=f"{c.reason} ({label})")
@@ -166,46 +173,60 @@ def repeat_runs() -> bool:
     return not runtime.interpreted()
 
 
-def other_inputs(args: tuple) -> list[tuple[str, tuple]]:
-    """Inputs the guard checks the layers on besides the example: ("on a second draw of the
-    inputs", same shapes, drawn independently) and, where every tensor input has the same leading
-    dim b, ("at batch b2", b2 != b). Floating-point tensors are drawn normal with each example
-    tensor's mean and std; integer ones (token ids) uniform over the example's range; bool ones
-    (masks) and everything else are the example's, repeated or cut along the batch."""
+def other_inputs(args: tuple, shapes=None) -> list[tuple[str, tuple]]:
+    """Inputs the guard checks the layers on besides the example, as (label, inputs)."""
+    return [(label, inputs) for label, inputs, _ in _other_inputs(args, shapes)]
+
+
+def _other_inputs(args: tuple, shapes=None) -> list[tuple[str, tuple, dict | None]]:
+    """Inputs the guard checks the layers on besides the example, as (label, inputs, sizes): ("on a
+    second draw of the inputs", same shapes, drawn independently); where `shapes` (the graph's
+    InputShapes) has dims that vary, the ends of their ranges and an odd size in between
+    (InputShapes.other_shapes, `sizes` the varying dims' sizes); else, where every tensor input has
+    the same leading dim b, ("at batch b2", b2 != b). Floating-point tensors are drawn normal with
+    each example tensor's mean and std; integer ones (token ids, masks) uniform over the example's
+    range; bool ones and everything else are the example's, repeated or cut to size."""
     gen = torch.Generator().manual_seed(12345)
     tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
-    out = [("on a second draw of the inputs", _draw(args, gen, None))]
+    out = [("on a second draw of the inputs", _draw(args, gen, [None] * len(args)), None)]
+    if shapes is not None and not shapes.free and shapes.varying():
+        for label, sizes in shapes.other_shapes(args):
+            out.append((label, _draw(args, gen, shapes.shaped(args, sizes)), sizes))
+        return out
     batches = {t.shape[0] if t.dim() else None for t in tensors}
     if len(batches) == 1 and None not in batches:
         b = batches.pop()
         # one row fewer: a tail the example did not have, in the same tuning bucket (next power of
         # two of the rows) as the example, so the check tunes nothing new
         b2 = b + 2 if b <= 2 else b - 1
-        out.append((f"at batch {b2}", _draw(args, gen, b2)))
+        out.append((f"at batch {b2}", _draw(args, gen, [(b2, *a.shape[1:]) if isinstance(a, torch.Tensor) and a.dim()
+                                                        else None for a in args]), None))
     return out
 
 
-def _draw(args, gen, batch):
-    def one(t):
+def _draw(args, gen, shapes: list):
+    """args drawn anew (see other_inputs), each tensor at its shape in `shapes` (None: its own)."""
+    def one(t, shape):
         if not isinstance(t, torch.Tensor) or t.dim() == 0:
             return t
-        shape = t.shape if batch is None else (batch, *t.shape[1:])
+        shape = tuple(t.shape) if shape is None else tuple(shape)
         if t.is_floating_point() and t.numel() > 1:
             x = torch.randn(shape, generator=gen, dtype=torch.float32)
             x = x * t.float().std().item() + t.float().mean().item()
         elif t.dtype in (torch.int32, torch.int64) and t.numel() > 0:
             lo, hi = int(t.min()), int(t.max())
             x = torch.randint(lo, hi + 1, shape, generator=gen, dtype=t.dtype)
-        elif batch is None or t.shape[0] == batch:
+        elif shape == tuple(t.shape):
             return t
-        else:
-            reps = -(-batch // max(t.shape[0], 1))
-            return t.repeat(reps, *([1] * (t.dim() - 1)))[:batch]
+        else:   # repeated along each dim, then cut to size
+            reps = [-(-n // max(m, 1)) for n, m in zip(shape, t.shape)]
+            return t.repeat(*reps)[tuple(slice(0, n) for n in shape)]
         x = x.to(device=t.device, dtype=t.dtype)
         if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
             x = x.contiguous(memory_format=torch.channels_last)
         return x
-    return tuple(pytree.tree_map(one, list(args)))
+    return tuple(one(a, s) if isinstance(a, torch.Tensor) else pytree.tree_map(lambda t: one(t, None), a)
+                 for a, s in zip(args, shapes))
 
 
 def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerCheck]:

@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 from accelc import meta
+from accelc.capture.shapes import SHAPES
 from accelc.config import OptimizeConfig
 from accelc.errors import InputError
 from accelc.records import LayerRecord, OptimizeInfo
@@ -64,6 +65,10 @@ class OptimizedModule(nn.Module):
             raise InputError("accelc's optimized model is for inference and computes no gradients, but an input "
                              "requires grad: call it with inputs that do not (x.detach()), under torch.no_grad() "
                              "or torch.inference_mode(); differentiate the original model")
+        shapes = self.graph_module.meta.get(SHAPES)
+        refused = shapes.check(args) if shapes is not None else None
+        if refused:
+            raise InputError(refused)
         if self.runner is None:
             self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(args, kwargs, self))
         try:
@@ -72,6 +77,8 @@ class OptimizedModule(nn.Module):
             text = str(e).strip().splitlines()[0] if str(e).strip() else ""
             if not text.startswith("Guard failed"):
                 raise
+            if shapes is not None:
+                raise InputError(shapes.refusal(text, args)) from None
             raise InputError(f"these inputs have a shape the captured program does not take ({text}: a shape "
                              "torch.export fixed); call it with inputs shaped like the example, or optimize (or "
                              "export) with an example of the shape you call it with") from None
@@ -117,6 +124,8 @@ class OptimizedModule(nn.Module):
         lines += self.coverage_lines()
         lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
                      + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
+        if self.info.shapes:
+            lines.append(self.info.shapes)
         fixed = self.call_spec.defaults if self.call_spec is not None else {}
         if fixed:
             shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in list(fixed.items())[:6])

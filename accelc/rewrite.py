@@ -51,6 +51,7 @@ class PassContext:
     device: torch.device
     seconds: dict = field(default_factory=dict)   # where optimize's time goes, by phase
     eager_ms: dict = field(default_factory=dict)  # layer name -> eager ms of the original, where timed
+    shapes: object = None   # accelc.capture.InputShapes: the input shapes the graph takes
 
     @property
     def inductor_glue(self) -> bool:

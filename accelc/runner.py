@@ -8,8 +8,13 @@ On a CUDA device, by default (OptimizeConfig.glue "auto", cuda_graphs True):
     the first time it is seen. A later call with that signature copies its tensors into the
     graph's input buffers, replays the graph and returns copies of its outputs: one call's outputs
     are never overwritten by the next. A signature whose graph cannot be captured (an op that
-    waits for the host, a CPU tensor argument, more than MAX_GRAPHS signatures) runs as plain
-    calls, and the reason is kept (OptimizedModule.summary()).
+    waits for the host, a CPU tensor argument) runs as plain calls, and the reason is kept
+    (OptimizedModule.summary()). All graphs of a module capture into one memory pool (each keeps
+    only its outputs alive there, so graphs reuse one another's intermediates: memory does not
+    grow with the number of shapes), at most MAX_GRAPHS at a time: a new signature beyond them
+    evicts the least recently used one. Replays are serialised (one pool).
+  - glue over a graph that takes varying shapes (accelc.capture.InputShapes) is compiled with
+    dynamic shapes, once, instead of once per shape.
 Elsewhere (the CPU interpreter), or with glue="eager" and cuda_graphs=False: plain calls of the
 graph with every accelc op calling its launcher directly (kernels.LAUNCHERS), which skips the
 op dispatcher's host cost; the graph with the ops stays what export, save and torch.compile see.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,11 +35,12 @@ from torch.utils import _pytree as pytree
 from accelc import runtime
 from accelc.runtime import resolve_glue
 from accelc.capture import mutated_state
+from accelc.capture.shapes import SHAPES
 from accelc.kernels import LAUNCHERS
 
 log = logging.getLogger("accelc")
 
-MAX_GRAPHS = 16    # signatures captured per module; later new ones run as plain calls
+MAX_GRAPHS = 16    # CUDA graphs kept per module; a new signature beyond them evicts the least recently used
 
 
 class Uncapturable(Exception):
@@ -93,7 +100,9 @@ class Runner:
         self.fn = fn
         self.cuda_graphs = cuda_graphs
         self.capture = capture or capture_cuda_graph
-        self.entries: dict = {}
+        self.entries: OrderedDict = OrderedDict()   # signature -> _Entry, least recently used first
+        self.captures = 0                            # graphs captured so far (evicted ones included)
+        self.pool = None                             # the memory pool every graph of this runner shares
         self._lock = threading.Lock()
 
     def __call__(self, *args, **kwargs):
@@ -105,35 +114,42 @@ class Runner:
             except Uncapturable as e:
                 self._note(("uncapturable", str(e)), str(e))
                 return self.fn(*args, **kwargs)
-            entry = self.entries.get(key)
-            if entry is None:
-                with self._lock:
-                    entry = self.entries.get(key) or self._record(key, args, kwargs)
-            if entry.graph is None:
-                return self.fn(*args, **kwargs)
-            for buf, x in zip(entry.inputs, leaves):
-                if buf is not None and buf.data_ptr() != x.data_ptr():
-                    buf.copy_(x)
-            entry.graph.replay()
-            return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, entry.outputs)
+            with self._lock:
+                entry = self.entries.get(key)
+                if entry is None:
+                    entry = self._record(key, args, kwargs)
+                else:
+                    self.entries.move_to_end(key)
+                if entry.graph is None:
+                    out = None
+                else:
+                    for buf, x in zip(entry.inputs, leaves):
+                        if buf is not None and buf.data_ptr() != x.data_ptr():
+                            buf.copy_(x)
+                    entry.graph.replay()
+                    out = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, entry.outputs)
+            return self.fn(*args, **kwargs) if entry.graph is None else out
 
     def _record(self, key, args, kwargs) -> _Entry:
-        captured = sum(e.graph is not None for e in self.entries.values())
+        graphs = [k for k, e in self.entries.items() if e.graph is not None]
+        if len(graphs) >= MAX_GRAPHS:    # the least recently used graph goes: its outputs leave the pool
+            del self.entries[graphs[0]]
         leaves = pytree.tree_leaves((args, kwargs))
-        if captured >= MAX_GRAPHS:
-            entry = _Entry(reason=f"more than {MAX_GRAPHS} input signatures: plain calls for the others")
-        else:
-            inputs = [torch.empty_like(x) if isinstance(x, torch.Tensor) else None for x in leaves]
-            for buf, x in zip(inputs, leaves):
-                if buf is not None:
-                    buf.copy_(x)
-            static = pytree.tree_unflatten([b if b is not None else x for b, x in zip(inputs, leaves)],
-                                           pytree.tree_flatten((args, kwargs))[1])
-            try:
+        inputs = [torch.empty_like(x) if isinstance(x, torch.Tensor) else None for x in leaves]
+        for buf, x in zip(inputs, leaves):
+            if buf is not None:
+                buf.copy_(x)
+        static = pytree.tree_unflatten([b if b is not None else x for b, x in zip(inputs, leaves)],
+                                       pytree.tree_flatten((args, kwargs))[1])
+        try:
+            if self.capture is capture_cuda_graph:
+                graph, outputs, self.pool = capture_cuda_graph(self.fn, *static, pool=self.pool)
+            else:
                 graph, outputs = self.capture(self.fn, *static)
-                entry = _Entry(graph, inputs, outputs)
-            except Uncapturable as e:
-                entry = _Entry(reason=str(e))
+            entry = _Entry(graph, inputs, outputs)
+            self.captures += 1
+        except Uncapturable as e:
+            entry = _Entry(reason=str(e))
         if entry.reason:
             log.info("accelc: plain calls for inputs %s: %s", _describe(leaves), entry.reason)
         self.entries[key] = entry
@@ -147,14 +163,18 @@ class Runner:
         graphs = [e for e in self.entries.values() if e.graph is not None]
         plain = {e.reason for e in self.entries.values() if e.graph is None}
         glue = getattr(self.fn, "failed", "")
-        text = f"{len(graphs)} input signature(s) replayed from CUDA graphs" if self.cuda_graphs else ""
+        evicted = self.captures - len(graphs)
+        text = (f"{len(graphs)} input signature(s) replayed from CUDA graphs"
+                + (f" ({self.captures} captured, {evicted} evicted: at most {MAX_GRAPHS} kept)" if evicted else "")
+                if self.cuda_graphs else "")
         text += f"; plain calls where: {'; '.join(sorted(plain))}" if plain else ""
         return "; ".join(t for t in (text.strip("; "), glue) if t)
 
 
-def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict):
-    """(graph, outputs): fn warmed up on a side stream (compiling and tuning happen here), then
-    captured on it. Raises Uncapturable with the cause when capture fails."""
+def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None):
+    """(graph, outputs, pool): fn warmed up on a side stream (compiling and tuning happen here), then
+    captured on it into the memory pool `pool` (a new one when None: the one returned). Raises
+    Uncapturable with the cause when capture fails."""
     tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
     if not tensors or any(x.device.type != "cuda" for x in tensors):
         raise Uncapturable("a tensor argument not on a CUDA device (or none at all)")
@@ -166,13 +186,14 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict):
             fn(*args, **kwargs)
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
     try:
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             outputs = fn(*args, **kwargs)
     except Exception as e:   # an op that syncs with the host, reads CPU memory, ...
         torch.cuda.synchronize(device)
         raise Uncapturable(f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    return graph, outputs
+    return graph, outputs, pool
 
 
 def _describe(leaves) -> str:
@@ -185,8 +206,8 @@ class CompiledGlue:
     it runs as the plain graph instead, saying why once (a model's own error raises from that
     plain call, as it would have in eager)."""
 
-    def __init__(self, gm: fx.GraphModule, plain: Callable):
-        self.compiled = torch.compile(gm, backend="inductor", dynamic=False, options={"triton.cudagraphs": False})
+    def __init__(self, gm: fx.GraphModule, plain: Callable, dynamic: bool = False):
+        self.compiled = torch.compile(gm, backend="inductor", dynamic=dynamic, options={"triton.cudagraphs": False})
         self.plain = plain
         self.failed = ""
 
@@ -221,4 +242,6 @@ def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runne
     """The Runner the config asks for on `device`, and what it does, in words."""
     glue, graphs, how = plan(config, device, gm)
     plain = direct_calls(gm) if runtime.can_run_on(device) else gm
-    return Runner(CompiledGlue(gm, plain) if glue == "inductor" else plain, graphs), how
+    shapes = gm.meta.get(SHAPES)
+    dynamic = bool(shapes is not None and shapes.dynamic)
+    return Runner(CompiledGlue(gm, plain, dynamic) if glue == "inductor" else plain, graphs), how

@@ -97,15 +97,35 @@ def _release(version: str) -> tuple[int, int]:
 
 def interpreter_problem() -> str | None:
     """Why Triton's CPU interpreter cannot run accelc's kernels in this environment, or None.
-    Triton before 3.7 converts 1-element arrays to Python scalars, which numpy 2.4 refuses: every
-    interpreted kernel then fails with "only 0-dimensional arrays can be converted to Python scalars"
-    (seen with triton 3.4 and 3.6 beside numpy 2.4.0; numpy 2.3.5 and triton 3.7.1 - 3.9.0 are fine)."""
+    - Triton before 3.7 converts 1-element arrays to Python scalars, which numpy 2.4 refuses: every
+      interpreted kernel then fails with "only 0-dimensional arrays can be converted to Python
+      scalars" (seen with triton 3.4 and 3.6 beside numpy 2.4.0; numpy 2.3.5 and triton 3.7.1 -
+      3.9.0 are fine).
+    - Triton imported before TRITON_INTERPRET was set (before accelc, on a machine without a GPU):
+      its own library functions (tl.cdiv, tl.sigmoid...) were then made for the compiler, and every
+      interpreted kernel that calls one fails with "Cannot call @triton.jit'd outside of the scope
+      of a kernel"."""
     import numpy
     import triton
     if _release(triton.__version__) < (3, 7) and _release(numpy.__version__) >= (2, 4):
         return (f"Triton {triton.__version__}'s CPU interpreter cannot run with numpy {numpy.__version__}: "
                 "install triton>=3.7 or numpy<2.4")
+    if interpreted() and _library_compiled():
+        return ("triton was imported before accelc (or before TRITON_INTERPRET=1 was set), so its own functions "
+                "were made for the GPU compiler and Triton's CPU interpreter cannot run accelc's kernels: import "
+                "accelc before triton, or set TRITON_INTERPRET=1 before either")
     return None
+
+
+def _library_compiled() -> bool:
+    """Whether triton.language's own jit functions were made for the compiler (not the interpreter)."""
+    try:
+        import triton.language.standard as std
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return False
+    fn = getattr(std, "cdiv", None)
+    return fn is not None and not isinstance(fn, InterpretedFunction)
 
 
 def warn_if_interpreted(stacklevel: int = 2) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from accelc.capture import export_program, quiet_torch_logs
+from accelc.capture.shapes import SHAPES
 from accelc.errors import ModelFileError, short_error
 from accelc.files import atomic_path, check_output_file
 from accelc.optimized import OptimizedModule
@@ -32,14 +34,21 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
     path = check_output_file(path, ".pt2", "a torch.export program")
     args = tuple(example_inputs if example_inputs is not None else opt.example_inputs)
     spec = opt.call_spec
+    dynamic = opt.config.dynamic
+    shapes = opt.graph_module.meta.get(SHAPES)
+    if isinstance(dynamic, dict):   # the declared ranges by the graph's input position
+        names = spec.names if spec is not None else (shapes.names if shapes is not None else ())
+        dynamic = tuple(dynamic.get(n) for n in names) if names else True
     with quiet_torch_logs():
         if spec is not None and spec.kw_names:
-            ep = export_program(_as_called(opt.graph_module, spec), args[:spec.n_args],
-                                dict(zip(spec.kw_names, args[spec.n_args:])))
+            ep, static = export_program(_as_called(opt.graph_module, spec), args[:spec.n_args],
+                                        dict(zip(spec.kw_names, args[spec.n_args:])), dynamic=dynamic)
         else:
             # the graph module, not the wrapper: its forward has the model's own signature, which
             # per-dimension dynamic shapes are matched against
-            ep = export_program(opt.graph_module, args)
+            ep, static = export_program(opt.graph_module, args, dynamic=dynamic)
+    if static and dynamic is not False:
+        warnings.warn(f"accelc.save: the saved program takes the example's shapes only: {static}", stacklevel=2)
     with atomic_path(path) as tmp:
         try:
             torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict())})

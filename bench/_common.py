@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import torch
-import triton
 
+import accelc  # noqa: F401  (before triton: accelc decides interpreter or GPU before any kernel is defined)
+import triton
 from accelc.latency import per_call_us  # noqa: F401  (the benches' host-time timer, one for all)
 from accelc.numerics import rel_l2  # noqa: F401  (one relative L2 for benches, reports and tests)
 

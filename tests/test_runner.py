@@ -87,14 +87,23 @@ def test_a_signature_that_cannot_be_captured_runs_plain_calls_with_the_reason():
     assert "not a tensor, not hashable" in r2.status()
 
 
-def test_at_most_max_graphs(monkeypatch):
+def test_at_most_max_graphs_the_least_recently_used_goes(monkeypatch):
+    """Any number of shapes (any batch, any length), at most MAX_GRAPHS graphs alive: a new shape
+    beyond them evicts the least recently used one, and that shape is captured again when it comes
+    back."""
     monkeypatch.setattr(runner, "MAX_GRAPHS", 2)
     cap = Captures()
     r = runner.Runner(_f, cuda_graphs=True, capture=cap)
     for n in (1, 2, 3, 4):
         x = torch.randn(n, 8)
         assert torch.equal(r(x)["out"], torch.tanh(x))
-    assert len(cap.graphs) == 2 and "more than 2 input signatures" in r.status()
+    assert len(cap.graphs) == 4 and sum(e.graph is not None for e in r.entries.values()) == 2
+    assert "(4 captured, 2 evicted: at most 2 kept)" in r.status()
+    x = torch.randn(4, 8)
+    assert torch.equal(r(x)["out"], torch.tanh(x)) and len(cap.graphs) == 4          # still kept
+    x = torch.randn(1, 8)
+    assert torch.equal(r(x)["out"], torch.tanh(x)) and len(cap.graphs) == 5          # evicted: captured again
+    assert [k[0][0][0] for k in r.entries] == [4, 1]                                 # (the batch sizes kept)
 
 
 def test_cpu_tensors_are_not_captured():

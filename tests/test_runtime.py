@@ -44,3 +44,21 @@ def test_a_broken_interpreter_keeps_layers_in_pytorch_and_says_why(monkeypatch):
     assert opt.layers and all(r.status == "reverted" for r in opt.layers)
     assert all("cannot run with numpy 9.9" in r.reason for r in opt.layers)
     torch.testing.assert_close(opt(x), model(x))
+
+
+@pytest.mark.skipif(not runtime.interpreted(), reason="the interpreter's failure mode")
+def test_triton_imported_before_accelc_is_named():
+    """On a machine without a GPU, triton imported before accelc made its own library functions for
+    the compiler: the interpreter then cannot run a kernel. Said in each layer's reason, not a
+    riddle from inside Triton."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+            "import triton, torch, accelc\nfrom torch import nn\n"
+            "m = nn.Sequential(nn.Linear(16, 32), nn.ReLU()).eval()\n"
+            "opt = accelc.optimize(m, torch.randn(4, 16))\n"
+            "print(opt.layers[0].status, '|', opt.layers[0].reason)")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert "reverted | kernel failed: triton was imported before accelc" in done.stdout, done.stdout + done.stderr

@@ -102,6 +102,23 @@ class CallSpec:
         return CallSpec(len(args), tuple(tensors), constants, template, arg_names, defaults)
 
     @property
+    def names(self) -> tuple:
+        """The flat inputs' names: the positional arguments' (the forward's, or input_<i>), then the
+        tensor keyword arguments'."""
+        return tuple(self.arg_names) + tuple(self.kw_names)
+
+    def positions(self, dynamic):
+        """OptimizeConfig.dynamic as capture's exporter takes it: True / False as they are, {input
+        name: {dim: (lo, hi)}} as one entry per flat input (None: every dim fixed)."""
+        if not isinstance(dynamic, dict):
+            return dynamic
+        unknown = sorted(set(dynamic) - set(self.names))
+        if unknown:
+            raise InputError(f"dynamic= names {unknown[0]!r}, which is not a tensor input of the call the model was "
+                             f"optimized with (its inputs: {', '.join(self.names)})")
+        return tuple(dynamic.get(n) for n in self.names)
+
+    @property
     def trivial(self) -> bool:
         return not self.kw_names and not self.constants and self.template is None
 

@@ -26,15 +26,18 @@ from torch.utils import _pytree as pytree
 from accelc import meta
 from accelc.capture.canonical import canonicalize, unflatten_addmm
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out, restore_buffers
-from accelc.errors import CaptureError
+from accelc.capture.shapes import SHAPES, InputShapes
+from accelc.errors import CaptureError, InputError
 from accelc.numerics import REL_L2_FLOOR, rel_l2, same_values
 
-def capture(model: nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[fx.GraphModule, str, object]:
+def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True
+            ) -> tuple[fx.GraphModule, str, object]:
     """Returns (graph module, capture method, the model's eager output on `args`, `kwargs`). The
     graph takes the CallSpec's flat positional inputs (gm.meta[CALL_SPEC]: the positional
-    arguments, then the tensor keyword arguments). Buffers the forward updates in place get back
-    their values after each run here; symbolic_trace is not tried on such a model (it runs buffer
-    updates once, at trace time, instead of recording them)."""
+    arguments, then the tensor keyword arguments); gm.meta[SHAPES] says which shapes it takes
+    (dynamic: OptimizeConfig.dynamic, for torch.export). Buffers the forward updates in place get
+    back their values after each run here; symbolic_trace is not tried on such a model (it runs
+    buffer updates once, at trace time, instead of recording them)."""
     kwargs = dict(kwargs or {})
     state = buffer_state(model)
     given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (*args, *kwargs.values())]
@@ -51,9 +54,10 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None) -> tuple[
                            "out of place (x = x + ...)")
     spec = CallSpec.of(model, args, kwargs, expected)
     flat = spec.flat(args, kwargs)
+    _check_declared(spec, spec.positions(dynamic), flat)
     failures = []
     with quiet_torch_logs():
-        found = _try_tracers(model, spec, flat, expected, state, updated, failures)
+        found = _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic)
     if found is not None:
         return found
     raise CaptureError("accelc could not capture the model as a graph.\n  " + "\n  ".join(failures) + "\n"
@@ -81,7 +85,7 @@ def quiet_torch_logs():
             lg.setLevel(level)
 
 
-def _try_tracers(model, spec, flat, expected, state, updated, failures):
+def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=True):
     """(graph module, method, expected) from the first tracer whose graph reproduces the model;
     None when none does (each failure appended to `failures`)."""
     for method, trace in (("symbolic_trace", _symbolic_trace), ("torch.export", _export)):
@@ -93,10 +97,11 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures):
             failures.append(f"{method}: not tried: the output holds tensors in objects a traced graph cannot return")
             continue
         try:
-            gm = trace(model, spec, flat)
+            gm = trace(model, spec, flat, dynamic)
             restore_buffers(model, state)   # tracing (and export's own check) ran the forward's updates
             restore_buffers(gm, state)
             gm.meta[CALL_SPEC] = spec
+            gm.meta.setdefault(SHAPES, InputShapes(spec.names, free=True, declared=spec.positions(dynamic)))
             _check_same(spec.flat_output(expected), make_canonical(gm, flat))
             return gm, method, expected
         except Exception as e:  # each method's failure is reported together below
@@ -145,30 +150,80 @@ def make_canonical(gm: fx.GraphModule, args: tuple):
     return out
 
 
-def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None) -> torch.export.ExportedProgram:
-    """torch.export (non-strict) with every dimension allowed to vary (batch, sequence); export
-    specializes those the model pins down. Static shapes if that fails. A batch of one is traced
-    as a batch of two (the example repeated): torch.export fixes every dim whose example is 0 or
-    1, and a program traced at batch 1 would take batch 1 only; where the batch-2 program's shape
-    guards refuse the example itself, the example's own shapes are traced. Keyword arguments must
-    follow the forward's parameter order."""
+def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True
+                   ) -> tuple[torch.export.ExportedProgram, str]:
+    """torch.export (non-strict); returns (program, why its shapes are the example's: "" when dims
+    vary). dynamic: True lets every dimension vary (batch, sequence; export fixes those the model
+    pins down), False exports the example's shapes, a tuple (one entry per input, positional then
+    keyword: {dim: (lo, hi)} or None) the ranges a user declared (other dims fixed). Where the
+    dynamic export fails, the static one is used and the reason returned: never silently. A batch of
+    one is traced as a batch of two (the example repeated) for dynamic=True: torch.export fixes
+    every dim whose example is 0 or 1; where that program's guards refuse the example itself, the
+    example's own shapes are traced. Keyword arguments must follow the forward's parameter order."""
     kwargs = dict(kwargs or {})
-    grown = _batch_of_two((*args, *kwargs.values()))
+    values = (*args, *kwargs.values())
+    if dynamic is False:
+        return torch.export.export(model, tuple(args), kwargs, strict=False), "dynamic=False"
     examples = [(tuple(args), kwargs)]
+    grown = _batch_of_two(values) if dynamic is True else None
     if grown is not None:
         examples.insert(0, (grown[:len(args)], dict(zip(kwargs, grown[len(args):]))))
+    failure = ""
     for example_args, example_kwargs in examples:
-        dynamic = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor) else None
-                        for a in (*example_args, *example_kwargs.values()))
+        if dynamic is True:
+            specs = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor)
+                          else None for a in (*example_args, *example_kwargs.values()))
+        else:
+            specs = tuple(_declared(d, a, i) for i, (d, a) in enumerate(zip(dynamic, values)))
+        if _takes_varargs(model) and not example_kwargs:
+            specs = (specs,)    # a forward(*xs) (flat_module's): one entry, the tuple the varargs bind
         try:
-            ep = torch.export.export(model, example_args, example_kwargs, dynamic_shapes=dynamic, strict=False)
+            ep = torch.export.export(model, example_args, example_kwargs, dynamic_shapes=specs, strict=False)
             if example_args is not examples[-1][0]:
                 with torch.no_grad():
                     ep.module()(*args, **kwargs)    # shape guards traced at batch 2 may exclude batch 1
-            return ep
-        except Exception:
+            return ep, ""
+        except Exception as e:   # said with the static program it falls back to
+            failure = failure or _first_line(e)[:300] or type(e).__name__
             continue
-    return torch.export.export(model, tuple(args), kwargs, strict=False)
+    return (torch.export.export(model, tuple(args), kwargs, strict=False),
+            f"the dynamic export failed: {failure}")
+
+
+def _check_declared(spec, declared, flat) -> None:
+    """The ranges a user declared (dynamic=, by input position) must name dims the example has and
+    hold the example's sizes."""
+    if not isinstance(declared, tuple):
+        return
+    for name, ranges, a in zip(spec.names, declared, flat):
+        for d, (lo, hi) in (ranges or {}).items():
+            if not isinstance(a, torch.Tensor) or d >= a.dim():
+                raise InputError(f"dynamic= gives a range for {name} dim {d}, which the example does not have")
+            if not lo <= a.shape[d] <= (hi if hi is not None else a.shape[d]):
+                raise InputError(f"the example's {name} dim {d} is {a.shape[d]}, outside the range {lo}..{hi} "
+                                 "declared for it (dynamic=): give an example inside the range")
+
+
+def _declared(ranges, a, i):
+    """torch.export's spec of input i for the ranges a user declared ({dim: (lo, hi)}; None: fixed).
+    Dim.AUTO with bounds where this torch has it (export then ties dims that must be equal, a batch
+    dim across inputs); named Dims before."""
+    if not ranges or not isinstance(a, torch.Tensor):
+        return None
+    try:
+        return {d: torch.export.Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in ranges.items()}
+    except TypeError:
+        return {d: torch.export.Dim(f"in{i}_dim{d}", min=lo, max=hi) for d, (lo, hi) in ranges.items()}
+
+
+def _takes_varargs(model: nn.Module) -> bool:
+    """Whether the forward takes its positional inputs as *args: torch.export then wants the dynamic
+    shapes of all of them as one entry."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
 
 
 def _batch_of_two(values: tuple) -> tuple | None:
@@ -180,7 +235,7 @@ def _batch_of_two(values: tuple) -> tuple | None:
 
 
 
-def _symbolic_trace(model, spec: "CallSpec", flat):
+def _symbolic_trace(model, spec: "CallSpec", flat, dynamic=True):
     """symbolic_trace with the forward's parameters the call leaves out (and its non-tensor keyword
     arguments) fixed; their placeholders are dropped, so the graph takes the CallSpec's flat inputs."""
     concrete = left_out(model, flat[:spec.n_args], exclude=spec.kw_names)
@@ -207,8 +262,13 @@ def _symbolic_trace(model, spec: "CallSpec", flat):
 
 
 
-def _export(model, spec: "CallSpec", flat):
-    return export_program(flat_module(model, spec) if not spec.trivial else model, flat).module()
+def _export(model, spec: "CallSpec", flat, dynamic=True):
+    ep, static = export_program(flat_module(model, spec) if not spec.trivial else model, flat,
+                                dynamic=spec.positions(dynamic))
+    gm = ep.module()
+    gm.meta[SHAPES] = InputShapes.of_export(gm, ep.range_constraints, spec.names, static)
+    gm.meta[SHAPES].declared = spec.positions(dynamic)
+    return gm
 
 
 def flat_module(model: nn.Module, spec: "CallSpec") -> nn.Module:

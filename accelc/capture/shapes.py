@@ -1,0 +1,228 @@
+"""The shapes a captured graph takes: which dims of which inputs may vary, over what range, and why a
+dim is fixed; and a call's shape that the graph refuses, said in one line naming the input, the dim
+and the limit.
+
+torch.export states them (each input dim a number or a symbol, each symbol a range) for graphs it
+captures with dynamic dims (capture's default: every dim allowed to vary, fixed where the model pins
+it, as TensorRT profiles and ONNX dynamic axes let a user do). symbolic_trace records no shapes: its
+graph takes what the model's code takes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+SHAPES = "accelc_shapes"   # gm.meta key: the InputShapes of a captured graph
+# a program's shape guard, as torch.export words it: "Guard failed: flat_0.size()[1] <= 64"
+_GUARD = re.compile(r"(\w+)\.size\(\)\[(\d+)\]\s*(<=|>=|==|<|>)\s*(-?\d+)")
+
+
+@dataclass(frozen=True)
+class DimRange:
+    """A dim that varies: from lo to hi (None: no upper limit). Dims with one `sym` are one size
+    (a batch dim across inputs, a sequence dim across ids and mask)."""
+    lo: int
+    hi: int | None
+    sym: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.lo}..{self.hi if self.hi is not None else 'any'}"
+
+
+@dataclass
+class InputShapes:
+    """Per flat input (the CallSpec's order, named), per dim: a fixed size or a DimRange; None for an
+    input that is no tensor. `free`: no shape recorded (symbolic_trace); `static`: why every dim is
+    the example's (dynamic=False, or the dynamic export failed: said, never silent)."""
+    names: tuple
+    dims: tuple = ()
+    free: bool = False
+    static: str = ""
+    checked: list = field(default_factory=list)   # other shapes the guard checked every layer at
+    declared: object = True   # OptimizeConfig.dynamic by input position: a free graph enforces its ranges itself
+
+    @staticmethod
+    def of_export(gm: fx.GraphModule, ranges: dict, names: tuple, static: str = "") -> "InputShapes":
+        """From an exported program's module (its placeholders' symbolic sizes) and its
+        range_constraints (symbol -> ValueRanges)."""
+        bounds = {str(sym): _bounds(vr) for sym, vr in (ranges or {}).items()}
+        dims = []
+        user = [n for n in gm.graph.nodes if n.op == "placeholder"][-len(names):] if names else []
+        for n in user:
+            val = n.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                dims.append(None)
+                continue
+            row = []
+            for s in val.shape:
+                expr = s.node.expr if isinstance(s, torch.SymInt) else None
+                if expr is not None and not expr.is_number:
+                    lo, hi = bounds.get(str(expr), (2, None))
+                    row.append(DimRange(lo, hi, str(expr)))
+                else:   # a number, or a symbol export specialised to one
+                    row.append(int(expr) if expr is not None else int(s))
+            dims.append(tuple(row))
+        return InputShapes(tuple(names), tuple(dims), static=static)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.free or any(isinstance(d, DimRange) for row in self.dims if row for d in row)
+
+    def describe(self) -> str:
+        """One line for the summary."""
+        if self.free:
+            text = "shapes: any the model's code takes (symbolic_trace fixes none)"
+        elif self.static:
+            text = f"shapes: the example's only ({self.static})"
+        else:
+            parts = [f"{name} {' x '.join(map(str, row))}" for name, row in zip(self.names, self.dims) if row is not None]
+            text = "shapes: " + "; ".join(parts)
+            if self.dynamic:
+                text += " (a..b: a dim that varies; a number: fixed by the model)"
+        if self.checked:
+            text += "; the guard checked every layer also at " + ", ".join(self.checked)
+        return text
+
+    def check(self, args: tuple) -> str | None:
+        """Why a call's inputs are outside the ranges the user declared for a graph that records no
+        shapes (a free one: symbolic_trace), or None. (An exported program's guards check its own.)"""
+        if not self.free or not isinstance(self.declared, tuple):
+            return None
+        for name, ranges, a in zip(self.names, self.declared, args):
+            for d, (lo, hi) in (ranges or {}).items():
+                n = a.shape[d] if isinstance(a, torch.Tensor) and a.dim() > d else None
+                if n is not None and not (lo <= n and (hi is None or n <= hi)):
+                    return f"{name} dim {d} is {n}: outside the range {lo}..{hi} declared for it (dynamic=)"
+        return None
+
+    def varying(self) -> dict:
+        """{symbol: DimRange} of the dims that vary (one entry per size that varies)."""
+        return {r.sym: r for row in self.dims if row for r in row if isinstance(r, DimRange)}
+
+    def other_shapes(self, args: tuple, max_scale: int = 8) -> list[tuple[str, dict]]:
+        """Sizes the guard checks every layer at besides the example, for the dims that vary:
+        [(label, {symbol: size})]: the smallest (each at its lower end, 1 where export's 2 stands
+        for "not specialised"), one odd size in between, and the largest where the range has an end
+        and the inputs stay within max_scale x the example's elements."""
+        ranges = self.varying()
+        if not ranges:
+            return []
+        example = {}
+        for row, a in zip(self.dims, args):
+            for d, r in enumerate(row or ()):
+                if isinstance(r, DimRange) and isinstance(a, torch.Tensor):
+                    example.setdefault(r.sym, a.shape[d])
+        small = {k: 1 for k in ranges}
+        odd = {k: _odd(ranges[k], example.get(k, 2)) for k in ranges}
+        out = [("at the smallest sizes", small), ("at odd sizes", odd)]
+        # the upper ends the ranges have (a dim without one stays at the example's size)
+        large = {k: r.hi if r.hi is not None else example.get(k, 1) for k, r in ranges.items()}
+        grow = 1.0
+        for k, n in large.items():
+            grow *= n / max(example.get(k, n), 1)
+        if any(r.hi is not None for r in ranges.values()) and grow <= max_scale:
+            out.append(("at the largest sizes", large))
+        return out
+
+    def shaped(self, args: tuple, sizes: dict) -> list:
+        """The target shape of each input with the varying dims at `sizes` (None for non-tensors)."""
+        shapes = []
+        for row, a in zip(self.dims, args):
+            if row is None or not isinstance(a, torch.Tensor):
+                shapes.append(None)
+                continue
+            shapes.append(tuple(sizes.get(r.sym, a.shape[d]) if isinstance(r, DimRange) else a.shape[d]
+                                for d, r in enumerate(row)))
+        return shapes
+
+    def checked_at(self, label: str, args: tuple, sizes: dict) -> None:
+        """Record that every layer passed at these sizes (the smallest lowers the ranges' stated
+        lower ends to them: export states 2 where a dim merely is not specialised to 1)."""
+        shown = dict.fromkeys("x".join(map(str, s)) for s in self.shaped(args, sizes) if s is not None)
+        self.checked.append(" / ".join(shown))
+        if label == "at the smallest sizes":
+            self.dims = tuple(None if row is None else tuple(
+                DimRange(min(r.lo, sizes.get(r.sym, r.lo)), r.hi, r.sym) if isinstance(r, DimRange) else r for r in row)
+                for row in self.dims)
+
+    def learn(self, guard_text: str) -> bool:
+        """Narrow the ranges by a shape guard the program refused a probe with (a guard export
+        keeps outside its range constraints: a model's own check pins a dim); True if it did."""
+        found = _GUARD.search(guard_text)
+        if found is None:
+            return False
+        index, dim = _input_index(found.group(1), self.names), int(found.group(2))
+        op, limit = found.group(3), int(found.group(4))
+        if index is None or index >= len(self.dims) or not self.dims[index] or dim >= len(self.dims[index]):
+            return False
+        r = self.dims[index][dim]
+        if not isinstance(r, DimRange):
+            return False
+        if op == "==":
+            new = limit
+        elif op in ("<=", "<"):
+            new = DimRange(r.lo, min(r.hi or limit, limit if op == "<=" else limit - 1), r.sym)
+        else:
+            new = DimRange(max(r.lo, limit if op == ">=" else limit + 1), r.hi, r.sym)
+        self.dims = tuple(None if row is None else tuple(new if isinstance(x, DimRange) and x.sym == r.sym else x
+                                                         for x in row) for row in self.dims)
+        return True
+
+    def refusal(self, guard_text: str, args: tuple) -> str:
+        """The one line to say for a call the program's shape guard refused (guard_text: the
+        guard's own words, e.g. "Guard failed: flat_0.size()[1] <= 64")."""
+        found = _GUARD.search(guard_text)
+        if found is None:
+            return f"these inputs have a shape the captured program does not take ({guard_text})"
+        arg, dim, op, limit = found.group(1), int(found.group(2)), found.group(3), int(found.group(4))
+        index = _input_index(arg, self.names)
+        name = self.names[index] if index is not None and index < len(self.names) else arg
+        got = ""
+        if index is not None and index < len(args) and isinstance(args[index], torch.Tensor):
+            got = f" is {args[index].shape[dim]}"
+        declared = (isinstance(self.declared, tuple) and index is not None and index < len(self.declared)
+                    and dim in (self.declared[index] or {}))
+        source = "the range declared for it (dynamic=)" if declared else "a limit of the model's (torch.export found it)"
+        if op == "==":
+            why = (f"the model fixes it at {limit}" if not self.static
+                   else f"the program takes the example's {limit} only ({self.static})")
+        elif op in ("<=", "<"):
+            why = f"at most {limit if op == '<=' else limit - 1}: {source}"
+        else:
+            why = f"at least {limit if op == '>=' else limit + 1}: {source}"
+        return f"{name} dim {dim}{got}: {why}"
+
+
+def _bounds(vr) -> tuple:
+    lo, hi = vr.lower, vr.upper
+    lo = int(lo) if _finite(lo) else 0
+    hi = int(hi) if _finite(hi) else None
+    return lo, hi
+
+
+def _finite(x) -> bool:
+    """Whether a range bound is a number (torch's int_oo claims is_finite, and int() of it fails)."""
+    try:
+        return abs(int(x)) < 2 ** 62
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return False
+
+
+def _input_index(arg: str, names: tuple):
+    """The flat input a guard's argument name stands for: flat_3 (flat_module's *args), a forward's
+    own parameter name, or args_0 / L['args'][0]-style names."""
+    if arg in names:
+        return names.index(arg)
+    found = re.search(r"(\d+)$", arg)
+    return int(found.group(1)) if found else None
+
+
+def _odd(r: DimRange, example: int) -> int:
+    """A size inside r unlike the example's: odd, not a power of two (a tail for every tile)."""
+    for n in (example + 1 if example % 2 == 0 else example + 2, 17, 3):
+        if n >= r.lo and (r.hi is None or n <= r.hi) and n != example:
+            return n
+    return example

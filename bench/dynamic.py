@@ -1,0 +1,264 @@
+"""Serving requests of every shape: a trace of requests whose (batch, length) are drawn at random, run
+by each side after a warm-up pass over the same trace; total time, per-request p50 / p99, the GPU
+memory high-water mark, how many compiles and CUDA-graph captures each side made, and every output
+checked against eager's. The any-shape issue's measure.
+
+    python bench/dynamic.py [--out bench/results] [--models bert,gpt2,vit,llama] [--requests 300]
+    python bench/dynamic.py --smoke        # tiny models, CPU, 6 requests: checks the script runs
+
+Sides: eager; torch.compile(dynamic=True); torch.compile(mode="reduce-overhead") (a CUDA graph per
+shape it meets); ONNX Runtime (dynamo export with dynamic axes, CUDA provider, IO binding; with
+`source .ort/install.sh`); accelc's default call (any shape: `dynamic=True`). Requests: batch 1-32,
+length 8-512 (ViT: batch only, 224 x 224 images), seed 0; fp16, random weights at real shapes
+(BERT-base, GPT-2 small without cache, ViT-B/16, a Llama-style 1.1B with GQA). The reference memory:
+reduce-overhead's high-water mark at the example's one shape.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common  # noqa: E402
+
+from accelc.numerics import rel_l2  # noqa: E402
+
+TOL = 2e-2      # fp16 whole model against eager fp16 (tracks accumulation-order differences)
+
+
+def models(smoke: bool) -> dict:
+    """name -> (build() -> model, make(batch, length) -> kwargs, text?)."""
+    import transformers as tf
+
+    def text(model_fn, vocab):
+        def make(b, n):
+            return {"input_ids": torch.randint(0, vocab, (b, n)), "attention_mask": torch.ones(b, n, dtype=torch.long)}
+        return model_fn, make, True
+
+    def image(model_fn, size):
+        return model_fn, (lambda b, n: {"pixel_values": torch.randn(b, 3, size, size)}), False
+
+    if smoke:
+        small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+                     max_position_embeddings=128)
+        return {"bert": text(lambda: tf.BertModel(tf.BertConfig(**small)), 100),
+                "vit": image(lambda: tf.ViTModel(tf.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                               intermediate_size=64, image_size=16, patch_size=8)), 16)}
+    return {
+        "bert": text(lambda: tf.BertModel(tf.BertConfig()), 30522),
+        "gpt2": text(lambda: tf.GPT2Model(tf.GPT2Config(use_cache=False)), 50257),
+        "vit": image(lambda: tf.ViTModel(tf.ViTConfig()), 224),
+        "llama": text(lambda: tf.LlamaModel(tf.LlamaConfig(
+            hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+            num_key_value_heads=4, vocab_size=32000, use_cache=False, max_position_embeddings=4096)), 32000),
+    }
+
+
+def trace(n: int, text: bool, smoke: bool, seed: int = 0) -> list[tuple[int, int]]:
+    """(batch, length) per request: batch 1-32 and length 8-512, uniform (ViT: length unused)."""
+    g = torch.Generator().manual_seed(seed)
+    hi_b, hi_n = (3, 40) if smoke else (32, 512)
+    b = torch.randint(1, hi_b + 1, (n,), generator=g).tolist()
+    lengths = torch.randint(8, hi_n + 1, (n,), generator=g).tolist() if text else [0] * n
+    return list(zip(b, lengths))
+
+
+def _hidden(out):
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+class OrtSide:
+    """The model exported once with dynamic axes, run by ONNX Runtime's CUDA provider with IO binding:
+    inputs bound from the request's tensors, outputs allocated by ORT on the device."""
+
+    def __init__(self, model, example: dict, device, workdir):
+        import onnxruntime as ort_rt
+
+        from accelc.baselines import ort
+
+        names = list(example)
+        batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=1, max=1024)
+        dyn = {k: ({0: batch, 1: seq} if v.dim() == 2 else {0: batch}) for k, v in example.items()}
+        path = str(Path(workdir) / "model.onnx")
+        with torch.no_grad():
+            torch.onnx.export(model, (), path, kwargs=example, dynamo=True, dynamic_shapes=dyn,
+                              external_data=True, input_names=names)
+        self.sess = ort.session(path, device)
+        self.names, self.device = names, device
+        if "CUDAExecutionProvider" not in self.sess.get_providers():
+            raise RuntimeError(f"no CUDA provider in this onnxruntime ({ort_rt.get_available_providers()})")
+
+    def __call__(self, **inputs):
+        binding = self.sess.io_binding()
+        for name in self.names:
+            t = inputs[name].contiguous()
+            binding.bind_input(name, "cuda", self.device.index or 0, _np(t.dtype), tuple(t.shape), t.data_ptr())
+        for out in self.sess.get_outputs():
+            binding.bind_output(out.name, "cuda", self.device.index or 0)
+        self.sess.run_with_iobinding(binding)
+        return [torch.from_dlpack(o.to_dlpack()) if hasattr(o, "to_dlpack") else o
+                for o in binding.get_outputs()]
+
+
+def _np(dtype):
+    import numpy as np
+
+    return {torch.float16: np.float16, torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32,
+            torch.bool: np.bool_}[dtype]
+
+
+def run_side(call, feeds, device, eager_outputs=None, check_every=10):
+    """Warm-up pass over the whole trace, then the timed pass: per-request ms, peak memory, errors."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    with torch.no_grad():
+        for f in feeds:                 # warm-up: every shape the trace holds (compiles, captures, tuning)
+            call(**f)
+        sync()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        times, errors, outputs = [], [], []
+        for i, f in enumerate(feeds):
+            t0 = time.perf_counter()
+            out = call(**f)
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+            if i % check_every == 0:
+                h = _hidden(out).float()
+                outputs.append(h)
+                if eager_outputs is not None:
+                    errors.append(rel_l2(h, eager_outputs[len(outputs) - 1]))
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return {"total_ms": round(sum(times), 2), "p50_ms": round(statistics.median(times), 3),
+            "p99_ms": round(sorted(times)[max(0, int(len(times) * 0.99) - 1)], 3), "peak_mib": peak,
+            "max_rel_err_vs_eager": max(errors) if errors else None, "per_request_ms": [round(t, 3) for t in times]}, outputs
+
+
+def bench_model(name, spec, n_requests, device, dtype, smoke, sides):
+    import accelc
+
+    build, make, text = spec
+    torch.manual_seed(0)
+    model = build().to(device).eval()
+    model = model.to(dtype) if dtype != torch.float32 else model
+    requests = trace(n_requests, text, smoke)
+    example = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device))
+               for k, v in make(2, 64 if text else 0).items()}
+
+    def cast(f):
+        return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in f.items()}
+
+    torch.manual_seed(1)       # the same requests for every side
+    feeds = [{k: v.to(device) for k, v in cast(make(b, n)).items()} for b, n in requests]
+    row = {"model": name, "requests": n_requests, "shapes": len(set(requests))}
+    eager, eager_out = run_side(lambda **f: model(**f), feeds, device)
+    row["eager"] = eager
+    for side in sides:
+        try:
+            torch._dynamo.reset()
+            counters = torch._dynamo.utils.counters
+            counters.clear()
+            t0 = time.perf_counter()
+            if side == "compile_dynamic":
+                call = torch.compile(model, dynamic=True)
+            elif side == "compile_ro":
+                call = torch.compile(model, mode="reduce-overhead")
+            elif side == "ort":
+                workdir = tempfile.mkdtemp()
+                call = OrtSide(model, example, device, workdir)
+            else:
+                opt = accelc.optimize(model, example)
+                call = opt
+            prepare_s = time.perf_counter() - t0
+            result, _ = run_side(call, feeds, device, eager_out)
+            result["prepare_s"] = round(prepare_s, 1)
+            result["compiles"] = int(counters["stats"].get("unique_graphs", 0))
+            if side == "accelc":
+                result["captures"] = getattr(opt.runner, "captures", 0) if opt.runner is not None else 0
+                result["summary_shapes"] = opt.info.shapes
+                result["runtime"] = opt.runner.status() if opt.runner is not None else ""
+            if side == "compile_ro":   # the reference memory: reduce-overhead at the example's one shape
+                torch._dynamo.reset()
+                one = torch.compile(model, mode="reduce-overhead")
+                with torch.no_grad():
+                    for _ in range(3):
+                        one(**example)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats(device)
+                        one(**example)
+                        torch.cuda.synchronize()
+                        row["compile_ro_one_shape_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+            row[side] = result
+        except Exception as e:   # a side that cannot run this model: said in its row
+            row[side] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(f"{name} {side}: {_short(row[side])}", flush=True)
+    return row
+
+
+def _short(r: dict) -> str:
+    if "error" in r:
+        return r["error"]
+    return (f"total {r['total_ms']:.0f} ms, p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, peak {r['peak_mib']} MiB, "
+            f"compiles {r.get('compiles')}, captures {r.get('captures', '-')}, max err {r['max_rel_err_vs_eager']}")
+
+
+def markdown(env, rows) -> str:
+    sides = ["eager", "compile_dynamic", "compile_ro", "ort", "accelc"]
+    header = ["model", "side", "total ms", "p50 ms", "p99 ms", "peak MiB", "compiles", "captures", "max rel err vs eager",
+              "accelc / side (total)"]
+    table = []
+    for r in rows:
+        acc = r.get("accelc", {})
+        for s in sides:
+            x = r.get(s)
+            if x is None:
+                continue
+            if "error" in x:
+                table.append([r["model"], s, x["error"]] + [""] * 7)
+                continue
+            ratio = (f"{x['total_ms'] / acc['total_ms']:.2f}x" if acc.get("total_ms") and s != "accelc" else "")
+            table.append([r["model"], s, f"{x['total_ms']:.0f}", x["p50_ms"], x["p99_ms"],
+                          "" if x["peak_mib"] is None else f"{x['peak_mib']:.0f}", x.get("compiles", ""),
+                          x.get("captures", ""), "" if x["max_rel_err_vs_eager"] is None else f"{x['max_rel_err_vs_eager']:.1e}",
+                          ratio])
+    return (f"# Requests of every shape (any-shape serving)\n\n{_common.env_line(env)}\n\n"
+            "A trace of requests with random (batch, length), run once to warm up, then timed request by "
+            "request (host clock around each call, the GPU synchronised); every 10th output compared with "
+            "eager's. compiles: Dynamo graphs compiled; captures: accelc's CUDA graphs captured.\n\n"
+            + _common.md_table(header, table))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--models", default="bert,gpt2,vit,llama")
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--sides", default="compile_dynamic,compile_ro,ort,accelc")
+    ap.add_argument("--smoke", action="store_true", help="tiny models on the CPU, a few requests, eager and accelc")
+    args = ap.parse_args()
+    smoke = args.smoke
+    device = torch.device("cpu" if smoke or not torch.cuda.is_available() else "cuda")
+    dtype = torch.float32 if device.type == "cpu" else torch.float16
+    specs = models(smoke)
+    names = [m for m in args.models.split(",") if m in specs] if not smoke else list(specs)
+    sides = ["accelc"] if smoke else args.sides.split(",")
+    env = _common.environment()
+    print(_common.env_line(env), flush=True)
+    rows = [bench_model(n, specs[n], 6 if smoke else args.requests, device, dtype, smoke, sides) for n in names]
+    if smoke:
+        for r in rows:
+            assert r["accelc"].get("max_rel_err_vs_eager") is not None and r["accelc"]["max_rel_err_vs_eager"] < 1e-4, r
+        print("smoke: ok")
+        return
+    _common.write(args.out, "dynamic", env, rows, markdown(env, rows))
+    print(markdown(env, rows))
+
+
+if __name__ == "__main__":
+    main()
