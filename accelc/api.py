@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import logging
+import math
 import time
 import warnings
 from collections.abc import Mapping
@@ -13,7 +15,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import guard, meta, runner, runtime
+from accelc import buckets, guard, meta, runner, runtime
 from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
 from accelc.capture.shapes import SHAPES
 from accelc.config import OptimizeConfig, PRESETS
@@ -31,7 +33,8 @@ log = logging.getLogger("accelc")
 
 
 def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str | None = None,
-             calibration=None, example_kwargs: dict | None = None, dynamic=None) -> OptimizedModule:
+             calibration=None, example_kwargs: dict | None = None, dynamic=None,
+             warmup_shapes=None) -> OptimizedModule:
     """Rewrite `model`'s recognised layers into accelc's Triton kernels.
 
     example_inputs: a tensor or a tuple of positional arguments, on the device the model runs
@@ -49,6 +52,9 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     dynamic: which input shapes the optimized model takes (OptimizeConfig.dynamic; given here,
         it replaces the config's): True (default) every batch size and sequence length up to the
         model's limits, False the example's shapes only, or {"input_ids": {0: (1, 64), 1: (1, 512)}}.
+    warmup_shapes: shapes captured at optimize time, not at their first call
+        (OptimizeConfig.warmup_shapes; given here, it replaces the config's): [{"input_ids": (8, 128)}],
+        or "buckets".
 
     Layers accelc does not recognise, and rewritten layers whose numbers the guard rejects, run
     as PyTorch; OptimizedModule.summary() lists every one with its reason.
@@ -59,8 +65,9 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     (buffers it updates in forward keep their values) and its mode is not changed (the copy runs
     in eval mode: accelc optimizes for inference).
     """
-    if dynamic is not None:
-        config = dataclasses.replace(resolve_config(config), dynamic=dynamic)
+    given = {k: v for k, v in (("dynamic", dynamic), ("warmup_shapes", warmup_shapes)) if v is not None}
+    if given:
+        config = dataclasses.replace(resolve_config(config), **given)
     job = make_job(model, example_inputs, config, calibration, stacklevel=3, example_kwargs=example_kwargs)
     runtime.warn_if_interpreted(stacklevel=2)
     return optimize_job(job)
@@ -153,10 +160,20 @@ def optimize_job(job: Job) -> OptimizedModule:
         calibration = [spec.flat(b, job.kwargs) for b in job.calibration]
         opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration)
         opt.info.seconds["capture"] = round(t1 - t0, 2)
+        warm = warmup_inputs(opt, job.config.warmup_shapes)
         if runtime.can_time(job.device):
             t0 = time.perf_counter()
-            opt(*job.args, **job.kwargs)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
+            opt.warm_up(flat)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
             opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
+            if warm:
+                t0 = time.perf_counter()
+                for inputs in warm:
+                    opt.warm_up(inputs)
+                seconds = round(time.perf_counter() - t0, 2)
+                opt.info.seconds["warm-up shapes"] = seconds
+                note_warmed(opt, f"{len(warm)} warm-up shape(s) captured at optimize time ({seconds:.1f} s)")
+        elif warm:
+            note_warmed(opt, f"{len(warm)} warm-up shape(s) not captured: no CUDA graphs on this device")
     finally:
         restore_buffers(job.model, state)
     return opt
@@ -186,6 +203,10 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     gm.meta[SHAPES] = ctx.shapes
     with torch.no_grad():
         got = gm(*args)
+    if ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]:
+        t0 = time.perf_counter()
+        ctx.shapes.padding, ctx.shapes.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for)
+        seconds["padding check"] = round(time.perf_counter() - t0, 2)
     err = output_error(got, expected)
     originals = [meta.rewrite_of(n).original for n in layers(gm)]
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
@@ -203,6 +224,41 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
         info.eager_gpu_ms = eager_ms
         info.accelc_eager_gpu_ms = sum(ctx.eager_ms.get(r.name, 0.0) for r in records if r.status == "rewritten")
     return OptimizedModule(gm, records, info, example_inputs=args, config=config, call_spec=spec)
+
+
+def warmup_inputs(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
+    """The graph inputs of OptimizeConfig.warmup_shapes (the example's values repeated to size), the
+    largest first (the output arena is sized once); InputError naming what does not fit."""
+    if not warmup_shapes:
+        return []
+    shapes = opt.graph_module.meta.get(SHAPES)
+    if shapes is None or shapes.free or not shapes.varying():
+        raise InputError("warmup_shapes: the optimized model takes one shape per input (no dim varies), so there "
+                         "is nothing to warm up beyond the example")
+    if warmup_shapes == "buckets":
+        plan = shapes.padding
+        if plan is None:
+            return []
+        open_ended = [plan.words[s] for s, r in plan.ranges.items() if r.hi is None]
+        if open_ended:
+            raise InputError(f'warmup_shapes="buckets": {", ".join(open_ended)} has no upper end; declare one '
+                             '(dynamic={name: {dim: (lo, hi)}}) or list the shapes')
+        syms = list(plan.ranges)
+        grid = itertools.product(*(buckets.bucket_sizes(plan.ranges[s].lo, plan.ranges[s].hi) for s in syms))
+        all_sizes = [dict(zip(syms, combo)) for combo in grid]
+    else:
+        try:
+            all_sizes = [shapes.sizes_of(named, opt.example_inputs) for named in warmup_shapes]
+        except ValueError as e:
+            raise InputError(str(e)) from None
+    all_sizes.sort(key=lambda sz: -math.prod(sz.values()))
+    return [shapes.inputs_at(opt.example_inputs, sz) for sz in all_sizes]
+
+
+def note_warmed(opt: OptimizedModule, text: str) -> None:
+    shapes = opt.graph_module.meta[SHAPES]
+    shapes.warmed = text
+    opt.info.shapes = shapes.describe()
 
 
 def _eager_gpu_ms(gm: fx.GraphModule, args: tuple, config, device: torch.device) -> float | None:

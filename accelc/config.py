@@ -128,6 +128,14 @@ class OptimizeConfig:
                     (hi None: no limit): these dims vary over these ranges, as TensorRT's
                     optimization profiles declare them, and every other dim is the example's. The
                     summary says which dims vary and why one is fixed.
+    padding:        with CUDA graphs and dims that vary: a call's batch and length are padded up to
+                    bucket sizes (1, 2, 4, 8, 12, 16, 24, 32, ...) so that a few graphs serve every
+                    size, where the guard finds the pad inert (accelc.buckets); False: a graph per
+                    exact size, captured at its second call.
+    warmup_shapes:  shapes whose CUDA graphs are captured at optimize time rather than at their
+                    first call: a list of {input name: shape} (the other inputs follow, as the
+                    mask follows the ids), or "buckets" (every bucket of the padded dims' ranges,
+                    each range with an upper end). The time it takes is in the summary.
     """
 
     dtype: torch.dtype | str | None = None
@@ -141,6 +149,8 @@ class OptimizeConfig:
     glue: str = "auto"
     cuda_graphs: bool = True
     dynamic: bool | dict = True
+    padding: bool = True
+    warmup_shapes: tuple | str = ()
 
     def __post_init__(self):
         if self.int8 is True:
@@ -170,6 +180,7 @@ class OptimizeConfig:
         if not self.eager_error_factor >= 1:
             raise ValueError(f"eager_error_factor must be >= 1, not {self.eager_error_factor}")
         object.__setattr__(self, "dynamic", _dynamic(self.dynamic))
+        object.__setattr__(self, "warmup_shapes", _warmup_shapes(self.warmup_shapes))
 
     def tolerance_for(self, dtype: torch.dtype) -> float:
         """The guard's relative-L2 floor for a layer computing in `dtype`."""
@@ -200,6 +211,22 @@ def _dynamic(value):
                                  f"(hi None for no limit); got {rng!r}")
             out[name][d] = (rng[0], rng[1])
     return out
+
+
+def _warmup_shapes(value):
+    """OptimizeConfig.warmup_shapes checked: "buckets", or a tuple of {input name: shape}."""
+    if value == "buckets":
+        return value
+    if isinstance(value, dict):
+        value = (value,)
+    ok = isinstance(value, (tuple, list)) and all(
+        isinstance(x, dict) and x and all(isinstance(k, str) and isinstance(v, (tuple, list, torch.Size))
+                                          and all(isinstance(n, int) and n >= 1 for n in v) for k, v in x.items())
+        for x in value)
+    if not ok:
+        raise ValueError('warmup_shapes must be "buckets" or a list of {input name: shape}, as '
+                         f'[{{"input_ids": (8, 128)}}]; got {value!r}')
+    return tuple({k: tuple(v) for k, v in x.items()} for x in value)
 
 
 PRESETS = {

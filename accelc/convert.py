@@ -59,6 +59,7 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
             raise ModelFileError(f"{source!r} is not a readable torch.export program: {short_error(e)}") from e
         args, kwargs = ep.example_inputs if ep.example_inputs is not None else (None, {})
         model = ep.module().to(device)
+        model.accelc_program = ep    # its dims (program_dims), and its graph without its shape checks
         return model, _to(args, device) if args is not None else None, _to(dict(kwargs or {}), device)
     try:
         # A full module is a pickle: loading it runs code from the file, as torch.load says.
@@ -182,6 +183,9 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
 
     log.info(f"accelc: loading {source}")
     model, args, kwargs = load_model_and_inputs(source, dev, input_shapes, example_inputs)
+    program = getattr(model, "accelc_program", None)
+    if program is not None:
+        model, config = _program_shapes(model, program, config, dev)
     check_args = _to(args, config.dtype) if config.dtype is not None else args
     check_kwargs = _to(kwargs, config.dtype) if config.dtype is not None else kwargs
     try:
@@ -195,12 +199,40 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     job = make_job(model, args, config, copy_model=False, example_kwargs=kwargs)   # loaded here: nobody else holds it
     opt = optimize_job(job)
     log.info(f"accelc: writing {out}")
-    save(opt, out)
+    save(opt, out, strict=isinstance(config.dynamic, dict) and program is not None)
     if report_dir:
         write_summary(opt, report_dir)
         log.info(f"accelc: timing every layer against eager and ONNX Runtime for {report_dir}/report.*")
         measure(opt, job, model_name=str(source)).write(report_dir)
     return opt
+
+
+def program_dims(ep) -> dict:
+    """{input name: {dim: (lo, hi)}} of the dims a torch.export program takes in a range (hi None:
+    no end); {} for a program exported with fixed shapes."""
+    from accelc.capture.shapes import DimRange, InputShapes
+
+    names = tuple(s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
+    shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
+    return {name: {d: (max(r.lo, 1), r.hi) for d, r in enumerate(row) if isinstance(r, DimRange)}
+            for name, row in zip(names, shapes.dims) if row and any(isinstance(r, DimRange) for r in row)}
+
+
+def _program_shapes(model, ep, config: OptimizeConfig, device) -> tuple[nn.Module, OptimizeConfig]:
+    """A .pt2 input keeps the dims its program has (config.dynamic True: the program's ranges, or
+    its fixed shapes, said in the summary); dims the user declares (--dynamic) replace them, the
+    program's own shape checks left out (a graph that bakes a size in then fails the capture check
+    or the guard's check at other sizes, and says so)."""
+    import dataclasses
+
+    if config.dynamic is True:
+        dims = program_dims(ep)
+        log.info("accelc: the program takes %s", "; ".join(f"{n} {d}" for n, d in dims.items()) if dims
+                 else "its example's shapes only (exported without dynamic_shapes; --dynamic to declare others)")
+        return model, dataclasses.replace(config, dynamic=dims or False)
+    if isinstance(config.dynamic, dict):
+        model = ep.module(check_guards=False).to(device)
+    return model, config
 
 
 def load_model_and_inputs(source: str, device: torch.device, input_shapes: str | None = None,

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 from accelc import meta
-from accelc.capture.shapes import SHAPES
+from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
 from accelc.errors import InputError
 from accelc.records import LayerRecord, OptimizeInfo
@@ -74,14 +74,21 @@ class OptimizedModule(nn.Module):
         try:
             return self.runner(*args, **kwargs)
         except AssertionError as e:
-            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            if not text.startswith("Guard failed"):
+            text = guard_failure(e)
+            if text is None:
                 raise
             if shapes is not None:
                 raise InputError(shapes.refusal(text, args)) from None
             raise InputError(f"these inputs have a shape the captured program does not take ({text}: a shape "
                              "torch.export fixed); call it with inputs shaped like the example, or optimize (or "
                              "export) with an example of the shape you call it with") from None
+
+    def warm_up(self, inputs: tuple) -> None:
+        """Compile the glue and capture the CUDA graph of these graph inputs (the CallSpec's flat
+        ones) now, rather than at a user's call."""
+        if self.runner is None:
+            self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(inputs, {}, self))
+        self.runner.warm_up(*inputs)
 
     def _apply(self, fn, recurse=True):
         self.runner = None

@@ -3,18 +3,23 @@
 On a CUDA device, by default (OptimizeConfig.glue "auto", cuda_graphs True):
   - glue: what accelc did not rewrite (norms, softmax, pooling, elementwise chains, reshapes) is
     compiled by Inductor (torch.compile), accelc's kernels staying opaque custom ops inside it;
+    over a graph that takes varying shapes (accelc.capture.InputShapes) with dynamic shapes, once,
+    not once per shape;
   - CUDA graphs: each new input signature (the structure of the arguments; per tensor its shape,
     strides, dtype and device; other arguments by value) is warmed up and captured in a CUDA graph
     the first time it is seen. A later call with that signature copies its tensors into the
     graph's input buffers, replays the graph and returns copies of its outputs: one call's outputs
     are never overwritten by the next. A signature whose graph cannot be captured (an op that
     waits for the host, a CPU tensor argument) runs as plain calls, and the reason is kept
-    (OptimizedModule.summary()). All graphs of a module capture into one memory pool (each keeps
-    only its outputs alive there, so graphs reuse one another's intermediates: memory does not
-    grow with the number of shapes), at most MAX_GRAPHS at a time: a new signature beyond them
-    evicts the least recently used one. Replays are serialised (one pool).
-  - glue over a graph that takes varying shapes (accelc.capture.InputShapes) is compiled with
-    dynamic shapes, once, instead of once per shape.
+    (OptimizedModule.summary());
+  - shapes that vary: a call is padded up to its bucket (accelc.buckets: batch and length, where
+    the pad was found inert), so a few graphs serve every size; sizes that do not pad are captured
+    exactly, each at its second call (a size met once runs as a plain call);
+  - memory: every graph captures into one memory pool and ends by copying its outputs into one
+    byte arena outside it, so the pool holds no graph's outputs and its size is the largest
+    graph's working memory, however many graphs there are (replays are serialised, and each
+    call's outputs are copied out at once). At most MAX_GRAPHS graphs are kept: a new signature
+    beyond them evicts the least recently used one.
 Elsewhere (the CPU interpreter), or with glue="eager" and cuda_graphs=False: plain calls of the
 graph with every accelc op calling its launcher directly (kernels.LAUNCHERS), which skips the
 op dispatcher's host cost; the graph with the ops stays what export, save and torch.compile see.
@@ -40,7 +45,7 @@ from accelc.kernels import LAUNCHERS
 
 log = logging.getLogger("accelc")
 
-MAX_GRAPHS = 16    # CUDA graphs kept per module; a new signature beyond them evicts the least recently used
+MAX_GRAPHS = 256   # CUDA graphs kept per module; a new signature beyond them evicts the least recently used
 
 
 class Uncapturable(Exception):
@@ -94,45 +99,97 @@ class _Entry:
 
 class Runner:
     """Calls `fn` (the compiled or direct graph) as the module docstring says. `capture`: the
-    function that captures fn on given inputs (capture_cuda_graph; tests give another)."""
+    function that captures fn on given inputs (capture_cuda_graph; tests give another). `padding`
+    (accelc.buckets.Padding): calls are padded up to bucket sizes, the outputs cut back.
+    `capture_after`: calls of one signature before it is captured (2 where the sizes are many and
+    exact: a size met once runs as a plain call)."""
 
-    def __init__(self, fn: Callable, cuda_graphs: bool, capture: Callable | None = None):
+    def __init__(self, fn: Callable, cuda_graphs: bool, capture: Callable | None = None, padding=None,
+                 capture_after: int = 1):
         self.fn = fn
         self.cuda_graphs = cuda_graphs
         self.capture = capture or capture_cuda_graph
+        self.padding = padding
+        self.capture_after = capture_after
         self.entries: OrderedDict = OrderedDict()   # signature -> _Entry, least recently used first
+        self.seen: OrderedDict = OrderedDict()      # signature -> calls so far, for those not captured yet
         self.captures = 0                            # graphs captured so far (evicted ones included)
+        self.calls = self.padded = self.plain = 0    # calls; of them padded to a bucket; run as plain calls
         self.pool = None                             # the memory pool every graph of this runner shares
+        self.arena = None                            # the bytes graphs copy their outputs into (output_slots)
         self._lock = threading.Lock()
 
     def __call__(self, *args, **kwargs):
         with torch.no_grad():
             if not self.cuda_graphs:
                 return self.fn(*args, **kwargs)
-            try:
-                key, leaves = signature(args, kwargs)
-            except Uncapturable as e:
-                self._note(("uncapturable", str(e)), str(e))
-                return self.fn(*args, **kwargs)
-            with self._lock:
-                entry = self.entries.get(key)
-                if entry is None:
-                    entry = self._record(key, args, kwargs)
+            self.calls += 1
+            sizes = None
+            if self.padding is not None and not kwargs:
+                sizes = self.padding.sizes(args)
+                target = self.padding.target(sizes) if sizes is not None else sizes
+                if target == sizes:
+                    sizes = None
                 else:
-                    self.entries.move_to_end(key)
-                if entry.graph is None:
-                    out = None
-                else:
-                    for buf, x in zip(entry.inputs, leaves):
-                        if buf is not None and buf.data_ptr() != x.data_ptr():
-                            buf.copy_(x)
-                    entry.graph.replay()
-                    out = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, entry.outputs)
-            return self.fn(*args, **kwargs) if entry.graph is None else out
+                    args = self.padding.pad(args, target)
+                    self.padded += 1
+            return self._call(args, kwargs, sizes, force=False)
+
+    def warm_up(self, *args, **kwargs) -> None:
+        """Capture the graph of these inputs' bucket (or exact signature) now."""
+        with torch.no_grad():
+            if not self.cuda_graphs:
+                self.fn(*args, **kwargs)
+                return
+            if self.padding is not None and not kwargs:
+                sizes = self.padding.sizes(args)
+                if sizes is not None:
+                    args = self.padding.pad(args, self.padding.target(sizes))
+            self._call(args, kwargs, None, force=True)
+
+    def _call(self, args, kwargs, sizes, force):
+        """One call on (padded) args: its graph replayed, captured first if due, or a plain call;
+        outputs cut back to `sizes` (the call's own, where it was padded) and copied."""
+        def finish(out, copy_all):
+            if sizes is not None:
+                out = self.padding.cut(out, sizes)
+            return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out) \
+                if copy_all or sizes is not None else out
+        try:
+            key, leaves = signature(args, kwargs)
+        except Uncapturable as e:
+            self._note(("uncapturable", str(e)), str(e))
+            return finish(self.fn(*args, **kwargs), False)
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is None and (force or self._due(key)):
+                entry = self._record(key, args, kwargs)
+            elif entry is not None:
+                self.entries.move_to_end(key)
+            if entry is not None and entry.graph is not None:
+                for buf, x in zip(entry.inputs, leaves):
+                    if buf is not None and buf.data_ptr() != x.data_ptr():
+                        buf.copy_(x)
+                entry.graph.replay()
+                return finish(entry.outputs, True)
+        self.plain += 1
+        return finish(self.fn(*args, **kwargs), False)
+
+    def _due(self, key) -> bool:
+        """Whether a signature not captured yet is captured at this call (its capture_after-th)."""
+        if self.capture_after <= 1:
+            return True
+        n = self.seen.pop(key, 0) + 1
+        if n >= self.capture_after:
+            return True
+        self.seen[key] = n
+        while len(self.seen) > 64 * MAX_GRAPHS:
+            self.seen.popitem(last=False)
+        return False
 
     def _record(self, key, args, kwargs) -> _Entry:
         graphs = [k for k, e in self.entries.items() if e.graph is not None]
-        if len(graphs) >= MAX_GRAPHS:    # the least recently used graph goes: its outputs leave the pool
+        if len(graphs) >= MAX_GRAPHS:    # the least recently used graph goes
             del self.entries[graphs[0]]
         leaves = pytree.tree_leaves((args, kwargs))
         inputs = [torch.empty_like(x) if isinstance(x, torch.Tensor) else None for x in leaves]
@@ -143,7 +200,7 @@ class Runner:
                                        pytree.tree_flatten((args, kwargs))[1])
         try:
             if self.capture is capture_cuda_graph:
-                graph, outputs, self.pool = capture_cuda_graph(self.fn, *static, pool=self.pool)
+                graph, outputs, self.pool = capture_cuda_graph(self.fn, *static, pool=self.pool, arena=self._arena)
             else:
                 graph, outputs = self.capture(self.fn, *static)
             entry = _Entry(graph, inputs, outputs)
@@ -155,6 +212,15 @@ class Runner:
         self.entries[key] = entry
         return entry
 
+    def _arena(self, nbytes: int, device) -> torch.Tensor:
+        """At least nbytes of device memory outside the graphs' pool, shared by every graph (replays
+        are serialised and copied out at once). Grown to at least twice its size: graphs captured
+        on a smaller one keep it alive until they are evicted."""
+        if self.arena is None or self.arena.numel() < nbytes or self.arena.device != device:
+            size = max(nbytes, 2 * self.arena.numel() if self.arena is not None else 0)
+            self.arena = torch.empty(size, dtype=torch.uint8, device=device)
+        return self.arena
+
     def _note(self, key, reason):
         self.entries.setdefault(key, _Entry(reason=reason))
 
@@ -164,16 +230,25 @@ class Runner:
         plain = {e.reason for e in self.entries.values() if e.graph is None}
         glue = getattr(self.fn, "failed", "")
         evicted = self.captures - len(graphs)
-        text = (f"{len(graphs)} input signature(s) replayed from CUDA graphs"
-                + (f" ({self.captures} captured, {evicted} evicted: at most {MAX_GRAPHS} kept)" if evicted else "")
-                if self.cuda_graphs else "")
+        text = ""
+        if self.cuda_graphs:
+            text = (f"{len(graphs)} input signature(s) replayed from CUDA graphs"
+                    + (f" ({self.captures} captured, {evicted} evicted: at most {MAX_GRAPHS} kept)" if evicted else ""))
+            if self.padding is not None:
+                text += f"; {self.padded} of {self.calls} call(s) padded to a bucket"
+            if self.capture_after > 1 and self.plain:
+                text += (f"; {self.plain} call(s) at a size not met before ran as plain calls (captured "
+                         f"at its call number {self.capture_after})")
         text += f"; plain calls where: {'; '.join(sorted(plain))}" if plain else ""
         return "; ".join(t for t in (text.strip("; "), glue) if t)
 
 
-def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None):
+def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena: Callable | None = None):
     """(graph, outputs, pool): fn warmed up on a side stream (compiling and tuning happen here), then
-    captured on it into the memory pool `pool` (a new one when None: the one returned). Raises
+    captured on it into the memory pool `pool` (a new one when None: the one returned). With
+    `arena` (nbytes, device -> a uint8 tensor), the graph ends by copying its outputs into it
+    (output_slots) and those copies are the outputs: the pool keeps no graph's outputs alive, so
+    its size is the largest graph's working memory however many graphs there are. Raises
     Uncapturable with the cause when capture fails."""
     tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
     if not tensors or any(x.device.type != "cuda" for x in tensors):
@@ -183,17 +258,40 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None):
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for _ in range(2):
-            fn(*args, **kwargs)
+            warm = fn(*args, **kwargs)
     torch.cuda.current_stream(device).wait_stream(stream)
+    slots = output_slots(warm, lambda n: arena(n, device)) if arena is not None else None
+    del warm
     graph = torch.cuda.CUDAGraph()
     pool = pool if pool is not None else torch.cuda.graph_pool_handle()
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             outputs = fn(*args, **kwargs)
+            if slots is not None:
+                for slot, t in zip(pytree.tree_leaves(slots), pytree.tree_leaves(outputs)):
+                    if isinstance(t, torch.Tensor):
+                        slot.copy_(t)
+                outputs = slots
     except Exception as e:   # an op that syncs with the host, reads CPU memory, ...
         torch.cuda.synchronize(device)
         raise Uncapturable(f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return graph, outputs, pool
+
+
+def output_slots(outputs, arena_for: Callable):
+    """outputs with each tensor leaf replaced by a contiguous view of its shape and dtype into one
+    byte arena (arena_for(total bytes); each slot 256-byte aligned); other leaves as they are."""
+    leaves, spec = pytree.tree_flatten(outputs)
+    sizes = [-(-t.numel() * t.element_size() // 256) * 256 if isinstance(t, torch.Tensor) else 0 for t in leaves]
+    arena = arena_for(sum(sizes))
+    slots, offset = [], 0
+    for t, size in zip(leaves, sizes):
+        if isinstance(t, torch.Tensor):
+            slots.append(arena[offset:offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape))
+            offset += size
+        else:
+            slots.append(t)
+    return pytree.tree_unflatten(slots, spec)
 
 
 def _describe(leaves) -> str:
@@ -244,4 +342,8 @@ def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runne
     plain = direct_calls(gm) if runtime.can_run_on(device) else gm
     shapes = gm.meta.get(SHAPES)
     dynamic = bool(shapes is not None and shapes.dynamic)
-    return Runner(CompiledGlue(gm, plain, dynamic) if glue == "inductor" else plain, graphs), how
+    padding = shapes.padding if dynamic and config.padding else None
+    # sizes that vary and do not all pad: many exact signatures, each captured at its second call
+    exact = dynamic and (shapes.free or padding is None or set(padding.ranges) != set(shapes.varying()))
+    fn = CompiledGlue(gm, plain, dynamic) if glue == "inductor" else plain
+    return Runner(fn, graphs, padding=padding if graphs else None, capture_after=2 if exact else 1), how

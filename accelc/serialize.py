@@ -17,18 +17,22 @@ import torch
 from torch import nn
 
 from accelc.capture import export_program, quiet_torch_logs
-from accelc.capture.shapes import SHAPES
-from accelc.errors import ModelFileError, short_error
+from accelc.capture.shapes import SHAPES, DimRange, InputShapes, guard_failure
+from accelc.errors import InputError, ModelFileError, short_error
 from accelc.files import atomic_path, check_output_file
 from accelc.optimized import OptimizedModule
 
 SUMMARY_FILE = "accelc_summary.json"
 
 
-def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | None = None) -> None:
+def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | None = None,
+         strict: bool = False) -> None:
     """Export `opt` (on its example inputs unless given others) and write it to `path` (.pt2).
     The program takes the call the model was optimized with: positional inputs, and its tensor
-    keyword arguments by name (an output holding a cache comes back as its flat tuple of tensors)."""
+    keyword arguments by name (an output holding a cache comes back as its flat tuple of tensors),
+    at the shapes the optimized module takes. Where those cannot be exported with dynamic dims, the
+    program takes the example's shapes, with a warning; strict=True raises ModelFileError instead
+    (nothing written)."""
     if not isinstance(opt, OptimizedModule):
         raise TypeError(f"accelc.save takes the module accelc.optimize returned, not {type(opt).__name__}")
     path = check_output_file(path, ".pt2", "a torch.export program")
@@ -47,13 +51,29 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
             # the graph module, not the wrapper: its forward has the model's own signature, which
             # per-dimension dynamic shapes are matched against
             ep, static = export_program(opt.graph_module, args, dynamic=dynamic)
+    if not static and isinstance(dynamic, tuple):
+        static = _pinned(ep, dynamic)
     if static and dynamic is not False:
+        if strict:
+            raise ModelFileError(f"the program cannot take the declared dims ({static}): its graph fixes a size "
+                                 "(a reshape to the example's numbers?); export the model again with "
+                                 "dynamic_shapes, or convert without --dynamic")
         warnings.warn(f"accelc.save: the saved program takes the example's shapes only: {static}", stacklevel=2)
     with atomic_path(path) as tmp:
         try:
             torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict())})
         except (OSError, RuntimeError) as e:
             raise ModelFileError(f"could not write {str(path)!r}: {short_error(e)}") from e
+
+
+def _pinned(ep, declared: tuple) -> str:
+    """The declared dims (by input position) the exported program fixed at the example's size
+    anyway (export's Dim.AUTO specialises where the graph pins a size), in words; "" if none."""
+    names = tuple(s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
+    shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
+    pinned = [f"{names[i]} dim {d} is fixed at {row[d]}" for i, (ranges, row) in enumerate(zip(declared, shapes.dims))
+              for d in (ranges or {}) if row is not None and d < len(row) and not isinstance(row[d], DimRange)]
+    return "; ".join(pinned)
 
 
 def _as_called(gm: nn.Module, spec) -> nn.Module:
@@ -83,6 +103,36 @@ def load(path: str | os.PathLike) -> nn.Module:
         ep = torch.export.load(path, extra_files=extra)
     except Exception as e:
         raise ModelFileError(f"{str(path)!r} is not a readable torch.export program: {short_error(e)}") from e
-    module = ep.module()
-    module.accelc_summary = json.loads(extra[SUMMARY_FILE]) if extra[SUMMARY_FILE] else None
-    return module
+    names = tuple(s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
+    program = ep.module()
+    shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
+    if not shapes.dynamic:
+        shapes.static = "a program saved with fixed shapes"
+    return LoadedProgram(program, shapes, json.loads(extra[SUMMARY_FILE]) if extra[SUMMARY_FILE] else None)
+
+
+class LoadedProgram(nn.Module):
+    """A program read back by accelc.load: called as the optimized model was (positional inputs,
+    tensor keywords by name). A call of a shape the program does not take raises InputError naming
+    the input, the dim and the limit, as the optimized module does. `program`: the torch.export
+    module itself; `accelc_summary`: the per-layer summary saved with it."""
+
+    def __init__(self, program: nn.Module, shapes: InputShapes, summary):
+        super().__init__()
+        self.program = program
+        self.shapes = shapes
+        self.accelc_summary = summary
+
+    @property
+    def graph(self):
+        return self.program.graph
+
+    def forward(self, *args, **kwargs):
+        try:
+            return self.program(*args, **kwargs)
+        except AssertionError as e:
+            text = guard_failure(e)
+            if text is None:
+                raise
+            flat = list(args) + [kwargs.get(n) for n in self.shapes.names[len(args):]]
+            raise InputError(self.shapes.refusal(text, tuple(flat))) from None

@@ -8,10 +8,12 @@ checked against eager's. The any-shape issue's measure.
 
 Sides: eager; torch.compile(dynamic=True); torch.compile(mode="reduce-overhead") (a CUDA graph per
 shape it meets); ONNX Runtime (dynamo export with dynamic axes, CUDA provider, IO binding; with
-`source .ort/install.sh`); accelc's default call (any shape: `dynamic=True`). Requests: batch 1-32,
-length 8-512 (ViT: batch only, 224 x 224 images), seed 0; fp16, random weights at real shapes
-(BERT-base, GPT-2 small without cache, ViT-B/16, a Llama-style 1.1B with GQA). The reference memory:
-reduce-overhead's high-water mark at the example's one shape.
+`source .ort/install.sh`); accelc's default call (any shape: calls padded up to bucket sizes, a CUDA
+graph per bucket) and accelc_exact (padding=False: a CUDA graph per exact size, captured at its
+second call), the two runner designs measured side by side. Requests: batch 1-32, length 8-512
+(ViT: batch only, 224 x 224 images), seed 0; fp16, random weights at real shapes (BERT-base, GPT-2
+small without cache, ViT-B/16, a Llama-style 1.1B with GQA). The reference memory:
+reduce-overhead's high-water mark at one shape, the trace's largest request.
 """
 from __future__ import annotations
 
@@ -172,26 +174,30 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides):
                 workdir = tempfile.mkdtemp()
                 call = OrtSide(model, example, device, workdir)
             else:
-                opt = accelc.optimize(model, example)
+                opt = accelc.optimize(model, example, config=accelc.OptimizeConfig(padding=side == "accelc"))
                 call = opt
             prepare_s = time.perf_counter() - t0
             result, _ = run_side(call, feeds, device, eager_out)
             result["prepare_s"] = round(prepare_s, 1)
+            pairs = list(zip(result["per_request_ms"], eager["per_request_ms"]))
+            result["slower_than_eager"] = sum(t > e for t, e in pairs)
+            result["worst_vs_eager"] = round(max(t / e for t, e in pairs), 2)
             result["compiles"] = int(counters["stats"].get("unique_graphs", 0))
-            if side == "accelc":
+            if side.startswith("accelc"):
                 result["captures"] = getattr(opt.runner, "captures", 0) if opt.runner is not None else 0
                 result["summary_shapes"] = opt.info.shapes
                 result["runtime"] = opt.runner.status() if opt.runner is not None else ""
-            if side == "compile_ro":   # the reference memory: reduce-overhead at the example's one shape
+            if side == "compile_ro":   # the reference memory: reduce-overhead at one shape, the largest request
                 torch._dynamo.reset()
                 one = torch.compile(model, mode="reduce-overhead")
+                largest = max(feeds, key=lambda f: max(t.numel() for t in f.values()))
                 with torch.no_grad():
                     for _ in range(3):
-                        one(**example)
+                        one(**largest)
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats(device)
-                        one(**example)
+                        one(**largest)
                         torch.cuda.synchronize()
                         row["compile_ro_one_shape_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
             row[side] = result
@@ -209,9 +215,9 @@ def _short(r: dict) -> str:
 
 
 def markdown(env, rows) -> str:
-    sides = ["eager", "compile_dynamic", "compile_ro", "ort", "accelc"]
+    sides = ["eager", "compile_dynamic", "compile_ro", "ort", "accelc", "accelc_exact"]
     header = ["model", "side", "total ms", "p50 ms", "p99 ms", "peak MiB", "compiles", "captures", "max rel err vs eager",
-              "accelc / side (total)"]
+              "requests slower than eager (worst)", "side / accelc (total)"]
     table = []
     for r in rows:
         acc = r.get("accelc", {})
@@ -220,13 +226,15 @@ def markdown(env, rows) -> str:
             if x is None:
                 continue
             if "error" in x:
-                table.append([r["model"], s, x["error"]] + [""] * 7)
+                table.append([r["model"], s, x["error"]] + [""] * 8)
                 continue
             ratio = (f"{x['total_ms'] / acc['total_ms']:.2f}x" if acc.get("total_ms") and s != "accelc" else "")
+            if s.startswith("accelc") and r.get("compile_ro_one_shape_peak_mib") and x["peak_mib"]:
+                ratio += f" (memory {x['peak_mib'] / r['compile_ro_one_shape_peak_mib']:.2f}x RO at one shape)"
             table.append([r["model"], s, f"{x['total_ms']:.0f}", x["p50_ms"], x["p99_ms"],
                           "" if x["peak_mib"] is None else f"{x['peak_mib']:.0f}", x.get("compiles", ""),
                           x.get("captures", ""), "" if x["max_rel_err_vs_eager"] is None else f"{x['max_rel_err_vs_eager']:.1e}",
-                          ratio])
+                          "" if s == "eager" else f"{x.get('slower_than_eager')} ({x.get('worst_vs_eager')}x)", ratio])
     return (f"# Requests of every shape (any-shape serving)\n\n{_common.env_line(env)}\n\n"
             "A trace of requests with random (batch, length), run once to warm up, then timed request by "
             "request (host clock around each call, the GPU synchronised); every 10th output compared with "
@@ -239,7 +247,7 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--models", default="bert,gpt2,vit,llama")
     ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--sides", default="compile_dynamic,compile_ro,ort,accelc")
+    ap.add_argument("--sides", default="compile_dynamic,compile_ro,ort,accelc,accelc_exact")
     ap.add_argument("--smoke", action="store_true", help="tiny models on the CPU, a few requests, eager and accelc")
     args = ap.parse_args()
     smoke = args.smoke
@@ -247,13 +255,14 @@ def main():
     dtype = torch.float32 if device.type == "cpu" else torch.float16
     specs = models(smoke)
     names = [m for m in args.models.split(",") if m in specs] if not smoke else list(specs)
-    sides = ["accelc"] if smoke else args.sides.split(",")
+    sides = ["accelc", "accelc_exact"] if smoke else args.sides.split(",")
     env = _common.environment()
     print(_common.env_line(env), flush=True)
     rows = [bench_model(n, specs[n], 6 if smoke else args.requests, device, dtype, smoke, sides) for n in names]
     if smoke:
         for r in rows:
-            assert r["accelc"].get("max_rel_err_vs_eager") is not None and r["accelc"]["max_rel_err_vs_eager"] < 1e-4, r
+            for side in sides:
+                assert r[side].get("max_rel_err_vs_eager") is not None and r[side]["max_rel_err_vs_eager"] < 1e-4, r
         print("smoke: ok")
         return
     _common.write(args.out, "dynamic", env, rows, markdown(env, rows))

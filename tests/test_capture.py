@@ -78,6 +78,40 @@ def test_export_graph_is_canonicalised():
     assert torch.ops.aten.linear.default not in targets
 
 
+class NoGradRegion(nn.Module):
+    """A value computed under torch.no_grad() (as HF's rotary embedding is), in a model that
+    needs torch.export (a shape branch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("freq", torch.rand(16))
+
+    def forward(self, x):
+        with torch.no_grad():
+            table = torch.cos(torch.arange(x.shape[1], device=x.device, dtype=torch.float32)[:, None] * self.freq)
+        y = self.fc(x) * table[:, :1].T
+        return F.gelu(y) if x.shape[0] > 1 else y
+
+
+def test_a_no_grad_region_is_inlined():
+    """export's wrap_with_set_grad_enabled submodule is inlined: the rules see into it, and the
+    glue compiles as one graph (no break at the region)."""
+    torch.manual_seed(0)
+    model = NoGradRegion().to(DEVICE).eval()
+    x = torch.randn(3, 16, device=DEVICE)
+    gm, method, _ = capture(model, (x,))
+    assert method == "torch.export"
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert not any("wrap_with_set_grad_enabled" in str(t) or "WrapWithSetGradEnabled" in str(type(t)) for t in targets)
+    assert not any(n.op == "get_attr" and "submod" in str(n.target) for n in gm.graph.nodes)
+    assert torch.cos in targets or torch.ops.aten.cos.default in targets
+    with torch.no_grad():
+        for b in (3, 5):
+            xb = torch.randn(b, 16, device=DEVICE)
+            assert rel_l2(gm(xb), model(xb)) < 1e-6
+
+
 def test_value_dependent_control_flow_is_a_capture_error():
     with pytest.raises(accelc.CaptureError) as e:
         accelc.optimize(ValueBranch().to(DEVICE).eval(), (torch.randn(2, 16, device=DEVICE),))

@@ -66,7 +66,7 @@ def test_text_family_takes_every_batch_and_length(name):
     assert "the guard checked every layer also at" in text
 
 
-@pytest.mark.parametrize("name", ["bert", "llama", "t5_encoder"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5_encoder"])
 def test_padded_batch_gives_eager_on_the_real_tokens(name):
     torch.manual_seed(0)
     model = FAMILIES[name]().to(DEVICE).eval()
@@ -222,3 +222,54 @@ def test_shapes_learn_a_guard_and_word_a_refusal():
     x = torch.randn(1, 3, 40, 40)
     assert s.refusal("Guard failed: flat_0.size()[2] <= 32", (x,)) == (
         "pixel_values dim 2 is 40: at most 32: a limit of the model's (torch.export found it)")
+
+
+class _Baked(nn.Module):
+    """A graph that bakes the example's batch into a reshape once exported at fixed shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.lin(x).reshape(x.shape[0] * 2, 4)
+
+
+def test_convert_keeps_a_programs_dims_and_declares_new_ones_where_the_graph_allows(tmp_path, capsys):
+    """A .pt2 input keeps the dims its program has (dynamic ones, or fixed ones, said); --dynamic
+    declares dims for a program exported at fixed shapes where its graph takes them, and where the
+    graph fixes a size it fails in one line with nothing written. Every loaded program refuses a
+    shape outside its dims in one line."""
+    from accelc.cli import main
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    torch.export.save(torch.export.export(mlp, (x,), dynamic_shapes=({0: batch},)), tmp_path / "dyn.pt2")
+    torch.export.save(torch.export.export(mlp, (x,)), tmp_path / "static.pt2")
+    torch.export.save(torch.export.export(_Baked().to(DEVICE).eval(), (x,)), tmp_path / "baked.pt2")
+    dev = ["--device", DEVICE.type]
+    for name, extra in [("dyn", []), ("static", []), ("declared", ["--dynamic", "input:0=1..32"])]:
+        source = tmp_path / ("static.pt2" if name == "declared" else f"{name}.pt2")
+        assert main(["convert", str(source), "-o", str(tmp_path / f"{name}_opt.pt2"), *dev, *extra]) == 0
+    dyn, static, declared = (accelc.load(tmp_path / f"{n}_opt.pt2") for n in ("dyn", "static", "declared"))
+    with torch.no_grad():
+        for b in (1, 7, 32):
+            xb = torch.randn(b, 16, device=DEVICE)
+            assert rel_l2(dyn(xb), mlp(xb)) < TOL and rel_l2(declared(xb), mlp(xb)) < TOL
+        assert rel_l2(static(x), mlp(x)) < TOL
+        with pytest.raises(InputError, match="input dim 0 is 65: at most 64"):
+            dyn(torch.randn(65, 16, device=DEVICE))
+        with pytest.raises(InputError, match="input dim 0 is 33: at most 32"):
+            declared(torch.randn(33, 16, device=DEVICE))
+        with pytest.raises(InputError, match=r"input dim 0 is 7: the program takes the example's 4 only \(a program "
+                                             r"saved with fixed shapes\)"):
+            static(torch.randn(7, 16, device=DEVICE))
+    assert "declared: input dim 0 1..64" in dyn.accelc_summary["info"]["shapes"]
+    assert "shapes: the example's only" in static.accelc_summary["info"]["shapes"]
+    code = main(["convert", str(tmp_path / "baked.pt2"), "-o", str(tmp_path / "baked_opt.pt2"), *dev,
+                 "--dynamic", "x:0=1..32"])
+    assert code == 1 and not (tmp_path / "baked_opt.pt2").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "cannot take the declared dims (x dim 0 is fixed at 4)" in err[-1]

@@ -77,6 +77,7 @@ _INPLACE_METHODS = {"relu_": F.relu, "add_": operator.add, "sigmoid_": torch.sig
 
 def canonicalize(gm: fx.GraphModule) -> None:
     g = gm.graph
+    inline_grad_regions(gm)
     modules = dict(gm.named_modules())
     for n in list(g.nodes):
         if n.op == "call_module":
@@ -115,6 +116,45 @@ def canonicalize(gm: fx.GraphModule) -> None:
     g.lint()
     gm.recompile()
 
+
+
+def inline_grad_regions(gm: fx.GraphModule) -> int:
+    """torch.export puts code a model runs under torch.no_grad() (HF's rotary embedding) in a
+    wrap_with_set_grad_enabled call of a submodule. Grad mode changes no value, and accelc runs
+    inference without grad: each such region is inlined, so the rules see into it and Dynamo does
+    not break the glue's graph there. Returns how many were."""
+    hop = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    g, count = gm.graph, 0
+    while True:
+        n = next((n for n in g.nodes if hop is not None and n.op == "call_function" and n.target is hop), None)
+        if n is None:
+            return count
+        sub = getattr(gm, n.args[1].target)
+        env = dict(zip([p for p in sub.graph.nodes if p.op == "placeholder"], n.args[2:]))
+        out = None
+        with g.inserting_before(n):
+            for s in sub.graph.nodes:
+                if s.op == "output":
+                    out = fx.map_arg(s.args[0], lambda x: env[x])
+                elif s.op == "get_attr":
+                    name = f"{n.args[1].target}_{s.target.replace('.', '_')}"
+                    setattr(gm, name, sub.get_submodule(s.target) if isinstance(getattr(sub, s.target, None), nn.Module)
+                            else getattr(sub, s.target))
+                    env[s] = g.get_attr(name)
+                elif s.op != "placeholder":
+                    env[s] = g.node_copy(s, lambda x: env[x])
+        for u in list(n.users):
+            if u.op == "call_function" and u.target is operator.getitem and isinstance(out, (tuple, list)):
+                u.replace_all_uses_with(out[u.args[1]])
+                g.erase_node(u)
+        if n.users:
+            n.replace_all_uses_with(out)
+        holder = n.args[1]
+        g.erase_node(n)
+        if not holder.users:
+            g.erase_node(holder)
+            gm.delete_submodule(holder.target)
+        count += 1
 
 
 def unflatten_addmm(g: fx.Graph) -> bool:

@@ -43,6 +43,9 @@ class InputShapes:
     static: str = ""
     checked: list = field(default_factory=list)   # other shapes the guard checked every layer at
     declared: object = True   # OptimizeConfig.dynamic by input position: a free graph enforces its ranges itself
+    padding: object = None    # accelc.buckets.Padding: the dims calls pad up to buckets (with CUDA graphs)
+    padding_note: str = ""    # why a varying dim does not pad
+    warmed: str = ""          # the shapes captured at optimize time, in words
 
     @staticmethod
     def of_export(gm: fx.GraphModule, ranges: dict, names: tuple, static: str = "") -> "InputShapes":
@@ -67,14 +70,31 @@ class InputShapes:
             dims.append(tuple(row))
         return InputShapes(tuple(names), tuple(dims), static=static)
 
+    @staticmethod
+    def traced(names: tuple, declared, args: tuple) -> "InputShapes":
+        """Of a graph that records no shapes (symbolic_trace): it takes what the model's code takes,
+        within the ranges declared (dynamic=), or the example's shapes only with dynamic=False."""
+        if declared is False:
+            fixed = tuple({d: (n, n) for d, n in enumerate(a.shape)} if isinstance(a, torch.Tensor) else None
+                          for a in args)
+            return InputShapes(tuple(names), free=True, declared=fixed, static="dynamic=False")
+        return InputShapes(tuple(names), free=True, declared=declared)
+
     @property
     def dynamic(self) -> bool:
-        return self.free or any(isinstance(d, DimRange) for row in self.dims if row for d in row)
+        return (self.free and not self.static) or any(isinstance(d, DimRange) for row in self.dims if row for d in row)
 
     def describe(self) -> str:
         """One line for the summary."""
-        if self.free:
+        if self.free and self.static:
+            shown = ["x".join(str(lo) for lo, _ in ranges.values()) for ranges in self.declared if ranges is not None]
+            text = f"shapes: the example's only ({self.static}): {', '.join(shown)}"
+        elif self.free:
             text = "shapes: any the model's code takes (symbolic_trace fixes none)"
+            if isinstance(self.declared, tuple):
+                shown = [f"{name} dim {d} {lo}..{hi if hi is not None else 'any'}"
+                         for name, ranges in zip(self.names, self.declared) for d, (lo, hi) in (ranges or {}).items()]
+                text += f"; declared: {', '.join(shown)} (a call outside is refused)" if shown else ""
         elif self.static:
             text = f"shapes: the example's only ({self.static})"
         else:
@@ -84,7 +104,35 @@ class InputShapes:
                 text += " (a..b: a dim that varies; a number: fixed by the model)"
         if self.checked:
             text += "; the guard checked every layer also at " + ", ".join(self.checked)
+        if self.padding is not None:
+            text += "; " + self.padding.describe()
+        if self.padding_note:
+            text += f" ({self.padding_note})"
+        if self.warmed:
+            text += f"; {self.warmed}"
         return text
+
+    def sizes_of(self, named: dict, args: tuple) -> dict:
+        """{symbol: size} from {input name: shape} (a warm-up shape), checked against the ranges;
+        InputError-worthy ValueError naming the input, dim and range where it does not fit."""
+        sizes: dict = {}
+        for name, shape in named.items():
+            if name not in self.names:
+                raise ValueError(f"warm-up shape for {name!r}: the optimized model's inputs are {list(self.names)}")
+            i = self.names.index(name)
+            row = self.dims[i] if i < len(self.dims) else None
+            if row is None or len(tuple(shape)) != len(row):
+                raise ValueError(f"warm-up shape {tuple(shape)} for {name!r}: it has {len(row or ())} dims")
+            for d, (r, n) in enumerate(zip(row, shape)):
+                if isinstance(r, DimRange):
+                    if not (r.lo <= n and (r.hi is None or n <= r.hi)):
+                        raise ValueError(f"warm-up shape for {name!r}: dim {d} is {n}, outside its range {r}")
+                    if sizes.setdefault(r.sym, n) != n:
+                        raise ValueError(f"warm-up shape for {name!r}: dim {d} is {n} where another input's same "
+                                         f"dim is {sizes[r.sym]}")
+                elif r != n:
+                    raise ValueError(f"warm-up shape for {name!r}: dim {d} is {n}, but the model fixes it at {r}")
+        return sizes
 
     def check(self, args: tuple) -> str | None:
         """Why a call's inputs are outside the ranges the user declared for a graph that records no
@@ -95,6 +143,8 @@ class InputShapes:
             for d, (lo, hi) in (ranges or {}).items():
                 n = a.shape[d] if isinstance(a, torch.Tensor) and a.dim() > d else None
                 if n is not None and not (lo <= n and (hi is None or n <= hi)):
+                    if self.static:
+                        return f"{name} dim {d} is {n}: the optimized model takes the example's {lo} only ({self.static})"
                     return f"{name} dim {d} is {n}: outside the range {lo}..{hi} declared for it (dynamic=)"
         return None
 
@@ -137,6 +187,17 @@ class InputShapes:
             shapes.append(tuple(sizes.get(r.sym, a.shape[d]) if isinstance(r, DimRange) else a.shape[d]
                                 for d, r in enumerate(row)))
         return shapes
+
+    def inputs_at(self, args: tuple, sizes: dict) -> tuple:
+        """The example's inputs with the varying dims at `sizes`: each tensor repeated along its dims
+        and cut to size (real token ids, a real mask)."""
+        out = []
+        for a, shape in zip(args, self.shaped(args, sizes)):
+            if shape is not None and tuple(shape) != tuple(a.shape):
+                reps = [-(-n // max(m, 1)) for n, m in zip(shape, a.shape)]
+                a = a.repeat(*reps)[tuple(slice(0, n) for n in shape)].contiguous()
+            out.append(a)
+        return tuple(out)
 
     def checked_at(self, label: str, args: tuple, sizes: dict) -> None:
         """Record that every layer passed at these sizes (the smallest lowers the ranges' stated
@@ -194,6 +255,13 @@ class InputShapes:
         else:
             why = f"at least {limit if op == '>=' else limit + 1}: {source}"
         return f"{name} dim {dim}{got}: {why}"
+
+
+def guard_failure(e: AssertionError) -> str | None:
+    """The shape guard a program refused a call with ("Guard failed: flat_0.size()[1] <= 64"), or
+    None for another assertion (the model's own: raised as it is)."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return text if text.startswith("Guard failed") else None
 
 
 def _bounds(vr) -> tuple:

@@ -101,7 +101,7 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
             restore_buffers(model, state)   # tracing (and export's own check) ran the forward's updates
             restore_buffers(gm, state)
             gm.meta[CALL_SPEC] = spec
-            gm.meta.setdefault(SHAPES, InputShapes(spec.names, free=True, declared=spec.positions(dynamic)))
+            gm.meta.setdefault(SHAPES, InputShapes.traced(spec.names, spec.positions(dynamic), flat))
             _check_same(spec.flat_output(expected), make_canonical(gm, flat))
             return gm, method, expected
         except Exception as e:  # each method's failure is reported together below

@@ -1,0 +1,307 @@
+"""Padding a call up to a bucket: the few sizes CUDA graphs are captured at when batch and length vary.
+
+A graph that takes a range of batch sizes and lengths would need a CUDA graph per size it meets (512
+lengths x 32 batch sizes). As vLLM does for batch sizes, the runner pads a call up to the next bucket
+size, replays that bucket's graph and cuts the outputs back to the call's sizes. Buckets: 1, 2, 4, 8,
+then 12, 16, 24, 32, 48, 64, ... (the powers of two and the midpoints between them: above 8, at most a
+third of a padded call is padding), the last one the range's upper end.
+
+Padding is never assumed inert. Rows of a batch are independent in eval mode in every layer accelc
+knows, but a model may mix them (a statistic over the batch); a sequence's padded tail leaves the
+real positions alone only behind an attention mask that masks it, or a causal one. So `find` runs
+the optimized graph on the example and on the example padded past a bucket edge (two sizes, two
+amounts of padding, each varying dim alone and then all together) and keeps a dim's padding only
+where every output's real part matches the unpadded call (the guard's tolerance for its dtype, NaN
+where NaN); which output dims follow a padded dim, it reads off the two calls' output shapes.
+
+Fill: a batch pads by repeating its last row (real token ids, a real mask: no row is padding alone);
+a length pads by repeating the last position, except an integer input named like an attention mask,
+which pads with 0 (the padded positions masked).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+
+from accelc.capture.shapes import DimRange, InputShapes
+from accelc.numerics import rel_l2
+
+log = logging.getLogger("accelc")
+
+
+def bucket_sizes(lo: int, hi: int | None, upto: int | None = None) -> list[int]:
+    """The bucket sizes of a range from lo to hi (None: no end; then listed up to `upto`)."""
+    end = hi if hi is not None else upto
+    if end is None:
+        raise ValueError("a range without an end lists its buckets up to a given size")
+    sizes, p = [], 1
+    while True:
+        for n in (p, p + p // 2) if p >= 8 else (p,):
+            if n >= lo and n <= end:
+                sizes.append(n)
+        if p >= end:
+            break
+        p *= 2
+    if hi is not None and (not sizes or sizes[-1] != hi):
+        sizes.append(hi)
+    return sizes or [lo]
+
+
+def bucket(n: int, r: DimRange) -> int:
+    """The bucket a size n of range r runs at: the smallest bucket size >= n; n itself outside the
+    range (the program refuses it, naming the limit: padding does not stretch a declared range)."""
+    if n < r.lo or (r.hi is not None and n > r.hi):
+        return n
+    for b in bucket_sizes(r.lo, r.hi, upto=2 * n):
+        if b >= n:
+            return b
+    return n
+
+
+@dataclass(frozen=True)
+class Padding:
+    """Which dims of a graph's calls pad up to buckets, and how its outputs are cut back.
+
+    ranges: {group: DimRange} of the padded dims (a group: dims that pad together, see _groups);
+    inputs: per flat input, ((dim, group, fill), ...) with fill "edge" (repeat the last slice) or 0;
+    outputs: per output leaf, ((dim, group), ...); words: {group: how the summary names it ("batch",
+    "input_ids dim 1")}."""
+    ranges: dict
+    inputs: tuple
+    outputs: tuple
+    words: dict
+
+    def sizes(self, args: tuple) -> dict | None:
+        """{symbol: size} of this call's padded dims, or None where the call does not fit the plan
+        (a dim whose size differs between two inputs that share it: the program will say)."""
+        sizes: dict = {}
+        for a, dims in zip(args, self.inputs):
+            for d, sym, _ in dims:
+                if not isinstance(a, torch.Tensor) or a.dim() <= d:
+                    return None
+                if sizes.setdefault(sym, a.shape[d]) != a.shape[d]:
+                    return None
+        return sizes
+
+    def target(self, sizes: dict) -> dict:
+        """The bucket size of each padded dim."""
+        return {sym: bucket(n, self.ranges[sym]) for sym, n in sizes.items()}
+
+    def pad(self, args: tuple, target: dict) -> tuple:
+        """args with each padded dim grown to its target size (see the module's docstring)."""
+        out = []
+        for a, dims in zip(args, self.inputs):
+            for d, sym, fill in dims:
+                extra = target[sym] - a.shape[d]
+                if extra > 0:
+                    if fill == "edge":
+                        tail = a.narrow(d, a.shape[d] - 1, 1).expand(*a.shape[:d], extra, *a.shape[d + 1:])
+                    else:
+                        tail = a.new_full((*a.shape[:d], extra, *a.shape[d + 1:]), fill)
+                    a = torch.cat([a, tail], d)
+            out.append(a)
+        return tuple(out)
+
+    def cut(self, outputs, sizes: dict):
+        """The padded call's outputs cut back to the call's sizes (views)."""
+        leaves, spec = pytree.tree_flatten(outputs)
+        cut = []
+        for t, dims in zip(leaves, self.outputs):
+            for d, sym in dims:
+                if isinstance(t, torch.Tensor) and sym in sizes and t.shape[d] != sizes[sym]:
+                    t = t.narrow(d, 0, sizes[sym])
+            cut.append(t)
+        return pytree.tree_unflatten(cut, spec)
+
+    def describe(self) -> str:
+        parts = []
+        for sym, r in self.ranges.items():
+            shown = bucket_sizes(r.lo, r.hi, upto=64)
+            more = ", ..." if r.hi is None or shown[-1] != r.hi else ""
+            parts.append(f"{self.words[sym]} to {', '.join(map(str, shown[:8]))}"
+                         + (f", ..., {shown[-1]}" if len(shown) > 8 else "") + more)
+        return "padded to buckets for CUDA graphs (checked inert): " + "; ".join(parts)
+
+
+def find(fn, args: tuple, shapes: InputShapes | None, tolerance) -> tuple[Padding | None, str]:
+    """(the padding `fn`'s calls may take, None where none; in words, why a varying dim does not
+    pad). fn: the optimized graph; args: the example; tolerance(dtype): the guard's rel-L2 floor."""
+    if shapes is None or not (shapes.free or shapes.varying()):
+        return None, ""
+    fills, ranges, words, example = _groups(shapes, args)
+    if not ranges:
+        return None, ""
+    kept, why, outputs = [], [], None
+    for g in ranges:
+        reason, dims = _inert(fn, args, fills, ranges, example, {g}, tolerance)
+        if reason:
+            why.append(f"{words[g]} does not pad: {reason}")
+        else:
+            kept.append(g)
+            outputs = dims
+    if len(kept) > 1:
+        reason, dims = _inert(fn, args, fills, ranges, example, set(kept), tolerance)
+        if reason:
+            why.append(f"{', '.join(words[g] for g in kept[1:])} does not pad with {words[kept[0]]}: {reason}")
+            kept = kept[:1]
+            outputs = _inert(fn, args, fills, ranges, example, set(kept), tolerance)[1]
+        else:
+            outputs = dims
+    if not kept:
+        return None, "; ".join(why)
+    plan = Padding({g: ranges[g] for g in kept},
+                   tuple(tuple((d, g, f) for d, g, f in row if g in kept) for row in fills),
+                   outputs, {g: words[g] for g in kept})
+    return plan, "; ".join(why)
+
+
+def _groups(shapes: InputShapes, args: tuple) -> tuple[tuple, dict, dict, dict]:
+    """The varying dims in groups that pad together: the same dim of several inputs at the same
+    size in the example (the batch of the ids and of the mask; their length), whether or not
+    export gave them one symbol. (per input ((dim, group, fill), ...), {group: DimRange, the
+    intersection of its dims' ranges}, {group: its name in words}, {group: the example's size})."""
+    rows, ranges, words, example = [], {}, {}, {}
+    for name, row, a in zip(shapes.names, _dims(shapes, args), args):
+        dims = []
+        for d, r in enumerate(row or ()):
+            if not isinstance(r, DimRange) or not isinstance(a, torch.Tensor):
+                continue
+            g = f"dim {d} = {a.shape[d]}"
+            if g in ranges:
+                old = ranges[g]
+                hi = r.hi if old.hi is None else old.hi if r.hi is None else min(old.hi, r.hi)
+                ranges[g] = DimRange(max(old.lo, r.lo), hi, g)
+            else:
+                ranges[g], example[g] = DimRange(r.lo, r.hi, g), a.shape[d]
+                words[g] = "batch" if d == 0 else f"{name} dim {d}"
+            masked = "mask" in str(name).lower() and not a.is_floating_point() and d > 0
+            dims.append((d, g, 0 if masked else "edge"))
+        rows.append(tuple(dims))
+    return tuple(rows), ranges, words, example
+
+
+def _dims(shapes: InputShapes, args: tuple) -> tuple:
+    """Per input, per dim a size or a DimRange. A graph that records no shapes (symbolic_trace)
+    takes what its code takes: the ranges the user declared, else a batch (dim 0 of every tensor
+    input of the first one's size) from 1 up, for the check to try."""
+    if not shapes.free:
+        return shapes.dims
+    if shapes.static:   # dynamic=False: the example's shapes, nothing to pad
+        return ()
+    declared = shapes.declared if isinstance(shapes.declared, tuple) else None
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0]
+    batch = tensors[0].shape[0] if tensors else None
+    rows = []
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            rows.append(None)
+            continue
+        row = list(a.shape)
+        if declared is not None:
+            for d, (lo, hi) in ((declared[i] or {}) if i < len(declared) else {}).items():
+                row[d] = DimRange(lo, hi, f"declared {i}.{d}")
+        elif a.dim() > 0 and a.shape[0] == batch:
+            row[0] = DimRange(1, None, "batch")
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+def _trials(ranges: dict, example: dict, groups: set) -> list[tuple[dict, dict]]:
+    """(real sizes, padded sizes) pairs to check: the example padded past the next bucket edge, and
+    one size smaller padded to the example's (two sizes, two amounts of padding)."""
+    n = {g: example[g] for g in groups}
+    up = {g: bucket(n[g] + 1, ranges[g]) for g in groups}
+    trials = []
+    if all(up[g] > n[g] and (ranges[g].hi is None or up[g] <= ranges[g].hi) for g in groups):
+        trials.append((n, up))
+    down = {g: n[g] - 1 for g in groups}
+    if all(down[g] >= max(ranges[g].lo, 1) for g in groups):
+        trials.append((down, n))
+    return trials
+
+
+def _inert(fn, args, fills, ranges, example, groups, tolerance) -> tuple[str, tuple | None]:
+    """("" and per output leaf the dims that follow the padded ones) where padding the dims of
+    `groups` leaves the real part of every output as it is; else (why not, None)."""
+    trials = _trials(ranges, example, groups)
+    if not trials:
+        return "no room in its range to check a pad", None
+    dims = None
+    for real, padded in trials:
+        plan = Padding({}, tuple(tuple(x for x in row if x[1] in groups) for row in fills), (), {})
+        small_args = _cut_args(args, plan.inputs, real)
+        try:
+            with torch.no_grad():
+                small, big = fn(*small_args), fn(*plan.pad(small_args, padded))
+        except Exception as e:
+            return f"the model does not run padded ({type(e).__name__}: {str(e)[:80]})", None
+        dims = _follow(small, big, real, padded)
+        if dims is None:
+            return "an output's shape does not follow the padded dim", None
+        bad = _mismatch(Padding({}, (), dims, {}).cut(big, real), small, tolerance)
+        if bad:
+            shown = ", ".join(f"{real[k]} -> {padded[k]}" for k in real)
+            return f"the real part of an output changes when padded ({shown}: {bad})", None
+    return "", dims
+
+
+def _cut_args(args: tuple, inputs: tuple, sizes: dict) -> tuple:
+    out = []
+    for a, dims in zip(args, inputs):
+        for d, s, _ in dims:
+            if a.shape[d] > sizes[s]:
+                a = a.narrow(d, 0, sizes[s])
+        out.append(a)
+    return tuple(out)
+
+
+def _follow(small, big, real: dict, padded: dict) -> tuple | None:
+    """Per output leaf, the dims that are a padded dim's size in both calls, or None when a leaf's
+    shape differs in some other way."""
+    a, b = pytree.tree_leaves(small), pytree.tree_leaves(big)
+    if len(a) != len(b):
+        return None
+    dims = []
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return None
+        row = []
+        if isinstance(x, torch.Tensor):
+            if x.dim() != y.dim():
+                return None
+            for d, (m, n) in enumerate(zip(x.shape, y.shape)):
+                if m == n:
+                    continue
+                sym = next((s for s in real if real[s] == m and padded[s] == n), None)
+                if sym is None:
+                    return None
+                row.append((d, sym))
+        dims.append(tuple(row))
+    return tuple(dims)
+
+
+def _mismatch(got, want, tolerance) -> str:
+    """Why `got` is not `want` (the guard's tolerance; integer and bool outputs exact), or ""."""
+    for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+        if not isinstance(w, torch.Tensor):
+            if g != w:
+                return "a non-tensor output differs"
+            continue
+        if g.shape != w.shape:
+            return f"shape {tuple(g.shape)} against {tuple(w.shape)}"
+        if not w.is_floating_point():
+            if not torch.equal(g, w):
+                return "integer values differ"
+            continue
+        if not torch.equal(g.isnan(), w.isnan()):
+            return "NaN where there was none"
+        finite = torch.isfinite(w)
+        if not torch.equal(g[~finite].nan_to_num(), w[~finite].nan_to_num()):
+            return "inf where there was none"
+        err = rel_l2(g[finite], w[finite])
+        if err > tolerance(w.dtype):
+            return f"relative L2 error {err:.1e}"
+    return ""

@@ -1,0 +1,221 @@
+"""accelc/buckets.py and the runner's use of it: calls padded up to bucket sizes, found inert by
+running the model padded (never assumed), outputs cut back to the call's sizes and equal to an
+unpadded call; outputs copied into one arena; warm-up shapes. (CPU: a stand-in capture where a
+CUDA graph would be; tiny configs of real HF families, fp32.)"""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import accelc
+from accelc import buckets, runner
+from accelc.capture.shapes import DimRange, InputShapes
+from accelc.errors import InputError
+from accelc.numerics import rel_l2
+from conftest import DEVICE
+from test_runner import Captures
+
+T = pytest.importorskip("transformers")
+TOL = 1e-5
+
+
+def tol(dtype):
+    return TOL
+
+
+def test_bucket_sizes_and_the_bucket_of_a_size():
+    assert buckets.bucket_sizes(1, None, upto=64) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
+    assert buckets.bucket_sizes(1, 512)[-4:] == [192, 256, 384, 512]
+    assert buckets.bucket_sizes(1, 100)[-2:] == [96, 100]           # the range's end is the last bucket
+    assert buckets.bucket_sizes(8, 20) == [8, 12, 16, 20]
+    r = DimRange(1, None)
+    assert [buckets.bucket(n, r) for n in (1, 3, 8, 9, 13, 17, 33, 100)] == [1, 4, 8, 12, 16, 24, 48, 128]
+    assert buckets.bucket(97, DimRange(1, 100)) == 100
+    assert buckets.bucket(3, DimRange(8, 100)) == 3 and buckets.bucket(101, DimRange(8, 100)) == 101   # outside: as it is
+    with pytest.raises(ValueError):
+        buckets.bucket_sizes(1, None)
+
+
+def _bert(mask=True):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=64, vocab_size=100, max_position_embeddings=64))
+    return model.to(DEVICE).eval()
+
+
+def _gpt2():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return T.GPT2Model(T.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100, n_positions=64,
+                                        use_cache=False)).to(DEVICE).eval()
+
+
+def _ids(b, n, mask=True):
+    ids = torch.randint(0, 100, (b, n), device=DEVICE)
+    return {"input_ids": ids, "attention_mask": torch.ones(b, n, dtype=torch.long, device=DEVICE)} if mask \
+        else {"input_ids": ids}
+
+
+def _plan(model, inputs):
+    """buckets.find on the captured (not rewritten) graph of model at inputs."""
+    from accelc.capture import CALL_SPEC, capture
+    from accelc.capture.shapes import SHAPES
+    gm, _, _ = capture(model, (), inputs)
+    flat = gm.meta[CALL_SPEC].flat((), inputs)
+    return buckets.find(gm, flat, gm.meta[SHAPES], tol), gm, flat
+
+
+def test_a_masked_model_pads_batch_and_length_and_an_unmasked_one_only_its_batch():
+    torch.manual_seed(0)
+    (plan, note), _, _ = _plan(_bert(), _ids(2, 16))
+    assert plan is not None and set(plan.words.values()) == {"batch", "input_ids dim 1"}, note
+    fills = dict(zip(("input_ids", "attention_mask"), plan.inputs))
+    assert (1, plan.inputs[0][1][1], 0) in fills["attention_mask"]        # the mask pads with 0
+    assert all(f == "edge" for _, _, f in fills["input_ids"])
+    # without a mask, BERT's padded tokens are attended: the real tokens change, so the length stays exact
+    (plan, note), _, _ = _plan(_bert(), _ids(2, 16, mask=False))
+    assert set(plan.words.values()) == {"batch"}
+    assert "input_ids dim 1 does not pad: the real part of an output changes when padded" in note
+
+
+def test_causal_attention_pads_its_length_without_a_mask():
+    torch.manual_seed(0)
+    (plan, note), _, _ = _plan(_gpt2(), _ids(2, 16, mask=False))
+    assert set(plan.words.values()) == {"batch", "input_ids dim 1"}, note
+
+
+def test_a_model_that_mixes_rows_does_not_pad_its_batch():
+    class Centered(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x - x.mean(0, keepdim=True))   # a statistic over the batch
+
+    from accelc.capture import capture
+    from accelc.capture.shapes import SHAPES
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, device=DEVICE)
+    gm, _, _ = capture(Centered().to(DEVICE).eval(), (x,), {})
+    plan, note = buckets.find(gm, (x,), gm.meta[SHAPES], tol)
+    assert plan is None and "batch does not pad: the real part of an output changes" in note
+    # the same graph without the statistic: its rows are independent, and the batch pads
+    mlp = nn.Sequential(nn.Linear(8, 8), nn.GELU()).to(DEVICE).eval()
+    gm, _, _ = capture(mlp, (x,), {})
+    plan, note = buckets.find(gm, (x,), gm.meta[SHAPES], tol)
+    assert plan is not None and list(plan.words.values()) == ["batch"] and plan.outputs == (((0, plan.inputs[0][0][1]),),)
+
+
+def test_padded_calls_replay_a_buckets_graph_and_give_the_unpadded_outputs():
+    torch.manual_seed(0)
+    (plan, _), gm, flat = _plan(_bert(), _ids(2, 16))
+    cap = Captures()
+    r = runner.Runner(gm, cuda_graphs=True, capture=cap, padding=plan)
+    for b, n in [(3, 9), (4, 11), (2, 16), (1, 1), (3, 10)]:
+        call = _ids(b, n)
+        call["attention_mask"][0, n // 2:] = 0 if n > 1 else 1        # a padded row of the caller's own
+        got = r(call["input_ids"], call["attention_mask"])
+        want = gm(call["input_ids"], call["attention_mask"])
+        for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=True):
+            assert g.shape == w.shape and g.is_contiguous() and rel_l2(g, w) < TOL, (b, n)
+    # (3, 9), (4, 11) and (3, 10) share the bucket (4, 12); (2, 16) is one; (1, 1) is below the ranges'
+    # lower end (export states 2; the optimize path lowers it to 1 once the guard checked 1 x 1): a
+    # size outside the range is not padded into it, it runs as it is
+    assert len(cap.graphs) == 3 and [g.replays for g in cap.graphs] == [3, 1, 1]
+    assert "3 of 5 call(s) padded to a bucket" in r.status()
+
+
+def test_exact_sizes_are_captured_at_their_second_call():
+    cap = Captures()
+    r = runner.Runner(lambda x: x * 2, cuda_graphs=True, capture=cap, capture_after=2)
+    x = torch.randn(3, 4)
+    assert torch.equal(r(x), x * 2) and len(cap.graphs) == 0
+    assert torch.equal(r(x), x * 2) and len(cap.graphs) == 1
+    assert torch.equal(r(torch.ones(5, 4)), torch.full((5, 4), 2.0)) and len(cap.graphs) == 1
+    r.warm_up(torch.randn(7, 4))                          # a warm-up captures at once
+    assert len(cap.graphs) == 2
+    assert "2 call(s) at a size not met before ran as plain calls" in r.status()
+
+
+def test_outputs_land_in_one_arena_aligned_each_in_its_dtype():
+    made = []
+
+    def arena_for(n):
+        made.append(torch.zeros(n, dtype=torch.uint8))
+        return made[-1]
+    outs = {"h": torch.randn(3, 5), "ids": torch.arange(7), "flag": torch.tensor(True), "n": 3,
+            "half": torch.randn(2, 3).half().t()}
+    slots = runner.output_slots(outs, arena_for)
+    assert len(made) == 1 and made[0].numel() == 4 * 256
+    for k in ("h", "ids", "flag", "half"):
+        assert slots[k].shape == outs[k].shape and slots[k].dtype == outs[k].dtype and slots[k].is_contiguous()
+        assert slots[k].untyped_storage().data_ptr() == made[0].untyped_storage().data_ptr()
+        slots[k].copy_(outs[k])
+        assert torch.equal(slots[k], outs[k])
+    assert slots["n"] == 3
+    starts = sorted(s.data_ptr() - made[0].data_ptr() for s in (slots["h"], slots["ids"], slots["flag"], slots["half"]))
+    assert starts == [0, 256, 512, 768]
+
+
+def test_optimize_finds_the_padding_and_says_it(monkeypatch):
+    """The whole path where CUDA graphs would run (a stand-in plan on the CPU: the capture itself
+    fails there, so the padded call runs plainly and is cut back)."""
+    monkeypatch.setattr(runner, "plan", lambda config, device, gm=None: ("eager", True, "test: CUDA graphs"))
+    torch.manual_seed(0)
+    model = _bert()
+    opt = accelc.optimize(model, _ids(2, 16))
+    text = opt.summary()
+    assert "padded to buckets for CUDA graphs (checked inert): batch to 1, 2, 4, 8" in text, text
+    assert "input_ids dim 1 to 1, 2, 4, 8, 12, 16, 24, 32, ..., 64" in text, text
+    call = _ids(3, 10)
+    call["attention_mask"][1, 6:] = 0
+    with torch.no_grad():
+        got, want = opt(**call).last_hidden_state, model(**call).last_hidden_state
+    assert got.shape == want.shape and rel_l2(got, want) < TOL
+    assert opt.runner.padded == 1
+    off = accelc.optimize(model, _ids(2, 16), config=accelc.OptimizeConfig(padding=False))
+    assert "padded to buckets" not in off.summary()
+    # a declared range is not stretched by padding: a length below it is refused, naming the limit
+    dyn = {"input_ids": {0: (1, 4), 1: (8, 32)}, "attention_mask": {0: (1, 4), 1: (8, 32)}}
+    ranged = accelc.optimize(model, _ids(2, 16), dynamic=dyn)
+    assert "input_ids dim 1 to 8, 12, 16, 24, 32" in ranged.summary()
+    assert ranged(**_ids(3, 9)).last_hidden_state.shape == (3, 9, 32)
+    with pytest.raises(InputError, match="dim 1 is 5: at least 8"):
+        ranged(**_ids(3, 5))
+
+
+def test_warmup_shapes_are_checked_and_said():
+    torch.manual_seed(0)
+    model = _bert()
+    opt = accelc.optimize(model, _ids(2, 16), warmup_shapes=[{"input_ids": (4, 32)}, {"attention_mask": (1, 8)}])
+    assert "2 warm-up shape(s) not captured: no CUDA graphs on this device" in opt.summary()
+    for shapes, message in [
+        ([{"input_id": (4, 32)}], "the optimized model's inputs are"),
+        ([{"input_ids": (4, 65)}], "dim 1 is 65, outside its range 1..64"),
+        ([{"input_ids": (4,)}], "it has 2 dims"),
+        ([{"input_ids": (4, 8), "attention_mask": (4, 9)}], "where another input's same dim is 8"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            accelc.optimize(model, _ids(2, 16), warmup_shapes=shapes)
+
+
+def test_warmup_of_every_bucket_needs_ranges_with_an_end(monkeypatch):
+    monkeypatch.setattr(runner, "plan", lambda config, device, gm=None: ("eager", True, "test: CUDA graphs"))
+    torch.manual_seed(0)
+    with pytest.raises(InputError, match='"buckets": batch has no upper end'):
+        accelc.optimize(_bert(), _ids(2, 16), warmup_shapes="buckets")
+    dyn = {"input_ids": {0: (1, 4), 1: (1, 16)}, "attention_mask": {0: (1, 4), 1: (1, 16)}}
+    opt = accelc.optimize(_bert(), _ids(2, 16), warmup_shapes="buckets", dynamic=dyn)
+    # batch 1, 2, 4 x length 1, 2, 4, 8, 12, 16; on the CPU nothing is captured, and that is said
+    assert "18 warm-up shape(s) not captured" in opt.summary()
+
+
+def test_inputs_at_repeat_the_example():
+    shapes = InputShapes(("ids",), ((DimRange(1, None, "s0"), DimRange(1, 64, "s1")),))
+    ids = torch.arange(6).reshape(2, 3)
+    (got,) = shapes.inputs_at((ids,), {"s0": 3, "s1": 5})
+    assert got.tolist() == [[0, 1, 2, 0, 1], [3, 4, 5, 3, 4], [0, 1, 2, 0, 1]]
