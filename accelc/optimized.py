@@ -9,7 +9,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
-from accelc import meta
+from accelc import meta, tuning
 from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
 from accelc.errors import InputError
@@ -72,7 +72,8 @@ class OptimizedModule(nn.Module):
         if self.runner is None:
             self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(args, kwargs, self))
         try:
-            return self.runner(*args, **kwargs)
+            with tuning.serving():       # no kernel tunes inside a call: a size not tuned borrows the nearest's config
+                return self.runner(*args, **kwargs)
         except AssertionError as e:
             text = guard_failure(e)
             if text is None:
@@ -88,6 +89,7 @@ class OptimizedModule(nn.Module):
         ones) now, rather than at a user's call."""
         if self.runner is None:
             self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(inputs, {}, self))
+        tuning.forget_borrowed()         # sizes calls ran on a borrowed config are tuned now
         self.runner.warm_up(*inputs)
 
     def _apply(self, fn, recurse=True):
@@ -141,6 +143,11 @@ class OptimizedModule(nn.Module):
         if self.info.runtime:
             status = self.runner.status() if self.runner is not None else ""
             lines.append(f"runtime: {self.info.runtime}" + (f" ({status})" if status else ""))
+        borrowed = tuning.borrowed_count()
+        if borrowed:
+            lines.append(f"tuning: {borrowed} kernel size(s) met in calls were not tuned (calls never tune: they "
+                         "ran with the config tuned for the nearest size); warm_up(inputs) or optimize's "
+                         "warmup_shapes tunes them")
         lines.append(f"weights: model {_mb(self.info.model_weight_bytes)}, optimized module "
                      f"{_mb(self.info.weight_bytes)}"
                      + (f" (+ {_mb(self.info.original_weight_bytes)} held for the original layers the report "

@@ -11,7 +11,12 @@ triton.autotune bookkeeping per call). On a miss the config comes from, in order
     and CUDA versions, so a change to any of them tunes again. Files are written to a temporary
     name and renamed: concurrent processes each write a whole file, the last one stays;
   - tuning: every candidate the prune function keeps is run and timed over a captured CUDA graph
-    (a config that fails to compile or launch is skipped and logged), the fastest kept.
+    (a config that fails to compile or launch is skipped and logged), the fastest kept;
+  - except inside `serving()` (an optimized model's calls): a key not tuned yet borrows the
+    config tuned for the nearest sizes (the same key otherwise; nearest in log2 of the key's
+    leading size fields), or the kernel's default, rather than stalling a request for seconds
+    of compiling and timing candidates. Optimize tunes the sizes the guard checks; warm-up
+    (OptimizedModule.warm_up, optimize's warmup_shapes) tunes others, after forget_borrowed().
 Tuning is logged on the `accelc` logger at INFO (what is tuned, how many candidates).
 """
 from __future__ import annotations
@@ -37,6 +42,34 @@ log = logging.getLogger("accelc")
 
 _FORMAT = 1   # of the cache files
 _task = contextvars.ContextVar("accelc_tuning_task", default="")
+_serving = contextvars.ContextVar("accelc_serving", default=False)
+_TUNERS: list = []    # every Tuner made in this process (forget_borrowed, borrowed_count)
+
+
+@contextlib.contextmanager
+def serving():
+    """Kernel launches inside the block do not tune (see the module docstring)."""
+    token = _serving.set(True)
+    try:
+        yield
+    finally:
+        _serving.reset(token)
+
+
+def forget_borrowed() -> None:
+    """The keys that borrowed a config are chosen again at their next launch (tuned, outside
+    serving()); their remembered launches go with them."""
+    for tuner in _TUNERS:
+        if tuner.borrowed:
+            for key in tuner.borrowed:
+                tuner.chosen.pop(key, None)
+            tuner.borrowed.clear()
+            tuner.calls.clear()
+
+
+def borrowed_count() -> int:
+    """Keys running on a borrowed config in this process, over every kernel."""
+    return sum(len(t.borrowed) for t in _TUNERS)
 
 
 @contextlib.contextmanager
@@ -147,13 +180,17 @@ class Tuner:
     configs:     the candidates, in the order ties are broken;
     prune:       (configs, sizes) -> the candidates worth timing for these sizes;
     default:     sizes -> the config used without tuning (ACCELC_AUTOTUNE=0);
-    interpreter: sizes -> the config used under TRITON_INTERPRET.
+    interpreter: sizes -> the config used under TRITON_INTERPRET;
+    size_fields: how many leading key fields are sizes (bucketed M, L, ...): a key borrows from
+                 keys equal to it beyond them.
     """
 
     def __init__(self, name: str, kernel, configs: list, *, prune: Callable | None = None,
                  default: Callable[[dict], triton.Config], interpreter: Callable[[dict], triton.Config],
-                 other_kernels: Callable[[], list] | None = None):
+                 other_kernels: Callable[[], list] | None = None, size_fields: int = 1):
         self.name = name
+        self.size_fields = size_fields
+        self.borrowed: dict[tuple, tuple | None] = {}   # key -> the key its config came from (None: the default)
         self.kernel = kernel
         self.other_kernels = other_kernels   # -> further kernels its candidates launch (their source keys the cache too)
         self.configs = list(configs)
@@ -165,6 +202,7 @@ class Tuner:
         self.timings: dict[tuple, list] = {}    # key -> [(config dict, us or None when it failed)], as tuned
         self._source_hash = None
         self._forced: triton.Config | None = None
+        _TUNERS.append(self)
 
     @contextlib.contextmanager
     def force(self, cfg: triton.Config):
@@ -204,6 +242,8 @@ class Tuner:
         cfg = self._read(path, candidates, key)
         if cfg is not None:
             return cfg
+        if _serving.get():
+            return self._borrow(key, sizes, candidates)
         log.info("accelc: tuning %s (%s) for %s: %d candidates", self.name, _describe(sizes),
                  _task.get() or "a call", len(candidates))
         timed = [(c, time_config(launch, c)) for c in candidates]
@@ -222,6 +262,21 @@ class Tuner:
             log.warning("accelc: tuning under a profiler (%s): the configs chosen now are used in this process "
                         "but not written to the tuning cache", watcher)
         return best
+
+    def _borrow(self, key, sizes, candidates) -> triton.Config:
+        """The config of the nearest tuned key that is a candidate here, else the default."""
+        n = self.size_fields
+        own = [k for k, c in self.chosen.items() if k not in self.borrowed and len(k) == len(key)
+               and k[n:] == key[n:] and c in candidates]
+
+        def distance(k):
+            return sum(abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(k[:n], key[:n])), -k[0]
+        near = min(own, key=distance) if own else None
+        cfg = self.chosen[near] if near is not None else self.default(sizes)
+        self.borrowed[key] = near
+        log.info("accelc: %s at %s not tuned: a call runs it with %s (warm_up tunes it)", self.name, _describe(sizes),
+                 f"the config tuned for sizes {near[:n]}" if near is not None else "its default config")
+        return cfg
 
     def spread(self, key) -> dict | None:
         """The tuning run of `key` in numbers: candidates timed, how many ran, the fastest and the

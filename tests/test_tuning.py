@@ -178,3 +178,42 @@ def test_the_other_kernels_source_keys_the_cache(fake_gpu):
     assert same[0] == same[1]
     assert tuner("def other(x): return x")._cache_file(key) != same[0]
     assert _tuner()._cache_file(key) != same[0]
+
+
+def test_calls_borrow_the_nearest_tuned_config_and_warm_up_tunes_them(fake_gpu, caplog):
+    """A served call never stalls on tuning: a key not tuned takes the config of the nearest
+    tuned key alike beyond its sizes (or the default with none), said in the log; after
+    forget_borrowed, the next launch outside serving() tunes it."""
+    t = tuning.Tuner("fake2", _Kernel(), CONFIGS, prune=lambda cs, sizes: cs,
+                     default=lambda sizes: CONFIGS[0], interpreter=lambda sizes: CONFIGS[1])
+    slow = {"BLOCK": 32, "num_stages": 2}
+    t.chosen[(64, "fp16")] = CONFIGS[0]             # as tuned for 64 and 4096 (the nearest differ)
+    t.chosen[(4096, "fp16")] = CONFIGS[3]
+    with tuning.serving(), caplog.at_level("INFO", logger="accelc"):
+        assert _chosen(t.pick((128, "fp16"), {"M": 128}, None)) == slow          # log2 distance 1 vs 5
+        assert _chosen(t.pick((2048, "fp16"), {"M": 2048}, None)) == FAST
+        assert _chosen(t.pick((128, "bf16"), {"M": 128}, None)) == slow          # nothing alike: the default
+    assert fake_gpu == [] and t.borrowed == {(128, "fp16"): (64, "fp16"), (2048, "fp16"): (4096, "fp16"),
+                                             (128, "bf16"): None}
+    assert "fake2 at M=128 not tuned" in caplog.text and tuning.borrowed_count() >= 3
+    t.calls["a launch"] = object()
+    tuning.forget_borrowed()
+    assert t.borrowed == {} and t.calls == {} and set(t.chosen) == {(64, "fp16"), (4096, "fp16")}
+    assert _chosen(t.pick((128, "fp16"), {"M": 128}, lambda c: None)) == FAST and len(fake_gpu) == len(CONFIGS)
+    with tuning.serving():     # a borrowed key does not borrow from another borrowed one
+        t.pick((8, "fp32"), {"M": 8}, None)
+        t.chosen[(16, "fp32")] = CONFIGS[5]
+        t.borrowed[(16, "fp32")] = None
+        assert t.pick((32, "fp32"), {"M": 32}, None) is CONFIGS[0]
+    tuning.forget_borrowed()
+
+
+def test_a_two_size_key_borrows_by_both_sizes(fake_gpu):
+    t = tuning.Tuner("fake3", _Kernel(), CONFIGS, default=lambda sizes: CONFIGS[0],
+                     interpreter=lambda sizes: CONFIGS[1], size_fields=2)
+    t.chosen[(64, 64, 128)] = CONFIGS[2]
+    t.chosen[(64, 1024, 128)] = CONFIGS[4]
+    with tuning.serving():
+        assert t.pick((128, 512, 128), {"L": 128, "S": 512}, None) is CONFIGS[4]
+        assert t.pick((32, 128, 128), {"L": 32, "S": 128}, None) is CONFIGS[2]
+    tuning.forget_borrowed()
