@@ -36,22 +36,13 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.kernels import gemm
+from accelc.kernels import flash_decoding, gemm
+from accelc.kernels.flash_decoding import log2_units, softmax_update
 from accelc.kernels.quantize import quantize_ref, rint
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = tuple(range(16, 257, 8))   # multiples of 8, 16 to 256
-
-
-@triton.jit
-def _log2_units(add):
-    """An additive mask in log2 units: x log2(e), saturating at the largest finite float where
-    that product overflows (bf16's and fp32's own minimum, the value HF's masks fill with, stays
-    finite, as eager's softmax sees it: a row masked that way averages its values, not 0 or NaN);
-    -inf stays -inf."""
-    a = add.to(tl.float32)
-    return tl.where(a == float("-inf"), a, tl.maximum(a * 1.4426950408889634, -3.4028234663852886e38))
 
 
 @triton.jit
@@ -103,11 +94,11 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
             if MASK_KIND == 1:   # additive float mask, natural-log units
                 if MASK_ROW:     # the same for every query row (a key padding mask): one row read
                     add = tl.load(mask_base + offs_n * stride_mn, mask=n_ok, other=0.0)
-                    qk += _log2_units(add)[None, :]
+                    qk += log2_units(add)[None, :]
                 else:
                     add = tl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
                                   mask=m_ok[:, None] & n_ok[None, :], other=0.0)
-                    qk += _log2_units(add)
+                    qk += log2_units(add)
             elif MASK_KIND == 2:  # boolean mask: True attends
                 if MASK_ROW:
                     keep = tl.load(mask_base + offs_n * stride_mn, mask=n_ok, other=0)
@@ -123,13 +114,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(qk - m_sub[:, None])
-        alpha = tl.math.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_IN_FP32:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, l_i, m_i = softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32)
     return acc, l_i, m_i
 
 
@@ -242,7 +227,7 @@ def _default(sizes):
 
 
 TUNER = Tuner("flash_attention", _flash_fwd_kernel, CONFIGS, prune=_prune, default=_default,
-              interpreter=lambda sizes: config(16, 16, 1, 4))
+              interpreter=lambda sizes: config(16, 16, 1, 4), size_fields=2)
 
 
 def why_unsupported(q, k, v, mask=None) -> Optional[str]:
@@ -309,6 +294,10 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out):
         if known is not None:
             call, kw = known
             call(_args(kw, q, k, v, mask_t, out, mask is not None, scale), q.device.index or 0)
+            return
+        if flash_decoding.takes(q, k, is_causal, qk_int8):    # a decode step: split over the keys
+            flash_decoding.launch(q, k, v, mask_t, mask is not None, _scale(q, scale) * 1.4426950408889634,
+                                  empty_nan, out)
             return
         use_tma = D <= 128 and tma_ok(q, k, v)
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),

@@ -1,0 +1,195 @@
+"""Flash-decoding: accelc::flash_attention's path for a few query rows over a long key sequence
+(a decode step over a KV cache), where one program per (batch, head, BLOCK_M rows) would leave
+most SMs idle and reread each K/V head once per query head of its group.
+
+Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023), two kernels:
+  1. _split_kernel, one program per (batch, K/V head, split of S): the query rows of every query
+     head of the K/V head's group stacked as one tile (GROUP x L rows: each K/V block is read
+     once for the whole group, as GQA intends), the split's keys streamed in BLOCK_N blocks with
+     the online softmax of kernels/flash_attention.py (base 2, fp32); writes the split's row max,
+     row sum and unnormalised accumulator to fp32 scratch;
+  2. _combine_kernel, one program per (batch, K/V head): rescales the splits to the common max and
+     divides, writing out in flash_attention's layout.
+The number of splits fills the SMs (about two programs an SM), each split a whole number of key
+blocks. With a boolean mask, a key block no query row of the tile attends (a static cache's slots
+past the current length, a left pad) is skipped before its K/V are read: it cannot change the
+result, whatever its keys and values hold (eager's SDPA would turn a NaN value there into a NaN
+output; accelc's static cache never holds one). Mask semantics, scale, empty rows (0, or NaN with
+empty_nan) and NaN in q, k or v at attended keys are flash_attention's.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from accelc import runtime
+
+MAX_ROWS = 64          # query rows of one K/V head (GROUP x L) this path takes
+MAX_QUERIES = 16       # query positions (a decode step's 1, a few drafted tokens) this path takes
+MIN_KEYS = 256         # keys below which one program a (batch, head) already has work enough
+
+
+@triton.jit
+def log2_units(add):
+    """An additive mask in log2 units: x log2(e), saturating at the largest finite float where
+    that product overflows (bf16's and fp32's own minimum, the value HF's masks fill with, stays
+    finite, as eager's softmax sees it: a row masked that way averages its values, not 0 or NaN);
+    -inf stays -inf."""
+    a = add.to(tl.float32)
+    return tl.where(a == float("-inf"), a, tl.maximum(a * 1.4426950408889634, -3.4028234663852886e38))
+
+
+@triton.jit
+def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr):
+    """One key block's online-softmax step (base 2): the running sum and accumulator rescaled to
+    the new row max (m_sub: it, or 0 where a row has seen no key), then p and p @ v added."""
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_IN_FP32:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr,
+                  Hkv, GROUP, L, S, KEYS_PER_SPLIT, qk_scale,
+                  stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mm, stride_mn,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK_KIND: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    split = tl.program_id(0)
+    bh = tl.program_id(1)
+    splits = tl.num_programs(0)
+    b = bh // Hkv
+    hk = bh % Hkv
+    rows = tl.arange(0, BLOCK_M)              # row r: query head hk * GROUP + r // L, position r % L
+    h = hk * GROUP + rows // L
+    pos = rows % L
+    r_ok = rows < GROUP * L
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + pos[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = k_ptr + b * stride_kb + hk * stride_kh
+    v_base = v_ptr + b * stride_vb + hk * stride_vh
+    m_rows = mask_ptr + b * stride_mb + h * stride_mh + pos * stride_mm          # (BLOCK_M,) pointers
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    lo = split * KEYS_PER_SPLIT
+    hi = tl.minimum(lo + KEYS_PER_SPLIT, S)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        live = r_ok[:, None] & n_ok[None, :]
+        if MASK_KIND == 2:
+            keep = tl.load(m_rows[:, None] + offs_n[None, :] * stride_mn, mask=live, other=0) != 0
+            attended = tl.sum(tl.sum(keep.to(tl.int32), 1), 0) > 0
+        else:
+            attended = True
+        if attended:        # a block no row attends is not read (see the module docstring)
+            kt = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                         mask=d_ok[:, None] & n_ok[None, :], other=0.0)            # (BLOCK_D, BLOCK_N)
+            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                        mask=n_ok[:, None] & d_ok[None, :], other=0.0)             # (BLOCK_N, BLOCK_D)
+            if DOT_IN_FP32:
+                qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
+            else:
+                qk = tl.dot(q, kt)
+            qk = qk * qk_scale                                                      # log2 units
+            if MASK_KIND == 1:
+                add = tl.load(m_rows[:, None] + offs_n[None, :] * stride_mn, mask=live, other=0.0)
+                qk += log2_units(add)
+            elif MASK_KIND == 2:
+                qk = tl.where(keep, qk, float("-inf"))
+            qk = tl.where(n_ok[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk - m_sub[:, None])
+            acc, l_i, m_i = softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32)
+    slot = bh * splits + split
+    tl.store(acc_ptr + (slot * BLOCK_M + rows[:, None]) * BLOCK_D + offs_d[None, :], acc)
+    tl.store(ml_ptr + (slot * 2) * BLOCK_M + rows, m_i)
+    tl.store(ml_ptr + (slot * 2 + 1) * BLOCK_M + rows, l_i)
+
+
+@triton.jit
+def _combine_kernel(acc_ptr, ml_ptr, out_ptr, Hkv, GROUP, L, SPLITS,
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // Hkv
+    hk = bh % Hkv
+    rows = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    for s in range(0, SPLITS):
+        m_all = tl.maximum(m_all, tl.load(ml_ptr + ((bh * SPLITS + s) * 2) * BLOCK_M + rows))
+    m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l_all = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for s in range(0, SPLITS):
+        slot = bh * SPLITS + s
+        w = tl.math.exp2(tl.load(ml_ptr + (slot * 2) * BLOCK_M + rows) - m_sub)
+        l_all += w * tl.load(ml_ptr + (slot * 2 + 1) * BLOCK_M + rows)
+        acc += w[:, None] * tl.load(acc_ptr + (slot * BLOCK_M + rows[:, None]) * BLOCK_D + offs_d[None, :])
+    if EMPTY_NAN:
+        out = acc / l_all[:, None]
+    else:
+        out = tl.where(l_all[:, None] == 0.0, 0.0, acc / l_all[:, None])
+    h = hk * GROUP + rows // L
+    pos = rows % L
+    ok = (rows < GROUP * L)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    tl.store(out_ptr + b * stride_ob + h[:, None] * stride_oh + pos[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def takes(q, k, is_causal: bool, qk_int8: bool) -> bool:
+    """Whether flash_attention's call is a decode step this path serves: few query rows a K/V
+    head, many keys, no causal flag (a decode step's mask says it), no int8 q @ k."""
+    B, H, L, D = q.shape
+    rows = (H // k.shape[1]) * L
+    return not is_causal and not qk_int8 and L <= MAX_QUERIES and rows <= MAX_ROWS and k.shape[2] >= MIN_KEYS
+
+
+def _block_n(interpreted: bool) -> int:
+    return 16 if interpreted else 64
+
+
+def plan(B: int, Hkv: int, S: int, sms: int, block_n: int) -> tuple[int, int]:
+    """(splits, keys per split): about two programs an SM, each split whole key blocks."""
+    blocks = triton.cdiv(S, block_n)
+    want = max(1, min(blocks, triton.cdiv(2 * max(sms, 1), B * Hkv)))
+    per = triton.cdiv(blocks, want) * block_n
+    return triton.cdiv(S, per), per
+
+
+def launch(q, k, v, mask_t, has_mask: bool, qk_scale: float, empty_nan: bool, out) -> None:
+    """Decode attention into `out` (flash_attention's checks and layout already done; mask_t the
+    mask expanded to (B, H, L, S), or q when there is none; qk_scale the softmax scale x log2(e))."""
+    B, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    group = H // Hkv
+    interpreted = runtime.interpreted()
+    block_m = max(16, triton.next_power_of_2(group * L))
+    block_d = triton.next_power_of_2(D)
+    block_n = _block_n(interpreted)
+    sms = 4 if interpreted else torch.cuda.get_device_properties(q.device).multi_processor_count
+    splits, per = plan(B, Hkv, S, sms, block_n)
+    acc = torch.empty((B * Hkv * splits, block_m, block_d), dtype=torch.float32, device=q.device)
+    ml = torch.empty((B * Hkv * splits, 2, block_m), dtype=torch.float32, device=q.device)
+    kind = 0 if not has_mask else 2 if mask_t.dtype == torch.bool else 1
+    dot32 = interpreted and q.dtype == torch.bfloat16
+    with runtime.device_guard(q):
+        _split_kernel[(splits, B * Hkv)](
+            q, k, v, mask_t, acc, ml, Hkv, group, L, S, per, qk_scale,
+            *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)),
+            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=kind, DOT_IN_FP32=dot32,
+            num_warps=4, num_stages=2)
+        _combine_kernel[(B * Hkv,)](acc, ml, out, Hkv, group, L, splits, *out.stride(),
+                                    HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, EMPTY_NAN=bool(empty_nan),
+                                    num_warps=4)

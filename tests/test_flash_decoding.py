@@ -1,0 +1,111 @@
+"""kernels/flash_decoding.py: accelc::flash_attention's split-KV path for decode steps (a few query
+rows a K/V head over many keys), against an fp64 reference and eager SDPA; the path is checked
+to be the one taken."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from accelc.kernels import flash_attention as fa, flash_decoding as fd
+from conftest import DEVICE, assert_close_to_ref
+
+DTYPES = [(torch.float16, 2e-3, 1e-2), (torch.bfloat16, 1.6e-2, 5e-2)]  # (dtype, atol, rtol) vs fp64
+
+
+@pytest.fixture
+def decode_calls(monkeypatch):
+    """How many flash_attention calls took the decode path."""
+    calls = []
+    real = fd.launch
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+    monkeypatch.setattr(fd, "launch", spy)
+    return calls
+
+
+def _qkv(b, h, hkv, lq, s, d, dtype):
+    g = torch.Generator().manual_seed(b * 1000 + h * 100 + lq * 10 + s)
+    make = lambda *shape: torch.randn(*shape, generator=g).to(device=DEVICE, dtype=dtype)
+    return make(b, h, lq, d), make(b, hkv, s, d), make(b, hkv, s, d)
+
+
+def _check(q, k, v, mask=None, scale=None, atol=2e-3, rtol=1e-2, empty_nan=False):
+    out = torch.ops.accelc.flash_attention(q, k, v, mask, False, scale, False, empty_nan)
+    d = lambda t: None if t is None else (t if t.dtype == torch.bool else t.double())
+    ref = fa.flash_attention_ref(d(q), d(k), d(v), d(mask), False, scale, empty_nan=empty_nan)
+    eager = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                           enable_gqa=k.shape[1] != q.shape[1])
+    if empty_nan:
+        return out, ref
+    assert_close_to_ref(out, ref, eager, q.dtype, atol, rtol)
+    return out, ref
+
+
+def _lengths_mask(b, lq, s, lengths):
+    """A static cache's boolean key mask (B, 1, L, S): slot j attends where j < that row's length."""
+    return (torch.arange(s, device=DEVICE)[None, None, None, :]
+            < torch.tensor(lengths, device=DEVICE)[:, None, None, None]).expand(b, 1, lq, s)
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("h,hkv,lq", [(4, 4, 1), (8, 2, 1), (8, 2, 3), (6, 1, 1)])
+def test_decode_step_over_a_static_cache(dtype, atol, rtol, h, hkv, lq, decode_calls):
+    """GQA groups stacked as one tile, the keys past each row's length masked (whole blocks of
+    them skipped), S not a multiple of the key block."""
+    q, k, v = _qkv(2, h, hkv, lq, 300, 32, dtype)
+    _check(q, k, v, _lengths_mask(2, lq, 300, [37, 261]), atol=atol, rtol=rtol)
+    assert decode_calls == [q.shape]
+
+
+@pytest.mark.parametrize("d", [16, 80, 128])
+def test_head_dims_and_no_mask(d, decode_calls):
+    q, k, v = _qkv(1, 4, 2, 1, 257, d, torch.float16)
+    _check(q, k, v)
+    _check(q, k, v, scale=0.3)
+    assert len(decode_calls) == 2
+
+
+def test_additive_masks_with_minus_inf_and_the_dtypes_minimum(decode_calls):
+    """An additive mask: -inf keys drop out; a row masked everywhere with bf16's minimum averages
+    its values as eager's softmax does (the saturating log2 units)."""
+    q, k, v = _qkv(2, 4, 2, 1, 320, 64, torch.bfloat16)
+    add = torch.randn(2, 1, 1, 320, device=DEVICE).to(torch.bfloat16)
+    add[0, ..., 100:] = float("-inf")
+    add[1] = torch.finfo(torch.bfloat16).min
+    _check(q, k, v, add, atol=1.6e-2, rtol=5e-2)
+    assert len(decode_calls) == 1
+
+
+def test_a_row_with_no_visible_key_gives_zero_or_nan_as_asked(decode_calls):
+    q, k, v = _qkv(2, 4, 2, 1, 256, 32, torch.float16)
+    mask = _lengths_mask(2, 1, 256, [0, 200])
+    out, ref = _check(q, k, v, mask)
+    assert (out[0] == 0).all()
+    out, ref = _check(q, k, v, mask, empty_nan=True)
+    assert out[0].isnan().all() and not out[1].isnan().any()
+    assert len(decode_calls) == 2
+
+
+def test_nan_at_an_attended_key_gives_nan_as_eager(decode_calls):
+    q, k, v = _qkv(1, 4, 4, 1, 256, 32, torch.float16)
+    v[0, 1, 10, 3] = float("nan")
+    out = torch.ops.accelc.flash_attention(q, k, v, _lengths_mask(1, 1, 256, [100]))
+    eager = F.scaled_dot_product_attention(q, k, v, attn_mask=_lengths_mask(1, 1, 256, [100]))
+    assert torch.equal(out.isnan(), eager.isnan()) and out.isnan().any()
+    assert len(decode_calls) == 1
+
+
+def test_prefill_and_short_keys_keep_the_one_pass_kernel(decode_calls):
+    q, k, v = _qkv(1, 2, 2, 17, 300, 32, torch.float16)       # 17 query positions: prefill
+    _check(q, k, v)
+    q, k, v = _qkv(1, 4, 4, 1, 100, 32, torch.float16)        # few keys
+    _check(q, k, v)
+    assert decode_calls == []
+
+
+@pytest.mark.parametrize("b,hkv,s,sms", [(1, 4, 2048, 132), (16, 8, 768, 132), (1, 1, 64, 132), (2, 2, 300, 4)])
+def test_splits_cover_the_keys_in_whole_blocks(b, hkv, s, sms):
+    splits, per = fd.plan(b, hkv, s, sms, 64)
+    assert per % 64 == 0 and (splits - 1) * per < s <= splits * per
+    assert b * hkv * splits < 2 * sms + b * hkv       # about two programs an SM, never fewer than one a head
