@@ -16,6 +16,7 @@ from accelc.api import optimize
 from accelc.config import Int8Config, OptimizeConfig, PRESETS
 from accelc.convert import convert
 from accelc.errors import AccelcError, CaptureError, ModelFileError, PassError
+from accelc.generation import OptimizedLM
 from accelc.optimized import OptimizedModule
 from accelc.records import LayerRecord
 from accelc.report import report

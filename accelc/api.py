@@ -15,7 +15,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import buckets, guard, meta, runner, runtime
+from accelc import buckets, generation, guard, meta, runner, runtime
 from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
 from accelc.capture.shapes import SHAPES
 from accelc.config import OptimizeConfig, PRESETS
@@ -52,9 +52,10 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     dynamic: which input shapes the optimized model takes (OptimizeConfig.dynamic; given here,
         it replaces the config's): True (default) every batch size and sequence length up to the
         model's limits, False the example's shapes only, or {"input_ids": {0: (1, 64), 1: (1, 512)}}.
-    warmup_shapes: shapes captured at optimize time, not at their first call
-        (OptimizeConfig.warmup_shapes; given here, it replaces the config's): [{"input_ids": (8, 128)}],
-        or "buckets".
+    warmup_shapes: shapes captured, and their kernel sizes tuned, at optimize time, not at their
+        first call (OptimizeConfig.warmup_shapes; given here, it replaces the config's):
+        [{"input_ids": (8, 128)}], or "buckets". Calls never tune: a kernel size neither the guard's
+        checks nor a warm-up met runs with the config tuned for the nearest size.
 
     Layers accelc does not recognise, and rewritten layers whose numbers the guard rejects, run
     as PyTorch; OptimizedModule.summary() lists every one with its reason.
@@ -158,8 +159,12 @@ def optimize_job(job: Job) -> OptimizedModule:
         spec = gm.meta[CALL_SPEC]
         flat = spec.flat(job.args, job.kwargs)
         calibration = [spec.flat(b, job.kwargs) for b in job.calibration]
-        opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration)
+        lm = generation.is_causal_lm(job.model)
+        opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,
+                             cls=generation.OptimizedLM if lm else OptimizedModule)
         opt.info.seconds["capture"] = round(t1 - t0, 2)
+        if getattr(job.model, "replayable_state", False):
+            opt.graph_module.meta[runner.REPLAYABLE_STATE] = True
         warm = warmup_inputs(opt, job.config.warmup_shapes)
         if runtime.can_time(job.device):
             t0 = time.perf_counter()
@@ -174,13 +179,35 @@ def optimize_job(job: Job) -> OptimizedModule:
                 note_warmed(opt, f"{len(warm)} warm-up shape(s) captured at optimize time ({seconds:.1f} s)")
         elif warm:
             note_warmed(opt, f"{len(warm)} warm-up shape(s) not captured: no CUDA graphs on this device")
+        if lm:
+            attach_generation(opt, job)
     finally:
         restore_buffers(job.model, state)
     return opt
 
 
+def attach_generation(opt, job: Job) -> None:
+    """A causal LM's generate(): its step program optimized over accelc's static cache
+    (accelc.generation); where that fails, generate() runs the original model, and that is said."""
+    t0 = time.perf_counter()
+    try:
+        step, args = generation.make_step(job.model, job.args, job.kwargs, job.config)
+        length = {1: (1, step.max_len)}     # the tokens of a step vary; the cache fixes the rest
+        config = dataclasses.replace(job.config, dynamic={"input_ids": length, "position_ids": length},
+                                     warmup_shapes=())
+        program = optimize_job(Job(step, args, config, [args], job.device))
+    except AccelcError as e:
+        opt.no_generation(job.model, str(e))
+        return
+    except Exception as e:   # a family the step cannot take: said, and generate() stays HF's
+        opt.no_generation(job.model, short_error(e))
+        return
+    opt.attach_generation(program, step, job.model)
+    opt.info.seconds["generation step"] = round(time.perf_counter() - t0, 2)
+
+
 def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,
-                   device: torch.device, calibration: list | None = None) -> OptimizedModule:
+                   device: torch.device, calibration: list | None = None, cls=OptimizedModule) -> OptimizedModule:
     """Passes and guard on a captured graph in canonical form (accelc.capture.make_canonical) whose output on `args` is
     `expected`."""
     ctx = PassContext(config, args, calibration if calibration is not None else [args], device,
@@ -223,7 +250,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     if eager_ms is not None:
         info.eager_gpu_ms = eager_ms
         info.accelc_eager_gpu_ms = sum(ctx.eager_ms.get(r.name, 0.0) for r in records if r.status == "rewritten")
-    return OptimizedModule(gm, records, info, example_inputs=args, config=config, call_spec=spec)
+    return cls(gm, records, info, example_inputs=args, config=config, call_spec=spec)
 
 
 def warmup_inputs(opt: OptimizedModule, warmup_shapes) -> list[tuple]:

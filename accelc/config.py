@@ -132,6 +132,9 @@ class OptimizeConfig:
                     bucket sizes (1, 2, 4, 8, 12, 16, 24, 32, ...) so that a few graphs serve every
                     size, where the guard finds the pad inert (accelc.buckets); False: a graph per
                     exact size, captured at its second call.
+    max_cache_len, max_batch_size: a causal LM's generate() (accelc.generation): the static KV
+                    cache's tokens per sequence (default: the model's positions, at most 2048) and
+                    sequences (default: the example's batch).
     warmup_shapes:  shapes whose CUDA graphs are captured at optimize time rather than at their
                     first call: a list of {input name: shape} (the other inputs follow, as the
                     mask follows the ids), or "buckets" (every bucket of the padded dims' ranges,
@@ -151,6 +154,8 @@ class OptimizeConfig:
     dynamic: bool | dict = True
     padding: bool = True
     warmup_shapes: tuple | str = ()
+    max_cache_len: int | None = None
+    max_batch_size: int | None = None
 
     def __post_init__(self):
         if self.int8 is True:
@@ -181,6 +186,10 @@ class OptimizeConfig:
             raise ValueError(f"eager_error_factor must be >= 1, not {self.eager_error_factor}")
         object.__setattr__(self, "dynamic", _dynamic(self.dynamic))
         object.__setattr__(self, "warmup_shapes", _warmup_shapes(self.warmup_shapes))
+        for name in ("max_cache_len", "max_batch_size"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be a positive int or None, not {value!r}")
 
     def tolerance_for(self, dtype: torch.dtype) -> float:
         """The guard's relative-L2 floor for a layer computing in `dtype`."""

@@ -150,5 +150,6 @@ class OptimizeInfo:
     eager_gpu_ms: float = math.nan             # eager model's GPU time a call (a GPU, only_if_faster) ...
     accelc_eager_gpu_ms: float = math.nan      # ... of which in the layers accelc now runs (their eager times)
     shapes: str = ""                           # the input shapes the optimized model takes, in words
+    generation: str = ""                       # a causal LM's generate(): its cache and step program, in words
     seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
     #                                               included), warmup (glue compile, CUDA graph capture)

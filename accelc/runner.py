@@ -46,6 +46,10 @@ from accelc.kernels import LAUNCHERS
 log = logging.getLogger("accelc")
 
 MAX_GRAPHS = 256   # CUDA graphs kept per module; a new signature beyond them evicts the least recently used
+# gm.meta key: the graph's in-place state updates leave the same state when a call is run again on
+# the same inputs (they set, not accumulate: a KV cache written at given positions), so a CUDA
+# graph's warm-up runs and Inductor may run them (a model's `replayable_state = True` sets it)
+REPLAYABLE_STATE = "accelc_replayable_state"
 
 
 class Uncapturable(Exception):
@@ -322,11 +326,12 @@ class CompiledGlue:
 def plan(config, device: torch.device, gm: fx.GraphModule | None = None) -> tuple[str, bool, str]:
     """(glue, CUDA graphs?, both in words) that `config` asks for on `device`. A graph that
     updates module state in place (a call counter, a cache) runs as it is, eager glue and plain
-    calls: a CUDA graph's warm-up and Inductor's compile would run the update more often than eager."""
+    calls: a CUDA graph's warm-up and Inductor's compile would run the update more often than eager;
+    unless its updates are replayable (REPLAYABLE_STATE)."""
     on_gpu = runtime.can_time(device)
     glue = resolve_glue(config.glue, on_gpu)
     graphs = bool(config.cuda_graphs and on_gpu)
-    state = mutated_state(gm) if gm is not None else []
+    state = mutated_state(gm) if gm is not None and not gm.meta.get(REPLAYABLE_STATE) else []
     if state:
         glue, graphs = "eager", False
     how = (("Inductor-compiled glue" if glue == "inductor" else "eager glue, direct kernel launches")

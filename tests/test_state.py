@@ -111,3 +111,41 @@ def test_a_shape_the_program_does_not_take_is_one_clear_error():
     # (the input, the dim, what it is and the size the program fixes: the any-shape issue's wording)
     with pytest.raises(InputError, match=r"^input dim 0 is 3: the model fixes it at 4$"):
         opt(torch.randn(3, 16, device=DEVICE))
+
+
+class _Slots(nn.Module):
+    """Writes its input at given slots of a buffer: run again on the same inputs, the same state."""
+    replayable_state = True
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("slots", torch.zeros(8, 4))
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, at):
+        self.slots.index_copy_(0, at, x)
+        return self.fc(self.slots).sum(0)
+
+
+def test_replayable_state_may_run_in_cuda_graphs_and_an_accumulating_one_may_not(monkeypatch):
+    """plan() on a GPU (stood in): a graph whose in-place updates accumulate runs as plain calls;
+    one whose model declares them replayable (a static KV cache) keeps CUDA graphs and the glue,
+    and still updates its state as eager does."""
+    from accelc import runner, runtime
+
+    counting = accelc.optimize(_Counting().to(DEVICE).eval(), torch.randn(3, 8, device=DEVICE))
+    slots = _Slots().to(DEVICE).eval()
+    x, at = torch.randn(2, 4, device=DEVICE), torch.tensor([1, 5], device=DEVICE)
+    opt = accelc.optimize(slots, (x, at))
+    assert opt.graph_module.meta.get(runner.REPLAYABLE_STATE) is True
+    assert not counting.graph_module.meta.get(runner.REPLAYABLE_STATE)
+    monkeypatch.setattr(runtime, "can_time", lambda device: True)
+    cfg = accelc.OptimizeConfig(glue="inductor")
+    assert runner.plan(cfg, DEVICE, counting.graph_module)[:2] == ("eager", False)
+    assert runner.plan(cfg, DEVICE, opt.graph_module)[:2] == ("inductor", True)
+    monkeypatch.undo()
+    with torch.no_grad():
+        for _ in range(2):
+            y = torch.randn(2, 4, device=DEVICE)
+            out, ref = opt(y, at), slots(y, at)
+            assert torch.equal(opt.graph_module.slots, slots.slots) and rel_l2(out, ref) < 1e-5

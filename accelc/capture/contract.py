@@ -41,7 +41,11 @@ def _remap(obj, visit, memo: dict):
     elif type(obj) in (tuple, list):
         new = type(obj)(_remap(v, visit, memo) for v in obj)
     elif isinstance(obj, dict) or hasattr(obj, "__dict__"):
-        new = copy.copy(obj)
+        try:
+            new = copy.copy(obj)
+        except Exception:   # an object that cannot be copied (one holding a file or a lock) is no data container
+            memo[id(obj)] = obj
+            return obj
         memo[id(obj)] = new
         if isinstance(obj, dict):
             for k, v in obj.items():

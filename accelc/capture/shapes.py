@@ -98,7 +98,8 @@ class InputShapes:
         elif self.static:
             text = f"shapes: the example's only ({self.static})"
         else:
-            parts = [f"{name} {' x '.join(map(str, row))}" for name, row in zip(self.names, self.dims) if row is not None]
+            parts = [f"{name} {' x '.join(map(str, row)) or 'scalar'}" for name, row in zip(self.names, self.dims)
+                     if row is not None]
             text = "shapes: " + "; ".join(parts)
             if self.dynamic:
                 text += " (a..b: a dim that varies; a number: fixed by the model)"
@@ -202,7 +203,7 @@ class InputShapes:
     def checked_at(self, label: str, args: tuple, sizes: dict) -> None:
         """Record that every layer passed at these sizes (the smallest lowers the ranges' stated
         lower ends to them: export states 2 where a dim merely is not specialised to 1)."""
-        shown = dict.fromkeys("x".join(map(str, s)) for s in self.shaped(args, sizes) if s is not None)
+        shown = dict.fromkeys("x".join(map(str, s)) for s in self.shaped(args, sizes) if s)
         self.checked.append(" / ".join(shown))
         if label == "at the smallest sizes":
             self.dims = tuple(None if row is None else tuple(

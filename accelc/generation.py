@@ -1,0 +1,333 @@
+"""Text generation with an optimized causal LM (an HF transformers model that can generate).
+
+accelc.optimize(lm, inputs) of a causal LM returns an OptimizedLM: called, it is the optimized
+model as any other (logits for every token); its generate() runs HF's own generation loop (greedy,
+sampling, logits processors, stopping criteria, streamers: the same arguments, the same tokens) with
+every forward step served by one optimized program over a static KV cache:
+  - the cache: HF's StaticCache, owned by the OptimizedLM, allocated once for max_batch_size
+    sequences of max_cache_len tokens (OptimizeConfig; by default the example's batch and the
+    model's positions, at most 2048);
+  - the step: (input_ids (B, T), key padding mask (B, max_cache_len), position_ids (B, T), start
+    ()) -> the last position's logits (B, vocab), writing the T tokens' keys and values at cache
+    slots start .. start + T - 1; prefill (T = the prompt) and decode (T = 1) are the same
+    program, T varying. position_ids are what HF's generate passes (from the attention mask, for
+    models that take them so: GPT-2), else the model's own default, start .. start + T - 1.
+Greedy decoding with nothing else asked (stop tokens, min_new_tokens, max_new_tokens / max_length,
+pad_token_id) runs accelc's own loop over the step program instead of HF's: the same tokens, with
+no host sync per token; the stop condition is read every STOP_CHECK_EVERY tokens, the tokens past
+the stop cut off. Anything else (sampling, logits processors, streamers, stopping criteria, scores
+asked back) runs HF's loop over the step program.
+A generate() the step cannot serve (beam search, hidden states or attentions asked back, a cache of
+the caller's) runs the original model's generate, with the reason as a warning; a request the cache
+cannot hold (more sequences, or prompt + new tokens past max_cache_len) raises InputError in one line.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import types
+import warnings
+
+import torch
+from torch import nn
+
+from accelc.errors import InputError
+from accelc.optimized import OptimizedModule
+
+log = logging.getLogger("accelc")
+
+DEFAULT_MAX_CACHE = 2048
+STOP_CHECK_EVERY = 16     # accelc's greedy loop reads its stop condition (a host sync) every this many tokens
+# generate() arguments accelc's greedy loop serves; any other sends the call to HF's loop
+_GREEDY_ARGS = {"max_new_tokens", "min_new_tokens", "max_length", "min_length", "do_sample", "eos_token_id",
+                "pad_token_id", "use_cache", "num_beams"}
+# generation-config fields that make HF's loop do more than argmax (their defaults: nothing more)
+_GREEDY_FIELDS = {"do_sample": False, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
+                  "no_repeat_ngram_size": 0, "bad_words_ids": None, "force_words_ids": None, "suppress_tokens": None,
+                  "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+                  "exponential_decay_length_penalty": None, "sequence_bias": None, "guidance_scale": None,
+                  "renormalize_logits": False, "return_dict_in_generate": False, "output_scores": False,
+                  "output_logits": False, "watermarking_config": None, "stop_strings": None, "max_time": None}
+# generate() settings the step program serves as HF's generate does (the rest fall back, said)
+_UNSUPPORTED = {"num_beams": 1, "num_beam_groups": 1, "output_attentions": False, "output_hidden_states": False,
+                "output_logits": False, "penalty_alpha": None, "assistant_model": None, "prompt_lookup_num_tokens": None}
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """An HF transformers model that generates text with a decoder only (GPT-2, Llama, Qwen2, ...)."""
+    config = getattr(model, "config", None)
+    can = getattr(model, "can_generate", None)
+    return (config is not None and callable(can) and _safe(can) and not getattr(config, "is_encoder_decoder", False)
+            and hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None)
+
+
+def _safe(fn) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        return False
+
+
+class CacheStep(nn.Module):
+    """One forward step of a causal LM over a static KV cache (see the module docstring). Built by
+    running the model once on `ids` (the cache allocates its tensors at their first use, with the
+    model's own head counts, head dims, dtype and device), whose keys and values are then cleared."""
+
+    def __init__(self, lm: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_len: int):
+        super().__init__()
+        from transformers.cache_utils import StaticCache, StaticLayer
+
+        self.lm = lm
+        self.cache = StaticCache(config=lm.config, max_cache_len=max_len)
+        sliding = [i for i, layer in enumerate(self.cache.layers) if getattr(layer, "is_sliding", False)]
+        window = getattr(lm.config.get_text_config(), "sliding_window", None)
+        if sliding and not (window is not None and window >= max_len):
+            raise InputError(f"layers {sliding[:4]} attend to a sliding window of {window} tokens, and accelc's static "
+                             f"cache holds {max_len}: generation beyond the window is not supported yet")
+        for i in sliding:     # the window never slides within the cache: a plain static layer is the same
+            self.cache.layers[i] = StaticLayer(max_cache_len=max_len)
+        with torch.no_grad():
+            lm(input_ids=ids, attention_mask=_padded(mask, max_len), past_key_values=self.cache, use_cache=True)
+        for i, layer in enumerate(self.cache.layers):
+            if not getattr(layer, "is_initialized", True) or not hasattr(layer, "keys"):
+                raise InputError(f"the model's cache layer {i} ({type(layer).__name__}) is not a static one accelc "
+                                 "can hold")
+            layer.keys.zero_()
+            layer.values.zero_()
+            layer.cumulative_length.zero_()
+            self.register_buffer(f"keys_{i}", layer.keys, persistent=False)
+            self.register_buffer(f"values_{i}", layer.values, persistent=False)
+            self.register_buffer(f"length_{i}", layer.cumulative_length, persistent=False)
+        self.batch, self.max_len = ids.shape[0], max_len
+
+    def forward(self, input_ids, attention_mask, position_ids, start):
+        for layer in self.cache.layers:
+            layer.cumulative_length.copy_(start)
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def reset(self) -> None:
+        """Positions start at 0 again (stale keys and values past a sequence's length are masked)."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.zero_()
+
+    def cache_bytes(self) -> int:
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
+
+
+def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[CacheStep, tuple]:
+    """The CacheStep of `lm` sized by `config` (max_cache_len, max_batch_size) and its example
+    inputs (the prompt of the example call: input_ids, attention_mask)."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise InputError("the example holds no input_ids (batch x length) to size the cache with")
+    mask = kwargs.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else mask
+    positions = getattr(lm.config.get_text_config(), "max_position_embeddings", None) or DEFAULT_MAX_CACHE
+    max_len = config.max_cache_len or min(positions, DEFAULT_MAX_CACHE)
+    if max_len <= ids.shape[1]:
+        raise InputError(f"max_cache_len {max_len} holds no token beyond the example's {ids.shape[1]}")
+    batch = config.max_batch_size or ids.shape[0]
+    reps = -(-batch // ids.shape[0])
+    ids, mask = ids.repeat(reps, 1)[:batch], mask.repeat(reps, 1)[:batch]
+    step = CacheStep(lm, ids, mask, max_len)
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return step, (ids, _padded(mask, max_len), positions, torch.zeros((), dtype=torch.long, device=ids.device))
+
+
+def _padded(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """A (B, n) key padding mask as (B, length): the positions past n masked."""
+    out = mask.new_zeros(mask.shape[0], length)
+    out[:, :mask.shape[1]] = mask
+    return out
+
+
+class OptimizedLM(OptimizedModule):
+    """An OptimizedModule of a causal LM that also generates (see the module docstring). `step`:
+    the optimized step program (an OptimizedModule; its summary is in this one's); `original`: the
+    model generate() falls back to (the same weights, not a copy)."""
+
+    def attach_generation(self, step: OptimizedModule, cache: CacheStep, original: nn.Module) -> None:
+        self.step = step
+        # not submodules: the cache step holds the model, whose weights the step program shares
+        object.__setattr__(self, "cache_step", cache)
+        object.__setattr__(self, "original", original)
+        self.info.generation = (f"generation: static KV cache for {cache.batch} sequence(s) of {cache.max_len} tokens "
+                                f"({cache.cache_bytes() / 2**20:.1f} MiB, {len(cache.cache.layers)} layers); one step "
+                                f"program for prefill and decode: {step.info.shapes or ''}; greedy decoding runs accelc's "
+                                f"own loop (the stop condition read every {STOP_CHECK_EVERY} tokens, no host sync per "
+                                "token), other decoding HF's loop over the step program")
+
+    def no_generation(self, original: nn.Module, why: str) -> None:
+        self.step = None
+        object.__setattr__(self, "cache_step", None)
+        object.__setattr__(self, "original", original)
+        self.info.generation = f"generation: generate() runs the original model (no step program: {why})"
+        warnings.warn(f"accelc: {self.info.generation}", stacklevel=4)
+
+    def generate(self, input_ids=None, attention_mask=None, **kwargs):
+        """HF's generate (same arguments, same output) with each forward step run by the step program."""
+        if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise InputError("generate() takes input_ids (batch x prompt length), as a tokenizer gives them")
+        gen = copy.deepcopy(kwargs.get("generation_config") or self.original.generation_config)
+        gen.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
+        why = self._fallback_reason(gen, kwargs)
+        if why:
+            warnings.warn(f"accelc: generate() runs the original model ({why})", stacklevel=2)
+            return self.original.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        b, n = input_ids.shape
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        cache = self.cache_step
+        total = n + gen.max_new_tokens if gen.max_new_tokens is not None else gen.max_length
+        if total > cache.max_len:
+            raise InputError(f"prompt {n} + {total - n} new tokens = {total} positions, past the {cache.max_len} the "
+                             "optimized LM's cache holds: optimize with OptimizeConfig(max_cache_len=...) or ask for "
+                             "fewer tokens")
+        if b > cache.batch:
+            raise InputError(f"{b} sequences, and the optimized LM's cache holds {cache.batch}: optimize with "
+                             "OptimizeConfig(max_batch_size=...) or generate in smaller batches")
+        extra = cache.batch - b      # rows the cache has beyond the request: the last one repeated, cut after
+        if extra:
+            input_ids = torch.cat([input_ids, input_ids[-1:].expand(extra, n)])
+            mask = torch.cat([mask, mask[-1:].expand(extra, n)])
+            if kwargs.get("streamer") is not None:
+                kwargs["streamer"] = _FirstRows(kwargs["streamer"], b)
+        cache.reset()
+        greedy = self._greedy_alone(gen, kwargs) and total > n
+        self.last_loop = "accelc" if greedy else "hf"
+        try:
+            with torch.no_grad():
+                out = (self._greedy(input_ids, mask, gen, total - n) if greedy else
+                       self._shell().generate(input_ids=input_ids, attention_mask=mask, past_key_values=cache.cache,
+                                              **kwargs))
+        finally:
+            cache.reset()
+        return _first_rows(out, b, cache.batch) if extra else out
+
+    @staticmethod
+    def _greedy_alone(gen, kwargs) -> bool:
+        """Whether the request is greedy decoding and nothing else accelc's loop does not do."""
+        if set(kwargs) - _GREEDY_ARGS - {"generation_config"} or (kwargs.get("num_beams") or 1) != 1:
+            return False
+        return all(getattr(gen, k, v) in (v, None) if v is not None else getattr(gen, k, None) is None
+                   for k, v in _GREEDY_FIELDS.items())
+
+    def _greedy(self, input_ids, mask, gen, new: int) -> torch.Tensor:
+        """HF's greedy decoding over the step program, without HF's loop: argmax of each step's
+        logits fed back on the device; stop tokens end a row (pad after it, as HF pads), the
+        stop condition read every STOP_CHECK_EVERY tokens and the tokens past it cut off."""
+        cache, step = self.cache_step, self.step
+        batch, n = input_ids.shape
+        device = input_ids.device
+        eos = gen.eos_token_id
+        eos = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=device)
+        pad = gen.pad_token_id if gen.pad_token_id is not None else (int(eos[0]) if eos is not None else 0)
+        min_new = max(gen.min_new_tokens or 0, (gen.min_length or 0) - n)
+        keys = _padded(mask.long(), cache.max_len)
+        count = mask.long().sum(-1)                             # real tokens so far, per row
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        start = torch.zeros((), dtype=torch.long, device=device)
+        out = torch.empty(batch, new, dtype=torch.long, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        all_done = torch.zeros(new, dtype=torch.bool, device=device)
+        logits = step(input_ids, keys, positions, start)
+        for i in range(new):
+            scores = logits.float()
+            if eos is not None and i < min_new:
+                scores[:, eos] = float("-inf")
+            token = scores.argmax(-1)
+            if eos is not None:
+                token = torch.where(finished, pad, token)
+                finished |= torch.isin(token, eos)
+                all_done[i] = finished.all()
+            out[:, i] = token
+            if i == new - 1 or (eos is not None and (i + 1) % STOP_CHECK_EVERY == 0 and bool(all_done[i])):
+                break
+            keys[:, n + i] = 1
+            start.fill_(n + i)
+            logits = step(token[:, None], keys, (count + i)[:, None], start)
+        done = all_done.nonzero()
+        length = int(done[0, 0]) + 1 if done.numel() else new
+        return torch.cat([input_ids, out[:, :length]], dim=1)
+
+    def _fallback_reason(self, gen, kwargs) -> str:
+        for key, default in _UNSUPPORTED.items():
+            value = kwargs.get(key, getattr(gen, key, default))
+            if value is not None and value != default:
+                return f"{key}={value!r} is not served by accelc's static-cache step yet"
+        if kwargs.get("past_key_values") is not None:
+            return "a cache of the caller's was given"
+        if getattr(self, "step", None) is None:
+            return self.info.generation.removeprefix("generation: generate() runs the original model ")
+        return ""
+
+    def _shell(self) -> nn.Module:
+        """The original model with its forward replaced by the step program: what HF's generate calls."""
+        shell = copy.copy(self.original)
+        step = self.step
+
+        def forward(model, input_ids=None, attention_mask=None, past_key_values=None, position_ids=None, **unused):
+            from transformers.modeling_outputs import CausalLMOutputWithPast
+
+            start = past_key_values.layers[0].cumulative_length
+            if position_ids is None:     # the model's own default
+                position_ids = (start + torch.arange(input_ids.shape[1], device=input_ids.device)).expand_as(input_ids)
+            keys = _key_padding(attention_mask, input_ids, self.cache_step.max_len, start)
+            logits = step(input_ids, keys, position_ids, start)
+            return CausalLMOutputWithPast(logits=logits[:, None, :], past_key_values=past_key_values)
+        shell.forward = types.MethodType(forward, shell)
+        return shell
+
+    def summary(self) -> str:
+        text = super().summary()
+        step = getattr(self, "step", None)
+        if step is None:
+            return text
+        return text + f"\n{self.info.generation}\nthe step program:\n" + "\n".join(
+            "  " + line for line in step.summary().splitlines())
+
+
+class _FirstRows:
+    """A streamer that sees the request's own rows, not the cache's extra ones."""
+
+    def __init__(self, streamer, rows: int):
+        self.streamer, self.rows = streamer, rows
+
+    def put(self, value):
+        self.streamer.put(value[:self.rows])
+
+    def end(self):
+        self.streamer.end()
+
+
+def _first_rows(out, rows: int, batch: int):
+    """generate()'s output (a tensor, or a ModelOutput of tensors and tuples of them) cut to the
+    request's rows."""
+    def cut(v):
+        if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch:
+            return v[:rows]
+        if isinstance(v, tuple):
+            return tuple(cut(x) for x in v)
+        return v
+    if isinstance(out, torch.Tensor):
+        return cut(out)
+    for key in list(out.keys()):
+        out[key] = cut(out[key])
+    return out
+
+
+def _key_padding(mask, input_ids, length: int, start) -> torch.Tensor:
+    """The (B, length) key padding mask (1: a real token) of what HF's generate passes: a 2D mask
+    of the tokens so far, the 4D mask it builds for a static cache (its last query row: the real
+    keys up to the newest position), or None (no padding)."""
+    if isinstance(mask, dict):    # one per layer type (full, sliding): within the cache the window never slides
+        mask = mask.get("full_attention", next(iter(mask.values()), None))
+    if mask is None:   # no padding: every key up to the newest position
+        end = start + input_ids.shape[1]
+        return (torch.arange(length, device=input_ids.device) < end).long().expand(input_ids.shape[0], length)
+    if mask.dim() == 4:
+        row = mask[:, 0, -1, :]
+        keep = row if row.dtype == torch.bool else row == 0
+        return _padded(keep.long(), length)
+    return _padded(mask.long(), length)

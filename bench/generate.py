@@ -1,0 +1,250 @@
+"""Text generation: an HF causal LM generating `--new` tokens after a `--prompt`-token prompt, per
+side: time to first token, decode tokens/s and the share of the memory-bandwidth limit, and the
+greedy tokens compared with HF eager's. The generation issue's measure.
+
+    python bench/generate.py [--out bench/results] [--models tinyllama,qwen2-0.5b,gpt2,llama3-8b]
+                             [--batches 1,16] [--prompt 512] [--new 256]
+    python bench/generate.py --smoke      # a tiny Llama on the CPU, 12 tokens: checks the script runs
+
+Models: random weights at real shapes, fp16 (TinyLlama-1.1B, Qwen2-0.5B, GPT-2 small, a Llama-3-8B
+shape). Sides, each timed the same way (host clock around generate(), the GPU synchronised, the
+median of --rounds after one warm-up generate):
+  hf_eager          HF's generate, its default dynamic cache;
+  hf_static_compile HF's documented fast path: cache_implementation="static" and
+                    torch.compile(model.forward, mode="reduce-overhead", fullgraph=True);
+  accelc            accelc.optimize(lm, prompt) then opt.generate (accelc's static cache, one step
+                    program for prefill and decode).
+Greedy decoding with min_new_tokens = max_new_tokens (random weights may emit EOS early: every side
+generates the same count). Time to first token: generate with max_new_tokens=1; decode tokens/s:
+(new - 1) tokens over (total - first-token time), per sequence. Bandwidth limit: the bytes a decode
+step reads (every weight but the input embedding table, unless tied, + the KV cache at the mean
+context length) over the device's measured copy bandwidth (a 1 GiB device-to-device copy, read +
+write bytes over its time).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common  # noqa: E402
+
+SIDES = ["hf_eager", "hf_static_compile", "accelc"]
+
+
+def configs(smoke: bool) -> dict:
+    """name -> a transformers config (random weights at real shapes)."""
+    import transformers as tf
+
+    if smoke:
+        return {"tiny-llama": tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                             max_position_embeddings=256)}
+    return {
+        "tinyllama": tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                                    num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                                    max_position_embeddings=2048),
+        "qwen2-0.5b": tf.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                     num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                     max_position_embeddings=32768, tie_word_embeddings=True),
+        "gpt2": tf.GPT2Config(),
+        "llama3-8b": tf.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                    max_position_embeddings=8192, rope_theta=500000.0),
+    }
+
+
+def build(cfg, device, dtype):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        try:
+            lm = tf.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        except TypeError:       # transformers before `dtype`
+            lm = tf.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+    return lm.eval()
+
+
+def copy_bandwidth(device) -> float | None:
+    """Bytes/s of a device-to-device copy (read + write), the median of 10."""
+    if device.type != "cuda":
+        return None
+    a = torch.empty(2**30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(12):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    del a, b
+    return 2 * 2**30 / statistics.median(times[2:])
+
+
+def step_bytes(lm, batch: int, context: float) -> float:
+    """Bytes one decode step reads: the weights (the input embedding table only where the output
+    head is the same tensor) and every layer's keys and values up to `context` tokens."""
+    emb = lm.get_input_embeddings().weight
+    head = lm.get_output_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in lm.parameters()
+                  if p is not emb or emb.data_ptr() == head.data_ptr())
+    cfg = lm.config.get_text_config()
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * heads * head_dim * emb.element_size() * context * batch
+    return weights + kv
+
+
+def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, torch.Tensor]:
+    """(median seconds, the tokens of the last round) of gen(...) generating `new` tokens."""
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    out = gen(input_ids=ids, attention_mask=mask, **kwargs)      # warm-up: compiles, captures, tunes
+    times = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        out = gen(input_ids=ids, attention_mask=mask, **kwargs)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, bandwidth) -> list[dict]:
+    import accelc
+
+    lm = build(cfg, device, dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    for batch in batches:
+        g = torch.Generator().manual_seed(batch)
+        ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).to(device)
+        mask = torch.ones_like(ids)
+        limit = (bandwidth / step_bytes(lm, batch, prompt + new / 2)) if bandwidth else None
+        row = {"model": name, "batch": batch, "prompt": prompt, "new_tokens": new,
+               "params_m": round(sum(p.numel() for p in lm.parameters()) / 1e6, 1),
+               "step_mib": round(step_bytes(lm, batch, prompt + new / 2) / 2**20, 1),
+               "bandwidth_limit_tok_s": None if limit is None else round(limit, 1)}
+        reference = None
+        for side in sides:
+            try:
+                torch._dynamo.reset()
+                t0 = time.perf_counter()
+                if side == "hf_eager":
+                    gen = lm.generate
+                elif side == "hf_static_compile":
+                    compiled = build(cfg, device, dtype)
+                    compiled.load_state_dict(lm.state_dict())
+                    compiled.generation_config.cache_implementation = "static"
+                    compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)
+                    gen = compiled.generate
+                else:
+                    config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch)
+                    opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
+                    gen = opt.generate
+                prepare_s = time.perf_counter() - t0
+                first, _ = timed_generate(gen, ids, mask, 1, rounds, sync)
+                total, out = timed_generate(gen, ids, mask, new, rounds, sync)
+                tokens = out[:, prompt:].cpu()
+                decode = (new - 1) / max(total - first, 1e-9)
+                r = {"prepare_s": round(prepare_s, 1), "ttft_ms": round(first * 1e3, 2), "total_s": round(total, 3),
+                     "decode_tok_s": round(decode, 1), "decode_tok_s_all": round(decode * batch, 1),
+                     "bandwidth_share": None if limit is None else round(decode / limit, 3)}
+                if reference is None and side == "hf_eager":
+                    reference = tokens
+                if reference is not None and side != "hf_eager":
+                    r["same_tokens_as_eager"] = round((tokens == reference).float().mean().item(), 3)
+                    r["same_prefix_tokens"] = int((tokens == reference).all(0).long().cumprod(0).sum().item())
+                if side == "accelc":
+                    r["summary"] = opt.summary()
+                    del opt
+                if side == "hf_static_compile":
+                    del compiled
+            except Exception as e:   # a side that cannot run this model: said in its row
+                r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            row[side] = r
+            print(f"{name} batch {batch} {side}: {_short(r)}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
+
+
+def _short(r: dict) -> str:
+    if "error" in r:
+        return r["error"]
+    return (f"TTFT {r['ttft_ms']} ms, decode {r['decode_tok_s']} tok/s per sequence "
+            f"({r['bandwidth_share']} of the bandwidth limit), same tokens as eager {r.get('same_tokens_as_eager', '-')}")
+
+
+def markdown(env, rows) -> str:
+    header = ["model", "batch", "side", "TTFT ms", "decode tok/s (per seq)", "tok/s (all)", "% bandwidth limit",
+              "same greedy tokens as eager", "vs hf_static_compile", "vs hf_eager", "prepare s"]
+    table = []
+    for r in rows:
+        for s in SIDES:
+            x = r.get(s)
+            if x is None:
+                continue
+            if "error" in x:
+                table.append([r["model"], r["batch"], s, x["error"][:120]] + [""] * 7)
+                continue
+
+            def vs(other):
+                o = r.get(other, {})
+                return f"{x['decode_tok_s'] / o['decode_tok_s']:.2f}x" if o.get("decode_tok_s") and other != s else ""
+            share = "" if x["bandwidth_share"] is None else f"{100 * x['bandwidth_share']:.0f}%"
+            table.append([r["model"], r["batch"], s, x["ttft_ms"], x["decode_tok_s"], x["decode_tok_s_all"], share,
+                          x.get("same_tokens_as_eager", ""), vs("hf_static_compile"), vs("hf_eager"), x["prepare_s"]])
+    limits = ", ".join(f"{r['model']} b{r['batch']} {r['bandwidth_limit_tok_s']} tok/s" for r in rows)
+    return (f"# Text generation\n\n{_common.env_line(env)}\n\n"
+            f"Prompt {rows[0]['prompt']} tokens, {rows[0]['new_tokens']} new tokens, greedy, fp16, random weights "
+            "at real shapes. Bandwidth limit per row: measured copy bandwidth over the bytes a decode step reads "
+            f"(weights + KV cache at the mean context): {limits}.\n\n"
+            + _common.md_table(header, table))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--models", default="tinyllama,qwen2-0.5b,gpt2,llama3-8b")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU, eager and accelc")
+    args = ap.parse_args()
+    smoke = args.smoke
+    device = torch.device("cpu" if smoke or not torch.cuda.is_available() else "cuda")
+    dtype = torch.float32 if device.type == "cpu" else torch.float16
+    specs = configs(smoke)
+    names = list(specs) if smoke else [m for m in args.models.split(",") if m in specs]
+    sides = ["hf_eager", "accelc"] if smoke else args.sides.split(",")
+    batches = [2] if smoke else [int(b) for b in args.batches.split(",")]
+    prompt, new = (16, 12) if smoke else (args.prompt, args.new)
+    env = _common.environment()
+    bandwidth = copy_bandwidth(device)
+    env["copy_bandwidth_gb_s"] = None if bandwidth is None else round(bandwidth / 1e9, 1)
+    print(_common.env_line(env), flush=True)
+    rows = []
+    for n in names:
+        rows += bench_model(n, specs[n], batches, prompt, new, 1 if smoke else args.rounds, device, dtype, sides,
+                            bandwidth)
+    if smoke:
+        for r in rows:
+            assert r["accelc"].get("same_tokens_as_eager") == 1.0, r
+        print("smoke: ok")
+        return
+    _common.write(args.out, "generate", env, rows, markdown(env, rows))
+    print(markdown(env, rows))
+
+
+if __name__ == "__main__":
+    main()

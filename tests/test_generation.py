@@ -1,0 +1,176 @@
+"""accelc/generation.py: an optimized causal LM generates with HF's generate semantics over accelc's
+static KV cache and one optimized step program: the same tokens as the original model (greedy and
+sampled, left-padded prompts), its features (stop tokens, streamers, fewer rows than the cache),
+what it cannot serve falls back with the reason, and requests past the cache fail in one line.
+(CPU, fp32, tiny configs of the decoder families users bring.)"""
+import warnings
+
+import pytest
+import torch
+
+import accelc
+from accelc.errors import InputError
+from conftest import DEVICE
+
+T = pytest.importorskip("transformers")
+SMALL = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+             max_position_embeddings=96)
+
+
+def _families():
+    return {
+        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**SMALL, num_key_value_heads=1)),
+        "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(**SMALL, num_key_value_heads=1)),
+        "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**SMALL, num_key_value_heads=1)),
+        "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**SMALL, num_key_value_heads=1, pad_token_id=0)),
+        "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**SMALL, num_key_value_heads=1, head_dim=16)),
+        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100,
+                                                       n_positions=96)),
+        "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**SMALL)),
+    }
+
+
+FAMILIES = _families()
+
+
+def _lm(name):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return FAMILIES[name]().to(DEVICE).eval()
+
+
+def _prompt(b, n, left_pad=()):
+    ids = torch.randint(1, 100, (b, n), device=DEVICE)
+    mask = torch.ones(b, n, dtype=torch.long, device=DEVICE)
+    for row, k in enumerate(left_pad):       # a tokenizer's left padding, as for generation
+        mask[row, :k] = 0
+        ids[row, :k] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _optimize(lm, **config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return accelc.optimize(lm, _prompt(2, 6, left_pad=(0, 2)), config=accelc.OptimizeConfig(**config))
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_generates_the_original_models_tokens(name):
+    lm = _lm(name)
+    opt = _optimize(lm)
+    assert isinstance(opt, accelc.generation.OptimizedLM) and opt.step is not None, opt.info.generation
+    assert "generation: static KV cache for 2 sequence(s) of 96 tokens" in opt.summary()
+    prompt = _prompt(2, 9, left_pad=(3, 0))
+    with torch.no_grad():
+        want = lm.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
+        got = opt.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
+        assert got.shape == (2, 73) and torch.equal(got, want)
+        sampling = dict(max_new_tokens=24, do_sample=True, temperature=0.7, top_k=20, top_p=0.9, pad_token_id=0)
+        torch.manual_seed(5)
+        want = lm.generate(**prompt, **sampling)
+        torch.manual_seed(5)
+        assert torch.equal(opt.generate(**prompt, **sampling), want)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    lm = _lm("llama")
+    return lm, _optimize(lm)
+
+
+def test_stop_tokens_streamers_and_fewer_rows_than_the_cache(llama):
+    lm, opt = llama
+    prompt = _prompt(1, 7)
+    with torch.no_grad():
+        free = lm.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        eos = int(free[0, 7 + 4])                   # a token the model generates: a stop token
+        want = lm.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos)
+
+        class Collect:
+            def __init__(self):
+                self.seen = []
+
+            def put(self, value):
+                self.seen.append(value.tolist())
+
+            def end(self):
+                self.seen.append("end")
+        streamer = Collect()
+        got = opt.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos,
+                           streamer=streamer)
+    assert torch.equal(got, want) and got.shape[1] < 7 + 12      # one row of the cache's two, stopped early
+    assert streamer.seen[-1] == "end" and sum(len(v) if isinstance(v[0], int) else len(v[0])
+                                              for v in streamer.seen[:-1]) == got.shape[1]
+
+
+def test_what_the_step_cannot_serve_falls_back_with_the_reason(llama):
+    lm, opt = llama
+    prompt = _prompt(2, 5)
+    with torch.no_grad():
+        want = lm.generate(**prompt, max_new_tokens=6, num_beams=2, do_sample=False, pad_token_id=0)
+        with pytest.warns(UserWarning, match=r"runs the original model \(num_beams=2 is not served"):
+            got = opt.generate(**prompt, max_new_tokens=6, num_beams=2, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+
+def test_requests_past_the_cache_are_one_line(llama):
+    _, opt = llama
+    with pytest.raises(InputError, match=r"prompt 40 \+ 60 new tokens = 100 positions, past the 96"):
+        opt.generate(**_prompt(1, 40), max_new_tokens=60)
+    with pytest.raises(InputError, match="3 sequences, and the optimized LM's cache holds 2"):
+        opt.generate(**_prompt(3, 5), max_new_tokens=4)
+    with pytest.raises(InputError, match="takes input_ids"):
+        opt.generate()
+
+
+def test_cache_size_from_the_config_and_the_forward_unchanged():
+    lm = _lm("gpt2")
+    opt = _optimize(lm, max_cache_len=32, max_batch_size=3)
+    assert "static KV cache for 3 sequence(s) of 32 tokens" in opt.summary()
+    prompt = _prompt(3, 4, left_pad=(0, 1, 3))
+    with torch.no_grad():
+        want = lm.generate(**prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
+        assert torch.equal(opt.generate(**prompt, max_new_tokens=20, do_sample=False, pad_token_id=0), want)
+        logits = opt(**prompt).logits           # the optimized forward: logits of every token
+        assert torch.allclose(logits, lm(**prompt).logits, atol=1e-4)
+    with pytest.raises(ValueError, match="max_cache_len must be a positive int"):
+        accelc.OptimizeConfig(max_cache_len=0)
+
+
+def test_a_model_that_is_no_causal_lm_gets_no_generate():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bert = T.BertModel(T.BertConfig(**SMALL)).to(DEVICE).eval()
+        opt = accelc.optimize(bert, _prompt(2, 6))
+    assert not isinstance(opt, accelc.generation.OptimizedLM) and not hasattr(opt, "generate")
+
+
+def test_greedy_runs_accelcs_loop_with_stop_tokens_min_tokens_and_ragged_stops(llama):
+    """Greedy decoding without streamers or processors takes accelc's loop (no host sync per
+    token): rows stopping at different steps get HF's padding, the output ends where HF's does
+    (also when the stop falls inside a chunk of STOP_CHECK_EVERY tokens), min_new_tokens holds
+    the stop tokens back; sampling and streamers keep HF's loop."""
+    lm, opt = llama
+    prompt = _prompt(2, 7, left_pad=(2, 0))
+    with torch.no_grad():
+        free = lm.generate(**prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
+        cases = [dict(eos_token_id=int(free[0, 7 + 3])),                       # row 0 stops early
+                 dict(eos_token_id=[int(free[0, 7 + 20]), int(free[1, 7 + 5])]),
+                 dict(eos_token_id=int(free[0, 7 + 3]), min_new_tokens=10),
+                 dict(eos_token_id=int(free[1, 7 + 17]), pad_token_id=5),
+                 dict()]
+        lengths = []
+        for case in cases:
+            kw = dict(max_new_tokens=40, do_sample=False, **{"pad_token_id": 0, **case})
+            want = lm.generate(**prompt, **kw)
+            got = opt.generate(**prompt, **kw)
+            assert opt.last_loop == "accelc" and torch.equal(got, want), case
+            lengths.append(got.shape[1])
+        assert min(lengths) < 7 + 40 and lengths[-1] == 7 + 40 and (got[:, 7:] != want[:, 7:]).sum() == 0
+        assert any(n % 16 for n in (x - 7 for x in lengths[:-1]) if n < 40)   # a stop inside a chunk
+        opt.generate(**prompt, max_new_tokens=4, do_sample=True, pad_token_id=0)
+        assert opt.last_loop == "hf"
+        opt.generate(**prompt, max_new_tokens=4, do_sample=False, pad_token_id=0, repetition_penalty=1.3)
+        assert opt.last_loop == "hf"
+    assert "greedy decoding runs accelc's own loop" in opt.summary()
