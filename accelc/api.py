@@ -99,7 +99,16 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
     kwargs = dict(example_kwargs or {})
     if isinstance(example_inputs, Mapping):
         kwargs, example_inputs = {**dict(example_inputs), **kwargs}, ()
+    if example_inputs is None:
+        example_inputs = ()
+    if not isinstance(example_inputs, (torch.Tensor, tuple, list)):
+        raise InputError(f"example_inputs is a {type(example_inputs).__name__}: give a tensor, a tuple or list of the "
+                         "model's positional inputs, or a dict of its keyword inputs (a tokenizer's output)")
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    if not args and not kwargs:
+        raise InputError("optimize() needs example inputs, the model called on them as a user calls it: accelc "
+                         "captures the model on them and checks every rewritten layer's numbers there "
+                         "(optimize(model, x), optimize(model, (x, y)) or optimize(model, tokenizer_output))")
     check_example_inputs(args, kwargs)
     batches = [args] if calibration is None else [
         (b,) if isinstance(b, torch.Tensor) else tuple(b) for b in calibration]
@@ -110,6 +119,7 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
         kwargs = cast_floats(kwargs, config.dtype)
         batches = [to_dtype(model, b, config.dtype)[1] for b in batches]
         copied = model is not original
+        check_example_inputs(args, kwargs, cast=config.dtype)
     if copy_model and not copied:
         try:
             model = copy.deepcopy(model)
@@ -128,9 +138,10 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
     return Job(model, args, config, batches, device_of(model, (args, kwargs)), kwargs)
 
 
-def check_example_inputs(args: tuple, kwargs: dict | None = None) -> None:
+def check_example_inputs(args: tuple, kwargs: dict | None = None, cast: str | None = None) -> None:
     """The guard checks every rewritten layer on the example inputs: they must hold numbers to
-    check on. Empty tensors and NaN / inf values are refused, naming the input."""
+    check on. Empty tensors and NaN / inf values are refused, naming the input; `cast`: the
+    OptimizeConfig.dtype the inputs were just cast to (a value past its range became inf)."""
     named = [(str(i), t) for i, t in enumerate(pytree.tree_leaves(args))]
     named += [(repr(k), t) for k, v in (kwargs or {}).items() for t in pytree.tree_leaves(v)]
     for i, t in named:
@@ -141,6 +152,10 @@ def check_example_inputs(args: tuple, kwargs: dict | None = None) -> None:
             raise InputError(f"example input {i} ({shape}) is empty: accelc checks every rewritten layer on the "
                              "example inputs, so give at least one row (batch size >= 1)")
         if (t.is_floating_point() or t.is_complex()) and t.device.type != "meta" and not torch.isfinite(t).all():
+            if cast is not None:
+                raise InputError(f"example input {i} ({shape}) holds values past {t.dtype}'s range (at most "
+                                 f"{torch.finfo(t.dtype).max:.6g}): cast by OptimizeConfig(dtype={str(cast).replace('torch.', '')!r}) they "
+                                 "become inf; scale the inputs, or optimize in a wider dtype")
             raise InputError(f"example input {i} ({shape}) holds NaN or inf: accelc checks every rewritten layer "
                              "on the example inputs, so give finite ones (real data, or torch.randn)")
 

@@ -21,7 +21,7 @@ from accelc.errors import ModelFileError, short_error
 from accelc.files import check_output_file, check_output_folder, write_text
 from accelc.optimized import OptimizedModule
 from accelc.report import measure
-from accelc.serialize import save
+from accelc.serialize import read_export, save
 
 
 log = logging.getLogger("accelc")
@@ -53,10 +53,7 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
                              "model it was exported from, saved as a module (torch.save(model, path)) or a "
                              "torch.export program (.pt2)")
     if kind == "export":
-        try:
-            ep = torch.export.load(path)
-        except Exception as e:
-            raise ModelFileError(f"{source!r} is not a readable torch.export program: {short_error(e)}") from e
+        ep = read_export(path)
         args, kwargs = ep.example_inputs if ep.example_inputs is not None else (None, {})
         model = ep.module().to(device)
         model.accelc_program = ep    # its dims (program_dims), and its graph without its shape checks

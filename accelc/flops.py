@@ -64,12 +64,12 @@ class _Unknown(Exception):
 
 
 def node_flops(gm: fx.GraphModule) -> dict:
-    """{node: FLOPs} for the graph's call_function / call_method nodes (nodes whose input shapes
-    are unknown, and call_module nodes, count 0)."""
+    """{node: FLOPs} for the graph's call_function / call_method / call_module nodes (a module
+    called with its weights on the meta device; nodes whose input shapes are unknown count 0)."""
     _register()
     out = {}
     for n in gm.graph.nodes:
-        if n.op not in ("call_function", "call_method"):
+        if n.op not in ("call_function", "call_method", "call_module"):
             continue
         try:
             args = fx.node.map_arg((n.args, n.kwargs), lambda a: _meta_value(gm, a))
@@ -80,6 +80,10 @@ def node_flops(gm: fx.GraphModule) -> dict:
             with counter, torch.no_grad():
                 if n.op == "call_method":
                     getattr(args[0][0], n.target)(*args[0][1:], **args[1])
+                elif n.op == "call_module":
+                    module = gm.get_submodule(n.target)
+                    state = {k: v.to("meta") for k, v in [*module.named_parameters(), *module.named_buffers()]}
+                    torch.func.functional_call(module, state, tuple(args[0]), dict(args[1]))
                 else:
                     n.target(*args[0], **args[1])
         except Exception:   # an op without a meta kernel: no FLOPs known

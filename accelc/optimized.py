@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 from accelc import meta, tuning
 from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
-from accelc.errors import InputError
+from accelc.errors import InputError, short_error
 from accelc.records import LayerRecord, OptimizeInfo
 from accelc.runner import make_runner
 from accelc.rewrite import layers as layer_nodes
@@ -25,6 +25,10 @@ _GLUE = {
     "split", "add", "sub", "mul", "truediv", "div", "neg", "clone", "to", "type_as", "float",
     "half", "_guards_fn", "_assert_tensor_metadata", "_assert_scalar", "alias", "detach",
     "floordiv", "rsub", "slice", "select", "narrow", "arange", "logical_not", "unbind", "_assert_is_none",
+    # comparisons, logic and new tensors (masks built from shapes; tracer artefacts)
+    "le", "lt", "ge", "gt", "eq", "ne", "__and__", "__or__", "__invert__", "and_", "or_", "bitwise_and",
+    "bitwise_or", "bitwise_not", "lift_fresh_copy", "detach_", "new_ones", "new_zeros", "new_full", "new_empty",
+    "ones", "zeros", "full", "empty", "ones_like", "zeros_like", "full_like", "empty_like", "_to_copy",
 }
 
 
@@ -49,6 +53,10 @@ class OptimizedModule(nn.Module):
         self.config = config if config is not None else OptimizeConfig()
         self.runner = None   # accelc.runner.Runner of this module's calls, made at the first call
         self.eval()          # an inference module: what it computes does not depend on the mode
+        # and computes no gradients: its weights (its own copy) need none, so torch.compile of it
+        # with grad enabled traces no backward through accelc's ops
+        for p in self.parameters():
+            p.requires_grad_(False)
 
     def forward(self, *args, **kwargs):
         spec = self.call_spec
@@ -83,6 +91,22 @@ class OptimizedModule(nn.Module):
             raise InputError(f"these inputs have a shape the captured program does not take ({text}: a shape "
                              "torch.export fixed); call it with inputs shaped like the example, or optimize (or "
                              "export) with an example of the shape you call it with") from None
+        except (ValueError, RuntimeError) as e:     # a kernel's operand check, or PyTorch's own, on another dtype
+            wrong = self._other_dtype(args)
+            if wrong is None:
+                raise
+            raise InputError(f"{wrong} ({short_error(e)})") from None
+
+    def _other_dtype(self, args) -> str | None:
+        """The first floating-point input whose dtype is not its example's, in words."""
+        for i, (a, ex) in enumerate(zip(args, self.example_inputs)):
+            if (isinstance(a, torch.Tensor) and isinstance(ex, torch.Tensor) and a.is_floating_point()
+                    and ex.is_floating_point() and a.dtype != ex.dtype):
+                name = str(ex.dtype).replace("torch.", "")
+                return (f"input {i} is {str(a.dtype).replace('torch.', '')}, and the model was optimized for {name} "
+                        f"inputs (its weights are {name}): cast the inputs (x.to(torch.{name})), or optimize with "
+                        "an example in the dtype you call it with")
+        return None
 
     def warm_up(self, inputs: tuple) -> None:
         """Compile the glue and capture the CUDA graph of these graph inputs (the CallSpec's flat
@@ -93,8 +117,15 @@ class OptimizedModule(nn.Module):
         self.runner.warm_up(*inputs)
 
     def _apply(self, fn, recurse=True):
+        probe = fn(torch.zeros((), dtype=torch.float32))
+        if isinstance(probe, torch.Tensor) and probe.dtype == torch.float64:
+            raise InputError("accelc's kernels take fp16, bf16 and fp32, not float64 (.double()): run the original "
+                             "model in float64, or optimize a float64 model (its layers stay PyTorch)")
         self.runner = None
-        return super()._apply(fn, recurse)
+        out = super()._apply(fn, recurse)
+        # the example follows the weights' dtype and device (.half(), .cuda()): what calls are compared with
+        self.example_inputs = tuple(fn(t) if isinstance(t, torch.Tensor) else t for t in self.example_inputs)
+        return out
 
     def __getstate__(self):
         # compiled code and captured graphs do not pickle (nor survive a new process): rebuilt on use
@@ -239,7 +270,8 @@ def collect_layers(gm: fx.GraphModule, checks: dict, flops: dict | None = None) 
             continue
         if n.op not in ("call_module", "call_function", "call_method"):
             continue
-        if op_name(n) in _GLUE:
+        module = n.op == "call_module"     # a layer, whatever its attribute is called (self.cat = nn.Conv1d)
+        if not module and op_name(n) in _GLUE:
             continue
         path = meta.path(n)
         if path == "_guards_fn" or path.startswith("_guards_fn."):
@@ -247,10 +279,12 @@ def collect_layers(gm: fx.GraphModule, checks: dict, flops: dict | None = None) 
         cls = n.meta.get(meta.MODULE_TYPE) or ""
         if path and cls.startswith("torch.nn.modules.") and cls != "torch.nn.modules.module.Module":
             name, kind = path, cls.rpartition(".")[2]      # a leaf layer: "blocks.0.norm", LayerNorm
+        elif module:
+            name, kind = path or str(n.target), cls.rpartition(".")[2] or "module"
         else:
             kind = op_name(n)                               # an op written in a forward()
             name = f"{path}:{kind}" if path else kind
-        if kind in _GLUE:
+        if not module and kind in _GLUE:
             continue
         if name in by_name:
             by_name[name].flops += flops.get(n, 0)

@@ -7,9 +7,12 @@ interrupted or failed write never leaves a half-written file under the final nam
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
+import logging
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -92,17 +95,58 @@ def _as_called(gm: nn.Module, spec) -> nn.Module:
     return module
 
 
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.text = []
+
+    def emit(self, record):
+        self.text.append(logging.Formatter().format(record))     # the message and its traceback
+
+
+def read_export(path: Path, extra_files: dict | None = None):
+    """torch.export.load, quietly (torch logs a whole traceback on a failed read) and where a
+    program's outputs are types of a package not imported yet (an HF model's ModelOutput, whose
+    pytree registration comes with importing it), with that package imported first. Raises
+    ModelFileError in one line naming the cause."""
+    for attempt in range(2):
+        records = _Records()
+        logger = logging.getLogger("torch.export")   # its warnings kept here, not printed
+        saved = logger.handlers, logger.propagate, logger.level
+        logger.handlers, logger.propagate = [records], False
+        logger.setLevel(logging.WARNING)
+        try:
+            return torch.export.load(path, extra_files=extra_files)
+        except Exception as e:
+            missing = re.search(r"Deserializing ([\w.]+)\.(\w+) in pytree is not registered", "\n".join(records.text))
+            if missing and attempt == 0:
+                try:
+                    importlib.import_module(missing.group(1))   # registers its output types
+                    continue
+                except ImportError:
+                    pass
+            if missing:
+                raise ModelFileError(f"{str(path)!r}: the program returns {missing.group(1)}.{missing.group(2)}, "
+                                     f"which needs the {missing.group(1).split('.')[0]!r} package installed and "
+                                     "importable to read it back") from e
+            raise ModelFileError(f"{str(path)!r} is not a readable torch.export program: {short_error(e)}") from e
+        finally:
+            logger.handlers, logger.propagate = saved[0], saved[1]
+            logger.setLevel(saved[2])
+
+
 def load(path: str | os.PathLike) -> nn.Module:
     """Read a program accelc.save or `accelc convert` wrote; returns a callable module. Its
     `accelc_summary` attribute holds the per-layer summary saved with it."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.pt2"))[:3]
+        raise ModelFileError(f"{str(path)!r} is a folder: give the program file accelc.save or accelc convert wrote"
+                             + (f" (here: {', '.join(inside)})" if inside else " (it holds no .pt2 file)"))
     if not path.is_file():
         raise ModelFileError(f"no such file: {str(path)!r}")
     extra = {SUMMARY_FILE: ""}
-    try:
-        ep = torch.export.load(path, extra_files=extra)
-    except Exception as e:
-        raise ModelFileError(f"{str(path)!r} is not a readable torch.export program: {short_error(e)}") from e
+    ep = read_export(path, extra)
     names = tuple(s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
     program = ep.module()
     shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)

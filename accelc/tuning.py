@@ -303,11 +303,16 @@ class Tuner:
         try:
             record = json.loads(path.read_text())
             want = record["config"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None     # not there, or unreadable: tune again (and overwrite it)
+        except FileNotFoundError:
+            return None     # not tuned yet
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return _bad_entry(path, f"unreadable ({type(e).__name__})")
+        timings = record.get("timings_us")
+        if not isinstance(want, dict) or not _timings_ok(timings):
+            return _bad_entry(path, "not an entry this version writes")
         cfg = next((c for c in candidates if config_dict(c) == want), None)
-        if cfg is not None and isinstance(record.get("timings_us"), list):
-            self.timings[key] = [tuple(t) for t in record["timings_us"]]
+        if cfg is not None:
+            self.timings[key] = [tuple(t) for t in timings]
         return cfg
 
     def _write(self, path: Path, key, best) -> None:
@@ -323,6 +328,25 @@ class Tuner:
             log.warning("accelc: cannot write the tuning cache %s (%s); set ACCELC_CACHE_DIR", path.parent, e)
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+
+
+def _timings_ok(timings) -> bool:
+    """A cache entry's timings as _write writes them: [config dict, microseconds or None] pairs."""
+    return isinstance(timings, list) and all(
+        isinstance(t, list) and len(t) == 2 and isinstance(t[0], dict)
+        and (t[1] is None or (isinstance(t[1], (int, float)) and not isinstance(t[1], bool))) for t in timings)
+
+
+def _bad_entry(path: Path, why: str) -> None:
+    """A tuning-cache file another version or an interrupted write left: tuned again and
+    overwritten, said once a file."""
+    if str(path) not in _warned_entries:
+        _warned_entries.add(str(path))
+        log.warning("accelc: ignoring the tuning-cache file %s (%s): tuning again", path, why)
+    return None
+
+
+_warned_entries: set = set()
 
 
 def time_config(launch, cfg) -> float:

@@ -183,7 +183,7 @@ def _flash_fwd_kernel(
     if EMPTY_NAN:
         out = acc / l_i[:, None]
     else:
-        out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
+        out = tl.where(l_i[:, None] == 0.0, 0.0, acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None])   # no 0 / 0 computed
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 

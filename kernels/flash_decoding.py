@@ -140,7 +140,7 @@ def _combine_kernel(acc_ptr, ml_ptr, out_ptr, Hkv, GROUP, L, SPLITS,
     if EMPTY_NAN:
         out = acc / l_all[:, None]
     else:
-        out = tl.where(l_all[:, None] == 0.0, 0.0, acc / l_all[:, None])
+        out = tl.where(l_all[:, None] == 0.0, 0.0, acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None])   # no 0 / 0 computed
     h = hk * GROUP + rows // L
     pos = rows % L
     ok = (rows < GROUP * L)[:, None] & (offs_d < HEAD_DIM)[None, :]

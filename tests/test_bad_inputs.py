@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -355,3 +356,165 @@ def test_cli_steps_shown_after_the_library_was_asked_quietly(tmp_path, capsys):
     assert not logging.getLogger("accelc").isEnabledFor(logging.INFO)    # cached as off
     assert main(["convert", "mlp", "-o", str(tmp_path / "o.pt2"), *DEV]) == 0
     assert "accelc: loading mlp" in capsys.readouterr().err
+
+
+# --- the third round's cases (issue 31) ---------------------------------------------------------------
+
+def test_torch_compile_of_the_optimized_module_with_grad_enabled():
+    """Its weights need no gradient (its own copy): torch.compile traces no backward through
+    accelc's ops; the caller's model keeps requires_grad."""
+    model = _Fc().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    assert torch.is_grad_enabled() and not any(p.requires_grad for p in opt.parameters())
+    assert all(p.requires_grad for p in model.parameters())
+    assert rel_l2(torch.compile(opt)(x), model(x).detach()) < 1e-5
+
+
+def test_an_example_that_overflows_the_configs_dtype_is_refused_naming_the_cast():
+    model = _Fc().to(DEVICE).eval()
+    with pytest.raises(InputError, match=r"past torch.float16's range \(at most 65504\): cast by "
+                                         r"OptimizeConfig\(dtype='float16'\) they become inf"):
+        accelc.optimize(model, torch.full((2, 16), 1e30, device=DEVICE), accelc.OptimizeConfig(dtype="fp16"))
+
+
+class _GlueNames(nn.Module):
+    """Submodules whose attribute names are op names."""
+
+    def __init__(self):
+        super().__init__()
+        self.cat = nn.Conv1d(8, 8, 3, padding=1)
+        self.t = nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        mask = x.new_ones(x.shape[0], 1, 1) > 0      # tracer artefacts: new_ones, gt
+        return self.fc(self.cat(x).transpose(1, 2)) * mask, self.t(y)
+
+
+def test_layers_named_like_ops_are_listed_and_their_flops_counted():
+    opt = accelc.optimize(_GlueNames().to(DEVICE).eval(), (torch.randn(2, 8, 16, device=DEVICE),
+                                                           torch.randn(2, 4, 5, 5, device=DEVICE)), CFG)
+    kept = {r.name: r for r in opt.layers if r.status == "kept"}
+    assert set(kept) == {"cat", "t"} and kept["cat"].kind == "Conv1d" and kept["t"].kind == "ConvTranspose2d"
+    assert kept["cat"].flops == 2 * 2 * 8 * 16 * 8 * 3 and kept["t"].flops > 0
+    assert 0 < opt.info.accelc_flops < opt.info.flops
+    assert "coverage: 100.0%" not in opt.summary()
+
+
+def test_positional_inputs_by_name_a_dict_given_positionally_and_none_for_a_tensor():
+    model = _Fc().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    with torch.no_grad():
+        assert torch.equal(opt(x=x), opt(x))                  # by its parameter name, as eager takes it
+    with pytest.raises(InputError, match="'x' is given both by position and by name"):
+        opt(x, x=x)
+    T = pytest.importorskip("transformers")
+    bert = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                    vocab_size=100, max_position_embeddings=64)).to(DEVICE).eval()
+    inputs = {"input_ids": torch.randint(0, 100, (2, 8), device=DEVICE),
+              "attention_mask": torch.ones(2, 8, dtype=torch.long, device=DEVICE)}
+    opt = accelc.optimize(bert, inputs, CFG)
+    with pytest.raises(InputError, match=r"call it as opt\(\*\*inputs\), not opt\(inputs\)"):
+        opt(inputs)
+    with pytest.raises(InputError, match=r"attention_mask=None: the model was optimized with a tensor there"):
+        opt(input_ids=inputs["input_ids"], attention_mask=None)
+
+
+@pytest.mark.parametrize("example,match", [(None, "optimize\\(\\) needs example inputs"),
+                                           ((), "optimize\\(\\) needs example inputs"),
+                                           (3, "example_inputs is a int: give a tensor")])
+def test_missing_or_odd_example_inputs_are_one_line(example, match):
+    with pytest.raises(InputError, match=match):
+        accelc.optimize(_Fc().eval(), example)
+
+
+def test_float64_is_refused_at_double_in_one_line():
+    opt = accelc.optimize(_Fc().to(DEVICE).eval(), torch.randn(4, 16, device=DEVICE), CFG)
+    for cast in (lambda m: m.double(), lambda m: m.to(torch.float64)):
+        with pytest.raises(InputError, match="not float64"):
+            cast(opt)
+    assert all(p.dtype == torch.float32 for p in opt.parameters())
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_a_conv_with_another_padding_mode_says_why_it_is_kept(mode):
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1, padding_mode=mode)).to(DEVICE).eval()
+    x = torch.randn(2, 4, 8, 8, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    (layer,) = opt.layers
+    assert layer.status == "kept" and f"padding_mode='{mode}'" in layer.reason, opt.summary()
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-6
+
+
+class _Chatty(_Fc):
+    calls = 0            # a class counter
+
+    def forward(self, x):
+        print("forward of", tuple(x.shape))
+        type(self).calls += 1
+        self.last_batch = x.shape[0]
+        return self.fc(x)
+
+
+def test_python_side_effects_in_forward_are_said_once_at_optimize(capsys):
+    """print, a class counter, a plain attribute set in forward: they run while accelc captures
+    the model, never in the optimized model's calls; one warning says so (the print still shows)."""
+    model = _Chatty().to(DEVICE).eval()
+    with pytest.warns(UserWarning, match=r"forward printed to stdout and changed (_Chatty\.calls, _Chatty\.last_batch|"
+                                         r"_Chatty\.calls).* Python side effects run at capture") as seen:
+        opt = accelc.optimize(model, torch.randn(3, 16, device=DEVICE), CFG)
+    assert sum("side effects" in str(w.message) for w in seen) == 1
+    assert "forward of (3, 16)" in capsys.readouterr().out
+    with torch.no_grad():
+        opt(torch.randn(3, 16, device=DEVICE))
+    assert "forward of" not in capsys.readouterr().out
+    with warnings.catch_warnings(record=True) as quiet:          # no side effect: no word
+        warnings.simplefilter("always")
+        accelc.optimize(_Fc().to(DEVICE).eval(), torch.randn(3, 16, device=DEVICE), CFG)
+    assert not any("side effects" in str(w.message) for w in quiet)
+
+
+def test_an_hf_program_reads_back_in_a_process_without_transformers_imported(tmp_path):
+    """Its outputs' pytree types register when their package is imported: read_export imports it
+    and reads again, without torch's logged traceback."""
+    T = pytest.importorskip("transformers")
+    bert = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                    vocab_size=100)).eval()
+    path = tmp_path / "bert.pt2"
+    torch.export.save(torch.export.export(bert, (), {"input_ids": torch.randint(0, 100, (2, 8))}, strict=False), path)
+    code = ("import sys; from pathlib import Path; from accelc.serialize import read_export; "
+            f"ep = read_export(Path({str(path)!r})); "
+            "print(type(ep).__name__, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["ExportedProgram", "True"], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "deserializing" not in done.stderr
+
+
+def test_load_of_a_folder_names_the_files_in_it(tmp_path):
+    with pytest.raises(ModelFileError, match="is a folder: give the program file .* holds no .pt2 file"):
+        accelc.load(tmp_path)
+    (tmp_path / "model.pt2").write_bytes(b"")
+    with pytest.raises(ModelFileError, match=r"is a folder: .*\(here: model.pt2\)"):
+        accelc.load(tmp_path)
+
+
+def test_a_call_in_another_dtype_names_the_cast_to_make():
+    """fp16-optimized, called with fp32 (and the sibling: .half() after optimize, called with the
+    example's fp32): one line naming the input, both dtypes and the cast; eager's own dtype errors
+    elsewhere stay as they are."""
+    model = _Fc().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    opt = accelc.optimize(model, x, accelc.OptimizeConfig(dtype="fp16", only_if_faster=False))
+    with pytest.raises(InputError, match=r"input 0 is float32, and the model was optimized for float16 inputs .*"
+                                         r"x.to\(torch.float16\)"):
+        opt(x)
+    with torch.no_grad():
+        assert opt(x.half()).dtype == torch.float16
+    opt32 = accelc.optimize(model, x, CFG).half()
+    with pytest.raises(InputError, match="input 0 is float32, and the model was optimized for float16"):
+        opt32(x)
+    with torch.no_grad():
+        assert rel_l2(opt32(x.half()).float(), model(x)) < 1e-2

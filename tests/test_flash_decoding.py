@@ -109,3 +109,17 @@ def test_splits_cover_the_keys_in_whole_blocks(b, hkv, s, sms):
     splits, per = fd.plan(b, hkv, s, sms, 64)
     assert per % 64 == 0 and (splits - 1) * per < s <= splits * per
     assert b * hkv * splits < 2 * sms + b * hkv       # about two programs an SM, never fewer than one a head
+
+
+def test_an_ordinary_call_computes_no_zero_by_zero(decode_calls):
+    """Padded tile rows have no key: their output is picked without dividing 0 by 0, so numpy (the
+    interpreter) has nothing to warn about and a GPU no NaN to discard, on either path."""
+    import warnings
+
+    for lq, s in ((5, 7), (1, 300)):
+        q, k, v = _qkv(1, 4, 2, lq, s, 32, torch.float16)
+        mask = torch.ones(1, 1, lq, s, dtype=torch.bool, device=DEVICE)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            _check(q, k, v, mask)
+    assert len(decode_calls) == 1

@@ -97,6 +97,24 @@ def test_unreadable_cache_file_is_tuned_again_and_replaced(fake_gpu, tmp_path):
     assert [p.name for p in (tmp_path / "tuning").iterdir()] == [path.name]   # no temporary file left
 
 
+@pytest.mark.parametrize("entry", [{"timings_us": [1, 2]}, {"timings_us": [["x"]]}, {"timings_us": "fast"},
+                                   {"config": [64]}, {"timings_us": [[{"BLOCK": 64}, "1.0"]]}, []])
+def test_a_malformed_cache_entry_is_ignored_with_one_warning_and_tuned_again(fake_gpu, tmp_path, caplog, entry):
+    """An entry another version or a crash left (valid JSON, wrong shape) is no TypeError or
+    ValueError: one warning naming the file, tuned again, overwritten; spread() reads the new one."""
+    _tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None)
+    (path,) = (tmp_path / "tuning").iterdir()
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, **entry} if isinstance(entry, dict) else entry))
+    fake_gpu.clear()
+    t = _tuner()
+    with caplog.at_level("WARNING", logger="accelc"):
+        assert _chosen(t.pick((1024, "fp16"), {"M": 1024}, lambda c: None)) == FAST
+    assert fake_gpu and caplog.text.count("ignoring the tuning-cache file") == 1 and path.name in caplog.text
+    assert t.spread((1024, "fp16"))["fastest_us"] == 1.0
+    assert json.loads(path.read_text())["timings_us"][0][0]["BLOCK"] == 32
+
+
 def test_no_timing_without_a_gpu_or_with_tuning_off(fake_gpu, monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "autotune_enabled", lambda: False)
     assert _tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None) is CONFIGS[0]

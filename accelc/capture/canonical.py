@@ -295,6 +295,8 @@ def _canonical_module(gm, n, mod):
             if a is not None:
                 a.meta[meta.PATH] = n.target
         swap(n, new)
+    elif type(mod) is nn.Conv2d:       # padding_mode reflect / replicate / circular
+        meta.explain(n, f"padding_mode={mod.padding_mode!r}: accelc's conv pads with zeros only")
     elif type(mod) is nn.BatchNorm2d and not mod.training and mod.track_running_stats:
         with g.inserting_before(n):
             ins = [g.get_attr(f"{n.target}.{name}") if getattr(mod, name) is not None else None

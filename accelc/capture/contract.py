@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -131,6 +132,16 @@ class CallSpec:
         not fit what was captured."""
         if not kwargs and not self.kw_names and len(args) == self.n_args:
             return tuple(args)   # the common call, checked in a line
+        if len(args) == 1 and isinstance(args[0], Mapping) and self.n_args == 0 and self.kw_names:
+            raise InputError(f"the optimized model takes its inputs by keyword ({', '.join(self.kw_names)}), as its "
+                             "example was a dict: call it as opt(**inputs), not opt(inputs)")
+        twice = [n for n in self.arg_names[:len(args)] if n in kwargs]
+        if twice:
+            raise InputError(f"{twice[0]!r} is given both by position and by name")
+        named = [n for n in self.arg_names[len(args):] if n in kwargs]
+        if named:            # positional inputs given by their parameter names, as eager takes them
+            kwargs = dict(kwargs)
+            args = tuple(args) + tuple(kwargs.pop(n) for n in self.arg_names[len(args):] if n in named)
         if len(args) > self.n_args:
             left = list(self.defaults)        # in the forward's order: the first extra argument is the first of these
             fixed = left[0] if left else None
@@ -152,6 +163,11 @@ class CallSpec:
             if k in kwargs and not _same_constant(kwargs[k], v):
                 raise InputError(f"keyword argument {k}={kwargs[k]!r}: the model was optimized with {k}={v!r}, "
                                  "fixed in the captured graph; optimize again with the value you call it with")
+        none = [k for k in self.kw_names if k in kwargs and kwargs[k] is None]
+        if none:
+            raise InputError(f"{none[0]}=None: the model was optimized with a tensor there, and its graph takes "
+                             f"one; pass the tensor (what None means to the model), or optimize with an example "
+                             f"that leaves {none[0]} out")
         missing = [k for k in self.kw_names if k not in kwargs]
         if missing:
             raise InputError(f"keyword argument {missing[0]!r} is missing: the model was optimized with it, "
