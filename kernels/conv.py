@@ -40,7 +40,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
 from accelc.kernels import gemm
-from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_code, epilogue, epilogue_ref
+from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, broadcasts_to, epilogue,
+                                     epilogue_ref, residual_as)
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -443,8 +444,8 @@ def operands_problem(x, weight, bias, residual, K, out_hw, activation) -> str | 
             return f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}"
     if bias is not None and tuple(bias.shape) != (K,):
         return f"bias must be ({K},), got {tuple(bias.shape)}"
-    if residual is not None and tuple(residual.shape) != (N, K, OH, OW):
-        return f"residual must have the output's shape {(N, K, OH, OW)}, got {tuple(residual.shape)}"
+    if residual is not None and not broadcasts_to(residual, (N, K, OH, OW)):
+        return f"residual {tuple(residual.shape)} does not broadcast to the output's shape {(N, K, OH, OW)}"
     if (OH <= 0 or OW <= 0) and N * K > 0:
         return f"output size {OH}x{OW} for input {H}x{W}"
     if activation not in ACTIVATIONS:
@@ -472,6 +473,7 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
     out = torch.empty((N, K, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if out.numel() == 0:
         return out
+    residual = residual_as(residual, out.shape, memory_format=torch.channels_last)
     if is_patchify(weight.shape, stride, padding, dilation):
         # a GEMM, (N*OH*OW, R*S*C) @ (K, R*S*C)^T: rows = patches in (r, s, c) order, as the packed
         # weight. A 1x1 stride-1 conv on channels-last input gathers nothing (the NHWC view); a

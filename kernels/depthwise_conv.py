@@ -24,7 +24,7 @@ import triton.language as tl
 
 from accelc import runtime
 from accelc.kernels.conv import MAX_KERNEL, operands_problem, output_size
-from accelc.kernels.epilogue import activation_code, epilogue, epilogue_ref
+from accelc.kernels.epilogue import activation_code, epilogue, epilogue_ref, residual_as
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 
@@ -124,6 +124,7 @@ def conv2d_depthwise_launch(x, weight, bias, residual, stride, padding, dilation
     out = torch.empty((N, C, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if out.numel() == 0:
         return out
+    residual = residual_as(residual, out.shape, memory_format=torch.channels_last)
     res = residual if residual is not None else out
     tensors = (x, weight, bias if bias is not None else out, res, out)
     P = N * OH * OW

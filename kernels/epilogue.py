@@ -196,3 +196,20 @@ def epilogue_ref(acc, bias, residual, activation: str, residual_first: bool):
         return activation_ref(activation, acc + residual.float())
     acc = activation_ref(activation, acc)
     return acc + residual.float() if residual is not None else acc
+
+
+def broadcasts_to(t, shape) -> bool:
+    """Whether t broadcasts to `shape` as an eager add would take it (a residual of another batch
+    or a bias-like row: (1, N), (N,) against (M, N))."""
+    try:
+        return torch.broadcast_shapes(tuple(t.shape), tuple(shape)) == tuple(shape)
+    except RuntimeError:
+        return False
+
+
+def residual_as(residual, shape, **contiguous):
+    """The residual at the output's shape: as it is, or broadcast and copied (a call whose residual
+    broadcasts, as eager's add takes it; `contiguous`: the copy's memory format)."""
+    if residual is None or tuple(residual.shape) == tuple(shape):
+        return residual
+    return residual.expand(shape).contiguous(**contiguous)

@@ -27,8 +27,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation, epilogue,
-                                     epilogue_ref)
+from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation,
+                                     broadcasts_to, epilogue, epilogue_ref, residual_as)
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -299,8 +299,8 @@ def epilogue_problem(x, N, bias, residual, activation) -> str | None:
             return f"{name} is on {t.device} but x is on {x.device}"
     if bias is not None and tuple(bias.shape) != (N,):
         return f"bias must be ({N},), got {tuple(bias.shape)}"
-    if residual is not None and tuple(residual.shape) != out_shape:
-        return f"residual must have the output's shape {out_shape}, got {tuple(residual.shape)}"
+    if residual is not None and not broadcasts_to(residual, out_shape):
+        return f"residual {tuple(residual.shape)} does not broadcast to the output's shape {out_shape}"
     if activation not in ACTIVATIONS:
         return f"activation must be one of {ACTIVATION_NAMES}, not {activation!r}"
     return None
@@ -335,6 +335,7 @@ def linear_launch(x, weight, bias=None, residual=None, activation="none",
            None if residual is None else (residual.shape, residual.dtype, residual.device), activation)
     check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, residual, activation), "linear")
     K, N = x.shape[-1], weight.shape[0]
+    residual = residual_as(residual, (*x.shape[:-1], N))
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)

@@ -26,7 +26,7 @@ import torch
 
 from accelc import runtime
 from accelc.kernels import gemm
-from accelc.kernels.epilogue import epilogue_ref
+from accelc.kernels.epilogue import epilogue_ref, residual_as
 from accelc.kernels.quantize import quantize_launch, quantize_ref
 from accelc.kernels.quantize import why_unsupported as quantize_why_unsupported
 from accelc.tuning import Tuner
@@ -117,6 +117,7 @@ def linear_w8a8_launch(x, w_q, w_scale, bias=None, residual=None, activation="no
     K, N = x.shape[-1], w_q.shape[0]
     out_shape = (*x.shape[:-1], N)
     q, a_scale = quantize_launch(x.reshape(-1, K), smooth, static_scale)
+    residual = residual_as(residual, out_shape)
     res2 = residual.reshape(-1, N) if residual is not None else None
     out = int8_gemm_launch(q, a_scale, w_q, w_scale, bias, res2, activation, residual_first, x.dtype)
     return out.reshape(out_shape)

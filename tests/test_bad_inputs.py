@@ -518,3 +518,28 @@ def test_a_call_in_another_dtype_names_the_cast_to_make():
         opt32(x)
     with torch.no_grad():
         assert rel_l2(opt32(x.half()).float(), model(x)) < 1e-2
+
+
+class _AddInput(nn.Module):
+    def __init__(self, conv=False):
+        super().__init__()
+        self.layer = nn.Conv2d(4, 8, 3, padding=1) if conv else nn.Linear(16, 16)
+
+    def forward(self, x, r):
+        return torch.relu(self.layer(x) + r)
+
+
+@pytest.mark.parametrize("conv,x_shape,r_full,r_calls", [
+    (False, (4, 16), (4, 16), [(1, 16), (16,)]),
+    (True, (2, 4, 6, 6), (2, 8, 6, 6), [(1, 8, 6, 6), (8, 1, 1), (2, 8, 1, 6)])])
+def test_a_residual_input_that_broadcasts_at_call_time_adds_as_eager(conv, x_shape, r_full, r_calls):
+    """The epilogue fused a residual of the output's shape; a call whose residual broadcasts to it
+    (eager's add takes that) gets eager's result, not the kernel's shape error."""
+    model = _AddInput(conv).to(DEVICE).eval()
+    x = torch.randn(*x_shape, device=DEVICE)
+    opt = accelc.optimize(model, (x, torch.randn(*r_full, device=DEVICE)), CFG)
+    assert any("residual" in (r.kernel or "") for r in opt.rewritten), opt.summary()
+    with torch.no_grad():
+        for shape in r_calls:
+            r = torch.randn(*shape, device=DEVICE)
+            assert rel_l2(opt(x, r), model(x, r)) < 1e-5, shape
