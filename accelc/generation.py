@@ -132,8 +132,14 @@ def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[CacheSt
     reps = -(-batch // ids.shape[0])
     ids, mask = ids.repeat(reps, 1)[:batch], mask.repeat(reps, 1)[:batch]
     step = CacheStep(lm, ids, mask, max_len)
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    positions = _positions(mask)
     return step, (ids, _padded(mask, max_len), positions, torch.zeros((), dtype=torch.long, device=ids.device))
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded prompt, as HF's generate derives them from the attention
+    mask: each real token's index among the real ones, pads at 1."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
 
 
 def _padded(mask: torch.Tensor, length: int) -> torch.Tensor:
@@ -226,7 +232,7 @@ class OptimizedLM(OptimizedModule):
         min_new = max(gen.min_new_tokens or 0, (gen.min_length or 0) - n)
         keys = _padded(mask.long(), cache.max_len)
         count = mask.long().sum(-1)                             # real tokens so far, per row
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        positions = _positions(mask)
         start = torch.zeros((), dtype=torch.long, device=device)
         out = torch.empty(batch, new, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)

@@ -7,6 +7,7 @@ interrupted or failed write never leaves a half-written file under the final nam
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -95,13 +96,22 @@ def _as_called(gm: nn.Module, spec) -> nn.Module:
     return module
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.text = []
-
-    def emit(self, record):
-        self.text.append(logging.Formatter().format(record))     # the message and its traceback
+@contextlib.contextmanager
+def _export_warnings():
+    """torch.export's logged warnings (with their tracebacks) collected into the yielded list,
+    not printed."""
+    text: list = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: text.append(logging.Formatter().format(record))
+    logger = logging.getLogger("torch.export")
+    saved = logger.handlers, logger.propagate, logger.level
+    logger.handlers, logger.propagate = [handler], False
+    logger.setLevel(logging.WARNING)
+    try:
+        yield text
+    finally:
+        logger.handlers, logger.propagate = saved[0], saved[1]
+        logger.setLevel(saved[2])
 
 
 def read_export(path: Path, extra_files: dict | None = None):
@@ -110,29 +120,23 @@ def read_export(path: Path, extra_files: dict | None = None):
     pytree registration comes with importing it), with that package imported first. Raises
     ModelFileError in one line naming the cause."""
     for attempt in range(2):
-        records = _Records()
-        logger = logging.getLogger("torch.export")   # its warnings kept here, not printed
-        saved = logger.handlers, logger.propagate, logger.level
-        logger.handlers, logger.propagate = [records], False
-        logger.setLevel(logging.WARNING)
+        with _export_warnings() as logged:
+            try:
+                return torch.export.load(path, extra_files=extra_files)
+            except Exception as e:
+                error = e
+        missing = re.search(r"Deserializing ([\w.]+)\.(\w+) in pytree is not registered", "\n".join(logged))
+        if missing is None:
+            raise ModelFileError(f"{str(path)!r} is not a readable torch.export program: {short_error(error)}") from error
         try:
-            return torch.export.load(path, extra_files=extra_files)
-        except Exception as e:
-            missing = re.search(r"Deserializing ([\w.]+)\.(\w+) in pytree is not registered", "\n".join(records.text))
-            if missing and attempt == 0:
-                try:
-                    importlib.import_module(missing.group(1))   # registers its output types
-                    continue
-                except ImportError:
-                    pass
-            if missing:
-                raise ModelFileError(f"{str(path)!r}: the program returns {missing.group(1)}.{missing.group(2)}, "
-                                     f"which needs the {missing.group(1).split('.')[0]!r} package installed and "
-                                     "importable to read it back") from e
-            raise ModelFileError(f"{str(path)!r} is not a readable torch.export program: {short_error(e)}") from e
-        finally:
-            logger.handlers, logger.propagate = saved[0], saved[1]
-            logger.setLevel(saved[2])
+            if attempt == 0:
+                importlib.import_module(missing.group(1))   # registers its output types; read again
+                continue
+        except ImportError:
+            pass
+        raise ModelFileError(f"{str(path)!r}: the program returns {missing.group(1)}.{missing.group(2)}, which needs "
+                             f"the {missing.group(1).split('.')[0]!r} package installed and importable to read it "
+                             "back") from error
 
 
 def load(path: str | os.PathLike) -> nn.Module:

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
+from accelc.kernels.gemm import sm_count
 
 MAX_ROWS = 64          # query rows of one K/V head (GROUP x L) this path takes
 MAX_QUERIES = 16       # query positions (a decode step's 1, a few drafted tokens) this path takes
@@ -178,7 +179,7 @@ def launch(q, k, v, mask_t, has_mask: bool, qk_scale: float, empty_nan: bool, ou
     block_m = max(16, triton.next_power_of_2(group * L))
     block_d = triton.next_power_of_2(D)
     block_n = _block_n(interpreted)
-    sms = 4 if interpreted else torch.cuda.get_device_properties(q.device).multi_processor_count
+    sms = 4 if interpreted else sm_count(q.device.index or 0)
     splits, per = plan(B, Hkv, S, sms, block_n)
     acc = torch.empty((B * Hkv * splits, block_m, block_d), dtype=torch.float32, device=q.device)
     ml = torch.empty((B * Hkv * splits, 2, block_m), dtype=torch.float32, device=q.device)

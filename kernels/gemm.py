@@ -256,7 +256,8 @@ TUNER = Tuner("linear", linear_kernel, CONFIGS, prune=prune_configs, default=def
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
+def sm_count(index: int) -> int:
+    """The SMs of CUDA device `index` (asked once)."""
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -372,7 +373,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 1)
         w_t = weight_by_columns(weight)
         use_tma = K > 0 and tma_ok(x2) and (tma_ok(weight) or w_t)
-        sms = _sm_count(x2.device.index or 0) if x2.is_cuda else None
+        sms = sm_count(x2.device.index or 0) if x2.is_cuda else None
         meta = dict(
             HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not None,
             RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
