@@ -175,11 +175,13 @@ def optimize_job(job: Job) -> OptimizedModule:
         flat = spec.flat(job.args, job.kwargs)
         calibration = [spec.flat(b, job.kwargs) for b in job.calibration]
         lm = generation.is_causal_lm(job.model)
+        if getattr(job.model, "replayable_state", False):    # before optimize_graph's calls make the runner
+            gm.meta[runner.REPLAYABLE_STATE] = True
         opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,
                              cls=generation.OptimizedLM if lm else OptimizedModule)
         opt.info.seconds["capture"] = round(t1 - t0, 2)
-        if getattr(job.model, "replayable_state", False):
-            opt.graph_module.meta[runner.REPLAYABLE_STATE] = True
+        if getattr(job.model, "replayable_state", False) and not opt.graph_module.meta.get(runner.REPLAYABLE_STATE):
+            raise AssertionError("the optimized graph lost the replayable-state mark its capture had")
         warm = warmup_inputs(opt, job.config.warmup_shapes)
         if runtime.can_time(job.device):
             t0 = time.perf_counter()
@@ -241,8 +243,11 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     # a module over the final graph holds exactly what the graph reads: not the float weights of
     # layers now in int8
     spec = gm.meta.get(CALL_SPEC)
+    replayable = gm.meta.get(runner.REPLAYABLE_STATE, False)
     gm = fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)
     gm.meta[SHAPES] = ctx.shapes
+    if replayable:
+        gm.meta[runner.REPLAYABLE_STATE] = True
     with torch.no_grad():
         got = gm(*args)
     if ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]:

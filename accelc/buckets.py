@@ -3,8 +3,9 @@
 A graph that takes a range of batch sizes and lengths would need a CUDA graph per size it meets (512
 lengths x 32 batch sizes). As vLLM does for batch sizes, the runner pads a call up to the next bucket
 size, replays that bucket's graph and cuts the outputs back to the call's sizes. Buckets: 1, 2, 4, 8,
-then 12, 16, 24, 32, 48, 64, ... (the powers of two and the midpoints between them: above 8, at most a
-third of a padded call is padding), the last one the range's upper end.
+12, 16, then four per octave, 20, 24, 28, 32, 40, 48, 56, 64, 80, ... (from 16 on, at most a fifth of a
+padded call is padding: a large call is GPU-bound, and its padding is time), the last one the range's
+upper end. More buckets cost capture time once, not memory: the graphs share one pool.
 
 Padding is never assumed inert. Rows of a batch are independent in eval mode in every layer accelc
 knows, but a model may mix them (a statistic over the batch); a sequence's padded tail leaves the
@@ -39,7 +40,8 @@ def bucket_sizes(lo: int, hi: int | None, upto: int | None = None) -> list[int]:
         raise ValueError("a range without an end lists its buckets up to a given size")
     sizes, p = [], 1
     while True:
-        for n in (p, p + p // 2) if p >= 8 else (p,):
+        steps = (p,) if p < 8 else (p, p + p // 2) if p < 16 else (p, p + p // 4, p + p // 2, p + 3 * p // 4)
+        for n in steps:
             if n >= lo and n <= end:
                 sizes.append(n)
         if p >= end:
@@ -115,6 +117,17 @@ class Padding:
                     t = t.narrow(d, 0, sizes[sym])
             cut.append(t)
         return pytree.tree_unflatten(cut, spec)
+
+    def covers(self, shapes: InputShapes) -> bool:
+        """Whether every dim of `shapes` that varies pads (then every call's signature is a bucket's:
+        few enough to capture each at its first call)."""
+        if shapes.free or len(shapes.dims) != len(self.inputs):
+            return False
+        for row, dims in zip(shapes.dims, self.inputs):
+            padded = {d for d, _, _ in dims}
+            if any(isinstance(r, DimRange) and d not in padded for d, r in enumerate(row or ())):
+                return False
+        return True
 
     def describe(self) -> str:
         parts = []

@@ -73,6 +73,11 @@ class CacheStep(nn.Module):
     running the model once on `ids` (the cache allocates its tensors at their first use, with the
     model's own head counts, head dims, dtype and device), whose keys and values are then cleared."""
 
+    # its in-place updates set rather than accumulate (the lengths copied from `start` first, the keys
+    # and values written at the step's positions): a call run again on the same inputs leaves the same
+    # cache, so CUDA graphs' warm-up runs and Inductor may run the step (runner.REPLAYABLE_STATE)
+    replayable_state = True
+
     def __init__(self, lm: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_len: int):
         super().__init__()
         from transformers.cache_utils import StaticCache, StaticLayer

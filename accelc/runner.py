@@ -7,14 +7,15 @@ On a CUDA device, by default (OptimizeConfig.glue "auto", cuda_graphs True):
     not once per shape;
   - CUDA graphs: each new input signature (the structure of the arguments; per tensor its shape,
     strides, dtype and device; other arguments by value) is warmed up and captured in a CUDA graph
-    the first time it is seen. A later call with that signature copies its tensors into the
+    the first time it is seen, all on one side stream. A later call with that signature copies its tensors into the
     graph's input buffers, replays the graph and returns copies of its outputs: one call's outputs
     are never overwritten by the next. A signature whose graph cannot be captured (an op that
     waits for the host, a CPU tensor argument) runs as plain calls, and the reason is kept
     (OptimizedModule.summary());
   - shapes that vary: a call is padded up to its bucket (accelc.buckets: batch and length, where
-    the pad was found inert), so a few graphs serve every size; sizes that do not pad are captured
-    exactly, each at its second call (a size met once runs as a plain call);
+    the pad was found inert), so a few graphs serve every size, each captured at its first call;
+    where a dim that varies does not pad, sizes are captured exactly, each at its second call (a
+    size met once runs as a plain call);
   - memory: every graph captures into one memory pool and ends by copying its outputs into one
     byte arena outside it, so the pool holds no graph's outputs and its size is the largest
     graph's working memory, however many graphs there are (replays are serialised, and each
@@ -27,6 +28,7 @@ Everything runs under torch.no_grad(): accelc compiles for inference.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
@@ -121,6 +123,7 @@ class Runner:
         self.calls = self.padded = self.plain = 0    # calls; of them padded to a bucket; run as plain calls
         self.pool = None                             # the memory pool every graph of this runner shares
         self.arena = None                            # the bytes graphs copy their outputs into (output_slots)
+        self.stream = None                           # the side stream every graph is warmed up and captured on
         self._lock = threading.Lock()
 
     def __call__(self, *args, **kwargs):
@@ -204,7 +207,11 @@ class Runner:
                                        pytree.tree_flatten((args, kwargs))[1])
         try:
             if self.capture is capture_cuda_graph:
-                graph, outputs, self.pool = capture_cuda_graph(self.fn, *static, pool=self.pool, arena=self._arena)
+                device = leaves_device(leaves)
+                if device is not None and device.type == "cuda" and (self.stream is None or self.stream.device != device):
+                    self.stream = torch.cuda.Stream(device)
+                graph, outputs, self.pool = capture_cuda_graph(self.fn, *static, pool=self.pool, arena=self._arena,
+                                                               stream=self.stream)
             else:
                 graph, outputs = self.capture(self.fn, *static)
             entry = _Entry(graph, inputs, outputs)
@@ -247,9 +254,13 @@ class Runner:
         return "; ".join(t for t in (text.strip("; "), glue) if t)
 
 
-def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena: Callable | None = None):
+def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena: Callable | None = None,
+                       stream: torch.cuda.Stream | None = None):
     """(graph, outputs, pool): fn warmed up on a side stream (compiling and tuning happen here), then
-    captured on it into the memory pool `pool` (a new one when None: the one returned). With
+    captured on it into the memory pool `pool` (a new one when None: the one returned). Graphs that
+    share a pool must share the stream too (`stream`, a new one when None): the caching allocator
+    keeps a stream's freed blocks for that stream, so a new stream per capture would hold a new
+    warm-up's and capture's worth of memory each (the Runner passes its one stream). With
     `arena` (nbytes, device -> a uint8 tensor), the graph ends by copying its outputs into it
     (output_slots) and those copies are the outputs: the pool keeps no graph's outputs alive, so
     its size is the largest graph's working memory however many graphs there are. Raises
@@ -258,16 +269,24 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena
     if not tensors or any(x.device.type != "cuda" for x in tensors):
         raise Uncapturable("a tensor argument not on a CUDA device (or none at all)")
     device = tensors[0].device
-    stream = torch.cuda.Stream(device)
+    stream = stream if stream is not None else torch.cuda.Stream(device)
+    # the warm-up allocates in a pool that already holds a graph: a new pool exists in the allocator
+    # only from its first capture on (warming up in it before would leave it released, and the
+    # capture would then fail on entry, leaving the CUDA generator in its capture state)
+    warm_in = allocating_in(pool, device) if pool is not None else contextlib.nullcontext()
+    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
     stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), warm_in:
         for _ in range(2):
             warm = fn(*args, **kwargs)
+        shapes = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(warm)]
+        spec = pytree.tree_structure(warm)
+        del warm
     torch.cuda.current_stream(device).wait_stream(stream)
-    slots = output_slots(warm, lambda n: arena(n, device)) if arena is not None else None
-    del warm
+    slots = output_slots(pytree.tree_unflatten([torch.empty(s[0], dtype=s[1], device="meta") if isinstance(s, tuple)
+                                                else s for s in shapes], spec),
+                         lambda n: arena(n, device)) if arena is not None else None
     graph = torch.cuda.CUDAGraph()
-    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             outputs = fn(*args, **kwargs)
@@ -280,6 +299,32 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena
         torch.cuda.synchronize(device)
         raise Uncapturable(f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return graph, outputs, pool
+
+
+@contextlib.contextmanager
+def allocating_in(pool, device: torch.device):
+    """The warm-up runs' memory taken from the graphs' pool, one a live graph holds (as Inductor's
+    CUDA-graph trees warm up): what they free is what the capture then reuses, instead of a second
+    working set cached by the allocator outside the pool. Safe here: the graphs copy their outputs
+    out of the pool, and the side stream waits for earlier replays first. Where the allocator lacks
+    the hooks, plain warm-up."""
+    begin = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
+    end, release = getattr(torch._C, "_cuda_endAllocateToPool", None), getattr(torch._C, "_cuda_releasePool", None)
+    if begin is None or end is None or release is None:
+        yield
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    begin(index, pool)
+    try:
+        yield
+    finally:
+        end(index, pool)
+        release(index, pool)
+
+
+def leaves_device(leaves) -> torch.device | None:
+    """The device of the first tensor among leaves (None where there is none)."""
+    return next((x.device for x in leaves if isinstance(x, torch.Tensor)), None)
 
 
 def output_slots(outputs, arena_for: Callable):
@@ -349,6 +394,6 @@ def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runne
     dynamic = bool(shapes is not None and shapes.dynamic)
     padding = shapes.padding if dynamic and config.padding else None
     # sizes that vary and do not all pad: many exact signatures, each captured at its second call
-    exact = dynamic and (shapes.free or padding is None or set(padding.ranges) != set(shapes.varying()))
+    exact = dynamic and (padding is None or not padding.covers(shapes))
     fn = CompiledGlue(gm, plain, dynamic) if glue == "inductor" else plain
     return Runner(fn, graphs, padding=padding if graphs else None, capture_after=2 if exact else 1), how

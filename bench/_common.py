@@ -67,6 +67,25 @@ def write(out_dir: str, name: str, env: dict, rows: list[dict], markdown: str) -
     print(f"wrote {out / stem}.json and .md")
 
 
+def merged(out_dir: str, name: str, env: dict, rows: list[dict], key: tuple[str, ...]) -> list[dict]:
+    """rows with the sides an earlier run on the same device wrote to out_dir/name-<device>.json kept
+    where this run did not measure them (a row is matched by its `key` fields; a side this run measured
+    replaces the earlier one). For benches whose sides do not fit one device command: every side
+    records its own date, and the table says the sides come from more than one run."""
+    path = Path(out_dir) / f"{name}-{slug(env['device'])}.json"
+    if not path.exists():
+        return rows
+    old = json.loads(path.read_text())
+    if old.get("environment", {}).get("device") != env["device"]:
+        return rows
+    fresh = {tuple(r[k] for k in key): r for r in rows}
+    out = []
+    for r in old["rows"]:
+        k = tuple(r[f] for f in key)
+        out.append({**r, **fresh.pop(k)} if k in fresh else r)
+    return out + list(fresh.values())
+
+
 def md_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

@@ -18,6 +18,7 @@ reduce-overhead's high-water mark at one shape, the trace's largest request.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -149,12 +150,16 @@ def run_side(call, feeds, device, eager_outputs=None, check_every=10):
                 if eager_outputs is not None:
                     errors.append(rel_l2(h, eager_outputs[len(outputs) - 1]))
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    reserved = torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None
     return {"total_ms": round(sum(times), 2), "p50_ms": round(statistics.median(times), 3),
+            "peak_reserved_mib": reserved,
             "p99_ms": round(sorted(times)[max(0, int(len(times) * 0.99) - 1)], 3), "peak_mib": peak,
             "max_rel_err_vs_eager": max(errors) if errors else None, "per_request_ms": [round(t, 3) for t in times]}, outputs
 
 
-def bench_model(name, spec, n_requests, device, dtype, smoke, sides):
+def bench_model(name, spec, n_requests, device, dtype, smoke, sides, rows, save=lambda: None):
+    """Appends the model's row to rows and fills it side by side, calling save() after each (a run cut
+    off by a time limit keeps the sides it finished)."""
     import accelc
 
     build, make, text = spec
@@ -171,12 +176,18 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides):
     torch.manual_seed(1)       # the same requests for every side
     feeds = [{k: v.to(device) for k, v in cast(make(b, n)).items()} for b, n in requests]
     row = {"model": name, "requests": n_requests, "shapes": len(set(requests))}
+    rows.append(row)
     opt = optimize_s = None
     eager, eager_out = run_side(lambda **f: model(**f), feeds, device)
-    row["eager"] = eager
+    row["eager"] = {**eager, "date": _common.environment()["date"]}
+    save()
     for side in sides:
         try:
             torch._dynamo.reset()
+            call = None
+            if device.type == "cuda":     # the side's reserved memory starts from what eager's weights hold
+                gc.collect()
+                torch.cuda.empty_cache()
             counters = torch._dynamo.utils.counters
             counters.clear()
             t0 = time.perf_counter()
@@ -190,6 +201,9 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides):
             elif side == "accelc_exact" and opt is not None:   # the same optimized graph, the exact-size runner
                 opt = exact_runner(opt)
                 call = opt
+                if device.type == "cuda":     # the default call's graphs and pool go with its runner
+                    gc.collect()
+                    torch.cuda.empty_cache()
             else:
                 opt = accelc.optimize(model, example, config=accelc.OptimizeConfig(padding=side == "accelc"))
                 call = opt
@@ -219,11 +233,13 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides):
                         one(**largest)
                         torch.cuda.synchronize()
                         row["compile_ro_one_shape_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+                        row["compile_ro_one_shape_reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
             row[side] = result
         except Exception as e:   # a side that cannot run this model: said in its row
             row[side] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        row[side]["date"] = _common.environment()["date"]
         print(f"{name} {side}: {_short(row[side])}", flush=True)
-    return row
+        save()
 
 
 def exact_runner(opt):
@@ -247,7 +263,7 @@ def _short(r: dict) -> str:
 
 def markdown(env, rows) -> str:
     sides = ["eager", "compile_dynamic", "compile_ro", "ort", "accelc", "accelc_exact"]
-    header = ["model", "side", "total ms", "p50 ms", "p99 ms", "peak MiB", "compiles", "captures", "max rel err vs eager",
+    header = ["model", "side", "total ms", "p50 ms", "p99 ms", "peak MiB (reserved)", "compiles", "captures", "max rel err vs eager",
               "requests slower than eager (worst)", "side / accelc (total)"]
     table = []
     for r in rows:
@@ -260,17 +276,27 @@ def markdown(env, rows) -> str:
                 table.append([r["model"], s, x["error"]] + [""] * 8)
                 continue
             ratio = (f"{x['total_ms'] / acc['total_ms']:.2f}x" if acc.get("total_ms") and s != "accelc" else "")
-            if s.startswith("accelc") and r.get("compile_ro_one_shape_peak_mib") and x["peak_mib"]:
-                ratio += f" (memory {x['peak_mib'] / r['compile_ro_one_shape_peak_mib']:.2f}x RO at one shape)"
+            if s.startswith("accelc") and r.get("compile_ro_one_shape_reserved_mib") and x.get("peak_reserved_mib"):
+                ratio += (f" (memory {x['peak_mib'] / r['compile_ro_one_shape_peak_mib']:.2f}x RO at one shape, "
+                          f"reserved {x['peak_reserved_mib'] / r['compile_ro_one_shape_reserved_mib']:.2f}x)")
             table.append([r["model"], s, f"{x['total_ms']:.0f}", x["p50_ms"], x["p99_ms"],
-                          "" if x["peak_mib"] is None else f"{x['peak_mib']:.0f}", x.get("compiles", ""),
+                          "" if x["peak_mib"] is None else f"{x['peak_mib']:.0f} ({x.get('peak_reserved_mib') or 0:.0f})",
+                          x.get("compiles", ""),
                           x.get("captures", ""), "" if x["max_rel_err_vs_eager"] is None else f"{x['max_rel_err_vs_eager']:.1e}",
                           "" if s == "eager" else f"{x.get('slower_than_eager')} ({x.get('worst_vs_eager')}x)", ratio])
     return (f"# Requests of every shape (any-shape serving)\n\n{_common.env_line(env)}\n\n"
             "A trace of requests with random (batch, length), run once to warm up, then timed request by "
             "request (host clock around each call, the GPU synchronised); every 10th output compared with "
-            "eager's. compiles: Dynamo graphs compiled; captures: accelc's CUDA graphs captured.\n\n"
+            "eager's. compiles: Dynamo graphs compiled; captures: accelc's CUDA graphs captured. Peak MiB: the "
+            "timed pass's high-water mark of torch's allocated memory (reserved: what its caching allocator held, CUDA-graph "
+            "pools included; ONNX Runtime's own arena is in neither). "
+            f"Sides measured on: {_dates(rows)} (each side's date in the json; more than one date: the sides "
+            "come from separate runs on this device, each with its own eager row).\n\n"
             + _common.md_table(header, table))
+
+
+def _dates(rows) -> str:
+    return ", ".join(sorted({x["date"] for r in rows for x in r.values() if isinstance(x, dict) and "date" in x}))
 
 
 def main():
@@ -280,6 +306,8 @@ def main():
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--sides", default="compile_dynamic,compile_ro,ort,accelc,accelc_exact")
     ap.add_argument("--smoke", action="store_true", help="tiny models on the CPU, a few requests, eager and accelc")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the sides an earlier run on this device wrote to --out that this run does not measure")
     args = ap.parse_args()
     smoke = args.smoke
     device = torch.device("cpu" if smoke or not torch.cuda.is_available() else "cuda")
@@ -289,15 +317,21 @@ def main():
     sides = ["accelc", "accelc_exact"] if smoke else args.sides.split(",")
     env = _common.environment()
     print(_common.env_line(env), flush=True)
-    rows = [bench_model(n, specs[n], 6 if smoke else args.requests, device, dtype, smoke, sides) for n in names]
+    rows: list[dict] = []
+
+    def save():
+        if not smoke:
+            table = _common.merged(args.out, "dynamic", env, rows, ("model",)) if args.merge else rows
+            _common.write(args.out, "dynamic", env, table, markdown(env, table))
+    for n in names:
+        bench_model(n, specs[n], 6 if smoke else args.requests, device, dtype, smoke, sides, rows, save)
     if smoke:
         for r in rows:
             for side in sides:
                 assert r[side].get("max_rel_err_vs_eager") is not None and r[side]["max_rel_err_vs_eager"] < 1e-4, r
         print("smoke: ok")
         return
-    _common.write(args.out, "dynamic", env, rows, markdown(env, rows))
-    print(markdown(env, rows))
+    print(markdown(env, _common.merged(args.out, "dynamic", env, rows, ("model",)) if args.merge else rows))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ Models: random weights at real shapes, fp16 (TinyLlama-1.1B, Qwen2-0.5B, GPT-2 s
 shape). Sides, each timed the same way (host clock around generate(), the GPU synchronised, the
 median of --rounds after one warm-up generate):
   hf_eager          HF's generate, its default dynamic cache;
-  hf_static_compile HF's documented fast path: cache_implementation="static" and
-                    torch.compile(model.forward, mode="reduce-overhead", fullgraph=True);
+  hf_static_compile HF's documented fast path: cache_implementation="static", with which
+                    generate compiles the decode step (mode="reduce-overhead", fullgraph=True;
+                    before transformers 4.50, torch.compile(model.forward) by hand);
   accelc            accelc.optimize(lm, prompt) then opt.generate (accelc's static cache, one step
                     program for prefill and decode).
 Greedy decoding with min_new_tokens = max_new_tokens (random weights may emit EOS early: every side
@@ -116,12 +117,14 @@ def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, 
     return statistics.median(times), out
 
 
-def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, bandwidth) -> list[dict]:
+def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, bandwidth, rows,
+                save=lambda: None) -> None:
+    """Appends a row per batch to rows and fills it side by side, calling save() after each (a run cut
+    off by a time limit keeps the sides it finished)."""
     import accelc
 
     lm = build(cfg, device, dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rows = []
     for batch in batches:
         g = torch.Generator().manual_seed(batch)
         ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).to(device)
@@ -131,6 +134,7 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                "params_m": round(sum(p.numel() for p in lm.parameters()) / 1e6, 1),
                "step_mib": round(step_bytes(lm, batch, prompt + new / 2) / 2**20, 1),
                "bandwidth_limit_tok_s": None if limit is None else round(limit, 1)}
+        rows.append(row)
         reference = None
         for side in sides:
             try:
@@ -142,7 +146,10 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     compiled = build(cfg, device, dtype)
                     compiled.load_state_dict(lm.state_dict())
                     compiled.generation_config.cache_implementation = "static"
-                    compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)
+                    if not hasattr(compiled, "get_compiled_call"):   # transformers < 4.50: compiled by hand
+                        compiled.forward = torch.compile(compiled.forward, mode="reduce-overhead", fullgraph=True)
+                    # else generate compiles the decode step itself (CompileConfig: reduce-overhead, fullgraph);
+                    # compiling forward as well would stack two CUDA-graph wrappers
                     gen = compiled.generate
                 else:
                     config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch)
@@ -168,12 +175,12 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     del compiled
             except Exception as e:   # a side that cannot run this model: said in its row
                 r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            r["date"] = _common.environment()["date"]
             row[side] = r
             print(f"{name} batch {batch} {side}: {_short(r)}", flush=True)
+            save()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        rows.append(row)
-    return rows
 
 
 def _short(r: dict) -> str:
@@ -203,10 +210,12 @@ def markdown(env, rows) -> str:
             table.append([r["model"], r["batch"], s, x["ttft_ms"], x["decode_tok_s"], x["decode_tok_s_all"], share,
                           x.get("same_tokens_as_eager", ""), vs("hf_static_compile"), vs("hf_eager"), x["prepare_s"]])
     limits = ", ".join(f"{r['model']} b{r['batch']} {r['bandwidth_limit_tok_s']} tok/s" for r in rows)
+    dates = ", ".join(sorted({x["date"] for r in rows for x in r.values() if isinstance(x, dict) and "date" in x}))
     return (f"# Text generation\n\n{_common.env_line(env)}\n\n"
             f"Prompt {rows[0]['prompt']} tokens, {rows[0]['new_tokens']} new tokens, greedy, fp16, random weights "
             "at real shapes. Bandwidth limit per row: measured copy bandwidth over the bytes a decode step reads "
-            f"(weights + KV cache at the mean context): {limits}.\n\n"
+            f"(weights + KV cache at the mean context): {limits}. Sides measured on: {dates} (each side's date in "
+            "the json; more than one date: the sides come from separate runs on this device).\n\n"
             + _common.md_table(header, table))
 
 
@@ -220,6 +229,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU, eager and accelc")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows and sides an earlier run on this device wrote to --out that this run does not measure")
     args = ap.parse_args()
     smoke = args.smoke
     device = torch.device("cpu" if smoke or not torch.cuda.is_available() else "cuda")
@@ -227,23 +238,29 @@ def main():
     specs = configs(smoke)
     names = list(specs) if smoke else [m for m in args.models.split(",") if m in specs]
     sides = ["hf_eager", "accelc"] if smoke else args.sides.split(",")
+    sides.sort(key=lambda side: side != "hf_eager")   # eager first: its tokens are every other side's reference
     batches = [2] if smoke else [int(b) for b in args.batches.split(",")]
     prompt, new = (16, 12) if smoke else (args.prompt, args.new)
     env = _common.environment()
     bandwidth = copy_bandwidth(device)
     env["copy_bandwidth_gb_s"] = None if bandwidth is None else round(bandwidth / 1e9, 1)
     print(_common.env_line(env), flush=True)
-    rows = []
+    rows: list[dict] = []
+    key = ("model", "batch", "prompt", "new_tokens")
+
+    def save():
+        if not smoke:
+            table = _common.merged(args.out, "generate", env, rows, key) if args.merge else rows
+            _common.write(args.out, "generate", env, table, markdown(env, table))
     for n in names:
-        rows += bench_model(n, specs[n], batches, prompt, new, 1 if smoke else args.rounds, device, dtype, sides,
-                            bandwidth)
+        bench_model(n, specs[n], batches, prompt, new, 1 if smoke else args.rounds, device, dtype, sides,
+                    bandwidth, rows, save)
     if smoke:
         for r in rows:
             assert r["accelc"].get("same_tokens_as_eager") == 1.0, r
         print("smoke: ok")
         return
-    _common.write(args.out, "generate", env, rows, markdown(env, rows))
-    print(markdown(env, rows))
+    print(markdown(env, _common.merged(args.out, "generate", env, rows, key) if args.merge else rows))
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ def test_family_generates_the_original_models_tokens(name):
         want = lm.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
         got = opt.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
         assert got.shape == (2, 73) and torch.equal(got, want)
+        # the step's cache writes are replayable: its runner may use CUDA graphs and Inductor (a runner made
+        # before the mark was set, by optimize's own calls, ran decode as eager plain calls on the GPU)
+        assert "updates module state in place" not in opt.step.info.runtime, opt.step.info.runtime
         sampling = dict(max_new_tokens=24, do_sample=True, temperature=0.7, top_k=20, top_p=0.9, pad_token_id=0)
         torch.manual_seed(5)
         want = lm.generate(**prompt, **sampling)

@@ -111,6 +111,33 @@ def test_cpu_tensors_are_not_captured():
         runner.capture_cuda_graph(_f, (torch.randn(2, 2),), {})
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA graphs")
+def test_real_graphs_share_one_stream_and_pool_and_memory_does_not_grow_with_their_number():
+    """Graphs of many sizes, captured largest first: one side stream, one pool, the warm-up inside
+    it, so each new graph reuses the memory the first one needed (a stream per capture, or warm-up
+    outside the pool, holds another working set per graph); every replay's outputs are right."""
+    torch.manual_seed(0)
+    w1 = torch.randn(64, 8192, device="cuda", dtype=torch.half) / 8
+    w2 = torch.randn(8192, 64, device="cuda", dtype=torch.half) / 90
+
+    def f(x):
+        return torch.relu(x @ w1) @ w2        # a working set of n x 8192 halves
+
+    r = runner.Runner(f, cuda_graphs=True)
+    x = torch.randn(2048, 64, device="cuda", dtype=torch.half)
+    assert rel_l2(r(x), f(x)) < 1e-3                    # the largest graph: one working set (32 MiB)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    for n in range(1024, 2048, 96):                     # eleven more graphs
+        x = torch.randn(n, 64, device="cuda", dtype=torch.half)
+        assert rel_l2(r(x), f(x)) < 1e-3
+        assert rel_l2(r(x), f(x)) < 1e-3                # replayed
+    torch.cuda.synchronize()
+    assert r.captures == 12
+    grown = torch.cuda.memory_reserved() - before
+    assert grown < 2048 * 8192 * 2, f"reserved memory grew {grown / 2**20:.0f} MiB over eleven more graphs"
+
+
 def test_no_grad_inside():
     w = torch.randn(8, 8, requires_grad=True)
     r = runner.Runner(lambda x: x @ w, cuda_graphs=False)

@@ -133,6 +133,22 @@ class InputShapes:
                                          f"dim is {sizes[r.sym]}")
                 elif r != n:
                     raise ValueError(f"warm-up shape for {name!r}: dim {d} is {n}, but the model fixes it at {r}")
+        return self._followed(sizes, args)
+
+    def _followed(self, sizes: dict, args: tuple) -> dict:
+        """sizes with each dim not given taken from a given one of another input at the same dim that
+        had its size in the example (the mask's batch follows the ids' batch where export gave them
+        two symbols: inputs of two batch sizes would index out of range on the device)."""
+        rows = [(row, a) for row, a in zip(self.dims, args) if row is not None and isinstance(a, torch.Tensor)]
+        for row, a in rows:
+            for d, r in enumerate(row):
+                if not isinstance(r, DimRange) or r.sym in sizes or d >= a.dim():
+                    continue
+                for other, b in rows:
+                    o = other[d] if d < len(other) and d < b.dim() else None
+                    if isinstance(o, DimRange) and o.sym in sizes and b.shape[d] == a.shape[d]:
+                        sizes[r.sym] = sizes[o.sym]
+                        break
         return sizes
 
     def check(self, args: tuple) -> str | None:
