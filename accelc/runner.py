@@ -168,13 +168,16 @@ class Runner:
             self._note(("uncapturable", str(e)), str(e))
             return finish(self.fn(*args, **kwargs), False)
         with self._lock:
-            entry = self.entries.get(key)
+            entry, fresh = self.entries.get(key), False
             if entry is None and (force or self._due(key)):
-                entry = self._record(key, args, kwargs)
+                entry, fresh = self._record(key, args, kwargs), True
             elif entry is not None:
                 self.entries.move_to_end(key)
             if entry is not None and entry.graph is not None:
-                for buf, x in zip(entry.inputs, leaves):
+                # a graph just captured holds this call's inputs as they were at the call: its warm-up
+                # runs may have changed an input that is also state the graph updates (a cache's
+                # length given as the step's start), and copying it again would count the update twice
+                for buf, x in zip(entry.inputs if not fresh else (), leaves):
                     if buf is not None and buf.data_ptr() != x.data_ptr():
                         buf.copy_(x)
                 entry.graph.replay()

@@ -177,3 +177,32 @@ def test_greedy_runs_accelcs_loop_with_stop_tokens_min_tokens_and_ragged_stops(l
         opt.generate(**prompt, max_new_tokens=4, do_sample=False, pad_token_id=0, repetition_penalty=1.3)
         assert opt.last_loop == "hf"
     assert "greedy decoding runs accelc's own loop" in opt.summary()
+
+
+def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch):
+    """Where CUDA graphs run (a stand-in here: a "graph" that re-runs the step on the buffers it was
+    captured with, as a replay does), the step's cache writes replay: greedy and sampled tokens stay
+    the original model's, and decode steps are replays of one captured graph."""
+    from accelc import runner
+    from test_runner import FakeGraph
+
+    graphs = []
+
+    def capture(fn, args, kwargs, pool=None, arena=None, stream=None):
+        graphs.append(FakeGraph(fn, args, kwargs))
+        return graphs[-1], graphs[-1].outputs, pool
+    monkeypatch.setattr(runner, "plan", lambda config, device, gm=None: ("eager", True, "test: CUDA graphs"))
+    monkeypatch.setattr(runner, "capture_cuda_graph", capture)
+    lm = _lm("llama")
+    opt = _optimize(lm)
+    prompt = _prompt(2, 9, left_pad=(3, 0))
+    with torch.no_grad():
+        want = lm.generate(**prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
+        got = opt.generate(**prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
+        assert torch.equal(got, want)
+        torch.manual_seed(3)
+        want = lm.generate(**prompt, max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
+        torch.manual_seed(3)
+        got = opt.generate(**prompt, max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
+        assert torch.equal(got, want)
+    assert opt.step.runner.captures >= 1 and max(g.replays for g in graphs) >= 40, opt.step.runner.status()

@@ -138,6 +138,23 @@ def test_real_graphs_share_one_stream_and_pool_and_memory_does_not_grow_with_the
     assert grown < 2048 * 8192 * 2, f"reserved memory grew {grown / 2**20:.0f} MiB over eleven more graphs"
 
 
+def test_an_input_that_is_also_the_state_the_graph_updates_counts_once_at_the_capturing_call():
+    """A generation step given its cache's own length as `start`: the capture's runs update that
+    length, and the capturing call must still see the length as it was when called."""
+    length = torch.zeros((), dtype=torch.long)
+
+    def step(start):
+        length.copy_(start)
+        length.add_(1)             # the step advances the cache it was given the start of
+        return length * 10
+
+    for after in (1, 2):
+        length.zero_()
+        r = runner.Runner(step, cuda_graphs=True, capture=Captures(), capture_after=after)
+        outs = [int(r(length)) for _ in range(4)]
+        assert outs == [10, 20, 30, 40] and int(length) == 4, (after, outs)
+
+
 def test_no_grad_inside():
     w = torch.randn(8, 8, requires_grad=True)
     r = runner.Runner(lambda x: x @ w, cuda_graphs=False)
