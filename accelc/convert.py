@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import models
 from accelc.api import make_job, optimize_job
+from accelc.capture import program_module
 from accelc.config import OptimizeConfig
 from accelc.errors import ModelFileError, short_error
 from accelc.files import check_output_file, check_output_folder, write_text
@@ -55,7 +56,7 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
     if kind == "export":
         ep = read_export(path)
         args, kwargs = ep.example_inputs if ep.example_inputs is not None else (None, {})
-        model = ep.module().to(device)
+        model = program_module(ep).to(device)
         model.accelc_program = ep    # its dims (program_dims), and its graph without its shape checks
         return model, _to(args, device) if args is not None else None, _to(dict(kwargs or {}), device)
     try:

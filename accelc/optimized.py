@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 from accelc import meta, tuning
+from accelc.capture.pickling import graph_state
 from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
 from accelc.errors import InputError, short_error
@@ -128,8 +129,9 @@ class OptimizedModule(nn.Module):
         return out
 
     def __getstate__(self):
-        # compiled code and captured graphs do not pickle (nor survive a new process): rebuilt on use
-        return {**self.__dict__, "runner": None}
+        # compiled code and captured graphs do not pickle (nor survive a new process): rebuilt on use;
+        # the graph pickled with its output structure (capture.pickling)
+        return graph_state({**self.__dict__, "runner": None})
 
     @property
     def rewritten(self) -> list[LayerRecord]:

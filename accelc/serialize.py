@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import io
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from accelc.capture import export_program, quiet_torch_logs
+from accelc.capture import export_program, program_module, quiet_torch_logs
 from accelc.capture.shapes import SHAPES, DimRange, InputShapes, guard_failure
 from accelc.errors import InputError, ModelFileError, short_error
 from accelc.files import atomic_path, check_output_file
@@ -151,12 +152,23 @@ def load(path: str | os.PathLike) -> nn.Module:
         raise ModelFileError(f"no such file: {str(path)!r}")
     extra = {SUMMARY_FILE: ""}
     ep = read_export(path, extra)
+    return _loaded(ep, extra[SUMMARY_FILE])
+
+
+def _loaded(ep, summary_text: str) -> "LoadedProgram":
     names = tuple(s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
-    program = ep.module()
     shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
     if not shapes.dynamic:
         shapes.static = "a program saved with fixed shapes"
-    return LoadedProgram(program, shapes, json.loads(extra[SUMMARY_FILE]) if extra[SUMMARY_FILE] else None)
+    loaded = LoadedProgram(program_module(ep), shapes, json.loads(summary_text) if summary_text else None)
+    object.__setattr__(loaded, "_ep", ep)     # what it pickles as (not a submodule: the same weights)
+    return loaded
+
+
+def _loaded_from_bytes(data: bytes, device: str | None) -> "LoadedProgram":
+    extra = {SUMMARY_FILE: ""}
+    loaded = _loaded(read_export(io.BytesIO(data), extra), extra[SUMMARY_FILE])
+    return loaded.to(device) if device is not None else loaded
 
 
 class LoadedProgram(nn.Module):
@@ -174,6 +186,15 @@ class LoadedProgram(nn.Module):
     @property
     def graph(self):
         return self.program.graph
+
+    def __reduce__(self):
+        """Pickled as its program file's bytes (the program module holds hooks and generated code
+        that do not pickle), read back on the device its weights are on."""
+        buf = io.BytesIO()
+        summary = json.dumps(self.accelc_summary) if self.accelc_summary is not None else ""
+        torch.export.save(self._ep, buf, extra_files={SUMMARY_FILE: summary})
+        weight = next(iter([*self.program.parameters(), *self.program.buffers()]), None)
+        return _loaded_from_bytes, (buf.getvalue(), str(weight.device) if weight is not None else None)
 
     def forward(self, *args, **kwargs):
         try:

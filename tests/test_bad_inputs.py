@@ -543,3 +543,69 @@ def test_a_residual_input_that_broadcasts_at_call_time_adds_as_eager(conv, x_sha
         for shape in r_calls:
             r = torch.randn(*shape, device=DEVICE)
             assert rel_l2(opt(x, r), model(x, r)) < 1e-5, shape
+
+
+class _Branchy(nn.Module):
+    """A shape branch: symbolic_trace cannot take it, torch.export pins the batch to its side of 4."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(x) * 2 if x.shape[0] > 4 else self.fc(x) - 1
+
+
+def test_a_module_captured_by_export_pickles_with_its_shape_checks_and_output_type():
+    """pickle / torch.save of an optimized model torch.export captured (the shape checks are a function
+    export generates with exec; the output an HF ModelOutput built with pytree): it reads back, takes
+    the same calls, refuses the same shapes (a call on the other side of a shape branch must not run
+    the traced side silently) and returns the same output type."""
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    model = _Branchy().to(DEVICE).eval()
+    x = torch.randn(6, 16, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    assert opt.info.capture_method == "torch.export"
+    buf = io.BytesIO()
+    torch.save(opt, buf)
+    buf.seek(0)
+    for back in (pickle.loads(pickle.dumps(opt)), torch.load(buf, weights_only=False)):
+        with torch.no_grad():
+            assert rel_l2(back(x), model(x)) < 1e-5
+            with pytest.raises(InputError, match="shape"):
+                back(torch.randn(3, 16, device=DEVICE))          # the other branch: refused, as before pickling
+    T = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bert = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, vocab_size=100, max_position_embeddings=64))
+    bert = bert.to(DEVICE).eval()
+    ids = torch.randint(0, 100, (2, 16), device=DEVICE)
+    opt = accelc.optimize(bert, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, CFG)
+    back = pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(opt))))      # twice: a read-back pickles again
+    call = {"input_ids": torch.randint(0, 100, (3, 9), device=DEVICE), "attention_mask": torch.ones(3, 9, dtype=torch.long,
+                                                                                                    device=DEVICE)}
+    with torch.no_grad():
+        got, want = back(**call), bert(**call)
+    assert type(got) is type(want) and rel_l2(got.last_hidden_state, want.last_hidden_state) < 1e-5
+    with pytest.raises(InputError):
+        back(input_ids=torch.randint(0, 100, (3, 65), device=DEVICE), attention_mask=torch.ones(3, 65, dtype=torch.long,
+                                                                                                  device=DEVICE))
+
+
+def test_a_program_accelc_load_read_pickles(tmp_path):
+    """accelc.load's module pickles as its program (its module holds export's hooks, which do not)."""
+    import pickle
+
+    torch.manual_seed(0)
+    model = _Fc().to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    accelc.save(accelc.optimize(model, x, CFG), tmp_path / "m.pt2")
+    back = pickle.loads(pickle.dumps(accelc.load(tmp_path / "m.pt2")))
+    y = torch.randn(7, 16, device=DEVICE)
+    with torch.no_grad():
+        assert rel_l2(back(y), model(y)) < 1e-5
+    assert back.accelc_summary is not None and next(back.program.parameters()).device.type == x.device.type

@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 from accelc import meta
 from accelc.capture.canonical import canonicalize, unflatten_addmm
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out, restore_buffers
+from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes
 from accelc.errors import CaptureError, InputError
 from accelc.numerics import REL_L2_FLOOR, rel_l2, same_values
@@ -315,7 +316,7 @@ def _symbolic_trace(model, spec: "CallSpec", flat, dynamic=True):
 def _export(model, spec: "CallSpec", flat, dynamic=True):
     ep, static = export_program(flat_module(model, spec) if not spec.trivial else model, flat,
                                 dynamic=spec.positions(dynamic))
-    gm = ep.module()
+    gm = program_module(ep)
     gm.meta[SHAPES] = InputShapes.of_export(gm, ep.range_constraints, spec.names, static)
     gm.meta[SHAPES].declared = spec.positions(dynamic)
     return gm
