@@ -164,11 +164,33 @@ class OptimizedLM(OptimizedModule):
         # not submodules: the cache step holds the model, whose weights the step program shares
         object.__setattr__(self, "cache_step", cache)
         object.__setattr__(self, "original", original)
+        # the cache's lengths are the step graph's own tensors (it sets them each step; HF's loop reads
+        # them): which ones, so that a copy of the graph's tensors (.to(), unpickling) is re-bound
+        named = {id(t): name for name, t in step.graph_module.named_buffers()}
+        self.cache_lengths = [(i, named[id(layer.cumulative_length)]) for i, layer in enumerate(cache.cache.layers)
+                              if id(layer.cumulative_length) in named]
         self.info.generation = (f"generation: static KV cache for {cache.batch} sequence(s) of {cache.max_len} tokens "
                                 f"({cache.cache_bytes() / 2**20:.1f} MiB, {len(cache.cache.layers)} layers); one step "
                                 f"program for prefill and decode: {step.info.shapes or ''}; greedy decoding runs accelc's "
                                 f"own loop (the stop condition read every {STOP_CHECK_EVERY} tokens, no host sync per "
                                 "token), other decoding HF's loop over the step program")
+
+    def _rebind_cache(self) -> None:
+        """Point the cache's lengths at the step graph's tensors again (after they were copied)."""
+        if getattr(self, "step", None) is None or self.cache_step is None:
+            return
+        buffers = dict(self.step.graph_module.named_buffers())
+        for i, name in getattr(self, "cache_lengths", ()):
+            self.cache_step.cache.layers[i].cumulative_length = buffers[name]
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._rebind_cache()
+        return out
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._rebind_cache()
 
     def no_generation(self, original: nn.Module, why: str) -> None:
         self.step = None

@@ -206,3 +206,23 @@ def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch):
         got = opt.generate(**prompt, max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
         assert torch.equal(got, want)
     assert opt.step.runner.captures >= 1 and max(g.replays for g in graphs) >= 40, opt.step.runner.status()
+
+
+def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one():
+    """HF's loop reads the cache's length, which the step graph sets: a copy of the graph's tensors
+    (.to() another device, a pickle read back) must not leave the cache reading the old tensor (its
+    position would stay at the prompt's end: silently wrong tokens)."""
+    import pickle
+    lm = _lm("llama")
+    opt = _optimize(lm)
+    prompt = _prompt(2, 9, left_pad=(3, 0))
+    sampling = dict(max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        want = lm.generate(**prompt, **sampling)
+        moved = opt._apply(lambda t: t.clone())            # what .to(another device) does to every tensor
+        for copy_ in (moved, pickle.loads(pickle.dumps(opt))):
+            torch.manual_seed(3)
+            assert torch.equal(copy_.generate(**prompt, **sampling), want)
+            assert torch.equal(copy_.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0),
+                               lm.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0))
