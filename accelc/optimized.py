@@ -1,6 +1,7 @@
 """OptimizedModule: the drop-in module optimize() returns, and its per-layer record."""
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict
 
@@ -132,6 +133,13 @@ class OptimizedModule(nn.Module):
         # compiled code and captured graphs do not pickle (nor survive a new process): rebuilt on use;
         # the graph pickled with its output structure (capture.pickling)
         return graph_state({**self.__dict__, "runner": None})
+
+    def __deepcopy__(self, memo):
+        # the graph copied as a graph (node metadata kept), not through its pickled code
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy({**self.__dict__, "runner": None}, memo))
+        return new
 
     @property
     def rewritten(self) -> list[LayerRecord]:

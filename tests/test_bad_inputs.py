@@ -111,6 +111,21 @@ def test_randomness_in_eval_mode_is_named_not_branches():
     assert "Branches" not in str(e.value)
 
 
+def test_a_cache_given_to_the_forward_is_named_not_randomness():
+    """A decoder given HF's DynamicCache appends to it at every call: the capture failure names the
+    cache and what to do, not randomness."""
+    T = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = T.LlamaModel(T.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                        vocab_size=100, max_position_embeddings=64)).to(DEVICE).eval()
+    ids = torch.randint(0, 100, (2, 8), device=DEVICE)
+    with pytest.raises(CaptureError) as e:
+        accelc.optimize(lm, {"input_ids": ids, "past_key_values": T.DynamicCache(config=lm.config), "use_cache": True},
+                        CFG)
+    assert "appends to the DynamicCache it is given" in str(e.value) and "Branches" not in str(e.value)
+
+
 class _UsesItsCounter(nn.Module):
     def __init__(self):
         super().__init__()
@@ -594,6 +609,25 @@ def test_a_module_captured_by_export_pickles_with_its_shape_checks_and_output_ty
     with pytest.raises(InputError):
         back(input_ids=torch.randint(0, 100, (3, 65), device=DEVICE), attention_mask=torch.ones(3, 65, dtype=torch.long,
                                                                                                   device=DEVICE))
+
+
+def test_a_module_captured_by_symbolic_trace_pickles_and_deep_copies():
+    """Its graph's inputs carry type annotations (x: torch.Tensor), which fx's own pickling names by a
+    global it cannot import; a deep copy keeps the graph and its node metadata."""
+    import copy
+    import pickle
+
+    model = accelc.models.get("mlp").to(DEVICE)
+    (x,) = model.example_inputs(4)
+    opt = accelc.optimize(model, (x,), CFG)
+    assert opt.info.capture_method == "symbolic_trace"
+    with torch.no_grad():
+        want = opt(x)
+        back = pickle.loads(pickle.dumps(opt))
+        assert torch.equal(back(x), want) and back.summary() == opt.summary()
+        twin = copy.deepcopy(opt)
+        assert torch.equal(twin(x), want)
+    assert [n.meta.keys() for n in twin.graph_module.graph.nodes] == [n.meta.keys() for n in opt.graph_module.graph.nodes]
 
 
 def test_a_program_accelc_load_read_pickles(tmp_path):

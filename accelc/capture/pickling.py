@@ -9,8 +9,10 @@
    namespace torch.export gives it rebuilt on load.
 2. Output structure. A GraphModule pickles its generated code, not its graph, and re-traces that
    code when read back; a program's code builds its output (an HF ModelOutput) with pytree, which
-   re-tracing turns into a plain dict. graph_state pickles a graph module's code in flat form (flat
-   inputs, flat outputs) with its pytree code generator beside it, put back after the re-trace.
+   re-tracing turns into a plain dict; and a graph whose inputs carry type annotations names them
+   by globals fx's pickler cannot import. graph_state pickles a graph module's code in flat form
+   (flat inputs, flat outputs, no annotations) with its pytree code generator beside it, put back
+   after the re-trace. (A deep copy keeps the graph itself: OptimizedModule.__deepcopy__.)
 """
 from __future__ import annotations
 
@@ -107,7 +109,10 @@ class _GraphPickle:
 
     def __init__(self, gm: torch.fx.GraphModule):
         codegen = gm.graph._codegen
+        types_ = {n: n.type for n in gm.graph.nodes}
         gm.graph._codegen = CodeGen()
+        for n in gm.graph.nodes:     # annotations (`x: torch.Tensor`) become globals fx cannot name
+            n.type = None
         try:
             code = gm.recompile()
             body = {k: v for k, v in gm.__dict__.items() if k != "_graph"}
@@ -115,6 +120,8 @@ class _GraphPickle:
                          codegen if type(codegen) is not CodeGen else None)
         finally:
             gm.graph._codegen = codegen
+            for n, t in types_.items():
+                n.type = t
             gm.recompile()
 
     def __reduce__(self):

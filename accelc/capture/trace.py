@@ -117,6 +117,12 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
 def _capture_advice(model, args, kwargs, expected, state, failures) -> str:
     """What to try when no tracer reproduced the model: the cause found by looking (output that
     changes from call to call), else the usual cause of the failures seen."""
+    caches = [type(v).__name__ for v in (*args, *kwargs.values()) if "cache" in type(v).__name__.lower()]
+    if caches:     # HF's DynamicCache given as past_key_values: every call (the tracers' too) appends to it
+        return (f"The model appends to the {caches[0]} it is given (past_key_values), so each call, the "
+                "tracers' too, sees a longer cache and no graph reproduces it. Optimize it without one "
+                "(use_cache=False), or optimize the causal LM itself, whose opt.generate() runs over a static "
+                "cache accelc owns.")
     try:
         with torch.no_grad():
             again = model(*args, **kwargs)
