@@ -303,10 +303,13 @@ def _report(args) -> int:
         print(f"wrote {path}")
     t = rep.totals
     e2e = rep.end_to_end
-    print(f"{t['rewritten']} layer(s) rewritten; timed layers: accelc {_fmt_x(t['speedup_vs_eager'])} vs eager, "
-          f"{_fmt_x(t['speedup_vs_ort'])} vs ONNX Runtime, {_fmt_x(t.get('speedup_vs_compile'))} vs torch.compile; "
-          f"end to end {_fmt_x(e2e.speedup_vs_eager)} vs eager, {_fmt_x(e2e.speedup_vs_ort)} vs ONNX Runtime, "
-          f"{_fmt_x(e2e.speedup_vs_compile)} vs torch.compile (its faster mode)")
+    if t.get("no_ratio"):
+        print(f"{t['rewritten']} layer(s) rewritten; no speedups: {t['no_ratio']}")
+    else:
+        print(f"{t['rewritten']} layer(s) rewritten; timed layers: accelc {_fmt_x(t['speedup_vs_eager'])} vs eager, "
+              f"{_fmt_x(t['speedup_vs_ort'])} vs ONNX Runtime, {_fmt_x(t.get('speedup_vs_compile'))} vs torch.compile; "
+              f"end to end {_fmt_x(e2e.speedup_vs_eager)} vs eager, {_fmt_x(e2e.speedup_vs_ort)} vs ONNX Runtime, "
+              f"{_fmt_x(e2e.speedup_vs_compile)} vs torch.compile (its faster mode)")
     if t.get("no_ort_ratio") and not rep.header["interpreted"]:
         print(f"no speedup vs ONNX Runtime: {t['no_ort_ratio']}")
     if rep.header["note"]:

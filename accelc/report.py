@@ -43,6 +43,7 @@ from accelc.version import __version__
 
 NO_CUDA_ORT = ("ORT ran on its CPU provider (no CUDAExecutionProvider here): numbers checked, no speedup "
                "stated against it; pip install 'accelc[ort-gpu]' for the CUDA provider")
+NO_INTERPRETED_RATIO = "accelc ran in Triton's CPU interpreter: its times are no performance figures, so no ratio"
 INTERPRETER_NOTE = ("No GPU: accelc's Triton kernels ran in Triton's CPU interpreter and ONNX Runtime on its "
                     "CPU provider. The accelc timings below are NOT performance figures; they show only "
                     "that every layer ran and how accurate it was.")
@@ -184,8 +185,9 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
                       ort_why_not,
                       # a GPU report against ORT's CPU provider: ORT's numbers are checked, its times are no baseline
                       NO_CUDA_ORT if device.type == "cuda" and not ort_why_not and not ort.has_cuda() else None)
+        no_ratio = NO_INTERPRETED_RATIO if interpreted else ""
         for rec in opt.layers:
-            row = LayerRow(rec)
+            row = LayerRow(rec, no_ratio=no_ratio)
             rows.append(row)
             if rec.status != "rewritten" or rec.name not in nodes:
                 continue
@@ -203,15 +205,16 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
 
         bar.step("whole model")
         e2e = _whole_model(model, call, args, sides)
+        e2e.no_ratio = no_ratio
         if with_compile:
             e2e.compile_ms, e2e.compile_ro_ms, e2e.compile_error = _compile_measure(
                 model, args, sides, modes=("default", "reduce-overhead"), whole_model=True)
         bar.close()
     return Report(header=_header(model_name or type(model).__name__, opt, args, interpreted, sides),
-                  layers=rows, totals=_totals(rows, sides), end_to_end=e2e)
+                  layers=rows, totals=_totals(rows, sides, no_ratio), end_to_end=e2e)
 
 
-def _totals(rows: list[LayerRow], sides: Sides) -> dict:
+def _totals(rows: list[LayerRow], sides: Sides, no_ratio: str = "") -> dict:
     timed = [r for r in rows if r.accelc_ms is not None]
     both = [r for r in timed if r.ort_ms is not None]
     totals = {
@@ -224,12 +227,14 @@ def _totals(rows: list[LayerRow], sides: Sides) -> dict:
         "accelc_pass": sum(bool(r.accelc_pass) for r in timed),
         "faster_than_ort_1_5x": sum(bool(r.speedup_vs_ort and r.speedup_vs_ort >= 1.5) for r in timed),
     }
-    totals["speedup_vs_eager"] = speedup(totals["eager_ms"], totals["accelc_ms"])
-    totals["speedup_vs_ort"] = speedup(totals["ort_ms"], totals["accelc_ms_where_ort"])
+    ratio = (lambda a, b: None) if no_ratio else speedup
+    totals["speedup_vs_eager"] = ratio(totals["eager_ms"], totals["accelc_ms"])
+    totals["speedup_vs_ort"] = ratio(totals["ort_ms"], totals["accelc_ms_where_ort"])
     totals["no_ort_ratio"] = sides.ort_why_not or sides.no_ratio
+    totals["no_ratio"] = no_ratio or None
     compiled = [r for r in timed if r.compile_ms is not None]
     totals["compile_ms"] = sum(r.compile_ms for r in compiled) if compiled else None
-    totals["speedup_vs_compile"] = speedup(totals["compile_ms"], sum(r.accelc_ms for r in compiled))
+    totals["speedup_vs_compile"] = ratio(totals["compile_ms"], sum(r.accelc_ms for r in compiled))
     return totals
 
 

@@ -77,8 +77,9 @@ def markdown(report) -> str:
     if d["header"]["note"]:
         lines += [f"**{d['header']['note']}**", ""]
     lines += [f"- {k}: {val}" for k, val in _header_lines(d)]
-    lines += ["", "Times in ms (median). Speedup = other's time / accelc's; > 1: accelc faster (vs compile: "
-              "against the faster of its modes). Errors: relative L2 "
+    lines += ["", (f"Times in ms (median); no speedup columns: {d['totals']['no_ratio']}. " if d["totals"].get("no_ratio")
+                   else "Times in ms (median). Speedup = other's time / accelc's; > 1: accelc faster (vs compile: "
+                   "against the faster of its modes). ") + "Errors: relative L2 "
               "vs the layer in fp32 (fp64 for fp32 layers), SQNR in brackets; ok / FAIL against the dtype's "
               "tolerance (int8 layers: the SQNR floor).", ""]
     rows = [_cells(r) for r in d["layers"]] + [_totals_cells(d["totals"]), _cells(d["end_to_end"])]

@@ -50,6 +50,7 @@ class LayerRow:
     ort_opt_rel_error: float | None = None
     ort_opt_method: str = ""          # exporter, optimizer model type, the fusions it made
     ort_opt_error: str = ""           # why there is no such number (no fusions, export failed...)
+    no_ratio: str = ""                # why no side's time is divided by accelc's (interpreter timings)
 
     # the record's fields under the report's names
     layer = property(lambda self: self.record.name)
@@ -67,11 +68,11 @@ class LayerRow:
     # the guard's verdict; the whole-model row (status "") has none
     accelc_pass = property(lambda self: self.record.check.passed if self.record.check and self.status else None)
     # against the faster of plain ORT and ORT with its transformer optimizer (the whole model)
-    speedup_vs_ort = property(lambda self: speedup(
+    speedup_vs_ort = property(lambda self: None if self.no_ratio else speedup(
         min((v for v in (self.ort_ms, self.ort_opt_ms) if v), default=None), self.accelc_ms))
-    speedup_vs_eager = property(lambda self: speedup(self.eager_ms, self.accelc_ms))
+    speedup_vs_eager = property(lambda self: None if self.no_ratio else speedup(self.eager_ms, self.accelc_ms))
     # against the better of torch.compile's modes (what a user would pick instead)
-    speedup_vs_compile = property(lambda self: speedup(
+    speedup_vs_compile = property(lambda self: None if self.no_ratio else speedup(
         min((v for v in (self.compile_ms, self.compile_ro_ms) if v), default=None), self.accelc_ms))
 
     def to_dict(self) -> dict:
@@ -96,7 +97,7 @@ ROW_FIELDS = ("layer", "kind", "status", "kernel", "reason", "input_shape", "dty
               "speedup_vs_ort", "speedup_vs_eager", "accelc_rel_error", "accelc_max_abs_error", "accelc_sqnr_db",
               "accelc_pass", "ort_rel_error", "ort_max_abs_error", "ort_sqnr_db", "ort_pass", "eager_rel_error",
               "tolerance", "ort_export", "ort_error", "timer", "compile_ms", "compile_ro_ms", "speedup_vs_compile",
-              "compile_error", "ort_opt_ms", "ort_opt_rel_error", "ort_opt_method", "ort_opt_error")
+              "compile_error", "ort_opt_ms", "ort_opt_rel_error", "ort_opt_method", "ort_opt_error", "no_ratio")
 
 
 @dataclass
