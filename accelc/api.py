@@ -135,7 +135,35 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
             warnings.warn("accelc optimizes for inference: the model is in training mode, and its optimized "
                           "copy runs in eval mode (dropout off, batch norm on running statistics)",
                           stacklevel=stacklevel + 1)
+    if calibration is not None:
+        check_calibration(model, args, batches, kwargs)
     return Job(model, args, config, batches, device_of(model, (args, kwargs)), kwargs)
+
+
+def check_calibration(model: nn.Module, args: tuple, batches: list, kwargs: dict) -> None:
+    """Each calibration batch must be one the model takes as it takes the example (int8 statistics
+    are read off the optimized graph running it): non-finite values or a batch the model itself
+    fails on are refused in one line naming the batch, before any pass runs."""
+    def shapes(b):
+        return ", ".join("x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__ for t in b)
+    state = buffer_state(model)
+    try:
+        for i, b in enumerate(batches):
+            if len(b) != len(args):
+                raise InputError(f"calibration batch {i} holds {len(b)} input(s) ({shapes(b)}), the example "
+                                 f"{len(args)} ({shapes(args)}): give each batch as the example's inputs")
+            for t in b:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all():
+                    raise InputError(f"calibration batch {i} ({shapes(b)}) holds NaN or inf: int8 scales read off it "
+                                     "would be too; give finite batches of real data")
+            try:
+                with torch.no_grad():
+                    model(*b, **kwargs)
+            except Exception as e:
+                raise InputError(f"calibration batch {i} ({shapes(b)}): the model itself fails on it "
+                                 f"({short_error(e)}); give batches shaped like the example ({shapes(args)})") from None
+    finally:
+        restore_buffers(model, state)
 
 
 def check_example_inputs(args: tuple, kwargs: dict | None = None, cast: str | None = None) -> None:

@@ -643,3 +643,22 @@ def test_a_program_accelc_load_read_pickles(tmp_path):
     with torch.no_grad():
         assert rel_l2(back(y), model(y)) < 1e-5
     assert back.accelc_summary is not None and next(back.program.parameters()).device.type == x.device.type
+
+
+@pytest.mark.parametrize("batch, match", [
+    (torch.randn(4, 12), r"calibration batch 1 \(4x12\): the model itself fails on it .*shaped like the example \(4x16\)"),
+    (torch.randint(0, 5, (4, 16)), r"calibration batch 1 \(4x16\): the model itself fails on it"),
+    ("x", r"calibration batch 1 \(str\): the model itself fails on it"),
+    (torch.full((4, 16), float("nan")), r"calibration batch 1 \(4x16\) holds NaN or inf"),
+    ((torch.randn(4, 16), torch.randn(4, 16)), r"calibration batch 1 holds 2 input\(s\)"),
+])
+def test_a_calibration_batch_the_model_cannot_take_is_one_line_naming_it(batch, match):
+    """Checked before any pass (it was a PassError from inside the int8 pass, or NaN statistics
+    accepted silently)."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    batch = tuple(b.to(DEVICE) for b in batch) if isinstance(batch, tuple) else \
+        batch.to(DEVICE) if isinstance(batch, torch.Tensor) else batch
+    config = accelc.OptimizeConfig(only_if_faster=False, int8=accelc.Int8Config(static=True, skip_first_last=False))
+    with pytest.raises(InputError, match=match):
+        accelc.optimize(model, x, config, calibration=[torch.randn(4, 16, device=DEVICE), batch])
