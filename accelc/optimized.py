@@ -16,7 +16,8 @@ from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
 from accelc.errors import InputError, short_error
 from accelc.records import LayerRecord, OptimizeInfo
-from accelc.runner import make_runner
+from accelc.kernels import REFERENCES
+from accelc.runner import direct_calls, make_runner
 from accelc.rewrite import layers as layer_nodes
 from accelc.meta import op_name
 
@@ -69,6 +70,8 @@ class OptimizedModule(nn.Module):
     def call_flat(self, *args, **kwargs):
         """A call on the graph's own inputs (the CallSpec's flat ones), returning what the graph
         returns: the report times and compares both sides this way."""
+        if torch.onnx.is_in_onnx_export():   # ONNX has no accelc ops: each recorded as its PyTorch reference
+            return direct_calls(self.graph_module, REFERENCES)(*args, **kwargs)
         if _traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
             return self.graph_module(*args, **kwargs)
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):

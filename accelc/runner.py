@@ -58,12 +58,14 @@ class Uncapturable(Exception):
     """Why a signature cannot have a CUDA graph."""
 
 
-def direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of gm whose accelc op nodes call their launchers directly (same arguments)."""
+def direct_calls(gm: fx.GraphModule, table: dict | None = None) -> fx.GraphModule:
+    """A copy of gm whose accelc op nodes call their launchers directly (same arguments), or what
+    `table` maps each op to (kernels.REFERENCES: the ops' PyTorch references)."""
+    table = LAUNCHERS if table is None else table
     direct = fx.GraphModule(gm, _copy_graph(gm.graph), class_name=type(gm).__name__)
     for n in direct.graph.nodes:
-        if n.op == "call_function" and n.target in LAUNCHERS:
-            n.target = LAUNCHERS[n.target]
+        if n.op == "call_function" and n.target in table:
+            n.target = table[n.target]
     direct.recompile()
     return direct
 

@@ -1,7 +1,8 @@
 """accelc's Triton kernels; importing this package registers every torch.ops.accelc.* op.
 
 LAUNCHERS maps each op to its launcher, which takes the same arguments: the optimized module's
-plain calls use them directly (accelc.runner), skipping the op dispatcher's host cost.
+plain calls use them directly (accelc.runner), skipping the op dispatcher's host cost. REFERENCES
+maps each op to its pure-PyTorch reference, what an ONNX export records in its place.
 """
 import torch
 
@@ -22,5 +23,21 @@ LAUNCHERS = {
     torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_launch,
 }
 
-__all__ = ["LAUNCHERS", "conv", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "layernorm", "quantize",
+# each op's pure-PyTorch reference (same arguments): what an ONNX export of an optimized module
+# records in the op's place (ONNX has no accelc ops; the references are standard ATen)
+REFERENCES = {
+    torch.ops.accelc.linear.default: gemm.linear_ref,
+    torch.ops.accelc.conv2d.default: conv.conv2d_ref,
+    torch.ops.accelc.conv2d_depthwise.default: depthwise_conv.conv2d_depthwise_ref,
+    torch.ops.accelc.flash_attention.default: flash_attention.flash_attention_ref,
+    torch.ops.accelc.linear_w8a8.default: int8_gemm.linear_w8a8_ref,
+    torch.ops.accelc.quantize_per_token.default: quantize.quantize_ref,
+    torch.ops.accelc.layer_norm.default: layernorm.layer_norm_ref,
+    torch.ops.accelc.rms_norm.default: layernorm.rms_norm_ref,
+    torch.ops.accelc.gated_linear.default: gated_linear.gated_linear_ref,
+    torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_ref,
+}
+assert set(REFERENCES) == set(LAUNCHERS)
+
+__all__ = ["LAUNCHERS", "REFERENCES", "conv", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "layernorm", "quantize",
            "rotary"]

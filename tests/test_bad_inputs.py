@@ -662,3 +662,27 @@ def test_a_calibration_batch_the_model_cannot_take_is_one_line_naming_it(batch, 
     config = accelc.OptimizeConfig(only_if_faster=False, int8=accelc.Int8Config(static=True, skip_first_last=False))
     with pytest.raises(InputError, match=match):
         accelc.optimize(model, x, config, calibration=[torch.randn(4, 16, device=DEVICE), batch])
+
+
+def test_onnx_export_of_the_optimized_module_records_each_accelc_op_as_its_reference(tmp_path):
+    """ONNX has no accelc ops: torch.onnx.export of an optimized model records each one as its
+    PyTorch reference (it failed deep in the exporter), and ONNX Runtime's result is eager's."""
+    ort = pytest.importorskip("onnxruntime")
+    T = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bert = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, vocab_size=100, max_position_embeddings=64)).eval()
+    ids = torch.randint(0, 100, (2, 16))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    opt = accelc.optimize(bert, inputs, CFG)
+    assert {r.kernel.split("[")[0] for r in opt.rewritten} >= {"accelc::linear", "accelc::layer_norm"}, opt.summary()
+    path = tmp_path / "bert.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(opt, (), str(path), kwargs=inputs, dynamo=True, verbose=False)
+        want = bert(**inputs).last_hidden_state
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {i.name: inputs[i.name].numpy() for i in session.get_inputs()}
+    got = torch.from_numpy(session.run(None, feed)[0])
+    assert rel_l2(got, want) < 1e-5
