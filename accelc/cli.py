@@ -107,7 +107,8 @@ def _input_args(p):
                         help="example input sizes, e.g. 8x3x224x224 (several inputs: comma-separated); "
                              "random float inputs of these shapes")
     shapes.add_argument("--example-inputs", metavar="FILE",
-                        help="torch.save'd tensor or tuple of tensors to use as example inputs")
+                        help="torch.save'd tensor, tuple of tensors, or dict of them by input name (a "
+                             "tokenizer's output as dict(inputs)) to use as example inputs")
     return shapes
 
 

@@ -139,8 +139,9 @@ def parse_shapes(text: str) -> list[tuple[int, ...]]:
     return shapes
 
 
-def load_example_inputs(path: str, device: torch.device) -> tuple:
-    """A torch.save'd tensor, or tuple / list of tensors."""
+def load_example_inputs(path: str, device: torch.device) -> tuple[tuple, dict]:
+    """(args, kwargs) from a torch.save'd tensor, tuple / list of tensors, or dict of named tensors
+    (a tokenizer's output: the model's keyword inputs)."""
     if not Path(path).is_file():
         raise ModelFileError(f"no such example-inputs file: {path!r}")
     try:
@@ -148,18 +149,28 @@ def load_example_inputs(path: str, device: torch.device) -> tuple:
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         if found:
-            raise ModelFileError(f"{path!r} holds a {found.group(1).rpartition('.')[2]}, not only tensors: example "
-                                 "inputs are a torch.save'd tensor or tuple/list of tensors, e.g. "
-                                 "torch.save((x,), path)") from e
+            kind = found.group(1).rpartition('.')[2]
+            hint = (f"save it as a plain dict: torch.save(dict(inputs), path)" if kind == "BatchEncoding"
+                    else "e.g. torch.save((x,), path), or a dict of named inputs")
+            raise ModelFileError(f"{path!r} holds a {kind}, not only tensors: example inputs are a torch.save'd "
+                                 f"tensor, tuple/list of tensors or dict of them by input name; {hint}") from e
         reason = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e))   # past torch's advice to unpickle anyway
         raise ModelFileError(f"{path!r} is not a readable tensor file (corrupt, truncated, or not torch.save'd): "
                              f"{reason.group(1).strip() if reason else short_error(e)}") from e
     except Exception as e:
         raise ModelFileError(f"{path!r} is not a readable tensor file: {short_error(e)}") from e
-    args = (obj,) if isinstance(obj, torch.Tensor) else tuple(obj) if isinstance(obj, (tuple, list)) else None
-    if args is None or not all(isinstance(a, torch.Tensor) for a in pytree.tree_leaves(args)):
-        raise ModelFileError(f"{path!r} must hold a tensor or a tuple/list of tensors, not {type(obj).__name__}")
-    return args
+    if isinstance(obj, dict):
+        if not obj or not all(isinstance(k, str) for k in obj):
+            raise ModelFileError(f"{path!r} holds a dict whose keys are not input names (strings): give the model's "
+                                 "keyword inputs by name, as a tokenizer's output has them")
+        args, kwargs = (), dict(obj)
+    else:
+        args = (obj,) if isinstance(obj, torch.Tensor) else tuple(obj) if isinstance(obj, (tuple, list)) else None
+        kwargs = {}
+    if args is None or not all(isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args, kwargs))):
+        raise ModelFileError(f"{path!r} must hold a tensor, a tuple/list of tensors or a dict of them by input name, "
+                             f"not {type(obj).__name__}" + (" holding other values" if args is not None else ""))
+    return args, kwargs
 
 
 def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = None,
@@ -240,7 +251,7 @@ def load_model_and_inputs(source: str, device: torch.device, input_shapes: str |
     model file carries (a .pt2's keyword arguments included)."""
     model, own_inputs, own_kwargs = load_model(source, device)
     if example_inputs:
-        return model, load_example_inputs(example_inputs, device), {}
+        return model, *load_example_inputs(example_inputs, device)
     if input_shapes:
         return model, tuple(torch.randn(s, device=device) for s in parse_shapes(input_shapes)), {}
     if batch_size is not None and hasattr(model, "example_inputs"):

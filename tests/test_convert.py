@@ -194,3 +194,32 @@ def test_cli_as_a_process(tmp_path):
     r = subprocess.run([sys.executable, "-m", "accelc", "convert", "nosuch.pt", "-o", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "Traceback" not in r.stderr
+
+
+def test_convert_takes_example_inputs_saved_as_a_dict_of_named_tensors(tmp_path, capsys):
+    """A tokenizer's output saved as dict(inputs): the model's keyword inputs (it was refused)."""
+    import warnings
+
+    T = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bert = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, vocab_size=100, max_position_embeddings=64)).eval()
+    torch.save(bert, tmp_path / "bert.pt")
+    ids = torch.randint(0, 100, (2, 16))
+    torch.save({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, tmp_path / "inputs.pt")
+    out = tmp_path / "bert.pt2"
+    _convert_ok([str(tmp_path / "bert.pt"), "-o", str(out), "--example-inputs", str(tmp_path / "inputs.pt")], capsys)
+    call = {"input_ids": torch.randint(0, 100, (3, 9), device=DEVICE),
+            "attention_mask": torch.ones(3, 9, dtype=torch.long, device=DEVICE)}
+    with torch.no_grad():
+        got, want = accelc.load(out)(**call), bert.to(DEVICE)(**call)
+    assert rel_l2(got.last_hidden_state, want.last_hidden_state) < 1e-5
+    torch.save({0: ids}, tmp_path / "bad.pt")
+    assert main(["convert", str(tmp_path / "bert.pt"), "-o", str(tmp_path / "b.pt2"), "--example-inputs",
+                 str(tmp_path / "bad.pt")]) == 1
+    assert "keys are not input names" in capsys.readouterr().err
+    torch.save(T.BatchEncoding({"input_ids": ids}), tmp_path / "enc.pt")     # the tokenizer's object itself
+    assert main(["convert", str(tmp_path / "bert.pt"), "-o", str(tmp_path / "b.pt2"), "--example-inputs",
+                 str(tmp_path / "enc.pt")]) == 1
+    assert "holds a BatchEncoding" in (err := capsys.readouterr().err) and "torch.save(dict(inputs), path)" in err
