@@ -150,7 +150,7 @@ def load_example_inputs(path: str, device: torch.device) -> tuple[tuple, dict]:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
         if found:
             kind = found.group(1).rpartition('.')[2]
-            hint = (f"save it as a plain dict: torch.save(dict(inputs), path)" if kind == "BatchEncoding"
+            hint = ("save it as a plain dict: torch.save(dict(inputs), path)" if kind == "BatchEncoding"
                     else "e.g. torch.save((x,), path), or a dict of named inputs")
             raise ModelFileError(f"{path!r} holds a {kind}, not only tensors: example inputs are a torch.save'd "
                                  f"tensor, tuple/list of tensors or dict of them by input name; {hint}") from e
