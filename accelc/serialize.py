@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import warnings
+import zlib
 from pathlib import Path
 
 import torch
@@ -28,6 +29,20 @@ from accelc.files import atomic_path, check_output_file
 from accelc.optimized import OptimizedModule
 
 SUMMARY_FILE = "accelc_summary.json"
+CHECKSUM_FILE = "accelc_weights_crc32.json"    # the program's weights' CRC-32, which accelc.load verifies
+
+
+def weights_checksum(ep) -> dict:
+    """The CRC-32 of a program's weights and constants, by name in order, bytes as stored (the
+    archive's own reader checks none: flipped bytes in a weight load without a word)."""
+    crc, count = 0, 0
+    tensors = {**ep.state_dict, **{k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}}
+    for name in sorted(tensors):
+        t = tensors[name].detach()
+        crc = zlib.crc32(name.encode(), crc)
+        crc = zlib.crc32(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
+        count += 1
+    return {"crc32": crc, "tensors": count}
 
 
 def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | None = None,
@@ -66,7 +81,8 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
         warnings.warn(f"accelc.save: the saved program takes the example's shapes only: {static}", stacklevel=2)
     with atomic_path(path) as tmp:
         try:
-            torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict())})
+            torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict()),
+                                                    CHECKSUM_FILE: json.dumps(weights_checksum(ep))})
         except (OSError, RuntimeError) as e:
             raise ModelFileError(f"could not write {str(path)!r}: {short_error(e)}") from e
 
@@ -150,8 +166,11 @@ def load(path: str | os.PathLike) -> nn.Module:
                              + (f" (here: {', '.join(inside)})" if inside else " (it holds no .pt2 file)"))
     if not path.is_file():
         raise ModelFileError(f"no such file: {str(path)!r}")
-    extra = {SUMMARY_FILE: ""}
+    extra = {SUMMARY_FILE: "", CHECKSUM_FILE: ""}
     ep = read_export(path, extra)
+    if extra[CHECKSUM_FILE] and json.loads(extra[CHECKSUM_FILE]) != weights_checksum(ep):
+        raise ModelFileError(f"{str(path)!r}: its weights do not match the checksum accelc.save wrote with them: the "
+                             "file was changed or damaged after it was written; save or convert the model again")
     return _loaded(ep, extra[SUMMARY_FILE])
 
 

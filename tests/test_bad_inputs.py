@@ -686,3 +686,21 @@ def test_onnx_export_of_the_optimized_module_records_each_accelc_op_as_its_refer
     feed = {i.name: inputs[i.name].numpy() for i in session.get_inputs()}
     got = torch.from_numpy(session.run(None, feed)[0])
     assert rel_l2(got, want) < 1e-5
+
+
+def test_a_saved_program_with_changed_weight_bytes_is_refused_at_load(tmp_path):
+    """accelc's files carry their weights' CRC-32, which accelc.load verifies (the archive reader
+    checks none: a flipped byte in a weight loaded and ran without a word)."""
+    torch.manual_seed(0)
+    model = _Fc().to(DEVICE).eval()
+    path = tmp_path / "m.pt2"
+    accelc.save(accelc.optimize(model, torch.randn(4, 16, device=DEVICE), CFG), path)
+    assert accelc.load(path) is not None                      # as written: reads back
+    data = bytearray(path.read_bytes())
+    weight = model.fc.weight.detach().cpu().contiguous().numpy().tobytes()
+    at = data.find(weight)
+    assert at > 0, "the weight's bytes as stored in the archive"
+    data[at + len(weight) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="do not match the checksum"):
+        accelc.load(path)
