@@ -194,3 +194,23 @@ def test_repeated_calls_launch_the_compiled_kernel(m, k, n):
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     calls = [c for sig, (c, kw) in gemm.TUNER.calls.items() if sig[0] == (m, k) and sig[2] == (n, k)]
     assert calls and (DEVICE.type == "cpu" or calls[0].direct)
+
+
+def test_bf16_outputs_round_to_nearest_on_the_gpu_and_truncate_in_the_interpreter():
+    """Where accelc's bf16 outputs round: the kernel casts its fp32 accumulator with Triton's
+    default (round to nearest even, what the GPU does); Triton's CPU interpreter truncates that
+    cast instead (up to twice the rounding error per element: CPU-run bf16 errors are the
+    interpreter's, and the dtype tolerances hold both). Exact products make the fp32 result known:
+    only the first of K's columns carries weight, so each output is one bf16 x bf16 product."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 32, device=DEVICE).bfloat16()
+    w = torch.zeros(48, 32, device=DEVICE)
+    w[:, 0] = torch.randn(48, device=DEVICE)
+    w = w.bfloat16()
+    out = gemm.linear(x, w)
+    exact = x.float() @ w.float().t()                       # one product each: exact in fp32
+    nearest = exact.bfloat16()
+    truncated = (exact.view(torch.int32) & ~0xFFFF).view(torch.float32).bfloat16()
+    assert (nearest != truncated).float().mean() > 0.3     # the two roundings tell apart here
+    want = truncated if DEVICE.type == "cpu" else nearest
+    assert torch.equal(out, want)
