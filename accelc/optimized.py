@@ -10,7 +10,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
-from accelc import meta, tuning
+from accelc import meta, runtime, tuning
 from accelc.capture.pickling import graph_state
 from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
@@ -85,7 +85,9 @@ class OptimizedModule(nn.Module):
         if self.runner is None:
             self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(args, kwargs, self))
         try:
-            with tuning.serving():       # no kernel tunes inside a call: a size not tuned borrows the nearest's config
+            # no kernel tunes inside a call (a size not tuned borrows the nearest's config); in the
+            # interpreter, one call at a time across threads
+            with tuning.serving(), runtime.serialized():
                 return self.runner(*args, **kwargs)
         except AssertionError as e:
             text = guard_failure(e)

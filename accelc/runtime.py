@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import warnings
 
 import torch
@@ -20,6 +21,16 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 def interpreted() -> bool:
     """True when Triton kernels run in the CPU interpreter (correct, but not fast)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# Triton's CPU interpreter keeps its state in globals: two threads running kernels at once fail or
+# give wrong numbers. Calls of optimized modules hold this lock there (the GPU path has the runner's).
+INTERPRETER_LOCK = threading.RLock()
+
+
+def serialized():
+    """The lock a call holds while kernels may run in the interpreter; a no-op context on the GPU."""
+    return INTERPRETER_LOCK if interpreted() else contextlib.nullcontext()
 
 
 def autotune_enabled() -> bool:

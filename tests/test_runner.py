@@ -219,3 +219,32 @@ def test_glue_that_inductor_cannot_compile_runs_plain(monkeypatch):
     assert "Inductor could not compile" in r.status()
     with pytest.raises(RuntimeError):
         glue(torch.randn(2, 5))            # the model's own shape error, from the plain graph
+
+
+def test_calls_from_several_threads_give_each_the_same_result():
+    """Several threads calling one optimized module: in Triton's interpreter (global state) calls
+    run one at a time; on the GPU the runner records and replays under its lock. Each thread's
+    results equal a call made alone (they failed or came out wrong in the interpreter)."""
+    import threading
+
+    model = accelc.models.get("mlp").to(DEVICE)
+    (x,) = model.example_inputs(8)
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False))
+    with torch.no_grad():
+        want = opt(x)
+    errors, wrong = [], []
+
+    def work():
+        try:
+            for _ in range(4):
+                with torch.no_grad():
+                    if not torch.equal(opt(x), want):
+                        wrong.append(1)
+        except Exception as e:   # reported below with the rest
+            errors.append(f"{type(e).__name__}: {e}")
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and not wrong, (errors[:2], len(wrong))
