@@ -212,11 +212,8 @@ class Runner:
                                        pytree.tree_flatten((args, kwargs))[1])
         try:
             if self.capture is capture_cuda_graph:
-                device = leaves_device(leaves)
-                if device is not None and device.type == "cuda" and (self.stream is None or self.stream.device != device):
-                    self.stream = torch.cuda.Stream(device)
-                graph, outputs, self.pool = capture_cuda_graph(self.fn, *static, pool=self.pool, arena=self._arena,
-                                                               stream=self.stream)
+                graph, outputs, self.pool, self.stream = capture_cuda_graph(
+                    self.fn, *static, pool=self.pool, arena=self._arena, stream=self.stream)
             else:
                 graph, outputs = self.capture(self.fn, *static)
             entry = _Entry(graph, inputs, outputs)
@@ -261,9 +258,10 @@ class Runner:
 
 def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena: Callable | None = None,
                        stream: torch.cuda.Stream | None = None):
-    """(graph, outputs, pool): fn warmed up on a side stream (compiling and tuning happen here), then
-    captured on it into the memory pool `pool` (a new one when None: the one returned). Graphs that
-    share a pool must share the stream too (`stream`, a new one when None): the caching allocator
+    """(graph, outputs, pool, stream): fn warmed up on a side stream (compiling and tuning happen
+    here), then captured on it into the memory pool `pool` (a new one when None: the one returned).
+    Graphs that share a pool must share the stream too (`stream`, a new one when None, returned
+    like the pool): the caching allocator
     keeps a stream's freed blocks for that stream, so a new stream per capture would hold a new
     warm-up's and capture's worth of memory each (the Runner passes its one stream). With
     `arena` (nbytes, device -> a uint8 tensor), the graph ends by copying its outputs into it
@@ -284,13 +282,9 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena
     with torch.cuda.stream(stream), warm_in:
         for _ in range(2):
             warm = fn(*args, **kwargs)
-        shapes = [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(warm)]
-        spec = pytree.tree_structure(warm)
-        del warm
     torch.cuda.current_stream(device).wait_stream(stream)
-    slots = output_slots(pytree.tree_unflatten([torch.empty(s[0], dtype=s[1], device="meta") if isinstance(s, tuple)
-                                                else s for s in shapes], spec),
-                         lambda n: arena(n, device)) if arena is not None else None
+    slots = output_slots(warm, lambda n: arena(n, device)) if arena is not None else None
+    del warm
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
@@ -303,7 +297,7 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena
     except Exception as e:   # an op that syncs with the host, reads CPU memory, ...
         torch.cuda.synchronize(device)
         raise Uncapturable(f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    return graph, outputs, pool
+    return graph, outputs, pool, stream
 
 
 @contextlib.contextmanager
@@ -325,11 +319,6 @@ def allocating_in(pool, device: torch.device):
     finally:
         end(index, pool)
         release(index, pool)
-
-
-def leaves_device(leaves) -> torch.device | None:
-    """The device of the first tensor among leaves (None where there is none)."""
-    return next((x.device for x in leaves if isinstance(x, torch.Tensor)), None)
 
 
 def output_slots(outputs, arena_for: Callable):

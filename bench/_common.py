@@ -86,6 +86,11 @@ def merged(out_dir: str, name: str, env: dict, rows: list[dict], key: tuple[str,
     return out + list(fresh.values())
 
 
+def dates(rows: list[dict]) -> str:
+    """The dates the sides of merged rows were measured on (each side's dict records its own)."""
+    return ", ".join(sorted({x["date"] for r in rows for x in r.values() if isinstance(x, dict) and "date" in x}))
+
+
 def md_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

@@ -290,13 +290,9 @@ def markdown(env, rows) -> str:
             "eager's. compiles: Dynamo graphs compiled; captures: accelc's CUDA graphs captured. Peak MiB: the "
             "timed pass's high-water mark of torch's allocated memory (reserved: what its caching allocator held, CUDA-graph "
             "pools included; ONNX Runtime's own arena is in neither). "
-            f"Sides measured on: {_dates(rows)} (each side's date in the json; more than one date: the sides "
+            f"Sides measured on: {_common.dates(rows)} (each side's date in the json; more than one date: the sides "
             "come from separate runs on this device, each with its own eager row).\n\n"
             + _common.md_table(header, table))
-
-
-def _dates(rows) -> str:
-    return ", ".join(sorted({x["date"] for r in rows for x in r.values() if isinstance(x, dict) and "date" in x}))
 
 
 def main():

@@ -210,11 +210,10 @@ def markdown(env, rows) -> str:
             table.append([r["model"], r["batch"], s, x["ttft_ms"], x["decode_tok_s"], x["decode_tok_s_all"], share,
                           x.get("same_tokens_as_eager", ""), vs("hf_static_compile"), vs("hf_eager"), x["prepare_s"]])
     limits = ", ".join(f"{r['model']} b{r['batch']} {r['bandwidth_limit_tok_s']} tok/s" for r in rows)
-    dates = ", ".join(sorted({x["date"] for r in rows for x in r.values() if isinstance(x, dict) and "date" in x}))
     return (f"# Text generation\n\n{_common.env_line(env)}\n\n"
             f"Prompt {rows[0]['prompt']} tokens, {rows[0]['new_tokens']} new tokens, greedy, fp16, random weights "
             "at real shapes. Bandwidth limit per row: measured copy bandwidth over the bytes a decode step reads "
-            f"(weights + KV cache at the mean context): {limits}. Sides measured on: {dates} (each side's date in "
+            f"(weights + KV cache at the mean context): {limits}. Sides measured on: {_common.dates(rows)} (each side's date in "
             "the json; more than one date: the sides come from separate runs on this device).\n\n"
             + _common.md_table(header, table))
 
