@@ -139,6 +139,13 @@ class OptimizedModule(nn.Module):
         # the graph pickled with its output structure (capture.pickling)
         return graph_state({**self.__dict__, "runner": None})
 
+    def __copy__(self):
+        # a shallow copy shares the graph module (copy.copy would otherwise take __getstate__'s
+        # pickling stand-in for it)
+        new = type(self).__new__(type(self))
+        new.__setstate__({**self.__dict__, "runner": None})
+        return new
+
     def __deepcopy__(self, memo):
         # the graph copied as a graph (node metadata kept), not through its pickled code
         new = type(self).__new__(type(self))

@@ -630,6 +630,20 @@ def test_a_module_captured_by_symbolic_trace_pickles_and_deep_copies():
     assert [n.meta.keys() for n in twin.graph_module.graph.nodes] == [n.meta.keys() for n in opt.graph_module.graph.nodes]
 
 
+def test_a_shallow_copy_of_the_optimized_module_keeps_its_graph_module():
+    """copy.copy goes through __getstate__ like pickle: it must not take the pickling stand-in for
+    the graph module (it did, and the copy failed at its first call)."""
+    import copy
+
+    model = accelc.models.get("mlp").to(DEVICE)
+    (x,) = model.example_inputs(4)
+    opt = accelc.optimize(model, (x,), CFG)
+    with torch.no_grad():
+        want = opt(x)
+        twin = copy.copy(opt)
+        assert twin.graph_module is opt.graph_module and twin.runner is None and torch.equal(twin(x), want)
+
+
 def test_a_program_accelc_load_read_pickles(tmp_path):
     """accelc.load's module pickles as its program (its module holds export's hooks, which do not)."""
     import pickle
