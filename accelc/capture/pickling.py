@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import builtins
 import marshal
 import math
 import types
@@ -37,7 +38,11 @@ class ShapeGuards(nn.Module):
     def _set(self, code: types.CodeType) -> None:
         from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
-        fn = types.FunctionType(code, {**SYMPY_INTERP, "math": math, "inf": float("inf")}, "_guards")
+        # the namespace torch.export's exec gives it, __builtins__ included (Dynamo, tracing the
+        # guards under torch.compile, reads it from the function's globals: without it, every compile
+        # of the glue failed with KeyError: '__builtins__' and the glue ran uncompiled)
+        fn = types.FunctionType(code, {**SYMPY_INTERP, "math": math, "inf": float("inf"), "__builtins__": builtins},
+                                "_guards")
         trace = getattr(torch._dynamo, "dont_skip_tracing", None)   # torch.compile re-reads the guards
         self.__dict__["_code"] = code
         self.__dict__["_fn"] = trace(fn) if trace is not None else fn
