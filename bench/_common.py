@@ -40,6 +40,24 @@ def environment() -> dict:
     return env
 
 
+def copy_bandwidth(device) -> float | None:
+    """Bytes/s of a device-to-device copy (read + write bytes of 1 GiB), the median of 10; None off
+    a GPU. The decode benches' yardstick (bench/generate.py's limit, bench/decode.py's shares)."""
+    if torch.device(device).type != "cuda":
+        return None
+    a = torch.empty(2**30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(12):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    del a, b
+    return 2 * 2**30 / statistics.median(times[2:])
+
+
 def fresh_tuning_cache() -> None:
     """Point accelc's tuning cache at a new empty directory (accelc reads ACCELC_CACHE_DIR when it
     tunes), so that a benchmark times every key itself and reports its own candidates' spread."""

@@ -72,23 +72,6 @@ def build(cfg, device, dtype):
     return lm.eval()
 
 
-def copy_bandwidth(device) -> float | None:
-    """Bytes/s of a device-to-device copy (read + write), the median of 10."""
-    if device.type != "cuda":
-        return None
-    a = torch.empty(2**30, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    times = []
-    for _ in range(12):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        b.copy_(a)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    del a, b
-    return 2 * 2**30 / statistics.median(times[2:])
-
-
 def step_bytes(lm, batch: int, context: float) -> float:
     """Bytes one decode step reads: the weights (the input embedding table only where the output
     head is the same tensor) and every layer's keys and values up to `context` tokens."""
@@ -169,7 +152,8 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     r["same_tokens_as_eager"] = round((tokens == reference).float().mean().item(), 3)
                     r["same_prefix_tokens"] = int((tokens == reference).all(0).long().cumprod(0).sum().item())
                 if side == "accelc":
-                    r["summary"] = opt.summary()
+                    r["summary"] = opt.summary()    # after generating: the runtime lines say how the steps ran
+                    r["runtime"] = [ln.strip() for ln in r["summary"].splitlines() if ln.strip().startswith("runtime:")]
                     del opt
                 if side == "hf_static_compile":
                     del compiled
@@ -187,7 +171,8 @@ def _short(r: dict) -> str:
     if "error" in r:
         return r["error"]
     return (f"TTFT {r['ttft_ms']} ms, decode {r['decode_tok_s']} tok/s per sequence "
-            f"({r['bandwidth_share']} of the bandwidth limit), same tokens as eager {r.get('same_tokens_as_eager', '-')}")
+            f"({r['bandwidth_share']} of the bandwidth limit), same tokens as eager {r.get('same_tokens_as_eager', '-')}"
+            + "".join(f"\n  {line}" for line in r.get("runtime", ())))
 
 
 def markdown(env, rows) -> str:
@@ -241,7 +226,7 @@ def main():
     batches = [2] if smoke else [int(b) for b in args.batches.split(",")]
     prompt, new = (16, 12) if smoke else (args.prompt, args.new)
     env = _common.environment()
-    bandwidth = copy_bandwidth(device)
+    bandwidth = _common.copy_bandwidth(device)
     env["copy_bandwidth_gb_s"] = None if bandwidth is None else round(bandwidth / 1e9, 1)
     print(_common.env_line(env), flush=True)
     rows: list[dict] = []

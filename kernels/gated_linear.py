@@ -34,7 +34,7 @@ G = gemm.GATE_GROUP
 
 # gemm.py's candidates and its choice by M: the main loop is the same
 TUNER = Tuner("gated_linear", gemm.linear_kernel, gemm.CONFIGS, prune=gemm.prune_configs,
-              default=gemm.default_config, interpreter=gemm.interpreter_config)
+              default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
 
 
 def pack(w_gate: torch.Tensor, w_up: torch.Tensor, b_gate=None, b_up=None):

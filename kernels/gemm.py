@@ -132,26 +132,80 @@ def linear_kernel(
             else:
                 acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         if QUANT == 1:
             a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
             w_s = tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
             acc = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
-        if GATED:
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-            gate, up = gated_halves(acc, BLOCK_M, BLOCK_N)
-            acc = apply_activation(gate, ACTIVATION, FAST_MATH) * up
-            offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N_OUT)
-        elif QUANT != 2:
-            res_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
-            acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
-                           HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH)
         # (a TMA store of the tile measured slower than this one on H100: 858 vs 830 us at
         # 4096x4096x16384, bench/gemm_sweep.py)
-        out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
+                   stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
+                   ACTIVATION, FAST_MATH, GATED, QUANT == 2, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
+               stride_rm, stride_rn, stride_om, stride_on,
+               HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
+               ACTIVATION: tl.constexpr, FAST_MATH: tl.constexpr, GATED: tl.constexpr, RAW: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue and store of an accumulator tile (linear_kernel's and gemv_kernel's) of rows
+    offs_m and weight rows offs_n: GATED, act(gate + bias) * (up + bias) into half the columns;
+    else bias, activation and residual (kernels/epilogue.py); RAW, the accumulators as they are
+    (int8 GEMMs' int32)."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if GATED:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        gate, up = gated_halves(acc, BLOCK_M, BLOCK_N)
+        acc = apply_activation(gate, ACTIVATION, FAST_MATH) * up
+        offs_n = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N_OUT)
+    elif not RAW:
+        res_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn
+        acc = epilogue(acc, bias_ptr, res_ptrs, mask, offs_n, N,
+                       HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH)
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, M, N, K, N_OUT,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
+    FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """linear_kernel's op for a few rows (a decode step's M = 1-8): memory-bound, so no tensor
+    cores and no tiles of padding rows. One program per BLOCK_N output channels (x BLOCK_M rows)
+    streams its BLOCK_N weight rows once, BLOCK_K at a time, multiplying on the CUDA cores into
+    an fp32 (BLOCK_M, BLOCK_N, BLOCK_K) accumulator that is summed over K once, after the loop
+    (no cross-thread reduction per step); many narrow programs keep every SM's loads in flight.
+    Same epilogue (bias, activation, residual, gating) and wrapped-index loads as linear_kernel."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = offs_m % M
+    cols = offs_n % N
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
+        acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    store_tile(tl.sum(acc3, axis=2), offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
+               stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
+               ACTIVATION, FAST_MATH, GATED, False, BLOCK_M, BLOCK_N)
 
 
 def config(bm, bn, bk, stages, warps, tma=True, per_sm=1, flatten=True, ws=False) -> triton.Config:
@@ -213,6 +267,27 @@ GLUON_CONFIGS = [
 CONFIGS += GLUON_CONFIGS
 
 
+def gemv_config(bm, bn, bk, warps) -> triton.Config:
+    """A candidate of gemv_kernel: BLOCK_M rows (M's next power of two, at most GEMV_MAX_M) by
+    BLOCK_N channels, BLOCK_K deep; its fp32 accumulator holds BLOCK_M x BLOCK_N x BLOCK_K values,
+    32-64 a thread in these."""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": False,
+                          "PROGRAMS_PER_SM": 1, "GEMV": True}, num_warps=warps, num_stages=1)
+
+
+GEMV_MAX_M = 8   # rows up to which gemv_kernel's candidates race the tensor-core tiles
+# Narrow and deep for (N, K) weights (K contiguous: 16-byte loads along K), wide and shallow for
+# weights read as (K, N) (GPT-2's Conv1D: contiguous along N); BLOCK_N >= 32 for gated weights.
+GEMV_CONFIGS = [
+    gemv_config(1, 4, 1024, 4), gemv_config(1, 8, 512, 4), gemv_config(1, 8, 1024, 8), gemv_config(1, 16, 256, 4),
+    gemv_config(1, 32, 256, 4), gemv_config(1, 32, 128, 4), gemv_config(1, 64, 64, 4), gemv_config(1, 128, 32, 4),
+    gemv_config(2, 8, 512, 8), gemv_config(2, 16, 256, 4), gemv_config(2, 32, 128, 4), gemv_config(2, 64, 64, 4),
+    gemv_config(4, 8, 256, 4), gemv_config(4, 16, 128, 4), gemv_config(4, 32, 64, 4), gemv_config(4, 32, 128, 8),
+    gemv_config(8, 8, 128, 4), gemv_config(8, 16, 64, 4), gemv_config(8, 32, 64, 8), gemv_config(8, 32, 32, 4),
+]
+CONFIGS += GEMV_CONFIGS
+
+
 def prune_configs(configs, sizes):
     """Only tiles whose height suits M (tall tiles on tiny M compute padding, short ones on
     large M re-read the weight too often), no wider than N and no deeper than K need (rounded up
@@ -222,6 +297,12 @@ def prune_configs(configs, sizes):
     m = sizes["M"]
     n_fit = max(16, triton.next_power_of_2(max(1, sizes["N"])))
     k_fit = max(16, triton.next_power_of_2(max(1, sizes["K"])))
+    gemv = [c for c in configs if c.kwargs.get("GEMV")]
+    configs = [c for c in configs if not c.kwargs.get("GEMV")]
+    if m <= GEMV_MAX_M and sizes.get("gemv", True):
+        # the rows' own power of two; gated tiles pair GATE_GROUP gate and up columns
+        configs += [c for c in gemv if c.kwargs["BLOCK_M"] == triton.next_power_of_2(max(1, m))
+                    and (not sizes.get("gated") or c.kwargs["BLOCK_N"] >= 2 * GATE_GROUP)]
     if m <= 32:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
     elif m <= 128:
@@ -247,12 +328,15 @@ def default_config(sizes) -> triton.Config:
 
 
 def interpreter_config(sizes) -> triton.Config:
-    """The interpreter has no device to time configs on; one small tile keeps CPU tests fast."""
+    """The interpreter has no device to time configs on; one small tile keeps CPU tests fast
+    (gemv_kernel's for a few rows, so that the CPU tests' decode steps run it)."""
+    if sizes["M"] <= GEMV_MAX_M and sizes.get("gemv", True):
+        return gemv_config(triton.next_power_of_2(max(1, sizes["M"])), 32, 32, 4)
     return config(32, 32, 32, 1, 4, tma=sizes["tma"])
 
 
 TUNER = Tuner("linear", linear_kernel, CONFIGS, prune=prune_configs, default=default_config,
-              interpreter=interpreter_config, other_kernels=lambda: _gluon_kernels())
+              interpreter=interpreter_config, other_kernels=lambda: other_kernels())
 
 
 @functools.lru_cache(maxsize=None)
@@ -389,11 +473,19 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         def grid(kw):
             # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer
             # programs (and every program in the interpreter) take one tile each
+            if kw.get("GEMV"):
+                return (triton.cdiv(N, kw["BLOCK_N"]), triton.cdiv(M, kw["BLOCK_M"]))
             tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
             return (min(tiles, sms * kw["PROGRAMS_PER_SM"]) if (sms and kw["USE_TMA"]) else tiles,)
 
         def plan(kw):
             """(kernel, its constexprs and launch options) for a config's kwargs."""
+            if kw.get("GEMV"):
+                return gemv_kernel, dict(
+                    HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
+                    ACTIVATION=meta["ACTIVATION"], FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
+                    EVEN_K=K % kw["BLOCK_K"] == 0, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
+                    BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"])
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
@@ -406,6 +498,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             kw = cfg.all_kwargs()
             if kw["USE_TMA"] and not use_tma or kw.get("GLUON") and not gluon:
                 raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
+            if kw.get("GEMV") and quant:
+                raise ValueError("accelc::linear: gemv_kernel takes float operands")
             kernel, constexprs = plan(kw)
             kernel[grid(kw)](*kernel_args(kw, tensors), **constexprs)
 
@@ -414,7 +508,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             return
         # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
         key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype) + (("gluon",) if gluon else ())
-        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon), run)
+        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon, gemv=not quant,
+                                   gated=bool(gated)), run)
         kw = cfg.all_kwargs()
         kernel, constexprs = plan(kw)
         tuner.calls[sig] = (CompiledCall(kernel, grid(kw), kernel_args(kw, tensors), constexprs), kw)
@@ -437,10 +532,11 @@ def _hopper():
     return _hopper_import()[0]
 
 
-def _gluon_kernels() -> list:
-    """The Gluon kernels the tuner's candidates may launch (their source is part of its cache key)."""
+def other_kernels() -> list:
+    """The kernels besides linear_kernel that the tuners' candidates may launch (their source is part
+    of the tuning cache's key): gemv_kernel, and the Gluon GEMM where this Triton builds it."""
     hopper = _hopper()
-    return [hopper.linear_ws_kernel] if hopper else []
+    return [gemv_kernel] + ([hopper.linear_ws_kernel] if hopper else [])
 
 
 def gluon_problem(x2, res2, out) -> str | None:
@@ -461,6 +557,10 @@ def kernel_args(kw, tensors) -> tuple:
     """linear_kernel's positional arguments for a config's kwargs and the operands: TMA
     descriptors (boxes: the config's tiles) where the config loads by TMA, else the tensors."""
     x2, weight, bias, res, out, a_scale, w_scale = tensors
+    if kw.get("GEMV"):
+        return (x2, weight, bias, res, out, x2.shape[0], weight.shape[0], x2.shape[1], out.shape[1],
+                x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+                res.stride(0), res.stride(1), out.stride(0), out.stride(1))
     if kw.get("GLUON"):
         descs = _hopper().descriptors(x2, weight, None if res is out else res, out, kw["BLOCK_M"], kw["BLOCK_N"],
                                       kw["BLOCK_K"], weight.stride(1) != 1)

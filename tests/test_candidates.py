@@ -47,7 +47,7 @@ def _sweep(tuner, run, ref, tol):
     return applied
 
 
-LINEAR_SHAPES = [(1, 768, 768), (7, 64, 96), (16, 4096, 4096), (33, 77, 50), (130, 200, 136), (394, 768, 3072),
+LINEAR_SHAPES = [(1, 768, 768), (2, 200, 136), (3, 520, 72), (7, 64, 96), (16, 4096, 4096), (33, 77, 50), (130, 200, 136), (394, 768, 3072),
                  (1024, 768, 768), (2048, 1024, 4096), (4000, 3072, 768),
                  (3000, 16, 96), (2500, 144, 24), (1100, 40, 56)]   # narrow / shallow tiles (FIT_CONFIGS)
 
@@ -67,7 +67,7 @@ def test_linear_candidates(M, K, N, dtype):
     assert _sweep(gemm.TUNER, lambda: gemm.linear_launch(x, w, b, r, "gelu_tanh"), ref, TOL[dtype]) >= 1
 
 
-@pytest.mark.parametrize("M,K,N", [(45, 64, 96), (1030, 768, 2304), (3000, 24, 144)])
+@pytest.mark.parametrize("M,K,N", [(1, 768, 2304), (45, 64, 96), (1030, 768, 2304), (3000, 24, 144)])
 def test_linear_candidates_weight_by_columns(M, K, N):
     # x @ W with W (K, N) row-major (GPT-2's Conv1D): the TMA configs load W's (K, N) boxes
     x = torch.randn(M, K, device="cuda", dtype=torch.float16)
@@ -153,3 +153,15 @@ def test_quantize_one_config_exact_and_repeatable(M, K):
         finite = torch.isfinite(s_ref)
         assert torch.equal(q[finite], q_ref[finite]) and torch.equal(s[finite], s_ref[finite])
         assert torch.isnan(s[M // 2]) and torch.isnan(s_ref[M // 2])
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 2048, 200), (5, 300, 96), (64, 256, 320)])
+def test_gated_linear_candidates(M, K, N):
+    # gate and up rows interleaved: gemv_kernel's candidates for a decode step's rows, tl tiles else
+    from accelc.kernels import gated_linear
+    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    wg, wu = (torch.randn(N, K, device="cuda", dtype=torch.float16) / K ** 0.5 for _ in range(2))
+    packed, bias = gated_linear.pack(wg, wu)
+    ref = torch.nn.functional.silu(x.float() @ wg.float().t()) * (x.float() @ wu.float().t())
+    assert _sweep(gated_linear.TUNER, lambda: gated_linear.gated_linear_launch(x, packed, bias, N, "silu"), ref,
+                  TOL[torch.float16]) >= 1

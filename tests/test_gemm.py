@@ -214,3 +214,30 @@ def test_bf16_outputs_round_to_nearest_on_the_gpu_and_truncate_in_the_interprete
     assert (nearest != truncated).float().mean() > 0.3     # the two roundings tell apart here
     want = truncated if DEVICE.type == "cpu" else nearest
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("cfg", gemm.GEMV_CONFIGS, ids=lambda c: "x".join(str(c.kwargs[k]) for k in
+                                                                          ("BLOCK_M", "BLOCK_N", "BLOCK_K")))
+def test_every_gemv_candidate_with_tails_gating_and_weight_by_columns(cfg):
+    """gemv_kernel (a decode step's few rows), each candidate forced: rows below BLOCK_M, N and K
+    tails, the whole epilogue, the weight read through (K, N) strides, and a gated weight."""
+    from accelc.kernels import gated_linear
+
+    bm, bn, bk = (cfg.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    k, n = bk + 28, bn + 24       # tails; sizes this candidate is offered for (the tuner's prune, on a GPU)
+    torch.manual_seed(bm)
+    for m in sorted({bm, bm // 2 + 1}):
+        x, w, b, r = _inputs(m, k, n, torch.float32)
+        for weight in (w, w.t().contiguous().t()):
+            out = torch.empty(m, n, device=DEVICE)
+            with gemm.TUNER.force(cfg):
+                gemm.launch(x, weight, b, r, out, "gelu", residual_first=True)
+            ref = gemm.linear_ref(x.double(), w.double(), b.double(), r.double(), "gelu", True)
+            torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+        if bn >= 2 * gemm.GATE_GROUP:
+            wg, wu = (torch.randn(n, k, device=DEVICE) / 10 for _ in range(2))
+            packed, bias = gated_linear.pack(wg, wu, b[:1].expand(n).contiguous(), None)
+            with gated_linear.TUNER.force(cfg):
+                y = gated_linear.gated_linear_launch(x, packed, bias, n, "silu")
+            ref = F.silu(x.double() @ wg.double().t() + b[0].double()) * (x.double() @ wu.double().t())
+            torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)

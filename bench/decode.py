@@ -1,0 +1,231 @@
+"""A decode step's matrix products, and where a decode step's time goes (GPU).
+
+    python bench/decode.py [--out bench/results]             # the projections at M = 1 / 16 rows
+    python bench/decode.py --profile [--layers 4]           # one optimized LM's decode step, by kernel
+
+Rows: the projections of a decode step (TinyLlama-1.1B, Llama-3-8B, GPT-2 shapes; one token per
+sequence, batch 1 and 16), fp16, each side timed like bench/gemm.py (CUDA-graph medians, L2 flushed
+between replays, interleaved rounds): eager (cuBLAS, the epilogue and the gating as separate ops, as
+HF runs them), accelc (the tuned launch: gemv_kernel's candidates race the tensor-core tiles), and
+accelc's fastest tensor-core tile alone (what the race picked before gemv_kernel). GB/s is the
+weight's bytes over the time; "% copy" its share of the device's measured copy bandwidth (the same
+yardstick as bench/generate.py's limit).
+
+--profile: a TinyLlama-shaped LM (random weights, `--layers` of its 22 layers: each layer's kernels
+are the same) optimized by accelc, greedy generate() of --new tokens under torch.profiler: each
+kernel's GPU time per generated token, their sum, and the wall time per token (the rest is host
+time or gaps between kernels).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common  # noqa: E402
+
+_common.fresh_tuning_cache()   # tune every key here
+
+import accelc  # noqa: E402,F401
+from accelc.kernels import gated_linear, gemm  # noqa: E402
+from accelc.kernels.epilogue import activation_ref  # noqa: E402
+from accelc.tuning import config_dict  # noqa: E402
+
+ROUNDS = 3
+# (model, layer, M, K, N, activation, residual, kind): kind "linear" (N, K) weight, "gated" a gate and
+# up projection pair of N each (accelc: one interleaved weight), "conv1d" x @ W with W (K, N)
+LAYERS = [
+    ("TinyLlama-1.1B b1", "q+k+v_proj", 1, 2048, 2560, "none", False, "linear"),
+    ("TinyLlama-1.1B b1", "o_proj + residual", 1, 2048, 2048, "none", True, "linear"),
+    ("TinyLlama-1.1B b1", "gate+up_proj, SiLU gating", 1, 2048, 5632, "silu", False, "gated"),
+    ("TinyLlama-1.1B b1", "down_proj + residual", 1, 5632, 2048, "none", True, "linear"),
+    ("TinyLlama-1.1B b1", "lm_head", 1, 2048, 32000, "none", False, "linear"),
+    ("TinyLlama-1.1B b16", "q+k+v_proj", 16, 2048, 2560, "none", False, "linear"),
+    ("TinyLlama-1.1B b16", "gate+up_proj, SiLU gating", 16, 2048, 5632, "silu", False, "gated"),
+    ("TinyLlama-1.1B b16", "down_proj + residual", 16, 5632, 2048, "none", True, "linear"),
+    ("Llama-3-8B b1", "q+k+v_proj", 1, 4096, 6144, "none", False, "linear"),
+    ("Llama-3-8B b1", "o_proj + residual", 1, 4096, 4096, "none", True, "linear"),
+    ("Llama-3-8B b1", "gate+up_proj, SiLU gating", 1, 4096, 14336, "silu", False, "gated"),
+    ("Llama-3-8B b1", "down_proj + residual", 1, 14336, 4096, "none", True, "linear"),
+    ("Llama-3-8B b1", "lm_head", 1, 4096, 128256, "none", False, "linear"),
+    ("Llama-3-8B b4", "gate+up_proj, SiLU gating", 4, 4096, 14336, "silu", False, "gated"),
+    ("GPT-2 b1", "attn.c_attn (Conv1D)", 1, 768, 2304, "none", False, "conv1d"),
+    ("GPT-2 b1", "mlp.c_fc (Conv1D) + GELU tanh", 1, 768, 3072, "gelu_tanh", False, "conv1d"),
+]
+
+
+def _row(model, layer, M, K, N, act, has_res, kind, bandwidth):
+    h = torch.float16
+    x = torch.randn(M, K, device="cuda", dtype=h)
+    r = torch.randn(M, N, device="cuda", dtype=h) if has_res else None
+    row = {"model": model, "layer": layer, "M": M, "K": K, "N": N, "activation": act, "residual": has_res,
+           "kind": kind}
+    if kind == "gated":
+        wg, wu = (torch.randn(N, K, device="cuda", dtype=h) / K ** 0.5 for _ in range(2))
+        packed, _ = gated_linear.pack(wg, wu)
+        weight_bytes = 2 * N * K * 2
+        out = torch.empty(M, N, device="cuda", dtype=h)
+
+        def eager():
+            return activation_ref(act, F.linear(x, wg)) * F.linear(x, wu)
+
+        def accelc_():
+            return gated_linear.gated_linear_launch(x, packed, None, N, act)
+
+        def forced(cfg):
+            return lambda: gemm.launch(x, packed, None, None, out, act, config=cfg, tuner=gated_linear.TUNER,
+                                       gated=True) or out
+        tuner = gated_linear.TUNER
+        ref = (activation_ref(act, x.float() @ wg.float().t()) * (x.float() @ wu.float().t()))
+    else:
+        w = torch.randn(N, K, device="cuda", dtype=h) / K ** 0.5
+        weight = w.t().contiguous().t() if kind == "conv1d" else w   # (K, N) row-major, read as (N, K)
+        weight_bytes = N * K * 2
+        out = torch.empty(M, N, device="cuda", dtype=h)
+
+        def eager():
+            y = torch.addmm(r, x, weight.t()) if r is not None else x @ weight.t()
+            return activation_ref(act, y)
+
+        def accelc_():
+            return gemm.linear_launch(x, weight, None, r, act)
+
+        def forced(cfg):
+            return lambda: gemm.launch(x, weight, None, r, out, act, config=cfg) or out
+        tuner = gemm.TUNER
+        ref = gemm.linear_ref(x.float(), w.float(), None, None if r is None else r.float(), act)
+    accelc_()   # tunes
+    rows_w = packed.shape[0] if kind == "gated" else N
+    key = [k for k in tuner.chosen if k[:3] == (triton.next_power_of_2(M), rows_w, K)][-1]
+    picked = config_dict(tuner.chosen[key])
+    timings = tuner.timings.get(key, [])
+    tiles = [(c, us) for c, us in timings if us is not None and not c.get("GEMV")]
+    gemvs = [(c, us) for c, us in timings if us is not None and c.get("GEMV")]
+    variants = {"eager": eager, "accelc": accelc_}
+    if tiles:
+        best_tile = min(tiles, key=lambda t: t[1])[0]
+        cfg = next(c for c in tuner.configs if config_dict(c) == best_tile)
+        variants["accelc_tiles"] = forced(cfg)
+        row["best_tile"] = best_tile
+    row.update(picked=picked, tuning_us={"tiles": min((u for _, u in tiles), default=None),
+                                          "gemv": min((u for _, u in gemvs), default=None)})
+    row["rel_err"] = {k: _common.rel_l2(f().float(), ref) for k, f in variants.items()}
+    _common.time_rounds(variants, row, ROUNDS, flops=2 * M * N * K * (2 if kind == "gated" else 1))
+    for k in variants:
+        gbs = weight_bytes / row[k]["us"] / 1e3
+        row[k]["gbs"] = round(gbs, 1)
+        row[k]["copy_share"] = round(gbs / bandwidth, 3)
+    _common.ratios(row, against=("eager",) + (("accelc_tiles",) if tiles else ()))
+    print(f"{model} {layer}: eager {row['eager']['us']:.1f} us ({row['eager']['copy_share']:.0%} copy), accelc "
+          f"{row['accelc']['us']:.1f} ({row['accelc']['copy_share']:.0%}; {'gemv' if picked.get('GEMV') else 'tile'})"
+          + (f", tiles alone {row['accelc_tiles']['us']:.1f}" if tiles else ""), flush=True)
+    return row
+
+
+def rows_for(bandwidth):
+    return [_row(*layer, bandwidth) for layer in LAYERS]
+
+
+def markdown(env, rows) -> str:
+    head = ["model", "layer", "M x K x N", "eager us", "accelc us", "accelc GB/s", "% copy bw", "eager % copy",
+            "vs eager", "tiles alone us", "vs tiles", "picked"]
+    body = []
+    for r in rows:
+        tiles = r.get("accelc_tiles")
+        p = r["picked"]
+        body.append([r["model"], r["layer"], f"{r['M']}x{r['K']}x{r['N']}", r["eager"]["us"], r["accelc"]["us"],
+                     r["accelc"]["gbs"], f"{r['accelc']['copy_share']:.0%}", f"{r['eager']['copy_share']:.0%}",
+                     _common.ratio_cell(r["vs_eager"]), tiles["us"] if tiles else "",
+                     _common.ratio_cell(r["vs_accelc_tiles"]) if tiles else "",
+                     ("gemv " if p.get("GEMV") else "tile ") + f"{p['BLOCK_M']}x{p['BLOCK_N']}x{p['BLOCK_K']}"])
+    return ("# Decode-step projections (fp16)\n\n" + _common.env_line(env)
+            + f"\n\ncopy bandwidth {env.get('copy_gbs')} GB/s (read + write bytes of a 1 GiB device copy); "
+            "GB/s: the weight's bytes over the time; speedups: median of per-round ratios [min, max]\n\n"
+            + _common.md_table(head, body))
+
+
+def profile(layers: int, prompt: int, new: int, out_dir: str) -> None:
+    import transformers as tf
+    from torch.profiler import ProfilerActivity
+
+    cfg = tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
+                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        lm = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, prompt), device="cuda")
+    mask = torch.ones_like(ids)
+    t0 = time.perf_counter()
+    opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask},
+                          config=accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=1))
+    prepare = time.perf_counter() - t0
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    opt.generate(**kw)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        opt.generate(**kw)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.time_range.elapsed_us()
+    total = sum(t for _, t in kernels.values())
+    lines = [f"# Decode-step profile: TinyLlama shape, {layers} of 22 layers, prompt {prompt}, {new} new tokens, "
+             f"batch 1, fp16", "", _common.env_line(_common.environment()), "",
+             f"prepare (optimize) {prepare:.1f} s; generate wall {wall * 1e3:.1f} ms = {wall / new * 1e6:.1f} us a token "
+             f"(the prefill included); kernels' GPU time {total / 1e3:.1f} ms = {total / new:.1f} us a token", "",
+             "| kernel | calls | GPU us | us per token | share |", "|---|---|---|---|---|"]
+    for name, (calls, t) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]:
+        lines.append(f"| {name[:90]} | {calls} | {t:.0f} | {t / new:.1f} | {t / total:.1%} |")
+    runtime = [line.strip() for line in opt.summary().splitlines() if line.strip().startswith("runtime:")]
+    lines += ["", "After generate(): " + " | ".join(runtime), "", "Host time of one generate() (cProfile, top 30 by "
+              "cumulative time):", "", "```"]
+    import cProfile
+    import io
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    opt.generate(**kw)
+    torch.cuda.synchronize()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(30)
+    lines += [ln for ln in buf.getvalue().splitlines() if ln.strip()][:60] + ["```"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    dev = _common.slug(torch.cuda.get_device_name())
+    (Path(out_dir) / f"decode_profile-{dev}.md").write_text(text)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=128)
+    args = ap.parse_args()
+    if args.profile:
+        profile(args.layers, args.prompt, args.new, args.out)
+        return
+    env = _common.environment()
+    env["copy_gbs"] = round(_common.copy_bandwidth("cuda") / 1e9, 1)
+    print(_common.env_line(env), f"copy {env['copy_gbs']} GB/s", flush=True)
+    rows = rows_for(env["copy_gbs"])
+    _common.write(args.out, "decode", env, rows, markdown(env, rows))
+    print(markdown(env, rows))
+
+
+if __name__ == "__main__":
+    main()
