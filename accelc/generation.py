@@ -112,6 +112,16 @@ class CacheStep(nn.Module):
                       past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
 
+    def race_inputs(self, input_ids, attention_mask, position_ids, start) -> tuple[tuple, str]:
+        """(inputs, what they are) the guard's speed race times each layer on (accelc.guard): the
+        decode step after this prompt, one token a sequence, the call a generation makes all but
+        once (a kernel that loses at the prompt's rows may win at one row, and the other way)."""
+        n = input_ids.shape[1]
+        keys = attention_mask.clone()
+        keys[:, n] = 1
+        return ((input_ids[:, -1:].clone(), keys, position_ids[:, -1:] + 1, torch.full_like(start, n)),
+                "a decode step's inputs (one token a sequence)")
+
     def reset(self) -> None:
         """Positions start at 0 again (stale keys and values past a sequence's length are masked)."""
         for layer in self.cache.layers:
@@ -310,6 +320,10 @@ class OptimizedLM(OptimizedModule):
             logits = step(input_ids, keys, position_ids, start)
             return CausalLMOutputWithPast(logits=logits[:, None, :], past_key_values=past_key_values)
         shell.forward = types.MethodType(forward, shell)
+        # HF's loop compiles the forward itself over a static cache on a GPU (torch.compile, CUDA
+        # graphs): the step program already is compiled and replayed, and Dynamo would trace through
+        # accelc's runner (decode steps bypassing its graphs)
+        shell._valid_auto_compile_criteria = lambda *args, **kwargs: False
         return shell
 
     def summary(self) -> str:

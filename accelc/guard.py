@@ -102,11 +102,12 @@ def _choose_int8_or_float(gm, ctx, v: _Verdicts) -> None:
     if not (runtime.can_time(ctx.device) and config.int8 is not None and config.int8.only_if_faster):
         return
     int8 = [n for n in layers(gm) if meta.rewrite_of(n).quantized and meta.rewrite_of(n).fallback is not None]
-    for node, (t8, tf) in _race(gm, ctx.example_inputs, int8, "fallback").items():
+    inputs, words = race_inputs(ctx)
+    for node, (t8, tf) in _race(gm, inputs, int8, "fallback").items():
         if t8 < tf:
             continue
         check = v.passed.pop(node, None)
-        note = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on the example inputs: float kernel kept "
+        note = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on {words}: float kernel kept "
                 "(Int8Config.only_if_faster)")
         v.recheck.add(demote(gm, node, f"int8 SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
 
@@ -117,17 +118,25 @@ def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
     if not (runtime.can_time(ctx.device) and ctx.config.only_if_faster):
         return
     t0 = time.perf_counter()
-    race = _race(gm, ctx.example_inputs, layers(gm), "original")
+    inputs, words = race_inputs(ctx)
+    race = _race(gm, inputs, layers(gm), "original")
     ctx.seconds["timing layers"] = round(time.perf_counter() - t0, 2)
     for node, (ta, to) in race.items():
         rw = meta.rewrite_of(node)
         if ta < to:
-            ctx.eager_ms[rw.layer] = to     # eager time of a layer accelc runs
+            if ctx.race is None:
+                ctx.eager_ms[rw.layer] = to     # eager time of a layer accelc runs, on the example inputs
             continue
         if node in v.passed:
             v.put_back[rw.layer] = v.passed.pop(node)
-        revert(gm, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch {to * 1e3:.1f} us on the example inputs: "
+        revert(gm, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch {to * 1e3:.1f} us on {words}: "
                          "PyTorch kept (OptimizeConfig.only_if_faster)", status="kept")
+
+
+def race_inputs(ctx) -> tuple[tuple, str]:
+    """(inputs, what they are) the speed races time layers on: ctx.race where a program names the call
+    it serves most (a generation step: a decode step), else the example inputs."""
+    return ctx.race if ctx.race is not None else (ctx.example_inputs, "the example inputs")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -205,7 +205,9 @@ def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch):
         torch.manual_seed(3)
         got = opt.generate(**prompt, max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
         assert torch.equal(got, want)
-    assert opt.step.runner.captures >= 1 and max(g.replays for g in graphs) >= 40, opt.step.runner.status()
+    keys = [[tuple(leaf[0]) for leaf in key if isinstance(leaf, tuple)] for key in opt.step.runner.entries]
+    assert opt.step.runner.captures >= 1 and max(g.replays for g in graphs) >= 40, \
+        (opt.step.runner.status(), [g.replays for g in graphs], keys)
 
 
 def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one():
@@ -226,3 +228,53 @@ def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one():
             assert torch.equal(copy_.generate(**prompt, **sampling), want)
             assert torch.equal(copy_.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0),
                                lm.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0))
+
+
+def test_the_step_races_its_layers_on_a_decode_steps_inputs(monkeypatch):
+    """The speed race (GPU) decides per layer between accelc's kernel and PyTorch; the step program
+    serves one prompt and then one token a sequence per step, so its race is timed on a decode
+    step's inputs (a kernel that loses at the prompt's rows may win at one); the model's own
+    program races on its example. The decode inputs continue the example's prompt."""
+    from accelc import guard
+
+    raced = []
+    real = guard._keep_the_faster
+
+    def record(gm, ctx, v):
+        inputs, words = guard.race_inputs(ctx)
+        raced.append((tuple(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)), words, inputs))
+        return real(gm, ctx, v)
+    monkeypatch.setattr(guard, "_keep_the_faster", record)
+    lm = _lm("llama")
+    _optimize(lm, max_cache_len=32)
+    (model_shapes, model_words, _), (step_shapes, step_words, (ids, keys, positions, start)) = raced
+    assert model_words == "the example inputs" and model_shapes == ((2, 6), (2, 6))
+    assert step_words.startswith("a decode step's inputs") and step_shapes == ((2, 1), (2, 32), (2, 1), ())
+    assert int(start) == 6 and keys[:, :7].tolist() == [[1] * 7, [0, 0, 1, 1, 1, 1, 1]] and not keys[:, 7:].any()
+    assert positions[:, 0].tolist() == [6, 4]      # each row's next position: its real tokens so far
+
+
+def test_hfs_loop_over_the_step_never_compiles_it_again(monkeypatch):
+    """Over a static cache on a GPU, HF's generate compiles the forward itself (torch.compile with CUDA
+    graphs); the shell it runs is accelc's compiled and replayed step, which Dynamo must not trace
+    (on the GPU the decode steps bypassed the step's graphs). Asked to compile on every device here,
+    HF's loop still calls the step, uncompiled."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    lm = _lm("llama")
+    opt = _optimize(lm)
+    config = CompileConfig()
+    config._compile_all_devices = True
+    opt.original.generation_config.compile_config = config     # (the model optimize copied)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.compile called on the step's shell")
+    monkeypatch.setattr(torch, "compile", refuse)
+    calls = []
+    real = opt.step.forward
+    monkeypatch.setattr(opt.step, "forward", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    prompt = _prompt(2, 5)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        got = opt.generate(**prompt, max_new_tokens=6, do_sample=True, top_k=5, pad_token_id=0)
+    assert got.shape == (2, 11) and opt.last_loop == "hf" and len(calls) == 6 and calls[-1] == (2, 1)
