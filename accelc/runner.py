@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -358,7 +359,9 @@ class CompiledGlue:
                 return self.compiled(*args, **kwargs)
             except torch._dynamo.exc.TorchDynamoException as e:
                 self.failed = f"Inductor could not compile the glue ({type(e).__name__}: {str(e).splitlines()[0][:150]})"
-                log.warning("accelc: %s; running it uncompiled", self.failed)
+                # a warning, not only the log (accelc's logger is silent unless configured): the
+                # uncompiled glue ran a GPU decode step three times slower, unnoticed
+                warnings.warn(f"accelc: {self.failed}; running it uncompiled (slower, same results)", stacklevel=2)
         return self.plain(*args, **kwargs)
 
 

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -259,8 +260,8 @@ class Tuner:
             self._write(path, key, best)
         elif not _warned_profiler:
             _warned_profiler.append(watcher)
-            log.warning("accelc: tuning under a profiler (%s): the configs chosen now are used in this process "
-                        "but not written to the tuning cache", watcher)
+            _say(f"accelc: tuning under a profiler ({watcher}): the configs chosen now are used in this process "
+                 "but not written to the tuning cache")
         return best
 
     def _borrow(self, key, sizes, candidates) -> triton.Config:
@@ -325,7 +326,7 @@ class Tuner:
             tmp.write_text(json.dumps(record, indent=1))
             os.replace(tmp, path)
         except OSError as e:   # a read-only home: tuning still works, it is just not remembered
-            log.warning("accelc: cannot write the tuning cache %s (%s); set ACCELC_CACHE_DIR", path.parent, e)
+            _say(f"accelc: cannot write the tuning cache {path.parent} ({e}); set ACCELC_CACHE_DIR")
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
 
@@ -342,11 +343,18 @@ def _bad_entry(path: Path, why: str) -> None:
     overwritten, said once a file."""
     if str(path) not in _warned_entries:
         _warned_entries.add(str(path))
-        log.warning("accelc: ignoring the tuning-cache file %s (%s): tuning again", path, why)
+        _say(f"accelc: ignoring the tuning-cache file {path} ({why}): tuning again")
     return None
 
 
 _warned_entries: set = set()
+
+
+def _say(message: str) -> None:
+    """A warning the user sees (warnings, as accelc's other fallbacks: its logger is silent unless
+    configured) and the log records."""
+    log.warning("%s", message)
+    warnings.warn(message, stacklevel=3)
 
 
 def time_config(launch, cfg) -> float:

@@ -108,9 +108,11 @@ def test_a_malformed_cache_entry_is_ignored_with_one_warning_and_tuned_again(fak
     path.write_text(json.dumps({**record, **entry} if isinstance(entry, dict) else entry))
     fake_gpu.clear()
     t = _tuner()
-    with caplog.at_level("WARNING", logger="accelc"):
+    with caplog.at_level("WARNING", logger="accelc"), pytest.warns(UserWarning) as seen:
         assert _chosen(t.pick((1024, "fp16"), {"M": 1024}, lambda c: None)) == FAST
     assert fake_gpu and caplog.text.count("ignoring the tuning-cache file") == 1 and path.name in caplog.text
+    said = [str(w.message) for w in seen if "ignoring the tuning-cache file" in str(w.message)]
+    assert len(said) == 1 and path.name in said[0]      # a warning the user sees, not only the log
     assert t.spread((1024, "fp16"))["fastest_us"] == 1.0
     assert json.loads(path.read_text())["timings_us"][0][0]["BLOCK"] == 32
 
