@@ -63,6 +63,12 @@ class Int8Config:
                     back in float and reported.
     min_rows:       below this many rows (tokens) in the example inputs a linear layer stays in
                     float.
+    weights_only:   int8 weights (per output channel) with activations left in the model's dtype
+                    (accelc::linear_w8a16, and gated MLPs' gate / up pair as accelc::gated_linear_w8a16):
+                    no activation quantization, so the error is the weights' alone and every linear
+                    and gated layer qualifies; what pays in decoding, where a step reads each weight
+                    once for a few rows (a generation step's race is timed on a decode step). static,
+                    smoothing and attention are W8A8 options and cannot be combined with it.
     only_if_faster: on a GPU, time each int8 layer against its float kernel on the example
                     inputs and keep the faster (the summary says which and by how much): the int8
                     path pays an extra quantization kernel and wins only on large GEMMs
@@ -79,6 +85,7 @@ class Int8Config:
     attention: bool = False
     sqnr_floor: float = 20.0
     min_rows: int = 0
+    weights_only: bool = False
     only_if_faster: bool = True
 
     def __post_init__(self):
@@ -94,6 +101,11 @@ class Int8Config:
             raise ValueError(f"sqnr_floor must be > 0 dB, not {self.sqnr_floor}")
         if self.min_rows < 0:
             raise ValueError(f"min_rows must be >= 0, not {self.min_rows}")
+        w8a8 = [name for name in ("static", "attention") if getattr(self, name)]
+        w8a8 += ["smoothing"] if self.smoothing is not None else []
+        if self.weights_only and w8a8:
+            raise ValueError(f"weights_only keeps the activations in float: {', '.join(w8a8)} (W8A8 options) "
+                             "cannot be combined with it")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,10 @@ def _gated_linear_flops(x, weight, bias, n, *args, out_val=None, **kwargs) -> in
     return 2 * 2 * math.prod(x.shape[:-1]) * n * x.shape[-1]
 
 
+def _gated_w8a16_flops(x, w_q, w_scale, bias, n, *args, out_val=None, **kwargs) -> int:
+    return _gated_linear_flops(x, w_q, bias, n)
+
+
 def _conv_flops(x, weight, *args, out_val=None, **kwargs) -> int:
     # weight packed (K, R, S, C); out (N, K, OH, OW)
     K, R, S, C = weight.shape
@@ -52,7 +56,8 @@ def _attention_flops(q, k, v, *args, out_val=None, **kwargs) -> int:
 @functools.cache
 def _register() -> None:
     from accelc import kernels  # noqa: F401  (registers the ops)
-    formulas = {"linear": _linear_flops, "linear_w8a8": _linear_flops, "conv2d": _conv_flops,
+    formulas = {"linear": _linear_flops, "linear_w8a8": _linear_flops, "linear_w8a16": _linear_flops,
+                "gated_linear_w8a16": _gated_w8a16_flops, "conv2d": _conv_flops,
                 "flash_attention": _attention_flops, "gated_linear": _gated_linear_flops,
                 "conv2d_depthwise": _depthwise_flops}
     for name, fn in formulas.items():

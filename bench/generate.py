@@ -14,7 +14,10 @@ median of --rounds after one warm-up generate):
                     generate compiles the decode step (mode="reduce-overhead", fullgraph=True;
                     before transformers 4.50, torch.compile(model.forward) by hand);
   accelc            accelc.optimize(lm, prompt) then opt.generate (accelc's static cache, one step
-                    program for prefill and decode).
+                    program for prefill and decode);
+  accelc_int8w      the same with int8 weights (Int8Config(weights_only=True, skip_first_last=False):
+                    every linear and gated layer, lm_head included); its share of the limit counts
+                    the fp16 bytes, as every side's does (so it may pass 100%).
 Greedy decoding with min_new_tokens = max_new_tokens (random weights may emit EOS early: every side
 generates the same count). Time to first token: generate with max_new_tokens=1; decode tokens/s:
 (new - 1) tokens over (total - first-token time), per sequence. Bandwidth limit: the bytes a decode
@@ -35,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
-SIDES = ["hf_eager", "hf_static_compile", "accelc"]
+SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_int8w"]   # accelc_int8w: int8 weights (weight-only)
 
 
 def configs(smoke: bool) -> dict:
@@ -135,7 +138,8 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     # compiling forward as well would stack two CUDA-graph wrappers
                     gen = compiled.generate
                 else:
-                    config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch)
+                    int8 = accelc.Int8Config(weights_only=True, skip_first_last=False) if side == "accelc_int8w" else False
+                    config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8)
                     opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
                     gen = opt.generate
                 prepare_s = time.perf_counter() - t0
@@ -151,7 +155,7 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                 if reference is not None and side != "hf_eager":
                     r["same_tokens_as_eager"] = round((tokens == reference).float().mean().item(), 3)
                     r["same_prefix_tokens"] = int((tokens == reference).all(0).long().cumprod(0).sum().item())
-                if side == "accelc":
+                if side.startswith("accelc"):
                     r["summary"] = opt.summary()    # after generating: the runtime lines say how the steps ran
                     r["runtime"] = [ln.strip() for ln in r["summary"].splitlines() if ln.strip().startswith("runtime:")]
                     del opt
@@ -177,7 +181,7 @@ def _short(r: dict) -> str:
 
 def markdown(env, rows) -> str:
     header = ["model", "batch", "side", "TTFT ms", "decode tok/s (per seq)", "tok/s (all)", "% bandwidth limit",
-              "same greedy tokens as eager", "vs hf_static_compile", "vs hf_eager", "prepare s"]
+              "same greedy tokens as eager", "vs hf_static_compile", "vs hf_eager", "vs accelc", "prepare s"]
     table = []
     for r in rows:
         for s in SIDES:
@@ -185,7 +189,7 @@ def markdown(env, rows) -> str:
             if x is None:
                 continue
             if "error" in x:
-                table.append([r["model"], r["batch"], s, x["error"][:120]] + [""] * 7)
+                table.append([r["model"], r["batch"], s, x["error"][:120]] + [""] * 8)
                 continue
 
             def vs(other):
@@ -193,7 +197,7 @@ def markdown(env, rows) -> str:
                 return f"{x['decode_tok_s'] / o['decode_tok_s']:.2f}x" if o.get("decode_tok_s") and other != s else ""
             share = "" if x["bandwidth_share"] is None else f"{100 * x['bandwidth_share']:.0f}%"
             table.append([r["model"], r["batch"], s, x["ttft_ms"], x["decode_tok_s"], x["decode_tok_s_all"], share,
-                          x.get("same_tokens_as_eager", ""), vs("hf_static_compile"), vs("hf_eager"), x["prepare_s"]])
+                          x.get("same_tokens_as_eager", ""), vs("hf_static_compile"), vs("hf_eager"), vs("accelc"), x["prepare_s"]])
     limits = ", ".join(f"{r['model']} b{r['batch']} {r['bandwidth_limit_tok_s']} tok/s" for r in rows)
     return (f"# Text generation\n\n{_common.env_line(env)}\n\n"
             f"Prompt {rows[0]['prompt']} tokens, {rows[0]['new_tokens']} new tokens, greedy, fp16, random weights "
@@ -221,7 +225,7 @@ def main():
     dtype = torch.float32 if device.type == "cpu" else torch.float16
     specs = configs(smoke)
     names = list(specs) if smoke else [m for m in args.models.split(",") if m in specs]
-    sides = ["hf_eager", "accelc"] if smoke else args.sides.split(",")
+    sides = ["hf_eager", "accelc", "accelc_int8w"] if smoke else args.sides.split(",")
     sides.sort(key=lambda side: side != "hf_eager")   # eager first: its tokens are every other side's reference
     batches = [2] if smoke else [int(b) for b in args.batches.split(",")]
     prompt, new = (16, 12) if smoke else (args.prompt, args.new)
@@ -242,6 +246,7 @@ def main():
     if smoke:
         for r in rows:
             assert r["accelc"].get("same_tokens_as_eager") == 1.0, r
+            assert "error" not in r["accelc_int8w"] and r["accelc_int8w"]["decode_tok_s"] > 0, r   # int8 weights: tokens may differ
         print("smoke: ok")
         return
     print(markdown(env, _common.merged(args.out, "generate", env, rows, key) if args.merge else rows))

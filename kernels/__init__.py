@@ -7,8 +7,8 @@ maps each op to its pure-PyTorch reference, what an ONNX export records in its p
 import torch
 
 from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import (conv, depthwise_conv, flash_attention, gated_linear, gemm, int8_gemm, layernorm, quantize,
-                            rotary)
+from accelc.kernels import (conv, depthwise_conv, flash_attention, gated_linear, gemm, int8_gemm, int8_weight, layernorm,
+                            quantize, rotary)
 
 LAUNCHERS = {
     torch.ops.accelc.linear.default: gemm.linear_launch,
@@ -21,6 +21,8 @@ LAUNCHERS = {
     torch.ops.accelc.rms_norm.default: layernorm.rms_norm_launch,
     torch.ops.accelc.gated_linear.default: gated_linear.gated_linear_launch,
     torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_launch,
+    torch.ops.accelc.linear_w8a16.default: int8_weight.linear_w8a16_launch,
+    torch.ops.accelc.gated_linear_w8a16.default: int8_weight.gated_linear_w8a16_launch,
 }
 
 # each op's pure-PyTorch reference (same arguments): what an ONNX export of an optimized module
@@ -36,8 +38,10 @@ REFERENCES = {
     torch.ops.accelc.rms_norm.default: layernorm.rms_norm_ref,
     torch.ops.accelc.gated_linear.default: gated_linear.gated_linear_ref,
     torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_ref,
+    torch.ops.accelc.linear_w8a16.default: int8_weight.linear_w8a16_ref,
+    torch.ops.accelc.gated_linear_w8a16.default: int8_weight.gated_linear_w8a16_ref,
 }
 assert set(REFERENCES) == set(LAUNCHERS)
 
-__all__ = ["LAUNCHERS", "REFERENCES", "conv", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "layernorm", "quantize",
+__all__ = ["LAUNCHERS", "REFERENCES", "conv", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "int8_weight", "layernorm", "quantize",
            "rotary"]

@@ -72,7 +72,9 @@ def linear_kernel(
     # epilogue
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
     ACTIVATION: tl.constexpr,
-    # QUANT: 0 float operands; 1 int8 operands, int32 accumulators dequantized by a_scale (per
+    # QUANT: 0 float operands; 3 float x and an int8 weight (weight-only int8: the weight tile
+    # converted to x's dtype before the dot, exact for -127..127, the product scaled by w_scale per
+    # output channel); 1 int8 operands, int32 accumulators dequantized by a_scale (per
     # row of x) x w_scale (per output channel) before the epilogue; 2 int8, raw int32 stored
     QUANT: tl.constexpr, FAST_MATH: tl.constexpr,
     # GATED: the weight holds a gated MLP's gate and up rows interleaved in GATE_GROUP blocks
@@ -97,7 +99,7 @@ def linear_kernel(
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if QUANT:
+        if QUANT == 1 or QUANT == 2:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -127,7 +129,9 @@ def linear_kernel(
                 # is exact, so the products and fp32 sums are the same as the tensor cores'.
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            if QUANT:
+            if QUANT == 3:
+                b = b.to(a.dtype)
+            if QUANT == 1 or QUANT == 2:
                 acc = tl.dot(a, b, acc, out_dtype=tl.int32)   # (triton 3.6 wants out_dtype said)
             else:
                 acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
@@ -136,6 +140,8 @@ def linear_kernel(
             a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
             w_s = tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
             acc = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
+        if QUANT == 3:
+            acc = acc * tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
         # (a TMA store of the tile measured slower than this one on H100: 858 vs 830 us at
         # 4096x4096x16384, bench/gemm_sweep.py)
         store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
@@ -171,10 +177,10 @@ def store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_p
 
 @triton.jit
 def gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, M, N, K, N_OUT,
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
-    FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
+    FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """linear_kernel's op for a few rows (a decode step's M = 1-8): memory-bound, so no tensor
@@ -182,7 +188,8 @@ def gemv_kernel(
     streams its BLOCK_N weight rows once, BLOCK_K at a time, multiplying on the CUDA cores into
     an fp32 (BLOCK_M, BLOCK_N, BLOCK_K) accumulator that is summed over K once, after the loop
     (no cross-thread reduction per step); many narrow programs keep every SM's loads in flight.
-    Same epilogue (bias, activation, residual, gating) and wrapped-index loads as linear_kernel."""
+    Same epilogue (bias, activation, residual, gating) and wrapped-index loads as linear_kernel;
+    W_SCALED: an int8 weight (weight-only int8), its products scaled by w_scale per channel."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -203,7 +210,10 @@ def gemv_kernel(
         acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    store_tile(tl.sum(acc3, axis=2), offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
+    acc = tl.sum(acc3, axis=2)
+    if W_SCALED:
+        acc = acc * tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
                stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
                ACTIVATION, FAST_MATH, GATED, False, BLOCK_M, BLOCK_N)
 
@@ -435,12 +445,14 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
     """Launch on checked 2-D operands: out (M, N) = epilogue(x2 (M, K) @ weight (N, K)^T).
     `config` overrides the tuner (bench/gemm_sweep.py). For int8 x2 and weight
     (kernels/int8_gemm.py): scales = (a_scale (M,), w_scale (N,)) fp32, and an int32 `out`
-    receives the raw accumulators; `tuner` is then the int8 one. gated: weight (and bias) hold
+    receives the raw accumulators; `tuner` is then the int8 one. For float x2 and an int8 weight
+    (weight-only int8, kernels/int8_weight.py): scales = (None, w_scale (N,) fp32). gated: weight (and bias) hold
     gate and up rows interleaved (kernels/gated_linear.py), out (M, N_OUT) = act(gate) * up, and
     `tuner` is the gated one. A call signature seen before launches its compiled kernel directly
     (accelc.tuning.CompiledCall)."""
     tuner = tuner or TUNER
     a_scale, w_scale = scales if scales is not None else (out, out)
+    a_scale = a_scale if a_scale is not None else out
     res = res2 if res2 is not None else out
     tensors = (x2, weight, bias if bias is not None else out, res, out, a_scale, w_scale)
     sig = (x2.shape, x2.stride(), weight.shape, weight.stride(), res.stride(), out.stride(), x2.dtype, out.dtype,
@@ -454,7 +466,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             return
         M, K = x2.shape
         N = weight.shape[0]
-        quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 1)
+        quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 3 if x2.dtype != torch.int8 else 1)
         w_t = weight_by_columns(weight)
         use_tma = K > 0 and tma_ok(x2) and (tma_ok(weight) or w_t)
         sms = sm_count(x2.device.index or 0) if x2.is_cuda else None
@@ -484,7 +496,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                 return gemv_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
                     ACTIVATION=meta["ACTIVATION"], FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
-                    EVEN_K=K % kw["BLOCK_K"] == 0, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
+                    EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=quant == 3, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
                     BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"])
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
@@ -498,8 +510,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             kw = cfg.all_kwargs()
             if kw["USE_TMA"] and not use_tma or kw.get("GLUON") and not gluon:
                 raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
-            if kw.get("GEMV") and quant:
-                raise ValueError("accelc::linear: gemv_kernel takes float operands")
+            if kw.get("GEMV") and quant not in (0, 3):
+                raise ValueError("accelc::linear: gemv_kernel takes float x")
             kernel, constexprs = plan(kw)
             kernel[grid(kw)](*kernel_args(kw, tensors), **constexprs)
 
@@ -508,7 +520,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             return
         # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
         key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype) + (("gluon",) if gluon else ())
-        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon, gemv=not quant,
+        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon, gemv=quant in (0, 3),
                                    gated=bool(gated)), run)
         kw = cfg.all_kwargs()
         kernel, constexprs = plan(kw)
@@ -558,7 +570,7 @@ def kernel_args(kw, tensors) -> tuple:
     descriptors (boxes: the config's tiles) where the config loads by TMA, else the tensors."""
     x2, weight, bias, res, out, a_scale, w_scale = tensors
     if kw.get("GEMV"):
-        return (x2, weight, bias, res, out, x2.shape[0], weight.shape[0], x2.shape[1], out.shape[1],
+        return (x2, weight, bias, res, out, w_scale, x2.shape[0], weight.shape[0], x2.shape[1], out.shape[1],
                 x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
                 res.stride(0), res.stride(1), out.stride(0), out.stride(1))
     if kw.get("GLUON"):

@@ -94,16 +94,21 @@ def int8_gemm_launch(q, a_scale, w_q, w_scale, bias=None, residual=None, activat
     return out
 
 
-def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none", smooth=None,
-                    static_scale=None) -> str | None:
-    """Why accelc::linear_w8a8 cannot take these operands, or None (meta tensors are fine)."""
+def weight_problem(x, w_q, w_scale) -> str | None:
+    """What is wrong with a quantized weight (w_q (N, K) int8, w_scale (N,) fp32) for x (..., K), or None."""
     K = x.shape[-1] if x.dim() else -1
     if w_q.dim() != 2 or w_q.shape[1] != K:
         return f"x has K={K} features but w_q is {tuple(w_q.shape)}: expected (N, {K})"
     if w_q.dtype != torch.int8 or w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (w_q.shape[0],):
         return (f"w_q must be int8 (N, K) and w_scale fp32 (N,), got {w_q.dtype} {tuple(w_q.shape)} and "
                 f"{w_scale.dtype} {tuple(w_scale.shape)}")
-    return (quantize_why_unsupported(x, smooth, static_scale)
+    return None
+
+
+def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none", smooth=None,
+                    static_scale=None) -> str | None:
+    """Why accelc::linear_w8a8 cannot take these operands, or None (meta tensors are fine)."""
+    return (weight_problem(x, w_q, w_scale) or quantize_why_unsupported(x, smooth, static_scale)
             or gemm.epilogue_problem(x, w_q.shape[0], bias, residual, activation))
 
 
@@ -161,4 +166,4 @@ def _(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_fir
 
 
 __all__ = ["int8_gemm_launch", "int8_gemm_ref", "linear_w8a8", "linear_w8a8_launch", "linear_w8a8_ref",
-           "quantize_weight", "why_unsupported"]
+           "quantize_weight", "weight_problem", "why_unsupported"]

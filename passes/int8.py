@@ -5,7 +5,10 @@ layer's fusion (bias, activation, residual) and the same original subgraph for t
   - accelc::linear -> accelc::linear_w8a8 (kernels/int8_gemm.py): the weight quantized here,
     once, per output channel; activations per token at run time (kernels/quantize.py), or with
     one static scale from calibration (Int8Config.static);
-  - accelc::flash_attention -> the same op with qk_int8=True (Int8Config.attention).
+  - accelc::flash_attention -> the same op with qk_int8=True (Int8Config.attention);
+  - with Int8Config.weights_only, instead: accelc::linear -> accelc::linear_w8a16 and
+    accelc::gated_linear -> accelc::gated_linear_w8a16 (kernels/int8_weight.py): the weight (the
+    gated layer's interleaved one) quantized per output channel, the activations left in float.
 Each int8 layer keeps its float call as a Fallback: the guard judges int8 layers by SQNR and
 puts those under Int8Config.sqnr_floor back in float (accelc.rewrite.demote).
 
@@ -24,6 +27,7 @@ from torch import fx
 
 from accelc import meta
 from accelc.kernels.int8_gemm import quantize_weight
+from accelc.kernels.int8_weight import quantize_gated
 from accelc.layer_runner import LayerRunner
 from accelc.meta import attr_value
 from accelc.records import Rewrite
@@ -32,6 +36,9 @@ from accelc.rewrite import Pass, add_constant, layers, restack
 LINEAR = torch.ops.accelc.linear.default
 W8A8 = torch.ops.accelc.linear_w8a8.default
 FLASH = torch.ops.accelc.flash_attention.default
+GATED = torch.ops.accelc.gated_linear.default
+W8A16 = torch.ops.accelc.linear_w8a16.default
+GATED_W8A16 = torch.ops.accelc.gated_linear_w8a16.default
 
 
 def _module_type(rw: Rewrite) -> str:
@@ -122,6 +129,27 @@ def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
             weight_bytes=(weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4))
 
 
+def _to_w8a16(gm, n: fx.Node) -> None:
+    """A float linear or gated layer -> its weight-only int8 call (Int8Config.weights_only)."""
+    rw = meta.rewrite_of(n)
+    weight = _weight_tensor(gm, n.args[1]).detach()
+    prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_int8w"
+    w_q, w_scale = quantize_gated(weight) if n.target is GATED else quantize_weight(weight)
+    aux = [add_constant(gm, prefix, w_q, before=n), add_constant(gm, prefix + "_scale", w_scale, before=n)]
+    sizes = (weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4)
+    if n.target is GATED:
+        x, _, bias, width = n.args[:4]
+        restack(gm, n, GATED_W8A16, (x, aux[0], aux[1], bias, width), dict(activation=n.kwargs.get("activation", "silu")),
+                kind="gated_linear_int8", kernel=rw.kernel.replace("accelc::gated_linear", "accelc::gated_linear_w8a16"),
+                aux=aux, note="int8 weights", weight_bytes=sizes)
+        return
+    x, _, bias, residual = n.args[:4]
+    kwargs = dict(activation=n.kwargs.get("activation", "none"), residual_first=n.kwargs.get("residual_first", False))
+    restack(gm, n, W8A16, (x, aux[0], aux[1], bias, residual), kwargs, kind="linear_int8",
+            kernel=rw.kernel.replace("accelc::linear", "accelc::linear_w8a16"), aux=aux, note="int8 weights",
+            weight_bytes=sizes)
+
+
 def _to_int8_attention(gm, n: fx.Node) -> None:
     rw = meta.rewrite_of(n)
     restack(gm, n, FLASH, n.args, {**n.kwargs, "qk_int8": True}, kind="attention_int8",
@@ -132,7 +160,7 @@ def _transform(gm, ctx) -> int:
     cfg = ctx.config.int8
     if cfg is None:
         return 0
-    linears = [n for n in layers(gm) if n.target is LINEAR]
+    linears = [n for n in layers(gm) if n.target is LINEAR or (cfg.weights_only and n.target is GATED)]
     chosen = []
     for i, n in enumerate(linears):
         reason = _why_not(gm, n, i, len(linears), cfg)
@@ -140,6 +168,10 @@ def _transform(gm, ctx) -> int:
             meta.explain(n, reason)
         else:
             chosen.append(n)
+    if cfg.weights_only:
+        for n in chosen:
+            _to_w8a16(gm, n)
+        return len(chosen)
     needs_stats = chosen and (cfg.static or cfg.smoothing is not None)
     stats = _calibrate(gm, chosen, ctx.calibration) if needs_stats else {}
     for n in chosen:

@@ -165,3 +165,15 @@ def test_gated_linear_candidates(M, K, N):
     ref = torch.nn.functional.silu(x.float() @ wg.float().t()) * (x.float() @ wu.float().t())
     assert _sweep(gated_linear.TUNER, lambda: gated_linear.gated_linear_launch(x, packed, bias, N, "silu"), ref,
                   TOL[torch.float16]) >= 1
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 2048, 200), (6, 300, 96), (130, 512, 264), (1024, 768, 768)])
+def test_linear_w8a16_candidates(M, K, N):
+    # int8 weights, fp16 activations (weight-only int8): gemv_kernel and the tiles with QUANT=3
+    from accelc.kernels import int8_weight
+    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    w_q, w_scale = int8_gemm.quantize_weight(torch.randn(N, K, device="cuda") / K ** 0.5)
+    b = torch.randn(N, device="cuda", dtype=torch.float16)
+    ref = int8_weight.linear_w8a16_ref(x.float(), w_q, w_scale, b.float(), None, "silu")
+    assert _sweep(int8_weight.TUNER, lambda: int8_weight.linear_w8a16_launch(x, w_q, w_scale, b, None, "silu"), ref,
+                  TOL[torch.float16]) >= 1

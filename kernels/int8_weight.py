@@ -1,0 +1,134 @@
+"""accelc::linear_w8a16 and accelc::gated_linear_w8a16 — int8 weights, float activations (weight-only int8).
+
+For x (..., K) in fp16 / bf16 / fp32 and a weight quantized once at optimize time
+(int8_gemm.quantize_weight: w_q (N, K) int8 and w_scale (N,) fp32, symmetric per output channel):
+
+    out = act((x @ w_q^T) * w_scale + bias) (+ residual)          in x's dtype, fp32 accumulators
+
+and the gated form of kernels/gated_linear.py (gate and up rows interleaved in one int8 weight, their
+scales interleaved alike): act(gate) * up. The activations stay in the model's dtype: no per-token
+quantization, so the error is the weight's alone. This is what pays in decoding, where a step reads
+every weight once for a few rows and time is the weight's bytes: int8 halves them. The kernels are
+accelc::linear's (kernels/gemm.py) with QUANT=3: the int8 weight tile converted to x's dtype in
+registers (exact: |w_q| <= 127) before the tensor-core dot, or in gemv_kernel for a decode step's
+rows, then the per-channel scale on the fp32 accumulators before the epilogue.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from accelc import runtime
+from accelc.kernels import gated_linear, gemm
+from accelc.kernels.epilogue import activation_ref, epilogue_ref, residual_as
+from accelc.kernels.int8_gemm import quantize_weight, weight_problem
+from accelc.tuning import Tuner, check_once
+
+# own tuners: an int8 weight moves half the bytes of a float one, so its best tiles differ (and the
+# tuning keys do not name the weight's dtype)
+TUNER = Tuner("linear_w8a16", gemm.linear_kernel, gemm.CONFIGS, prune=gemm.prune_configs,
+              default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
+GATED_TUNER = Tuner("gated_linear_w8a16", gemm.linear_kernel, gemm.CONFIGS, prune=gemm.prune_configs,
+                    default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
+_CHECKED: set = set()
+
+
+def quantize_gated(packed: torch.Tensor):
+    """A gated layer's interleaved (2 Np, K) float weight -> (w_q int8, w_scale fp32), per packed row."""
+    return quantize_weight(packed)
+
+
+def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none") -> str | None:
+    """Why accelc::linear_w8a16 cannot take these operands, or None (meta tensors are fine)."""
+    problem = weight_problem(x, w_q, w_scale)
+    if problem:
+        return problem
+    if x.dtype not in gemm.SUPPORTED_DTYPES:
+        return f"dtype {x.dtype} is not supported (fp16, bf16, fp32)"
+    if w_q.device != x.device or w_scale.device != x.device:
+        return f"w_q / w_scale are on {w_q.device} / {w_scale.device} but x is on {x.device}"
+    return gemm.epilogue_problem(x, w_q.shape[0], bias, residual, activation)
+
+
+def _check(x, w_q, w_scale, bias, residual, activation, what):
+    sig = (x.shape, x.dtype, x.device, w_q.shape, w_q.dtype, w_scale.shape, w_scale.dtype,
+           None if bias is None else (bias.shape, bias.dtype), None if residual is None else residual.shape, activation)
+    check_once(_CHECKED, sig, lambda: why_unsupported(x, w_q, w_scale, bias, residual, activation), what)
+
+
+def linear_w8a16_launch(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
+    """Checks, allocates, launches. x (..., K), w_q (N, K) int8, w_scale (N,) -> (..., N) in x.dtype."""
+    _check(x, w_q, w_scale, bias, residual, activation, "linear_w8a16")
+    K, N = x.shape[-1], w_q.shape[0]
+    residual = residual_as(residual, (*x.shape[:-1], N))
+    x2 = x.reshape(-1, K)
+    out = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device)
+    if x2.shape[0] > 0 and N > 0:
+        res2 = residual.reshape(-1, N) if residual is not None else None
+        gemm.launch(x2, w_q, bias, res2, out, activation, residual_first, scales=(None, w_scale), tuner=TUNER)
+    return out.reshape(*x.shape[:-1], N)
+
+
+def dequantized(w_q, w_scale, dtype=torch.float32) -> torch.Tensor:
+    return (w_q.to(torch.float32) * w_scale[:, None]).to(dtype)
+
+
+def linear_w8a16_ref(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
+    """The same math in fp32 (fp64 for fp64 x): the dequantized weight, result in x's dtype."""
+    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = x.to(acc_dtype) @ dequantized(w_q, w_scale, acc_dtype).t()
+    bias = bias.to(acc_dtype) if bias is not None else None
+    residual = residual.to(acc_dtype) if residual is not None else None
+    return epilogue_ref(acc, bias, residual, activation, residual_first).to(x.dtype)
+
+
+def gated_linear_w8a16_launch(x, w_q, w_scale, bias, n, activation="silu"):
+    """Checks, allocates, launches. x (..., K), w_q (2 Np, K) int8 interleaved as gated_linear.pack
+    makes it, w_scale (2 Np,), bias (2 Np,) or None -> act(gate) * up (..., n) in x's dtype."""
+    _check(x, w_q, w_scale, bias, None, activation, "gated_linear_w8a16")
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+    if x2.shape[0] > 0 and n > 0:
+        gemm.launch(x2, w_q, bias, None, out, activation, False, scales=(None, w_scale), tuner=GATED_TUNER, gated=True)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def gated_linear_w8a16_ref(x, w_q, w_scale, bias, n, activation="silu"):
+    w_gate, w_up, b_gate, b_up = gated_linear.unpack(dequantized(w_q, w_scale), bias, n)
+    xf = x.float()
+    gate = xf @ w_gate.t() + (b_gate.float() if b_gate is not None else 0)
+    up = xf @ w_up.t() + (b_up.float() if b_up is not None else 0)
+    return (activation_ref(activation, gate) * up).to(x.dtype)
+
+
+@torch.library.custom_op("accelc::linear_w8a16", mutates_args=())
+def linear_w8a16(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                 residual: Optional[torch.Tensor] = None, activation: str = "none",
+                 residual_first: bool = False) -> torch.Tensor:
+    """act((x @ w_q^T) * w_scale + bias) (+ residual): see the module docstring."""
+    return runtime.launch_or_fallback("linear_w8a16", x.device, linear_w8a16_launch, linear_w8a16_ref, x, w_q,
+                                      w_scale, bias, residual, activation, residual_first)
+
+
+@linear_w8a16.register_fake
+def _(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
+    return x.new_empty((*x.shape[:-1], w_q.shape[0]))
+
+
+@torch.library.custom_op("accelc::gated_linear_w8a16", mutates_args=())
+def gated_linear_w8a16(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                       n: int, activation: str = "silu") -> torch.Tensor:
+    """act(gate) * up with the gate and up weights int8: see the module docstring."""
+    return runtime.launch_or_fallback("gated_linear_w8a16", x.device, gated_linear_w8a16_launch,
+                                      gated_linear_w8a16_ref, x, w_q, w_scale, bias, n, activation)
+
+
+@gated_linear_w8a16.register_fake
+def _(x, w_q, w_scale, bias, n, activation="silu"):
+    return x.new_empty((*x.shape[:-1], n))
+
+
+__all__ = ["GATED_TUNER", "TUNER", "gated_linear_w8a16", "gated_linear_w8a16_launch", "gated_linear_w8a16_ref",
+           "linear_w8a16", "linear_w8a16_launch", "linear_w8a16_ref", "quantize_gated", "why_unsupported"]
