@@ -129,8 +129,18 @@ def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
             continue
         if node in v.passed:
             v.put_back[rw.layer] = v.passed.pop(node)
-        revert(gm, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch {to * 1e3:.1f} us on {words}: "
-                         "PyTorch kept (OptimizeConfig.only_if_faster)", status="kept")
+        revert(gm, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch ({library(rw.kind)}) {to * 1e3:.1f} us on "
+                         f"{words}: PyTorch kept (OptimizeConfig.only_if_faster)", status="kept")
+
+
+# what eager PyTorch runs a layer of each kind with on an NVIDIA GPU (the library accelc's kernel lost to)
+_LIBRARIES = {"linear": "cuBLAS", "gated_linear": "cuBLAS", "conv2d": "cuDNN", "conv2d_depthwise": "cuDNN",
+              "attention": "SDPA: cuDNN / flash", "layer_norm": "ATen", "rms_norm": "ATen", "rotary": "ATen"}
+
+
+def library(kind: str) -> str:
+    """The library eager PyTorch runs a layer of this kind with (int8 kinds: their float layer's)."""
+    return _LIBRARIES.get(kind.removesuffix("_int8"), "ATen")
 
 
 def race_inputs(ctx) -> tuple[tuple, str]:

@@ -117,7 +117,7 @@ def side_eager(model, inputs, row):
 
 
 def side_compile(model, inputs, row, mode):
-    key = "compile" if mode is None else "compile_ro"
+    key = {None: "compile", "reduce-overhead": "compile_ro", "max-autotune": "compile_max"}[mode]
     compiled = torch.compile(model, mode=mode)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -140,6 +140,8 @@ def side_accelc(model, inputs, row, key, **config):
     row[f"{key}_layers"] = {s: sum(r.status == s for r in rows) for s in ("rewritten", "reverted", "kept")}
     row[f"{key}_runtime"] = opt.info.runtime
     row[f"{key}_summary"] = opt.summary()
+    # the share of the model's matmul / conv / attention FLOPs that runs in accelc kernels after the race
+    row[f"{key}_flop_share"] = round(opt.info.accelc_flops / opt.info.flops, 4) if opt.info.flops else None
 
 
 def side_ort(model, inputs, row):
@@ -218,8 +220,11 @@ def side_ort_opt(model, inputs, row, max_timed=3):
             row["ort_opt_error"] = "; ".join(errors)[:600] or "no candidate"
 
 
-SIDES = ("eager", "compile", "compile_ro", "ort", "ort_opt", "accelc", "accelc_nograph", "accelc_int8", "accelc_nonorms",
-         "accelc_nogated")
+# compile_max: torch.compile(mode="max-autotune") (Triton GEMM templates + CUDA graphs), the strongest
+# torch.compile mode; accelc_nopasses: accelc with every pass off (capture, Inductor glue and CUDA graphs
+# only), so that accelc / accelc_nopasses is what accelc's kernels add
+SIDES = ("eager", "compile", "compile_ro", "compile_max", "ort", "ort_opt", "accelc", "accelc_nopasses",
+         "accelc_nograph", "accelc_int8", "accelc_nonorms", "accelc_nogated")
 
 
 def run_model(name, sides, out_dir, batches="all"):
@@ -238,6 +243,10 @@ def run_model(name, sides, out_dir, batches="all"):
                     side_compile(model, inputs, row, None)
                 elif side == "compile_ro":
                     side_compile(model, inputs, row, "reduce-overhead")
+                elif side == "compile_max":
+                    side_compile(model, inputs, row, "max-autotune")
+                elif side == "accelc_nopasses":
+                    side_accelc(model, inputs, row, "accelc_nopasses", passes=())
                 elif side == "ort":
                     side_ort(model, inputs, row)
                 elif side == "ort_opt":
@@ -304,7 +313,7 @@ def _x(a, b):
     return f"{a / b:.2f}x" if a and b else ""
 
 
-_SPEED = re.compile(r"^(\S+)\s+kept\s+accelc::(\S+)\s.*accelc::\S+ ([\d.]+) us vs PyTorch ([\d.]+) us")
+_SPEED = re.compile(r"^(\S+)\s+kept\s+accelc::(\S+)\s.*accelc::\S+ ([\d.]+) us vs PyTorch (?:\([^)]*\) )?([\d.]+) us")
 _REVERTED = re.compile(r"^(\S+)\s+reverted\s+accelc::(\S+)\s.*?(error .*)$")
 
 
@@ -366,17 +375,24 @@ def merge(in_dir, out_dir):
         return f"{v:.3f}" if v else ("error" if f"{k}_error" in r else "")
 
     table = []
-    head = ["model", "batch", "eager", "compile", "compile_ro", "ORT", "ORT optimizer", "accelc", "accelc nograph",
-            "accelc int8", "accelc vs compile_ro", "accelc vs faster ORT", "accelc vs eager", "layers"]
+    head = ["model", "batch", "eager", "compile", "compile_ro", "compile_max", "ORT", "ORT optimizer", "accelc",
+            "accelc no passes", "accelc nograph", "accelc int8", "accelc vs compile_ro", "accelc vs compile_max",
+            "accelc vs faster ORT", "accelc vs eager", "kernels' gain (no passes / accelc)", "FLOPs in accelc kernels",
+            "layers"]
     for r in rows:
         best_ort = min((r[k] for k in ("ort_ms", "ort_opt_ms") if r.get(k)), default=None)
-        table.append([r["model"], r["batch"], ms(r, "eager"), ms(r, "compile"), ms(r, "compile_ro"), ms(r, "ort"),
-                      ms(r, "ort_opt"), ms(r, "accelc"), ms(r, "accelc_nograph"), ms(r, "accelc_int8"),
-                      _x(r.get("compile_ro_ms"), r.get("accelc_ms")), _x(best_ort, r.get("accelc_ms")),
-                      _x(r.get("eager_ms"), r.get("accelc_ms")),
+        share = r.get("accelc_flop_share")
+        table.append([r["model"], r["batch"], ms(r, "eager"), ms(r, "compile"), ms(r, "compile_ro"), ms(r, "compile_max"),
+                      ms(r, "ort"), ms(r, "ort_opt"), ms(r, "accelc"), ms(r, "accelc_nopasses"), ms(r, "accelc_nograph"),
+                      ms(r, "accelc_int8"), _x(r.get("compile_ro_ms"), r.get("accelc_ms")),
+                      _x(r.get("compile_max_ms"), r.get("accelc_ms")), _x(best_ort, r.get("accelc_ms")),
+                      _x(r.get("eager_ms"), r.get("accelc_ms")), _x(r.get("accelc_nopasses_ms"), r.get("accelc_ms")),
+                      f"{share:.1%}" if share is not None else "",
                       "{rewritten}/{reverted}/{kept}".format(**r["accelc_layers"]) if "accelc_layers" in r else ""])
     gm = [r["compile_ro_ms"] / r["accelc_ms"] for r in rows if r.get("compile_ro_ms") and r.get("accelc_ms")]
     geo = statistics.geometric_mean(gm) if gm else None
+    gm_max = [r["compile_max_ms"] / r["accelc_ms"] for r in rows if r.get("compile_max_ms") and r.get("accelc_ms")]
+    geo_max = statistics.geometric_mean(gm_max) if gm_max else None
     md = (f"# Whole models, called as a user calls them ({env['device'] if env else '?'})\n\n"
           + (_common.env_line(env) if env else "") + "\n\n"
           + (f"Runs: {', '.join(sorted(dates))}.\n\n" if len(dates) > 1 else "")
@@ -385,10 +401,14 @@ def merge(in_dir, out_dir):
           "dynamo exporter, IO binding, NHWC convs, cuDNN exhaustive search, its CUDA graph where the session takes "
           "it; ORT optimizer: the same with ORT's transformer optimizer and its fp16 converter (the fastest "
           "correct candidate; which one, below). accelc: the default call "
-          "(Inductor glue, CUDA graph replay); nograph: cuda_graphs=False; int8: Int8Config defaults. "
+          "(Inductor glue, CUDA graph replay); no passes: passes=() (capture, Inductor glue, CUDA graphs: what is "
+          "left without accelc's kernels); nograph: cuda_graphs=False; int8: Int8Config defaults. compile_max: "
+          "torch.compile(mode=\"max-autotune\"). FLOPs in accelc kernels: the share of the model's matmul / conv / "
+          "attention FLOPs the default call runs in accelc kernels after the guard's speed race. "
           "layers: rewritten / reverted / kept as PyTorch.\n\n"
           + _common.md_table(*_drop_empty(head, table))
           + (f"\nGeometric mean, accelc vs compile_ro: {geo:.2f}x\n" if geo else "")
+          + (f"\nGeometric mean, accelc vs compile_max: {geo_max:.2f}x\n" if geo_max else "")
           + ("\nOptimize seconds (accelc.optimize, realistic batch; cold: empty caches in a fresh process, warm: "
              "a second process):\n\n"
              + _common.md_table(["model", "cold s", "warm s"], [[m, v.get("cold"), v.get("warm")] for m, v in opt_s.items()])
