@@ -250,6 +250,10 @@ def attach_generation(opt, job: Job) -> None:
         opt.no_generation(job.model, short_error(e))
         return
     opt.attach_generation(program, step, job.model)
+    if runtime.can_time(job.device):
+        ids = job.kwargs.get("input_ids", job.args[0] if job.args else None)
+        mask = job.kwargs.get("attention_mask")
+        opt.note_speed(ids, mask if mask is not None else torch.ones_like(ids))
     opt.info.seconds["generation step"] = round(time.perf_counter() - t0, 2)
 
 

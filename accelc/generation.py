@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 import types
 import warnings
 
@@ -325,6 +326,34 @@ class OptimizedLM(OptimizedModule):
         # accelc's runner (decode steps bypassing its graphs)
         shell._valid_auto_compile_criteria = lambda *args, **kwargs: False
         return shell
+
+    def measure(self, input_ids, attention_mask, new: int = 32) -> tuple[float, float]:
+        """(ms to the first token, decode tokens/s a sequence) of greedy generate() on this prompt:
+        one generate of `new` tokens to warm up, then one of 1 token and one of `new`, timed with the
+        device synchronised. optimize measures it on a GPU for the summary."""
+        sync = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, do_sample=False)
+        times = []
+        for count in (new, 1, new):
+            sync()
+            t0 = time.perf_counter()
+            self.generate(**kwargs, max_new_tokens=count, min_new_tokens=count)
+            sync()
+            times.append(time.perf_counter() - t0)
+        _, first, total = times
+        return first * 1e3, (new - 1) / max(total - first, 1e-9)
+
+    def note_speed(self, input_ids, attention_mask) -> None:
+        """The summary's generation line gets greedy decoding's speed on the example prompt (measured
+        where the device can be timed: a GPU)."""
+        room = self.cache_step.max_len - input_ids.shape[1]
+        new = min(33, room)
+        if new < 2:
+            return
+        ttft, rate = self.measure(input_ids, attention_mask, new)
+        self.info.generation += (f"; measured at optimize on the example prompt ({input_ids.shape[0]} x "
+                                 f"{input_ids.shape[1]}, greedy): first token {ttft:.1f} ms, decode {rate:.1f} "
+                                 "tokens/s a sequence")
 
     def summary(self) -> str:
         text = super().summary()

@@ -278,3 +278,17 @@ def test_hfs_loop_over_the_step_never_compiles_it_again(monkeypatch):
     with torch.no_grad():
         got = opt.generate(**prompt, max_new_tokens=6, do_sample=True, top_k=5, pad_token_id=0)
     assert got.shape == (2, 11) and opt.last_loop == "hf" and len(calls) == 6 and calls[-1] == (2, 1)
+
+
+def test_the_summary_states_greedy_decodings_speed_where_optimize_measured_it():
+    """On a GPU optimize times greedy generate() on the example prompt (first token, decode tokens/s)
+    for the summary's generation line; here the same measurement is asked directly."""
+    lm = _lm("llama")
+    opt = _optimize(lm, max_cache_len=12)
+    assert "measured at optimize" not in opt.summary()        # the CPU: not timed at optimize
+    prompt = _prompt(2, 6, left_pad=(0, 2))
+    opt.note_speed(prompt["input_ids"], prompt["attention_mask"])
+    line = next(x for x in opt.summary().splitlines() if x.startswith("generation:"))
+    assert "measured at optimize on the example prompt (2 x 6, greedy): first token" in line
+    rate = float(line.rsplit("decode ", 1)[1].split(" tokens/s")[0])
+    assert rate > 0
