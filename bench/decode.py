@@ -7,7 +7,8 @@ Rows: the projections of a decode step (TinyLlama-1.1B, Llama-3-8B, GPT-2 shapes
 sequence, batch 1 and 16), fp16, each side timed like bench/gemm.py (CUDA-graph medians, L2 flushed
 between replays, interleaved rounds): eager (cuBLAS, the epilogue and the gating as separate ops, as
 HF runs them), accelc (the tuned launch: gemv_kernel's candidates race the tensor-core tiles), and
-accelc's fastest tensor-core tile alone (what the race picked before gemv_kernel). GB/s is the
+accelc's fastest tensor-core tile alone (what the race picked before gemv_kernel), and accelc with
+int8 weights (weight-only int8, kernels/int8_weight.py: half the bytes). GB/s is the
 weight's bytes over the time; "% copy" its share of the device's measured copy bandwidth (the same
 yardstick as bench/generate.py's limit).
 
@@ -33,7 +34,8 @@ import _common  # noqa: E402
 _common.fresh_tuning_cache()   # tune every key here
 
 import accelc  # noqa: E402,F401
-from accelc.kernels import gated_linear, gemm  # noqa: E402
+from accelc.kernels import gated_linear, gemm, int8_weight  # noqa: E402
+from accelc.kernels.int8_gemm import quantize_weight  # noqa: E402
 from accelc.kernels.epilogue import activation_ref  # noqa: E402
 from accelc.tuning import config_dict  # noqa: E402
 
@@ -83,6 +85,10 @@ def _row(model, layer, M, K, N, act, has_res, kind, bandwidth):
                                        gated=True) or out
         tuner = gated_linear.TUNER
         ref = (activation_ref(act, x.float() @ wg.float().t()) * (x.float() @ wu.float().t()))
+        w_q, w_scale = int8_weight.quantize_gated(packed)
+
+        def int8w():
+            return int8_weight.gated_linear_w8a16_launch(x, w_q, w_scale, None, N, act)
     else:
         w = torch.randn(N, K, device="cuda", dtype=h) / K ** 0.5
         weight = w.t().contiguous().t() if kind == "conv1d" else w   # (K, N) row-major, read as (N, K)
@@ -100,6 +106,10 @@ def _row(model, layer, M, K, N, act, has_res, kind, bandwidth):
             return lambda: gemm.launch(x, weight, None, r, out, act, config=cfg) or out
         tuner = gemm.TUNER
         ref = gemm.linear_ref(x.float(), w.float(), None, None if r is None else r.float(), act)
+        w_q, w_scale = quantize_weight(w)
+
+        def int8w():
+            return int8_weight.linear_w8a16_launch(x, w_q, w_scale, None, r, act)
     accelc_()   # tunes
     rows_w = packed.shape[0] if kind == "gated" else N
     key = [k for k in tuner.chosen if k[:3] == (triton.next_power_of_2(M), rows_w, K)][-1]
@@ -107,7 +117,9 @@ def _row(model, layer, M, K, N, act, has_res, kind, bandwidth):
     timings = tuner.timings.get(key, [])
     tiles = [(c, us) for c, us in timings if us is not None and not c.get("GEMV")]
     gemvs = [(c, us) for c, us in timings if us is not None and c.get("GEMV")]
-    variants = {"eager": eager, "accelc": accelc_}
+    variants = {"eager": eager, "accelc": accelc_, "accelc_int8w": int8w}   # int8w: weight-only int8
+    moved = {k: weight_bytes for k in variants}
+    moved["accelc_int8w"] = w_q.numel() + 4 * w_scale.numel()
     if tiles:
         best_tile = min(tiles, key=lambda t: t[1])[0]
         cfg = next(c for c in tuner.configs if config_dict(c) == best_tile)
@@ -118,10 +130,11 @@ def _row(model, layer, M, K, N, act, has_res, kind, bandwidth):
     row["rel_err"] = {k: _common.rel_l2(f().float(), ref) for k, f in variants.items()}
     _common.time_rounds(variants, row, ROUNDS, flops=2 * M * N * K * (2 if kind == "gated" else 1))
     for k in variants:
-        gbs = weight_bytes / row[k]["us"] / 1e3
+        gbs = moved.get(k, weight_bytes) / row[k]["us"] / 1e3
         row[k]["gbs"] = round(gbs, 1)
         row[k]["copy_share"] = round(gbs / bandwidth, 3)
     _common.ratios(row, against=("eager",) + (("accelc_tiles",) if tiles else ()))
+    _common.ratios(row, fast="accelc_int8w", against=("accelc",))
     print(f"{model} {layer}: eager {row['eager']['us']:.1f} us ({row['eager']['copy_share']:.0%} copy), accelc "
           f"{row['accelc']['us']:.1f} ({row['accelc']['copy_share']:.0%}; {'gemv' if picked.get('GEMV') else 'tile'})"
           + (f", tiles alone {row['accelc_tiles']['us']:.1f}" if tiles else ""), flush=True)
@@ -134,7 +147,7 @@ def rows_for(bandwidth):
 
 def markdown(env, rows) -> str:
     head = ["model", "layer", "M x K x N", "eager us", "accelc us", "accelc GB/s", "% copy bw", "eager % copy",
-            "vs eager", "tiles alone us", "vs tiles", "picked"]
+            "vs eager", "tiles alone us", "vs tiles", "picked", "int8 weights us", "int8 GB/s", "int8 vs accelc fp16"]
     body = []
     for r in rows:
         tiles = r.get("accelc_tiles")
@@ -143,10 +156,12 @@ def markdown(env, rows) -> str:
                      r["accelc"]["gbs"], f"{r['accelc']['copy_share']:.0%}", f"{r['eager']['copy_share']:.0%}",
                      _common.ratio_cell(r["vs_eager"]), tiles["us"] if tiles else "",
                      _common.ratio_cell(r["vs_accelc_tiles"]) if tiles else "",
-                     ("gemv " if p.get("GEMV") else "tile ") + f"{p['BLOCK_M']}x{p['BLOCK_N']}x{p['BLOCK_K']}"])
+                     ("gemv " if p.get("GEMV") else "tile ") + f"{p['BLOCK_M']}x{p['BLOCK_N']}x{p['BLOCK_K']}",
+                     r.get("accelc_int8w", {}).get("us", ""), r.get("accelc_int8w", {}).get("gbs", ""),
+                     _common.ratio_cell(r["vs_accelc"]) if "vs_accelc" in r else ""])
     return ("# Decode-step projections (fp16)\n\n" + _common.env_line(env)
             + f"\n\ncopy bandwidth {env.get('copy_gbs')} GB/s (read + write bytes of a 1 GiB device copy); "
-            "GB/s: the weight's bytes over the time; speedups: median of per-round ratios [min, max]\n\n"
+            "GB/s: the weight's bytes over the time (int8 weights: their bytes and scales); speedups: median of per-round ratios [min, max]\n\n"
             + _common.md_table(head, body))
 
 
