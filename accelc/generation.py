@@ -350,7 +350,11 @@ class OptimizedLM(OptimizedModule):
         new = min(33, room)
         if new < 2:
             return
-        ttft, rate = self.measure(input_ids, attention_mask, new)
+        try:
+            ttft, rate = self.measure(input_ids, attention_mask, new)
+        except Exception as e:   # a measurement, not a verdict: generate()'s own failure shows at the user's call
+            self.info.generation += f"; not timed at optimize ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+            return
         self.info.generation += (f"; measured at optimize on the example prompt ({input_ids.shape[0]} x "
                                  f"{input_ids.shape[1]}, greedy): first token {ttft:.1f} ms, decode {rate:.1f} "
                                  "tokens/s a sequence")
