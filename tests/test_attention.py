@@ -244,3 +244,23 @@ def test_baddbmm_that_is_no_attention_stays_and_keeps_beta_and_alpha():
     assert not opt.rewritten
     with torch.no_grad():
         torch.testing.assert_close(opt(c, a, b), M()(c, a, b))
+
+
+class _ModuleSoftmax(nn.Module):
+    """Written-out attention whose softmax is an nn.Softmax module (as several vision and audio
+    models write it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, q, k, v, mask):
+        return self.softmax(q @ k.transpose(-2, -1) * 0.125 + mask) @ v
+
+
+def test_written_attention_with_an_nn_softmax_module_is_found():
+    q, k, v = (torch.randn(2, 2, 19, 32) for _ in range(3))
+    mask = torch.randn(2, 1, 1, 19)
+    opt = _optimize(_ModuleSoftmax(), q, k, v, mask)
+    nodes = [n for n in opt.graph_module.graph.nodes if n.target is FLASH]
+    assert len(nodes) == 1 and len(_attention_rows(opt)) == 1 and nodes[0].args[5] == pytest.approx(0.125)

@@ -310,6 +310,10 @@ def _canonical_module(gm, n, mod):
         with g.inserting_before(n):
             new = g.call_function(F.gelu, (n.args[0],), _gelu_kwargs(mod.approximate))
         swap(n, new)
+    elif type(mod) is nn.Softmax and mod.dim is not None:     # (dim=None: the legacy implicit dim, left as is)
+        with g.inserting_before(n):
+            new = g.call_function(F.softmax, (n.args[0], mod.dim))
+        swap(n, new)
     elif type(mod) in (nn.ZeroPad2d, nn.ConstantPad2d) and mod.value == 0:
         with g.inserting_before(n):
             new = g.call_function(F.pad, (n.args[0], tuple(mod.padding)))
