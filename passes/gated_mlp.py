@@ -1,7 +1,9 @@
 """gated_mlp: a gated MLP's input side, `act(gate(x)) * up(x)` with both projections Linear layers
 of the same input, -> torch.ops.accelc.gated_linear (kernels/gated_linear.py): SwiGLU (Llama,
 Mistral, Qwen: silu), GeGLU (T5 v1.1, Gemma: gelu, exact or tanh, however capture found it
-written), ReGLU (relu), in either operand order of the product.
+written), ReGLU (relu), in either operand order of the product; and the fused form, one
+`gate_up` projection chunked in two along its output (`gate, up = gate_up(x).chunk(2, -1)`, Phi-3),
+whose weight's halves are the gate and up weights.
 
 Runs before linear_act, which would otherwise take the gate projection with its activation and
 leave the product and the second GEMM. The two weights (parameters of the model) are packed once,
@@ -34,6 +36,58 @@ def _pattern(act: str, gate_first: bool) -> Pattern:
         def gated(x, w_gate, b_gate, w_up, b_up):
             return F.linear(x, w_up, b_up) * fn(F.linear(x, w_gate, b_gate), **kw)
     return Pattern(f"{act}(gate)*up" if gate_first else f"up*{act}(gate)", gated)
+
+
+def _fused_pattern(act: str, gate_first: bool) -> Pattern:
+    fn, kw = ACTIVATIONS[act]
+
+    if gate_first:
+        def fused(x, w, b):
+            halves = torch.chunk(F.linear(x, w, b), 2, -1)
+            return fn(halves[0], **kw) * halves[1]
+    else:
+        def fused(x, w, b):
+            halves = torch.chunk(F.linear(x, w, b), 2, -1)
+            return halves[1] * fn(halves[0], **kw)
+    return Pattern(f"chunk(gate_up) {act}(gate)*up" if gate_first else f"chunk(gate_up) up*{act}(gate)", fused)
+
+
+def _halves(gm, m) -> tuple:
+    """A fused gate_up layer's (w_gate, w_up, b_gate, b_up) values: the first and second halves of its
+    output rows."""
+    w = attr_value(gm, m.input("w")).detach()
+    b = attr_value(gm, m.input("b")).detach() if m.input("b") is not None else None
+    n = w.shape[0] // 2
+    return w[:n], w[n:], (b[:n] if b is not None else None), (b[n:] if b is not None else None)
+
+
+def _check_fused(m, ctx, act: str) -> str | None:
+    x = meta.meta_tensor(m.input("x"))
+    w, b = m.input("w"), m.input("b")
+    if not _is_param(w) or (b is not None and not _is_param(b)):
+        return "weights computed at run time (the packed weight is made once, ahead)"
+    wm = meta.meta_tensor(w)
+    if x is None or wm is None:
+        return "input shapes unknown"
+    if wm.dim() != 2 or wm.shape[0] % 2:
+        return f"the fused gate_up weight {tuple(wm.shape)} does not split in two halves of rows"
+    n = wm.shape[0] // 2
+    bm = meta.meta_tensor(b) if b is not None else None
+    return why_unsupported(x, wm[:n], wm[n:], bm[:n] if bm is not None else None, bm[n:] if bm is not None else None,
+                           activation=act)
+
+
+def _build_fused(m, ctx, act: str) -> Replacement:
+    gm = m.gm
+    weight, bias = pack(*_halves(gm, m))
+    stem = m.input("w").target.replace(".", "_") + "_accelc_gated"
+    aux = [add_constant(gm, stem, weight, before=m.anchor, path=meta.path(m.input("w")))]
+    if bias is not None:
+        aux.append(add_constant(gm, stem + "_bias", bias, before=m.anchor, path=meta.path(m.input("w"))))
+    n = attr_value(gm, m.input("w")).shape[0] // 2
+    args = (m.input("x"), aux[0], aux[1] if bias is not None else None, n)
+    return Replacement(GATED_LINEAR, args, dict(activation=act, allow_tf32=ctx.config.fp32_precision == "tf32"),
+                       kind="gated_linear", kernel=f"accelc::gated_linear[{act}]", aux=tuple(aux))
 
 
 def _check(m, ctx, act: str) -> str | None:
@@ -75,5 +129,8 @@ def _build(m, ctx, act: str) -> Replacement:
 
 RULES = tuple(Rule(_pattern(act, first), build=functools.partial(_build, act=act),
                    check=functools.partial(_check, act=act))
-              for act in ACTIVATIONS if act != "none" for first in (True, False))
+              for act in ACTIVATIONS if act != "none" for first in (True, False)) + tuple(
+    Rule(_fused_pattern(act, first), build=functools.partial(_build_fused, act=act),
+         check=functools.partial(_check_fused, act=act))
+    for act in ACTIVATIONS if act != "none" for first in (True, False))
 PASS = Pass("gated_mlp", RULES)

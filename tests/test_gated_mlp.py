@@ -200,3 +200,65 @@ def test_weights_computed_at_run_time_stay_two_linears():
     assert not [k for k in _kernels(opt).values() if "gated" in k], opt.summary()
     with torch.no_grad():
         assert torch.allclose(opt(x), model(x), atol=1e-4)
+
+
+class _FusedGateUp(nn.Module):
+    """Phi-3's form: one gate_up projection chunked in two along its output, `up * act(gate)`;
+    `dim` as the model writes it (2 is the last dim of a 3-D input, as -1)."""
+
+    def __init__(self, dim=-1, bias=False, order="up_first"):
+        super().__init__()
+        self.gate_up = nn.Linear(32, 2 * 40, bias=bias)
+        self.down = nn.Linear(40, 32)
+        self.dim, self.order = dim, order
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=self.dim)
+        return self.down(up * F.silu(gate) if self.order == "up_first" else F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("dim,bias,order", [(-1, False, "up_first"), (2, True, "gate_first")])
+def test_a_fused_gate_up_projection_chunked_in_two_is_one_gated_linear(dim, bias, order):
+    torch.manual_seed(0)
+    model = _FusedGateUp(dim, bias, order).to(DEVICE).eval()
+    x = torch.randn(2, 7, 32, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    kernels = [r.kernel for r in opt.layers if r.status == "rewritten"]
+    assert "accelc::gated_linear[silu]" in kernels, opt.summary()
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_chunk_along_another_dim_is_no_gated_mlp():
+    class Rows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 80)
+
+        def forward(self, x):          # halves of the rows (dim 0), not of the output features
+            a, b = self.fc(x).chunk(2, dim=0)
+            return b * F.silu(a)
+    model = Rows().to(DEVICE).eval()
+    x = torch.randn(4, 32, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    assert not any("gated_linear" in r.kernel for r in opt.layers if r.kernel)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_phi3s_mlp_under_torch_export_is_one_gated_linear():
+    T = pytest.importorskip("transformers")
+    import warnings
+    cfg = T.Phi3Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                       intermediate_size=64, vocab_size=100, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = T.Phi3Model(cfg).to(DEVICE).eval()
+        ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+        opt = accelc.optimize(model, {"input_ids": ids})
+    assert opt.info.capture_method == "torch.export"
+    assert [r.kernel for r in opt.layers if r.status == "rewritten"].count("accelc::gated_linear[silu]") == 1
+    with torch.no_grad():
+        got, want = opt(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -57,10 +57,11 @@ _FUNCTIONS = {
     aten.scaled_dot_product_attention.default: F.scaled_dot_product_attention,
     operator.truediv: operator.truediv, torch.div: operator.truediv, aten.div.Tensor: operator.truediv,
     operator.mul: operator.mul, torch.mul: operator.mul, aten.mul.Tensor: operator.mul,
+    torch.chunk: torch.chunk, aten.chunk.default: torch.chunk,
 }
 _METHODS = {"addmm": torch.addmm, "bmm": torch.matmul, "baddbmm": torch.baddbmm, "relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "add": operator.add,
             "matmul": torch.matmul, "t": torch.t, "softmax": F.softmax, "transpose": torch.transpose,
-            "mul": operator.mul, "div": operator.truediv}
+            "mul": operator.mul, "div": operator.truediv, "chunk": torch.chunk}
 # in-place spelling -> out-of-place canonical (only where the mutated input has no other reader)
 _INPLACE_FUNCTIONS = {torch.relu_: F.relu, operator.iadd: operator.add, aten.relu_.default: F.relu,
                       aten.add_.Tensor: operator.add, aten.hardswish_.default: F.hardswish,
@@ -380,6 +381,12 @@ def _retarget(n, target):
         if kwargs.get("dtype") is not None or dim is None or len(args) > 2 and args[2] is not False:
             return  # softmax with a dtype cast (or aten's half_to_float) stays as written
         args, kwargs = (args[0], dim), {}
+    elif target is torch.chunk:     # (input, chunks, dim); dims_from_end counts dim from the end
+        bound = dict(zip(("input", "chunks", "dim"), args))
+        if len(args) > 3 or set(kwargs) - {"chunks", "dim"}:
+            return
+        args = (bound["input"], bound.get("chunks", kwargs.get("chunks")), bound.get("dim", kwargs.get("dim", 0)))
+        kwargs = {}
     elif target in _CANONICAL_ARGS:
         names, defaults, n_positional = _CANONICAL_ARGS[target]
         if set(kwargs) - set(names) or len(args) > len(names):
@@ -408,6 +415,20 @@ _CANONICAL_ARGS = {
         ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
         (None, None, None, None, 0.0, False, None, False), 6),
 }
+
+
+def dims_from_end(graph: fx.Graph) -> bool:
+    """A chunk's dim counted from the end (chunk(2, dim=2) of a 3-D value is chunk(2, -1)), so that
+    one pattern matches however the model wrote it; needs the values' shapes (record_meta).
+    Returns whether anything changed."""
+    changed = False
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is torch.chunk and isinstance(n.args[2], int) and n.args[2] >= 0:
+            value = meta.meta_tensor(n.args[0])
+            if value is not None:
+                n.args = (n.args[0], n.args[1], n.args[2] - value.dim())
+                changed = True
+    return changed
 
 
 def _gelu_kwargs(approximate: str) -> dict:
