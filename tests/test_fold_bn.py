@@ -19,3 +19,47 @@ def test_bn_folding_is_exact_up_to_rounding():
     ref16, _ = fold(cv.weight.half().double(), None, bn.running_mean.half().double(),
                     bn.running_var.half().double(), bn.weight.half().double(), bn.bias.half().double(), bn.eps)
     assert w16.dtype == torch.float16 and rel_l2(w16, ref16) < 1e-3
+
+
+class _BatchNormAct2d(nn.BatchNorm2d):
+    """timm's BatchNormAct2d: BN and its activation in one module, asserting its input's rank first
+    (an extra reader of the conv's output)."""
+
+    def __init__(self, c):
+        super().__init__(c)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        torch._assert(x.ndim == 4, f"expected 4D input (got {x.ndim}D input)")
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.1, self.eps)
+        return self.act(x)
+
+
+def test_a_bn_act_module_that_asserts_its_inputs_rank_still_folds_into_the_conv():
+    import warnings
+
+    import accelc
+    from conftest import DEVICE
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+            self.bn = _BatchNormAct2d(8)
+
+        def forward(self, x):
+            return self.bn(self.conv(x))
+    torch.manual_seed(0)
+    model = Net().eval()
+    with torch.no_grad():
+        model.bn.running_mean.normal_()
+        model.bn.running_var.uniform_(0.5, 2)
+    model = model.to(DEVICE)
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(model, (x,))
+    rows = [(r.name, r.kernel, r.status) for r in opt.layers]
+    assert rows == [("conv+bn+bn.act", "accelc::conv2d[silu]", "rewritten")], rows    # the assert: glue, not a layer
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5

@@ -431,6 +431,60 @@ def dims_from_end(graph: fx.Graph) -> bool:
     return changed
 
 
+_SHAPE_ATTRS = ("ndim", "shape")     # (not dtype / device: a cast in the chain keeps the shape, not the dtype)
+_SHAPE_METHODS = ("dim", "size")
+
+
+def _reads_shape_only(n: fx.Node, of: fx.Node) -> bool:
+    """n reads only the rank or shape of `of` (timm's `_assert(x.ndim == 4)`)."""
+    if n.op == "call_function" and n.target is getattr:
+        return n.args[0] is of and n.args[1] in _SHAPE_ATTRS
+    return n.op == "call_method" and n.target in _SHAPE_METHODS and n.args[0] is of
+
+
+def shape_reads_last(graph: fx.Graph) -> bool:
+    """A value read for its shape alone (`x.ndim`, `x.size()`) besides its one real reader is read at
+    the end of the chain of shape-preserving single readers that follows it instead (conv -> BN ->
+    act: the shape of act's output is the conv's), the shape reads and what uses them moved after
+    it: an extra reader of a layer's inside no longer stops the rules from taking the chain (timm's
+    BatchNormAct2d asserts the rank of its input, the conv's output). Needs the values' shapes
+    (record_meta). Returns whether anything changed."""
+    changed = False
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for n in list(graph.nodes):
+        shape_users = [u for u in n.users if _reads_shape_only(u, n)]
+        if not shape_users or not isinstance(meta.meta_tensor(n), torch.Tensor):
+            continue
+        dependents, frontier = set(), list(shape_users)     # what the shape reads feed (a reshape by them...)
+        while frontier:
+            u = frontier.pop()
+            if u not in dependents:
+                dependents.add(u)
+                frontier.extend(u.users)
+        end = n
+        while True:
+            values = [u for u in end.users if not _reads_shape_only(u, end)]
+            if len(values) != 1 or values[0].op not in ("call_function", "call_method", "call_module") \
+                    or not values[0].args or values[0].args[0] is not end or values[0] in dependents:
+                break
+            here, there = meta.meta_tensor(end), meta.meta_tensor(values[0])
+            if there is None or here.shape != there.shape:
+                break
+            end = values[0]
+        if end is n:
+            continue
+        moving = sorted((u for u in dependents if order[u] < order[end]), key=order.__getitem__)
+        for u in shape_users:
+            u.replace_input_with(n, end)
+        at = end
+        for u in moving:
+            at.append(u)
+            at = u
+        order = {x: i for i, x in enumerate(graph.nodes)}
+        changed = True
+    return changed
+
+
 def _gelu_kwargs(approximate: str) -> dict:
     return dict(ACTIVATIONS["gelu_tanh" if approximate == "tanh" else "gelu"][1])
 
