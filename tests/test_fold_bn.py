@@ -63,3 +63,31 @@ def test_a_bn_act_module_that_asserts_its_inputs_rank_still_folds_into_the_conv(
     assert rows == [("conv+bn+bn.act", "accelc::conv2d[silu]", "rewritten")], rows    # the assert: glue, not a layer
     with torch.no_grad():
         assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+def test_a_shape_read_that_the_chain_itself_uses_stays_where_it_is():
+    """x.shape read off the conv's output and fed to a reshape inside the conv -> BN -> relu chain:
+    the read cannot move past the node it feeds (the graph would read a value before it exists)."""
+    import warnings
+
+    import accelc
+    from conftest import DEVICE
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            x = self.conv(x)
+            b, c, h, w = x.shape
+            return F.relu(self.bn(x).reshape(b, c, h, w)).flatten(1)
+    model = Net().eval().to(DEVICE)
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(model, (x,))
+    assert opt.layers[0].kernel.startswith("accelc::conv2d")
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
