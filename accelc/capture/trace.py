@@ -26,7 +26,8 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from accelc import meta
-from accelc.capture.canonical import canonicalize, dims_from_end, shape_reads_last, unflatten_addmm
+from accelc.capture.canonical import canonicalize
+from accelc.capture.shaped import settle_shaped
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out, restore_buffers
 from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes
@@ -153,7 +154,7 @@ def make_canonical(gm: fx.GraphModule, args: tuple):
     canonicalize(gm)
     with torch.no_grad():
         out = record_meta(gm, args)
-    if unflatten_addmm(gm.graph) | dims_from_end(gm.graph) | shape_reads_last(gm.graph):   # need record_meta's shapes
+    if settle_shaped(gm.graph):     # needs the shapes record_meta gives
         gm.graph.lint()
         gm.recompile()
     return out
