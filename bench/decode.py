@@ -85,7 +85,7 @@ def _row(model, layer, M, K, N, act, has_res, kind, bandwidth):
                                        gated=True) or out
         tuner = gated_linear.TUNER
         ref = (activation_ref(act, x.float() @ wg.float().t()) * (x.float() @ wu.float().t()))
-        w_q, w_scale = int8_weight.quantize_gated(packed)
+        w_q, w_scale = quantize_weight(packed)
 
         def int8w():
             return int8_weight.gated_linear_w8a16_launch(x, w_q, w_scale, None, N, act)

@@ -22,7 +22,7 @@ import torch
 from accelc import runtime
 from accelc.kernels import gated_linear, gemm
 from accelc.kernels.epilogue import activation_ref, epilogue_ref, residual_as
-from accelc.kernels.int8_gemm import quantize_weight, weight_problem
+from accelc.kernels.int8_gemm import weight_problem
 from accelc.tuning import Tuner, check_once
 
 # own tuners: an int8 weight moves half the bytes of a float one, so its best tiles differ (and the
@@ -32,11 +32,6 @@ TUNER = Tuner("linear_w8a16", gemm.linear_kernel, gemm.CONFIGS, prune=gemm.prune
 GATED_TUNER = Tuner("gated_linear_w8a16", gemm.linear_kernel, gemm.CONFIGS, prune=gemm.prune_configs,
                     default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
 _CHECKED: set = set()
-
-
-def quantize_gated(packed: torch.Tensor):
-    """A gated layer's interleaved (2 Np, K) float weight -> (w_q int8, w_scale fp32), per packed row."""
-    return quantize_weight(packed)
 
 
 def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none") -> str | None:
@@ -131,4 +126,4 @@ def _(x, w_q, w_scale, bias, n, activation="silu"):
 
 
 __all__ = ["GATED_TUNER", "TUNER", "gated_linear_w8a16", "gated_linear_w8a16_launch", "gated_linear_w8a16_ref",
-           "linear_w8a16", "linear_w8a16_launch", "linear_w8a16_ref", "quantize_gated", "why_unsupported"]
+           "linear_w8a16", "linear_w8a16_launch", "linear_w8a16_ref", "why_unsupported"]

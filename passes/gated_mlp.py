@@ -78,16 +78,7 @@ def _check_fused(m, ctx, act: str) -> str | None:
 
 
 def _build_fused(m, ctx, act: str) -> Replacement:
-    gm = m.gm
-    weight, bias = pack(*_halves(gm, m))
-    stem = m.input("w").target.replace(".", "_") + "_accelc_gated"
-    aux = [add_constant(gm, stem, weight, before=m.anchor, path=meta.path(m.input("w")))]
-    if bias is not None:
-        aux.append(add_constant(gm, stem + "_bias", bias, before=m.anchor, path=meta.path(m.input("w"))))
-    n = attr_value(gm, m.input("w")).shape[0] // 2
-    args = (m.input("x"), aux[0], aux[1] if bias is not None else None, n)
-    return Replacement(GATED_LINEAR, args, dict(activation=act, allow_tf32=ctx.config.fp32_precision == "tf32"),
-                       kind="gated_linear", kernel=f"accelc::gated_linear[{act}]", aux=tuple(aux))
+    return _gated_call(m, ctx, act, _halves(m.gm, m), m.input("w"))
 
 
 def _check(m, ctx, act: str) -> str | None:
@@ -114,15 +105,21 @@ def _is_param(n) -> bool:
 
 
 def _build(m, ctx, act: str) -> Replacement:
+    nodes = [m.input(k) for k in ("w_gate", "w_up", "b_gate", "b_up")]
+    return _gated_call(m, ctx, act, [attr_value(m.gm, n).detach() if n is not None else None for n in nodes],
+                       nodes[0])
+
+
+def _gated_call(m, ctx, act: str, values: list, named: torch.fx.Node) -> Replacement:
+    """The gated_linear call over (w_gate, w_up, b_gate, b_up) packed once into a buffer named after
+    `named` (the gate's or the fused projection's weight)."""
     gm = m.gm
-    wg, wu, bg, bu = (m.input(k) for k in ("w_gate", "w_up", "b_gate", "b_up"))
-    value = [attr_value(gm, n).detach() if n is not None else None for n in (wg, wu, bg, bu)]
-    weight, bias = pack(*value)
-    stem = wg.target.replace(".", "_") + "_accelc_gated"
-    aux = [add_constant(gm, stem, weight, before=m.anchor, path=meta.path(wg))]
+    weight, bias = pack(*values)
+    stem = named.target.replace(".", "_") + "_accelc_gated"
+    aux = [add_constant(gm, stem, weight, before=m.anchor, path=meta.path(named))]
     if bias is not None:
-        aux.append(add_constant(gm, stem + "_bias", bias, before=m.anchor, path=meta.path(wg)))
-    args = (m.input("x"), aux[0], aux[1] if bias is not None else None, value[0].shape[0])
+        aux.append(add_constant(gm, stem + "_bias", bias, before=m.anchor, path=meta.path(named)))
+    args = (m.input("x"), aux[0], aux[1] if bias is not None else None, values[0].shape[0])
     return Replacement(GATED_LINEAR, args, dict(activation=act, allow_tf32=ctx.config.fp32_precision == "tf32"),
                        kind="gated_linear", kernel=f"accelc::gated_linear[{act}]", aux=tuple(aux))
 

@@ -27,7 +27,6 @@ from torch import fx
 
 from accelc import meta
 from accelc.kernels.int8_gemm import quantize_weight
-from accelc.kernels.int8_weight import quantize_gated
 from accelc.layer_runner import LayerRunner
 from accelc.meta import attr_value
 from accelc.records import Rewrite
@@ -134,7 +133,7 @@ def _to_w8a16(gm, n: fx.Node) -> None:
     rw = meta.rewrite_of(n)
     weight = _weight_tensor(gm, n.args[1]).detach()
     prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_int8w"
-    w_q, w_scale = quantize_gated(weight) if n.target is GATED else quantize_weight(weight)
+    w_q, w_scale = quantize_weight(weight)     # (a gated layer's: per row of its interleaved weight)
     aux = [add_constant(gm, prefix, w_q, before=n), add_constant(gm, prefix + "_scale", w_scale, before=n)]
     sizes = (weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4)
     if n.target is GATED:

@@ -40,7 +40,7 @@ def test_gated_linear_w8a16_matches_its_reference(m):
     wg, wu = (torch.randn(n, k, device=DEVICE) / k ** 0.5 for _ in range(2))
     bg = torch.randn(n, device=DEVICE)
     packed, bias = gated_linear.pack(wg, wu, bg, None)
-    w_q, w_scale = int8_weight.quantize_gated(packed)
+    w_q, w_scale = quantize_weight(packed)
     out = int8_weight.gated_linear_w8a16_launch(x, w_q, w_scale, bias, n, "silu")
     ref = int8_weight.gated_linear_w8a16_ref(x.double(), w_q, w_scale, bias, n, "silu")
     assert out.shape == (m, n) and rel_l2(out, ref) <= 1e-5
