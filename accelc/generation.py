@@ -276,10 +276,14 @@ class OptimizedLM(OptimizedModule):
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         all_done = torch.zeros(new, dtype=torch.bool, device=device)
         logits = step(input_ids, keys, positions, start)
+        # the stop tokens banned until min_new_tokens, as HF's processor bans them: the vocabulary's
+        # entries among them (a stop id past the vocabulary, which a config may name, is never produced;
+        # indexing the scores with it was a device-side assert on a GPU)
+        banned = None if eos is None else torch.isin(torch.arange(logits.shape[-1], device=device), eos)
         for i in range(new):
             scores = logits.float()
-            if eos is not None and i < min_new:
-                scores[:, eos] = float("-inf")
+            if banned is not None and i < min_new:
+                scores = scores.masked_fill(banned, float("-inf"))
             token = scores.argmax(-1)
             if eos is not None:
                 token = torch.where(finished, pad, token)
