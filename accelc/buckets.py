@@ -103,7 +103,8 @@ class Padding:
                         tail = a.narrow(d, a.shape[d] - 1, 1).expand(*a.shape[:d], extra, *a.shape[d + 1:])
                     else:
                         tail = a.new_full((*a.shape[:d], extra, *a.shape[d + 1:]), fill)
-                    a = torch.cat([a, tail], d)
+                    # the tail in a's own layout: a row-major one made the cat of a channels_last input row-major
+                    a = torch.cat([a, tail.contiguous(memory_format=_layout(a))], d)
             out.append(a)
         return tuple(out)
 
@@ -318,3 +319,10 @@ def _mismatch(got, want, tolerance) -> str:
         if err > tolerance(w.dtype):
             return f"relative L2 error {err:.1e}"
     return ""
+
+
+def _layout(t: torch.Tensor) -> torch.memory_format:
+    """t's memory format: channels_last (3d) where t is that and not row-major, else row-major."""
+    cl = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    return cl if cl is not None and not t.is_contiguous() and t.is_contiguous(memory_format=cl) else \
+        torch.contiguous_format

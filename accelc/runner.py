@@ -323,15 +323,20 @@ def allocating_in(pool, device: torch.device):
 
 
 def output_slots(outputs, arena_for: Callable):
-    """outputs with each tensor leaf replaced by a contiguous view of its shape and dtype into one
-    byte arena (arena_for(total bytes); each slot 256-byte aligned); other leaves as they are."""
+    """outputs with each tensor leaf replaced by a view of its shape, dtype and memory layout into
+    one byte arena (arena_for(total bytes); each slot 256-byte aligned); other leaves as they are.
+    The layout is the output's own where it is dense (a channels_last output stays channels_last,
+    as eager returns it; a row-major slot changed every CNN's output layout under CUDA graphs),
+    row-major otherwise."""
     leaves, spec = pytree.tree_flatten(outputs)
     sizes = [-(-t.numel() * t.element_size() // 256) * 256 if isinstance(t, torch.Tensor) else 0 for t in leaves]
     arena = arena_for(sum(sizes))
     slots, offset = [], 0
     for t, size in zip(leaves, sizes):
         if isinstance(t, torch.Tensor):
-            slots.append(arena[offset:offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape))
+            dense = torch.empty_like(t, device="meta").stride()     # t's strides where t is dense
+            slots.append(arena[offset:offset + t.numel() * t.element_size()].view(t.dtype)
+                         .as_strided(t.shape, dense))
             offset += size
         else:
             slots.append(t)

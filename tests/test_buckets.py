@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import accelc
-from accelc import buckets, runner
+from accelc import buckets, runner, runtime
 from accelc.capture.shapes import DimRange, InputShapes
 from accelc.errors import InputError
 from accelc.numerics import rel_l2
@@ -150,17 +150,25 @@ def test_outputs_land_in_one_arena_aligned_each_in_its_dtype():
         made.append(torch.zeros(n, dtype=torch.uint8))
         return made[-1]
     outs = {"h": torch.randn(3, 5), "ids": torch.arange(7), "flag": torch.tensor(True), "n": 3,
-            "half": torch.randn(2, 3).half().t()}
+            "half": torch.randn(2, 3).half().t(),
+            "image": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+            "gaps": torch.randn(4, 6)[:, :3]}
     slots = runner.output_slots(outs, arena_for)
-    assert len(made) == 1 and made[0].numel() == 4 * 256
-    for k in ("h", "ids", "flag", "half"):
-        assert slots[k].shape == outs[k].shape and slots[k].dtype == outs[k].dtype and slots[k].is_contiguous()
+    tensors = ("h", "ids", "flag", "half", "image", "gaps")
+    assert len(made) == 1 and made[0].numel() == 7 * 256             # the image takes two slots of 256
+    for k in tensors:
+        assert slots[k].shape == outs[k].shape and slots[k].dtype == outs[k].dtype
         assert slots[k].untyped_storage().data_ptr() == made[0].untyped_storage().data_ptr()
         slots[k].copy_(outs[k])
         assert torch.equal(slots[k], outs[k])
+    # each dense output keeps its layout (eager's channels_last image stays channels_last: a row-major
+    # slot changed CNNs' output layout under CUDA graphs); one with gaps is row-major
+    for k in ("h", "ids", "flag", "half", "image"):
+        assert slots[k].stride() == outs[k].stride(), k
+    assert slots["image"].is_contiguous(memory_format=torch.channels_last) and slots["gaps"].is_contiguous()
     assert slots["n"] == 3
-    starts = sorted(s.data_ptr() - made[0].data_ptr() for s in (slots["h"], slots["ids"], slots["flag"], slots["half"]))
-    assert starts == [0, 256, 512, 768]
+    starts = sorted(slots[k].data_ptr() - made[0].data_ptr() for k in tensors)
+    assert starts == [0, 256, 512, 768, 1024, 1536]
 
 
 def test_optimize_finds_the_padding_and_says_it(monkeypatch):
@@ -199,7 +207,8 @@ def test_warmup_shapes_are_checked_and_said():
     torch.manual_seed(0)
     model = _bert()
     opt = accelc.optimize(model, _ids(2, 16), warmup_shapes=[{"input_ids": (4, 32)}, {"attention_mask": (1, 8)}])
-    assert "2 warm-up shape(s) not captured: no CUDA graphs on this device" in opt.summary()
+    said = ("captured at optimize time" if runtime.can_time(DEVICE) else "not captured: no CUDA graphs on this device")
+    assert f"2 warm-up shape(s) {said}" in opt.summary()
     for shapes, message in [
         ([{"input_id": (4, 32)}], "the optimized model's inputs are"),
         ([{"input_ids": (4, 65)}], "dim 1 is 65, outside its range 1..64"),
@@ -234,7 +243,8 @@ def test_warmup_of_every_bucket_needs_ranges_with_an_end(monkeypatch):
     dyn = {"input_ids": {0: (1, 4), 1: (1, 16)}, "attention_mask": {0: (1, 4), 1: (1, 16)}}
     opt = accelc.optimize(_bert(), _ids(2, 16), warmup_shapes="buckets", dynamic=dyn)
     # batch 1, 2, 4 x length 1, 2, 4, 8, 12, 16; on the CPU nothing is captured, and that is said
-    assert "18 warm-up shape(s) not captured" in opt.summary()
+    said = "captured at optimize time" if runtime.can_time(DEVICE) else "not captured"
+    assert f"18 warm-up shape(s) {said}" in opt.summary()
 
 
 def test_inputs_at_repeat_the_example():
@@ -242,3 +252,20 @@ def test_inputs_at_repeat_the_example():
     ids = torch.arange(6).reshape(2, 3)
     (got,) = shapes.inputs_at((ids,), {"s0": 3, "s1": 5})
     assert got.tolist() == [[0, 1, 2, 0, 1], [3, 4, 5, 3, 4], [0, 1, 2, 0, 1]]
+
+
+def test_padding_keeps_each_inputs_memory_layout():
+    """A channels_last image padded along its batch, height or width stays channels_last (a row-major
+    zero tail made the cat row-major: the kernels then ran, and the outputs came back, in another
+    layout than eager's), with both fills; a row-major input stays row-major."""
+    image = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    rows = torch.randn(2, 7)
+    for d in (0, 2, 3):
+        for fill in ("edge", 0):
+            plan = buckets.Padding(ranges={}, inputs=(((d, "s", fill),), ((0, "b", 0),)), outputs=(), words={})
+            big, r = plan.pad((image, rows), {"s": image.shape[d] + 3, "b": 4})
+            assert big.is_contiguous(memory_format=torch.channels_last) and not big.is_contiguous(), (d, fill)
+            assert torch.equal(big.narrow(d, 0, image.shape[d]), image) and r.is_contiguous() and r.shape == (4, 7)
+            tail = big.narrow(d, image.shape[d], 3)
+            assert torch.equal(tail, image.narrow(d, image.shape[d] - 1, 1).expand_as(tail) if fill == "edge"
+                               else torch.zeros_like(tail))
