@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelc.kernels import gated_linear, int8_weight
+from accelc.kernels import gated_linear, gemm, int8_weight
 from accelc.kernels.int8_gemm import quantize_weight
 from accelc.numerics import rel_l2
 from conftest import DEVICE
@@ -73,7 +73,8 @@ def test_weights_only_moves_every_linear_and_gated_layer_and_generates(tmp_path)
                                               num_key_value_heads=1, intermediate_size=64, vocab_size=100,
                                               max_position_embeddings=64)).to(DEVICE).eval()
     ids = torch.randint(1, 100, (2, 8), device=DEVICE)
-    config = accelc.OptimizeConfig(int8=accelc.Int8Config(weights_only=True, skip_first_last=False),
+    config = accelc.OptimizeConfig(int8=accelc.Int8Config(weights_only=True, skip_first_last=False,
+                                                          only_if_faster=False),
                                    only_if_faster=False, max_cache_len=24)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -94,3 +95,29 @@ def test_weights_only_moves_every_linear_and_gated_layer_and_generates(tmp_path)
     assert any(k.startswith("accelc::gated_linear_w8a16") for k in step), step
     with pytest.raises(ValueError, match="weights_only keeps the activations in float: static"):
         accelc.Int8Config(weights_only=True, static=True)
+
+
+@pytest.mark.parametrize("cfg", gemm.GEMV_INT8_CONFIGS, ids=lambda c: "x".join(str(c.kwargs[k]) for k in
+                                                                               ("BLOCK_M", "BLOCK_N", "BLOCK_K")))
+def test_every_int8_weight_gemv_candidate_with_tails_and_gating(cfg):
+    """gemv_kernel's deeper candidates for int8 weights, each forced: rows below BLOCK_M, N and K
+    tails, the epilogue with a residual, and a gated weight where the candidate is wide enough."""
+    bm, bn, bk = (cfg.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    k, n = bk + 28, bn + 24
+    torch.manual_seed(bn)
+    for m in sorted({bm, bm // 2 + 1}):
+        x = torch.randn(m, k, device=DEVICE)
+        w_q, w_scale = quantize_weight(torch.randn(n, k, device=DEVICE) / k ** 0.5)
+        b, r = torch.randn(n, device=DEVICE), torch.randn(m, n, device=DEVICE)
+        with int8_weight.TUNER.force(cfg):
+            out = int8_weight.linear_w8a16_launch(x, w_q, w_scale, b, r, "gelu")
+        ref = int8_weight.linear_w8a16_ref(x.double(), w_q, w_scale, b.double(), r.double(), "gelu")
+        assert rel_l2(out, ref) <= TOL[torch.float32], (m, rel_l2(out, ref))
+        if bn >= 2 * gemm.GATE_GROUP:
+            wg, wu = (torch.randn(n, k, device=DEVICE) / k ** 0.5 for _ in range(2))
+            packed, bias = gated_linear.pack(wg, wu, b, None)
+            g_q, g_scale = quantize_weight(packed)
+            with int8_weight.GATED_TUNER.force(cfg):
+                y = int8_weight.gated_linear_w8a16_launch(x, g_q, g_scale, bias, n, "silu")
+            ref = int8_weight.gated_linear_w8a16_ref(x.double(), g_q, g_scale, bias, n, "silu")
+            assert rel_l2(y, ref) <= TOL[torch.float32], (m, rel_l2(y, ref))
