@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
-from accelc.capture.shapes import DimRange, InputShapes
+from accelc.capture.shapes import DimRange, InputShapes, memory_layout
 from accelc.numerics import rel_l2
 
 log = logging.getLogger("accelc")
@@ -104,7 +104,7 @@ class Padding:
                     else:
                         tail = a.new_full((*a.shape[:d], extra, *a.shape[d + 1:]), fill)
                     # the tail in a's own layout: a row-major one made the cat of a channels_last input row-major
-                    a = torch.cat([a, tail.contiguous(memory_format=_layout(a))], d)
+                    a = torch.cat([a, tail.contiguous(memory_format=memory_layout(a))], d)
             out.append(a)
         return tuple(out)
 
@@ -319,10 +319,3 @@ def _mismatch(got, want, tolerance) -> str:
         if err > tolerance(w.dtype):
             return f"relative L2 error {err:.1e}"
     return ""
-
-
-def _layout(t: torch.Tensor) -> torch.memory_format:
-    """t's memory format: channels_last (3d) where t is that and not row-major, else row-major."""
-    cl = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
-    return cl if cl is not None and not t.is_contiguous() and t.is_contiguous(memory_format=cl) else \
-        torch.contiguous_format

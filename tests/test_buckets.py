@@ -252,6 +252,13 @@ def test_inputs_at_repeat_the_example():
     ids = torch.arange(6).reshape(2, 3)
     (got,) = shapes.inputs_at((ids,), {"s0": 3, "s1": 5})
     assert got.tolist() == [[0, 1, 2, 0, 1], [3, 4, 5, 3, 4], [0, 1, 2, 0, 1]]
+    # the guard's other sizes and the warm-up shapes keep the example's layout (a channels_last image
+    # was checked and captured row-major: kernels tested on a layout the calls do not have)
+    image = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    shapes = InputShapes(("x",), ((DimRange(1, None, "b"), 3, 4, 4),))
+    (got,) = shapes.inputs_at((image,), {"b": 5})
+    assert got.shape == (5, 3, 4, 4) and got.is_contiguous(memory_format=torch.channels_last)
+    assert not got.is_contiguous() and torch.equal(got[2:4], image)
 
 
 def test_padding_keeps_each_inputs_memory_layout():

@@ -212,7 +212,9 @@ class InputShapes:
         for a, shape in zip(args, self.shaped(args, sizes)):
             if shape is not None and tuple(shape) != tuple(a.shape):
                 reps = [-(-n // max(m, 1)) for n, m in zip(shape, a.shape)]
-                a = a.repeat(*reps)[tuple(slice(0, n) for n in shape)].contiguous()
+                # in the example's layout: a channels_last image checked or warmed up row-major
+                # tested kernels on a layout the user's calls do not have
+                a = a.repeat(*reps)[tuple(slice(0, n) for n in shape)].contiguous(memory_format=memory_layout(a))
             out.append(a)
         return tuple(out)
 
@@ -311,3 +313,10 @@ def _odd(r: DimRange, example: int) -> int:
         if n >= r.lo and (r.hi is None or n <= r.hi) and n != example:
             return n
     return example
+
+
+def memory_layout(t: torch.Tensor) -> torch.memory_format:
+    """t's memory format: channels_last (3d) where t is that and not row-major, else row-major."""
+    cl = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    return cl if cl is not None and not t.is_contiguous() and t.is_contiguous(memory_format=cl) else \
+        torch.contiguous_format
