@@ -296,6 +296,17 @@ GEMV_CONFIGS = [
     gemv_config(8, 8, 128, 4), gemv_config(8, 16, 64, 4), gemv_config(8, 32, 64, 8), gemv_config(8, 32, 32, 4),
 ]
 CONFIGS += GEMV_CONFIGS
+# Twice as deep (or wide) for int8 weights (weight-only int8): a program of the fp16 candidates
+# above has half the bytes in flight when its weight is int8, and those ran at 35-60% of the copy
+# bandwidth where fp16 ran at 65-110% (bench/results/decode-*, H100, 2026-11-24). The same 64 fp32
+# accumulators a thread; offered only for int8 weights (prune_configs).
+GEMV_INT8_CONFIGS = [
+    gemv_config(1, 4, 2048, 4), gemv_config(1, 8, 1024, 4), gemv_config(1, 8, 2048, 8), gemv_config(1, 16, 512, 4),
+    gemv_config(1, 32, 512, 8), gemv_config(1, 64, 256, 8), gemv_config(2, 8, 1024, 8), gemv_config(2, 16, 512, 8),
+    gemv_config(2, 32, 256, 8), gemv_config(4, 8, 512, 8), gemv_config(4, 16, 256, 8), gemv_config(4, 32, 128, 8),
+    gemv_config(8, 8, 256, 8), gemv_config(8, 16, 128, 8), gemv_config(8, 32, 64, 8),
+]
+CONFIGS += GEMV_INT8_CONFIGS
 
 
 def prune_configs(configs, sizes):
@@ -312,7 +323,8 @@ def prune_configs(configs, sizes):
     if m <= GEMV_MAX_M and sizes.get("gemv", True):
         # the rows' own power of two; gated tiles pair GATE_GROUP gate and up columns
         configs += [c for c in gemv if c.kwargs["BLOCK_M"] == triton.next_power_of_2(max(1, m))
-                    and (not sizes.get("gated") or c.kwargs["BLOCK_N"] >= 2 * GATE_GROUP)]
+                    and (not sizes.get("gated") or c.kwargs["BLOCK_N"] >= 2 * GATE_GROUP)
+                    and (c not in GEMV_INT8_CONFIGS or sizes.get("w8"))]
     if m <= 32:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
     elif m <= 128:
@@ -521,7 +533,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
         key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype) + (("gluon",) if gluon else ())
         cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon, gemv=quant in (0, 3),
-                                   gated=bool(gated)), run)
+                                   w8=quant == 3, gated=bool(gated)), run)
         kw = cfg.all_kwargs()
         kernel, constexprs = plan(kw)
         tuner.calls[sig] = (CompiledCall(kernel, grid(kw), kernel_args(kw, tensors), constexprs), kw)
