@@ -104,6 +104,18 @@ class _Branch(_Fc):
         return y * 2 if y.sum() > 0 else y
 
 
+def test_a_capture_failure_quotes_the_models_own_line():
+    """Where the tracers fail, each failure names the line of the model's code it failed on (the
+    deepest frame outside torch and accelc): here the branch on a tensor's value."""
+    import inspect
+    with pytest.raises(CaptureError) as e:
+        accelc.optimize(_Branch().to(DEVICE).eval(), torch.randn(4, 16, device=DEVICE), CFG)
+    line = inspect.getsourcelines(_Branch.forward)[1] + 2
+    where = f"(at {inspect.getsourcefile(_Branch)}:{line} in forward: `return y * 2 if y.sum() > 0 else y`)"
+    failures = [ln for ln in str(e.value).splitlines() if ln.lstrip().startswith(("symbolic_trace:", "torch.export:"))]
+    assert len(failures) == 2 and all(ln.endswith(where) for ln in failures), e.value
+
+
 def test_randomness_in_eval_mode_is_named_not_branches():
     with pytest.raises(CaptureError) as e:
         accelc.optimize(_AlwaysDropout().to(DEVICE).eval(), torch.randn(4, 16, device=DEVICE), CFG)

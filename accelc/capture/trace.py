@@ -17,8 +17,10 @@ import copy
 import inspect
 import io
 import logging
+import os
 import re
 import sys
+import traceback
 import warnings
 
 import torch
@@ -109,7 +111,8 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
             _check_same(spec.flat_output(expected), make_canonical(gm, flat))
             return gm, method, expected
         except Exception as e:  # each method's failure is reported together below
-            failures.append(f"{method}: {type(e).__name__}: {_first_line(e)}")
+            where = model_line(e)
+            failures.append(f"{method}: {type(e).__name__}: {_first_line(e)}" + (f" (at {where})" if where else ""))
         finally:
             restore_buffers(model, state)
     return None
@@ -351,6 +354,27 @@ def _flat_forward(self, *flat):
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else ""
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where the frames of torch, accelc (its passes, kernels and models too), SymPy, NumPy and
+    Python's own library live: a frame elsewhere is the model's code (transformers' or timm's included)."""
+    names = ("torch", "contextlib", "sympy", "numpy", "accelc", "accelc.passes", "accelc.kernels", "accelc.models")
+    return tuple(os.path.dirname(os.path.abspath(sys.modules[n].__file__)) + os.sep for n in names
+                 if getattr(sys.modules.get(n), "__file__", None))
+
+
+def model_line(e: BaseException) -> str:
+    """'file:line in function: code' of the deepest frame of e's traceback in the model's own code
+    (outside torch, accelc and the libraries under them): the line a tracer failed on, e.g. a branch
+    on a tensor's values; '' where there is none."""
+    skip = _library_dirs() + ("<frozen",)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(skip)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    code = (f.line or "").strip()
+    return f"{f.filename}:{f.lineno} in {f.name}" + (f": `{code[:120]}`" if code else "")
 
 
 # How far a correct captured graph may differ from the model (the same ops, possibly regrouped,
