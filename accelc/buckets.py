@@ -103,8 +103,10 @@ class Padding:
                         tail = a.narrow(d, a.shape[d] - 1, 1).expand(*a.shape[:d], extra, *a.shape[d + 1:])
                     else:
                         tail = a.new_full((*a.shape[:d], extra, *a.shape[d + 1:]), fill)
-                    # the tail in a's own layout: a row-major one made the cat of a channels_last input row-major
-                    a = torch.cat([a, tail.contiguous(memory_format=memory_layout(a))], d)
+                    layout = memory_layout(a)     # a channels_last input's tail too (a row-major one made the cat row-major)
+                    if layout is not torch.contiguous_format:
+                        tail = tail.contiguous(memory_format=layout)
+                    a = torch.cat([a, tail], d)
             out.append(a)
         return tuple(out)
 

@@ -43,6 +43,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import meta, runtime, tuning
+from accelc.capture.shapes import memory_layout, repeated_to
 from accelc.latency import layer_ms
 from accelc.layer_runner import LayerRunner
 from accelc.numerics import error_stats, same_values, sqnr_db
@@ -238,12 +239,8 @@ def _draw(args, gen, shapes: list):
         elif shape == tuple(t.shape):
             return t
         else:   # repeated along each dim, then cut to size
-            reps = [-(-n // max(m, 1)) for n, m in zip(shape, t.shape)]
-            return t.repeat(*reps)[tuple(slice(0, n) for n in shape)]
-        x = x.to(device=t.device, dtype=t.dtype)
-        if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+            return repeated_to(t, shape)
+        return x.to(device=t.device, dtype=t.dtype).contiguous(memory_format=memory_layout(t))
     return tuple(one(a, s) if isinstance(a, torch.Tensor) else pytree.tree_map(lambda t: one(t, None), a)
                  for a, s in zip(args, shapes))
 

@@ -158,8 +158,9 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                 if side.startswith("accelc"):
                     r["summary"] = opt.summary()    # after generating: the runtime lines say how the steps ran
                     r["runtime"] = [ln.strip() for ln in r["summary"].splitlines() if ln.strip().startswith("runtime:")]
+                    step = getattr(opt, "step", None)
                     r["optimize_seconds"] = {"program": dict(opt.info.seconds),     # where prepare_s went
-                                             "step": dict(getattr(getattr(opt, "step", None), "info", opt.info).seconds)}
+                                             "step": dict(step.info.seconds) if step is not None else None}
                     del opt
                 if side == "hf_static_compile":
                     del compiled

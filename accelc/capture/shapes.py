@@ -211,10 +211,7 @@ class InputShapes:
         out = []
         for a, shape in zip(args, self.shaped(args, sizes)):
             if shape is not None and tuple(shape) != tuple(a.shape):
-                reps = [-(-n // max(m, 1)) for n, m in zip(shape, a.shape)]
-                # in the example's layout: a channels_last image checked or warmed up row-major
-                # tested kernels on a layout the user's calls do not have
-                a = a.repeat(*reps)[tuple(slice(0, n) for n in shape)].contiguous(memory_format=memory_layout(a))
+                a = repeated_to(a, shape)
             out.append(a)
         return tuple(out)
 
@@ -313,6 +310,13 @@ def _odd(r: DimRange, example: int) -> int:
         if n >= r.lo and (r.hi is None or n <= r.hi) and n != example:
             return n
     return example
+
+
+def repeated_to(t: torch.Tensor, shape) -> torch.Tensor:
+    """t repeated along each dim and cut to `shape`, in t's own memory layout (a channels_last image
+    checked or warmed up row-major tested kernels on a layout the user's calls do not have)."""
+    reps = [-(-n // max(m, 1)) for n, m in zip(shape, t.shape)]
+    return t.repeat(*reps)[tuple(slice(0, n) for n in shape)].contiguous(memory_format=memory_layout(t))
 
 
 def memory_layout(t: torch.Tensor) -> torch.memory_format:
