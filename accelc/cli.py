@@ -21,7 +21,7 @@ import torch
 
 import accelc
 from accelc.config import Int8Config
-from accelc.convert import load_model_and_inputs
+from accelc.convert import check_forward, load_model_and_inputs
 from accelc.errors import CaptureError
 from accelc.files import check_output_folder
 from accelc.report_rows import FORMATS
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "its default example input and print which layers were rewritten.")
     o.add_argument("model", help="built-in model name")
     o.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None, help=_DTYPE_HELP)
-    o.add_argument("--batch-size", type=int, default=None, help="example input batch size")
+    o.add_argument("--batch-size", type=_positive(int), default=None, help="example input batch size")
     o.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
     _runtime_args(o)
@@ -85,19 +85,33 @@ def _parser() -> argparse.ArgumentParser:
                     "reference. Writes report.json / .csv / .md / .html to DIR.")
     r.add_argument("model", metavar="MODEL", help="built-in model name, torch.save'd module or .pt2 program")
     r.add_argument("-o", "--output", metavar="DIR", required=True, help="folder for the report files")
-    _input_args(r).add_argument("--batch-size", type=int, default=None, help="built-in models: example batch size")
+    _input_args(r).add_argument("--batch-size", type=_positive(int), default=None, help="built-in models: example batch size")
     r.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None, help=_DTYPE_HELP)
     r.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when a GPU is present")
     r.add_argument("--format", default="json,csv,md,html", help="comma-separated: json, csv, md, html")
     r.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
     r.add_argument("--compile", choices=["auto", "yes", "no"], default="auto",
                    help="also time torch.compile (default and reduce-overhead for the whole model): auto = on a GPU")
-    r.add_argument("--rep-ms", type=float, default=100, help="timing budget per measurement, ms (default 100)")
+    r.add_argument("--rep-ms", type=_positive(float), default=100, help="timing budget per measurement, ms (default 100)")
     _runtime_args(r)
     _int8_args(r)
 
     sub.add_parser("list-models", parents=[common], help="list the built-in example models")
     return p
+
+
+def _positive(kind):
+    """An argparse type: a number of `kind` above zero (a usage error, exit 2, otherwise)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:      # also NaN
+            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
 
 
 def _input_args(p):
@@ -296,8 +310,9 @@ def _report(args) -> int:
     check_output_folder(args.output)    # said now, not after measuring
     model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                                   args.batch_size)
-    rep = accelc.report(model, inputs, accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args),
-                                                             **_runtime_config(args)), example_kwargs=kwargs,
+    config = accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args), **_runtime_config(args))
+    check_forward(model, inputs, kwargs, config.dtype)
+    rep = accelc.report(model, inputs, config, example_kwargs=kwargs,
                         with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model,
                         with_compile={"auto": None, "yes": True, "no": False}[args.compile])
     for path in rep.write(args.output, formats):

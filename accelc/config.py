@@ -225,7 +225,10 @@ def _dynamic(value):
             raise ValueError(f"dynamic[{name!r}] must map dims to (lo, hi) ranges, as {{0: (1, 64)}}; got {dims!r}")
         out[name] = {}
         for d, rng in dims.items():
-            ok = (isinstance(d, int) and d >= 0 and isinstance(rng, (tuple, list)) and len(rng) == 2
+            if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+                raise ValueError(f"dynamic[{name!r}] names dim {d!r}: dims are counted from 0 (the batch), "
+                                 "as in the input's shape")
+            ok = (isinstance(rng, (tuple, list)) and len(rng) == 2
                   and isinstance(rng[0], int) and (rng[1] is None or isinstance(rng[1], int)))
             if not ok or rng[0] < 1 or (rng[1] is not None and rng[1] < rng[0]):
                 raise ValueError(f"dynamic[{name!r}][{d!r}] must be a (lo, hi) range with 1 <= lo <= hi "

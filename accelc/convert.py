@@ -195,15 +195,7 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     program = getattr(model, "accelc_program", None)
     if program is not None:
         model, config = _program_shapes(model, program, config, dev)
-    check_args = _to(args, config.dtype) if config.dtype is not None else args
-    check_kwargs = _to(kwargs, config.dtype) if config.dtype is not None else kwargs
-    try:
-        with torch.no_grad():
-            (model.to(config.dtype) if config.dtype is not None else model)(*check_args, **check_kwargs)
-    except Exception as e:
-        shapes = ", ".join("x".join(map(str, a.shape)) for a in pytree.tree_leaves((args, kwargs))
-                           if isinstance(a, torch.Tensor))
-        raise ModelFileError(f"the model's forward failed on inputs of shape {shapes}: {short_error(e)}") from e
+    check_forward(model, args, kwargs, config.dtype)
 
     job = make_job(model, args, config, copy_model=False, example_kwargs=kwargs)   # loaded here: nobody else holds it
     opt = optimize_job(job)
@@ -252,7 +244,7 @@ def load_model_and_inputs(source: str, device: torch.device, input_shapes: str |
     model, own_inputs, own_kwargs = load_model(source, device)
     if example_inputs:
         return model, *load_example_inputs(example_inputs, device)
-    if input_shapes:
+    if input_shapes is not None:
         return model, tuple(torch.randn(s, device=device) for s in parse_shapes(input_shapes)), {}
     if batch_size is not None and hasattr(model, "example_inputs"):
         return model, tuple(model.example_inputs(batch_size=batch_size)), {}
@@ -260,6 +252,20 @@ def load_model_and_inputs(source: str, device: torch.device, input_shapes: str |
         return model, own_inputs, own_kwargs
     raise ModelFileError(f"{source!r} carries no example inputs: give --input-shape (e.g. 8x3x224x224) "
                          "or --example-inputs FILE")
+
+
+def check_forward(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype | None = None) -> None:
+    """One call of the model on the example inputs (cast to `dtype` where given) before any long
+    work: a model that fails on them is one line naming the inputs' shapes and its own error."""
+    check_args = _to(args, dtype) if dtype is not None else args
+    check_kwargs = _to(kwargs, dtype) if dtype is not None else kwargs
+    try:
+        with torch.no_grad():
+            (model.to(dtype) if dtype is not None else model)(*check_args, **check_kwargs)
+    except Exception as e:
+        shapes = ", ".join("x".join(map(str, a.shape)) for a in pytree.tree_leaves((args, kwargs))
+                           if isinstance(a, torch.Tensor))
+        raise ModelFileError(f"the model's forward failed on inputs of shape {shapes}: {short_error(e)}") from e
 
 
 def write_summary(opt: OptimizedModule, folder: str | os.PathLike) -> None:

@@ -27,6 +27,8 @@ def atomic_path(path: str | os.PathLike):
 def check_output_file(path: str | os.PathLike, suffix: str, what: str) -> Path:
     """Refuses, before any long work, an output file path accelc could not write: another suffix,
     a missing or read-only folder, a folder where the file goes."""
+    if not str(path).strip():
+        raise ModelFileError(f"the output file name is empty: give a file name ending in {suffix}")
     path = Path(path)
     if path.suffix != suffix:
         raise ModelFileError(f"output {str(path)!r} must end in {suffix} ({what})")
@@ -43,6 +45,8 @@ def check_output_file(path: str | os.PathLike, suffix: str, what: str) -> Path:
 def check_output_folder(path: str | os.PathLike) -> Path:
     """Refuses, before any long work, an output folder accelc could not make or write into: an
     existing file in its place, a read-only folder on the way."""
+    if not str(path).strip():    # Path("") is the working folder: files would land there unasked
+        raise ModelFileError("the output folder name is empty: give a folder (it is made if missing)")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ModelFileError(f"output folder {str(path)!r} is a file: give a folder (it is made if missing)")

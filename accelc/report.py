@@ -151,6 +151,8 @@ def report(model, example_inputs=(), config=None, *, with_ort: bool = True, prog
            rep_ms: float = 100, model_name: str = "", with_compile: bool | None = None) -> Report:
     """Optimize `model` (accelc.optimize with `config`), then time every rewritten layer and the
     whole model three ways. See the module docstring."""
+    if not (isinstance(rep_ms, (int, float)) and rep_ms > 0):    # said before optimizing, not after (NaN too)
+        raise ValueError(f"rep_ms is the timing budget per measurement in ms: a number above 0, not {rep_ms!r}")
     job = make_job(model, example_inputs, config, example_kwargs=example_kwargs)
     opt = optimize_job(job)
     return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms, with_compile=with_compile,

@@ -759,3 +759,132 @@ def test_a_saved_program_with_changed_weight_bytes_is_refused_at_load(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ModelFileError, match="do not match the checksum"):
         accelc.load(path)
+
+
+# --- the CLI's values, each refused before any work, in one line naming the flag ------------------
+
+@pytest.mark.parametrize("argv, said", [
+    (["optimize", "mlp", "--batch-size", "-3"], "argument --batch-size: must be above 0, not -3"),
+    (["report", "mlp", "-o", "{tmp}/r", "--batch-size", "0"], "argument --batch-size: must be above 0, not 0"),
+    (["report", "mlp", "-o", "{tmp}/r", "--rep-ms", "0"], "argument --rep-ms: must be above 0, not 0"),
+    (["report", "mlp", "-o", "{tmp}/r", "--rep-ms", "nan"], "argument --rep-ms: must be above 0, not nan"),
+    (["report", "mlp", "-o", "{tmp}/r", "--rep-ms", "fast"], "argument --rep-ms: 'fast' is not a number"),
+])
+def test_cli_numbers_out_of_range_are_usage_errors(tmp_path, capsys, argv, said):
+    """A negative batch size reached torch.randn's "negative dimension"; a zero, negative or NaN
+    --rep-ms was taken and the report timed nothing for its budget."""
+    with pytest.raises(SystemExit) as e:
+        main([a.format(tmp=tmp_path) for a in argv])
+    assert e.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["report", "mlp", "-o", ""], "the output folder name is empty"),
+    (["convert", "mlp", "-o", ""], "the output file name is empty: give a file name ending in .pt2"),
+    (["convert", "mlp", "-o", "{tmp}/o.pt2", "--input-shape", ""], "input shape '': expected positive sizes"),
+    (["optimize", "mlp", "--dynamic", "features:-1=1..4"], "dynamic['features'] names dim -1: dims are counted from 0"),
+    (["report", "mlp", "-o", "{tmp}/r", "--input-shape", "3x3", "--no-ort"],
+     "the model's forward failed on inputs of shape 3x3: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+])
+def test_cli_empty_names_and_values_are_one_line_naming_them(tmp_path, capsys, monkeypatch, argv, said):
+    """`report -o ""` wrote its four files into the working folder; `--input-shape ""` was taken as
+    no shape; a negative dim was blamed on its range; a report whose model fails on the inputs
+    raised the model's error from inside capture, without the shapes."""
+    monkeypatch.chdir(tmp_path)
+    assert main([a.format(tmp=tmp_path) for a in argv] + DEV) == 1
+    (line,) = _error_lines(capsys)
+    assert line.startswith(f"accelc: error: {said}"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_report_rep_ms_is_checked_before_optimizing():
+    with pytest.raises(ValueError, match="rep_ms is the timing budget per measurement in ms: a number above 0"):
+        accelc.report(_Fc(), torch.randn(2, 16), rep_ms=float("nan"))
+
+
+def _tiny_bert():
+    T = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = T.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                           vocab_size=100, max_position_embeddings=64)
+        return T.BertModel(cfg).to(DEVICE).eval()
+
+
+def test_an_hf_model_with_its_glue_and_graphs_pickles_and_compiles_after_calls():
+    """The default runtime (on the GPU: Inductor glue, a CUDA graph per shape bucket) after it has
+    run: pickle / torch.save and torch.compile of the optimized HF model with grad enabled give
+    eager's numbers and the HF output type; the read-back module runs through its own runtime."""
+    import io
+    import pickle
+
+    torch.manual_seed(0)
+    bert = _tiny_bert()
+    ids = torch.randint(0, 100, (2, 16), device=DEVICE)
+    opt = accelc.optimize(bert, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, CFG)
+    calls = [{"input_ids": torch.randint(0, 100, (b, n), device=DEVICE),
+              "attention_mask": torch.ones(b, n, dtype=torch.long, device=DEVICE)} for b, n in ((2, 16), (3, 9))]
+    with torch.no_grad():
+        want = [bert(**c).last_hidden_state for c in calls]
+        got = [opt(**c).last_hidden_state for c in calls]
+    assert all(rel_l2(g, w) < 1e-5 for g, w in zip(got, want))
+    if DEVICE.type == "cuda":
+        assert opt.runner is not None and opt.runner.cuda_graphs and "could not compile" not in opt.summary()
+    buf = io.BytesIO()
+    torch.save(opt, buf)
+    buf.seek(0)
+    for back in (pickle.loads(pickle.dumps(opt)), torch.load(buf, weights_only=False)):
+        with torch.no_grad():
+            out = [back(**c) for c in calls]
+        assert type(out[0]) is type(bert(**calls[0]))
+        assert all(rel_l2(o.last_hidden_state, w) < 1e-5 for o, w in zip(out, want))
+    assert torch.is_grad_enabled()
+    compiled = torch.compile(opt)
+    out = [compiled(**c).last_hidden_state for c in calls]
+    assert all(rel_l2(o.detach(), w) < 1e-5 for o, w in zip(out, want))
+
+
+_TUNE_SCRIPT = """
+import json, sys, warnings, torch, accelc
+torch.manual_seed(0)
+model = accelc.models.get("mlp").cuda().half()
+(x,) = model.example_inputs(64)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False, cuda_graphs=False))
+    with torch.no_grad():
+        y = opt(x).float()
+print(json.dumps({"warnings": [str(w.message) for w in seen if "tuning-cache" in str(w.message)],
+                  "out": y.sum().item(), "rewritten": sum(r.status == "rewritten" for r in opt.layers)}))
+"""
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="tuning runs on the GPU only (the interpreter takes fixed configs)")
+@pytest.mark.parametrize("damage", ["entry", "torn"])
+def test_a_damaged_tuning_cache_on_the_gpu_is_tuned_again_with_one_warning_per_file(tmp_path, damage):
+    """Real kernels, real timing, fresh processes: a cache another version or a crash left (an entry
+    of the wrong shape, a torn file) is no TypeError: each such file is named once, tuned again and
+    rewritten valid; the results are the undamaged run's."""
+    import json as _json
+
+    env = {**__import__("os").environ, "ACCELC_CACHE_DIR": str(tmp_path), "ACCELC_AUTOTUNE": "1"}
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", _TUNE_SCRIPT], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return _json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = run()
+    files = sorted((tmp_path / "tuning").glob("*.json"))
+    assert files and first["warnings"] == [] and first["rewritten"] > 0
+    for f in files:
+        f.write_text(_json.dumps({**_json.loads(f.read_text()), "timings_us": [1, 2]}) if damage == "entry"
+                     else f.read_text()[:20])
+    second = run()
+    assert len(second["warnings"]) == len(files) and all(any(f.name in w for w in second["warnings"]) for f in files)
+    assert second["out"] == first["out"] and second["rewritten"] == first["rewritten"]
+    for f in files:
+        assert isinstance(_json.loads(f.read_text())["timings_us"][0][0], dict)     # rewritten whole
+    assert run()["warnings"] == []

@@ -231,19 +231,23 @@ def test_calls_from_several_threads_give_each_the_same_result():
     model = accelc.models.get("mlp").to(DEVICE)
     (x,) = model.example_inputs(8)
     opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False))
+    xs = [x, x[:3].clone(), x[:5].clone()]       # the example's shape, and two a thread is first to call
     with torch.no_grad():
-        want = opt(x)
+        want = [opt(xs[0])]
+        alone = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False))
+        want += [alone(v) for v in xs[1:]]      # a twin makes them, so that the threads record those graphs
     errors, wrong = [], []
 
-    def work():
+    def work(first):
         try:
-            for _ in range(4):
+            for i in range(6):
+                k = (first + i) % len(xs)
                 with torch.no_grad():
-                    if not torch.equal(opt(x), want):
-                        wrong.append(1)
+                    if not torch.equal(opt(xs[k]), want[k]):
+                        wrong.append(k)
         except Exception as e:   # reported below with the rest
             errors.append(f"{type(e).__name__}: {e}")
-    threads = [threading.Thread(target=work) for _ in range(4)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
