@@ -48,6 +48,14 @@ def _depthwise_flops(x, weight, *args, out_val=None, **kwargs) -> int:
     return 2 * out_val.numel() * R * S
 
 
+def _conv1d_flops(x, weight, bias, residual, stride, padding, dilation, activation="none", residual_first=False,
+                  allow_tf32=False, depthwise=False, out_val=None, **kwargs) -> int:
+    # weight packed (1, S, C) depthwise, else (K, 1, S, C); out (N, K, OL)
+    if depthwise:
+        return 2 * out_val.numel() * weight.shape[1]
+    return 2 * out_val.numel() * weight.shape[2] * weight.shape[3]
+
+
 def _attention_flops(q, k, v, *args, out_val=None, **kwargs) -> int:
     B, H, L, D = q.shape
     return 4 * B * H * L * k.shape[2] * D
@@ -59,7 +67,7 @@ def _register() -> None:
     formulas = {"linear": _linear_flops, "linear_w8a8": _linear_flops, "linear_w8a16": _linear_flops,
                 "gated_linear_w8a16": _gated_w8a16_flops, "conv2d": _conv_flops,
                 "flash_attention": _attention_flops, "gated_linear": _gated_linear_flops,
-                "conv2d_depthwise": _depthwise_flops}
+                "conv2d_depthwise": _depthwise_flops, "conv1d": _conv1d_flops}
     for name, fn in formulas.items():
         register_flop_formula(getattr(accelc_ops, name), get_raw=True)(fn)
 

@@ -135,7 +135,7 @@ def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
 
 
 # what eager PyTorch runs a layer of each kind with on an NVIDIA GPU (the library accelc's kernel lost to)
-_LIBRARIES = {"linear": "cuBLAS", "gated_linear": "cuBLAS", "conv2d": "cuDNN", "conv2d_depthwise": "cuDNN",
+_LIBRARIES = {"linear": "cuBLAS", "gated_linear": "cuBLAS", "conv2d": "cuDNN", "conv2d_depthwise": "cuDNN", "conv1d": "cuDNN",
               "attention": "SDPA: cuDNN / flash", "layer_norm": "ATen", "rms_norm": "ATen", "rotary": "ATen"}
 
 
@@ -366,7 +366,7 @@ def _race(gm, args, nodes, against: str) -> dict:
                             lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw))
             else:
                 ins = runner.layer_inputs(rw)
-                if rw.kind == "conv2d":   # x and the residual; the packed weight stays as it is
+                if rw.kind in ("conv2d", "conv1d"):   # x and the residual; the packed weight stays as it is
                     a = tuple(_channels_last(v) if i in (0, 3) else v for i, v in enumerate(a))
                     ins = [_channels_last(v) for v in ins]
                 calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
@@ -384,9 +384,12 @@ def _race(gm, args, nodes, against: str) -> dict:
 
 
 def _channels_last(v):
-    """A 4-D floating-point tensor in channels-last memory; anything else as it is."""
+    """A 4-D floating-point tensor in channels-last memory, a 3-D one (a 1-D conv's) with its
+    channels innermost likewise; anything else as it is."""
     if isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point():
         return v.contiguous(memory_format=torch.channels_last)
+    if isinstance(v, torch.Tensor) and v.dim() == 3 and v.is_floating_point():
+        return v.transpose(1, 2).contiguous().transpose(1, 2)
     return v
 
 

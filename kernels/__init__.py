@@ -7,13 +7,14 @@ maps each op to its pure-PyTorch reference, what an ONNX export records in its p
 import torch
 
 from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import (conv, depthwise_conv, flash_attention, gated_linear, gemm, int8_gemm, int8_weight, layernorm,
+from accelc.kernels import (conv, conv1d, depthwise_conv, flash_attention, gated_linear, gemm, int8_gemm, int8_weight, layernorm,
                             quantize, rotary)
 
 LAUNCHERS = {
     torch.ops.accelc.linear.default: gemm.linear_launch,
     torch.ops.accelc.conv2d.default: conv.conv2d_launch,
     torch.ops.accelc.conv2d_depthwise.default: depthwise_conv.conv2d_depthwise_launch,
+    torch.ops.accelc.conv1d.default: conv1d.conv1d_launch,
     torch.ops.accelc.flash_attention.default: flash_attention.flash_attention_launch,
     torch.ops.accelc.linear_w8a8.default: int8_gemm.linear_w8a8_launch,
     torch.ops.accelc.quantize_per_token.default: quantize.quantize_launch,
@@ -31,6 +32,7 @@ REFERENCES = {
     torch.ops.accelc.linear.default: gemm.linear_ref,
     torch.ops.accelc.conv2d.default: conv.conv2d_ref,
     torch.ops.accelc.conv2d_depthwise.default: depthwise_conv.conv2d_depthwise_ref,
+    torch.ops.accelc.conv1d.default: conv1d.conv1d_ref,
     torch.ops.accelc.flash_attention.default: flash_attention.flash_attention_ref,
     torch.ops.accelc.linear_w8a8.default: int8_gemm.linear_w8a8_ref,
     torch.ops.accelc.quantize_per_token.default: quantize.quantize_ref,
@@ -43,5 +45,5 @@ REFERENCES = {
 }
 assert set(REFERENCES) == set(LAUNCHERS)
 
-__all__ = ["LAUNCHERS", "REFERENCES", "conv", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "int8_weight", "layernorm", "quantize",
+__all__ = ["LAUNCHERS", "REFERENCES", "conv", "conv1d", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "int8_weight", "layernorm", "quantize",
            "rotary"]

@@ -11,6 +11,10 @@ as PyTorch, with the reason: other grouped convs (and depthwise ones with a chan
 weights computed at run time, what the kernels refuse. (Transposed convs and other layouts are
 other ops and never match.)
 
+F.conv1d (nn.Conv1d: audio and speech stems, 1-D convs), groups = 1 or depthwise, with the same
+padding forms and epilogue -> torch.ops.accelc.conv1d (kernels/conv1d.py): the height-1 conv on the
+same two kernels, its output channels-last (made contiguous where a reader needs it, as below).
+
 Matches are taken from the end of the graph: where a residual add joins two convs (ResNet's main
 path and its downsample), the later one, the block's main path, takes the add:
 layer1.0.conv3+bn3+add+relu.
@@ -23,13 +27,14 @@ from torch import fx
 
 from accelc import meta
 from accelc.meta import attr_value
-from accelc.kernels import depthwise_conv
+from accelc.kernels import conv1d, depthwise_conv
 from accelc.kernels.conv import pack_weight, why_unsupported
 from accelc.passes import epilogue
 from accelc.rewrite import Pass, Pattern, Replacement, Rule, add_constant
 
 CONV = torch.ops.accelc.conv2d.default
 DEPTHWISE = torch.ops.accelc.conv2d_depthwise.default
+CONV1D = torch.ops.accelc.conv1d.default
 
 
 def _conv(x, w, b, stride, padding, dilation, groups):
@@ -40,6 +45,18 @@ def _padded_conv(x, pad, w, b, stride, padding, dilation, groups):
     # an explicit zero pad first (TF-style 'same' padding: HF's MobileNet / EfficientNet ports, timm's
     # Conv2dSame): folded into the conv's own, possibly asymmetric, padding
     return F.conv2d(F.pad(x, pad), w, b, stride, padding, dilation, groups)
+
+
+def _conv1d(x, w, b, stride, padding, dilation, groups):
+    return F.conv1d(x, w, b, stride, padding, dilation, groups)
+
+
+def _padded_conv1d(x, pad, w, b, stride, padding, dilation, groups):
+    return F.conv1d(F.pad(x, pad), w, b, stride, padding, dilation, groups)
+
+
+def _one(v):
+    return v if isinstance(v, (int, str)) else v[0]
 
 
 def _pair(v):
@@ -74,9 +91,25 @@ def pad_widths(pad) -> tuple | None:
     return (top, bottom, left, right)
 
 
+def _is_1d(m) -> bool:
+    return m.anchor.target is F.conv1d
+
+
+def _geometry(m):
+    """(stride, dilation) as (h, w) pairs; a conv1d's as the height-1 conv2d's."""
+    if _is_1d(m):
+        return (1, _one(m.input("stride"))), (1, _one(m.input("dilation")))
+    return _pair(m.input("stride")), _pair(m.input("dilation"))
+
+
 def _padding(m):
     mw = meta.tensor_meta(m.input("w"))
-    own = explicit_padding(m.input("padding"), mw.shape[2:], m.input("dilation"), m.input("stride"))
+    stride, dilation = _geometry(m)
+    if _is_1d(m):
+        p = _one(m.input("padding"))
+        own = explicit_padding(p if isinstance(p, str) else (0, p), (1, *mw.shape[2:]), dilation, stride)
+    else:
+        own = explicit_padding(m.input("padding"), mw.shape[2:], dilation, stride)
     if own is None or not m.has("pad"):
         return own
     extra = pad_widths(m.input("pad"))
@@ -94,9 +127,26 @@ def _check(m, ctx) -> str | None:
                                                       _padding(m), _pair(m.input("dilation")))
 
 
+def _check_1d(m, ctx) -> str | None:
+    x, w, b = (meta.meta_tensor(m.input(k)) for k in ("x", "w", "b"))
+    if x is None or w is None or (m.input("b") is not None and b is None):
+        return "input shapes unknown"
+    if x.dim() != 3 or w.dim() != 3:
+        return "not a batched 1-D conv (the input has no batch dim)"
+    g = m.input("groups")
+    depthwise = g != 1 and g == x.shape[1] == w.shape[0] and w.shape[1] == 1
+    if g != 1 and not depthwise:
+        return (f"groups={g} (grouped convs stay PyTorch; depthwise ones, groups = in = out channels, are taken)")
+    packed = conv1d.pack_weight(w, depthwise)
+    (_, stride), (_, dilation) = _geometry(m)
+    pads = _padding(m)
+    return _common_reason(m, x, w) or conv1d.why_unsupported(x, packed, b, None, stride, pads and pads[2:],
+                                                             dilation, depthwise=depthwise)
+
+
 def _common_reason(m, x, w) -> str | None:
-    if x.dim() != 4 or w.dim() != 4:
-        return "not a batched 2-D conv"
+    if x.dim() != w.dim() or x.dim() != (3 if _is_1d(m) else 4):
+        return f"not a batched {1 if _is_1d(m) else 2}-D conv"
     w_node = m.input("w")
     if not (isinstance(w_node, fx.Node) and w_node.op == "get_attr"):
         return "weight computed at run time (cannot be packed ahead)"
@@ -121,6 +171,21 @@ def _check_depthwise(m, ctx) -> str | None:
         return "input shapes unknown"
     return _common_reason(m, x, w) or depthwise_conv.why_unsupported(
         x, w[:, 0].permute(1, 2, 0), b, None, _pair(m.input("stride")), _padding(m), _pair(m.input("dilation")))
+
+
+def _build_1d(m, ctx) -> Replacement:
+    w = m.input("w")
+    depthwise = m.input("groups") != 1
+    packed = conv1d.pack_weight(attr_value(m.gm, w).detach(), depthwise)
+    w_node = add_constant(m.gm, w.target.replace(".", "_") + "_accelc_packed", packed, before=m.anchor,
+                          path=meta.path(w))
+    ep = epilogue.absorb(m.anchor)
+    (_, stride), (_, dilation) = _geometry(m)
+    args = (m.input("x"), w_node, m.input("b"), ep.residual, stride, list(_padding(m)[2:]), dilation)
+    kwargs = dict(activation=ep.activation, residual_first=ep.residual_first,
+                  allow_tf32=ctx.config.fp32_precision == "tf32", depthwise=depthwise)
+    return Replacement(CONV1D, args, kwargs, kind="conv1d", kernel=ep.label("conv1d"), absorbed=ep.nodes,
+                       aux=(w_node,))
 
 
 def _build(m, ctx) -> Replacement:
@@ -148,19 +213,20 @@ def _eager_layout_where_needed(gm: fx.GraphModule, ctx) -> int:
     `.view()` (LeNet / VGG flatten: it fails on channels-last) and the graph's outputs (the caller
     may view them), the value is made contiguous first: a no-op where it already is."""
     g = gm.graph
-    downstream, todo = set(), [n for n in g.nodes if n.target in (CONV, DEPTHWISE)]
+    ops = (CONV, DEPTHWISE, CONV1D)
+    downstream, todo = set(), [n for n in g.nodes if n.target in ops]
     while todo:
         n = todo.pop()
         for u in n.users:
             if u not in downstream:
                 downstream.add(u)
                 todo.append(u)
-    sources = {n for n in g.nodes if n.target in (CONV, DEPTHWISE)} | downstream
+    sources = {n for n in g.nodes if n.target in ops} | downstream
     for u in list(downstream):
         if u.op == "output" or (u.op in ("call_method", "call_function") and meta.op_name(u) in _VIEWS):
             for arg in {a for a in u.all_input_nodes if a in sources}:
                 value = meta.tensor_meta(arg)
-                if value is None or not value.contiguous or len(value.shape) != 4:
+                if value is None or not value.contiguous or len(value.shape) < 3:
                     continue
                 with g.inserting_before(u):
                     c = g.call_method("contiguous", (arg,))
@@ -175,5 +241,7 @@ RULES = (Rule(Pattern("pad+conv2d_depthwise", _padded_conv), build=_build, check
          Rule(Pattern("conv2d_depthwise", _conv), build=_build, check=_check_depthwise, applies=_is_depthwise,
               last_first=True),
          Rule(Pattern("pad+conv2d", _padded_conv), build=_build, check=_check, last_first=True),
-         Rule(Pattern("conv2d", _conv), build=_build, check=_check, last_first=True))
+         Rule(Pattern("conv2d", _conv), build=_build, check=_check, last_first=True),
+         Rule(Pattern("pad+conv1d", _padded_conv1d), build=_build_1d, check=_check_1d, last_first=True),
+         Rule(Pattern("conv1d", _conv1d), build=_build_1d, check=_check_1d, last_first=True))
 PASS = Pass("conv_gemm", RULES, transform=_eager_layout_where_needed)

@@ -410,7 +410,7 @@ class _GlueNames(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.cat = nn.Conv1d(8, 8, 3, padding=1)
+        self.cat = nn.ConvTranspose1d(8, 8, 3, padding=1)
         self.t = nn.ConvTranspose2d(4, 4, 2, stride=2)
         self.fc = nn.Linear(8, 8)
 
@@ -423,7 +423,7 @@ def test_layers_named_like_ops_are_listed_and_their_flops_counted():
     opt = accelc.optimize(_GlueNames().to(DEVICE).eval(), (torch.randn(2, 8, 16, device=DEVICE),
                                                            torch.randn(2, 4, 5, 5, device=DEVICE)), CFG)
     kept = {r.name: r for r in opt.layers if r.status == "kept"}
-    assert set(kept) == {"cat", "t"} and kept["cat"].kind == "Conv1d" and kept["t"].kind == "ConvTranspose2d"
+    assert set(kept) == {"cat", "t"} and kept["cat"].kind == "ConvTranspose1d" and kept["t"].kind == "ConvTranspose2d"
     assert kept["cat"].flops == 2 * 2 * 8 * 16 * 8 * 3 and kept["t"].flops > 0
     assert 0 < opt.info.accelc_flops < opt.info.flops
     assert "coverage: 100.0%" not in opt.summary()

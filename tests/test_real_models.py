@@ -38,6 +38,18 @@ def _image(cls, cfg, size=32):
     return make
 
 
+def _audio():
+    def make():
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+        torch.manual_seed(0)
+        cfg = T.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128,
+                              num_mel_bins=16, max_source_positions=16, vocab_size=100, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+        # (the encoder takes exactly 2 * max_source_positions frames)
+        return reinit(WhisperEncoder(cfg)), (torch.randn(2, 16, 32, device=DEVICE, dtype=DTYPE),)
+    return make
+
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     FAMILIES = {
@@ -67,6 +79,8 @@ with warnings.catch_warnings():
         "efficientnet": (_image(T.EfficientNetModel, T.EfficientNetConfig(width_coefficient=0.1, depth_coefficient=0.1,
                                                                           image_size=32, hidden_dim=128)),
                          {"conv2d", "conv2d_depthwise"}, 0.99),
+        # Conv1d stem (two convs + GELU: accelc::conv1d) before a transformer encoder
+        "whisper_encoder": (_audio(), {"conv1d", "linear", "attention"}, 0.99),
     }
 
 

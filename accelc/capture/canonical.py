@@ -1,8 +1,8 @@
 """Capture's canonical form: the many spellings of one operation become one, so a rule's pattern is
 written once.
 
-nn.Linear / aten.linear -> F.linear(x, w, b) (b may be None); nn.Conv2d (zero padding) ->
-F.conv2d(x, w, b, stride, padding, dilation, groups); eval nn.BatchNorm2d -> F.batch_norm(x,
+nn.Linear / aten.linear -> F.linear(x, w, b) (b may be None); nn.Conv2d / nn.Conv1d (zero padding) ->
+F.conv2d / F.conv1d(x, w, b, stride, padding, dilation, groups); eval nn.BatchNorm2d -> F.batch_norm(x,
 running_mean, running_var, weight, bias, False, momentum, eps); activation modules, methods, aten ops
 -> F.relu, F.gelu, F.silu, torch.sigmoid, torch.tanh (relu6 from its clamp spellings); torch.add /
 aten.add / x.add(y) -> operator.add; x @ y / aten.matmul -> torch.matmul; activations written out in
@@ -50,6 +50,7 @@ _FUNCTIONS = {
     torch.baddbmm: torch.baddbmm, aten.baddbmm.default: torch.baddbmm,
     aten.t.default: torch.t,
     F.conv2d: F.conv2d, aten.conv2d.default: F.conv2d, aten.conv2d.padding: F.conv2d, F.batch_norm: F.batch_norm,
+    F.conv1d: F.conv1d, aten.conv1d.default: F.conv1d, aten.conv1d.padding: F.conv1d,
     F.softmax: F.softmax, torch.softmax: F.softmax, aten.softmax.int: F.softmax,
     aten._softmax.default: F.softmax,
     aten.transpose.int: torch.transpose,
@@ -254,16 +255,17 @@ def _canonical_module(gm, n, mod):
         with g.inserting_before(n):
             new = g.call_function(fn, (n.args[0],), kwargs)
         swap(n, new)
-    elif type(mod) is nn.Conv2d and mod.padding_mode == "zeros":
+    elif type(mod) in (nn.Conv2d, nn.Conv1d) and mod.padding_mode == "zeros":
+        fn = F.conv2d if type(mod) is nn.Conv2d else F.conv1d
         with g.inserting_before(n):
             w = g.get_attr(f"{n.target}.weight")
             b = g.get_attr(f"{n.target}.bias") if mod.bias is not None else None
-            new = g.call_function(F.conv2d, (n.args[0], w, b, mod.stride, mod.padding, mod.dilation, mod.groups))
+            new = g.call_function(fn, (n.args[0], w, b, mod.stride, mod.padding, mod.dilation, mod.groups))
         for a in (w, b):
             if a is not None:
                 a.meta[meta.PATH] = n.target
         swap(n, new)
-    elif type(mod) is nn.Conv2d:       # padding_mode reflect / replicate / circular
+    elif type(mod) in (nn.Conv2d, nn.Conv1d):       # padding_mode reflect / replicate / circular
         meta.explain(n, f"padding_mode={mod.padding_mode!r}: accelc's conv pads with zeros only")
     elif type(mod) is nn.BatchNorm2d and not mod.training and mod.track_running_stats:
         with g.inserting_before(n):
@@ -282,7 +284,7 @@ def _canonical_module(gm, n, mod):
         with g.inserting_before(n):
             new = g.call_function(F.softmax, (n.args[0], mod.dim))
         swap(n, new)
-    elif type(mod) in (nn.ZeroPad2d, nn.ConstantPad2d) and mod.value == 0:
+    elif type(mod) in (nn.ZeroPad2d, nn.ConstantPad2d, nn.ZeroPad1d, nn.ConstantPad1d) and mod.value == 0:
         with g.inserting_before(n):
             new = g.call_function(F.pad, (n.args[0], tuple(mod.padding)))
         swap(n, new)
@@ -374,6 +376,8 @@ def _retarget(n, target):
 # scale and enable_gqa only as keywords.
 _CANONICAL_ARGS = {
     F.conv2d: (("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+               (None, None, None, 1, 0, 1, 1), 7),
+    F.conv1d: (("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
                (None, None, None, 1, 0, 1, 1), 7),
     F.batch_norm: (("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
                    (None, None, None, None, None, False, 0.1, 1e-5), 8),
