@@ -38,25 +38,26 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=1, padding=(0, 0
     return (depthwise_conv if depthwise else conv).why_unsupported(x4, weight, bias, r4, st, pad, dil, activation)
 
 
-def conv1d_launch(x, weight, bias, residual, stride, padding, dilation, activation="none", residual_first=False,
-                  allow_tf32=False, depthwise=False):
+def _height_1(conv2d, depthwise2d, x, weight, bias, residual, stride, padding, dilation, activation, residual_first,
+              allow_tf32, depthwise):
+    """The 2-D op (`conv2d` or `depthwise2d`: launchers or references) on the height-1 view, squeezed back."""
     x4, r4, st, pad, dil = _as_2d(x, residual, stride, padding, dilation)
     if depthwise:
-        out = depthwise_conv.conv2d_depthwise_launch(x4, weight, bias, r4, st, pad, dil, activation, residual_first)
-    else:
-        out = conv.conv2d_launch(x4, weight, bias, r4, st, pad, dil, activation, residual_first, allow_tf32)
-    return out.squeeze(2)
+        return depthwise2d(x4, weight, bias, r4, st, pad, dil, activation, residual_first).squeeze(2)
+    return conv2d(x4, weight, bias, r4, st, pad, dil, activation, residual_first, allow_tf32).squeeze(2)
+
+
+def conv1d_launch(x, weight, bias, residual, stride, padding, dilation, activation="none", residual_first=False,
+                  allow_tf32=False, depthwise=False):
+    return _height_1(conv.conv2d_launch, depthwise_conv.conv2d_depthwise_launch, x, weight, bias, residual, stride,
+                     padding, dilation, activation, residual_first, allow_tf32, depthwise)
 
 
 def conv1d_ref(x, weight, bias, residual, stride, padding, dilation, activation="none", residual_first=False,
                allow_tf32=False, depthwise=False):
     """Pure-PyTorch reference on the packed weight (the 2-D references'), the same layout."""
-    x4, r4, st, pad, dil = _as_2d(x, residual, stride, padding, dilation)
-    if depthwise:
-        out = depthwise_conv.conv2d_depthwise_ref(x4, weight, bias, r4, st, pad, dil, activation, residual_first)
-    else:
-        out = conv.conv2d_ref(x4, weight, bias, r4, st, pad, dil, activation, residual_first, allow_tf32)
-    return out.squeeze(2)
+    return _height_1(conv.conv2d_ref, depthwise_conv.conv2d_depthwise_ref, x, weight, bias, residual, stride,
+                     padding, dilation, activation, residual_first, allow_tf32, depthwise)
 
 
 def _out_length(x, weight, stride, padding, dilation, depthwise):
