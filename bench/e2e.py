@@ -59,6 +59,11 @@ def _hf(kind, batch, seq):
     elif kind == "gpt2":
         model = tf.GPT2Model(tf.GPT2Config(use_cache=False))
         vocab = 50257
+    elif kind == "whisper":   # Whisper-base's encoder: a Conv1d stem (two convs + GELU), 6 layers, 1500 frames
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+        model = WhisperEncoder(tf.WhisperConfig(d_model=512, encoder_layers=6, encoder_attention_heads=8,
+                                                encoder_ffn_dim=2048, num_mel_bins=80, max_source_positions=1500))
+        return model, (torch.randn(batch, 80, seq),)
     else:   # a Llama-style decoder with grouped-query attention (TinyLlama-1.1B's shape)
         model = tf.LlamaModel(tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                                              num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
@@ -73,6 +78,10 @@ MODELS = {
     "convnext_tiny": (lambda b: _timm("convnext_tiny", b), (32, 1), "ConvNeXt (timm)"),
     "mobilenetv2": (lambda b: _timm("mobilenetv2_100", b), (32, 1), "MobileNetV2 (timm): depthwise convs, ReLU6"),
     "vit_base": (lambda b: _timm("vit_base_patch16_224", b), (32, 1), "ViT-B/16 (timm)"),
+    "regnety_016": (lambda b: _timm("regnety_016", b), (32, 1),
+                    "RegNetY-1.6GF (timm): BatchNormAct2d, grouped convs (24 channels a group), SE"),
+    "whisper_base": (lambda b: _hf("whisper", b, 3000), (8, 1),
+                     "Whisper-base encoder (HF): Conv1d stem, 1500 frames"),
     "bert": (lambda b: _hf("bert", b, 384), (8, 1), "BERT-base encoder (HF), 384 tokens"),
     "gpt2": (lambda b: _hf("gpt2", b, 1024), (4, 1), "GPT-2 small decoder (HF), 1024 tokens"),
     "llama": (lambda b: _hf("llama", b, 1024), (2, 1), "Llama-style GQA decoder, 1.1B (HF), 1024 tokens"),

@@ -3,7 +3,10 @@
 x (N, C, H, W) in any memory format (read through its strides; a non-channels-last input is
 converted once, which in a run of rewritten convs happens only at the run's first conv); weight
 pre-packed at optimize time as (K, R, S, C) contiguous (pack_weight); bias (K,); residual (N, K,
-OH, OW) any format. Output (N, K, OH, OW) in channels-last memory, so the next rewritten conv and
+OH, OW) any format. A grouped conv (ResNeXt / RegNet: groups of 8-64 channels) is the same op: its
+weight packed (K, R, S, C / groups), groups = x's channels over the weight's, each group one slice
+of program axis 2 (a GEMM of K / groups columns over its C / groups channels; taps and FLAT_K
+gathers only, unsplit). Output (N, K, OH, OW) in channels-last memory, so the next rewritten conv and
 PyTorch's elementwise ops and pooling (which keep the format) read NHWC with no conversion.
 
     out = act(conv(x, w) + bias) + residual      residual_first=False
@@ -206,6 +209,13 @@ def _conv_kernel(
         pix = offs_m % (OH * OW)
         oh = pix // OW
         ow = pix % OW
+    # a grouped conv: program axis 2 is the group, C and K its channels in and out (0 otherwise)
+    grp = tl.program_id(2)
+    x_ptr += grp * C * sx_c
+    w_ptr += grp * K * RSC
+    bias_ptr += grp * K
+    res_ptr += grp * K * sr_c
+    out_ptr += grp * K * so_c
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < K
     ih0 = oh * stride_h - pad_h
@@ -267,8 +277,8 @@ def rows_geometry(x, weight, stride, dilation, out_hw):
     so that every run starts 16 bytes aligned (ALIGN elements), Wp a multiple of 16 so the rows
     are too."""
     C = x.shape[1]
-    K, R, S, _ = weight.shape
-    if C >= 16 or dilation[1] != 1:
+    K, R, S, Cw = weight.shape
+    if C >= 16 or dilation[1] != 1 or Cw != C:     # (not for grouped convs)
         return None
     align = 16 // x.element_size()
     cp, sp = triton.next_power_of_2(C), triton.next_power_of_2(S)
@@ -353,6 +363,12 @@ ROWS_CONFIGS = [config(128, 64, 16, 3, 4), config(128, 64, 16, 2, 4), config(256
                 config(128, 64, 16, 3, 4, row_step=2), config(64, 64, 16, 3, 4, row_step=2),
                 config(256, 64, 16, 3, 8, row_step=2)]
 CONFIGS += ROWS_CONFIGS
+# grouped convs (ResNeXt / RegNet groups of 8-64 channels in and out): tiles as narrow as a group
+GROUPED_CONFIGS = [config(128, 16, 16, 3, 4), config(128, 32, 16, 3, 4), config(128, 32, 32, 3, 4),
+                   config(64, 32, 32, 4, 4), config(128, 64, 32, 3, 4), config(256, 64, 64, 3, 8),
+                   config(64, 64, 64, 4, 4), config(256, 32, 32, 3, 8)]
+GROUPED_ONLY = [c for c in GROUPED_CONFIGS if c not in CONFIGS]
+CONFIGS += GROUPED_ONLY
 SPLIT_TILES = 66       # split only where the unsplit grid fills at most half of an H100's 132 SMs
 SPLIT_MIN_STEPS = 8    # reduction steps (BLOCK_K channels of one tap) each slice keeps at least
 
@@ -371,13 +387,19 @@ def prune_configs(configs, sizes):
         s = c.kwargs["SPLIT"]
         return s == 1 or (sizes["C"] >= 16 and tiles(c.kwargs, sizes) <= SPLIT_TILES
                           and steps >= s * SPLIT_MIN_STEPS)
+    if sizes.get("groups", 1) > 1:    # a group's few channels: the small tiles, unsplit, no rectangles
+        keep = [c for c in GROUPED_CONFIGS if c.kwargs["BLOCK_N"] <= max(16, triton.next_power_of_2(sizes["K"]))
+                and c.kwargs["BLOCK_K"] <= max(16, triton.next_power_of_2(sizes["C"]))]
+        return keep or GROUPED_CONFIGS[:1]
     keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(sizes["K"]))
-            and (sizes["rect"] or not c.kwargs["RECT"]) and split_ok(c) and (c in ROWS_CONFIGS) == sizes["rows"]]
+            and (sizes["rect"] or not c.kwargs["RECT"]) and split_ok(c) and (c in ROWS_CONFIGS) == sizes["rows"]
+            and c not in GROUPED_ONLY]
     return keep or [c for c in configs if not c.kwargs["RECT"] and (c in ROWS_CONFIGS) == sizes["rows"]][:1]
 
 
 TUNER = Tuner("conv2d", _conv_kernel, CONFIGS, prune=prune_configs,
-              default=lambda sizes: rect_config(8, 8, 64, 32, 3, 4) if sizes["rect"] else config(64, 64, 32, 3, 4),
+              default=lambda sizes: (rect_config(8, 8, 64, 32, 3, 4) if sizes["rect"] else config(128, 32, 32, 3, 4)
+                           if sizes.get("groups", 1) > 1 else config(64, 64, 32, 3, 4)),
               interpreter=lambda sizes: rect_config(4, 8, 32, 16, 1, 4) if sizes["rect"] else config(32, 32, 16, 1, 4))
 
 
@@ -424,8 +446,9 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=
         return f"x must be (N, C, H, W) and weight packed (K, R, S, C), got {tuple(x.shape)}, {tuple(weight.shape)}"
     N, C, H, W = x.shape
     K, R, S, Cw = weight.shape
-    if Cw != C:
-        return f"x has {C} channels but the packed weight {tuple(weight.shape)} expects {Cw}"
+    if Cw < 1 or C % Cw or K % (C // Cw):
+        return (f"x has {C} channels but the packed weight {tuple(weight.shape)} takes {Cw} a group: not a "
+                "whole number of groups of in and out channels")
     if (R > MAX_KERNEL or S > MAX_KERNEL) and not is_patchify(weight.shape, stride, padding, dilation):
         return f"kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL} (taken only as a patch embedding: stride = kernel, no padding)"
     return operands_problem(x, weight, bias, residual, K, output_size(H, W, R, S, stride, padding, dilation),
@@ -468,13 +491,14 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
     check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, residual, stride, padding, dilation,
                                                        activation), "conv2d")
     N, C, H, W = x.shape
-    K, R, S, _ = weight.shape
+    K, R, S, Cg = weight.shape
+    groups = C // Cg
     OH, OW = output_size(H, W, R, S, stride, padding, dilation)
     out = torch.empty((N, K, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if out.numel() == 0:
         return out
     residual = residual_as(residual, out.shape, memory_format=torch.channels_last)
-    if is_patchify(weight.shape, stride, padding, dilation):
+    if groups == 1 and is_patchify(weight.shape, stride, padding, dilation):
         # a GEMM, (N*OH*OW, R*S*C) @ (K, R*S*C)^T: rows = patches in (r, s, c) order, as the packed
         # weight. A 1x1 stride-1 conv on channels-last input gathers nothing (the NHWC view); a
         # patch embedding's one copy gathers its patches
@@ -496,11 +520,11 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
             calls, kw = known
             calls(kw, tensors, stride, padding, dilation, x.device.index or 0)
             return out
-        use_rect = rows is None and rect_ok(nhwc_view(x), weight, stride)
+        use_rect = rows is None and groups == 1 and rect_ok(nhwc_view(x), weight, stride)
         cp, sp, _, _, align = rows or (0, 0, 0, 0, 0)
         meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                     RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), S=S, TAPS=R * S,
-                    FLAT_K=C < 16 and rows is None, ROW_CP=cp, ROW_SP=sp, ROW_ALIGN=align,
+                    FLAT_K=Cg < 16 and rows is None, ROW_CP=cp, ROW_SP=sp, ROW_ALIGN=align,
                     INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
                     DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16)
         run_tensors = _Pad(rows, x, weight, padding).tensors(tensors) if rows else tensors
@@ -508,14 +532,15 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
         def run(cfg):   # through Triton: tuning times this
             kw = cfg.all_kwargs()
             part = _Calls.partials(kw, out)
-            _conv_kernel[_Calls.grid(kw, out)](*_args(kw, run_tensors, stride, padding, dilation, part), **meta, **kw)
+            _conv_kernel[_Calls.grid(kw, out, groups)](*_args(kw, run_tensors, stride, padding, dilation, part), **meta, **kw)
             if part is not None:
                 _splitk_reduce[_Calls.reduce_grid(out)](*_reduce_args(part, tensors), **_reduce_meta(kw, meta))
 
         # the tuning key: every batch size of a bucket (next power of two of the pixel count) shares one run
-        key = (triton.next_power_of_2(M), K, C, R * S, C < 16, rows is not None, stride[0], use_rect, x.dtype)
-        cfg = TUNER.pick(key, dict(N=N, C=C, H=H, W=W, K=K, R=R, S=S, OH=OH, OW=OW, M=M, stride=stride[0],
-                                   rect=use_rect, rows=rows is not None), run)
+        key = (triton.next_power_of_2(M), K, C, R * S, Cg < 16, rows is not None, stride[0], use_rect, x.dtype,
+               *((groups,) if groups > 1 else ()))
+        cfg = TUNER.pick(key, dict(N=N, C=Cg, H=H, W=W, K=K // groups, R=R, S=S, OH=OH, OW=OW, M=M,
+                                   stride=stride[0], rect=use_rect, rows=rows is not None, groups=groups), run)
         kw = cfg.all_kwargs()
         TUNER.calls[key_here] = (_Calls(kw, tensors, stride, padding, dilation, meta, rows), kw)
     return out
@@ -563,7 +588,7 @@ class _Calls:
             self.pad = first.calls
             tensors = first.tensors(tensors)
         part = self.partials(kw, out)
-        self.main = CompiledCall(_conv_kernel, self.grid(kw, out),
+        self.main = CompiledCall(_conv_kernel, self.grid(kw, out, x.shape[1] // weight.shape[3]),
                                  _args(kw, tensors, stride, padding, dilation, part), dict(meta, **kw))
         self.reduce = None
         if part is not None:
@@ -575,11 +600,11 @@ class _Calls:
         return self.main.direct
 
     @staticmethod
-    def grid(kw, out):
+    def grid(kw, out, groups=1):
         N, K, OH, OW = out.shape
         rows = (N * triton.cdiv(OH, kw["BLOCK_H"]) * triton.cdiv(OW, kw["BLOCK_W"]) if kw["RECT"]
                 else triton.cdiv(N * OH * OW, kw["BLOCK_M"]))
-        return (rows * triton.cdiv(K, kw["BLOCK_N"]), kw["SPLIT"])
+        return (rows * triton.cdiv(K // groups, kw["BLOCK_N"]), kw["SPLIT"], groups)
 
     @staticmethod
     def reduce_grid(out):
@@ -609,6 +634,7 @@ def _args(kw, tensors, stride, padding, dilation, part=None) -> tuple:
     x, weight, bias, res, out = tensors
     N, _, H, W = x.shape
     K, R, S, C = weight.shape     # (ROWS: the padded copies, C = CP, R * S * C the padded row length)
+    K //= x.shape[1] // C         # a grouped conv: the sizes of one group
     OH, OW = out.shape[2:]
     rect = kw["RECT"]
     if part is None:
@@ -640,7 +666,8 @@ def conv2d_ref(x, weight, bias, residual, stride, padding, dilation, activation=
     result in x's dtype."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xp = torch.nn.functional.pad(x.to(acc), (padding[2], padding[3], padding[0], padding[1]))
-    y = torch.nn.functional.conv2d(xp, weight.to(acc).permute(0, 3, 1, 2), None, tuple(stride), 0, tuple(dilation))
+    y = torch.nn.functional.conv2d(xp, weight.to(acc).permute(0, 3, 1, 2), None, tuple(stride), 0, tuple(dilation),
+                                   x.shape[1] // weight.shape[3])
     y = epilogue_ref(y.permute(0, 2, 3, 1), None if bias is None else bias.to(acc),
                      None if residual is None else residual.to(acc).permute(0, 2, 3, 1), activation, residual_first)
     return y.permute(0, 3, 1, 2).to(x.dtype).contiguous(memory_format=torch.channels_last)

@@ -1,7 +1,7 @@
 """accelc::conv1d: act(conv1d(x, weight) + bias) (+ residual) as the height-1 2-D conv.
 
-x (N, C, L); the weight packed once at optimize time as the 2-D kernels take it: (K, 1, S, C) for
-groups = 1 (accelc::conv2d's implicit GEMM), (1, S, C) for a depthwise conv (groups = C = K,
+x (N, C, L); the weight packed once at optimize time as the 2-D kernels take it: (K, 1, S, C / groups)
+(accelc::conv2d's implicit GEMM, grouped or not), (1, S, C) for a depthwise conv (groups = C = K,
 accelc::conv2d_depthwise). stride, dilation: ints; padding: (left, right). The output is (N, K, OL)
 with the channels innermost in memory (strides (OL * K, 1, K): the 2-D kernels' channels-last
 output, height 1): a following transpose(1, 2), what audio and speech encoders do before their

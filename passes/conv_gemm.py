@@ -1,17 +1,17 @@
 """conv_gemm: F.conv2d (+ bias, folded BN included) (+ activation) (+ residual add, before or
 after the activation) -> one torch.ops.accelc.conv2d call (kernels/conv.py).
 
-Taken: groups=1, any stride, padding (ints, 'same', 'valid', and a zero F.pad just before the
-conv, folded in: TF-style asymmetric 'same' padding), dilation, what the kernel's
-why_unsupported accepts (kernel sizes up to 7x7, any channel counts, fp16 / bf16 / fp32). The
-weight is packed once here, (K, C, R, S) -> (K, R, S, C), as a buffer of the graph module.
+Taken: any stride, padding (ints, 'same', 'valid', and a zero F.pad just before the conv, folded
+in: TF-style asymmetric 'same' padding), dilation, groups, what the kernel's why_unsupported
+accepts (kernel sizes up to 7x7, any channel counts, fp16 / bf16 / fp32). The weight is packed once
+here, (K, C / groups, R, S) -> (K, R, S, C / groups), as a buffer of the graph module; a grouped
+conv (ResNeXt / RegNet) is the same op, its groups read from the packed weight's channels.
 Depthwise convs (groups = in channels = out channels) -> torch.ops.accelc.conv2d_depthwise
 (kernels/depthwise_conv.py), weight packed (C, 1, R, S) -> (R, S, C), with the same epilogue. Kept
-as PyTorch, with the reason: other grouped convs (and depthwise ones with a channel multiplier),
-weights computed at run time, what the kernels refuse. (Transposed convs and other layouts are
-other ops and never match.)
+as PyTorch, with the reason: weights computed at run time, what the kernels refuse. (Transposed
+convs and other layouts are other ops and never match.)
 
-F.conv1d (nn.Conv1d: audio and speech stems, 1-D convs), groups = 1 or depthwise, with the same
+F.conv1d (nn.Conv1d: audio and speech stems, 1-D convs), any groups, with the same
 padding forms and epilogue -> torch.ops.accelc.conv1d (kernels/conv1d.py): the height-1 conv on the
 same two kernels, its output channels-last (made contiguous where a reader needs it, as below).
 
@@ -120,9 +120,8 @@ def _check(m, ctx) -> str | None:
     x, w, b = (meta.meta_tensor(m.input(k)) for k in ("x", "w", "b"))
     if x is None or w is None or (m.input("b") is not None and b is None):
         return "input shapes unknown"
-    if m.input("groups") != 1:
-        return (f"groups={m.input('groups')} (grouped convs stay PyTorch; depthwise ones, groups = in = out "
-                "channels, are taken)")
+    if not isinstance(m.input("groups"), int):
+        return f"groups={m.input('groups')!r} is not a number known at capture"
     return _common_reason(m, x, w) or why_unsupported(x, w.permute(0, 2, 3, 1), b, None, _pair(m.input("stride")),
                                                       _padding(m), _pair(m.input("dilation")))
 
@@ -134,9 +133,9 @@ def _check_1d(m, ctx) -> str | None:
     if x.dim() != 3 or w.dim() != 3:
         return "not a batched 1-D conv (the input has no batch dim)"
     g = m.input("groups")
-    depthwise = g != 1 and g == x.shape[1] == w.shape[0] and w.shape[1] == 1
-    if g != 1 and not depthwise:
-        return (f"groups={g} (grouped convs stay PyTorch; depthwise ones, groups = in = out channels, are taken)")
+    if not isinstance(g, int):
+        return f"groups={g!r} is not a number known at capture"
+    depthwise = _is_depthwise_1d(m)
     packed = conv1d.pack_weight(w, depthwise)
     (_, stride), (_, dilation) = _geometry(m)
     pads = _padding(m)
@@ -173,9 +172,15 @@ def _check_depthwise(m, ctx) -> str | None:
         x, w[:, 0].permute(1, 2, 0), b, None, _pair(m.input("stride")), _padding(m), _pair(m.input("dilation")))
 
 
+def _is_depthwise_1d(m) -> bool:
+    x, w = meta.tensor_meta(m.input("x")), meta.tensor_meta(m.input("w"))
+    g = m.input("groups")
+    return g != 1 and g == x.shape[1] == w.shape[0] and w.shape[1] == 1
+
+
 def _build_1d(m, ctx) -> Replacement:
     w = m.input("w")
-    depthwise = m.input("groups") != 1
+    depthwise = _is_depthwise_1d(m)
     packed = conv1d.pack_weight(attr_value(m.gm, w).detach(), depthwise)
     w_node = add_constant(m.gm, w.target.replace(".", "_") + "_accelc_packed", packed, before=m.anchor,
                           path=meta.path(w))
@@ -190,7 +195,7 @@ def _build_1d(m, ctx) -> Replacement:
 
 def _build(m, ctx) -> Replacement:
     w = m.input("w")
-    depthwise = m.input("groups") != 1
+    depthwise = _is_depthwise(m)
     packed = (depthwise_conv.pack_weight if depthwise else pack_weight)(attr_value(m.gm, w).detach())
     w_node = add_constant(m.gm, w.target.replace(".", "_") + "_accelc_packed", packed, before=m.anchor,
                           path=meta.path(w))

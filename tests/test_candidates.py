@@ -177,3 +177,24 @@ def test_linear_w8a16_candidates(M, K, N):
     ref = int8_weight.linear_w8a16_ref(x.float(), w_q, w_scale, b.float(), None, "silu")
     assert _sweep(int8_weight.TUNER, lambda: int8_weight.linear_w8a16_launch(x, w_q, w_scale, b, None, "silu"), ref,
                   TOL[torch.float16]) >= 1
+
+
+GROUPED_CONV_SHAPES = [  # N, C, H, W, K, R, S, stride, pad, dilation, groups
+    (32, 128, 28, 28, 128, 3, 3, 1, 1, 1, 32),    # ResNeXt-50 32x4d stage 1 (4 channels a group)
+    (32, 448, 14, 14, 448, 3, 3, 2, 1, 1, 56),    # RegNet-style stride 2, 8 channels a group
+    (8, 256, 14, 14, 256, 3, 3, 1, 1, 1, 8),      # 32 channels a group
+    (2, 64, 15, 13, 128, 3, 3, 1, 1, 1, 4),       # twice the channels out, odd sizes
+]
+
+
+@pytest.mark.parametrize("shape", _dtypes(GROUPED_CONV_SHAPES, bf16_every=2), ids=lambda s: "x".join(map(str, s)))
+def test_grouped_conv_candidates(shape):
+    N, C, H, W, K, R, S, st, p, d, g, dtype = shape
+    x = torch.randn(N, C, H, W, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w = conv.pack_weight(torch.randn(K, C // g, R, S, device="cuda", dtype=dtype) / (C // g * R * S) ** 0.5)
+    b = torch.randn(K, device="cuda", dtype=dtype)
+    OH, OW = conv.output_size(H, W, R, S, (st, st), (p, p, p, p), (d, d))
+    res = torch.randn(N, K, OH, OW, device="cuda", dtype=dtype)
+    args = ((st, st), (p, p, p, p), (d, d), "relu", True)
+    ref = conv.conv2d_ref(x.float(), w.float(), b.float(), res.float(), *args)
+    assert _sweep(conv.TUNER, lambda: conv.conv2d_launch(x, w, b, res, *args), ref, TOL[dtype]) >= 4

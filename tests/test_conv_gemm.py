@@ -32,11 +32,41 @@ def test_conv_bn_relu_residual_one_op():
         assert rel_l2(opt(x), model(x)) < 1e-5
 
 
-def test_grouped_kept_with_reason():
+def test_grouped_conv_bn_relu_residual_one_op():
+    """Grouped convs (ResNeXt / RegNet) stayed PyTorch: now the implicit GEMM with a group per
+    program slice, BN folded, the epilogue fused."""
     model = ConvBlock(groups=2).to(DEVICE).eval()
-    opt = accelc.optimize(model, (torch.randn(2, 8, 10, 10, device=DEVICE),))
-    assert not any(r.kind.startswith("conv2d") for r in opt.rewritten)
-    assert any("groups=2" in r.reason for r in opt.layers)
+    x = torch.randn(2, 8, 10, 10, device=DEVICE)
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False))
+    assert [(r.name, r.kernel) for r in opt.rewritten] == [("conv+bn+add+relu", "accelc::conv2d[residual+relu]")]
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cin, cout, groups, k, stride", [
+    (32, 64, 4, 3, 1),      # ResNeXt-style, more channels out than in
+    (64, 64, 8, 3, 2),      # RegNet's stride-2 group conv, 8 channels a group
+    (48, 48, 3, 1, 1),      # a grouped 1x1
+    (16, 32, 16, 3, 1),     # depthwise with a channel multiplier (one channel a group in, two out)
+    (24, 24, 2, 5, 1),
+])
+def test_grouped_conv_kernel_matches_pytorch(dtype, cin, cout, groups, k, stride):
+    torch.manual_seed(0)
+    x = torch.randn(2, cin, 9, 11, device=DEVICE, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(cout, cin // groups, k, k, device=DEVICE, dtype=dtype) / (cin // groups * k * k) ** 0.5
+    b = torch.randn(cout, device=DEVICE, dtype=dtype)
+    packed = conv.pack_weight(w)
+    assert conv.why_unsupported(x, packed, b, None, (stride, stride), (k // 2,) * 4) is None
+    got = torch.ops.accelc.conv2d(x, packed, b, None, [stride] * 2, [k // 2] * 4, [1, 1], "silu")
+    want = F.silu(F.conv2d(x.double(), w.double(), b.double(), stride, k // 2, 1, groups))
+    eager = F.silu(F.conv2d(x, w, b, stride, k // 2, 1, groups)) if dtype == torch.float32 else None
+    assert got.shape == want.shape
+    assert rel_l2(got, want) < (1e-5 if dtype == torch.float32 else 2e-3), rel_l2(got, want)
+    if eager is not None:
+        assert rel_l2(got, eager) < 1e-5
+    assert "whole number of groups" in conv.why_unsupported(x, conv.pack_weight(torch.randn(cout, 5, k, k, device=DEVICE,
+                                                                                      dtype=dtype)), b)
 
 
 def test_depthwise_block_one_op():
@@ -165,13 +195,14 @@ def test_conv1d_layers_are_accelc_convs_with_their_epilogues(dtype):
         assert flat.is_contiguous() and rel_l2(got, want) < tol and rel_l2(flat, want_flat) < tol
 
 
-def test_grouped_and_reflect_padded_conv1d_stay_pytorch_with_the_reason():
+def test_a_grouped_conv1d_is_taken_and_a_reflect_padded_one_kept_with_the_reason():
     model = nn.Sequential(nn.Conv1d(8, 8, 3, padding=1, groups=2), nn.Conv1d(8, 8, 3, padding=1,
                                                                            padding_mode="reflect")).to(DEVICE).eval()
     x = torch.randn(2, 8, 12, device=DEVICE)
     opt = accelc.optimize(model, x, accelc.OptimizeConfig(only_if_faster=False))
+    assert [(r.name, r.kernel) for r in opt.rewritten] == [("0", "accelc::conv1d")], opt.summary()
     reasons = [r.reason for r in opt.layers if r.status == "kept"]
-    assert any("groups=2" in r for r in reasons) and any("padding_mode='reflect'" in r for r in reasons), reasons
-    assert opt.info.accelc_flops == 0 < opt.info.flops
+    assert reasons == ["padding_mode='reflect': accelc's conv pads with zeros only"], reasons
+    assert 0 < opt.info.accelc_flops < opt.info.flops
     with torch.no_grad():
         assert rel_l2(opt(x), model(x)) < 1e-5
