@@ -183,6 +183,8 @@ TIMM = {
     "vit": (dict(model_name="vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2), {"linear", "attention"}, 0.95),
     "resnet": (dict(model_name="resnet18"), {"conv2d"}, 0.99),
     "convnext": (dict(model_name="convnext_atto", depths=(1, 1, 1, 1)), {"conv2d", "conv2d_depthwise", "linear"}, 0.99),
+    # BatchNormAct2d after every conv, grouped 3x3 convs (8 channels a group), squeeze-excitation
+    "regnety": (dict(model_name="regnety_002"), {"conv2d", "linear"}, 0.99),
 }
 
 
