@@ -60,7 +60,8 @@ def test_grouped_conv_kernel_matches_pytorch(dtype, cin, cout, groups, k, stride
     assert conv.why_unsupported(x, packed, b, None, (stride, stride), (k // 2,) * 4) is None
     got = torch.ops.accelc.conv2d(x, packed, b, None, [stride] * 2, [k // 2] * 4, [1, 1], "silu")
     want = F.silu(F.conv2d(x.double(), w.double(), b.double(), stride, k // 2, 1, groups))
-    eager = F.silu(F.conv2d(x, w, b, stride, k // 2, 1, groups)) if dtype == torch.float32 else None
+    with torch.backends.cudnn.flags(allow_tf32=False):      # cuDNN's fp32 convs are TF32 by default
+        eager = F.silu(F.conv2d(x, w, b, stride, k // 2, 1, groups)) if dtype == torch.float32 else None
     assert got.shape == want.shape
     assert rel_l2(got, want) < (1e-5 if dtype == torch.float32 else 2e-3), rel_l2(got, want)
     if eager is not None:
