@@ -155,6 +155,10 @@ def test_eager_time_coverage_line():
     assert opt.summary_dict()["info"]["eager_gpu_ms"] is None
     opt.info.eager_gpu_ms, opt.info.accelc_eager_gpu_ms = 0.2, 0.15
     assert "coverage: 75.0% of the model's eager GPU time in layers accelc runs (0.150 of 0.200 ms" in opt.summary()
+    opt.info.accelc_eager_gpu_ms = 0.21      # layers timed one by one can add up to more than the whole (RegNetY)
+    assert "103" not in opt.summary() and ("coverage: all of the model's eager GPU time is in layers accelc runs "
+                                           "(timed one by one over CUDA graphs they take 0.210 ms, more than the "
+                                           "whole model's 0.200 ms a call)") in opt.summary()
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="times the eager model and its layers on the GPU")
