@@ -32,6 +32,8 @@ _GLUE = {
     "le", "lt", "ge", "gt", "eq", "ne", "__and__", "__or__", "__invert__", "and_", "or_", "bitwise_and",
     "bitwise_or", "bitwise_not", "lift_fresh_copy", "detach_", "new_ones", "new_zeros", "new_full", "new_empty",
     "ones", "zeros", "full", "empty", "ones_like", "zeros_like", "full_like", "empty_like", "_to_copy",
+    # elementwise tests and selections (HF's fp16 overflow guard: isfinite, all, where, clamp)
+    "isfinite", "isinf", "isnan", "all", "any", "where", "clamp", "clip",
 }
 
 

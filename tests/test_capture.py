@@ -8,6 +8,7 @@ from torch import nn
 
 import accelc
 from accelc.capture import capture
+from accelc.errors import CaptureError
 from conftest import DEVICE, rel_l2
 
 
@@ -214,3 +215,75 @@ def test_matches_reference_tells_the_function_apart():
     assert not matches_reference(nodes, inputs, lambda x: F.layer_norm(x, (8,)))
     nodes[0].meta.clear()   # an input of unknown shape: no verdict but no
     assert not matches_reference(nodes, (nodes[0],), lambda x: x)
+
+
+class _OverflowGuard(nn.Module):
+    """HF's fp16 overflow guard after a layer, in both of transformers' spellings (BART's
+    `not isfinite(h).all()`, others' `isinf(h).any()`)."""
+
+    def __init__(self, spelling="isfinite"):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.spelling = spelling
+
+    def _guard(self, h):
+        test = (not torch.isfinite(h).all()) if self.spelling == "isfinite" else torch.isinf(h).any()
+        if h.dtype == torch.float16 and test:
+            clamp_value = torch.finfo(h.dtype).max - 1000
+            h = torch.clamp(h, min=-clamp_value, max=clamp_value)
+        return h
+
+    def forward(self, x):
+        return self.fc2(self._guard(self.fc1(x)))
+
+
+@pytest.mark.parametrize("spelling", ["isfinite", "isinf"])
+def test_hf_fp16_overflow_guard_is_captured_as_it_computes(spelling):
+    """A branch on tensor values (capture failed in fp16): traced as where(test, clamp(h), h), so the
+    program clamps exactly when eager does: an overflow to inf is clamped to +-64504 as in eager, a
+    finite value above 64504 with no inf beside it is left as in eager (an unconditional clamp would
+    change it)."""
+    torch.manual_seed(0)
+    model = _OverflowGuard(spelling).to(DEVICE, torch.float16).eval()
+    x = torch.randn(4, 16, device=DEVICE, dtype=torch.float16)
+    cfg = accelc.OptimizeConfig(only_if_faster=False)
+    opt = accelc.optimize(model, x, cfg)
+    assert opt.info.capture_method == "torch.export" and len(opt.rewritten) == 2, opt.summary()
+    assert "isfinite" not in opt.summary() and "clamp" not in opt.summary()     # glue, not layers
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 2e-3
+        model.fc2.weight.copy_(torch.eye(16))       # the output is the guard's
+        model.fc2.bias.zero_()
+        model.fc1.weight[0].fill_(1000.0)           # fc1 maps column 0 past fp16's range: inf
+        big = torch.full((4, 16), 8.0, device=DEVICE, dtype=torch.float16)
+        opt = accelc.optimize(model, x, cfg)
+        want, got = model(big), opt(big)
+        assert torch.isinf(model.fc1(big)).any() and (want[:, 0] == 64504).all()
+        assert torch.equal(got[:, 0], want[:, 0]) and rel_l2(got, want) < 2e-3
+        model.fc1.weight[0].fill_(0.0)              # finite, above the clamp value, no inf: not clamped
+        model.fc1.bias[0].fill_(65000.0)
+        opt = accelc.optimize(model, x, cfg)
+        want, got = model(x), opt(x)
+        assert torch.isfinite(model.fc1(x)).all() and (want[:, 0] > 64504).all()
+        assert torch.equal(got[:, 0], want[:, 0]) and rel_l2(got, want) < 2e-3
+
+
+class _OtherFiniteBranch(nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.fc, self.body = nn.Linear(8, 8), body
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.body == "zero" and not torch.isfinite(h).all():
+            h = h * 0                      # not a clamp: it would run unconditionally
+        if self.body == "when_finite" and torch.isfinite(h).all():
+            h = torch.clamp(h, -1, 1)      # clamps when all finite: the other branch
+        return h
+
+
+@pytest.mark.parametrize("body", ["zero", "when_finite"])
+def test_other_branches_on_finiteness_are_refused_not_traced_one_way(body):
+    model = _OtherFiniteBranch(body).to(DEVICE).eval()
+    with pytest.raises(CaptureError, match="finite"):
+        accelc.optimize(model, torch.randn(2, 8, device=DEVICE))

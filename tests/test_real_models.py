@@ -79,6 +79,11 @@ with warnings.catch_warnings():
         "efficientnet": (_image(T.EfficientNetModel, T.EfficientNetConfig(width_coefficient=0.1, depth_coefficient=0.1,
                                                                           image_size=32, hidden_dim=128)),
                          {"conv2d", "conv2d_depthwise"}, 0.99),
+        # encoder-decoder whose layers end with HF's fp16 overflow guard (a branch on tensor values)
+        "bart": (_text(T.BartModel, T.BartConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                                                 decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                                 vocab_size=100, max_position_embeddings=64)),
+                 {"linear", "attention"}, 0.95),
         # Conv1d stem (two convs + GELU: accelc::conv1d) before a transformer encoder
         "whisper_encoder": (_audio(), {"conv1d", "linear", "attention"}, 0.99),
     }

@@ -31,6 +31,7 @@ from accelc import meta
 from accelc.capture.canonical import canonicalize
 from accelc.capture.shaped import settle_shaped
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out, restore_buffers
+from accelc.capture.overflow import finite_branches
 from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes
 from accelc.errors import CaptureError, InputError
@@ -176,7 +177,7 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
     kwargs = dict(kwargs or {})
     values = (*args, *kwargs.values())
     if dynamic is False:
-        return torch.export.export(model, tuple(args), kwargs, strict=False), "dynamic=False"
+        return _export_once(model, tuple(args), kwargs), "dynamic=False"
     examples = [(tuple(args), kwargs)]
     grown = _batch_of_two(values) if dynamic is True else None
     if grown is not None:
@@ -191,7 +192,7 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
         if _takes_varargs(model) and not example_kwargs:
             specs = (specs,)    # a forward(*xs) (flat_module's): one entry, the tuple the varargs bind
         try:
-            ep = torch.export.export(model, example_args, example_kwargs, dynamic_shapes=specs, strict=False)
+            ep = _export_once(model, example_args, example_kwargs, dynamic_shapes=specs)
             if example_args is not examples[-1][0]:
                 with torch.no_grad():
                     ep.module()(*args, **kwargs)    # shape guards traced at batch 2 may exclude batch 1
@@ -199,8 +200,7 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
         except Exception as e:   # said with the static program it falls back to
             failure = failure or _first_line(e)[:300] or type(e).__name__
             continue
-    return (torch.export.export(model, tuple(args), kwargs, strict=False),
-            f"the dynamic export failed: {failure}")
+    return (_export_once(model, tuple(args), kwargs), f"the dynamic export failed: {failure}")
 
 
 class _Tee(io.TextIOBase):
@@ -321,6 +321,13 @@ def _symbolic_trace(model, spec: "CallSpec", flat, dynamic=True):
     gm.recompile()
     return gm
 
+
+
+def _export_once(model, args: tuple, kwargs: dict, **options) -> torch.export.ExportedProgram:
+    """torch.export, non-strict, with HF's fp16 overflow guards traced as they compute
+    (accelc.capture.overflow)."""
+    with finite_branches():
+        return torch.export.export(model, args, kwargs, strict=False, **options)
 
 
 def _export(model, spec: "CallSpec", flat, dynamic=True):
