@@ -5,7 +5,8 @@ stream's add, whose sum is also the next residual, stays PyTorch and the norm al
 
 RMSNorm as nn.RMSNorm / F.rms_norm (capture's canonical form) or written out as HF's Llama, T5,
 Mistral, Qwen write it: `w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)`
-with h = x.to(float32) (or x itself in fp32; T5: x * rsqrt(...) with x in half), the square as
+with h = x.to(float32) (or x itself in fp32; T5: x * rsqrt(...) with x in half; Gemma: the weight
+`1 + w` applied in fp32 before the cast back, `.type_as(x)`: its weight cast to x's dtype), the square as
 pow or h * h; the step before the rules folds such a chain into F.rms_norm where its statistics
 are taken in fp32 and its result has x's dtype and shape (a half-precision square, which eager
 may overflow, stays as written).
@@ -157,6 +158,9 @@ def _cast_to(n) -> torch.dtype | None:
     name = meta.op_name(n)
     if name == "float" and len(n.args) == 1 and not n.kwargs:
         return torch.float32
+    if name == "type_as" and len(n.args) == 2 and not n.kwargs:     # (Gemma's output.type_as(x))
+        out = meta.tensor_meta(n)
+        return out.dtype if out is not None else None
     if name not in ("to", "_to_copy") or set(n.kwargs) - _CAST_KWARGS:
         return None
     def dtype_arg(a):     # a dtype, or one read off a tensor (x.dtype): the cast's output metadata says which
@@ -234,12 +238,27 @@ def written_rms_norm(r: fx.Node):
         if wm is not None and tuple(wm.shape) == (N,):
             weight, out = w, nxt
             chain.append(out)
+            nxt = meta.sole_user(out)
+            if _cast_to(nxt) is not None and nxt.args[0] is out:    # Gemma: (h * w) in fp32, then the cast
+                out = nxt
+                chain.append(out)
     xm, om = meta.tensor_meta(x), meta.tensor_meta(out)
     if xm is None or om is None or (tuple(om.shape), om.dtype) != (tuple(xm.shape), xm.dtype):
         return None
     casts = [n for n in dict.fromkeys((h2, h)) if n is not x and isinstance(n, fx.Node)]
     dtype_reads = [a for n in chain + casts for a in n.args if isinstance(a, fx.Node) and a.target is getattr]
     return x, weight, eps, out, chain + casts + dtype_reads
+
+
+def _cast(g: fx.Graph, n: fx.Node, dtype: torch.dtype) -> fx.Node:
+    """n.to(dtype), with its metadata (inserted where the graph's insertion point is)."""
+    cast = g.call_method("to", (n, dtype))
+    cast.meta.update(n.meta)
+    cast.meta.pop(meta.REWRITE, None)
+    cast.meta.pop("val", None)       # (export's fake value: of the other dtype)
+    m = meta.tensor_meta(n)
+    cast.meta[meta.VALUE] = meta.TensorMeta(m.shape, dtype, m.device, m.contiguous)
+    return cast
 
 
 def _computes_rms_norm(x, weight, eps, out, chain) -> bool:
@@ -255,7 +274,7 @@ def _computes_rms_norm(x, weight, eps, out, chain) -> bool:
 
     def reference(x, weight=None):
         y = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
-        return y if weight is None else weight * y
+        return y if weight is None else (weight.to(x.dtype) * y)
 
     return matches_reference(nodes, inputs, reference, dtypes, rtol=tol, atol=tol)
 
@@ -272,13 +291,16 @@ def fold_written_rms_norms(gm: fx.GraphModule, ctx) -> None:
         if found is None or not _computes_rms_norm(*found):
             continue
         x, weight, eps, out, chain = found
+        dtype = meta.tensor_meta(x).dtype
         reason = INDUCTOR_GLUE if ctx.inductor_glue else why_unsupported(
-            meta.meta_tensor(x), meta.meta_tensor(weight) if weight is not None else None)
+            meta.meta_tensor(x), meta.meta_tensor(weight).to(dtype) if weight is not None else None)
         if reason:
             for n in chain:
                 meta.explain(n, f"an RMSNorm written out: {reason}")
             continue
         with g.inserting_before(out):
+            if weight is not None and meta.tensor_meta(weight).dtype != dtype:   # Gemma's (1 + w) in fp32
+                weight = _cast(g, weight, dtype)
             new = g.call_function(F.rms_norm, (x, (meta.tensor_meta(x).shape[-1],), weight, eps))
         new.meta.update(out.meta)
         replace_uses(gm, out, new)      # (also in the inputs of the layers linear_act made)

@@ -237,6 +237,10 @@ class LlamaStyle(nn.Module):
         elif self.form == "square":   # x * x, .float(), dim= keyword, weight on the right
             h = x.float()
             y = (h * torch.rsqrt((h * h).mean(dim=-1, keepdim=True) + 1e-5)).to(x.dtype) * self.weight
+        elif self.form == "gemma":    # GemmaRMSNorm: (h * (1 + w)) in fp32, then .type_as(x)
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            y = (h * (1.0 + self.weight.float())).type_as(x)
         elif self.form == "module":
             y = self.rms(x)
         elif self.form == "functional":   # eps=None: the dtype's machine epsilon
@@ -244,7 +248,7 @@ class LlamaStyle(nn.Module):
         return self.fc(y)
 
 
-@pytest.mark.parametrize("form", ["llama", "t5", "square", "module", "functional"])
+@pytest.mark.parametrize("form", ["llama", "t5", "square", "gemma", "module", "functional"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_rms_norm_forms_rewritten(form, dtype):
     model = LlamaStyle(form=form).to(DEVICE).to(dtype).eval()

@@ -65,6 +65,11 @@ with warnings.catch_warnings():
                                                           vocab_size=100)),
                   # RoPE: one accelc::rotary_embedding for q and one for k, where the glue is eager
                   {"linear", "gated_linear"} | ({"rotary"} if NORMS_REWRITTEN else set()), 0.95),
+        # RMSNorm as (h * (1 + w)) in fp32 then .type_as(x): accelc::rms_norm in fp16 too
+        "gemma": (_text(T.GemmaForCausalLM, T.GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                          num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                                          vocab_size=100)),
+                  {"linear", "gated_linear"} | ({"rms_norm"} if NORMS_REWRITTEN else set()), 0.95),
         "t5_encoder": (_text(T.T5EncoderModel, T.T5Config(d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2,
                                                           vocab_size=100)), {"linear", "attention"}, 0.95),
         "vit": (_image(T.ViTModel, T.ViTConfig(**_VIT)), {"linear", "attention", "conv2d"}, 0.95),
