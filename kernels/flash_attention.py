@@ -1,7 +1,8 @@
 """accelc::flash_attention — softmax(q @ k^T * scale + mask) @ v without the L x S matrix.
 
 q (B, H, L, D), k (B, Hkv, S, D), v (B, Hkv, S, D), any strides (so the transposes that split heads
-cost no copy), fp16 or bf16, D a multiple of 8 from 16 to 256 (run padded to the next power of
+cost no copy), fp16 or bf16, or fp32 (true fp32 products, or TF32 tensor cores with allow_tf32: the
+fp32_precision a config asks; pointer loads, smaller tiles), D a multiple of 8 from 16 to 256 (run padded to the next power of
 two). Grouped-query attention natively: H a multiple of Hkv, query head h reads K/V head
 h // (H / Hkv), as F.scaled_dot_product_attention(enable_gqa=True); no repeated K/V is made. Optional mask
 broadcastable to (B, H, L, S): additive float (same dtype as q) or boolean (True = attend).
@@ -41,7 +42,7 @@ from accelc.kernels.flash_decoding import log2_units, softmax_update
 from accelc.kernels.quantize import quantize_ref, rint
 from accelc.tuning import CompiledCall, Tuner, check_once
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIMS = tuple(range(16, 257, 8))   # multiples of 8, 16 to 256
 
 
@@ -51,7 +52,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASK_KIND: tl.constexpr, MASK_ROW: tl.constexpr, CAUSAL: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
                  FMA_SOFTMAX: tl.constexpr, TMA: tl.constexpr,
-                 DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+                 DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
+                 INPUT_PRECISION: tl.constexpr):
     """Key blocks [lo, hi): online-softmax update of (acc, l_i, m_i). With QK_INT8, q is the
     int8 tile and qk_scale the (BLOCK_M,) vector of its row scales x softmax scale. With TMA the
     K / V blocks are (1, 1, BLOCK_N, BLOCK_D) boxes of the (B, Hkv, S, D) tensors, the copy engine
@@ -82,7 +84,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
         elif DOT_IN_FP32:
             qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
         else:
-            qk = tl.dot(q, kt)
+            qk = tl.dot(q, kt, input_precision=INPUT_PRECISION)
         if PLAIN:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             # a row with no visible key so far keeps m = -inf: subtract 0 instead (p = 0, no NaN)
@@ -114,7 +116,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(qk - m_sub[:, None])
-        acc, l_i, m_i = softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32)
+        acc, l_i, m_i = softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32, INPUT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -135,7 +137,7 @@ def _flash_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KIND: tl.constexpr, MASK_ROW: tl.constexpr,
     IS_CAUSAL: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr, EMPTY_NAN: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -169,14 +171,14 @@ def _flash_fwd_kernel(
                                  offs_m, offs_d, 0, full, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, MASK_ROW, False, False, FMA_SOFTMAX, TMA,
-                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE)
+                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE, INPUT_PRECISION)
     # the rest: the causal diagonal and the ragged end of S
     tail_end = tl.minimum((start_m + 1) * BLOCK_M, S) if IS_CAUSAL else S
     acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, h // GROUP, mask_base,
                                  offs_m, offs_d, full, tail_end, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, MASK_ROW, IS_CAUSAL, True, FMA_SOFTMAX, TMA,
-                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE)
+                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE, INPUT_PRECISION)
 
     # a row with no visible key (l_i == 0, acc == 0) gives 0, as SDPA does, or NaN (0 / 0) as a
     # written-out softmax does (EMPTY_NAN); a NaN l_i stays NaN
@@ -201,12 +203,17 @@ CONFIGS = [config(128, 64, 3, 8), config(128, 128, 3, 8), config(128, 64, 4, 4),
            config(128, 64, 3, 8, tma=True), config(128, 128, 3, 8, tma=True), config(128, 128, 2, 8, tma=True),
            config(128, 64, 4, 4, tma=True), config(64, 64, 4, 4, tma=True)]
 _WIDE = [config(64, 32, 2, 4), config(64, 64, 2, 8)]
+# fp32 (twice the bytes a tile): fewer rows and keys a step, two stages, pointer loads
+_FP32 = [config(64, 32, 2, 4), config(64, 64, 2, 4), config(32, 32, 2, 4), config(128, 32, 2, 8)]
+CONFIGS += [c for c in _FP32 if c not in CONFIGS]
 
 
 def _prune(configs, sizes):
+    if sizes.get("fp32"):
+        return [c for c in _FP32 if sizes["D"] <= 128 or c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 32]
     if sizes["D"] > 128:
         return [c for c in configs if c in _WIDE]
-    return [c for c in configs if c not in _WIDE and (sizes["tma"] or not c.kwargs["TMA"])]
+    return [c for c in configs if c not in _WIDE and c not in _FP32 and (sizes["tma"] or not c.kwargs["TMA"])]
 
 
 def tma_ok(*tensors) -> bool:
@@ -221,7 +228,7 @@ def tma_ok(*tensors) -> bool:
 
 
 def _default(sizes):
-    if sizes["D"] > 128:
+    if sizes["D"] > 128 or sizes.get("fp32"):
         return config(64, 32, 2, 4)
     return config(128, 64, 3, 8) if sizes["L"] >= 128 else config(64, 64, 3, 4)
 
@@ -237,7 +244,7 @@ def why_unsupported(q, k, v, mask=None) -> Optional[str]:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "q, k, v must be 4-D (batch, heads, length, head_dim) or all 3-D (batch * heads, length, head_dim)"
     if q.dtype not in SUPPORTED_DTYPES:
-        return f"dtype {q.dtype} (the kernel takes fp16 and bf16)"
+        return f"dtype {q.dtype} (the kernel takes fp16, bf16 and fp32)"
     if k.dtype != q.dtype or v.dtype != q.dtype:
         return "q, k, v dtypes differ"
     B, H, L, D = q.shape
@@ -266,23 +273,26 @@ def why_unsupported(q, k, v, mask=None) -> Optional[str]:
 _CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
 
 
-def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False):
+def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False,
+                           allow_tf32=False):
     """Checks, allocates, launches. A call signature seen before launches its compiled kernel
     directly (accelc.tuning.CompiledCall). 3-D q, k, v (batch * heads, length, head_dim) run as
     one batch of that many heads, into a contiguous (batch * heads, length, head_dim) result, as
     torch.bmm gives it."""
     out = _empty_out(q)
     if q.dim() == k.dim() == v.dim() == 3:
-        _launch(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan, out[None])
+        _launch(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan, out[None], allow_tf32)
     else:
-        _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out)
+        _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32)
     return out
 
 
-def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out):
+def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32=False):
     tensors = (q, k, v) if mask is None else (q, k, v, mask)
+    fp32 = q.dtype == torch.float32
+    tf32 = bool(allow_tf32) and fp32
     sig = (tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
-           bool(is_causal), scale, bool(qk_int8), bool(empty_nan))
+           bool(is_causal), scale, bool(qk_int8), bool(empty_nan), tf32)
     check_once(_CHECKED, sig, lambda: why_unsupported(q, k, v, mask), "flash_attention")
     B, H, L, D = q.shape
     S = k.shape[2]
@@ -299,12 +309,13 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out):
             flash_decoding.launch(q, k, v, mask_t, mask is not None, _scale(q, scale) * 1.4426950408889634,
                                   empty_nan, out)
             return
-        use_tma = D <= 128 and tma_ok(q, k, v)
+        use_tma = D <= 128 and not fp32 and tma_ok(q, k, v)
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
                     MASK_ROW=mask is not None and mask_t.stride(2) == 0,
                     IS_CAUSAL=bool(is_causal), FMA_SOFTMAX=_scale(q, scale) >= 0, DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16,
-                    QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted(), EMPTY_NAN=bool(empty_nan))
+                    QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted(), EMPTY_NAN=bool(empty_nan),
+                    INPUT_PRECISION="tf32" if tf32 else "ieee")
 
         def run(cfg):
             kw = cfg.all_kwargs()
@@ -313,8 +324,8 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out):
 
         # the tuning key: lengths by their next power of two
         key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], meta["MASK_ROW"],
-               bool(is_causal), bool(qk_int8), use_tma, q.dtype)
-        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D, tma=use_tma), run)
+               bool(is_causal), bool(qk_int8), use_tma, q.dtype, *(("tf32",) if tf32 else ()))
+        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D, tma=use_tma, fp32=fp32), run)
         kw = cfg.all_kwargs()
         TUNER.calls[sig] = (CompiledCall(_flash_fwd_kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
                                          _args(kw, q, k, v, mask_t, out, mask is not None, scale),
@@ -346,12 +357,14 @@ def _quantize_rows(t):
     return q.to(t.dtype) * s[..., None].to(t.dtype)
 
 
-def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False):
+def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False,
+                        allow_tf32=False):
     """Pure-PyTorch reference in fp32 (fp64 for fp64 inputs), result in q's dtype. qk_int8:
     q and k quantized per token first, as the kernel does. empty_nan: a row with no visible key
     gives NaN (softmax's 0 / 0) instead of SDPA's 0."""
     if q.dim() == k.dim() == v.dim() == 3:
-        return flash_attention_ref(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan)[0]
+        return flash_attention_ref(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan,
+                                   allow_tf32)[0]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     if qk_int8:
@@ -373,13 +386,13 @@ def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8
 @torch.library.custom_op("accelc::flash_attention", mutates_args=())
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
                     is_causal: bool = False, scale: Optional[float] = None, qk_int8: bool = False,
-                    empty_nan: bool = False) -> torch.Tensor:
+                    empty_nan: bool = False, allow_tf32: bool = False) -> torch.Tensor:
     """softmax(q @ k^T * scale + mask) @ v: see the module docstring."""
     return runtime.launch_or_fallback("flash_attention", q.device, flash_attention_launch, _ref_in_out_layout,
-                                      q, k, v, mask, is_causal, scale, qk_int8, empty_nan)
+                                      q, k, v, mask, is_causal, scale, qk_int8, empty_nan, allow_tf32)
 
 
-def _ref_in_out_layout(q, k, v, mask, is_causal, scale, qk_int8, empty_nan=False):
+def _ref_in_out_layout(q, k, v, mask, is_causal, scale, qk_int8, empty_nan=False, allow_tf32=False):
     return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale, qk_int8, empty_nan))
 
 
@@ -391,5 +404,5 @@ def _empty_out(q):
 
 
 @flash_attention.register_fake
-def _(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False):
+def _(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False, allow_tf32=False):
     return _empty_out(q)

@@ -42,7 +42,7 @@ def log2_units(add):
 
 
 @triton.jit
-def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr):
+def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """One key block's online-softmax step (base 2): the running sum and accumulator rescaled to
     the new row max (m_sub: it, or 0 where a row has seen no key), then p and p @ v added."""
     alpha = tl.math.exp2(m_i - m_sub)
@@ -50,7 +50,7 @@ def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr)
     if DOT_IN_FP32:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -111,7 +111,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr,
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(qk - m_sub[:, None])
-            acc, l_i, m_i = softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32)
+            acc, l_i, m_i = softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32, "ieee")
     slot = bh * splits + split
     tl.store(acc_ptr + (slot * BLOCK_M + rows[:, None]) * BLOCK_D + offs_d[None, :], acc)
     tl.store(ml_ptr + (slot * 2) * BLOCK_M + rows, m_i)
@@ -151,10 +151,11 @@ def _combine_kernel(acc_ptr, ml_ptr, out_ptr, Hkv, GROUP, L, SPLITS,
 
 def takes(q, k, is_causal: bool, qk_int8: bool) -> bool:
     """Whether flash_attention's call is a decode step this path serves: few query rows a K/V
-    head, many keys, no causal flag (a decode step's mask says it), no int8 q @ k."""
+    head, many keys, no causal flag (a decode step's mask says it), no int8 q @ k, fp16 / bf16."""
     B, H, L, D = q.shape
     rows = (H // k.shape[1]) * L
-    return not is_causal and not qk_int8 and L <= MAX_QUERIES and rows <= MAX_ROWS and k.shape[2] >= MIN_KEYS
+    return (not is_causal and not qk_int8 and q.dtype != torch.float32 and L <= MAX_QUERIES and rows <= MAX_ROWS
+            and k.shape[2] >= MIN_KEYS)
 
 
 def _block_n(interpreted: bool) -> int:

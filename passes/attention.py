@@ -185,7 +185,14 @@ def _check_sdpa(m, ctx) -> str | None:
 def _build_sdpa(m, ctx) -> Replacement:
     mask, causal = m.input("mask"), bool(m.input("is_causal"))
     return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, causal, m.input("scale")),
-                       kind="attention", kernel=_kernel_label(mask, causal))
+                       _precision(m, ctx), kind="attention", kernel=_kernel_label(mask, causal))
+
+
+def _precision(m, ctx) -> dict:
+    """fp32 attention: TF32 tensor cores where the config's fp32_precision asks (else true fp32)."""
+    q = meta.tensor_meta(m.input("q"))
+    return {"allow_tf32": True} if q is not None and q.dtype == torch.float32 and \
+        ctx.config.fp32_precision == "tf32" else {}
 
 
 def _t(k, d0, d1):
@@ -260,7 +267,7 @@ def _decomposed(scale_of, mask_of=lambda m: m.input("mask")):
         mask = mask_of(m)
         # a row whose keys are all masked: eager's softmax gives NaN there (SDPA gives 0)
         return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, False,
-                                   float(scale_of(m.input("scale", 1.0)))), {"empty_nan": True},
+                                   float(scale_of(m.input("scale", 1.0)))), {"empty_nan": True, **_precision(m, ctx)},
                            kind="attention", kernel=_kernel_label(mask, False))
     return build
 

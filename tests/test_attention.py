@@ -123,10 +123,20 @@ def test_attention_weights_used_stays_pytorch():
     assert row.status == "kept" and "attention weights are used" in row.reason
 
 
-def test_fp32_and_odd_head_dim_kept_with_reason():
+def test_fp32_attention_rewritten_and_odd_head_dim_kept_with_reason():
+    """fp32 attention stayed SDPA (1.7-20% of fp32 transformers' FLOPs): now the flash kernel with
+    true fp32 products, or TF32 where the config's fp32_precision asks, as for fp32 linears."""
     q, k, v = (torch.randn(1, 2, 9, 64) for _ in range(3))
     opt = _optimize(Sdpa(False), q, k, v, dtype=torch.float32)
-    assert any("dtype torch.float32" in r.reason for r in opt.layers)
+    (row,) = _attention_rows(opt)
+    assert row.status == "rewritten", opt.summary()
+    (node,) = [n for n in opt.graph_module.graph.nodes if n.target is torch.ops.accelc.flash_attention.default]
+    assert not node.kwargs.get("allow_tf32")
+    model = Sdpa(False).to(DEVICE).eval()
+    args = tuple(t.to(DEVICE) for t in (q, k, v))
+    opt = accelc.optimize(model, args, accelc.OptimizeConfig(fp32_precision="tf32", only_if_faster=False))
+    (node,) = [n for n in opt.graph_module.graph.nodes if n.target is torch.ops.accelc.flash_attention.default]
+    assert node.kwargs.get("allow_tf32") is True
     q, k, v = (torch.randn(1, 2, 9, 44) for _ in range(3))
     opt = _optimize(Sdpa(False), q, k, v)
     assert any("head dim 44" in r.reason for r in opt.layers)

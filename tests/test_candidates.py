@@ -132,6 +132,25 @@ def test_flash_attention_candidates(shape):
     assert _sweep(flash_attention.TUNER, run, ref, TOL[dtype]) >= 1
 
 
+@pytest.mark.parametrize("shape", [s for s in ATTN_SHAPES if s[4] != 80] + [(2, 4, 64, 90, 256, "bool", False)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("tf32", [False, True], ids=["ieee", "tf32"])
+def test_flash_attention_fp32_candidates(shape, tf32):
+    B, H, L, S, D, kind, causal = shape
+    q, k, v = (torch.randn(B, H, n, D, device="cuda") for n in (L, S, S))
+    mask = None
+    if kind == "bool":
+        mask = torch.rand(B, 1, L, S, device="cuda") > 0.2
+        mask[..., 0] = True
+    elif kind == "float":
+        mask = torch.randn(B, 1, 1, S, device="cuda")
+    ref = flash_attention.flash_attention_ref(q.double(), k.double(), v.double(),
+                                              None if mask is None else (mask if kind == "bool" else mask.double()),
+                                              causal)
+    run = lambda: flash_attention.flash_attention_launch(q, k, v, mask, causal, None, False, False, tf32)  # noqa: E731
+    assert _sweep(flash_attention.TUNER, run, ref, 2e-3 if tf32 else 1e-5) >= 1
+
+
 @pytest.mark.parametrize("M,K,N", [(1, 768, 768), (7, 64, 96), (16, 4096, 4096), (130, 256, 136), (1024, 768, 3072),
                                    (4000, 3072, 768)])
 def test_int8_candidates(M, K, N):

@@ -150,7 +150,7 @@ def test_row_masked_with_the_dtypes_minimum_averages_like_eager(dtype, row, empt
 
 
 @pytest.mark.parametrize("args,message", [
-    (lambda q, k, v: (q.float(), k.float(), v.float()), "dtype torch.float32"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), "dtype torch.float64"),
     (lambda q, k, v: (q[..., :44], k[..., :44], v[..., :44]), "head dim 44"),
     (lambda q, k, v: (torch.cat([q, q[:, :1]], 1), k, v), "query heads a multiple of key/value heads"),
     (lambda q, k, v: (q, k, v[..., :32]), "head dims differ"),
@@ -323,3 +323,32 @@ def test_scale_of_any_sign(scale):
     ref = fa.flash_attention_ref(q.double(), k.double(), v.double(), None, False, scale)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+@pytest.mark.parametrize("case", ["plain", "causal", "bool_mask", "float_mask", "gqa"])
+def test_fp32_true_products_against_fp64(d, case):
+    """fp32 attention (it stayed SDPA): true fp32 products (ieee), as eager's fp32 SDPA."""
+    torch.manual_seed(0)
+    q, k, v = _qkv(2, 4, 21, 37, d, torch.float32)
+    mask, causal = None, case == "causal"
+    if case == "bool_mask":
+        mask = torch.rand(2, 1, 21, 37, device=DEVICE) > 0.3
+    elif case == "float_mask":
+        mask = torch.randn(2, 4, 21, 37, device=DEVICE)
+    elif case == "gqa":
+        k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
+    out = torch.ops.accelc.flash_attention(q, k, v, mask, causal, None)
+    d64 = lambda t: None if t is None else (t if t.dtype == torch.bool else t.double())
+    ref = fa.flash_attention_ref(d64(q), d64(k), d64(v), d64(mask), causal)
+    assert out.dtype == torch.float32 and rel_l2(out, ref) < 1e-5, rel_l2(out, ref)
+
+
+def test_fp32_tf32_when_asked():
+    """allow_tf32: TF32 tensor cores (the config's fp32_precision='tf32'): within TF32's error
+    (10 mantissa bits) on the GPU; the interpreter's dot is exact fp32 either way."""
+    torch.manual_seed(0)
+    q, k, v = _qkv(2, 4, 64, 64, 64, torch.float32)
+    out = torch.ops.accelc.flash_attention(q, k, v, None, False, None, False, False, True)
+    ref = fa.flash_attention_ref(q.double(), k.double(), v.double())
+    assert rel_l2(out, ref) < 2e-3
