@@ -147,7 +147,9 @@ def test_fp32_attention_rewritten_and_odd_head_dim_kept_with_reason():
 def test_models_every_attention_rewritten_and_matching(name, n_attention, dtype):
     model = accelc.models.get(name).to(DEVICE, dtype)
     args = model.example_inputs()
-    opt = accelc.optimize(model, args)
+    # (every layer kept whatever its speed: on the GPU the race may hand the stacked q / k / v of
+    # these tiny shapes back as three linears, a timing verdict, not this test's business)
+    opt = accelc.optimize(model, args, accelc.OptimizeConfig(only_if_faster=False))
     assert len(_attention_rows(opt)) == n_attention
     assert all(r.status == "rewritten" for r in opt.layers if r.kind in ("attention", "linear"))
     n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
