@@ -26,7 +26,7 @@ _GLUE = {
     "getitem", "getattr", "view", "reshape", "permute", "transpose", "t", "contiguous", "flatten",
     "unflatten", "size", "sym_size", "expand", "unsqueeze", "squeeze", "cat", "stack", "chunk",
     "split", "add", "sub", "mul", "truediv", "div", "neg", "clone", "to", "type_as", "float",
-    "half", "_guards_fn", "_assert_tensor_metadata", "_assert_scalar", "_assert", "alias", "detach",
+    "half", "_guards_fn", "_assert_tensor_metadata", "_assert_scalar", "_assert", "assert_formatted", "alias", "detach",
     "floordiv", "rsub", "slice", "select", "narrow", "arange", "logical_not", "unbind", "_assert_is_none",
     # comparisons, logic and new tensors (masks built from shapes; tracer artefacts)
     "le", "lt", "ge", "gt", "eq", "ne", "__and__", "__or__", "__invert__", "and_", "or_", "bitwise_and",

@@ -287,3 +287,37 @@ def test_other_branches_on_finiteness_are_refused_not_traced_one_way(body):
     model = _OtherFiniteBranch(body).to(DEVICE).eval()
     with pytest.raises(CaptureError, match="finite"):
         accelc.optimize(model, torch.randn(2, 8, device=DEVICE))
+
+
+class _Checks(nn.Module):
+    """A model's own shape checks, timm-style (torch._assert with an f-string message)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        B, C = x.shape
+        torch._assert(C == 16, f"expected 16 features, got {C} (batch {B})")
+        torch._assert(x.shape[0] < 100, f"batch {x.shape[0]} too large")
+        return self.fc(x)
+
+
+def test_a_models_assertion_messages_and_order_are_eagers():
+    """symbolic_trace formatted the messages while tracing ("got Proxy(getitem_1)"): formatted at the
+    call now, as eager's. And a check on x's features ran after the 16-to-16 linear it guards (the
+    shape read moved past a layer that keeps the example's shape but not any input's), so a bad
+    input met the kernel's error instead of the model's own."""
+    model = _Checks().to(DEVICE).eval()
+    opt = accelc.optimize(model, torch.randn(4, 16, device=DEVICE))
+    assert opt.info.capture_method == "symbolic_trace"
+    for shape, said in (((200, 16), "batch 200 too large"), ((4, 17), r"expected 16 features, got 17 \(batch 4\)")):
+        x = torch.randn(*shape, device=DEVICE)
+        with pytest.raises(AssertionError, match=said):
+            model(x)
+        with pytest.raises(AssertionError, match=said):
+            opt(x)
+    assert "assert" not in opt.summary()
+    x = torch.randn(7, 16, device=DEVICE)
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5

@@ -75,6 +75,13 @@ def _reads_shape_only(n: fx.Node, of: fx.Node) -> bool:
     return n.op == "call_method" and n.target in _SHAPE_METHODS and n.args[0] is of
 
 
+# ops whose output has their input's shape whatever that shape is (per-channel norms, elementwise
+# activations, casts): a shape read may move past them
+_SAME_SHAPE = {"batch_norm", "layer_norm", "rms_norm", "group_norm", "relu", "relu6", "gelu", "silu", "sigmoid",
+               "tanh", "hardswish", "hardsigmoid", "leaky_relu", "elu", "mish", "softplus", "dropout", "contiguous",
+               "clone", "to", "type_as", "float", "half", "bfloat16", "neg", "abs", "exp", "sqrt", "rsqrt"}
+
+
 def shape_reads_last(graph: fx.Graph) -> bool:
     """A value read for its shape alone (`x.ndim`, `x.size()`) besides its one real reader is read at
     the end of the chain of shape-preserving single readers that follows it instead (conv -> BN ->
@@ -101,8 +108,8 @@ def shape_reads_last(graph: fx.Graph) -> bool:
                     or not values[0].args or values[0].args[0] is not end or values[0] in dependents:
                 break
             here, there = meta.meta_tensor(end), meta.meta_tensor(values[0])
-            if there is None or here.shape != there.shape:
-                break
+            if there is None or here.shape != there.shape or meta.op_name(values[0]) not in _SAME_SHAPE:
+                break       # (a linear of as many features out as in keeps the example's shape, not any input's)
             end = values[0]
         if end is n:
             continue

@@ -31,6 +31,7 @@ from accelc import meta
 from accelc.capture.canonical import canonicalize
 from accelc.capture.shaped import settle_shaped
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out, restore_buffers
+from accelc.capture.asserts import format_at_run_time
 from accelc.capture.overflow import finite_branches
 from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes
@@ -302,6 +303,7 @@ def _symbolic_trace(model, spec: "CallSpec", flat, dynamic=True):
     concrete = left_out(model, flat[:spec.n_args], exclude=spec.kw_names)
     concrete.update(spec.constants)
     gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+    format_at_run_time(gm)
     if not concrete:
         return gm
     params = list(inspect.signature(model.forward).parameters)
