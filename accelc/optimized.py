@@ -20,6 +20,7 @@ from accelc.kernels import REFERENCES
 from accelc.runner import direct_calls, make_runner
 from accelc.rewrite import layers as layer_nodes
 from accelc.meta import op_name
+from accelc.near_miss import near_miss
 
 # ops that only move or combine data; not listed as "kept" layers in the summary
 _GLUE = {
@@ -323,7 +324,7 @@ def collect_layers(gm: fx.GraphModule, checks: dict, flops: dict | None = None) 
         by_name[name] = LayerRecord(
             name=name, kind=kind, status="kept", input_shapes=shapes,
             dtype=str(value.dtype).replace("torch.", "") if value else "",
-            reason=meta.reason_kept(n) or f"no accelc rewrite for {kind}", flops=flops.get(n, 0),
+            reason=meta.reason_kept(n) or near_miss(n) or f"no accelc rewrite for {kind}", flops=flops.get(n, 0),
         )
         layers.append(by_name[name])
     return layers
