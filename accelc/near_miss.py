@@ -4,8 +4,9 @@ The passes explain what they refuse (a dtype, a kernel's limit); an op that no r
 matched at all got only "no accelc rewrite for softmax". Where the op is the piece of a rule's
 pattern that stood out, this names the rule and the part that did not fit: an attention whose
 probabilities another op also reads (attention weights returned), a softmax over another dim than
-the keys, a product of two activations outside an attention, a BatchNorm after something that is
-not a conv or whose conv's output is read elsewhere.
+the keys, a mask added through a 5-D view of the scores (shifted windows), a product of two
+activations outside an attention, a BatchNorm after something that is not a conv or whose conv's
+output is read elsewhere.
 """
 from __future__ import annotations
 
@@ -26,24 +27,26 @@ def _others(n: fx.Node, but: fx.Node | None = None) -> str:
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
-def _scores_product(n: fx.Node) -> fx.Node | None:
-    """The q @ k^T a softmax's input comes from, through scaling and masking, else None."""
-    seen = 0
-    while isinstance(n, fx.Node) and seen < 8:
+def _scores_chain(n: fx.Node) -> list[fx.Node]:
+    """The nodes from the q @ k^T a softmax's input comes from (first) through its scaling and
+    masking (the softmax's input last); [] where the input is no such chain."""
+    chain = []
+    while isinstance(n, fx.Node) and len(chain) < 8:
+        chain.append(n)
         name = meta.op_name(n)
         if name in ("matmul", "bmm", "baddbmm"):
-            return n
+            return chain[::-1]
         if name not in _SCALES or not n.args:
-            return None
+            return []
         n = n.args[0]
-        seen += 1
-    return None
+    return []
 
 
 def _softmax(n: fx.Node) -> str | None:
-    scores = _scores_product(n.args[0] if n.args else None)
-    if scores is None:
+    chain = _scores_chain(n.args[0] if n.args else None)
+    if not chain:
         return None
+    scores = chain[0]
     rule = "attention (softmax(q @ k^T) @ v as one flash kernel)"
     value = meta.tensor_meta(n)
     dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
@@ -59,6 +62,10 @@ def _softmax(n: fx.Node) -> str | None:
         return f"{rule} not taken: the scores q @ k^T are also read by {_others(scores, but=None)}"
     if value is not None and value.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"{rule} not taken: dtype {value.dtype}"
+    if any(len(getattr(meta.tensor_meta(c), "shape", ())) == 5 for c in chain):
+        return (f"{rule} not taken: a mask is added through a 5-D view of the scores (shifted-window attention's "
+                "per-window mask); the kernel takes one mask broadcast to (batch, heads, L, S): add it before, or "
+                "pass the sum to F.scaled_dot_product_attention")
     return f"{rule} not taken: the ops between q @ k^T and the softmax are not a scale and a mask it knows"
 
 

@@ -100,3 +100,34 @@ def test_hf_attention_weights_returned_are_named_as_the_cause():
     opt = accelc.optimize(bert, {"input_ids": ids, "output_attentions": True}, CFG)
     reasons = [r.reason for r in opt.layers if r.status == "kept" and r.kind == "softmax"]
     assert reasons and all("the probabilities are also read by" in r for r in reasons), opt.summary()
+
+
+class _ShiftedWindows(nn.Module):
+    """timm's WindowAttention without fused attention: the relative position bias added, then the
+    per-window mask through a 5-D view of the scores."""
+
+    def __init__(self, windows=4, heads=2, n=16, d=16):
+        super().__init__()
+        self.qkv = nn.Linear(heads * d, 3 * heads * d)
+        self.bias = nn.Parameter(torch.randn(heads, n, n))
+        self.register_buffer("mask", torch.where(torch.rand(windows, n, n) > 0.3, 0.0, -100.0))
+        self.heads, self.d = heads, d
+
+    def forward(self, x):
+        B_, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B_, N, 3, self.heads, self.d).permute(2, 0, 3, 1, 4)
+        attn = (q * self.d ** -0.5) @ k.transpose(-2, -1) + self.bias.unsqueeze(0)
+        nw = self.mask.shape[0]
+        attn = attn.view(-1, nw, self.heads, N, N) + self.mask.unsqueeze(1).unsqueeze(0)
+        attn = attn.view(-1, self.heads, N, N).softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(B_, N, C)
+
+
+def test_a_shifted_window_mask_through_a_5d_view_is_named():
+    model = _ShiftedWindows().to(DEVICE).eval()
+    x = torch.randn(8, 16, 32, device=DEVICE)
+    opt = accelc.optimize(model, x, CFG)
+    assert _kept(opt)["softmax"].startswith("attention (softmax(q @ k^T) @ v as one flash kernel) not taken: a mask "
+                                            "is added through a 5-D view of the scores"), _kept(opt)
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
