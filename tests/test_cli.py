@@ -40,6 +40,7 @@ def test_runtime_flags(capsys):
 
 
 def test_batch_size_zero_is_one_clear_line(capsys):
-    assert main(["optimize", "mlp", "--batch-size", "0"]) == 1
+    with pytest.raises(SystemExit) as e:     # a usage error, said before any work
+        main(["optimize", "mlp", "--batch-size", "0"])
     err = capsys.readouterr().err
-    assert "example input 0 (0x24) is empty" in err and "Traceback" not in err
+    assert e.value.code == 2 and "argument --batch-size: must be above 0, not 0" in err and "Traceback" not in err

@@ -115,7 +115,8 @@ def test_kernels_say_why_on_meta_tensors():
     assert "bias must be (8,)" in gemm.why_unsupported(m(4, 16), m(8, 16), m(3))
     assert conv.why_unsupported(m(1, 4, 9, 9), m(8, 3, 3, 4), stride=(1, 1), padding=(1, 1, 1, 1)) is None
     assert "kernel 9x9 over 7x7" in conv.why_unsupported(m(1, 4, 9, 9), m(8, 9, 9, 4))
-    assert "expects 5" in conv.why_unsupported(m(1, 4, 9, 9), m(8, 3, 3, 5))
+    assert "takes 5 a group: not a whole number of groups" in conv.why_unsupported(m(1, 4, 9, 9), m(8, 3, 3, 5))
+    assert conv.why_unsupported(m(1, 4, 9, 9), m(8, 3, 3, 2)) is None       # two groups of two channels
     assert flash_attention.why_unsupported(m(1, 2, 8, 64), m(1, 2, 8, 64), m(1, 2, 8, 64)) is None
     assert flash_attention.why_unsupported(m(1, 2, 8, 48), m(1, 2, 8, 48), m(1, 2, 8, 48)) is None
     assert "head dim 12" in flash_attention.why_unsupported(m(1, 2, 8, 12), m(1, 2, 8, 12), m(1, 2, 8, 12))
