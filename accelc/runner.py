@@ -128,6 +128,7 @@ class Runner:
         self.arena = None                            # the bytes graphs copy their outputs into (output_slots)
         self.stream = None                           # the side stream every graph is warmed up and captured on
         self._lock = threading.Lock()
+        self.unpadded: set = set()                   # call sizes whose bucket the model refused: run as they are
 
     def __call__(self, *args, **kwargs):
         with torch.no_grad():
@@ -138,12 +139,18 @@ class Runner:
             if self.padding is not None and not kwargs:
                 sizes = self.padding.sizes(args)
                 target = self.padding.target(sizes) if sizes is not None else sizes
-                if target == sizes:
-                    sizes = None
-                else:
-                    args = self.padding.pad(args, target)
+                key = tuple(sorted(sizes.items())) if sizes is not None else None
+                if target != sizes and key not in self.unpadded:
                     self.padded += 1
-            return self._call(args, kwargs, sizes, force=False)
+                    try:
+                        return self._call(self.padding.pad(args, target), kwargs, sizes, force=False)
+                    except Exception:
+                        # the model's own check refused the bucket's size (`assert batch < 100` met at
+                        # 104): this size runs as it is from now on, and the check, if it refuses that
+                        # too, says so with the call's own sizes
+                        self.padded -= 1
+                        self.unpadded.add(key)
+            return self._call(args, kwargs, None, force=False)
 
     def warm_up(self, *args, **kwargs) -> None:
         """Capture the graph of these inputs' bucket (or exact signature) now."""

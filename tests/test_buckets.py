@@ -276,3 +276,36 @@ def test_padding_keeps_each_inputs_memory_layout():
             tail = big.narrow(d, image.shape[d], 3)
             assert torch.equal(tail, image.narrow(d, image.shape[d] - 1, 1).expand_as(tail) if fill == "edge"
                                else torch.zeros_like(tail))
+
+
+def test_a_bucket_the_models_own_check_refuses_runs_the_call_at_its_own_size():
+    """A model's assertion on its batch (`batch < 100`) met the padded size: a call of 99 rows, which
+    eager takes, was refused at its bucket, and a refused call named the bucket's size ("batch 104
+    too large") instead of the call's. The call now runs at its own size: eager's result, or eager's
+    message with the call's numbers."""
+    class Checked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            torch._assert(x.shape[0] < 100, f"batch {x.shape[0]} too large")
+            return self.fc(x)
+
+    from accelc.capture import capture
+    from accelc.capture.shapes import SHAPES
+    torch.manual_seed(0)
+    model = Checked().to(DEVICE).eval()
+    x = torch.randn(4, 8, device=DEVICE)
+    gm, _, _ = capture(model, (x,), {})
+    plan, _ = buckets.find(gm, (x,), gm.meta[SHAPES], tol)
+    assert plan is not None and buckets.bucket(99, next(iter(plan.ranges.values()))) > 99
+    cap = Captures()
+    r = runner.Runner(gm, cuda_graphs=True, capture=cap, padding=plan)
+    y = torch.randn(99, 8, device=DEVICE)
+    with torch.no_grad():
+        assert rel_l2(r(y), model(y)) < TOL and rel_l2(r(y), model(y)) < TOL      # twice: the second unpadded at once
+        with pytest.raises(AssertionError, match="batch 150 too large"):
+            r(torch.randn(150, 8, device=DEVICE))
+        assert rel_l2(r(x[:3]), model(x[:3])) < TOL                               # a bucket the check takes still pads
+    assert r.padded == 1 and len(r.unpadded) == 2
