@@ -50,10 +50,8 @@ def _depthwise_flops(x, weight, *args, out_val=None, **kwargs) -> int:
 
 def _conv1d_flops(x, weight, bias, residual, stride, padding, dilation, activation="none", residual_first=False,
                   allow_tf32=False, depthwise=False, out_val=None, **kwargs) -> int:
-    # weight packed (1, S, C) depthwise, else (K, 1, S, C); out (N, K, OL)
-    if depthwise:
-        return 2 * out_val.numel() * weight.shape[1]
-    return 2 * out_val.numel() * weight.shape[2] * weight.shape[3]
+    # the height-1 conv's weight is the 2-D kernels' (packed (1, S, C) depthwise, else (K, 1, S, C))
+    return (_depthwise_flops if depthwise else _conv_flops)(x, weight, out_val=out_val)
 
 
 def _attention_flops(q, k, v, *args, out_val=None, **kwargs) -> int:

@@ -59,7 +59,7 @@ def _softmax(n: fx.Node) -> str | None:
     if readers and meta.op_name(readers[0]) not in ("matmul", "bmm", "dropout"):
         return f"{rule} not taken: the probabilities go to {readers[0].name}, not a product with v"
     if len(scores.users) > 1:
-        return f"{rule} not taken: the scores q @ k^T are also read by {_others(scores, but=None)}"
+        return f"{rule} not taken: the scores q @ k^T are also read by {_others(scores)}"
     if value is not None and value.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"{rule} not taken: dtype {value.dtype}"
     if any(len(getattr(meta.tensor_meta(c), "shape", ())) == 5 for c in chain):

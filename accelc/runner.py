@@ -149,7 +149,8 @@ class Runner:
                         # 104): this size runs as it is from now on, and the check, if it refuses that
                         # too, says so with the call's own sizes
                         self.padded -= 1
-                        self.unpadded.add(key)
+                        if len(self.unpadded) < 64 * MAX_GRAPHS:
+                            self.unpadded.add(key)
             return self._call(args, kwargs, None, force=False)
 
     def warm_up(self, *args, **kwargs) -> None:

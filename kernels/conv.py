@@ -403,6 +403,11 @@ TUNER = Tuner("conv2d", _conv_kernel, CONFIGS, prune=prune_configs,
               interpreter=lambda sizes: rect_config(4, 8, 32, 16, 1, 4) if sizes["rect"] else config(32, 32, 16, 1, 4))
 
 
+def groups_of(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """A conv's groups, from x's channels and the packed weight's channels a group (K, R, S, C / groups)."""
+    return x.shape[1] // weight.shape[3]
+
+
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """(K, C, R, S) as nn.Conv2d stores it -> (K, R, S, C) contiguous: done once at optimize time."""
     return weight.permute(0, 2, 3, 1).contiguous()
@@ -492,7 +497,7 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
                                                        activation), "conv2d")
     N, C, H, W = x.shape
     K, R, S, Cg = weight.shape
-    groups = C // Cg
+    groups = groups_of(x, weight)
     OH, OW = output_size(H, W, R, S, stride, padding, dilation)
     out = torch.empty((N, K, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if out.numel() == 0:
@@ -588,7 +593,7 @@ class _Calls:
             self.pad = first.calls
             tensors = first.tensors(tensors)
         part = self.partials(kw, out)
-        self.main = CompiledCall(_conv_kernel, self.grid(kw, out, x.shape[1] // weight.shape[3]),
+        self.main = CompiledCall(_conv_kernel, self.grid(kw, out, groups_of(x, weight)),
                                  _args(kw, tensors, stride, padding, dilation, part), dict(meta, **kw))
         self.reduce = None
         if part is not None:
@@ -634,7 +639,7 @@ def _args(kw, tensors, stride, padding, dilation, part=None) -> tuple:
     x, weight, bias, res, out = tensors
     N, _, H, W = x.shape
     K, R, S, C = weight.shape     # (ROWS: the padded copies, C = CP, R * S * C the padded row length)
-    K //= x.shape[1] // C         # a grouped conv: the sizes of one group
+    K //= groups_of(x, weight)    # a grouped conv: the sizes of one group
     OH, OW = out.shape[2:]
     rect = kw["RECT"]
     if part is None:
@@ -667,7 +672,7 @@ def conv2d_ref(x, weight, bias, residual, stride, padding, dilation, activation=
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xp = torch.nn.functional.pad(x.to(acc), (padding[2], padding[3], padding[0], padding[1]))
     y = torch.nn.functional.conv2d(xp, weight.to(acc).permute(0, 3, 1, 2), None, tuple(stride), 0, tuple(dilation),
-                                   x.shape[1] // weight.shape[3])
+                                   groups_of(x, weight))
     y = epilogue_ref(y.permute(0, 2, 3, 1), None if bias is None else bias.to(acc),
                      None if residual is None else residual.to(acc).permute(0, 2, 3, 1), activation, residual_first)
     return y.permute(0, 3, 1, 2).to(x.dtype).contiguous(memory_format=torch.channels_last)

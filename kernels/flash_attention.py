@@ -361,10 +361,10 @@ def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8
                         allow_tf32=False):
     """Pure-PyTorch reference in fp32 (fp64 for fp64 inputs), result in q's dtype. qk_int8:
     q and k quantized per token first, as the kernel does. empty_nan: a row with no visible key
-    gives NaN (softmax's 0 / 0) instead of SDPA's 0."""
+    gives NaN (softmax's 0 / 0) instead of SDPA's 0. allow_tf32 (the op's argument) changes nothing
+    here: the reference stays true fp32."""
     if q.dim() == k.dim() == v.dim() == 3:
-        return flash_attention_ref(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan,
-                                   allow_tf32)[0]
+        return flash_attention_ref(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan)[0]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     if qk_int8:

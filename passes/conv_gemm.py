@@ -122,8 +122,9 @@ def _check(m, ctx) -> str | None:
         return "input shapes unknown"
     if not isinstance(m.input("groups"), int):
         return f"groups={m.input('groups')!r} is not a number known at capture"
-    return _common_reason(m, x, w) or why_unsupported(x, w.permute(0, 2, 3, 1), b, None, _pair(m.input("stride")),
-                                                      _padding(m), _pair(m.input("dilation")))
+    stride, dilation = _geometry(m)
+    return _common_reason(m, x, w) or why_unsupported(x, w.permute(0, 2, 3, 1), b, None, stride, _padding(m),
+                                                      dilation)
 
 
 def _check_1d(m, ctx) -> str | None:
@@ -135,7 +136,7 @@ def _check_1d(m, ctx) -> str | None:
     g = m.input("groups")
     if not isinstance(g, int):
         return f"groups={g!r} is not a number known at capture"
-    depthwise = _is_depthwise_1d(m)
+    depthwise = _is_depthwise(m)
     packed = conv1d.pack_weight(w, depthwise)
     (_, stride), (_, dilation) = _geometry(m)
     pads = _padding(m)
@@ -157,56 +158,45 @@ def _common_reason(m, x, w) -> str | None:
 
 
 def _is_depthwise(m) -> bool:
-    """groups = in channels = out channels (weight (C, 1, R, S)); other grouped convs are the conv rule's."""
+    """groups = in channels = out channels (weight (C, 1, R, S), a conv1d's (C, 1, S)); other grouped
+    convs are the implicit GEMM's."""
     x, w = meta.tensor_meta(m.input("x")), meta.tensor_meta(m.input("w"))
     g = m.input("groups")
-    return (x is not None and w is not None and len(x.shape) == 4 and len(w.shape) == 4 and isinstance(g, int)
-            and g > 1 and x.shape[1] == g == w.shape[0] and w.shape[1] == 1)
+    return (x is not None and w is not None and len(x.shape) == len(w.shape) == (3 if _is_1d(m) else 4)
+            and isinstance(g, int) and g > 1 and x.shape[1] == g == w.shape[0] and w.shape[1] == 1)
 
 
 def _check_depthwise(m, ctx) -> str | None:
     x, w, b = (meta.meta_tensor(m.input(k)) for k in ("x", "w", "b"))
     if m.input("b") is not None and b is None:
         return "input shapes unknown"
+    stride, dilation = _geometry(m)
     return _common_reason(m, x, w) or depthwise_conv.why_unsupported(
-        x, w[:, 0].permute(1, 2, 0), b, None, _pair(m.input("stride")), _padding(m), _pair(m.input("dilation")))
-
-
-def _is_depthwise_1d(m) -> bool:
-    x, w = meta.tensor_meta(m.input("x")), meta.tensor_meta(m.input("w"))
-    g = m.input("groups")
-    return g != 1 and g == x.shape[1] == w.shape[0] and w.shape[1] == 1
-
-
-def _build_1d(m, ctx) -> Replacement:
-    w = m.input("w")
-    depthwise = _is_depthwise_1d(m)
-    packed = conv1d.pack_weight(attr_value(m.gm, w).detach(), depthwise)
-    w_node = add_constant(m.gm, w.target.replace(".", "_") + "_accelc_packed", packed, before=m.anchor,
-                          path=meta.path(w))
-    ep = epilogue.absorb(m.anchor)
-    (_, stride), (_, dilation) = _geometry(m)
-    args = (m.input("x"), w_node, m.input("b"), ep.residual, stride, list(_padding(m)[2:]), dilation)
-    kwargs = dict(activation=ep.activation, residual_first=ep.residual_first,
-                  allow_tf32=ctx.config.fp32_precision == "tf32", depthwise=depthwise)
-    return Replacement(CONV1D, args, kwargs, kind="conv1d", kernel=ep.label("conv1d"), absorbed=ep.nodes,
-                       aux=(w_node,))
+        x, w[:, 0].permute(1, 2, 0), b, None, stride, _padding(m), dilation)
 
 
 def _build(m, ctx) -> Replacement:
+    """The conv's op (conv2d, conv2d_depthwise or conv1d) on its weight packed once, the epilogue absorbed."""
     w = m.input("w")
-    depthwise = _is_depthwise(m)
-    packed = (depthwise_conv.pack_weight if depthwise else pack_weight)(attr_value(m.gm, w).detach())
+    one_d, depthwise = _is_1d(m), _is_depthwise(m)
+    value = attr_value(m.gm, w).detach()
+    packed = (conv1d.pack_weight(value, depthwise) if one_d
+              else (depthwise_conv.pack_weight if depthwise else pack_weight)(value))
     w_node = add_constant(m.gm, w.target.replace(".", "_") + "_accelc_packed", packed, before=m.anchor,
                           path=meta.path(w))
     ep = epilogue.absorb(m.anchor)
     kwargs = dict(activation=ep.activation, residual_first=ep.residual_first)
-    if not depthwise:
+    if one_d or not depthwise:
         kwargs["allow_tf32"] = ctx.config.fp32_precision == "tf32"
-    args = (m.input("x"), w_node, m.input("b"), ep.residual, list(_pair(m.input("stride"))), list(_padding(m)),
-            list(_pair(m.input("dilation"))))
-    op, kind = (DEPTHWISE, "conv2d_depthwise") if depthwise else (CONV, "conv2d")
-    return Replacement(op, args, kwargs, kind=kind, kernel=ep.label(kind), absorbed=ep.nodes, aux=(w_node,))
+    stride, dilation = _geometry(m)
+    if one_d:    # the height-1 conv's width: ints, (left, right)
+        geometry, kwargs["depthwise"] = (stride[1], list(_padding(m)[2:]), dilation[1]), depthwise
+        op, kind = CONV1D, "conv1d"
+    else:
+        geometry = (list(stride), list(_padding(m)), list(dilation))
+        op, kind = (DEPTHWISE, "conv2d_depthwise") if depthwise else (CONV, "conv2d")
+    return Replacement(op, (m.input("x"), w_node, m.input("b"), ep.residual, *geometry), kwargs, kind=kind,
+                       kernel=ep.label(kind), absorbed=ep.nodes, aux=(w_node,))
 
 
 _VIEWS = {"view", "view_as"}
@@ -247,6 +237,6 @@ RULES = (Rule(Pattern("pad+conv2d_depthwise", _padded_conv), build=_build, check
               last_first=True),
          Rule(Pattern("pad+conv2d", _padded_conv), build=_build, check=_check, last_first=True),
          Rule(Pattern("conv2d", _conv), build=_build, check=_check, last_first=True),
-         Rule(Pattern("pad+conv1d", _padded_conv1d), build=_build_1d, check=_check_1d, last_first=True),
-         Rule(Pattern("conv1d", _conv1d), build=_build_1d, check=_check_1d, last_first=True))
+         Rule(Pattern("pad+conv1d", _padded_conv1d), build=_build, check=_check_1d, last_first=True),
+         Rule(Pattern("conv1d", _conv1d), build=_build, check=_check_1d, last_first=True))
 PASS = Pass("conv_gemm", RULES, transform=_eager_layout_where_needed)
