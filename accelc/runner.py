@@ -258,6 +258,9 @@ class Runner:
                     + (f" ({self.captures} captured, {evicted} evicted: at most {MAX_GRAPHS} kept)" if evicted else ""))
             if self.padding is not None:
                 text += f"; {self.padded} of {self.calls} call(s) padded to a bucket"
+                if self.unpadded:
+                    text += (f"; {len(self.unpadded)} size(s) run as they are: the model's own check refused "
+                             "their bucket's size")
             if self.capture_after > 1 and self.plain:
                 text += (f"; {self.plain} call(s) at a size not met before ran as plain calls (captured "
                          f"at its call number {self.capture_after})")

@@ -309,3 +309,4 @@ def test_a_bucket_the_models_own_check_refuses_runs_the_call_at_its_own_size():
             r(torch.randn(150, 8, device=DEVICE))
         assert rel_l2(r(x[:3]), model(x[:3])) < TOL                               # a bucket the check takes still pads
     assert r.padded == 1 and len(r.unpadded) == 2
+    assert "2 size(s) run as they are: the model's own check refused their bucket's size" in r.status()

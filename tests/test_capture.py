@@ -252,6 +252,8 @@ def test_hf_fp16_overflow_guard_is_captured_as_it_computes(spelling):
     assert "isfinite" not in opt.summary() and "clamp" not in opt.summary()     # glue, not layers
     with torch.no_grad():
         assert rel_l2(opt(x), model(x)) < 2e-3
+        y = torch.randn(7, 16, device=DEVICE, dtype=torch.float16)     # another batch
+        assert rel_l2(opt(y), model(y)) < 2e-3
         model.fc2.weight.copy_(torch.eye(16))       # the output is the guard's
         model.fc2.bias.zero_()
         model.fc1.weight[0].fill_(1000.0)           # fc1 maps column 0 past fp16's range: inf

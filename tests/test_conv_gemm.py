@@ -41,6 +41,8 @@ def test_grouped_conv_bn_relu_residual_one_op():
     assert [(r.name, r.kernel) for r in opt.rewritten] == [("conv+bn+add+relu", "accelc::conv2d[residual+relu]")]
     with torch.no_grad():
         assert rel_l2(opt(x), model(x)) < 1e-5
+        y = torch.randn(3, 8, 7, 9, device=DEVICE)          # another batch and image size
+        assert rel_l2(opt(y), model(y)) < 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
