@@ -153,3 +153,19 @@ def warn_if_interpreted(stacklevel: int = 2) -> None:
             "timings taken this way are not performance figures.",
             stacklevel=stacklevel + 1,
         )
+
+
+def import_gluon(module: str, what: str, op: str):
+    """(the module accelc.kernels.<module>, None), or (None, why it cannot be imported): Gluon is
+    experimental and its API moves between Triton releases, so a Triton that cannot build a Gluon
+    kernel keeps the op's tl kernel (said once in the log, and by the op's gluon_problem)."""
+    import importlib
+    import logging
+
+    import triton
+    try:
+        return importlib.import_module(f"accelc.kernels.{module}"), None
+    except Exception as e:  # ImportError / AttributeError from another Triton's Gluon
+        reason = f"the Gluon {what} does not build with triton {triton.__version__} ({type(e).__name__}: {e})"
+        logging.getLogger("accelc").info("accelc: %s; accelc::%s uses its tl kernel", reason, op)
+        return None, reason

@@ -4,12 +4,15 @@ eager form softmax(q @ k^T * scale + mask) @ v. The issue's long-sequence shapes
 models' (ViT-B, BERT-base with its key padding mask, GPT-2 causal), q / k / v as the models make
 them where that matters: BERT's are (B, L, H, D) memory viewed as (B, H, L, D).
 
-    python bench/attention.py [--out bench/results]
-
 Timed like bench/gemm.py: CUDA-graph medians in interleaved rounds, speedups as medians of
 per-round ratios. FLOPs counted as 4*B*H*S*S*D (halved for causal); each rate with its share of
 the device's dense fp16 peak. accelc tunes every case here (a fresh cache directory); the row
-gives the config chosen and the spread of the candidates' tuning times.
+gives the config chosen and the spread of the candidates' tuning times. On sm90 the race has the
+warp-specialized Gluon kernel's candidates (kernels/attention_hopper.py) beside the tl kernel's:
+the fastest of each family by tuning time is then timed forced in the same rounds ("accelc tl",
+"accelc Gluon"), next to the race's pick ("accelc").
+
+    python bench/attention.py [--out bench/results] [--only random,vit,bert,gpt2]
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ _common.fresh_tuning_cache()   # tune every case here
 import accelc  # noqa: E402,F401
 from accelc.kernels import flash_attention as fa  # noqa: E402
 from accelc.tuning import config_dict  # noqa: E402
+
+import triton  # noqa: E402
 
 CASES = [  # (B, H, S, D, causal, what: "" random (B, H, S, D) tensors; "bert": (B, S, H, D) memory + padding mask)
     (8, 16, 1024, 64, False, ""), (8, 16, 1024, 64, True, ""),
@@ -72,14 +77,35 @@ def inputs(B, H, S, D, what):
     return q, k, v, None
 
 
+def _forced(cfg: triton.Config, q, k, v, mask, causal):
+    """The op with one candidate forced (its compiled call kept: the timing replays a CUDA graph)."""
+    with fa.TUNER.force(cfg):
+        torch.ops.accelc.flash_attention(q, k, v, mask, causal)
+        calls = dict(fa.TUNER.calls)
+    sig_call = list(calls.values())[-1]
+
+    def fn():
+        saved = fa.TUNER.calls
+        fa.TUNER.calls = calls
+        try:
+            return torch.ops.accelc.flash_attention(q, k, v, mask, causal)
+        finally:
+            fa.TUNER.calls = saved
+    assert sig_call is not None
+    return fn
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--only", default="", help="case names (random, vit, bert, gpt2) to run, comma-separated")
     args = ap.parse_args()
     env = _common.environment()
     print(_common.env_line(env))
     rows = []
     for B, H, S, D, causal, what in CASES:
+        if args.only and (what or "random") not in args.only.split(","):
+            continue
         q, k, v, mask = inputs(B, H, S, D, what)
         variants = {
             "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION, q, k, v, causal, mask),
@@ -104,6 +130,26 @@ def main():
         _common.time_rounds(variants, row, ROUNDS, flops)
         cfg, row["spread"] = _common.tuned(fa.TUNER, lambda key: key not in keys_before)
         row["config"] = config_dict(cfg) if cfg else None
+        # the fastest tl and Gluon candidates by tuning time, forced, in the same rounds as the race's pick
+        family = {}
+        for key in [k for k in fa.TUNER.chosen if k not in keys_before]:
+            row["candidates_us"] = fa.TUNER.timings.get(key, [])
+            for cand, us in fa.TUNER.timings.get(key, []):
+                kind = "accelc_gluon" if cand.get("GLUON") else "accelc_tl"
+                if us is not None and (kind not in family or us < family[kind][1]):
+                    family[kind] = (cand, us)
+        forced = {}
+        for kind, (cand, _) in family.items():
+            match = [c for c in fa.CONFIGS if config_dict(c) == cand]
+            if match:
+                forced[kind] = _forced(match[0], q, k, v, mask, causal)
+                row[kind] = {"config": cand, "tuning_us": family[kind][1]}
+        if forced:
+            _common.time_rounds(forced, row, ROUNDS, flops)
+            for kind in forced:
+                out = forced[kind]()
+                row[kind]["rel_l2_vs_fp32"] = float(f"{((out.float() - ref.float()).norm() / ref.float().norm()).item():.2e}")
+                row[f"{kind}_vs_cudnn"] = _common.speedup(row, kind, "sdpa_cudnn")[0] if "sdpa_cudnn" in variants else None
         for base in ("sdpa_flash", "sdpa_cudnn", "naive_eager"):
             if base in variants:
                 row[f"speedup_vs_{base}"] = _common.speedup(row, "accelc", base)[0]
@@ -120,20 +166,33 @@ def main():
         return (f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}, {c.get('num_stages')} st, {c.get('num_warps')} w"
                 + (", TMA" if c.get("TMA") else "")) if c else "n/a"
 
+    def gluon_cfg(r):
+        c = r.get("accelc_gluon", {}).get("config")
+        return (f"{c['BLOCK_N']} keys, {c['STAGES']} st{', paired' if c['PIPELINE'] else ''}"
+                f"{', turns' if c.get('PINGPONG') else ''}") if c else "n/a"
+
+    def x(v):
+        return f"{v:.2f}x" if v is not None else "n/a"
+
     header = ["B, H, S, D", "case", "causal", "SDPA flash", "SDPA cuDNN", "naive eager", "accelc",
-              "accelc / SDPA flash", "accelc / cuDNN", "accelc / naive", "accelc config", "autotune spread"]
+              "accelc / SDPA flash", "accelc / cuDNN", "accelc / naive", "accelc config", "autotune spread",
+              "accelc tl", "accelc Gluon", "tl / cuDNN", "Gluon / cuDNN", "Gluon config"]
     table = [[f"{r['B']}, {r['H']}, {r['S']}, {r['D']}", r["case"] + (" + padding mask" if r["mask"] else ""),
               r["causal"], cell(r, "sdpa_flash"), cell(r, "sdpa_cudnn"), cell(r, "naive_eager"), cell(r, "accelc")]
              + [f"{r[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in r else "n/a"
                 for b in ("sdpa_flash", "sdpa_cudnn", "naive_eager")]
-             + [cfg(r), _common.spread_cell(r.get("spread"))] for r in rows]
+             + [cfg(r), _common.spread_cell(r.get("spread")), cell(r, "accelc_tl"), cell(r, "accelc_gluon"),
+                x(r.get("accelc_tl_vs_cudnn")), x(r.get("accelc_gluon_vs_cudnn")), gluon_cfg(r)] for r in rows]
     md = (f"# accelc::flash_attention forward, fp16\n\n{_common.env_line(env)}\n\n"
           f"Median over captured CUDA graphs, {ROUNDS} interleaved rounds; speedup = other / accelc, median "
           "of per-round ratios (> 1: accelc faster). FLOPs 4*B*H*S*S*D, halved when causal; % of the "
           "dense fp16 peak. vit / bert / gpt2: the shapes of ViT-B/16 at batch 32, BERT-base at 8 x 384 "
           "(q, k, v viewed from (B, S, H, D) memory, an additive key padding mask), GPT-2 at 4 x 1024. "
           "Config: the one the tuner chose (TMA: q / K / V blocks loaded as TMA boxes); spread: "
-          "fastest - slowest candidate as the tuner timed them.\n\n"
+          "fastest - slowest candidate as the tuner timed them. accelc tl / accelc Gluon: the fastest candidate "
+          "of each kernel by tuning time, forced, timed in the same rounds (Gluon: the warp-specialized "
+          "kernels/attention_hopper.py; paired: one key block's q @ k^T issued with the previous block's p @ v; "
+          "turns: the two softmax warpgroups issue their MMAs in turns, FA3's ping-pong).\n\n"
           + _common.md_table(header, table))
     _common.write(args.out, "attention", env, rows, md)
     print()

@@ -1,7 +1,8 @@
-"""Compile the Gluon GEMM's candidates for sm90 on a machine without a GPU, and read what ptxas made of
-them: registers, stack (spills), shared memory, and the count of wgmma (HGMMA) instructions in the SASS.
+"""Compile the Gluon kernels' candidates (the GEMM's, or with --kernel attention the attention kernel's)
+for sm90 on a machine without a GPU, and read what ptxas made of them: registers, stack (spills),
+shared memory, and the count of wgmma (HGMMA) instructions in the SASS.
 
-    TRITON_INTERPRET=0 python bench/gluon_compile.py [--configs 0,1] [--json]
+    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|attention] [--configs 0,1] [--json]
 
 Triton compiles for the target its active driver names; a stand-in driver that names sm90 lets the
 whole pipeline (Gluon -> TTGIR -> LLVM -> PTX -> ptxas -> cubin) run here, with the ptxas and cuobjdump
@@ -66,6 +67,16 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
         *descs, torch.empty(N, dtype=dtype), M, N, K, True, residual, False, activation_code(activation), w_t,
         kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"),
         grid=(132,))
+    return {"config": index, "activation": activation, "residual": residual, "w_t": w_t, "dtype": str(dtype),
+            **_usage(compiled)}
+
+
+# attention cases: (head dim, mask kind (0 none, 1 additive, 2 boolean), mask one row for every query
+# (a key padding mask), causal)
+ATTENTION_CASES = [(128, 0, False, False), (64, 1, True, False), (128, 2, False, True)]
+
+
+def _usage(compiled) -> dict:
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
@@ -73,33 +84,58 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
         usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
         sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
     found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    return {"config": index, "activation": activation, "residual": residual, "w_t": w_t, "dtype": str(dtype),
-            "registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None,
+    return {"registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None,
             "shared_bytes": compiled.metadata.shared, "hgmma": sass.count("HGMMA"), "spill_stores": sass.count("STL")}
+
+
+def compile_attention(index: int, head_dim: int, mask_kind: int, mask_row: bool, causal: bool,
+                      dtype=torch.float16) -> dict:
+    """One attention candidate built for (B, S, H, D) memory viewed as (B, H, S, D), as the head split gives it."""
+    from accelc.kernels import flash_attention
+    from accelc.kernels import attention_hopper as ah
+
+    kw = flash_attention.GLUON_CONFIGS[index].all_kwargs()
+    B, H, L = 2, 4, 1024
+    q, k, v, out = (torch.empty(B, L, H, head_dim, dtype=dtype).transpose(1, 2) for _ in range(4))
+    mask = q
+    if mask_kind:
+        mask = torch.empty((B, 1, 1, L) if mask_row else (B, 1, L, L), dtype=dtype if mask_kind == 1 else torch.bool)
+        mask = mask.expand(B, H, L, L)
+    compiled = ah.attention_ws_kernel.warmup(
+        *ah.descriptors(q, k, v, kw["BLOCK_N"]), out, mask, H, 1, L, L, 0.18, *out.stride()[:3],
+        *(mask.stride() if mask_kind else (0, 0, 0, 0)), mask_kind, mask_row, causal, False, kw["STAGES"],
+        kw["PIPELINE"], kw["PINGPONG"], 232, 40, num_warps=kw["num_warps"], maxnreg=kw["maxnreg"], grid=(8, B * H))
+    return {"config": index, "head_dim": head_dim, "mask_kind": mask_kind, "mask_row": mask_row, "causal": causal,
+            "dtype": str(dtype), **_usage(compiled)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default="", help="indices into gemm.GLUON_CONFIGS (default: all)")
+    ap.add_argument("--kernel", choices=("gemm", "attention"), default="gemm")
+    ap.add_argument("--configs", default="", help="indices into the kernel's GLUON_CONFIGS (default: all)")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     args = ap.parse_args()
     triton.runtime.driver.set_active(Sm90Driver())
-    from accelc.kernels import gemm
+    from accelc.kernels import flash_attention, gemm
 
-    module, reason = gemm._hopper_import()
+    owner = gemm if args.kernel == "gemm" else flash_attention
+    module, reason = owner._hopper_import()
     if module is None:
         print(json.dumps({"error": reason}) if args.json else reason)
         return 1
-    indices = [int(i) for i in args.configs.split(",")] if args.configs else range(len(gemm.GLUON_CONFIGS))
+    indices = [int(i) for i in args.configs.split(",")] if args.configs else range(len(owner.GLUON_CONFIGS))
+    if args.kernel == "gemm":
+        jobs = [(i, case, compile_candidate) for i in indices for case in CASES]
+    else:
+        jobs = [(i, case, compile_attention) for i in indices for case in ATTENTION_CASES]
     failed = 0
-    for i in indices:
-        for activation, residual, w_t in CASES:
-            try:
-                row = compile_candidate(i, activation, residual, w_t)
-            except Exception as e:   # a build failure is the answer here
-                row = {"config": i, "activation": activation, "error": f"{type(e).__name__}: {str(e)[-300:]}"}
-                failed += 1
-            print(json.dumps(row) if args.json else row, flush=True)
+    for i, case, build in jobs:
+        try:
+            row = build(i, *case)
+        except Exception as e:   # a build failure is the answer here
+            row = {"config": i, "case": case, "error": f"{type(e).__name__}: {str(e)[-300:]}"}
+            failed += 1
+        print(json.dumps(row) if args.json else row, flush=True)
     return 1 if failed else 0
 
 

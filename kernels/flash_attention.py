@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -208,12 +210,37 @@ _FP32 = [config(64, 32, 2, 4), config(64, 64, 2, 4), config(32, 32, 2, 4), confi
 CONFIGS += [c for c in _FP32 if c not in CONFIGS]
 
 
+
+def gluon_config(block_n, stages, pipeline, pingpong=True) -> triton.Config:
+    """A candidate of the warp-specialized Gluon kernel (kernels/attention_hopper.py, sm90 only): 128
+    query rows as two 64-row softmax warpgroups, block_n keys a step, a ring of `stages` K / V slots,
+    one block's q @ k^T issued with the previous block's p @ v (pipeline) or each on its own, the two
+    warpgroups issuing their MMAs in turns (pingpong, FA3's scheduler barrier) or as they come. Its
+    12 warps hold the SM's registers at 168 a thread (maxnreg); the launch moves them to the softmax
+    warpgroups (232) from the load one (40)."""
+    return triton.Config({"BLOCK_M": 128, "BLOCK_N": block_n, "TMA": True, "GLUON": True, "STAGES": stages,
+                          "PIPELINE": pipeline, "PINGPONG": pingpong}, num_warps=4, num_stages=1, maxnreg=168)
+
+
+# H100, 2026-11-24 (bench/results/attention-*): without turns, 128 keys a step with the MMAs issued
+# in pairs ran 4096 x 128 heads at 533 TF/s (the tl kernel 538, cuDNN 654)
+GLUON_CONFIGS = [gluon_config(128, 2, True), gluon_config(64, 3, True), gluon_config(128, 2, False),
+                 gluon_config(64, 2, False), gluon_config(128, 2, True, False), gluon_config(128, 3, True, False),
+                 gluon_config(128, 3, True), gluon_config(64, 4, True, False)]
+CONFIGS += GLUON_CONFIGS
+
+
 def _prune(configs, sizes):
     if sizes.get("fp32"):
         return [c for c in _FP32 if sizes["D"] <= 128 or c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 32]
     if sizes["D"] > 128:
         return [c for c in configs if c in _WIDE]
-    return [c for c in configs if c not in _WIDE and c not in _FP32 and (sizes["tma"] or not c.kwargs["TMA"])]
+    keep = [c for c in configs if c not in _WIDE and c not in _FP32 and not c.kwargs.get("GLUON")
+            and (sizes["tma"] or not c.kwargs["TMA"])]
+    if sizes.get("gluon"):
+        keep += [c for c in configs if c.kwargs.get("GLUON")
+                 and _hopper().smem_bytes(c.kwargs["BLOCK_N"], sizes["D"], c.kwargs["STAGES"]) <= 227 * 1024]
+    return keep
 
 
 def tma_ok(*tensors) -> bool:
@@ -233,8 +260,45 @@ def _default(sizes):
     return config(128, 64, 3, 8) if sizes["L"] >= 128 else config(64, 64, 3, 4)
 
 
+@functools.lru_cache(maxsize=None)
+def _hopper_import():
+    """(kernels.attention_hopper, None), or (None, why this Triton cannot build it): runtime.import_gluon."""
+    return runtime.import_gluon("attention_hopper", "attention kernel", "flash_attention")
+
+
+def _hopper():
+    return _hopper_import()[0]
+
+
+def gluon_problem(q, k, v, qk_int8=False) -> str | None:
+    """Why the warp-specialized Gluon kernel (kernels/attention_hopper.py) cannot take this call, or None."""
+    if runtime.interpreted() or not q.is_cuda:
+        return "Gluon kernels need a GPU (the interpreter runs tl kernels only)"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "the Gluon attention kernel is written for sm90 (Hopper)"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"the Gluon attention kernel takes fp16 / bf16, not {q.dtype}"
+    if qk_int8:
+        return "the Gluon attention kernel has no int8 q @ k^T"
+    module, reason = _hopper_import()
+    if module is None:
+        return reason
+    if q.shape[3] not in module.HEAD_DIMS:
+        return f"head dim {q.shape[3]} (the Gluon kernel takes {', '.join(map(str, module.HEAD_DIMS))})"
+    if k.shape[2] == 0:
+        return "no keys"
+    if not tma_ok(q, k, v):
+        return "q, k or v rows are not 16-byte aligned for the copy engine"
+    return None
+
+
+def _other_kernels() -> list:
+    module = _hopper()
+    return [module.attention_ws_kernel] if module else []
+
+
 TUNER = Tuner("flash_attention", _flash_fwd_kernel, CONFIGS, prune=_prune, default=_default,
-              interpreter=lambda sizes: config(16, 16, 1, 4), size_fields=2)
+              interpreter=lambda sizes: config(16, 16, 1, 4), other_kernels=_other_kernels, size_fields=2)
 
 
 def why_unsupported(q, k, v, mask=None) -> Optional[str]:
@@ -310,6 +374,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
                                   empty_nan, out)
             return
         use_tma = D <= 128 and not fp32 and tma_ok(q, k, v)
+        gluon = use_tma and gluon_problem(q, k, v, qk_int8) is None
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
                     MASK_ROW=mask is not None and mask_t.stride(2) == 0,
@@ -317,19 +382,33 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
                     QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted(), EMPTY_NAN=bool(empty_nan),
                     INPUT_PRECISION="tf32" if tf32 else "ieee")
 
+        def plan(kw):
+            """(kernel, its constexprs and launch options) for a config's kwargs."""
+            if kw.get("GLUON"):
+                return _hopper().attention_ws_kernel, dict(
+                    MASK_KIND=meta["MASK_KIND"], MASK_ROW=meta["MASK_ROW"], IS_CAUSAL=meta["IS_CAUSAL"],
+                    EMPTY_NAN=meta["EMPTY_NAN"], STAGES=kw["STAGES"], PIPELINE=kw["PIPELINE"],
+                    PINGPONG=kw["PINGPONG"], SOFTMAX_REGS=232,
+                    LOAD_REGS=40, num_warps=kw["num_warps"], maxnreg=kw["maxnreg"])
+            return _flash_fwd_kernel, dict(meta, **kw)
+
         def run(cfg):
             kw = cfg.all_kwargs()
-            _flash_fwd_kernel[(triton.cdiv(L, kw["BLOCK_M"]), B * H)](
-                *_args(kw, q, k, v, mask_t, out, mask is not None, scale), **meta, **kw)
+            if kw.get("GLUON") and not gluon:
+                raise ValueError("accelc::flash_attention: a Gluon config for a call the Gluon kernel cannot take")
+            kernel, constexprs = plan(kw)
+            kernel[(triton.cdiv(L, kw["BLOCK_M"]), B * H)](*_args(kw, q, k, v, mask_t, out, mask is not None, scale),
+                                                          **constexprs)
 
         # the tuning key: lengths by their next power of two
         key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], meta["MASK_ROW"],
-               bool(is_causal), bool(qk_int8), use_tma, q.dtype, *(("tf32",) if tf32 else ()))
-        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D, tma=use_tma, fp32=fp32), run)
+               bool(is_causal), bool(qk_int8), use_tma, q.dtype, *(("tf32",) if tf32 else ()),
+               *(("gluon",) if gluon else ()))
+        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D, tma=use_tma, fp32=fp32, gluon=gluon), run)
         kw = cfg.all_kwargs()
-        TUNER.calls[sig] = (CompiledCall(_flash_fwd_kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
-                                         _args(kw, q, k, v, mask_t, out, mask is not None, scale),
-                                         dict(meta, **kw)), kw)
+        kernel, constexprs = plan(kw)
+        TUNER.calls[sig] = (CompiledCall(kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
+                                         _args(kw, q, k, v, mask_t, out, mask is not None, scale), constexprs), kw)
     return
 
 
@@ -341,6 +420,10 @@ def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
     """_flash_fwd_kernel's positional arguments for a config's kwargs: TMA descriptors (boxes
     of the config's rows and the padded head dim) where the config loads by TMA, else the tensors."""
     B, H, L, D = q.shape
+    if kw.get("GLUON"):
+        return (*_hopper().descriptors(q, k, v, kw["BLOCK_N"]), out, mask_t, H, H // k.shape[1], L, k.shape[2],
+                _scale(q, scale) * 1.4426950408889634, *out.stride()[:3],
+                *(mask_t.stride() if has_mask else (0, 0, 0, 0)))
     if kw["TMA"]:
         bd = triton.next_power_of_2(D)
         descs = [TensorDescriptor.from_tensor(gemm.tma_view(t), [1, 1, rows, bd])

@@ -541,15 +541,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
 
 @functools.lru_cache(maxsize=None)
 def _hopper_import():
-    """(kernels.gemm_hopper, None), or (None, why it cannot be imported): Gluon is experimental and
-    its API moves between Triton releases, so a Triton that cannot build it keeps the tl kernel."""
-    try:
-        from accelc.kernels import gemm_hopper
-        return gemm_hopper, None
-    except Exception as e:  # ImportError / AttributeError from another Triton's Gluon
-        reason = f"the Gluon GEMM does not build with triton {triton.__version__} ({type(e).__name__}: {e})"
-        log.info("accelc: %s; accelc::linear uses its tl kernel", reason)
-        return None, reason
+    """(kernels.gemm_hopper, None), or (None, why this Triton cannot build it): runtime.import_gluon."""
+    return runtime.import_gluon("gemm_hopper", "GEMM", "linear")
 
 
 def _hopper():

@@ -37,3 +37,20 @@ def assert_close_to_ref(out, ref, eager, dtype, atol, rtol):
     err, eager_err = rel_l2(out, ref), rel_l2(eager, ref)
     assert err <= max(2 * eager_err, REL_FLOOR[dtype]), (err, eager_err)
     assert not math.isnan(err)
+
+
+def forced_outputs(tuner, cfg, fn, repeats=2):
+    """fn()'s outputs (a list, one per run) with the tuner's config cfg forced, or None where the tuner
+    would not offer cfg for these sizes. Fails when the launcher never consulted the tuner (the call
+    took another path, so cfg was not what ran)."""
+    from accelc.tuning import NotACandidate
+
+    try:
+        with tuner.force(cfg):
+            outs = [fn() for _ in range(repeats)]
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            assert tuner.chosen, "the launcher did not consult the tuner"
+    except NotACandidate:
+        return None
+    return outs

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import forced_outputs
 
 from accelc import runtime
 from accelc.kernels import gemm
 from accelc.kernels.epilogue import ACTIVATION_NAMES
 from accelc.numerics import REL_L2_FLOOR, rel_l2
-from accelc.tuning import NotACandidate
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 gpu = pytest.mark.skipif(not SM90, reason="Gluon kernels need an sm90 GPU (not the interpreter)")
@@ -65,15 +65,7 @@ def test_every_gluon_candidate_fits_shared_memory():
 
 
 def _forced(cfg, fn, repeats=2):
-    """fn()'s outputs with cfg forced, or None where the tuner would not offer cfg for these sizes."""
-    try:
-        with gemm.TUNER.force(cfg):
-            outs = [fn() for _ in range(repeats)]
-            torch.cuda.synchronize()
-            assert gemm.TUNER.chosen, "the launcher did not consult the tuner"
-    except NotACandidate:
-        return None
-    return outs
+    return forced_outputs(gemm.TUNER, cfg, fn, repeats)
 
 
 SHAPES = [(130, 72, 136), (1000, 768, 2304), (4096, 256, 512), (257, 1024, 96), (3072, 3072, 768)]

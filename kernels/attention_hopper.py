@@ -1,0 +1,318 @@
+"""accelc::flash_attention on Hopper (sm90): a warp-specialized Gluon kernel after FlashAttention-3.
+
+The same op as kernels/flash_attention.py (softmax(q @ k^T * scale + mask) @ v, fp16 / bf16, fp32
+softmax and accumulators, grouped-query heads, additive or boolean masks, top-left causal), written
+in Gluon because Triton's `tl` cannot say what FA3 does on Hopper (Shah et al. 2024):
+
+- one CTA per 128 query rows of one (batch, head); a **load partition** (a warpgroup, 40
+  registers; see kernels/gemm_hopper.py for why not one warp) brings the two 64-row halves of the
+  q tile and then, for every key block, K and V by TMA into a ring of STAGES slots. K and V have
+  a barrier each (`k_ready`, `v_ready`), so q @ k^T starts before V has landed;
+- two **softmax partitions** (one warpgroup each, the 64-row halves) share every K / V slot
+  (`kv_empty` counts both releases). Each runs q @ k^T on the tensor cores (wgmma, q from shared
+  memory), the online softmax in registers (base 2, as the tl kernel), and p @ v with p as the
+  register operand: no trip through shared memory;
+- PIPELINE (FA3's intra-warpgroup overlap): block j's q @ k^T and block j-1's p @ v are issued
+  together; the softmax of block j runs while p @ v of block j-1 is still on the tensor cores. The
+  two warpgroups overlap each other's softmax and MMAs as the SM's schedulers interleave them.
+
+Inputs are read as (1, 1, rows, D) boxes of 4-D descriptors over the tensors' own strides (the
+(B, S, H, D) memory that the head split views as (B, H, S, D) costs no copy); the copy engine
+zero-fills rows past L and S per (batch, head), so another sequence's keys never enter a block (its
+NaN / inf could not leak into this one's result). Key columns past S, the causal triangle and the
+mask are applied in registers. The output (B, L, H, D) memory is written by masked stores. Head
+dims 32, 64 and 128 (powers of two: Gluon's tensors and the wgmma tiles). A row with no visible key
+gives 0 as SDPA does, or NaN with EMPTY_NAN, as the tl kernel.
+
+The launcher (kernels/flash_attention.py) races these candidates with the tl kernel's where the
+operands qualify (`gluon_problem`); everything else, the CPU interpreter included, runs the tl
+kernel, which is also the reference these are tested against (tests/test_attention_hopper.py).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from accelc.kernels.flash_decoding import log2_units
+from accelc.kernels.gemm import tma_view
+from accelc.kernels.gemm_hopper import GL_DTYPES, tma_load
+
+HEAD_DIMS = (32, 64, 128)
+
+
+@gluon.jit
+def _tile(H, L, IS_CAUSAL: gl.constexpr):
+    """(start_m, b, h) of this CTA; causal grids run their longest rows (the last blocks) first."""
+    start_m = gl.program_id(0)
+    if IS_CAUSAL:
+        start_m = gl.num_programs(0) - 1 - start_m
+    bh = gl.program_id(1)
+    return start_m, bh // H, bh % H
+
+
+@gluon.jit
+def _key_blocks(start_m, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """Key blocks this CTA's rows see: all of S, or up to the causal diagonal."""
+    if IS_CAUSAL:
+        hi = gl.minimum(S, (start_m + 1) * BLOCK_M)
+    else:
+        hi = S
+    return gl.cdiv(hi, BLOCK_N)
+
+
+@gluon.jit
+def _load_partition(descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """The producer: the q tile's two halves once, then K and V of every key block into the ring."""
+    q_desc, k_desc, v_desc = descs
+    q_bufs, k_bufs, v_bufs = bufs
+    q_ready, k_ready, v_ready, kv_empty, _ = bars
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    start_m, b, h = _tile(H, L, IS_CAUSAL)
+    hk = h // GROUP
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    tma_load(q_desc, [b, h, start_m * 2 * HALF, 0], q_ready, q_bufs.index(0))
+    tma_load(q_desc, [b, h, start_m * 2 * HALF + HALF, 0], q_ready, q_bufs.index(1))
+    for j in range(_key_blocks(start_m, S, 2 * HALF, BLOCK_N, IS_CAUSAL)):
+        slot = j % STAGES
+        # a slot starts empty: the first wait of each (phase 1) passes at once; both softmax
+        # partitions release it before it is filled again
+        mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
+
+
+@gluon.jit
+def _softmax_step(s, j, m_i, l_i, offs_m, mask_base, L, S, qk_scale, stride_mm, stride_mn,
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr,
+                  MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """Key block j's online-softmax step on the raw scores s: (p, fp32 in the scores' registers, the
+    new row max, the new row sum, the factor that rescales the accumulator). MASK_ROW: the mask is
+    the same for every query row (a key padding mask), read as one row of the block."""
+    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s = s * qk_scale                                        # log2 units: exp2 below
+    if MASK_KIND != 0:
+        if MASK_ROW:
+            m = gl.load(mask_base + offs_n * stride_mn, mask=offs_n < S, other=0)[None, :]
+        else:
+            m = gl.load(mask_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
+                        mask=(offs_m[:, None] < L) & (offs_n[None, :] < S), other=0)
+        if MASK_KIND == 1:      # additive float mask, natural-log units
+            s = s + log2_units(m)
+        else:                   # boolean mask: True attends
+            s = gl.where(m != 0, s, float("-inf"))
+    if IS_CAUSAL:
+        s = gl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+    if (j + 1) * BLOCK_N > S:                               # the ragged end of the keys
+        s = gl.where(offs_n[None, :] < S, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    # a row with no visible key so far keeps m = -inf: subtract 0 instead (p = 0, no NaN)
+    m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_sub[:, None])
+    alpha = gl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
+    """p as p @ v's register operand. Written only once the previous p @ v has retired: ptxas
+    serialises a wgmma whose operand registers are redefined while it runs (it moved the wait for
+    p @ v ahead of the whole softmax when the exps were written straight into the operand)."""
+    return gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
+def _take_turn(turn, t, CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
+    """FA3's warp scheduler barrier: the two softmax warpgroups issue their MMAs in turns, so one's
+    MMAs run while the other does its softmax (instead of both contending for the tensor cores and
+    then both leaving them idle). t: this warpgroup's turns so far; warpgroup 0 goes first. Each
+    waits for the other's t-th (1: its (t+1)-th) pass; strict alternation: no phase can alias."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(CONSUMER), (t + CONSUMER + 1) & 1, pred=t + CONSUMER > 0)
+
+
+@gluon.jit
+def _pass_turn(turn, CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - CONSUMER), count=1)
+
+
+@gluon.jit
+def _softmax_partition(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
+                       stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
+                       CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                       EMPTY_NAN: gl.constexpr, STAGES: gl.constexpr, PIPELINE: gl.constexpr,
+                       PINGPONG: gl.constexpr):
+    """One warpgroup: 64 query rows (half CONSUMER of the tile) against every key block."""
+    q_desc, k_desc, v_desc = descs
+    q_bufs, k_bufs, v_bufs = bufs
+    q_ready, k_ready, v_ready, kv_empty, turn = bars
+    dtype: gl.constexpr = q_desc.dtype
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    HEAD_D: gl.constexpr = q_desc.block_type.shape[3]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    start_m, b, h = _tile(H, L, IS_CAUSAL)
+    row0 = start_m * 2 * HALF + CONSUMER * HALF
+    offs_m = row0 + gl.arange(0, HALF, layout=row_s)
+    mask_base = mask_ptr + b * stride_mb + h * stride_mh
+    n_blocks = _key_blocks(start_m, S, 2 * HALF, BLOCK_N, IS_CAUSAL)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([HALF], gl.float32, row_s)
+    acc = gl.zeros([HALF, HEAD_D], gl.float32, o_layout)
+    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+
+    mbarrier.wait(q_ready, 0)
+    q = q_bufs.index(CONSUMER).reshape([HALF, HEAD_D])
+    if PIPELINE:
+        # block 0's scores and softmax; then per block j: q @ k_j^T and p_{j-1} @ v_{j-1} issued
+        # together (in this warpgroup's turn), the softmax of j, the rescale once p @ v retired.
+        # (ptxas moves the wait for p @ v ahead of the softmax, so the overlap comes from the other
+        # warpgroup's MMAs, which the turns put there)
+        mbarrier.wait(k_ready.index(0), 0)
+        _take_turn(turn, 0, CONSUMER, PINGPONG)
+        s = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        _pass_turn(turn, CONSUMER, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        p, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, offs_m, mask_base, L, S, qk_scale, stride_mm, stride_mn,
+                                           BLOCK_N, s_layout, p_layout, dtype, MASK_KIND, MASK_ROW, IS_CAUSAL)
+        p = _operand(p, dtype, p_layout)
+        for j in range(1, n_blocks):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            _take_turn(turn, j, CONSUMER, PINGPONG)
+            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            acc = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+            _pass_turn(turn, CONSUMER, PINGPONG)
+            s = warpgroup_mma_wait(1, deps=(s, ))            # the scores are in; p @ v may still run
+            p_next, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, offs_m, mask_base, L, S, qk_scale,
+                                                    stride_mm, stride_mn, BLOCK_N, s_layout, p_layout, dtype,
+                                                    MASK_KIND, MASK_ROW, IS_CAUSAL)
+            acc, p = warpgroup_mma_wait(0, deps=(acc, p))    # p stays live until its MMA retired
+            mbarrier.arrive(kv_empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p = _operand(p_next, dtype, p_layout)
+        last = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+        _take_turn(turn, n_blocks, CONSUMER, PINGPONG)
+        acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+        _pass_turn(turn, CONSUMER, PINGPONG)
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+        mbarrier.arrive(kv_empty.index(last), count=1)
+    else:
+        for j in range(n_blocks):
+            slot = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_ready.index(slot), phase)
+            _take_turn(turn, j, CONSUMER, PINGPONG)
+            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            _pass_turn(turn, CONSUMER, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, offs_m, mask_base, L, S, qk_scale, stride_mm, stride_mn,
+                                               BLOCK_N, s_layout, p_layout, dtype, MASK_KIND, MASK_ROW, IS_CAUSAL)
+            p = _operand(p, dtype, p_layout)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            mbarrier.wait(v_ready.index(slot), phase)
+            acc = warpgroup_mma(p, v_bufs.index(slot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+            acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+            mbarrier.arrive(kv_empty.index(slot), count=1)
+
+    # a row with no visible key (l == 0, acc == 0) gives 0, as SDPA does, or NaN (0 / 0) with
+    # EMPTY_NAN; a NaN l stays NaN
+    l_o = gl.convert_layout(l_i, row_o)
+    if EMPTY_NAN:
+        out = acc / l_o[:, None]
+    else:
+        out = gl.where(l_o[:, None] == 0.0, 0.0, acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None])
+    offs_mo = row0 + gl.arange(0, HALF, layout=row_o)
+    offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+    gl.store(out_ptr + b * stride_ob + h * stride_oh + offs_mo[:, None] * stride_om + offs_d[None, :],
+             out.to(dtype), mask=(offs_mo[:, None] < L) & (offs_d[None, :] < HEAD_D))
+
+
+@gluon.jit
+def _softmax_1(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
+               stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
+               MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr, IS_CAUSAL: gl.constexpr, EMPTY_NAN: gl.constexpr,
+               STAGES: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
+    _softmax_partition(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
+                       stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
+                       1, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PIPELINE, PINGPONG)
+
+
+@gluon.jit
+def attention_ws_kernel(
+    # TMA descriptors of q (B, H, L, D), k and v (B, Hkv, S, D): (1, 1, rows, D) boxes
+    q_desc, k_desc, v_desc,
+    # the output (B, H, L, D) view, its head dim contiguous; the mask (B, H, L, S) view (q's when none)
+    out_ptr, mask_ptr,
+    # sizes (GROUP = H / Hkv query heads share a K/V head) and the softmax scale x log2(e)
+    H, GROUP, L, S, qk_scale,
+    stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
+    MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr, IS_CAUSAL: gl.constexpr, EMPTY_NAN: gl.constexpr,
+    STAGES: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
+    LOAD_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    dtype: gl.constexpr = q_desc.dtype
+    q_bufs = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)     # both softmax warpgroups release a slot
+
+    descs = (q_desc, k_desc, v_desc)
+    bufs = (q_bufs, k_bufs, v_bufs)
+    bars = (q_ready, k_ready, v_ready, kv_empty, turn)
+    gl.warp_specialize([
+        (_softmax_partition, (descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
+                              stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
+                              0, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PIPELINE, PINGPONG)),
+        (_softmax_1, (descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
+                      stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
+                      MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PIPELINE, PINGPONG)),
+        (_load_partition, (descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL, STAGES)),
+    ], [4, 4], [SOFTMAX_REGS, LOAD_REGS])
+
+
+def smem_bytes(block_n: int, head_d: int, stages: int, elem: int = 2) -> int:
+    """Shared memory a config takes: the q tile (128 rows), the K and V ring, the barriers."""
+    return 128 * head_d * elem + 2 * stages * block_n * head_d * elem + (3 + 3 * stages) * 8
+
+
+def descriptors(q, k, v, block_n: int):
+    """The kernel's TMA descriptors: q in 64-row halves, K and V in block_n-row boxes."""
+    dt = GL_DTYPES[q.dtype]
+
+    def desc(t, rows):
+        box = [1, 1, rows, t.shape[3]]
+        return TensorDescriptor.from_tensor(tma_view(t), box, gl.NVMMASharedLayout.get_default_for(box, dt))
+
+    return desc(q, 64), desc(k, block_n), desc(v, block_n)
