@@ -148,8 +148,10 @@ def main():
             _common.time_rounds(forced, row, ROUNDS, flops)
             for kind in forced:
                 out = forced[kind]()
-                row[kind]["rel_l2_vs_fp32"] = float(f"{((out.float() - ref.float()).norm() / ref.float().norm()).item():.2e}")
-                row[f"{kind}_vs_cudnn"] = _common.speedup(row, kind, "sdpa_cudnn")[0] if "sdpa_cudnn" in variants else None
+                err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+                row[kind]["rel_l2_vs_fp32"] = float(f"{err:.2e}")
+                row[f"{kind}_vs_cudnn"] = (_common.speedup(row, kind, "sdpa_cudnn")[0]
+                                           if "sdpa_cudnn" in variants else None)
         for base in ("sdpa_flash", "sdpa_cudnn", "naive_eager"):
             if base in variants:
                 row[f"speedup_vs_{base}"] = _common.speedup(row, "accelc", base)[0]
@@ -168,7 +170,7 @@ def main():
 
     def gluon_cfg(r):
         c = r.get("accelc_gluon", {}).get("config")
-        return (f"{c['BLOCK_N']} keys, {c['STAGES']} st{', paired' if c['PIPELINE'] else ''}"
+        return (f"{c['BLOCK_M']} rows, {c['BLOCK_N']} keys, {c['STAGES']} st"
                 f"{', turns' if c.get('PINGPONG') else ''}") if c else "n/a"
 
     def x(v):
@@ -191,8 +193,8 @@ def main():
           "Config: the one the tuner chose (TMA: q / K / V blocks loaded as TMA boxes); spread: "
           "fastest - slowest candidate as the tuner timed them. accelc tl / accelc Gluon: the fastest candidate "
           "of each kernel by tuning time, forced, timed in the same rounds (Gluon: the warp-specialized "
-          "kernels/attention_hopper.py; paired: one key block's q @ k^T issued with the previous block's p @ v; "
-          "turns: the two softmax warpgroups issue their MMAs in turns, FA3's ping-pong).\n\n"
+          "kernels/attention_hopper.py: rows a CTA (64 a softmax warpgroup), keys a step, K / V ring slots; "
+          "turns: the softmax warpgroups issue their MMAs in turns, FA3's ping-pong).\n\n"
           + _common.md_table(header, table))
     _common.write(args.out, "attention", env, rows, md)
     print()

@@ -73,7 +73,7 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
 
 # attention cases: (head dim, mask kind (0 none, 1 additive, 2 boolean), mask one row for every query
 # (a key padding mask), causal)
-ATTENTION_CASES = [(128, 0, False, False), (64, 1, True, False), (128, 2, False, True)]
+ATTENTION_CASES = [(128, 0, False, False), (64, 1, True, False), (128, 2, False, True), (64, 0, False, True)]
 
 
 def _usage(compiled) -> dict:
@@ -104,7 +104,8 @@ def compile_attention(index: int, head_dim: int, mask_kind: int, mask_row: bool,
     compiled = ah.attention_ws_kernel.warmup(
         *ah.descriptors(q, k, v, kw["BLOCK_N"]), out, mask, H, 1, L, L, 0.18, *out.stride()[:3],
         *(mask.stride() if mask_kind else (0, 0, 0, 0)), mask_kind, mask_row, causal, False, kw["STAGES"],
-        kw["PIPELINE"], kw["PINGPONG"], 232, 40, num_warps=kw["num_warps"], maxnreg=kw["maxnreg"], grid=(8, B * H))
+        kw["PINGPONG"], mask_kind == 0, kw["CONSUMERS"], kw["SOFTMAX_REGS"], kw["LOAD_REGS"],
+        num_warps=kw["num_warps"], maxnreg=kw["maxnreg"], grid=(8, B * H))
     return {"config": index, "head_dim": head_dim, "mask_kind": mask_kind, "mask_row": mask_row, "causal": causal,
             "dtype": str(dtype), **_usage(compiled)}
 

@@ -17,7 +17,8 @@ from accelc.numerics import rel_l2
 i = int(sys.argv[1])
 if sys.argv[2] == "attention":
     cfg = fa.GLUON_CONFIGS[i]
-    q, k, v = (torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.float16).transpose(1, 2) for _ in range(3))
+    D = 128 if cfg.kwargs.get("CONSUMERS", 2) == 2 else 64
+    q, k, v = (torch.randn(2, 300, 4, D, device="cuda", dtype=torch.float16).transpose(1, 2) for _ in range(3))
     with fa.TUNER.force(cfg):
         out = fa.flash_attention(q, k, v)
     ref = fa.flash_attention_ref(q.float(), k.float(), v.float())

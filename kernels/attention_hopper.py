@@ -4,17 +4,21 @@ The same op as kernels/flash_attention.py (softmax(q @ k^T * scale + mask) @ v, 
 softmax and accumulators, grouped-query heads, additive or boolean masks, top-left causal), written
 in Gluon because Triton's `tl` cannot say what FA3 does on Hopper (Shah et al. 2024):
 
-- one CTA per 128 query rows of one (batch, head); a **load partition** (a warpgroup, 40
-  registers; see kernels/gemm_hopper.py for why not one warp) brings the two 64-row halves of the
-  q tile and then, for every key block, K and V by TMA into a ring of STAGES slots. K and V have
-  a barrier each (`k_ready`, `v_ready`), so q @ k^T starts before V has landed;
-- two **softmax partitions** (one warpgroup each, the 64-row halves) share every K / V slot
-  (`kv_empty` counts both releases). Each runs q @ k^T on the tensor cores (wgmma, q from shared
-  memory), the online softmax in registers (base 2, as the tl kernel), and p @ v with p as the
-  register operand: no trip through shared memory;
-- PIPELINE (FA3's intra-warpgroup overlap): block j's q @ k^T and block j-1's p @ v are issued
-  together; the softmax of block j runs while p @ v of block j-1 is still on the tensor cores. The
-  two warpgroups overlap each other's softmax and MMAs as the SM's schedulers interleave them.
+- one CTA per 64 x CONSUMERS query rows of one (batch, head); a **load partition** (a warpgroup;
+  see kernels/gemm_hopper.py for why not one warp) brings the q tile's 64-row parts and then, for
+  every key block, K and V by TMA into a ring of STAGES slots. K and V have a barrier each
+  (`k_ready`, `v_ready`), so q @ k^T starts before V has landed;
+- CONSUMERS **softmax partitions** (one warpgroup each, 64 rows) share every K / V slot (`kv_empty`
+  counts their releases). Each runs q @ k^T on the tensor cores (wgmma, q from shared memory), the
+  online softmax in registers (base 2, as the tl kernel), and p @ v with p as the register operand:
+  no trip through shared memory; the causal and bounds masks only where a block crosses the
+  diagonal or the end of the keys;
+- block j's q @ k^T and block j-1's p @ v are issued together (FA3's intra-warpgroup order; ptxas
+  moves the wait for p @ v ahead of block j's softmax, so the overlap comes from the other softmax
+  warpgroups' MMAs, which run while this one computes its softmax, interleaved by the SM's
+  schedulers or, with PINGPONG, issued in turns: FA3's scheduler barrier);
+- two softmax warpgroups (128 query rows a CTA) or three (192: FA3's tile for head dim 64, each K /
+  V block read from L2 once for 192 rows).
 
 Inputs are read as (1, 1, rows, D) boxes of 4-D descriptors over the tensors' own strides (the
 (B, S, H, D) memory that the head split views as (B, H, S, D) costs no copy); the copy engine
@@ -63,22 +67,23 @@ def _key_blocks(start_m, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAU
 
 
 @gluon.jit
-def _load_partition(descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-    """The producer: the q tile's two halves once, then K and V of every key block into the ring."""
+def _load_partition(descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                    CONSUMERS: gl.constexpr):
+    """The producer: the q tile's 64-row parts once, then K and V of every key block into the ring."""
     q_desc, k_desc, v_desc = descs
     q_bufs, k_bufs, v_bufs = bufs
     q_ready, k_ready, v_ready, kv_empty, _ = bars
-    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    PART: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     start_m, b, h = _tile(H, L, IS_CAUSAL)
     hk = h // GROUP
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [b, h, start_m * 2 * HALF, 0], q_ready, q_bufs.index(0))
-    tma_load(q_desc, [b, h, start_m * 2 * HALF + HALF, 0], q_ready, q_bufs.index(1))
-    for j in range(_key_blocks(start_m, S, 2 * HALF, BLOCK_N, IS_CAUSAL)):
+    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        tma_load(q_desc, [b, h, (start_m * CONSUMERS + c) * PART, 0], q_ready, q_bufs.index(c))
+    for j in range(_key_blocks(start_m, S, CONSUMERS * PART, BLOCK_N, IS_CAUSAL)):
         slot = j % STAGES
-        # a slot starts empty: the first wait of each (phase 1) passes at once; both softmax
-        # partitions release it before it is filled again
+        # a slot starts empty: the first wait of each (phase 1) passes at once; every softmax
+        # partition releases it before it is filled again
         mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
@@ -87,14 +92,17 @@ def _load_partition(descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL: gl.constexpr, 
 
 
 @gluon.jit
-def _softmax_step(s, j, m_i, l_i, offs_m, mask_base, L, S, qk_scale, stride_mm, stride_mn,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr,
-                  MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr, IS_CAUSAL: gl.constexpr):
+def _softmax_step(s, j, m_i, l_i, row0, offs_m, mask_base, L, S, qk_scale, stride_mm, stride_mn,
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr, FOLD: gl.constexpr):
     """Key block j's online-softmax step on the raw scores s: (p, fp32 in the scores' registers, the
     new row max, the new row sum, the factor that rescales the accumulator). MASK_ROW: the mask is
-    the same for every query row (a key padding mask), read as one row of the block."""
+    the same for every query row (a key padding mask), read as one row of the block. FOLD (no mask,
+    a scale > 0): the scale multiplies the row max (max(c x) = c max(x) for c > 0) and folds into one
+    fma with its subtraction, one float op an element fewer, as the tl kernel's."""
     offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    s = s * qk_scale                                        # log2 units: exp2 below
+    if not FOLD:
+        s = s * qk_scale                                    # log2 units: exp2 below
     if MASK_KIND != 0:
         if MASK_ROW:
             m = gl.load(mask_base + offs_n * stride_mn, mask=offs_n < S, other=0)[None, :]
@@ -106,13 +114,20 @@ def _softmax_step(s, j, m_i, l_i, offs_m, mask_base, L, S, qk_scale, stride_mm, 
         else:                   # boolean mask: True attends
             s = gl.where(m != 0, s, float("-inf"))
     if IS_CAUSAL:
-        s = gl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
+        if (j + 1) * BLOCK_N > row0 + 1:                    # a key past this warpgroup's first row
+            s = gl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
     if (j + 1) * BLOCK_N > S:                               # the ragged end of the keys
         s = gl.where(offs_n[None, :] < S, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
+    if FOLD:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1))
     # a row with no visible key so far keeps m = -inf: subtract 0 instead (p = 0, no NaN)
     m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - m_sub[:, None])
+    if FOLD:
+        p = gl.exp2(s * qk_scale - m_sub[:, None])
+    else:
+        p = gl.exp2(s - m_sub[:, None])
     alpha = gl.exp2(m_i - m_sub)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
@@ -120,35 +135,38 @@ def _softmax_step(s, j, m_i, l_i, offs_m, mask_base, L, S, qk_scale, stride_mm, 
 
 @gluon.jit
 def _operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
-    """p as p @ v's register operand. Written only once the previous p @ v has retired: ptxas
-    serialises a wgmma whose operand registers are redefined while it runs (it moved the wait for
-    p @ v ahead of the whole softmax when the exps were written straight into the operand)."""
+    """p as p @ v's register operand, written once the previous p @ v has retired (FA3's order: its
+    operand registers are not redefined while it runs)."""
     return gl.convert_layout(p.to(dtype), p_layout)
 
 
 @gluon.jit
 def _take_turn(turn, t, CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
-    """FA3's warp scheduler barrier: the two softmax warpgroups issue their MMAs in turns, so one's
-    MMAs run while the other does its softmax (instead of both contending for the tensor cores and
-    then both leaving them idle). t: this warpgroup's turns so far; warpgroup 0 goes first. Each
-    waits for the other's t-th (1: its (t+1)-th) pass; strict alternation: no phase can alias."""
+    """FA3's warp scheduler barrier: the softmax warpgroups issue their MMAs in turns, round robin, so
+    one's MMAs run while the others do their softmax (instead of all contending for the tensor cores
+    and then all leaving them idle). t: this warpgroup's turns so far; warpgroup 0 goes first and
+    waits, from its second turn, for the last one's t-th pass; warpgroup c > 0 for c - 1's
+    (t+1)-th. Strict rotation: no barrier phase can alias."""
     if PINGPONG:
-        mbarrier.wait(turn.index(CONSUMER), (t + CONSUMER + 1) & 1, pred=t + CONSUMER > 0)
+        if CONSUMER == 0:
+            mbarrier.wait(turn.index(0), (t + 1) & 1, pred=t > 0)
+        else:
+            mbarrier.wait(turn.index(CONSUMER), t & 1)
 
 
 @gluon.jit
-def _pass_turn(turn, CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
+def _pass_turn(turn, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        mbarrier.arrive(turn.index(1 - CONSUMER), count=1)
+        mbarrier.arrive(turn.index((CONSUMER + 1) % CONSUMERS), count=1)
 
 
 @gluon.jit
-def _softmax_partition(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
-                       stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
-                       CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                       EMPTY_NAN: gl.constexpr, STAGES: gl.constexpr, PIPELINE: gl.constexpr,
-                       PINGPONG: gl.constexpr):
-    """One warpgroup: 64 query rows (half CONSUMER of the tile) against every key block."""
+def _softmax_partition(args, CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr,
+                       IS_CAUSAL: gl.constexpr, EMPTY_NAN: gl.constexpr, STAGES: gl.constexpr,
+                       PINGPONG: gl.constexpr, FOLD: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One warpgroup: 64 query rows (part CONSUMER of the tile) against every key block."""
+    (descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
+     stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn) = args
     q_desc, k_desc, v_desc = descs
     q_bufs, k_bufs, v_bufs = bufs
     q_ready, k_ready, v_ready, kv_empty, turn = bars
@@ -165,10 +183,10 @@ def _softmax_partition(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     start_m, b, h = _tile(H, L, IS_CAUSAL)
-    row0 = start_m * 2 * HALF + CONSUMER * HALF
+    row0 = (start_m * CONSUMERS + CONSUMER) * HALF
     offs_m = row0 + gl.arange(0, HALF, layout=row_s)
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
-    n_blocks = _key_blocks(start_m, S, 2 * HALF, BLOCK_N, IS_CAUSAL)
+    n_blocks = _key_blocks(start_m, S, CONSUMERS * HALF, BLOCK_N, IS_CAUSAL)
     m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([HALF], gl.float32, row_s)
     acc = gl.zeros([HALF, HEAD_D], gl.float32, o_layout)
@@ -176,63 +194,44 @@ def _softmax_partition(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_
 
     mbarrier.wait(q_ready, 0)
     q = q_bufs.index(CONSUMER).reshape([HALF, HEAD_D])
-    if PIPELINE:
-        # block 0's scores and softmax; then per block j: q @ k_j^T and p_{j-1} @ v_{j-1} issued
-        # together (in this warpgroup's turn), the softmax of j, the rescale once p @ v retired.
-        # (ptxas moves the wait for p @ v ahead of the softmax, so the overlap comes from the other
-        # warpgroup's MMAs, which the turns put there)
-        mbarrier.wait(k_ready.index(0), 0)
-        _take_turn(turn, 0, CONSUMER, PINGPONG)
-        s = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+    # block 0's scores and softmax; then per block j: q @ k_j^T and p_{j-1} @ v_{j-1} issued
+    # together (in this warpgroup's turn), the softmax of j, the rescale once p @ v retired.
+    # (ptxas moves the wait for p @ v ahead of the softmax, so the overlap comes from the other
+    # warpgroup's MMAs, which the turns put there)
+    mbarrier.wait(k_ready.index(0), 0)
+    _take_turn(turn, 0, CONSUMER, PINGPONG)
+    s = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
+                      use_acc=False, is_async=True)
+    _pass_turn(turn, CONSUMER, CONSUMERS, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    p, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, row0, offs_m, mask_base, L, S, qk_scale, stride_mm, stride_mn,
+                                       BLOCK_N, s_layout, MASK_KIND, MASK_ROW, IS_CAUSAL, FOLD)
+    p = _operand(p, dtype, p_layout)
+    for j in range(1, n_blocks):
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        _take_turn(turn, j, CONSUMER, PINGPONG)
+        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
-        _pass_turn(turn, CONSUMER, PINGPONG)
-        s = warpgroup_mma_wait(0, deps=(s, ))
-        p, m_i, l_i, alpha = _softmax_step(s, 0, m_i, l_i, offs_m, mask_base, L, S, qk_scale, stride_mm, stride_mn,
-                                           BLOCK_N, s_layout, p_layout, dtype, MASK_KIND, MASK_ROW, IS_CAUSAL)
-        p = _operand(p, dtype, p_layout)
-        for j in range(1, n_blocks):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            _take_turn(turn, j, CONSUMER, PINGPONG)
-            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
-            acc = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-            _pass_turn(turn, CONSUMER, PINGPONG)
-            s = warpgroup_mma_wait(1, deps=(s, ))            # the scores are in; p @ v may still run
-            p_next, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, offs_m, mask_base, L, S, qk_scale,
-                                                    stride_mm, stride_mn, BLOCK_N, s_layout, p_layout, dtype,
-                                                    MASK_KIND, MASK_ROW, IS_CAUSAL)
-            acc, p = warpgroup_mma_wait(0, deps=(acc, p))    # p stays live until its MMA retired
-            mbarrier.arrive(kv_empty.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p = _operand(p_next, dtype, p_layout)
-        last = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-        _take_turn(turn, n_blocks, CONSUMER, PINGPONG)
-        acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-        _pass_turn(turn, CONSUMER, PINGPONG)
-        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
-        mbarrier.arrive(kv_empty.index(last), count=1)
-    else:
-        for j in range(n_blocks):
-            slot = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(k_ready.index(slot), phase)
-            _take_turn(turn, j, CONSUMER, PINGPONG)
-            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
-            _pass_turn(turn, CONSUMER, PINGPONG)
-            s = warpgroup_mma_wait(0, deps=(s, ))
-            p, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, offs_m, mask_base, L, S, qk_scale, stride_mm, stride_mn,
-                                               BLOCK_N, s_layout, p_layout, dtype, MASK_KIND, MASK_ROW, IS_CAUSAL)
-            p = _operand(p, dtype, p_layout)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            mbarrier.wait(v_ready.index(slot), phase)
-            acc = warpgroup_mma(p, v_bufs.index(slot).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
-            acc, p = warpgroup_mma_wait(0, deps=(acc, p))
-            mbarrier.arrive(kv_empty.index(slot), count=1)
+        acc = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+        _pass_turn(turn, CONSUMER, CONSUMERS, PINGPONG)
+        s = warpgroup_mma_wait(1, deps=(s, ))            # the scores are in; p @ v may still run
+        p_next, m_i, l_i, alpha = _softmax_step(s, j, m_i, l_i, row0, offs_m, mask_base, L, S, qk_scale,
+                                                stride_mm, stride_mn, BLOCK_N, s_layout, MASK_KIND, MASK_ROW,
+                                                IS_CAUSAL, FOLD)
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))    # p stays live until its MMA retired
+        mbarrier.arrive(kv_empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p = _operand(p_next, dtype, p_layout)
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    _take_turn(turn, n_blocks, CONSUMER, PINGPONG)
+    acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
+    _pass_turn(turn, CONSUMER, CONSUMERS, PINGPONG)
+    acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+    mbarrier.arrive(kv_empty.index(last), count=1)
 
     # a row with no visible key (l == 0, acc == 0) gives 0, as SDPA does, or NaN (0 / 0) with
     # EMPTY_NAN; a NaN l stays NaN
@@ -248,16 +247,6 @@ def _softmax_partition(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_
 
 
 @gluon.jit
-def _softmax_1(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
-               stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
-               MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr, IS_CAUSAL: gl.constexpr, EMPTY_NAN: gl.constexpr,
-               STAGES: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
-    _softmax_partition(descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
-                       stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
-                       1, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PIPELINE, PINGPONG)
-
-
-@gluon.jit
 def attention_ws_kernel(
     # TMA descriptors of q (B, H, L, D), k and v (B, Hkv, S, D): (1, 1, rows, D) boxes
     q_desc, k_desc, v_desc,
@@ -267,48 +256,62 @@ def attention_ws_kernel(
     H, GROUP, L, S, qk_scale,
     stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
     MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr, IS_CAUSAL: gl.constexpr, EMPTY_NAN: gl.constexpr,
-    STAGES: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
-    LOAD_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    STAGES: gl.constexpr, PINGPONG: gl.constexpr, FOLD: gl.constexpr,
+    CONSUMERS: gl.constexpr, SOFTMAX_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
+    # CONSUMERS softmax warpgroups of 64 query rows each (2: 128 rows a CTA; 3: 192, FA3's tile for
+    # head dim 64: K / V read from L2 once per 192 rows)
     dtype: gl.constexpr = q_desc.dtype
-    q_bufs = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
+    for c in gl.static_range(CONSUMERS):
+        mbarrier.init(turn.index(c), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)     # both softmax warpgroups release a slot
+        mbarrier.init(kv_empty.index(i), count=CONSUMERS)     # every softmax warpgroup releases a slot
 
     descs = (q_desc, k_desc, v_desc)
     bufs = (q_bufs, k_bufs, v_bufs)
     bars = (q_ready, k_ready, v_ready, kv_empty, turn)
-    gl.warp_specialize([
-        (_softmax_partition, (descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
-                              stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
-                              0, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PIPELINE, PINGPONG)),
-        (_softmax_1, (descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
-                      stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn,
-                      MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PIPELINE, PINGPONG)),
-        (_load_partition, (descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL, STAGES)),
-    ], [4, 4], [SOFTMAX_REGS, LOAD_REGS])
+    args = (descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
+            stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn)
+    # (the constexprs are written out, the warpgroup's index as a literal: a tuple built with + or *
+    # passes them as values)
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_softmax_partition, (args, 0, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
+                                  FOLD, CONSUMERS)),
+            (_softmax_partition, (args, 1, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
+                                  FOLD, CONSUMERS)),
+            (_load_partition, (descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL, STAGES, CONSUMERS)),
+        ], [4, 4], [SOFTMAX_REGS, LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_softmax_partition, (args, 0, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
+                                  FOLD, CONSUMERS)),
+            (_softmax_partition, (args, 1, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
+                                  FOLD, CONSUMERS)),
+            (_softmax_partition, (args, 2, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
+                                  FOLD, CONSUMERS)),
+            (_load_partition, (descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL, STAGES, CONSUMERS)),
+        ], [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, LOAD_REGS])
 
 
-def smem_bytes(block_n: int, head_d: int, stages: int, elem: int = 2) -> int:
-    """Shared memory a config takes: the q tile (128 rows), the K and V ring, the barriers."""
-    return 128 * head_d * elem + 2 * stages * block_n * head_d * elem + (3 + 3 * stages) * 8
+def smem_bytes(block_n: int, head_d: int, stages: int, consumers: int = 2, elem: int = 2) -> int:
+    """Shared memory a config takes: the q tile (64 rows a consumer), the K and V ring, the barriers."""
+    return 64 * consumers * head_d * elem + 2 * stages * block_n * head_d * elem + (1 + 3 * stages + consumers) * 8
 
 
 def descriptors(q, k, v, block_n: int):
-    """The kernel's TMA descriptors: q in 64-row halves, K and V in block_n-row boxes."""
+    """The kernel's TMA descriptors: q in 64-row parts, K and V in block_n-row boxes."""
     dt = GL_DTYPES[q.dtype]
 
     def desc(t, rows):

@@ -211,22 +211,28 @@ CONFIGS += [c for c in _FP32 if c not in CONFIGS]
 
 
 
-def gluon_config(block_n, stages, pipeline, pingpong=True) -> triton.Config:
-    """A candidate of the warp-specialized Gluon kernel (kernels/attention_hopper.py, sm90 only): 128
-    query rows as two 64-row softmax warpgroups, block_n keys a step, a ring of `stages` K / V slots,
-    one block's q @ k^T issued with the previous block's p @ v (pipeline) or each on its own, the two
-    warpgroups issuing their MMAs in turns (pingpong, FA3's scheduler barrier) or as they come. Its
-    12 warps hold the SM's registers at 168 a thread (maxnreg); the launch moves them to the softmax
-    warpgroups (232) from the load one (40)."""
-    return triton.Config({"BLOCK_M": 128, "BLOCK_N": block_n, "TMA": True, "GLUON": True, "STAGES": stages,
-                          "PIPELINE": pipeline, "PINGPONG": pingpong}, num_warps=4, num_stages=1, maxnreg=168)
+def gluon_config(block_n, stages, pingpong=True, consumers=2) -> triton.Config:
+    """A candidate of the warp-specialized Gluon kernel (kernels/attention_hopper.py, sm90 only):
+    `consumers` softmax warpgroups of 64 query rows, block_n keys a step, a ring of `stages` K / V
+    slots, the warpgroups issuing their MMAs in turns (pingpong, FA3's scheduler barrier) or as they
+    come. Two consumers and the load warpgroup (12 warps) hold the SM's registers at 168 a thread
+    (maxnreg), moved at launch to the softmax warpgroups (232) from the load one (40); three (16
+    warps) at 128, moved to 160 and 24."""
+    three = consumers == 3
+    return triton.Config({"BLOCK_M": 64 * consumers, "BLOCK_N": block_n, "TMA": True, "GLUON": True, "STAGES": stages,
+                          "PINGPONG": pingpong, "CONSUMERS": consumers,
+                          "SOFTMAX_REGS": 160 if three else 232, "LOAD_REGS": 24 if three else 40},
+                         num_warps=4, num_stages=1, maxnreg=128 if three else 168)
 
 
-# H100, 2026-11-24 (bench/results/attention-*): without turns, 128 keys a step with the MMAs issued
-# in pairs ran 4096 x 128 heads at 533 TF/s (the tl kernel 538, cuDNN 654)
-GLUON_CONFIGS = [gluon_config(128, 2, True), gluon_config(64, 3, True), gluon_config(128, 2, False),
-                 gluon_config(64, 2, False), gluon_config(128, 2, True, False), gluon_config(128, 3, True, False),
-                 gluon_config(128, 3, True), gluon_config(64, 4, True, False)]
+# H100, 2026-11-24 (bench/results/attention-*, runs/attention/): two consumers, 128 keys a step, a
+# three-slot ring: 620 TF/s at 4 x 16 x 4096 x 128 (cuDNN 655); three consumers (192 rows, head
+# dims <= 64): 499 TF/s at 4 x 16 x 4096 x 64 (cuDNN 476); 64 keys, four slots: BERT's 8 x 384 with
+# its mask. Dropped after the first runs (never the fastest): two-slot rings with turns, 64 keys
+# with three slots, each block's MMAs issued alone (runs/attention/gluon-3: within 1-10% behind).
+GLUON_CONFIGS = [gluon_config(128, 3), gluon_config(128, 3, False), gluon_config(128, 2, False),
+                 gluon_config(64, 4, False), gluon_config(128, 2, False, 3), gluon_config(64, 3, False, 3),
+                 gluon_config(128, 3, True, 3)]
 CONFIGS += GLUON_CONFIGS
 
 
@@ -238,8 +244,9 @@ def _prune(configs, sizes):
     keep = [c for c in configs if c not in _WIDE and c not in _FP32 and not c.kwargs.get("GLUON")
             and (sizes["tma"] or not c.kwargs["TMA"])]
     if sizes.get("gluon"):
-        keep += [c for c in configs if c.kwargs.get("GLUON")
-                 and _hopper().smem_bytes(c.kwargs["BLOCK_N"], sizes["D"], c.kwargs["STAGES"]) <= 227 * 1024]
+        keep += [c for c in configs if c.kwargs.get("GLUON") and (c.kwargs["CONSUMERS"] == 2 or sizes["D"] <= 64)
+                 and _hopper().smem_bytes(c.kwargs["BLOCK_N"], sizes["D"], c.kwargs["STAGES"],
+                                          c.kwargs["CONSUMERS"]) <= 227 * 1024]
     return keep
 
 
@@ -387,9 +394,10 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
             if kw.get("GLUON"):
                 return _hopper().attention_ws_kernel, dict(
                     MASK_KIND=meta["MASK_KIND"], MASK_ROW=meta["MASK_ROW"], IS_CAUSAL=meta["IS_CAUSAL"],
-                    EMPTY_NAN=meta["EMPTY_NAN"], STAGES=kw["STAGES"], PIPELINE=kw["PIPELINE"],
-                    PINGPONG=kw["PINGPONG"], SOFTMAX_REGS=232,
-                    LOAD_REGS=40, num_warps=kw["num_warps"], maxnreg=kw["maxnreg"])
+                    EMPTY_NAN=meta["EMPTY_NAN"], STAGES=kw["STAGES"], PINGPONG=kw["PINGPONG"],
+                    FOLD=meta["MASK_KIND"] == 0 and _scale(q, scale) > 0,
+                    CONSUMERS=kw["CONSUMERS"], SOFTMAX_REGS=kw["SOFTMAX_REGS"], LOAD_REGS=kw["LOAD_REGS"],
+                    num_warps=kw["num_warps"], maxnreg=kw["maxnreg"])
             return _flash_fwd_kernel, dict(meta, **kw)
 
         def run(cfg):

@@ -22,7 +22,7 @@ from accelc.numerics import REL_L2_FLOOR, rel_l2
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 gpu = pytest.mark.skipif(not SM90, reason="Gluon kernels need an sm90 GPU (not the interpreter)")
 TOL = REL_L2_FLOOR
-IDS = lambda c: "x".join(str(c.kwargs[k]) for k in ("BLOCK_N", "STAGES", "PIPELINE", "PINGPONG"))  # noqa: E731
+IDS = lambda c: "x".join(str(c.kwargs[k]) for k in ("BLOCK_M", "BLOCK_N", "STAGES", "PINGPONG"))  # noqa: E731
 
 
 def test_the_gluon_module_imports_or_says_why():
@@ -40,6 +40,9 @@ def test_no_gluon_candidate_off_sm90():
     sizes["gluon"] = True
     gluon = [c for c in fa._prune(fa.CONFIGS, sizes) if c.kwargs.get("GLUON")]
     assert gluon and all(c in fa.GLUON_CONFIGS for c in gluon)
+    # three softmax warpgroups (192 rows) only up to head dim 64: at 128 their 160 registers spill
+    assert not any(c.kwargs["CONSUMERS"] == 3 for c in gluon)
+    assert any(c.kwargs.get("CONSUMERS") == 3 for c in fa._prune(fa.CONFIGS, dict(sizes, D=64)))
     # the wide head dims and fp32 never get one
     assert not any(c.kwargs.get("GLUON") for c in fa._prune(fa.CONFIGS, dict(sizes, D=256)))
     assert not any(c.kwargs.get("GLUON") for c in fa._prune(fa.CONFIGS, dict(sizes, fp32=True)))
@@ -52,10 +55,11 @@ def test_the_gluon_attention_builds_for_sm90_with_this_triton():
     if fa._hopper_import()[0] is None:
         pytest.skip(fa._hopper_import()[1])
     script = Path(__file__).parents[1] / "bench" / "gluon_compile.py"
-    done = subprocess.run([sys.executable, str(script), "--kernel", "attention", "--configs", "0,3", "--json"],
+    three = next(i for i, c in enumerate(fa.GLUON_CONFIGS) if c.kwargs["CONSUMERS"] == 3)
+    done = subprocess.run([sys.executable, str(script), "--kernel", "attention", "--configs", f"0,{three}", "--json"],
                           capture_output=True, text=True, timeout=900)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and len(rows) == 6, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and len(rows) == 8, done.stdout[-2000:] + done.stderr[-2000:]
     for row in rows:
         assert row["hgmma"] > 0 and row["shared_bytes"] <= 227 * 1024, row
 
@@ -124,7 +128,10 @@ def test_gluon_rows_with_no_visible_key(cfg, empty_nan):
     mask[0, 0, 7] = False          # row 7 of batch 0 sees no key
     mask[1, 0, 140:] = False       # the last rows of batch 1 too
     ref = fa.flash_attention_ref(q.float(), k.float(), v.float(), mask, empty_nan=empty_nan)
-    out = _forced(cfg, lambda: fa.flash_attention(q, k, v, mask, empty_nan=empty_nan), repeats=1)[0]
+    outs = _forced(cfg, lambda: fa.flash_attention(q, k, v, mask, empty_nan=empty_nan), repeats=1)
+    if outs is None:
+        pytest.skip("not a candidate for this head dim")
+    out = outs[0]
     assert torch.equal(out.isnan(), ref.isnan())
     if not empty_nan:
         assert out[0, :, 7].abs().max() == 0 and out[1, :, 140:].abs().max() == 0
