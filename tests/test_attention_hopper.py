@@ -166,3 +166,17 @@ def test_the_race_includes_gluon_on_sm90():
     assert rel_l2(out.float(), fa.flash_attention_ref(q.float(), k.float(), v.float())) < TOL[torch.float16]
     assert not runtime.interpreted()
     assert any("gluon" in key for key in fa.TUNER.chosen)
+
+
+@gpu
+@pytest.mark.parametrize("cfg", fa.GLUON_CONFIGS, ids=IDS)
+def test_gluon_three_dim_inputs(cfg):
+    """(batch * heads, length, head_dim) q, k, v, as attention written with bmm gives them: one batch of
+    that many heads, into a contiguous result."""
+    q, k, v = (torch.randn(24, 300, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    ref = fa.flash_attention_ref(q.float(), k.float(), v.float())
+    outs = _forced(cfg, lambda: fa.flash_attention(q, k, v))
+    assert outs is not None
+    assert outs[0].shape == (24, 300, 64) and outs[0].is_contiguous()
+    assert rel_l2(outs[0].float(), ref) < TOL[torch.float16]
+    assert torch.equal(outs[0], outs[1])
