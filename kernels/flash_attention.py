@@ -45,6 +45,7 @@ from accelc.kernels.quantize import quantize_ref, rint
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_GRID_Y = 65535   # CUDA's limit on a grid's second dimension, which runs over batch x heads
 HEAD_DIMS = tuple(range(16, 257, 8))   # multiples of 8, 16 to 256
 
 
@@ -369,6 +370,9 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
     S = k.shape[2]
     if out.numel() == 0:
         return
+    if B * H > MAX_GRID_Y:
+        _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32)
+        return
     mask_t = q if mask is None else mask.expand(B, H, L, S)  # a view: broadcast dims get stride 0
     with runtime.device_guard(q):
         known = TUNER.calls.get(sig)
@@ -418,6 +422,30 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
         TUNER.calls[sig] = (CompiledCall(kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
                                          _args(kw, q, k, v, mask_t, out, mask is not None, scale), constexprs), kw)
     return
+
+
+def _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32):
+    """A call whose batch x heads exceeds the grid's second dimension (MAX_GRID_Y: a launch past it
+    fails), run as slices of the batch, or, where the heads alone exceed it (attention written with
+    bmm: batch x heads as one dim), of the heads in whole query groups: views of the same tensors,
+    each launched as its own call."""
+    B, H, L, _ = q.shape
+    group = H // k.shape[1]
+    m = None if mask is None else mask.expand(B, H, L, k.shape[2])
+    if H <= MAX_GRID_Y:
+        step = MAX_GRID_Y // H
+        for b0 in range(0, B, step):
+            rows = slice(b0, b0 + step)
+            _launch(q[rows], k[rows], v[rows], None if m is None else m[rows], is_causal, scale, qk_int8, empty_nan,
+                    out[rows], allow_tf32)
+        return
+    step = max(MAX_GRID_Y // group, 1) * group
+    for b in range(B):
+        for h0 in range(0, H, step):
+            heads, kv_heads = slice(h0, h0 + step), slice(h0 // group, (h0 + step) // group)
+            _launch(q[b:b + 1, heads], k[b:b + 1, kv_heads], v[b:b + 1, kv_heads],
+                    None if m is None else m[b:b + 1, heads], is_causal, scale, qk_int8, empty_nan,
+                    out[b:b + 1, heads], allow_tf32)
 
 
 def _scale(q, scale) -> float:

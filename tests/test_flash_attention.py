@@ -352,3 +352,35 @@ def test_fp32_tf32_when_asked():
     out = torch.ops.accelc.flash_attention(q, k, v, None, False, None, False, False, True)
     ref = fa.flash_attention_ref(q.double(), k.double(), v.double())
     assert rel_l2(out, ref) < 2e-3
+
+
+@pytest.mark.parametrize("case", ["batch", "heads_3d", "grouped_heads", "decode"])
+def test_batch_times_heads_past_the_grids_second_dimension_runs_in_slices(monkeypatch, case):
+    """batch x heads beyond the grid's second dimension (65535 on CUDA: the launch fails there, and the
+    interpreter does not check it) runs as slices, here with the limit lowered to 5: whole batches, or
+    whole query groups where the heads alone exceed it (attention written with bmm), or a decode step."""
+    monkeypatch.setattr(fa, "MAX_GRID_Y", 5)
+    launched, launch = [], fa._launch
+
+    def spy(q, k, *rest):
+        launched.append(q.shape[0] * q.shape[1])
+        return launch(q, k, *rest)
+    monkeypatch.setattr(fa, "_launch", spy)
+    mask = None
+    if case == "batch":          # 3 x 4 heads: slices of one sequence, a key padding mask sliced with them
+        q, k, v = (torch.randn(3, 4, 20, 16, device=DEVICE) for _ in range(3))
+        mask = torch.rand(3, 1, 1, 20, device=DEVICE) > 0.2
+        mask[..., 0] = True
+    elif case == "heads_3d":     # (batch * heads, L, D): 7 heads in one batch
+        q, k, v = (torch.randn(7, 20, 16, device=DEVICE) for _ in range(3))
+    elif case == "grouped_heads":  # 8 query heads over 2 K/V heads: slices of whole groups of 4
+        q = torch.randn(1, 8, 20, 16, device=DEVICE)
+        k, v = (torch.randn(1, 2, 20, 16, device=DEVICE) for _ in range(2))
+    else:                        # one query row against many keys: the split-KV path
+        q = torch.randn(2, 4, 1, 16, device=DEVICE)
+        k, v = (torch.randn(2, 4, 300, 16, device=DEVICE) for _ in range(2))
+    out = flash_attention_launch(q, k, v, mask, is_causal=case == "batch")
+    ref = flash_attention_ref(q.double(), k.double(), v.double(), mask, is_causal=case == "batch")
+    assert out.shape == ref.shape
+    assert rel_l2(out, ref) < 1e-5
+    assert launched[0] > 5 and len(launched) > 1 and all(n <= 5 for n in launched[1:])
