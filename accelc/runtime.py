@@ -8,6 +8,7 @@ A user who sets TRITON_INTERPRET themselves keeps their choice.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import warnings
@@ -155,6 +156,7 @@ def warn_if_interpreted(stacklevel: int = 2) -> None:
         )
 
 
+@functools.lru_cache(maxsize=None)
 def import_gluon(module: str, what: str, op: str):
     """(the module accelc.kernels.<module>, None), or (None, why it cannot be imported): Gluon is
     experimental and its API moves between Triton releases, so a Triton that cannot build a Gluon
@@ -169,3 +171,15 @@ def import_gluon(module: str, what: str, op: str):
         reason = f"the Gluon {what} does not build with triton {triton.__version__} ({type(e).__name__}: {e})"
         logging.getLogger("accelc").info("accelc: %s; accelc::%s uses its tl kernel", reason, op)
         return None, reason
+
+
+def gluon_target_problem(t: torch.Tensor, what: str) -> str | None:
+    """Why a Gluon kernel (written for sm90, fp16 / bf16) cannot take tensor t's call, or None: the
+    checks the Gluon GEMM's and attention's gluon_problem share."""
+    if interpreted() or not t.is_cuda:
+        return "Gluon kernels need a GPU (the interpreter runs tl kernels only)"
+    if torch.cuda.get_device_capability(t.device) != (9, 0):
+        return f"the Gluon {what} is written for sm90 (Hopper)"
+    if t.dtype not in (torch.float16, torch.bfloat16):
+        return f"the Gluon {what} takes fp16 / bf16, not {t.dtype}"
+    return None

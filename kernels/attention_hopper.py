@@ -47,7 +47,7 @@ HEAD_DIMS = (32, 64, 128)
 
 
 @gluon.jit
-def _tile(H, L, IS_CAUSAL: gl.constexpr):
+def _tile(H, IS_CAUSAL: gl.constexpr):
     """(start_m, b, h) of this CTA; causal grids run their longest rows (the last blocks) first."""
     start_m = gl.program_id(0)
     if IS_CAUSAL:
@@ -75,7 +75,7 @@ def _load_partition(descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL: gl.constexpr, 
     q_ready, k_ready, v_ready, kv_empty, _ = bars
     PART: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    start_m, b, h = _tile(H, L, IS_CAUSAL)
+    start_m, b, h = _tile(H, IS_CAUSAL)
     hk = h // GROUP
     mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
@@ -182,7 +182,7 @@ def _softmax_partition(args, CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MA
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    start_m, b, h = _tile(H, L, IS_CAUSAL)
+    start_m, b, h = _tile(H, IS_CAUSAL)
     row0 = (start_m * CONSUMERS + CONSUMER) * HALF
     offs_m = row0 + gl.arange(0, HALF, layout=row_s)
     mask_base = mask_ptr + b * stride_mb + h * stride_mh

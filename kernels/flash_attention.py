@@ -29,9 +29,8 @@ scales (the softmax scale folded into q's). Softmax and p @ v stay in fp32 / fp1
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -211,7 +210,6 @@ _FP32 = [config(64, 32, 2, 4), config(64, 64, 2, 4), config(32, 32, 2, 4), confi
 CONFIGS += [c for c in _FP32 if c not in CONFIGS]
 
 
-
 def gluon_config(block_n, stages, pingpong=True, consumers=2) -> triton.Config:
     """A candidate of the warp-specialized Gluon kernel (kernels/attention_hopper.py, sm90 only):
     `consumers` softmax warpgroups of 64 query rows, block_n keys a step, a ring of `stages` K / V
@@ -268,10 +266,8 @@ def _default(sizes):
     return config(128, 64, 3, 8) if sizes["L"] >= 128 else config(64, 64, 3, 4)
 
 
-@functools.lru_cache(maxsize=None)
-def _hopper_import():
-    """(kernels.attention_hopper, None), or (None, why this Triton cannot build it): runtime.import_gluon."""
-    return runtime.import_gluon("attention_hopper", "attention kernel", "flash_attention")
+# (kernels.attention_hopper, None), or (None, why this Triton cannot build it)
+_hopper_import = functools.partial(runtime.import_gluon, "attention_hopper", "attention kernel", "flash_attention")
 
 
 def _hopper():
@@ -280,12 +276,9 @@ def _hopper():
 
 def gluon_problem(q, k, v, qk_int8=False) -> str | None:
     """Why the warp-specialized Gluon kernel (kernels/attention_hopper.py) cannot take this call, or None."""
-    if runtime.interpreted() or not q.is_cuda:
-        return "Gluon kernels need a GPU (the interpreter runs tl kernels only)"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return "the Gluon attention kernel is written for sm90 (Hopper)"
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"the Gluon attention kernel takes fp16 / bf16, not {q.dtype}"
+    problem = runtime.gluon_target_problem(q, "attention kernel")
+    if problem:
+        return problem
     if qk_int8:
         return "the Gluon attention kernel has no int8 q @ k^T"
     module, reason = _hopper_import()

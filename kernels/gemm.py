@@ -18,7 +18,6 @@ so weight.t() views (matmul(x, W) written as a Linear) cost no copy.
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Optional
 
 import torch
@@ -32,7 +31,6 @@ from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_c
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-log = logging.getLogger("accelc")
 
 
 @triton.jit
@@ -539,10 +537,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         tuner.calls[sig] = (CompiledCall(kernel, grid(kw), kernel_args(kw, tensors), constexprs), kw)
 
 
-@functools.lru_cache(maxsize=None)
-def _hopper_import():
-    """(kernels.gemm_hopper, None), or (None, why this Triton cannot build it): runtime.import_gluon."""
-    return runtime.import_gluon("gemm_hopper", "GEMM", "linear")
+# (kernels.gemm_hopper, None), or (None, why this Triton cannot build it)
+_hopper_import = functools.partial(runtime.import_gluon, "gemm_hopper", "GEMM", "linear")
 
 
 def _hopper():
@@ -559,12 +555,9 @@ def other_kernels() -> list:
 def gluon_problem(x2, res2, out) -> str | None:
     """Why the warp-specialized Gluon kernel (kernels/gemm_hopper.py) cannot take this float call, or
     None. (Its x and weight loads are those of the tl kernel's TMA configs, checked by the caller.)"""
-    if runtime.interpreted() or not x2.is_cuda:
-        return "Gluon kernels need a GPU (the interpreter runs tl kernels only)"
-    if torch.cuda.get_device_capability(x2.device) != (9, 0):
-        return "the Gluon GEMM is written for sm90 (Hopper)"
-    if x2.dtype not in (torch.float16, torch.bfloat16):
-        return f"the Gluon GEMM takes fp16 / bf16, not {x2.dtype}"
+    problem = runtime.gluon_target_problem(x2, "GEMM")
+    if problem:
+        return problem
     if not tma_ok(out) or (res2 is not None and not tma_ok(res2)):
         return "the output or residual rows are not 16-byte aligned for the copy engine"
     return _hopper_import()[1]
