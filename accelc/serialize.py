@@ -66,11 +66,12 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
     with quiet_torch_logs():
         if spec is not None and spec.kw_names:
             ep, static = export_program(_as_called(opt.graph_module, spec), args[:spec.n_args],
-                                        dict(zip(spec.kw_names, args[spec.n_args:])), dynamic=dynamic)
+                                        dict(zip(spec.kw_names, args[spec.n_args:])), dynamic=dynamic,
+                                        limits=_limits(shapes))
         else:
             # the graph module, not the wrapper: its forward has the model's own signature, which
             # per-dimension dynamic shapes are matched against
-            ep, static = export_program(opt.graph_module, args, dynamic=dynamic)
+            ep, static = export_program(opt.graph_module, args, dynamic=dynamic, limits=_limits(shapes))
     if not static and isinstance(dynamic, tuple):
         static = _pinned(ep, dynamic)
     if static and dynamic is not False:
@@ -85,6 +86,19 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
                                                     CHECKSUM_FILE: json.dumps(weights_checksum(ep))})
         except (OSError, RuntimeError) as e:
             raise ModelFileError(f"could not write {str(path)!r}: {short_error(e)}") from e
+
+
+def _limits(shapes) -> dict:
+    """The limits the model's config set on the optimized graph's dims (InputShapes.cap), as
+    export_program takes them: a saved program keeps them."""
+    if shapes is None:
+        return {}
+    out: dict = {}
+    for (i, d), why in shapes.limits.items():
+        r = shapes.dims[i][d]
+        if isinstance(r, DimRange) and r.hi is not None:
+            out.setdefault(i, {})[d] = (r.hi, why)
+    return out
 
 
 def _pinned(ep, declared: tuple) -> str:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
+from accelc.errors import InputError
+
 SHAPES = "accelc_shapes"   # gm.meta key: the InputShapes of a captured graph
 # a program's shape guard, as torch.export words it: "Guard failed: flat_0.size()[1] <= 64"
 _GUARD = re.compile(r"(\w+)\.size\(\)\[(\d+)\]\s*(<=|>=|==|<|>)\s*(-?\d+)")
@@ -46,6 +48,7 @@ class InputShapes:
     padding: object = None    # accelc.buckets.Padding: the dims calls pad up to buckets (with CUDA graphs)
     padding_note: str = ""    # why a varying dim does not pad
     warmed: str = ""          # the shapes captured at optimize time, in words
+    limits: dict = field(default_factory=dict)   # {(input index, dim): the config field that ends it}
 
     @staticmethod
     def of_export(gm: fx.GraphModule, ranges: dict, names: tuple, static: str = "") -> "InputShapes":
@@ -153,7 +156,15 @@ class InputShapes:
 
     def check(self, args: tuple) -> str | None:
         """Why a call's inputs are outside the ranges the user declared for a graph that records no
-        shapes (a free one: symbolic_trace), or None. (An exported program's guards check its own.)"""
+        shapes (a free one: symbolic_trace), or None; and past a limit the model's config sets (cap:
+        checked here, before the program runs, whether or not its guards hold the bound). An
+        exported program's guards check the rest."""
+        for i, d in self.limits:
+            r = self.dims[i][d] if i < len(self.dims) and self.dims[i] and d < len(self.dims[i]) else None
+            a = args[i] if i < len(args) else None
+            if isinstance(r, DimRange) and r.hi is not None and isinstance(a, torch.Tensor) and a.dim() > d \
+                    and a.shape[d] > r.hi:
+                return self.refusal(f"Guard failed: {self.names[i]}.size()[{d}] <= {r.hi}", args)
         if not self.free or not isinstance(self.declared, tuple):
             return None
         for name, ranges, a in zip(self.names, self.declared, args):
@@ -190,7 +201,8 @@ class InputShapes:
         grow = 1.0
         for k, n in large.items():
             grow *= n / max(example.get(k, n), 1)
-        if any(r.hi is not None for r in ranges.values()) and grow <= max_scale:
+        if any(r.hi is not None for r in ranges.values()) and grow <= max_scale and any(
+                large[k] != example.get(k) for k in large):
             out.append(("at the largest sizes", large))
         return out
 
@@ -224,6 +236,22 @@ class InputShapes:
             self.dims = tuple(None if row is None else tuple(
                 DimRange(min(r.lo, sizes.get(r.sym, r.lo)), r.hi, r.sym) if isinstance(r, DimRange) else r for r in row)
                 for row in self.dims)
+
+    def cap(self, limits: dict) -> None:
+        """Close the ranges at the limits the model's config sets (position_limits), remembered for
+        the refusal's words: the guard never checks a layer past them (on a GPU, a position table
+        read past its end is a device-side assert that ends the process's CUDA context)."""
+        for i, dims in limits.items():
+            row = self.dims[i] if i < len(self.dims) else None
+            for d, (most, why) in dims.items():
+                r = row[d] if row is not None and d < len(row) else None
+                if not isinstance(r, DimRange):
+                    continue
+                self.limits[(i, d)] = why
+                if r.hi is None or r.hi > most:
+                    new = DimRange(r.lo, most, r.sym)
+                    self.dims = tuple(None if rw is None else tuple(
+                        new if isinstance(x, DimRange) and x.sym == r.sym else x for x in rw) for rw in self.dims)
 
     def learn(self, guard_text: str) -> bool:
         """Narrow the ranges by a shape guard the program refused a probe with (a guard export
@@ -262,7 +290,9 @@ class InputShapes:
             got = f" is {args[index].shape[dim]}"
         declared = (isinstance(self.declared, tuple) and index is not None and index < len(self.declared)
                     and dim in (self.declared[index] or {}))
-        source = "the range declared for it (dynamic=)" if declared else "a limit of the model's (torch.export found it)"
+        field_ = self.limits.get((index, dim))
+        source = ("the range declared for it (dynamic=)" if declared else
+                  f"a limit of the model's ({field_})" if field_ else "a limit of the model's (torch.export found it)")
         if op == "==":
             why = (f"the model fixes it at {limit}" if not self.static
                    else f"the program takes the example's {limit} only ({self.static})")
@@ -271,6 +301,74 @@ class InputShapes:
         else:
             why = f"at least {limit if op == '>=' else limit + 1}: {source}"
         return f"{name} dim {dim}{got}: {why}"
+
+
+# inputs whose dim 1 counts token positions, and the config fields that end them (the first the
+# config has): a learned position table indexed past its end is a device-side assert on the GPU
+_POSITION_FIELDS = ("max_position_embeddings",)
+_DECODER_FIELDS = ("max_target_positions", "max_position_embeddings")
+_POSITION_INPUTS = {"input_ids": _POSITION_FIELDS, "attention_mask": _POSITION_FIELDS,
+                    "token_type_ids": _POSITION_FIELDS, "position_ids": _POSITION_FIELDS,
+                    "inputs_embeds": _POSITION_FIELDS, "decoder_input_ids": _DECODER_FIELDS,
+                    "decoder_attention_mask": _DECODER_FIELDS, "decoder_inputs_embeds": _DECODER_FIELDS}
+
+
+def position_limits(model, names: tuple) -> dict:
+    """{flat input index: {1: (most tokens, the config field that says so)}} for an HF model whose
+    config ends its positions (max_position_embeddings, GPT-2's n_positions through it, Whisper's
+    decoder max_target_positions); {} for other models. A position table with a padding index
+    (RoBERTa's: positions start after it) takes that many fewer tokens."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return {}
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    offset = 0
+    for name, mod in model.named_modules():
+        if name.endswith("position_embeddings") and isinstance(mod, torch.nn.Embedding) and mod.padding_idx is not None:
+            offset = max(offset, mod.padding_idx + 1)
+    out = {}
+    for i, name in enumerate(names):
+        for field_ in _POSITION_INPUTS.get(name, ()):
+            n = getattr(config, field_, None)
+            n = n if isinstance(n, int) else getattr(text, field_, None)
+            if isinstance(n, int) and not isinstance(n, bool) and n > offset:
+                said = f"config.{field_} = {n}" + (f", less {offset} for its padding index" if offset else "")
+                out[i] = {1: (n - offset, said)}
+                break
+    return out
+
+
+def export_dims(a, limit: dict | None):
+    """torch.export's spec of one input for dynamic=True: every dim Dim.AUTO, with a max where the
+    model's config ends it (where this torch's Dim.AUTO takes bounds; capture caps the range after)."""
+    if not isinstance(a, torch.Tensor):
+        return None
+    spec = {i: torch.export.Dim.AUTO for i in range(a.dim())}
+    for d, (most, _) in (limit or {}).items():
+        if d < a.dim():
+            try:
+                spec[d] = torch.export.Dim.AUTO(max=most)
+            except TypeError:
+                pass
+    return spec
+
+
+def within_limits(declared: tuple, limits: dict, names: tuple = ()) -> tuple:
+    """Declared ranges with an open upper end closed at the model's limit; one past it refused."""
+    out = []
+    for i, ranges in enumerate(declared):
+        ranges = dict(ranges or {}) if ranges is not None else None
+        for d, (most, why) in limits.get(i, {}).items():
+            if ranges is None or d not in ranges:
+                continue
+            lo, hi = ranges[d]
+            if hi is not None and hi > most:
+                raise InputError(f"dynamic= declares {names[i] if i < len(names) else f'input {i}'} dim {d} up to {hi}, "
+                                 f"past the model's {most} positions "
+                                 f"({why}): declare at most {most}")
+            ranges[d] = (lo, most if hi is None else hi)
+        out.append(ranges)
+    return tuple(out)
 
 
 def guard_failure(e: AssertionError) -> str | None:

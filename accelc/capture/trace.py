@@ -34,7 +34,7 @@ from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out,
 from accelc.capture.asserts import format_at_run_time
 from accelc.capture.overflow import finite_branches
 from accelc.capture.pickling import program_module
-from accelc.capture.shapes import SHAPES, InputShapes
+from accelc.capture.shapes import SHAPES, InputShapes, export_dims, position_limits, within_limits
 from accelc.errors import CaptureError, InputError
 from accelc.numerics import REL_L2_FLOOR, rel_l2, same_values
 
@@ -63,6 +63,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=T
     spec = CallSpec.of(model, args, kwargs, expected)
     flat = spec.flat(args, kwargs)
     _check_declared(spec, spec.positions(dynamic), flat)
+    if isinstance(spec.positions(dynamic), tuple):     # a range past the model's positions: said before tracing
+        within_limits(spec.positions(dynamic), position_limits(model, spec.names), spec.names)
     failures = []
     with quiet_torch_logs():
         found = _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic)
@@ -165,7 +167,7 @@ def make_canonical(gm: fx.GraphModule, args: tuple):
     return out
 
 
-def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True
+def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True, limits=None
                    ) -> tuple[torch.export.ExportedProgram, str]:
     """torch.export (non-strict); returns (program, why its shapes are the example's: "" when dims
     vary). dynamic: True lets every dimension vary (batch, sequence; export fixes those the model
@@ -174,9 +176,15 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
     dynamic export fails, the static one is used and the reason returned: never silently. A batch of
     one is traced as a batch of two (the example repeated) for dynamic=True: torch.export fixes
     every dim whose example is 0 or 1; where that program's guards refuse the example itself, the
-    example's own shapes are traced. Keyword arguments must follow the forward's parameter order."""
+    example's own shapes are traced. Keyword arguments must follow the forward's parameter order.
+    limits ({input index: {dim: (most, why)}}, shapes.position_limits): upper ends the model's config
+    sets (a learned position table), given to export as the dims' max, a declared range's open end
+    included; a declared range past one is an InputError."""
     kwargs = dict(kwargs or {})
     values = (*args, *kwargs.values())
+    limits = limits or {}
+    if isinstance(dynamic, tuple) and limits:
+        dynamic = within_limits(dynamic, limits)
     if dynamic is False:
         return _export_once(model, tuple(args), kwargs), "dynamic=False"
     examples = [(tuple(args), kwargs)]
@@ -186,8 +194,7 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
     failure = ""
     for example_args, example_kwargs in examples:
         if dynamic is True:
-            specs = tuple({i: torch.export.Dim.AUTO for i in range(a.dim())} if isinstance(a, torch.Tensor)
-                          else None for a in (*example_args, *example_kwargs.values()))
+            specs = tuple(export_dims(a, limits.get(i)) for i, a in enumerate((*example_args, *example_kwargs.values())))
         else:
             specs = tuple(_declared(d, a, i) for i, (d, a) in enumerate(zip(dynamic, values)))
         if _takes_varargs(model) and not example_kwargs:
@@ -333,11 +340,13 @@ def _export_once(model, args: tuple, kwargs: dict, **options) -> torch.export.Ex
 
 
 def _export(model, spec: "CallSpec", flat, dynamic=True):
+    limits = position_limits(model, spec.names)
     ep, static = export_program(flat_module(model, spec) if not spec.trivial else model, flat,
-                                dynamic=spec.positions(dynamic))
+                                dynamic=spec.positions(dynamic), limits=limits)
     gm = program_module(ep)
-    gm.meta[SHAPES] = InputShapes.of_export(gm, ep.range_constraints, spec.names, static)
-    gm.meta[SHAPES].declared = spec.positions(dynamic)
+    shapes = gm.meta[SHAPES] = InputShapes.of_export(gm, ep.range_constraints, spec.names, static)
+    shapes.declared = spec.positions(dynamic)
+    shapes.cap(limits)
     return gm
 
 
