@@ -3,12 +3,19 @@ that faults or hangs is named and cannot poison the next: the first device step 
 kernels/attention_hopper.py or kernels/gemm_hopper.py, before the tests and benches.
 
     python bench/gluon_smoke.py [--kernel attention|gemm] [--timeout 120]
+    python bench/gluon_smoke.py --kernel attention --wrap "compute-sanitizer --tool racecheck"
+
+--wrap runs each child under a command (compute-sanitizer's racecheck / synccheck: the warp-specialized
+kernels' shared-memory hazards and barrier misuse); the child then also runs the causal case.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 CHILD = r'''
 import sys, torch
@@ -21,7 +28,16 @@ if sys.argv[2] == "attention":
     q, k, v = (torch.randn(2, 300, 4, D, device="cuda", dtype=torch.float16).transpose(1, 2) for _ in range(3))
     with fa.TUNER.force(cfg):
         out = fa.flash_attention(q, k, v)
+        causal = fa.flash_attention(q, k, v, is_causal=True) if "wrapped" in sys.argv else None
     ref = fa.flash_attention_ref(q.float(), k.float(), v.float())
+    if causal is not None:
+        err = rel_l2(causal.float(), fa.flash_attention_ref(q.float(), k.float(), v.float(), is_causal=True))
+        print(f"causal rel_l2 {err:.2e}")
+elif sys.argv[2] == "control":
+    sys.path.insert(0, sys.argv[-1])
+    import gluon_ws_control
+    cfg = "warp_specialize control (two 4-warp partitions, no shared memory)"
+    out, ref = gluon_ws_control.run()
 else:
     cfg = gemm.GLUON_CONFIGS[i]
     x = torch.randn(1000, 768, device="cuda", dtype=torch.float16)
@@ -30,28 +46,34 @@ else:
         out = gemm.linear_launch(x, w)
     ref = x.float() @ w.float().t()
 torch.cuda.synchronize()
-print(f"config {i} {cfg.kwargs}: rel_l2 {rel_l2(out.float(), ref):.2e}")
+print(f"config {i} {getattr(cfg, 'kwargs', cfg)}: rel_l2 {rel_l2(out.float(), ref):.2e}")
 '''
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=("attention", "gemm"), default="attention")
+    ap.add_argument("--kernel", choices=("attention", "gemm", "control"), default="attention")
     ap.add_argument("--timeout", type=int, default=120)
+    ap.add_argument("--jobs", type=int, default=1, help="children at once (1 for a timing-quiet GPU)")
+    ap.add_argument("--wrap", default="", help="a command each child runs under, e.g. compute-sanitizer's")
     args = ap.parse_args()
     from accelc.kernels import flash_attention, gemm
-    n = len((flash_attention if args.kernel == "attention" else gemm).GLUON_CONFIGS)
-    bad = 0
-    for i in range(n):
+    n = 1 if args.kernel == "control" else len((flash_attention if args.kernel == "attention" else gemm).GLUON_CONFIGS)
+    def child(i):
+        cmd = [sys.executable, "-c", CHILD, str(i), args.kernel] + (["wrapped"] if args.wrap else []) + [
+            str(Path(__file__).resolve().parent)]
         try:
-            done = subprocess.run([sys.executable, "-c", CHILD, str(i), args.kernel], capture_output=True, text=True,
-                                  timeout=args.timeout)
-            text = done.stdout.strip() or done.stderr.strip()[-800:]
-            bad += done.returncode != 0
-            print(f"[{i}] rc={done.returncode} {text}", flush=True)
+            done = subprocess.run(shlex.split(args.wrap) + cmd, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            bad += 1
-            print(f"[{i}] TIMEOUT after {args.timeout} s (a hang: a barrier never completed?)", flush=True)
+            return False, f"[{i}] TIMEOUT after {args.timeout} s (a hang: a barrier never completed?)"
+        text = done.stdout.strip()[-1500:] if done.returncode == 0 else (done.stdout + done.stderr).strip()[-1500:]
+        return done.returncode == 0, f"[{i}] rc={done.returncode} {text}"
+
+    bad = 0
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:   # results printed in config order
+        for ok, text in pool.map(child, range(n)):
+            bad += not ok
+            print(text, flush=True)
     return 1 if bad else 0
 
 
