@@ -232,8 +232,10 @@ def side_ort_opt(model, inputs, row, max_timed=3):
 # compile_max: torch.compile(mode="max-autotune") (Triton GEMM templates + CUDA graphs), the strongest
 # torch.compile mode; accelc_nopasses: accelc with every pass off (capture, Inductor glue and CUDA graphs
 # only), so that accelc / accelc_nopasses is what accelc's kernels add
+# accelc_static: dynamic=False (the example's shapes only: the glue compiled for them, as before the
+# any-shape work), so that accelc / accelc_static is what taking every shape costs at the example's
 SIDES = ("eager", "compile", "compile_ro", "compile_max", "ort", "ort_opt", "accelc", "accelc_nopasses",
-         "accelc_nograph", "accelc_int8", "accelc_nonorms", "accelc_nogated")
+         "accelc_static", "accelc_nograph", "accelc_int8", "accelc_nonorms", "accelc_nogated")
 
 
 def run_model(name, sides, out_dir, batches="all"):
@@ -256,6 +258,8 @@ def run_model(name, sides, out_dir, batches="all"):
                     side_compile(model, inputs, row, "max-autotune")
                 elif side == "accelc_nopasses":
                     side_accelc(model, inputs, row, "accelc_nopasses", passes=())
+                elif side == "accelc_static":
+                    side_accelc(model, inputs, row, "accelc_static", dynamic=False)
                 elif side == "ort":
                     side_ort(model, inputs, row)
                 elif side == "ort_opt":
@@ -366,6 +370,8 @@ def merge(in_dir, out_dir):
     by_key, opt_s, env, dates = {}, {}, None, set()
     for p in sorted(Path(in_dir).glob("**/e2e-*.json")):     # runs in name order: a later run's sides win
         data = json.loads(p.read_text())
+        if "row" not in data:     # a merged table kept beside its runs (its "rows"): not a run
+            continue
         env = env or data["environment"]
         dates.add(data["environment"]["date"])
         if p.stem.endswith("-optimize"):
@@ -385,14 +391,14 @@ def merge(in_dir, out_dir):
 
     table = []
     head = ["model", "batch", "eager", "compile", "compile_ro", "compile_max", "ORT", "ORT optimizer", "accelc",
-            "accelc no passes", "accelc nograph", "accelc int8", "accelc vs compile_ro", "accelc vs compile_max",
+            "accelc no passes", "accelc static", "accelc nograph", "accelc int8", "accelc vs compile_ro", "accelc vs compile_max",
             "accelc vs faster ORT", "accelc vs eager", "kernels' gain (no passes / accelc)", "FLOPs in accelc kernels",
             "layers"]
     for r in rows:
         best_ort = min((r[k] for k in ("ort_ms", "ort_opt_ms") if r.get(k)), default=None)
         share = r.get("accelc_flop_share")
         table.append([r["model"], r["batch"], ms(r, "eager"), ms(r, "compile"), ms(r, "compile_ro"), ms(r, "compile_max"),
-                      ms(r, "ort"), ms(r, "ort_opt"), ms(r, "accelc"), ms(r, "accelc_nopasses"), ms(r, "accelc_nograph"),
+                      ms(r, "ort"), ms(r, "ort_opt"), ms(r, "accelc"), ms(r, "accelc_nopasses"), ms(r, "accelc_static"), ms(r, "accelc_nograph"),
                       ms(r, "accelc_int8"), _x(r.get("compile_ro_ms"), r.get("accelc_ms")),
                       _x(r.get("compile_max_ms"), r.get("accelc_ms")), _x(best_ort, r.get("accelc_ms")),
                       _x(r.get("eager_ms"), r.get("accelc_ms")), _x(r.get("accelc_nopasses_ms"), r.get("accelc_ms")),
@@ -411,7 +417,7 @@ def merge(in_dir, out_dir):
           "it; ORT optimizer: the same with ORT's transformer optimizer and its fp16 converter (the fastest "
           "correct candidate; which one, below). accelc: the default call "
           "(Inductor glue, CUDA graph replay); no passes: passes=() (capture, Inductor glue, CUDA graphs: what is "
-          "left without accelc's kernels); nograph: cuda_graphs=False; int8: Int8Config defaults. compile_max: "
+          "left without accelc's kernels); static: dynamic=False (the example's shapes only); nograph: cuda_graphs=False; int8: Int8Config defaults. compile_max: "
           "torch.compile(mode=\"max-autotune\"). FLOPs in accelc kernels: the share of the model's matmul / conv / "
           "attention FLOPs the default call runs in accelc kernels after the guard's speed race. "
           "layers: rewritten / reverted / kept as PyTorch.\n\n"

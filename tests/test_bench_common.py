@@ -1,4 +1,5 @@
 """bench/_common.py's helpers that every benchmark's comparison depends on."""
+import json
 import sys
 from pathlib import Path
 
@@ -48,3 +49,22 @@ def test_tuned_reports_the_last_matching_key_and_its_spread():
             return {"key": key}
     assert _common.tuned(FakeTuner(), lambda k: k[0] == 1) == ("cfg-c", {"key": (1, "c")})
     assert _common.tuned(FakeTuner(), lambda k: k[0] == 3) == (None, None)
+
+
+def test_e2e_merge_joins_a_models_sides_across_runs_and_skips_merged_tables(tmp_path):
+    """A model's sides split over two commands merge into one row; a merged table kept beside the runs
+    (its JSON holds "rows") is not read as a run (it was: KeyError)."""
+    import e2e
+    env = dict(_common.environment(), date="2026-11-24 16:30 UTC")
+    row = {"model": "bert", "family": "BERT", "batch": 8}
+    (tmp_path / "b").mkdir()
+    for path, sides in ((tmp_path / "e2e-bert-b8.json", {"eager_ms": 5.0, "accelc_ms": 2.0}),
+                        (tmp_path / "b" / "e2e-bert-b8.json", {"compile_max_ms": 4.0})):
+        path.write_text(json.dumps({"environment": env, "row": dict(row, **sides)}))
+    e2e.merge(tmp_path, tmp_path / "out")
+    (tmp_path / "e2e-merged.json").write_text((tmp_path / "out" / next(
+        p.name for p in (tmp_path / "out").iterdir() if p.suffix == ".json")).read_text())
+    e2e.merge(tmp_path, tmp_path / "out2")
+    md = next((tmp_path / "out2").glob("*.md")).read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| bert"))
+    assert "| 5.000 |" in line and "| 4.000 |" in line and "| 2.000 |" in line and "2.00x" in line, line
