@@ -1,5 +1,6 @@
-"""FlashAttention forward, fp16, on the GPU: accelc::flash_attention against
-F.scaled_dot_product_attention with the FLASH_ATTENTION and CUDNN_ATTENTION backends, and the naive
+"""FlashAttention forward, fp16 (or --dtype bf16 / fp32), on the GPU: accelc::flash_attention against
+F.scaled_dot_product_attention with the FLASH_ATTENTION, CUDNN_ATTENTION and EFFICIENT_ATTENTION
+backends (the first two take no fp32: their columns say n/a there), and the naive
 eager form softmax(q @ k^T * scale + mask) @ v. The issue's long-sequence shapes and the real
 models' (ViT-B, BERT-base with its key padding mask, GPT-2 causal), q / k / v as the models make
 them where that matters: BERT's are (B, L, H, D) memory viewed as (B, H, L, D).
@@ -12,7 +13,9 @@ warp-specialized Gluon kernel's candidates (kernels/attention_hopper.py) beside 
 the fastest of each family by tuning time is then timed forced in the same rounds ("accelc tl",
 "accelc Gluon"), next to the race's pick ("accelc").
 
-    python bench/attention.py [--out bench/results] [--only random,vit,bert,gpt2]
+    python bench/attention.py [--out bench/results] [--only random,vit,bert,gpt2] [--dtype fp16|bf16|fp32]
+
+(fp32 writes attention-fp32-<device>.md: the tl kernel only, the Gluon one being fp16 / bf16.)
 """
 from __future__ import annotations
 
@@ -64,16 +67,19 @@ def naive(q, k, v, causal, mask):
     return fn
 
 
-def inputs(B, H, S, D, what):
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def inputs(B, H, S, D, what, dtype=torch.float16):
     """q, k, v and the additive mask (or None) of a case."""
     if what == "bert":   # one (B, S, 3, H, D) projection output viewed per head, a padded batch
-        qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.float16)
+        qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=dtype)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        mask = torch.zeros(B, 1, 1, S, device="cuda", dtype=torch.float16)
+        mask = torch.zeros(B, 1, 1, S, device="cuda", dtype=dtype)
         for b in range(B):
-            mask[b, ..., S - 24 * b:] = torch.finfo(torch.float16).min    # 0 to 168 padded tokens
+            mask[b, ..., S - 24 * b:] = torch.finfo(dtype).min    # 0 to 168 padded tokens
         return q, k, v, mask
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
     return q, k, v, None
 
 
@@ -97,6 +103,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--only", default="", help="case names (random, vit, bert, gpt2) to run, comma-separated")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="fp16")
     args = ap.parse_args()
     env = _common.environment()
     print(_common.env_line(env))
@@ -104,10 +111,11 @@ def main():
     for B, H, S, D, causal, what in CASES:
         if args.only and (what or "random") not in args.only.split(","):
             continue
-        q, k, v, mask = inputs(B, H, S, D, what)
+        q, k, v, mask = inputs(B, H, S, D, what, DTYPES[args.dtype])
         variants = {
             "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION, q, k, v, causal, mask),
             "sdpa_cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, mask),
+            "sdpa_efficient": sdpa_with(SDPBackend.EFFICIENT_ATTENTION, q, k, v, causal, mask),
             "naive_eager": naive(q, k, v, causal, mask),
             "accelc": lambda: torch.ops.accelc.flash_attention(q, k, v, mask, causal),
         }
@@ -150,7 +158,7 @@ def main():
                 row[kind]["rel_l2_vs_fp32"] = float(f"{err:.2e}")
                 row[f"{kind}_vs_cudnn"] = (_common.speedup(row, kind, "sdpa_cudnn")[0]
                                            if "sdpa_cudnn" in variants else None)
-        for base in ("sdpa_flash", "sdpa_cudnn", "naive_eager"):
+        for base in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive_eager"):
             if base in variants:
                 row[f"speedup_vs_{base}"] = _common.speedup(row, "accelc", base)[0]
         print(f"  {B}x{H}x{S}x{D} causal={causal} {what}: " + ", ".join(
@@ -174,16 +182,18 @@ def main():
     def x(v):
         return f"{v:.2f}x" if v is not None else "n/a"
 
-    header = ["B, H, S, D", "case", "causal", "SDPA flash", "SDPA cuDNN", "naive eager", "accelc",
-              "accelc / SDPA flash", "accelc / cuDNN", "accelc / naive", "accelc config", "autotune spread",
+    header = ["B, H, S, D", "case", "causal", "SDPA flash", "SDPA cuDNN", "SDPA efficient", "naive eager", "accelc",
+              "accelc / SDPA flash", "accelc / cuDNN", "accelc / SDPA efficient", "accelc / naive", "accelc config",
+              "autotune spread",
               "accelc tl", "accelc Gluon", "tl / cuDNN", "Gluon / cuDNN", "Gluon config"]
     table = [[f"{r['B']}, {r['H']}, {r['S']}, {r['D']}", r["case"] + (" + padding mask" if r["mask"] else ""),
-              r["causal"], cell(r, "sdpa_flash"), cell(r, "sdpa_cudnn"), cell(r, "naive_eager"), cell(r, "accelc")]
+              r["causal"], cell(r, "sdpa_flash"), cell(r, "sdpa_cudnn"), cell(r, "sdpa_efficient"),
+              cell(r, "naive_eager"), cell(r, "accelc")]
              + [f"{r[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in r else "n/a"
-                for b in ("sdpa_flash", "sdpa_cudnn", "naive_eager")]
+                for b in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive_eager")]
              + [cfg(r), _common.spread_cell(r.get("spread")), cell(r, "accelc_tl"), cell(r, "accelc_gluon"),
                 x(r.get("accelc_tl_vs_cudnn")), x(r.get("accelc_gluon_vs_cudnn")), gluon_cfg(r)] for r in rows]
-    md = (f"# accelc::flash_attention forward, fp16\n\n{_common.env_line(env)}\n\n"
+    md = (f"# accelc::flash_attention forward, {args.dtype}\n\n{_common.env_line(env)}\n\n"
           f"Median over captured CUDA graphs, {ROUNDS} interleaved rounds; speedup = other / accelc, median "
           "of per-round ratios (> 1: accelc faster). FLOPs 4*B*H*S*S*D, halved when causal; % of the "
           "dense fp16 peak. vit / bert / gpt2: the shapes of ViT-B/16 at batch 32, BERT-base at 8 x 384 "
@@ -192,9 +202,10 @@ def main():
           "fastest - slowest candidate as the tuner timed them. accelc tl / accelc Gluon: the fastest candidate "
           "of each kernel by tuning time, forced, timed in the same rounds (Gluon: the warp-specialized "
           "kernels/attention_hopper.py: rows a CTA (64 a softmax warpgroup), keys a step, K / V ring slots; "
-          "turns: the softmax warpgroups issue their MMAs in turns, FA3's ping-pong).\n\n"
-          + _common.md_table(header, table))
-    _common.write(args.out, "attention", env, rows, md)
+          "turns: the softmax warpgroups issue their MMAs in turns, FA3's ping-pong)."
+          + ("" if args.dtype == "fp16" else f" The inputs are {args.dtype}; the % is still of the fp16 peak.")
+          + "\n\n" + _common.md_table(header, table))
+    _common.write(args.out, "attention" if args.dtype == "fp16" else f"attention-{args.dtype}", env, rows, md)
     print()
     print(md)
 
