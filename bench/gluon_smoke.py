@@ -36,8 +36,8 @@ if sys.argv[2] == "attention":
 elif sys.argv[2] == "control":
     sys.path.insert(0, sys.argv[-1])
     import gluon_ws_control
-    cfg = "warp_specialize control (two 4-warp partitions, no shared memory)"
-    out, ref = gluon_ws_control.run()
+    cfg = f"warp_specialize control ({1 + 2 * i} worker partition(s) of 4 warps, no shared memory)"
+    out, ref = gluon_ws_control.run(workers=1 + 2 * i)
 else:
     cfg = gemm.GLUON_CONFIGS[i]
     x = torch.randn(1000, 768, device="cuda", dtype=torch.float16)
@@ -58,7 +58,7 @@ def main() -> int:
     ap.add_argument("--wrap", default="", help="a command each child runs under, e.g. compute-sanitizer's")
     args = ap.parse_args()
     from accelc.kernels import flash_attention, gemm
-    n = 1 if args.kernel == "control" else len((flash_attention if args.kernel == "attention" else gemm).GLUON_CONFIGS)
+    n = 2 if args.kernel == "control" else len((flash_attention if args.kernel == "attention" else gemm).GLUON_CONFIGS)
     def child(i):
         cmd = [sys.executable, "-c", CHILD, str(i), args.kernel] + (["wrapped"] if args.wrap else []) + [
             str(Path(__file__).resolve().parent)]
