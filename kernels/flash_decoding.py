@@ -10,6 +10,10 @@ Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023), two ke
      row sum and unnormalised accumulator to fp32 scratch;
   2. _combine_kernel, one program per (batch, K/V head): rescales the splits to the common max and
      divides, writing out in flash_attention's layout.
+`paged` runs the same two kernels over a paged KV cache (vLLM's PagedAttention, in
+flash_attn_with_kvcache's layout): each key's row found through the sequence's block table, each
+sequence's keys ending at its own length (a ragged batch reads no padding); not yet used by
+accelc.generation, whose cache is static.
 The number of splits fills the SMs (about two programs an SM), each split a whole number of key
 blocks. With a boolean mask, a key block no query row of the tile attends (a static cache's slots
 past the current length, a left pad) is skipped before its K/V are read: it cannot change the
@@ -55,12 +59,16 @@ def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr,
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr,
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, table_ptr, lens_ptr,
                   Hkv, GROUP, L, S, KEYS_PER_SPLIT, qk_scale,
                   stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                   stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mm, stride_mn,
+                  stride_tb,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_KIND: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+                  MASK_KIND: tl.constexpr, DOT_IN_FP32: tl.constexpr, PAGE: tl.constexpr = 0):
+    # PAGE > 0: a paged cache (flash_attn_with_kvcache's layout): k / v are (blocks, PAGE, Hkv, D), the
+    # b-th sequence's key p in block table[b, p // PAGE] at row p % PAGE (stride_kb / stride_vb: a
+    # block's stride, stride_kn / stride_vn: a row's), and its keys end at lens[b]
     split = tl.program_id(0)
     bh = tl.program_id(1)
     splits = tl.num_programs(0)
@@ -74,8 +82,13 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr,
     d_ok = offs_d < HEAD_DIM
     q = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + pos[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-    k_base = k_ptr + b * stride_kb + hk * stride_kh
-    v_base = v_ptr + b * stride_vb + hk * stride_vh
+    if PAGE > 0:
+        k_base = k_ptr + hk * stride_kh
+        v_base = v_ptr + hk * stride_vh
+        S = tl.minimum(S, tl.load(lens_ptr + b))
+    else:
+        k_base = k_ptr + b * stride_kb + hk * stride_kh
+        v_base = v_ptr + b * stride_vb + hk * stride_vh
     m_rows = mask_ptr + b * stride_mb + h * stride_mh + pos * stride_mm          # (BLOCK_M,) pointers
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -93,9 +106,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr,
         else:
             attended = True
         if attended:        # a block no row attends is not read (see the module docstring)
-            kt = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+            if PAGE > 0:    # each key's row: its block (from the table) x the block's stride + its row in it
+                blk = tl.load(table_ptr + b * stride_tb + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+                k_row = blk * stride_kb + (offs_n % PAGE) * stride_kn
+                v_row = blk * stride_vb + (offs_n % PAGE) * stride_vn
+            else:
+                k_row = offs_n * stride_kn
+                v_row = offs_n * stride_vn
+            kt = tl.load(k_base + k_row[None, :] + offs_d[:, None] * stride_kd,
                          mask=d_ok[:, None] & n_ok[None, :], other=0.0)            # (BLOCK_D, BLOCK_N)
-            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+            v = tl.load(v_base + v_row[:, None] + offs_d[None, :] * stride_vd,
                         mask=n_ok[:, None] & d_ok[None, :], other=0.0)             # (BLOCK_N, BLOCK_D)
             if DOT_IN_FP32:
                 qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
@@ -108,6 +128,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr,
             elif MASK_KIND == 2:
                 qk = tl.where(keep, qk, float("-inf"))
             qk = tl.where(n_ok[None, :], qk, float("-inf"))
+            if PAGE > 0:    # the new positions among themselves, causal: position pos sees keys < S - (L - 1 - pos)
+                qk = tl.where(offs_n[None, :] < (S - (L - 1 - pos))[:, None], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(qk - m_sub[:, None])
@@ -188,10 +210,66 @@ def launch(q, k, v, mask_t, has_mask: bool, qk_scale: float, empty_nan: bool, ou
     dot32 = interpreted and q.dtype == torch.bfloat16
     with runtime.device_guard(q):
         _split_kernel[(splits, B * Hkv)](
-            q, k, v, mask_t, acc, ml, Hkv, group, L, S, per, qk_scale,
-            *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)),
+            q, k, v, mask_t, acc, ml, q, q, Hkv, group, L, S, per, qk_scale,
+            *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)), 0,
             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=kind, DOT_IN_FP32=dot32,
             num_warps=4, num_stages=2)
         _combine_kernel[(B * Hkv,)](acc, ml, out, Hkv, group, L, splits, *out.stride(),
                                     HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, EMPTY_NAN=bool(empty_nan),
                                     num_warps=4)
+
+
+def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+          seq_lens: torch.Tensor, scale: float | None = None, empty_nan: bool = False) -> torch.Tensor:
+    """Decode attention over a paged KV cache (vLLM's PagedAttention; flash_attn_with_kvcache's
+    layout): q (B, H, L, D) for L <= MAX_QUERIES new positions, k_cache / v_cache (blocks, page, Hkv, D)
+    shared by every sequence, block_table (B, pages) int32 naming sequence b's blocks in order,
+    seq_lens (B,) its keys (the new positions' included, already written to the cache). The new
+    positions are the sequence's last L: each attends to the keys up to itself (causal among them, as
+    drafted tokens are checked); keys past a
+    sequence's length are never read, so a batch of ragged lengths does no work on padding. fp16 /
+    bf16; GQA as flash_attention's. Returns (B, H, L, D). The table's entries and the lengths are the
+    caller's contract, as vLLM's: checking them would cost a host sync a step (a length past the
+    table's pages reads its pages only)."""
+    B, H, L, D = q.shape
+    blocks, page, Hkv, Dk = k_cache.shape
+    why = None
+    if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        why = f"q, k_cache and v_cache must be one of fp16 / bf16 (got {q.dtype}, {k_cache.dtype}, {v_cache.dtype})"
+    elif v_cache.shape != k_cache.shape or Dk != D or H % Hkv:
+        why = (f"k_cache and v_cache must be (blocks, page, Hkv, {D}) alike, Hkv dividing q's {H} heads "
+               f"(got {tuple(k_cache.shape)}, {tuple(v_cache.shape)})")
+    elif block_table.dim() != 2 or block_table.shape[0] != B or seq_lens.shape != (B,):
+        why = (f"block_table must be (B={B}, pages) and seq_lens (B,) "
+               f"(got {tuple(block_table.shape)}, {tuple(seq_lens.shape)})")
+    elif page & (page - 1) or L > MAX_QUERIES or (H // Hkv) * L > MAX_ROWS:
+        why = (f"the page size must be a power of two and at most {MAX_QUERIES} query positions, "
+               f"{MAX_ROWS} rows a K/V head (got page {page}, {L} positions, {(H // Hkv) * L} rows)")
+    elif k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        why = "k_cache and v_cache must have their head dim contiguous"
+    if why:
+        raise ValueError(f"flash_decoding.paged: {why}")
+    S = block_table.shape[1] * page
+    out = torch.empty_like(q)
+    interpreted = runtime.interpreted()
+    block_m = max(16, triton.next_power_of_2((H // Hkv) * L))
+    block_d = triton.next_power_of_2(D)
+    block_n = _block_n(interpreted)
+    sms = 4 if interpreted else sm_count(q.device.index or 0)
+    splits, per = plan(B, Hkv, S, sms, block_n)
+    acc = torch.empty((B * Hkv * splits, block_m, block_d), dtype=torch.float32, device=q.device)
+    ml = torch.empty((B * Hkv * splits, 2, block_m), dtype=torch.float32, device=q.device)
+    table = block_table.to(torch.int32).contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    scale = scale if scale is not None else D ** -0.5
+    with runtime.device_guard(q):
+        _split_kernel[(splits, B * Hkv)](
+            q, k_cache, v_cache, q, acc, ml, table, lens, Hkv, H // Hkv, L, S, per, scale * 1.4426950408889634,
+            *q.stride(), k_cache.stride(0), k_cache.stride(2), k_cache.stride(1), k_cache.stride(3),
+            v_cache.stride(0), v_cache.stride(2), v_cache.stride(1), v_cache.stride(3), 0, 0, 0, 0, table.stride(0),
+            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=0,
+            DOT_IN_FP32=interpreted and q.dtype == torch.bfloat16, PAGE=page, num_warps=4, num_stages=2)
+        _combine_kernel[(B * Hkv,)](acc, ml, out, Hkv, H // Hkv, L, splits, *out.stride(),
+                                    HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, EMPTY_NAN=bool(empty_nan),
+                                    num_warps=4)
+    return out
