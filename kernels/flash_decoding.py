@@ -192,6 +192,21 @@ def plan(B: int, Hkv: int, S: int, sms: int, block_n: int) -> tuple[int, int]:
     return triton.cdiv(S, per), per
 
 
+def _tiles(q, Hkv: int, S: int) -> tuple:
+    """(BLOCK_M, BLOCK_D, BLOCK_N, splits, keys per split, the fp32 accumulator scratch, the row max /
+    sum scratch) of a decode call: q (B, H, L, D) over Hkv K/V heads of S keys."""
+    B, H, L, D = q.shape
+    interpreted = runtime.interpreted()
+    block_m = max(16, triton.next_power_of_2((H // Hkv) * L))
+    block_d = triton.next_power_of_2(D)
+    block_n = _block_n(interpreted)
+    sms = 4 if interpreted else sm_count(q.device.index or 0)
+    splits, per = plan(B, Hkv, S, sms, block_n)
+    acc = torch.empty((B * Hkv * splits, block_m, block_d), dtype=torch.float32, device=q.device)
+    ml = torch.empty((B * Hkv * splits, 2, block_m), dtype=torch.float32, device=q.device)
+    return block_m, block_d, block_n, splits, per, acc, ml
+
+
 def launch(q, k, v, mask_t, has_mask: bool, qk_scale: float, empty_nan: bool, out) -> None:
     """Decode attention into `out` (flash_attention's checks and layout already done; mask_t the
     mask expanded to (B, H, L, S), or q when there is none; qk_scale the softmax scale x log2(e))."""
@@ -199,13 +214,7 @@ def launch(q, k, v, mask_t, has_mask: bool, qk_scale: float, empty_nan: bool, ou
     Hkv, S = k.shape[1], k.shape[2]
     group = H // Hkv
     interpreted = runtime.interpreted()
-    block_m = max(16, triton.next_power_of_2(group * L))
-    block_d = triton.next_power_of_2(D)
-    block_n = _block_n(interpreted)
-    sms = 4 if interpreted else sm_count(q.device.index or 0)
-    splits, per = plan(B, Hkv, S, sms, block_n)
-    acc = torch.empty((B * Hkv * splits, block_m, block_d), dtype=torch.float32, device=q.device)
-    ml = torch.empty((B * Hkv * splits, 2, block_m), dtype=torch.float32, device=q.device)
+    block_m, block_d, block_n, splits, per, acc, ml = _tiles(q, Hkv, S)
     kind = 0 if not has_mask else 2 if mask_t.dtype == torch.bool else 1
     dot32 = interpreted and q.dtype == torch.bfloat16
     with runtime.device_guard(q):
@@ -252,13 +261,7 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_t
     S = block_table.shape[1] * page
     out = torch.empty_like(q)
     interpreted = runtime.interpreted()
-    block_m = max(16, triton.next_power_of_2((H // Hkv) * L))
-    block_d = triton.next_power_of_2(D)
-    block_n = _block_n(interpreted)
-    sms = 4 if interpreted else sm_count(q.device.index or 0)
-    splits, per = plan(B, Hkv, S, sms, block_n)
-    acc = torch.empty((B * Hkv * splits, block_m, block_d), dtype=torch.float32, device=q.device)
-    ml = torch.empty((B * Hkv * splits, 2, block_m), dtype=torch.float32, device=q.device)
+    block_m, block_d, block_n, splits, per, acc, ml = _tiles(q, Hkv, S)
     table = block_table.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
     scale = scale if scale is not None else D ** -0.5
