@@ -382,7 +382,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
                     MASK_ROW=mask is not None and mask_t.stride(2) == 0,
-                    IS_CAUSAL=bool(is_causal), FMA_SOFTMAX=_scale(q, scale) >= 0, DOT_IN_FP32=runtime.interpreted() and q.dtype == torch.bfloat16,
+                    IS_CAUSAL=bool(is_causal), FMA_SOFTMAX=_scale(q, scale) >= 0, DOT_IN_FP32=flash_decoding.dot_in_fp32(q),
                     QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted(), EMPTY_NAN=bool(empty_nan),
                     INPUT_PRECISION="tf32" if tf32 else "ieee")
 

@@ -213,19 +213,27 @@ def launch(q, k, v, mask_t, has_mask: bool, qk_scale: float, empty_nan: bool, ou
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     group = H // Hkv
-    interpreted = runtime.interpreted()
     block_m, block_d, block_n, splits, per, acc, ml = _tiles(q, Hkv, S)
     kind = 0 if not has_mask else 2 if mask_t.dtype == torch.bool else 1
-    dot32 = interpreted and q.dtype == torch.bfloat16
     with runtime.device_guard(q):
         _split_kernel[(splits, B * Hkv)](
             q, k, v, mask_t, acc, ml, q, q, Hkv, group, L, S, per, qk_scale,
             *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)), 0,
-            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=kind, DOT_IN_FP32=dot32,
+            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=kind, DOT_IN_FP32=dot_in_fp32(q),
             num_warps=4, num_stages=2)
-        _combine_kernel[(B * Hkv,)](acc, ml, out, Hkv, group, L, splits, *out.stride(),
-                                    HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, EMPTY_NAN=bool(empty_nan),
-                                    num_warps=4)
+        _combine(acc, ml, out, Hkv, splits, block_m, block_d, empty_nan)
+
+
+def dot_in_fp32(q) -> bool:
+    """tl.dot's operands taken to fp32: Triton's CPU interpreter multiplies bf16 operands wrongly."""
+    return runtime.interpreted() and q.dtype == torch.bfloat16
+
+
+def _combine(acc, ml, out, Hkv: int, splits: int, block_m: int, block_d: int, empty_nan: bool) -> None:
+    """The splits' partial results reduced into out (B, H, L, D)."""
+    B, H, L, D = out.shape
+    _combine_kernel[(B * Hkv,)](acc, ml, out, Hkv, H // Hkv, L, splits, *out.stride(),
+                                HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, EMPTY_NAN=bool(empty_nan), num_warps=4)
 
 
 def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -260,7 +268,6 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_t
         raise ValueError(f"flash_decoding.paged: {why}")
     S = block_table.shape[1] * page
     out = torch.empty_like(q)
-    interpreted = runtime.interpreted()
     block_m, block_d, block_n, splits, per, acc, ml = _tiles(q, Hkv, S)
     table = block_table.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
@@ -271,8 +278,6 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_t
             *q.stride(), k_cache.stride(0), k_cache.stride(2), k_cache.stride(1), k_cache.stride(3),
             v_cache.stride(0), v_cache.stride(2), v_cache.stride(1), v_cache.stride(3), 0, 0, 0, 0, table.stride(0),
             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=0,
-            DOT_IN_FP32=interpreted and q.dtype == torch.bfloat16, PAGE=page, num_warps=4, num_stages=2)
-        _combine_kernel[(B * Hkv,)](acc, ml, out, Hkv, H // Hkv, L, splits, *out.stride(),
-                                    HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, EMPTY_NAN=bool(empty_nan),
-                                    num_warps=4)
+            DOT_IN_FP32=dot_in_fp32(q), PAGE=page, num_warps=4, num_stages=2)
+        _combine(acc, ml, out, Hkv, splits, block_m, block_d, empty_nan)
     return out

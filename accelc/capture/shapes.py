@@ -156,15 +156,8 @@ class InputShapes:
 
     def check(self, args: tuple) -> str | None:
         """Why a call's inputs are outside the ranges the user declared for a graph that records no
-        shapes (a free one: symbolic_trace), or None; and past a limit the model's config sets (cap:
-        checked here, before the program runs, whether or not its guards hold the bound). An
-        exported program's guards check the rest."""
-        for i, d in self.limits:
-            r = self.dims[i][d] if i < len(self.dims) and self.dims[i] and d < len(self.dims[i]) else None
-            a = args[i] if i < len(args) else None
-            if isinstance(r, DimRange) and r.hi is not None and isinstance(a, torch.Tensor) and a.dim() > d \
-                    and a.shape[d] > r.hi:
-                return self.refusal(f"Guard failed: {self.names[i]}.size()[{d}] <= {r.hi}", args)
+        shapes (a free one: symbolic_trace), or None. (An exported program's guards check its own,
+        the limits the model's config sets included: export_dims gives them to export.)"""
         if not self.free or not isinstance(self.declared, tuple):
             return None
         for name, ranges, a in zip(self.names, self.declared, args):
@@ -245,8 +238,8 @@ class InputShapes:
             row = self.dims[i] if i < len(self.dims) else None
             for d, (most, why) in dims.items():
                 r = row[d] if row is not None and d < len(row) else None
-                if not isinstance(r, DimRange):
-                    continue
+                if not isinstance(r, DimRange) or (r.hi is not None and r.hi < most):
+                    continue    # export found a tighter end: its words stand
                 self.limits[(i, d)] = why
                 if r.hi is None or r.hi > most:
                     new = DimRange(r.lo, most, r.sym)
@@ -338,18 +331,16 @@ def position_limits(model, names: tuple) -> dict:
     return out
 
 
-def export_dims(a, limit: dict | None):
-    """torch.export's spec of one input for dynamic=True: every dim Dim.AUTO, with a max where the
-    model's config ends it (where this torch's Dim.AUTO takes bounds; capture caps the range after)."""
-    if not isinstance(a, torch.Tensor):
+def export_dims(a, bounds: dict | None, every: bool):
+    """torch.export's spec of one input: Dim.AUTO on every dim (every: dynamic=True; export fixes the
+    ones the model pins) or on the dims `bounds` names only (ranges a user declared, the others
+    fixed), each dim in `bounds` ({dim: (lo, hi)}, None: no end) with its bounds."""
+    if not isinstance(a, torch.Tensor) or not (every or bounds):
         return None
-    spec = {i: torch.export.Dim.AUTO for i in range(a.dim())}
-    for d, (most, _) in (limit or {}).items():
+    spec = {d: torch.export.Dim.AUTO for d in range(a.dim())} if every else {}
+    for d, (lo, hi) in (bounds or {}).items():
         if d < a.dim():
-            try:
-                spec[d] = torch.export.Dim.AUTO(max=most)
-            except TypeError:
-                pass
+            spec[d] = torch.export.Dim.AUTO(min=lo, max=hi)
     return spec
 
 

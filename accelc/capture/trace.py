@@ -194,9 +194,10 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
     failure = ""
     for example_args, example_kwargs in examples:
         if dynamic is True:
-            specs = tuple(export_dims(a, limits.get(i)) for i, a in enumerate((*example_args, *example_kwargs.values())))
+            specs = tuple(export_dims(a, {d: (None, most) for d, (most, _) in limits.get(i, {}).items()}, True)
+                          for i, a in enumerate((*example_args, *example_kwargs.values())))
         else:
-            specs = tuple(_declared(d, a, i) for i, (d, a) in enumerate(zip(dynamic, values)))
+            specs = tuple(export_dims(a, d, False) for d, a in zip(dynamic, values))
         if _takes_varargs(model) and not example_kwargs:
             specs = (specs,)    # a forward(*xs) (flat_module's): one entry, the tuple the varargs bind
         try:
@@ -271,18 +272,6 @@ def _check_declared(spec, declared, flat) -> None:
             if not lo <= a.shape[d] <= (hi if hi is not None else a.shape[d]):
                 raise InputError(f"the example's {name} dim {d} is {a.shape[d]}, outside the range {lo}..{hi} "
                                  "declared for it (dynamic=): give an example inside the range")
-
-
-def _declared(ranges, a, i):
-    """torch.export's spec of input i for the ranges a user declared ({dim: (lo, hi)}; None: fixed).
-    Dim.AUTO with bounds where this torch has it (export then ties dims that must be equal, a batch
-    dim across inputs); named Dims before."""
-    if not ranges or not isinstance(a, torch.Tensor):
-        return None
-    try:
-        return {d: torch.export.Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in ranges.items()}
-    except TypeError:
-        return {d: torch.export.Dim(f"in{i}_dim{d}", min=lo, max=hi) for d, (lo, hi) in ranges.items()}
 
 
 def _takes_varargs(model: nn.Module) -> bool:
