@@ -299,3 +299,26 @@ def test_the_summary_states_greedy_decodings_speed_where_optimize_measured_it():
     assert "measured at optimize on the example prompt (2 x 6, greedy): first token" in line
     rate = float(line.rsplit("decode ", 1)[1].split(" tokens/s")[0])
     assert rate > 0
+
+
+def test_optimize_warms_up_the_decode_step_too(monkeypatch):
+    """On a GPU optimize captures the step program's graphs for the prompt (its example) and for a
+    decode step (the call a generation makes all but once), so that the decode step's glue is the
+    one compiled for its shapes (runner.CompiledGlue.specialize), not the dynamic one; the model's
+    own program warms up its example only. Here the GPU's branch is taken with warm_up recorded."""
+    import types
+
+    from accelc import api, generation
+    from accelc.optimized import OptimizedModule
+
+    warmed = []
+    shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
+    shim.can_time = lambda device: True          # api's view only: the guard does not time here
+    monkeypatch.setattr(api, "runtime", shim)
+    monkeypatch.setattr(OptimizedModule, "warm_up",
+                        lambda self, inputs: warmed.append(tuple(tuple(t.shape) for t in inputs)))
+    monkeypatch.setattr(generation.OptimizedLM, "note_speed", lambda self, ids, mask: None)
+    _optimize(_lm("llama"), max_cache_len=32)
+    assert warmed == [((2, 6), (2, 6)),                           # the model's program: its example
+                      ((2, 6), (2, 32), (2, 6), ()),              # the step: the prompt,
+                      ((2, 1), (2, 32), (2, 1), ())]              # and a decode step
