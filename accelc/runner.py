@@ -164,7 +164,9 @@ class Runner:
 
     def warm_up(self, *args, **kwargs) -> None:
         """Capture the graph of these inputs' bucket (or exact signature) now, its glue compiled
-        for its shapes where the glue takes every shape (CompiledGlue.specialize)."""
+        for its shapes where the glue takes every shape (CompiledGlue.specialize; at a call, only the
+        first signature captured is: a runner made at a call, after .to() or accelc.load, gets it
+        for its first shape as optimize's runner gets it for the example's)."""
         with torch.no_grad():
             if not self.cuda_graphs:
                 self.fn(*args, **kwargs)
@@ -173,8 +175,6 @@ class Runner:
                 sizes = self.padding.sizes(args)
                 if sizes is not None:
                     args = self.padding.pad(args, self.padding.target(sizes))
-            if hasattr(self.fn, "specialize") and signature_or_none(args, kwargs) not in self.entries:
-                self.fn.specialize(args, kwargs)
             self._call(args, kwargs, None, force=True)
 
     def _call(self, args, kwargs, sizes, force):
@@ -193,6 +193,8 @@ class Runner:
         with self._lock:
             entry, fresh = self.entries.get(key), False
             if entry is None and (force or self._due(key)):
+                if (force or not self.captures) and hasattr(self.fn, "specialize"):
+                    self.fn.specialize(args, kwargs)
                 entry, fresh = self._record(key, args, kwargs), True
             elif entry is not None:
                 self.entries.move_to_end(key)
@@ -380,7 +382,8 @@ class CompiledGlue:
     compiled for exactly those inputs' shapes (static: Inductor's kernels and their launch sizes
     fixed, as a one-shape model gets them; GPT-2 at 4 x 1024 tokens ran 7% slower on the dynamic
     glue alone, H100), which calls with that signature then run. The Runner specializes the
-    shapes captured at optimize time (the example's, the warm-up shapes), at most STATIC_GLUE."""
+    shapes it warms up (at optimize time: the example's, a decode step's, the warm-up shapes) and
+    the first one it captures at a call, at most STATIC_GLUE."""
 
     def __init__(self, gm: fx.GraphModule, plain: Callable, dynamic: bool = False):
         self.gm, self.plain, self.dynamic = gm, plain, dynamic
@@ -417,7 +420,7 @@ class CompiledGlue:
             return self.failed
         if self.static:
             return (f"glue compiled for dynamic shapes, and for static ones at {len(self.static)} shape(s) "
-                    "captured at optimize time")
+                    "(those warmed up, or the first captured)")
         return ""
 
 

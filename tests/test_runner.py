@@ -250,11 +250,17 @@ def test_dynamic_glue_is_also_compiled_static_for_the_shapes_warmed_up(monkeypat
     y = torch.randn(3, 8)
     assert torch.equal(r(y), gm(y)) and compiles[0].calls > 0 and compiles[1].calls == 2   # the dynamic one
     assert torch.equal(r(x), gm(x)) and compiles[1].calls == 3
-    assert "static ones at 1 shape" in r.status()
+    assert "static ones at 1 shape(s)" in r.status()
     r.warm_up(x)                                                        # captured already: nothing more
     for n in range(2, 2 + runner.STATIC_GLUE + 2):
         r.warm_up(torch.randn(n * 8, 8))
     assert sum(not c.dynamic for c in compiles) == runner.STATIC_GLUE
+    # a runner made at a call (after .to(), accelc.load): its first captured shape gets one, no other
+    del compiles[:]
+    lazy = runner.Runner(runner.CompiledGlue(gm, gm, dynamic=True), cuda_graphs=True, capture=Captures())
+    lazy(x)
+    lazy(y)
+    assert [c.dynamic for c in compiles] == [True, False] and compiles[1].calls == 2
     glue_static = runner.CompiledGlue(gm, gm, dynamic=False)
     assert not glue_static.specialize((x,), {}) and compiles[-1].dynamic is False and len(glue_static.static) == 0
 
