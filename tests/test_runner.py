@@ -246,6 +246,8 @@ def test_dynamic_glue_is_also_compiled_static_for_the_shapes_warmed_up(monkeypat
     r.warm_up(x)
     assert [c.dynamic for c in compiles] == [True, False] and compiles[1].gm is not gm
     assert compiles[1].gm.forward.__code__ is not gm.forward.__code__   # its own Dynamo cache
+    assert compiles[1].gm.get_submodule("0").weight is gm.get_submodule("0").weight   # the same weights and
+    # buffers, not copies: a step program's in-place cache writes reach the one cache
     assert compiles[1].calls == 2 and compiles[0].calls == 0    # the (fake) capture and its first replay
     y = torch.randn(3, 8)
     assert torch.equal(r(y), gm(y)) and compiles[0].calls > 0 and compiles[1].calls == 2   # the dynamic one
