@@ -39,7 +39,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
 from accelc.kernels import flash_decoding, gemm
-from accelc.kernels.flash_decoding import log2_units, softmax_update
+from accelc.kernels.flash_decoding import LOG2E, log2_units, softmax_scale, softmax_update
 from accelc.kernels.quantize import quantize_ref, rint
 from accelc.tuning import CompiledCall, Tuner, check_once
 
@@ -374,7 +374,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
             call(_args(kw, q, k, v, mask_t, out, mask is not None, scale), q.device.index or 0)
             return
         if flash_decoding.takes(q, k, is_causal, qk_int8):    # a decode step: split over the keys
-            flash_decoding.launch(q, k, v, mask_t, mask is not None, _scale(q, scale) * 1.4426950408889634,
+            flash_decoding.launch(q, k, v, mask_t, mask is not None, softmax_scale(q, scale) * LOG2E,
                                   empty_nan, out)
             return
         use_tma = D <= 128 and not fp32 and tma_ok(q, k, v)
@@ -382,7 +382,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
                     MASK_ROW=mask is not None and mask_t.stride(2) == 0,
-                    IS_CAUSAL=bool(is_causal), FMA_SOFTMAX=_scale(q, scale) >= 0, DOT_IN_FP32=flash_decoding.dot_in_fp32(q),
+                    IS_CAUSAL=bool(is_causal), FMA_SOFTMAX=softmax_scale(q, scale) >= 0, DOT_IN_FP32=flash_decoding.dot_in_fp32(q),
                     QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted(), EMPTY_NAN=bool(empty_nan),
                     INPUT_PRECISION="tf32" if tf32 else "ieee")
 
@@ -392,7 +392,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
                 return _hopper().attention_ws_kernel, dict(
                     MASK_KIND=meta["MASK_KIND"], MASK_ROW=meta["MASK_ROW"], IS_CAUSAL=meta["IS_CAUSAL"],
                     EMPTY_NAN=meta["EMPTY_NAN"], STAGES=kw["STAGES"], PINGPONG=kw["PINGPONG"],
-                    FOLD=meta["MASK_KIND"] == 0 and _scale(q, scale) > 0,
+                    FOLD=meta["MASK_KIND"] == 0 and softmax_scale(q, scale) > 0,
                     CONSUMERS=kw["CONSUMERS"], SOFTMAX_REGS=kw["SOFTMAX_REGS"], LOAD_REGS=kw["LOAD_REGS"],
                     num_warps=kw["num_warps"], maxnreg=kw["maxnreg"])
             return _flash_fwd_kernel, dict(meta, **kw)
@@ -441,17 +441,13 @@ def _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, 
                     out[b:b + 1, heads], allow_tf32)
 
 
-def _scale(q, scale) -> float:
-    return scale if scale is not None else q.shape[-1] ** -0.5
-
-
 def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
     """_flash_fwd_kernel's positional arguments for a config's kwargs: TMA descriptors (boxes
     of the config's rows and the padded head dim) where the config loads by TMA, else the tensors."""
     B, H, L, D = q.shape
     if kw.get("GLUON"):
         return (*_hopper().descriptors(q, k, v, kw["BLOCK_N"]), out, mask_t, H, H // k.shape[1], L, k.shape[2],
-                _scale(q, scale) * 1.4426950408889634, *out.stride()[:3],
+                softmax_scale(q, scale) * LOG2E, *out.stride()[:3],
                 *(mask_t.stride() if has_mask else (0, 0, 0, 0)))
     if kw["TMA"]:
         bd = triton.next_power_of_2(D)
@@ -459,7 +455,7 @@ def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
                  for t, rows in ((q, kw["BLOCK_M"]), (k, kw["BLOCK_N"]), (v, kw["BLOCK_N"]))]
     else:
         descs = [q, k, v]
-    return (q, k, v, mask_t, out, *descs, H, H // k.shape[1], L, k.shape[2], _scale(q, scale) * 1.4426950408889634,
+    return (q, k, v, mask_t, out, *descs, H, H // k.shape[1], L, k.shape[2], softmax_scale(q, scale) * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)), *out.stride())
 
 

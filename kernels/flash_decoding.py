@@ -30,6 +30,13 @@ import triton.language as tl
 from accelc import runtime
 from accelc.kernels.gemm import sm_count
 
+LOG2E = 1.4426950408889634     # the kernels' softmax runs in base 2: scores x log2(e), then exp2
+
+
+def softmax_scale(q, scale) -> float:
+    """The softmax scale of attention over q (B, H, L, D): the caller's, or 1 / sqrt(D)."""
+    return scale if scale is not None else q.shape[-1] ** -0.5
+
 MAX_ROWS = 64          # query rows of one K/V head (GROUP x L) this path takes
 MAX_QUERIES = 16       # query positions (a decode step's 1, a few drafted tokens) this path takes
 MIN_KEYS = 256         # keys below which one program a (batch, head) already has work enough
@@ -271,10 +278,9 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_t
     block_m, block_d, block_n, splits, per, acc, ml = _tiles(q, Hkv, S)
     table = block_table.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
-    scale = scale if scale is not None else D ** -0.5
     with runtime.device_guard(q):
         _split_kernel[(splits, B * Hkv)](
-            q, k_cache, v_cache, q, acc, ml, table, lens, Hkv, H // Hkv, L, S, per, scale * 1.4426950408889634,
+            q, k_cache, v_cache, q, acc, ml, table, lens, Hkv, H // Hkv, L, S, per, softmax_scale(q, scale) * LOG2E,
             *q.stride(), k_cache.stride(0), k_cache.stride(2), k_cache.stride(1), k_cache.stride(3),
             v_cache.stride(0), v_cache.stride(2), v_cache.stride(1), v_cache.stride(3), 0, 0, 0, 0, table.stride(0),
             HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=0,
