@@ -64,12 +64,18 @@ def direct_calls(gm: fx.GraphModule, table: dict | None = None) -> fx.GraphModul
     """A copy of gm whose accelc op nodes call their launchers directly (same arguments), or what
     `table` maps each op to (kernels.REFERENCES: the ops' PyTorch references)."""
     table = LAUNCHERS if table is None else table
-    direct = fx.GraphModule(gm, _copy_graph(gm.graph), class_name=type(gm).__name__)
+    direct = copy_module(gm)
     for n in direct.graph.nodes:
         if n.op == "call_function" and n.target in table:
             n.target = table[n.target]
     direct.recompile()
     return direct
+
+
+def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule over a copy of gm's graph, with its own forward code, sharing gm's weights,
+    buffers and submodules (not copies: in-place state updates reach the same tensors)."""
+    return fx.GraphModule(gm, _copy_graph(gm.graph), class_name=type(gm).__name__)
 
 
 def _copy_graph(graph: fx.Graph) -> fx.Graph:
@@ -194,7 +200,7 @@ class Runner:
             entry, fresh = self.entries.get(key), False
             if entry is None and (force or self._due(key)):
                 if (force or not self.captures) and hasattr(self.fn, "specialize"):
-                    self.fn.specialize(args, kwargs)
+                    self.fn.specialize(key)
                 entry, fresh = self._record(key, args, kwargs), True
             elif entry is not None:
                 self.entries.move_to_end(key)
@@ -391,16 +397,15 @@ class CompiledGlue:
         self.static: dict = {}       # signature -> gm compiled for exactly its shapes
         self.failed = ""
 
-    def specialize(self, args: tuple, kwargs: dict) -> bool:
-        """Compile (at the next call with them) the glue for exactly these inputs' shapes; False
-        where it is not done: a glue compiled for static shapes already, STATIC_GLUE shapes done."""
-        key = signature_or_none(args, kwargs)
-        if not self.dynamic or self.failed or key is None or len(self.static) >= STATIC_GLUE:
+    def specialize(self, key) -> bool:
+        """Compile (at the next call with it) the glue for exactly the shapes of signature `key`
+        (runner.signature's); False where it is not done: a glue compiled for static shapes
+        already, STATIC_GLUE shapes done."""
+        if not self.dynamic or self.failed or len(self.static) >= STATIC_GLUE:
             return False
         if key not in self.static:
             # a copy with its own forward code: Dynamo keeps its compiles per code object
-            self.static[key] = _inductor(fx.GraphModule(self.gm, _copy_graph(self.gm.graph),
-                                                        class_name=type(self.gm).__name__), False)
+            self.static[key] = _inductor(copy_module(self.gm), False)
         return True
 
     def __call__(self, *args, **kwargs):

@@ -264,7 +264,7 @@ def test_dynamic_glue_is_also_compiled_static_for_the_shapes_warmed_up(monkeypat
     lazy(y)
     assert [c.dynamic for c in compiles] == [True, False] and compiles[1].calls == 2
     glue_static = runner.CompiledGlue(gm, gm, dynamic=False)
-    assert not glue_static.specialize((x,), {}) and compiles[-1].dynamic is False and len(glue_static.static) == 0
+    assert not glue_static.specialize(runner.signature((x,), {})[0]) and compiles[-1].dynamic is False and len(glue_static.static) == 0
 
 
 def test_calls_from_several_threads_give_each_the_same_result():
