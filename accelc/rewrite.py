@@ -143,9 +143,10 @@ def add_constant(gm: fx.GraphModule, name: str, value: torch.Tensor, before: fx.
 @dataclass
 class Replacement:
     """What a rule's build returns: the call that replaces the match (and `absorbed`, further
-    nodes it takes over: an epilogue). kind "" marks a graph simplification that is not a layer
-    of its own (fold_bn): no Rewrite is recorded, the call stands for the first matched node and
-    names the others' modules in its layer name."""
+    nodes it takes over: an epilogue after it, the repeat of a grouped K/V before it). kind ""
+    marks a graph simplification that is not a layer of its own (fold_bn): no Rewrite is
+    recorded, the call stands for the first matched node and names the others' modules in its
+    layer name."""
     target: Callable
     args: tuple
     kwargs: dict = field(default_factory=dict)
@@ -202,13 +203,22 @@ def apply_rules(gm: fx.GraphModule, rules, ctx: PassContext) -> int:
                 meta.explain(m.anchor, reason)
                 continue
             rep = rule.build(m, ctx)
-            nodes = m.nodes + list(rep.absorbed)
+            nodes = _in_graph_order(gm, m.nodes + list(rep.absorbed))
             if rep.kind:
                 replace_group(gm, nodes, rep.target, rep.args, rep.kwargs, rep.kind, rep.kernel, rep.aux)
             else:
                 _simplify(gm, nodes, rep.target, rep.args, rep.kwargs)
             count += 1
     return count
+
+
+def _in_graph_order(gm: fx.GraphModule, nodes: list) -> list:
+    """The matched nodes and those a build absorbed (an epilogue after the match, the repeat of a
+    K/V before it), in the order the graph runs them (replace_group's and _extract's order)."""
+    if len(nodes) < 2:
+        return nodes
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return sorted(nodes, key=order.__getitem__)
 
 
 def _device_reason(m: Match) -> str | None:

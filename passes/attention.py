@@ -184,8 +184,94 @@ def _check_sdpa(m, ctx) -> str | None:
 
 def _build_sdpa(m, ctx) -> Replacement:
     mask, causal = m.input("mask"), bool(m.input("is_causal"))
-    return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, causal, m.input("scale")),
-                       _precision(m, ctx), kind="attention", kernel=_kernel_label(mask, causal))
+    k, v, repeats = _ungrouped(m)
+    return Replacement(FLASH, (m.input("q"), k, v, mask, causal, m.input("scale")),
+                       _precision(m, ctx), kind="attention", kernel=_kernel_label(mask, causal), absorbed=repeats)
+
+
+# the ops a K/V repeat is written with, as torch.export (aten) and fx's symbolic trace (torch
+# functions and tensor methods) capture them
+_OPS = {torch.ops.aten.unsqueeze.default: "unsqueeze", torch.unsqueeze: "unsqueeze",
+        torch.ops.aten.expand.default: "expand",
+        torch.ops.aten.reshape.default: "reshape", torch.ops.aten.view.default: "reshape",
+        torch.ops.aten._unsafe_view.default: "reshape", torch.reshape: "reshape",
+        torch.ops.aten.repeat_interleave.self_int: "repeat_interleave", torch.repeat_interleave: "repeat_interleave"}
+_METHODS = {"unsqueeze": "unsqueeze", "expand": "expand", "reshape": "reshape", "view": "reshape",
+            "repeat_interleave": "repeat_interleave"}
+
+
+def _op(n) -> str:
+    if not isinstance(n, fx.Node):
+        return ""
+    if n.op == "call_method":
+        return _METHODS.get(n.target, "")
+    if n.op == "call_function":
+        if n.target is operator.getitem and _new_axis_2(n.args[1] if len(n.args) > 1 else None):
+            return "unsqueeze"
+        return _OPS.get(n.target, "") if _hashable(n.target) else ""
+    return ""
+
+
+def _hashable(t) -> bool:
+    try:
+        hash(t)
+        return True
+    except TypeError:
+        return False
+
+
+def _new_axis_2(index) -> bool:
+    """x[:, :, None] (and x[:, :, None, :, :], x[:, :, None, ...]): a new axis at dim 2."""
+    if not isinstance(index, tuple) or len(index) < 3 or index[2] is not None:
+        return False
+    full = slice(None, None, None)
+    return index[0] == full and index[1] == full and all(i == full or i is Ellipsis for i in index[3:])
+
+
+def _arg(n: fx.Node, i: int, name: str):
+    return n.args[i] if len(n.args) > i else n.kwargs.get(name)
+
+
+def _ungrouped(m) -> tuple:
+    """(k, v, nodes) the kernel is given: where the match's K and V are both the K / V of fewer
+    heads repeated to the query's (grouped-query attention as HF's eager and SDPA paths write it,
+    repeat_kv), their sources and the repeats' nodes, which the layer takes over: the kernel reads
+    each K/V head once for its query group instead of a copy of the cache made per query head
+    (a decode step of TinyLlama's shape copied 8x its cache a layer). Else the match's K and V."""
+    k, v = m.input("k"), m.input("v")
+    gk, gv = _repeated_heads(k), _repeated_heads(v)
+    if gk is None or gv is None or k is v or gk[1] != gv[1]:
+        return k, v, []
+    return gk[0], gv[0], gk[2] + gv[2]
+
+
+def _repeated_heads(x) -> tuple | None:
+    """(source, repeats, nodes) where node x is a 4-D (B, Hkv, S, D) source with each head repeated
+    `repeats` times in place (head j of x is head j // repeats of the source), read by nothing
+    but its one consumer: x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, Hkv * n, S, D), or
+    x.repeat_interleave(n, dim=1)."""
+    if _op(x) == "repeat_interleave" and len(x.users) == 1:
+        src, nodes = x.args[0], [x]
+        if _arg(x, 2, "dim") not in (1, -3):
+            return None
+    elif _op(x) == "reshape" and len(x.users) == 1 and _op(x.args[0]) == "expand" and _op(x.args[0].args[0]) == "unsqueeze":
+        expand, unsqueeze = x.args[0], x.args[0].args[0]
+        src, nodes = unsqueeze.args[0], [unsqueeze, expand, x]
+        if unsqueeze.target is not operator.getitem and _arg(unsqueeze, 1, "dim") not in (2, -3):
+            return None
+        if len(expand.users) != 1 or len(unsqueeze.users) != 1:
+            return None
+    else:
+        return None
+    ms, mx = tensor_meta(src), tensor_meta(x)
+    if not isinstance(src, fx.Node) or ms is None or mx is None or len(ms.shape) != 4 or len(mx.shape) != 4:
+        return None
+    (b, hkv, s, d), (b2, h, s2, d2) = ms.shape, mx.shape
+    if (b, s, d) != (b2, s2, d2) or hkv == 0 or h % hkv or h == hkv:
+        return None
+    if len(nodes) == 3 and tuple(tensor_meta(nodes[1]).shape) != (b, hkv, h // hkv, s, d):
+        return None
+    return src, h // hkv, nodes
 
 
 def _precision(m, ctx) -> dict:
@@ -265,10 +351,11 @@ def _decomposed(scale_of, mask_of=lambda m: m.input("mask")):
     and whose additive mask is mask_of(the match)."""
     def build(m, ctx) -> Replacement:
         mask = mask_of(m)
+        k, v, repeats = _ungrouped(m)
         # a row whose keys are all masked: eager's softmax gives NaN there (SDPA gives 0)
-        return Replacement(FLASH, (m.input("q"), m.input("k"), m.input("v"), mask, False,
+        return Replacement(FLASH, (m.input("q"), k, v, mask, False,
                                    float(scale_of(m.input("scale", 1.0)))), {"empty_nan": True, **_precision(m, ctx)},
-                           kind="attention", kernel=_kernel_label(mask, False))
+                           kind="attention", kernel=_kernel_label(mask, False), absorbed=repeats)
     return build
 
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import accelc
+from accelc import meta
 from conftest import DEVICE, REL_FLOOR, rel_l2
 
 FLASH = torch.ops.accelc.flash_attention.default
@@ -276,3 +277,60 @@ def test_written_attention_with_an_nn_softmax_module_is_found():
     opt = _optimize(_ModuleSoftmax(), q, k, v, mask)
     nodes = [n for n in opt.graph_module.graph.nodes if n.target is FLASH]
     assert len(nodes) == 1 and len(_attention_rows(opt)) == 1 and nodes[0].args[5] == pytest.approx(0.125)
+
+
+class RepeatedKV(nn.Module):
+    """Grouped-query attention with K/V repeated to the query's heads before the attention, as HF
+    writes it (repeat_kv), or with repeat_interleave, or as a tile (another head order: query head
+    j reads K/V head j % Hkv, not a group's); `keep` returns the repeated K as well."""
+
+    def __init__(self, style, n_rep=2, keep=False):
+        super().__init__()
+        self.style, self.n_rep, self.keep = style, n_rep, keep
+
+    def repeat(self, x):
+        b, hkv, s, d = x.shape
+        if self.style == "interleave":
+            return x.repeat_interleave(self.n_rep, dim=1)
+        if self.style == "tile":
+            return x.repeat(1, self.n_rep, 1, 1)
+        return x[:, :, None, :, :].expand(b, hkv, self.n_rep, s, d).reshape(b, hkv * self.n_rep, s, d)
+
+    def forward(self, q, k, v, mask):
+        k, v = self.repeat(k), self.repeat(v)
+        if self.style == "written":
+            out = torch.softmax(q @ k.transpose(-2, -1) * 32 ** -0.5 + mask, dim=-1) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return (out, k * 2) if self.keep else out
+
+
+@pytest.mark.parametrize("style", ["repeat_kv", "interleave", "written"])
+def test_repeated_kv_read_once_per_group(style):
+    # the kernel is given the K/V of Hkv heads and maps each query group to its head: no copy of
+    # the K/V (a decode step's whole cache) made per query head before it
+    q, (k, v) = torch.randn(2, 8, 5, 32), (torch.randn(2, 2, 13, 32) for _ in range(2))
+    mask = torch.randn(2, 1, 5, 13)
+    opt = _optimize(RepeatedKV(style, n_rep=4), q, k, v, mask)
+    (node,) = [n for n in opt.graph_module.graph.nodes if n.target is FLASH]
+    assert [tuple(meta.tensor_meta(a).shape) for a in node.args[1:3]] == [(2, 2, 13, 32)] * 2
+    assert all(n.target not in (torch.ops.aten.expand.default, torch.ops.aten.repeat_interleave.self_int)
+               for n in opt.graph_module.graph.nodes)
+    assert len(_attention_rows(opt)) == 1 and _attention_rows(opt)[0].status == "rewritten"
+
+
+@pytest.mark.parametrize("style,keep", [("tile", False), ("repeat_kv", True)])
+def test_repeats_that_are_no_query_grouping_stay(style, keep):
+    # a tile maps query head j to K/V head j % Hkv (not the kernel's j // group); a repeated K read
+    # elsewhere too must still be made: both keep the repeated K/V as the kernel's inputs
+    q, (k, v) = torch.randn(1, 4, 5, 32), (torch.randn(1, 2, 7, 32) for _ in range(2))
+    mask = torch.randn(1, 1, 5, 7)
+    model = RepeatedKV(style, keep=keep).to(DEVICE, torch.float16).eval()
+    args = tuple(a.to(DEVICE, torch.float16) for a in (q, k, v, mask))
+    opt = accelc.optimize(model, args)
+    (node,) = [n for n in opt.graph_module.graph.nodes if n.target is FLASH]
+    assert tuple(meta.tensor_meta(node.args[1]).shape)[1] == 4
+    with torch.no_grad():
+        got, want = opt(*args), model(*args)
+    for g, w in zip(got if keep else (got,), want if keep else (want,)):
+        assert rel_l2(g, w) < 5e-3

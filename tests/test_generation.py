@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import accelc
-from accelc import runtime
+from accelc import meta, runtime
 from accelc.errors import InputError
 from conftest import DEVICE
 
@@ -62,6 +62,11 @@ def test_family_generates_the_original_models_tokens(name):
     opt = _optimize(lm)
     assert isinstance(opt, accelc.generation.OptimizedLM) and opt.step is not None, opt.info.generation
     assert "generation: static KV cache for 2 sequence(s) of 96 tokens" in opt.summary()
+    # grouped-query attention reads the cache's K/V heads as they are: no copy of the cache per query head
+    cfg = lm.config
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    flash = [n for n in opt.step.graph_module.graph.nodes if n.target is torch.ops.accelc.flash_attention.default]
+    assert flash and all(meta.tensor_meta(n.args[1]).shape[1] == kv_heads for n in flash)
     prompt = _prompt(2, 9, left_pad=(3, 0))
     with torch.no_grad():
         want = lm.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
