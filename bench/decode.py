@@ -195,6 +195,7 @@ def profile(layers: int, prompt: int, new: int, out_dir: str) -> None:
             k[0] += 1
             k[1] += e.time_range.elapsed_us()
     total = sum(t for _, t in kernels.values())
+    sequence = _one_token(prof)
     lines = [f"# Decode-step profile: TinyLlama shape, {layers} of 22 layers, prompt {prompt}, {new} new tokens, "
              f"batch 1, fp16", "", _common.env_line(_common.environment()), "",
              f"prepare (optimize) {prepare:.1f} s; generate wall {wall * 1e3:.1f} ms = {wall / new * 1e6:.1f} us a token "
@@ -202,6 +203,9 @@ def profile(layers: int, prompt: int, new: int, out_dir: str) -> None:
              "| kernel | calls | GPU us | us per token | share |", "|---|---|---|---|---|"]
     for name, (calls, t) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]:
         lines.append(f"| {name[:90]} | {calls} | {t:.0f} | {t / new:.1f} | {t / total:.1%} |")
+    lines += ["", "One decode step, kernel by kernel (the GPU work between two tokens' argmax, in the middle of the "
+              "generation): start and length in us; gap: idle GPU time before the kernel", "",
+              "| start | us | gap | kernel |", "|---|---|---|---|"] + sequence
     runtime = [line.strip() for line in opt.summary().splitlines() if line.strip().startswith("runtime:")]
     lines += ["", "After generate(): " + " | ".join(runtime), "", "Host time of one generate() (cProfile, top 30 by "
               "cumulative time):", "", "```"]
@@ -221,6 +225,23 @@ def profile(layers: int, prompt: int, new: int, out_dir: str) -> None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     dev = _common.slug(torch.cuda.get_device_name())
     (Path(out_dir) / f"decode_profile-{dev}.md").write_text(text)
+
+
+def _one_token(prof) -> list:
+    """Markdown rows of the GPU work of one generated token (from one argmax over the vocabulary to
+    the next, halfway through the profile), in start order."""
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    marks = [i for i, e in enumerate(events) if "ArgMax" in e.name]
+    if len(marks) < 3:
+        return ["| | | | (fewer than three argmax kernels in the profile) |"]
+    a, b = marks[len(marks) // 2], marks[len(marks) // 2 + 1]
+    t0, end, rows = events[a].time_range.start, events[a].time_range.start, []
+    for e in events[a + 1:b + 1]:
+        r = e.time_range
+        rows.append(f"| {r.start - t0:.1f} | {r.elapsed_us():.1f} | {max(r.start - end, 0):.1f} | {e.name[:100]} |")
+        end = max(end, r.end)
+    return rows
 
 
 def main():
