@@ -2,14 +2,17 @@
 (a decode step over a KV cache), where one program per (batch, head, BLOCK_M rows) would leave
 most SMs idle and reread each K/V head once per query head of its group.
 
-Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023), two kernels:
+Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023), one kernel:
   1. _split_kernel, one program per (batch, K/V head, split of S): the query rows of every query
      head of the K/V head's group stacked as one tile (GROUP x L rows: each K/V block is read
      once for the whole group, as GQA intends), the split's keys streamed in BLOCK_N blocks with
      the online softmax of kernels/flash_attention.py (base 2, fp32); writes the split's row max,
      row sum and unnormalised accumulator to fp32 scratch;
-  2. _combine_kernel, one program per (batch, K/V head): rescales the splits to the common max and
-     divides, writing out in flash_attention's layout.
+  2. the combine: the last program of a (batch, K/V head) to finish (a ticket counter, atomic)
+     rescales the splits to the common max and divides, writing out in flash_attention's layout.
+     A decode step's second kernel (5.3 us a layer on an H100 at TinyLlama's shape, more than the
+     split's 3.9) is gone; _combine_kernel does it as a kernel of its own only where no counters
+     are at hand (_counters).
 `paged` runs the same two kernels over a paged KV cache (vLLM's PagedAttention, in
 flash_attn_with_kvcache's layout): each key's row found through the sequence's block table, each
 sequence's keys ending at its own length (a ragged batch reads no padding); not yet used by
@@ -66,13 +69,14 @@ def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr,
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, table_ptr, lens_ptr,
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, table_ptr, lens_ptr, out_ptr, count_ptr,
                   Hkv, GROUP, L, S, KEYS_PER_SPLIT, qk_scale,
                   stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                   stride_vb, stride_vh, stride_vn, stride_vd, stride_mb, stride_mh, stride_mm, stride_mn,
-                  stride_tb,
+                  stride_tb, stride_ob, stride_oh, stride_om, stride_od,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_KIND: tl.constexpr, DOT_IN_FP32: tl.constexpr, PAGE: tl.constexpr = 0):
+                  MASK_KIND: tl.constexpr, DOT_IN_FP32: tl.constexpr, EMPTY_NAN: tl.constexpr,
+                  FUSED_COMBINE: tl.constexpr, PAGE: tl.constexpr = 0):
     # PAGE > 0: a paged cache (flash_attn_with_kvcache's layout): k / v are (blocks, PAGE, Hkv, D), the
     # b-th sequence's key p in block table[b, p // PAGE] at row p % PAGE (stride_kb / stride_vb: a
     # block's stride, stride_kn / stride_vn: a row's), and its keys end at lens[b]
@@ -145,28 +149,48 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, table_ptr, len
     tl.store(acc_ptr + (slot * BLOCK_M + rows[:, None]) * BLOCK_D + offs_d[None, :], acc)
     tl.store(ml_ptr + (slot * 2) * BLOCK_M + rows, m_i)
     tl.store(ml_ptr + (slot * 2 + 1) * BLOCK_M + rows, l_i)
+    if FUSED_COMBINE:
+        # the last split of (b, hk) to finish combines them all: every thread's stores made before the
+        # ticket (barrier, then a gpu-scope acquire-release atomic); the counter set back to 0 for the
+        # next launch (see _counters)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
+        if ticket == splits - 1:
+            _combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, splits, stride_ob, stride_oh, stride_om,
+                          stride_od, HEAD_DIM, BLOCK_D, BLOCK_M, EMPTY_NAN)
+            tl.atomic_xchg(count_ptr + bh, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _combine_kernel(acc_ptr, ml_ptr, out_ptr, Hkv, GROUP, L, SPLITS,
                     stride_ob, stride_oh, stride_om, stride_od,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr):
-    bh = tl.program_id(0)
+    _combine_rows(acc_ptr, ml_ptr, out_ptr, tl.program_id(0), Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om,
+                  stride_od, HEAD_DIM, BLOCK_D, BLOCK_M, EMPTY_NAN)
+
+
+@triton.jit
+def _combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om, stride_od,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr):
+    """The SPLITS partial results of (batch, K/V head) bh rescaled to their common row max, summed,
+    divided and written to out. Loads through L2 only (.cg): in the fused form another SM wrote them
+    during this kernel, and an SM's L1 is not coherent with other SMs' writes."""
     b = bh // Hkv
     hk = bh % Hkv
     rows = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     for s in range(0, SPLITS):
-        m_all = tl.maximum(m_all, tl.load(ml_ptr + ((bh * SPLITS + s) * 2) * BLOCK_M + rows))
+        m_all = tl.maximum(m_all, tl.load(ml_ptr + ((bh * SPLITS + s) * 2) * BLOCK_M + rows, cache_modifier=".cg"))
     m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for s in range(0, SPLITS):
         slot = bh * SPLITS + s
-        w = tl.math.exp2(tl.load(ml_ptr + (slot * 2) * BLOCK_M + rows) - m_sub)
-        l_all += w * tl.load(ml_ptr + (slot * 2 + 1) * BLOCK_M + rows)
-        acc += w[:, None] * tl.load(acc_ptr + (slot * BLOCK_M + rows[:, None]) * BLOCK_D + offs_d[None, :])
+        w = tl.math.exp2(tl.load(ml_ptr + (slot * 2) * BLOCK_M + rows, cache_modifier=".cg") - m_sub)
+        l_all += w * tl.load(ml_ptr + (slot * 2 + 1) * BLOCK_M + rows, cache_modifier=".cg")
+        acc += w[:, None] * tl.load(acc_ptr + (slot * BLOCK_M + rows[:, None]) * BLOCK_D + offs_d[None, :],
+                                    cache_modifier=".cg")
     if EMPTY_NAN:
         out = acc / l_all[:, None]
     else:
@@ -219,16 +243,53 @@ def launch(q, k, v, mask_t, has_mask: bool, qk_scale: float, empty_nan: bool, ou
     mask expanded to (B, H, L, S), or q when there is none; qk_scale the softmax scale x log2(e))."""
     B, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
-    group = H // Hkv
     block_m, block_d, block_n, splits, per, acc, ml = _tiles(q, Hkv, S)
     kind = 0 if not has_mask else 2 if mask_t.dtype == torch.bool else 1
+    _run(q, Hkv, k.stride(), v.stride(), (k, v, mask_t, q, q), (splits, per, acc, ml, block_m, block_d, block_n),
+         mask_t.stride() if has_mask else (0, 0, 0, 0), 0, S, kind, empty_nan, out, qk_scale, page=0)
+
+
+def _run(q, Hkv, k_strides, v_strides, tensors, tiles, mask_strides, table_stride, S, kind, empty_nan, out, qk_scale,
+         page) -> None:
+    """The split kernel, combining its splits itself (FUSED_COMBINE: its last program a (batch,
+    K/V head) does), or followed by _combine_kernel where no counters are at hand (see _counters)."""
+    B, H, L, D = q.shape
+    k, v, mask_t, table, lens = tensors
+    splits, per, acc, ml, block_m, block_d, block_n = tiles
+    counters = _counters(q.device, B * Hkv)
     with runtime.device_guard(q):
         _split_kernel[(splits, B * Hkv)](
-            q, k, v, mask_t, acc, ml, q, q, Hkv, group, L, S, per, qk_scale,
-            *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)), 0,
-            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=kind, DOT_IN_FP32=dot_in_fp32(q),
+            q, k, v, mask_t, acc, ml, table, lens, out, q if counters is None else counters,
+            Hkv, H // Hkv, L, S, per, qk_scale, *q.stride(), *k_strides, *v_strides, *mask_strides, table_stride,
+            *out.stride(), HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=kind,
+            DOT_IN_FP32=dot_in_fp32(q), EMPTY_NAN=bool(empty_nan), FUSED_COMBINE=counters is not None, PAGE=page,
             num_warps=4, num_stages=2)
-        _combine(acc, ml, out, Hkv, splits, block_m, block_d, empty_nan)
+        if counters is None:
+            _combine(acc, ml, out, Hkv, splits, block_m, block_d, empty_nan)
+
+
+COUNTER_SLOTS = 1 << 20
+_COUNTERS: dict = {}     # device -> [int32 counters, all 0 between launches; the next free offset]
+
+
+def _counters(device: torch.device, n: int):
+    """n split counters for one launch, 0 as every launch leaves them, from the device's ring of
+    COUNTER_SLOTS (allocated once, 4 MiB): consecutive launches, and a CUDA graph's replays of
+    them, take different slots, so decode steps replayed on two streams at once do not share a
+    counter unless a million counters lie between them. None (the two-kernel path) while a CUDA
+    graph is being captured before the ring exists: its allocation must not be captured."""
+    entry = _COUNTERS.get(device)
+    if entry is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        entry = _COUNTERS[device] = [torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device), 0]
+    ring, at = entry
+    if n > COUNTER_SLOTS:
+        return None
+    if at + n > COUNTER_SLOTS:
+        at = 0
+    entry[1] = at + n
+    return ring[at:at + n]
 
 
 def dot_in_fp32(q) -> bool:
@@ -278,12 +339,8 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_t
     block_m, block_d, block_n, splits, per, acc, ml = _tiles(q, Hkv, S)
     table = block_table.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()
-    with runtime.device_guard(q):
-        _split_kernel[(splits, B * Hkv)](
-            q, k_cache, v_cache, q, acc, ml, table, lens, Hkv, H // Hkv, L, S, per, softmax_scale(q, scale) * LOG2E,
-            *q.stride(), k_cache.stride(0), k_cache.stride(2), k_cache.stride(1), k_cache.stride(3),
-            v_cache.stride(0), v_cache.stride(2), v_cache.stride(1), v_cache.stride(3), 0, 0, 0, 0, table.stride(0),
-            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=0,
-            DOT_IN_FP32=dot_in_fp32(q), PAGE=page, num_warps=4, num_stages=2)
-        _combine(acc, ml, out, Hkv, splits, block_m, block_d, empty_nan)
+    _run(q, Hkv, (k_cache.stride(0), k_cache.stride(2), k_cache.stride(1), k_cache.stride(3)),
+         (v_cache.stride(0), v_cache.stride(2), v_cache.stride(1), v_cache.stride(3)), (k_cache, v_cache, q, table, lens),
+         (splits, per, acc, ml, block_m, block_d, block_n), (0, 0, 0, 0), table.stride(0), S, 0, empty_nan, out,
+         softmax_scale(q, scale) * LOG2E, page=page)
     return out

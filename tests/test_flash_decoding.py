@@ -123,3 +123,20 @@ def test_an_ordinary_call_computes_no_zero_by_zero(decode_calls):
             warnings.simplefilter("error", RuntimeWarning)
             _check(q, k, v, mask)
     assert len(decode_calls) == 1
+
+
+def test_splits_combined_in_the_split_kernel_its_counters_left_at_zero(monkeypatch):
+    """The last split of a (batch, K/V head) combines them (one kernel): the same output as the
+    two-kernel path (_combine_kernel, taken where no counters are at hand), its counters back at 0,
+    and a launch at the ring's end wrapping to its start."""
+    q, k, v = _qkv(3, 8, 2, 1, 700, 64, torch.float16)
+    mask = _lengths_mask(3, 1, 700, [700, 390, 5])
+    fused, _ = _check(q, k, v, mask)
+    ring, at = fd._COUNTERS[q.device]
+    assert at >= 3 * 2 and not ring.any()
+    fd._COUNTERS[q.device][1] = fd.COUNTER_SLOTS - 1            # the next launch's 6 counters wrap to 0
+    assert torch.equal(_check(q, k, v, mask)[0], fused) and fd._COUNTERS[q.device][1] == 3 * 2
+    assert not ring.any()
+    monkeypatch.setattr(fd, "_counters", lambda device, n: None)
+    assert torch.equal(_check(q, k, v, mask)[0], fused)
+    assert fd._tiles(q, 2, 700)[3] > 1          # several splits a (batch, K/V head) were combined
