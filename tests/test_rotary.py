@@ -178,3 +178,34 @@ def test_rope_left_to_inductor_glue_with_the_reason():
     else:
         assert not [r for r in opt.layers if r.status == "rewritten" and r.kind == "rotary"], opt.summary()
         assert "fuses the rotation" in opt.summary(), opt.summary()
+
+
+class Angles(nn.Module):
+    """HF's rotary angles: inverse frequencies times positions as a matrix product with an inner
+    dim of 1; and a product with an inner dim of 2, which is no outer product."""
+
+    def __init__(self, inner=1):
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)))
+
+    def forward(self, pos):
+        inv = self.inv_freq[None, :, None].expand(pos.shape[0], -1, self.inner)
+        freqs = (inv @ pos[:, None, :].float().expand(-1, self.inner, -1)).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+@pytest.mark.parametrize("inner", [1, 2])
+def test_outer_products_written_as_matmul_become_a_multiply(inner):
+    # (8, 1) @ (1, T): one product an element, so a multiply gives the same bits; the glue fuses it
+    # with the cos and sin (on a GPU it was a cuBLAS SGEMM of its own in every decode step)
+    pos = torch.arange(3, 40, device=DEVICE).reshape(1, -1) * 7
+    model = Angles(inner).to(DEVICE).eval()
+    opt = accelc.optimize(model, (pos,))
+    products = [n for n in opt.graph_module.graph.nodes
+                if n.op == "call_function" and ("matmul" in str(n.target) or "bmm" in str(n.target))]
+    assert bool(products) == (inner == 2)
+    with torch.no_grad():
+        for got, want in zip(opt(pos * 3), model(pos * 3)):
+            assert torch.equal(got, want)
