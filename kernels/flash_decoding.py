@@ -32,6 +32,7 @@ import triton.language as tl
 
 from accelc import runtime
 from accelc.kernels.gemm import sm_count
+from accelc.kernels.pdl import enabled as pdl_enabled, wait_for_producers
 
 LOG2E = 1.4426950408889634     # the kernels' softmax runs in base 2: scores x log2(e), then exp2
 
@@ -76,10 +77,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, table_ptr, len
                   stride_tb, stride_ob, stride_oh, stride_om, stride_od,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_KIND: tl.constexpr, DOT_IN_FP32: tl.constexpr, EMPTY_NAN: tl.constexpr,
-                  FUSED_COMBINE: tl.constexpr, PAGE: tl.constexpr = 0):
+                  FUSED_COMBINE: tl.constexpr, PAGE: tl.constexpr = 0, PDL: tl.constexpr = False):
     # PAGE > 0: a paged cache (flash_attn_with_kvcache's layout): k / v are (blocks, PAGE, Hkv, D), the
     # b-th sequence's key p in block table[b, p // PAGE] at row p % PAGE (stride_kb / stride_vb: a
     # block's stride, stride_kn / stride_vn: a row's), and its keys end at lens[b]
+    wait_for_producers(PDL)        # every input is an earlier kernel's output (the cache just written)
     split = tl.program_id(0)
     bh = tl.program_id(1)
     splits = tl.num_programs(0)
@@ -263,7 +265,7 @@ def _run(q, Hkv, k_strides, v_strides, tensors, tiles, mask_strides, table_strid
             Hkv, H // Hkv, L, S, per, qk_scale, *q.stride(), *k_strides, *v_strides, *mask_strides, table_stride,
             *out.stride(), HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=kind,
             DOT_IN_FP32=dot_in_fp32(q), EMPTY_NAN=bool(empty_nan), FUSED_COMBINE=counters is not None, PAGE=page,
-            num_warps=4, num_stages=2)
+            num_warps=4, num_stages=2, **({"PDL": True, "launch_pdl": True} if pdl_enabled(q.device) else {}))
         if counters is None:
             _combine(acc, ml, out, Hkv, splits, block_m, block_d, empty_nan)
 

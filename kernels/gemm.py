@@ -28,6 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from accelc import runtime
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation,
                                      broadcasts_to, epilogue, epilogue_ref, residual_as)
+from accelc.kernels.pdl import enabled as pdl_enabled, wait_for_producers
 from accelc.tuning import CompiledCall, Tuner, check_once
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -179,7 +180,7 @@ def gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
     FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """linear_kernel's op for a few rows (a decode step's M = 1-8): memory-bound, so no tensor
     cores and no tiles of padding rows. One program per BLOCK_N output channels (x BLOCK_M rows)
@@ -187,7 +188,9 @@ def gemv_kernel(
     an fp32 (BLOCK_M, BLOCK_N, BLOCK_K) accumulator that is summed over K once, after the loop
     (no cross-thread reduction per step); many narrow programs keep every SM's loads in flight.
     Same epilogue (bias, activation, residual, gating) and wrapped-index loads as linear_kernel;
-    W_SCALED: an int8 weight (weight-only int8), its products scaled by w_scale per channel."""
+    W_SCALED: an int8 weight (weight-only int8), its products scaled by w_scale per channel.
+    PDL (kernels/pdl.py): the first weight block is loaded before waiting for the kernel that
+    writes x, the rest after."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -197,8 +200,14 @@ def gemv_kernel(
     cols = offs_n % N
     x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_ptrs = w_ptr + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    # the first K block peeled: its weights read before waiting for x's producer (PDL)
+    b = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0)
+    wait_for_producers(PDL)
+    a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
+    acc3 = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
+    x_ptrs += BLOCK_K * stride_xk
+    w_ptrs += BLOCK_K * stride_wk
+    for k in range(BLOCK_K, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(x_ptrs)
             b = tl.load(w_ptrs)
@@ -491,6 +500,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         )
 
         gluon = quant == 0 and not gated and use_tma and gluon_problem(x2, res2, out) is None
+        pdl = pdl_enabled(x2.device)
 
         def grid(kw):
             # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer
@@ -507,7 +517,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
                     ACTIVATION=meta["ACTIVATION"], FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
                     EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=quant == 3, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
-                    BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"])
+                    BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
+                    **({"PDL": True, "launch_pdl": True} if pdl else {}))
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],

@@ -1,0 +1,53 @@
+"""Programmatic dependent launch (Hopper and later): a kernel launched with `launch_pdl` may start
+while the kernel before it in the stream is still finishing, and waits (griddepcontrol.wait) for
+that kernel's completion and its writes only where it is about to read them; the kernel before it
+lets it start early (griddepcontrol.launch_dependents) once its own programs are all running.
+
+A decode step is some fifteen kernels a layer of 1-20 us each, where the launch of each and the
+ramp of its programs sat as idle GPU time between them (0.4 us gaps and the loads' first latency,
+bench/results/runs/decode/profile3-*). accelc's decode-path kernels (gemv_kernel, flash_decoding's
+split kernel) launch this way: each reads what no kernel writes (its weights) before the wait, and
+everything else after it; it writes only after it. A kernel that does not wait (the glue's, cuBLAS's)
+is launched without the attribute and starts as usual, after its predecessor ends.
+
+Off in Triton's interpreter, before sm90, where this Triton lacks the instructions, and with
+ACCELC_PDL=0 (for measuring what it gives). The Inductor glue between them launches its kernels the
+same way where its Inductor offers it (inductor_options).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from accelc import runtime
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:          # a Triton without grid dependency control: enabled() is False
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def wait_for_producers(PDL: tl.constexpr):
+    """Before reading anything an earlier kernel writes (and before writing anything it may still
+    read): wait for it; then let the next kernel launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with programmatic dependent launch."""
+    if gdc_wait is None or runtime.interpreted() or device.type != "cuda" or os.environ.get("ACCELC_PDL", "1") in ("", "0"):
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def inductor_options(device: torch.device) -> dict:
+    """Inductor's options for glue on `device`: its kernels launched the same way, where this
+    PyTorch's Inductor can (triton.enable_pdl)."""
+    return {"triton.enable_pdl": True} if enabled(device) and hasattr(torch._inductor.config.triton, "enable_pdl") \
+        else {}
