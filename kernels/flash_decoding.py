@@ -173,39 +173,26 @@ def _combine_kernel(acc_ptr, ml_ptr, out_ptr, Hkv, GROUP, L, SPLITS,
 
 @triton.jit
 def _combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om, stride_od,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr,
-                  COMBINE_CHUNK: tl.constexpr = 8):
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr):
     """The SPLITS partial results of (batch, K/V head) bh rescaled to their common row max, summed,
-    divided and written to out. COMBINE_CHUNK splits' partials loaded at once (one L2 round trip a
-    chunk, not one a split: a loop of dependent loads was the combine's whole time, 5 us at 12
-    splits). Loads through L2 only (.cg): in the fused form another SM wrote them during this
-    kernel, and an SM's L1 is not coherent with other SMs' writes."""
+    divided and written to out. Loads through L2 only (.cg): in the fused form another SM wrote them
+    during this kernel, and an SM's L1 is not coherent with other SMs' writes."""
     b = bh // Hkv
     hk = bh % Hkv
     rows = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    chunk = tl.arange(0, COMBINE_CHUNK)
     m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    for s0 in range(0, SPLITS, COMBINE_CHUNK):
-        slot = bh * SPLITS + s0 + chunk
-        m = tl.load(ml_ptr + (slot[:, None] * 2) * BLOCK_M + rows[None, :], mask=(s0 + chunk < SPLITS)[:, None],
-                    other=float("-inf"), cache_modifier=".cg")
-        m_all = tl.maximum(m_all, tl.max(m, 0))
+    for s in range(0, SPLITS):
+        m_all = tl.maximum(m_all, tl.load(ml_ptr + ((bh * SPLITS + s) * 2) * BLOCK_M + rows, cache_modifier=".cg"))
     m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    for s0 in range(0, SPLITS, COMBINE_CHUNK):
-        ok = s0 + chunk < SPLITS
-        slot = bh * SPLITS + s0 + chunk
-        m = tl.load(ml_ptr + (slot[:, None] * 2) * BLOCK_M + rows[None, :], mask=ok[:, None], other=float("-inf"),
-                    cache_modifier=".cg")
-        part_l = tl.load(ml_ptr + (slot[:, None] * 2 + 1) * BLOCK_M + rows[None, :], mask=ok[:, None], other=0.0,
-                         cache_modifier=".cg")
-        part = tl.load(acc_ptr + (slot[:, None, None] * BLOCK_M + rows[None, :, None]) * BLOCK_D + offs_d[None, None, :],
-                       mask=ok[:, None, None], other=0.0, cache_modifier=".cg")
-        w = tl.math.exp2(m - m_sub[None, :])                    # a split past SPLITS: exp2(-inf) = 0
-        l_all += tl.sum(w * part_l, 0)
-        acc += tl.sum(w[:, :, None] * part, 0)
+    for s in range(0, SPLITS):
+        slot = bh * SPLITS + s
+        w = tl.math.exp2(tl.load(ml_ptr + (slot * 2) * BLOCK_M + rows, cache_modifier=".cg") - m_sub)
+        l_all += w * tl.load(ml_ptr + (slot * 2 + 1) * BLOCK_M + rows, cache_modifier=".cg")
+        acc += w[:, None] * tl.load(acc_ptr + (slot * BLOCK_M + rows[:, None]) * BLOCK_D + offs_d[None, :],
+                                    cache_modifier=".cg")
     if EMPTY_NAN:
         out = acc / l_all[:, None]
     else:
