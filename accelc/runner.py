@@ -44,7 +44,7 @@ from accelc import runtime
 from accelc.runtime import resolve_glue
 from accelc.capture import mutated_state
 from accelc.capture.shapes import SHAPES
-from accelc.kernels import LAUNCHERS, pdl
+from accelc.kernels import LAUNCHERS
 
 log = logging.getLogger("accelc")
 
@@ -391,9 +391,9 @@ class CompiledGlue:
     shapes it warms up (at optimize time: the example's, a decode step's, the warm-up shapes) and
     the first one it captures at a call, at most STATIC_GLUE."""
 
-    def __init__(self, gm: fx.GraphModule, plain: Callable, dynamic: bool = False, options: dict | None = None):
-        self.gm, self.plain, self.dynamic, self.options = gm, plain, dynamic, options or {}
-        self.compiled = _inductor(gm, dynamic, self.options)
+    def __init__(self, gm: fx.GraphModule, plain: Callable, dynamic: bool = False):
+        self.gm, self.plain, self.dynamic = gm, plain, dynamic
+        self.compiled = _inductor(gm, dynamic)
         self.static: dict = {}       # signature -> gm compiled for exactly its shapes
         self.failed = ""
 
@@ -405,7 +405,7 @@ class CompiledGlue:
             return False
         if key not in self.static:
             # a copy with its own forward code: Dynamo keeps its compiles per code object
-            self.static[key] = _inductor(copy_module(self.gm), False, self.options)
+            self.static[key] = _inductor(copy_module(self.gm), False)
         return True
 
     def __call__(self, *args, **kwargs):
@@ -429,8 +429,8 @@ class CompiledGlue:
         return ""
 
 
-def _inductor(gm: fx.GraphModule, dynamic: bool, options: dict):
-    return torch.compile(gm, backend="inductor", dynamic=dynamic, options={"triton.cudagraphs": False, **options})
+def _inductor(gm: fx.GraphModule, dynamic: bool):
+    return torch.compile(gm, backend="inductor", dynamic=dynamic, options={"triton.cudagraphs": False})
 
 
 def plan(config, device: torch.device, gm: fx.GraphModule | None = None) -> tuple[str, bool, str]:
@@ -460,5 +460,5 @@ def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runne
     padding = shapes.padding if dynamic and config.padding else None
     # sizes that vary and do not all pad: many exact signatures, each captured at its second call
     exact = dynamic and (padding is None or not padding.covers(shapes))
-    fn = CompiledGlue(gm, plain, dynamic, pdl.inductor_options(device)) if glue == "inductor" else plain
+    fn = CompiledGlue(gm, plain, dynamic) if glue == "inductor" else plain
     return Runner(fn, graphs, padding=padding if graphs else None, capture_after=2 if exact else 1), how

@@ -7,12 +7,17 @@ A decode step is some fifteen kernels a layer of 1-20 us each, where the launch 
 ramp of its programs sat as idle GPU time between them (0.4 us gaps and the loads' first latency,
 bench/results/runs/decode/profile3-*). accelc's decode-path kernels (gemv_kernel, flash_decoding's
 split kernel) launch this way: each reads what no kernel writes (its weights) before the wait, and
-everything else after it; it writes only after it. A kernel that does not wait (the glue's, cuBLAS's)
-is launched without the attribute and starts as usual, after its predecessor ends.
+everything else after it; it writes only after it. The glue's kernels are launched without the
+attribute and start as usual, after everything before them ends.
 
 Off in Triton's interpreter, before sm90, where this Triton lacks the instructions, and with
-ACCELC_PDL=0 (for measuring what it gives). The Inductor glue between them launches its kernels the
-same way where its Inductor offers it (inductor_options).
+ACCELC_PDL=0 (for measuring what it gives).
+
+Inductor's own dependent launch (triton.enable_pdl, off by default in PyTorch) stays off for the
+glue: its kernels wait only where they read what the node just before them wrote, and let the next
+kernel start early even when they did not wait; a kernel two launches on that reads an older output
+without waiting could then run before that output is complete. accelc's kernels always wait first
+and let the next start only after it, so any chain of them is ordered as the stream would order it.
 """
 from __future__ import annotations
 
@@ -44,10 +49,3 @@ def enabled(device: torch.device) -> bool:
     if gdc_wait is None or runtime.interpreted() or device.type != "cuda" or os.environ.get("ACCELC_PDL", "1") in ("", "0"):
         return False
     return torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-def inductor_options(device: torch.device) -> dict:
-    """Inductor's options for glue on `device`: its kernels launched the same way, where this
-    PyTorch's Inductor can (triton.enable_pdl)."""
-    return {"triton.enable_pdl": True} if enabled(device) and hasattr(torch._inductor.config.triton, "enable_pdl") \
-        else {}

@@ -12,10 +12,10 @@ SM90 = DEVICE.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
 
 
 def test_off_where_it_cannot_run(monkeypatch):
-    assert not pdl.enabled(torch.device("cpu")) and pdl.inductor_options(torch.device("cpu")) == {}
+    assert not pdl.enabled(torch.device("cpu"))
     if DEVICE.type == "cuda":
         monkeypatch.setenv("ACCELC_PDL", "0")
-        assert not pdl.enabled(DEVICE) and pdl.inductor_options(DEVICE) == {}
+        assert not pdl.enabled(DEVICE)
 
 
 def _chain(x, ws, k, v, mask):
