@@ -281,7 +281,9 @@ class OptimizedLM(OptimizedModule):
         # indexing the scores with it was a device-side assert on a GPU)
         banned = None if eos is None else torch.isin(torch.arange(logits.shape[-1], device=device), eos)
         for i in range(new):
-            scores = logits.float()
+            # argmax of the logits as they are: widening to fp32 changes no value or order (the
+            # first of tied maxima either way), and the copy cost a kernel a token
+            scores = logits
             if banned is not None and i < min_new:
                 scores = scores.masked_fill(banned, float("-inf"))
             token = scores.argmax(-1)
