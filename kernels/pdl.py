@@ -13,11 +13,10 @@ attribute and start as usual, after everything before them ends.
 Off in Triton's interpreter, before sm90, where this Triton lacks the instructions, and with
 ACCELC_PDL=0 (for measuring what it gives).
 
-Inductor's own dependent launch (triton.enable_pdl, off by default in PyTorch) stays off for the
-glue: its kernels wait only where they read what the node just before them wrote, and let the next
-kernel start early even when they did not wait; a kernel two launches on that reads an older output
-without waiting could then run before that output is complete. accelc's kernels always wait first
-and let the next start only after it, so any chain of them is ordered as the stream would order it.
+Inductor's own dependent launch (triton.enable_pdl) stays off for the glue: PyTorch marks it
+experimental and leaves it off; it showed nothing on ViT-B (bench/results/runs/e2e/run33), and the
+1.04x of a TinyLlama decode step (runs/generate/run14) was measured with it and these kernels together,
+not split between them.
 """
 from __future__ import annotations
 
