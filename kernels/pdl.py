@@ -13,8 +13,8 @@ attribute and start as usual, after everything before them ends.
 Off in Triton's interpreter, before sm90, where this Triton lacks the instructions, and with
 ACCELC_PDL=0 (for measuring what it gives).
 
-Inductor's own dependent launch (triton.enable_pdl) stays off for the glue: PyTorch marks it
-experimental and leaves it off; it showed nothing on ViT-B (bench/results/runs/e2e/run33), and the
+Inductor's own dependent launch (triton.enable_pdl) stays off for the glue: PyTorch leaves it
+off by default; it showed nothing on ViT-B (bench/results/runs/e2e/run33), and the
 1.04x of a TinyLlama decode step (runs/generate/run14) was measured with it and these kernels together,
 not split between them.
 """
