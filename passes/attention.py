@@ -252,7 +252,9 @@ def _repeated_heads(x) -> tuple | None:
     x.repeat_interleave(n, dim=1)."""
     if _op(x) == "repeat_interleave" and len(x.users) == 1:
         src, nodes = x.args[0], [x]
-        if _arg(x, 2, "dim") not in (1, -3):
+        repeats = _arg(x, 1, "repeats")
+        # a repeats tensor may repeat heads unevenly: only a constant count is a query grouping
+        if _arg(x, 2, "dim") not in (1, -3) or not isinstance(repeats, int) or isinstance(repeats, bool):
             return None
     elif _op(x) == "reshape" and len(x.users) == 1 and _op(x.args[0]) == "expand" and _op(x.args[0].args[0]) == "unsqueeze":
         expand, unsqueeze = x.args[0], x.args[0].args[0]
@@ -270,6 +272,8 @@ def _repeated_heads(x) -> tuple | None:
     if (b, s, d) != (b2, s2, d2) or hkv == 0 or h % hkv or h == hkv:
         return None
     if len(nodes) == 3 and tuple(tensor_meta(nodes[1]).shape) != (b, hkv, h // hkv, s, d):
+        return None
+    if len(nodes) == 1 and _arg(x, 1, "repeats") != h // hkv:
         return None
     return src, h // hkv, nodes
 

@@ -292,6 +292,8 @@ class RepeatedKV(nn.Module):
         b, hkv, s, d = x.shape
         if self.style == "interleave":
             return x.repeat_interleave(self.n_rep, dim=1)
+        if self.style == "uneven":     # head 0 once, head 1 three times: no grouping
+            return x.repeat_interleave(torch.tensor([1, 3], device=x.device), dim=1)
         if self.style == "tile":
             return x.repeat(1, self.n_rep, 1, 1)
         return x[:, :, None, :, :].expand(b, hkv, self.n_rep, s, d).reshape(b, hkv * self.n_rep, s, d)
@@ -319,10 +321,11 @@ def test_repeated_kv_read_once_per_group(style):
     assert len(_attention_rows(opt)) == 1 and _attention_rows(opt)[0].status == "rewritten"
 
 
-@pytest.mark.parametrize("style,keep", [("tile", False), ("repeat_kv", True)])
+@pytest.mark.parametrize("style,keep", [("tile", False), ("repeat_kv", True), ("uneven", False)])
 def test_repeats_that_are_no_query_grouping_stay(style, keep):
-    # a tile maps query head j to K/V head j % Hkv (not the kernel's j // group); a repeated K read
-    # elsewhere too must still be made: both keep the repeated K/V as the kernel's inputs
+    # a tile maps query head j to K/V head j % Hkv (not the kernel's j // group), a repeats tensor may
+    # repeat heads unevenly; a repeated K read elsewhere too must still be made: all keep the
+    # repeated K/V as the kernel's inputs
     q, (k, v) = torch.randn(1, 4, 5, 32), (torch.randn(1, 2, 7, 32) for _ in range(2))
     mask = torch.randn(1, 1, 5, 7)
     model = RepeatedKV(style, keep=keep).to(DEVICE, torch.float16).eval()
