@@ -108,6 +108,9 @@ class Int8Config:
                              "cannot be combined with it")
 
 
+KV_CACHES = ("static", "paged")
+
+
 @dataclass(frozen=True)
 class OptimizeConfig:
     """How accelc.optimize rewrites a model.
@@ -147,6 +150,13 @@ class OptimizeConfig:
     max_cache_len, max_batch_size: a causal LM's generate() (accelc.generation): the static KV
                     cache's tokens per sequence (default: the model's positions, at most 2048) and
                     sequences (default: the example's batch).
+    kv_cache:       a causal LM's KV cache for generate(): "static" (HF's StaticCache: every sequence
+                    holds max_cache_len slots, a left-padded batch attends over its pads masked) or
+                    "paged" (accelc.paged_cache: blocks of kv_page_size tokens, a sequence takes those
+                    its prompt and new tokens need, attention reads no padding).
+    kv_page_size:   tokens a block of the paged cache (a power of two).
+    kv_cache_tokens: the paged cache's pool in tokens, shared by the sequences of a request
+                    (default: max_batch_size x max_cache_len, what the static cache holds).
     warmup_shapes:  shapes whose CUDA graphs are captured at optimize time rather than at their
                     first call: a list of {input name: shape} (the other inputs follow, as the
                     mask follows the ids), or "buckets" (every bucket of the padded dims' ranges,
@@ -168,6 +178,9 @@ class OptimizeConfig:
     warmup_shapes: tuple | str = ()
     max_cache_len: int | None = None
     max_batch_size: int | None = None
+    kv_cache: str = "static"
+    kv_page_size: int = 16
+    kv_cache_tokens: int | None = None
 
     def __post_init__(self):
         if self.int8 is True:
@@ -198,10 +211,15 @@ class OptimizeConfig:
             raise ValueError(f"eager_error_factor must be >= 1, not {self.eager_error_factor}")
         object.__setattr__(self, "dynamic", _dynamic(self.dynamic))
         object.__setattr__(self, "warmup_shapes", _warmup_shapes(self.warmup_shapes))
-        for name in ("max_cache_len", "max_batch_size"):
+        for name in ("max_cache_len", "max_batch_size", "kv_cache_tokens"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and value >= 1):
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ValueError(f"{name} must be a positive int or None, not {value!r}")
+        if self.kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHES}, not {self.kv_cache!r}")
+        page = self.kv_page_size
+        if not (isinstance(page, int) and not isinstance(page, bool) and page >= 1 and page & (page - 1) == 0):
+            raise ValueError(f"kv_page_size must be a power of two, not {page!r}")
 
     def tolerance_for(self, dtype: torch.dtype) -> float:
         """The guard's relative-L2 floor for a layer computing in `dtype`."""

@@ -6,7 +6,9 @@ sampling, logits processors, stopping criteria, streamers: the same arguments, t
 every forward step served by one optimized program over a static KV cache:
   - the cache: HF's StaticCache, owned by the OptimizedLM, allocated once for max_batch_size
     sequences of max_cache_len tokens (OptimizeConfig; by default the example's batch and the
-    model's positions, at most 2048);
+    model's positions, at most 2048); or, with OptimizeConfig(kv_cache="paged"), accelc's paged
+    cache (accelc.paged_cache: blocks taken per sequence, attention reading no padding), whose step
+    takes (input_ids, position_ids, lens, new, block_table) instead, through the same loops;
   - the step: (input_ids (B, T), key padding mask (B, max_cache_len), position_ids (B, T), start
     ()) -> the last position's logits (B, vocab), writing the T tokens' keys and values at cache
     slots start .. start + T - 1; prefill (T = the prompt) and decode (T = 1) are the same
@@ -131,10 +133,42 @@ class CacheStep(nn.Module):
     def cache_bytes(self) -> int:
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
 
+    def describe(self) -> str:
+        return (f"static KV cache for {self.batch} sequence(s) of {self.max_len} tokens "
+                f"({self.cache_bytes() / 2**20:.1f} MiB, {len(self.cache.layers)} layers)")
 
-def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[CacheStep, tuple]:
-    """The CacheStep of `lm` sized by `config` (max_cache_len, max_batch_size) and its example
-    inputs (the prompt of the example call: input_ids, attention_mask)."""
+    # -- the loops' inputs (OptimizedLM; accelc.paged_cache.PagedStep has the same) ---------------
+
+    def begin(self, input_ids: torch.Tensor, mask: torch.Tensor, rows: int, total: int) -> None:
+        """A generate() of `total` positions a sequence for the first `rows` of the cache's rows."""
+        self.reset()
+
+    def prefill_inputs(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple:
+        """The step's inputs for the prompt, and the greedy loop's state for decode_inputs."""
+        keys = _padded(mask.long(), self.max_len)
+        start = torch.zeros((), dtype=torch.long, device=input_ids.device)
+        self.loop = (input_ids.shape[1], keys, mask.long().sum(-1), start)    # prompt length, keys, real tokens
+        return input_ids, keys, prompt_positions(mask), start
+
+    def decode_inputs(self, token: torch.Tensor, i: int) -> tuple:
+        """The step's inputs for the i-th new token (0: the first after the prompt)."""
+        n, keys, count, start = self.loop
+        keys[:, n + i] = 1
+        start.fill_(n + i)
+        return token[:, None], keys, (count + i)[:, None], start
+
+    def shell_inputs(self, input_ids, attention_mask, position_ids, past_key_values) -> tuple:
+        """The step's inputs for a forward call of HF's generate loop (see OptimizedLM._shell)."""
+        start = past_key_values.layers[0].cumulative_length
+        if position_ids is None:     # the model's own default
+            position_ids = (start + torch.arange(input_ids.shape[1], device=input_ids.device)).expand_as(input_ids)
+        return input_ids, key_padding(attention_mask, input_ids, self.max_len, start), position_ids, start
+
+
+def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[nn.Module, tuple]:
+    """The step module of `lm` (a CacheStep, or a paged_cache.PagedStep with kv_cache="paged")
+    sized by `config` (max_cache_len, max_batch_size, kv_page_size, kv_cache_tokens) and its example
+    inputs (from the prompt of the example call: input_ids, attention_mask)."""
     ids = kwargs.get("input_ids", args[0] if args else None)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise InputError("the example holds no input_ids (batch x length) to size the cache with")
@@ -145,14 +179,21 @@ def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[CacheSt
     if max_len <= ids.shape[1]:
         raise InputError(f"max_cache_len {max_len} holds no token beyond the example's {ids.shape[1]}")
     batch = config.max_batch_size or ids.shape[0]
+    n_example = ids.shape[0]
     reps = -(-batch // ids.shape[0])
     ids, mask = ids.repeat(reps, 1)[:batch], mask.repeat(reps, 1)[:batch]
+    if config.kv_cache == "paged":
+        from accelc.paged_cache import PagedStep
+
+        step = PagedStep(lm, ids[:batch], mask[:batch], max_len, config.kv_page_size, config.kv_cache_tokens,
+                         distinct=min(batch, n_example))
+        return step, step.example_inputs
     step = CacheStep(lm, ids, mask, max_len)
-    positions = _positions(mask)
+    positions = prompt_positions(mask)
     return step, (ids, _padded(mask, max_len), positions, torch.zeros((), dtype=torch.long, device=ids.device))
 
 
-def _positions(mask: torch.Tensor) -> torch.Tensor:
+def prompt_positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids of a left-padded prompt, as HF's generate derives them from the attention
     mask: each real token's index among the real ones, pads at 1."""
     return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
@@ -170,7 +211,7 @@ class OptimizedLM(OptimizedModule):
     the optimized step program (an OptimizedModule; its summary is in this one's); `original`: the
     model generate() falls back to (the same weights, not a copy)."""
 
-    def attach_generation(self, step: OptimizedModule, cache: CacheStep, original: nn.Module) -> None:
+    def attach_generation(self, step: OptimizedModule, cache: nn.Module, original: nn.Module) -> None:
         self.step = step
         # not submodules: the cache step holds the model, whose weights the step program shares
         object.__setattr__(self, "cache_step", cache)
@@ -179,10 +220,9 @@ class OptimizedLM(OptimizedModule):
         # them): which ones, so that a copy of the graph's tensors (.to(), unpickling) is re-bound
         named = {id(t): name for name, t in step.graph_module.named_buffers()}
         self.cache_lengths = [(i, named[id(layer.cumulative_length)]) for i, layer in enumerate(cache.cache.layers)
-                              if id(layer.cumulative_length) in named]
-        self.info.generation = (f"generation: static KV cache for {cache.batch} sequence(s) of {cache.max_len} tokens "
-                                f"({cache.cache_bytes() / 2**20:.1f} MiB, {len(cache.cache.layers)} layers); one step "
-                                f"program for prefill and decode: {step.info.shapes or ''}; greedy decoding runs accelc's "
+                              if id(getattr(layer, "cumulative_length", None)) in named]
+        self.info.generation = (f"generation: {cache.describe()}; one step program for prefill and decode: "
+                                f"{step.info.shapes or ''}; greedy decoding runs accelc's "
                                 f"own loop (the stop condition read every {STOP_CHECK_EVERY} tokens, no host sync per "
                                 "token), other decoding HF's loop over the step program")
 
@@ -237,7 +277,7 @@ class OptimizedLM(OptimizedModule):
             mask = torch.cat([mask, mask[-1:].expand(extra, n)])
             if kwargs.get("streamer") is not None:
                 kwargs["streamer"] = _FirstRows(kwargs["streamer"], b)
-        cache.reset()
+        cache.begin(input_ids, mask, b, total)
         greedy = self._greedy_alone(gen, kwargs) and total > n
         self.last_loop = "accelc" if greedy else "hf"
         try:
@@ -268,14 +308,10 @@ class OptimizedLM(OptimizedModule):
         eos = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=device)
         pad = gen.pad_token_id if gen.pad_token_id is not None else (int(eos[0]) if eos is not None else 0)
         min_new = max(gen.min_new_tokens or 0, (gen.min_length or 0) - n)
-        keys = _padded(mask.long(), cache.max_len)
-        count = mask.long().sum(-1)                             # real tokens so far, per row
-        positions = _positions(mask)
-        start = torch.zeros((), dtype=torch.long, device=device)
         out = torch.empty(batch, new, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         all_done = torch.zeros(new, dtype=torch.bool, device=device)
-        logits = step(input_ids, keys, positions, start)
+        logits = step(*cache.prefill_inputs(input_ids, mask))
         # the stop tokens banned until min_new_tokens, as HF's processor bans them: the vocabulary's
         # entries among them (a stop id past the vocabulary, which a config may name, is never produced;
         # indexing the scores with it was a device-side assert on a GPU)
@@ -294,9 +330,7 @@ class OptimizedLM(OptimizedModule):
             out[:, i] = token
             if i == new - 1 or (eos is not None and (i + 1) % STOP_CHECK_EVERY == 0 and bool(all_done[i])):
                 break
-            keys[:, n + i] = 1
-            start.fill_(n + i)
-            logits = step(token[:, None], keys, (count + i)[:, None], start)
+            logits = step(*cache.decode_inputs(token, i))
         done = all_done.nonzero()
         length = int(done[0, 0]) + 1 if done.numel() else new
         return torch.cat([input_ids, out[:, :length]], dim=1)
@@ -320,11 +354,7 @@ class OptimizedLM(OptimizedModule):
         def forward(model, input_ids=None, attention_mask=None, past_key_values=None, position_ids=None, **unused):
             from transformers.modeling_outputs import CausalLMOutputWithPast
 
-            start = past_key_values.layers[0].cumulative_length
-            if position_ids is None:     # the model's own default
-                position_ids = (start + torch.arange(input_ids.shape[1], device=input_ids.device)).expand_as(input_ids)
-            keys = _key_padding(attention_mask, input_ids, self.cache_step.max_len, start)
-            logits = step(input_ids, keys, position_ids, start)
+            logits = step(*self.cache_step.shell_inputs(input_ids, attention_mask, position_ids, past_key_values))
             return CausalLMOutputWithPast(logits=logits[:, None, :], past_key_values=past_key_values)
         shell.forward = types.MethodType(forward, shell)
         # HF's loop compiles the forward itself over a static cache on a GPU (torch.compile, CUDA
@@ -403,7 +433,7 @@ def _first_rows(out, rows: int, batch: int):
     return out
 
 
-def _key_padding(mask, input_ids, length: int, start) -> torch.Tensor:
+def key_padding(mask, input_ids, length: int, start) -> torch.Tensor:
     """The (B, length) key padding mask (1: a real token) of what HF's generate passes: a 2D mask
     of the tokens so far, the 4D mask it builds for a static cache (its last query row: the real
     keys up to the newest position), or None (no padding)."""

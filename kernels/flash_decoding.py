@@ -15,8 +15,8 @@ Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023), one ke
      are at hand (_counters).
 `paged` runs the same two kernels over a paged KV cache (vLLM's PagedAttention, in
 flash_attn_with_kvcache's layout): each key's row found through the sequence's block table, each
-sequence's keys ending at its own length (a ragged batch reads no padding); not yet used by
-accelc.generation, whose cache is static.
+sequence's keys ending at its own length (a ragged batch reads no padding); accelc::paged_attention
+(kernels/paged_attention.py) serves generation's paged cache with it.
 The number of splits fills the SMs (about two programs an SM), each split a whole number of key
 blocks. With a boolean mask, a key block no query row of the tile attends (a static cache's slots
 past the current length, a left pad) is skipped before its K/V are read: it cannot change the
@@ -307,7 +307,8 @@ def _combine(acc, ml, out, Hkv: int, splits: int, block_m: int, block_d: int, em
 
 
 def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-          seq_lens: torch.Tensor, scale: float | None = None, empty_nan: bool = False) -> torch.Tensor:
+          seq_lens: torch.Tensor, scale: float | None = None, empty_nan: bool = False,
+          out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention over a paged KV cache (vLLM's PagedAttention; flash_attn_with_kvcache's
     layout): q (B, H, L, D) for L <= MAX_QUERIES new positions, k_cache / v_cache (blocks, page, Hkv, D)
     shared by every sequence, block_table (B, pages) int32 naming sequence b's blocks in order,
@@ -315,7 +316,7 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_t
     positions are the sequence's last L: each attends to the keys up to itself (causal among them, as
     drafted tokens are checked); keys past a
     sequence's length are never read, so a batch of ragged lengths does no work on padding. fp16 /
-    bf16; GQA as flash_attention's. Returns (B, H, L, D). The table's entries and the lengths are the
+    bf16; GQA as flash_attention's. Returns (B, H, L, D) (into `out` where given). The table's entries and the lengths are the
     caller's contract, as vLLM's: checking them would cost a host sync a step (a length past the
     table's pages reads its pages only)."""
     B, H, L, D = q.shape
@@ -337,7 +338,7 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_t
     if why:
         raise ValueError(f"flash_decoding.paged: {why}")
     S = block_table.shape[1] * page
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     block_m, block_d, block_n, splits, per, acc, ml = _tiles(q, Hkv, S)
     table = block_table.to(torch.int32).contiguous()
     lens = seq_lens.to(torch.int32).contiguous()

@@ -56,17 +56,24 @@ def _optimize(lm, **config):
         return accelc.optimize(lm, _prompt(2, 6, left_pad=(0, 2)), config=accelc.OptimizeConfig(**config))
 
 
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_family_generates_the_original_models_tokens(name):
+def test_family_generates_the_original_models_tokens(name, kv_cache):
     lm = _lm(name)
-    opt = _optimize(lm)
+    opt = _optimize(lm, kv_cache=kv_cache)
     assert isinstance(opt, accelc.generation.OptimizedLM) and opt.step is not None, opt.info.generation
-    assert "generation: static KV cache for 2 sequence(s) of 96 tokens" in opt.summary()
+    summary = {"static": "generation: static KV cache for 2 sequence(s) of 96 tokens",
+               "paged": "generation: paged KV cache of 12 blocks of 16 tokens"}
+    assert summary[kv_cache] in opt.summary()
     # grouped-query attention reads the cache's K/V heads as they are: no copy of the cache per query head
+    # (the paged cache's pool: (blocks, page, Hkv, D))
     cfg = lm.config
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    flash = [n for n in opt.step.graph_module.graph.nodes if n.target is torch.ops.accelc.flash_attention.default]
-    assert flash and all(meta.tensor_meta(n.args[1]).shape[1] == kv_heads for n in flash)
+    op, kv_dim = {"static": (torch.ops.accelc.flash_attention.default, 1),
+                  "paged": (torch.ops.accelc.paged_attention.default, 2)}[kv_cache]
+    attention = [n for n in opt.step.graph_module.graph.nodes if n.target is op]
+    assert attention and all(meta.tensor_meta(n.args[1 + 2 * (kv_cache == "paged")]).shape[kv_dim] == kv_heads
+                             for n in attention)
     prompt = _prompt(2, 9, left_pad=(3, 0))
     with torch.no_grad():
         want = lm.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
@@ -188,7 +195,8 @@ def test_greedy_runs_accelcs_loop_with_stop_tokens_min_tokens_and_ragged_stops(l
     assert "greedy decoding runs accelc's own loop" in opt.summary()
 
 
-def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch):
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch, kv_cache):
     """Where CUDA graphs run (a stand-in here: a "graph" that re-runs the step on the buffers it was
     captured with, as a replay does), the step's cache writes replay: greedy and sampled tokens stay
     the original model's, and decode steps are replays of one captured graph."""
@@ -203,7 +211,7 @@ def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch):
     monkeypatch.setattr(runner, "plan", lambda config, device, gm=None: ("eager", True, "test: CUDA graphs"))
     monkeypatch.setattr(runner, "capture_cuda_graph", capture)
     lm = _lm("llama")
-    opt = _optimize(lm)
+    opt = _optimize(lm, kv_cache=kv_cache)
     prompt = _prompt(2, 9, left_pad=(3, 0))
     with torch.no_grad():
         want = lm.generate(**prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
@@ -219,13 +227,14 @@ def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch):
         (opt.step.runner.status(), [g.replays for g in graphs], keys)
 
 
-def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one():
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one(kv_cache):
     """HF's loop reads the cache's length, which the step graph sets: a copy of the graph's tensors
     (.to() another device, a pickle read back) must not leave the cache reading the old tensor (its
     position would stay at the prompt's end: silently wrong tokens)."""
     import pickle
     lm = _lm("llama")
-    opt = _optimize(lm)
+    opt = _optimize(lm, kv_cache=kv_cache)
     prompt = _prompt(2, 9, left_pad=(3, 0))
     sampling = dict(max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
     with torch.no_grad():

@@ -76,3 +76,61 @@ def test_paged_decode_refuses_what_it_cannot_take_in_one_line():
         fd.paged(q, kc, vc, table[:, :1].expand(2, 1), n)
     with pytest.raises(ValueError, match="fp16 / bf16"):
         fd.paged(q.float(), kc.float(), vc.float(), table, n)
+
+
+def _step_case(lens_before, new, T, h=4, hkv=2, d=32, page=16, dtype=torch.float16, seed=5):
+    """A generation step over a paged cache: sequence b holds lens_before[b] keys and writes its last
+    new[b] of T columns (the earlier ones pads); the cache already holds the step's keys and values."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(new)
+    pages = max(-(-(n + m) // page) for n, m in zip(lens_before, new)) + 1
+    blocks = B * pages + 1
+    k_cache = torch.randn(blocks, page, hkv, d, generator=g)
+    v_cache = torch.randn(blocks, page, hkv, d, generator=g)
+    table = torch.randperm(blocks - 1, generator=g)[:B * pages].view(B, pages).to(torch.int32)
+    q = torch.randn(B, h, T, d, generator=g)
+    k = torch.randn(B, hkv, T, d, generator=g)
+    v = torch.randn(B, hkv, T, d, generator=g)
+    for b in range(B):                      # the step's real columns written to their slots
+        for j in range(new[b]):
+            p = lens_before[b] + j
+            blk, row = int(table[b, p // page]), p % page
+            k_cache[blk, row] = k[b, :, T - new[b] + j]
+            v_cache[blk, row] = v[b, :, T - new[b] + j]
+    cast = lambda t: t.to(device=DEVICE, dtype=dtype)
+    ints = lambda x: torch.tensor(x, dtype=torch.int32, device=DEVICE)
+    total = [n + m for n, m in zip(lens_before, new)]
+    return (cast(q), cast(k), cast(v), cast(k_cache), cast(v_cache), table.to(DEVICE), ints(total), ints(new))
+
+
+def _step_reference(q, k_cache, v_cache, table, lens, new):
+    """Each real column attends to its sequence's keys up to itself; pad columns are not compared."""
+    B, H, T, D = q.shape
+    out = torch.zeros(B, H, T, D, dtype=torch.float64, device=q.device)
+    for b in range(B):
+        m = int(new[b])
+        if m:
+            out[b:b + 1, :, T - m:] = _reference(q[b:b + 1, :, T - m:], k_cache, v_cache, table[b:b + 1],
+                                                 lens[b:b + 1])
+    return out
+
+
+@pytest.mark.parametrize("lens_before,new,T,dtype", [
+    ([0, 0, 0], [20, 13, 0], 20, torch.float16),     # a ragged prompt (the prompt path), a row with no tokens
+    ([37, 5, 0], [1, 1, 0], 1, torch.float16),       # a decode step (the kernel), an unused row
+    ([0, 0], [7, 4], 7, torch.float16),              # a short prompt: the kernel over the cache
+    ([37, 0], [1, 6], 6, torch.float32),             # fp32: the keys gathered from the table
+])
+def test_paged_attention_op_serves_prompts_and_decode_steps(lens_before, new, T, dtype):
+    from accelc.kernels.paged_attention import paged_attention, paged_attention_ref
+
+    q, k, v, kc, vc, table, lens, n = _step_case(lens_before, new, T, dtype=dtype)
+    ref = _step_reference(q, kc, vc, table, lens, n)
+    # the op, and its pure-PyTorch reference (what an ONNX export records)
+    args = (q, k, v, kc, vc, table, lens, n)
+    for out in (paged_attention(*args, None), paged_attention_ref(*args)):
+        assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()     # HF's layout: (B, T, H, D) memory
+        for b, m in enumerate(new):
+            torch.testing.assert_close(out[b, :, T - m:].double(), ref[b, :, T - m:], atol=2e-3, rtol=1e-2)
+            if not m:                       # a row without tokens: nothing attended, 0 (never NaN)
+                assert torch.equal(out[b].float(), torch.zeros_like(out[b].float()))
