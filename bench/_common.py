@@ -96,10 +96,10 @@ def merged(out_dir: str, name: str, env: dict, rows: list[dict], key: tuple[str,
     old = json.loads(path.read_text())
     if old.get("environment", {}).get("device") != env["device"]:
         return rows
-    fresh = {tuple(r[k] for k in key): r for r in rows}
+    fresh = {tuple(r.get(k) for k in key): r for r in rows}    # a key field a row lacks: None
     out = []
     for r in old["rows"]:
-        k = tuple(r[f] for f in key)
+        k = tuple(r.get(f) for f in key)
         out.append({**r, **fresh.pop(k)} if k in fresh else r)
     return out + list(fresh.values())
 

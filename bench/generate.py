@@ -4,6 +4,7 @@ greedy tokens compared with HF eager's. The generation issue's measure.
 
     python bench/generate.py [--out bench/results] [--models tinyllama,qwen2-0.5b,gpt2,llama3-8b]
                              [--batches 1,16] [--prompt 512] [--new 256]
+    python bench/generate.py --ragged     # prompts of random real lengths (--prompt / 4 .. --prompt), left-padded
     python bench/generate.py --smoke      # a tiny Llama on the CPU, 12 tokens: checks the script runs
 
 Models: random weights at real shapes, fp16 (TinyLlama-1.1B, Qwen2-0.5B, GPT-2 small, a Llama-3-8B
@@ -15,15 +16,17 @@ median of --rounds after one warm-up generate):
                     before transformers 4.50, torch.compile(model.forward) by hand);
   accelc            accelc.optimize(lm, prompt) then opt.generate (accelc's static cache, one step
                     program for prefill and decode);
-  accelc_int8w      the same with int8 weights (Int8Config(weights_only=True, skip_first_last=False):
+  accelc_paged      accelc with its paged KV cache (OptimizeConfig(kv_cache="paged")): each sequence
+                    takes the cache blocks of its own tokens, attention reads no padding;
+  accelc_int8w      the same as accelc with int8 weights (Int8Config(weights_only=True, skip_first_last=False):
                     every linear and gated layer, lm_head included); its share of the limit counts
                     the fp16 bytes, as every side's does (so it may pass 100%).
 Greedy decoding with min_new_tokens = max_new_tokens (random weights may emit EOS early: every side
 generates the same count). Time to first token: generate with max_new_tokens=1; decode tokens/s:
 (new - 1) tokens over (total - first-token time), per sequence. Bandwidth limit: the bytes a decode
 step reads (every weight but the input embedding table, unless tied, + the KV cache at the mean
-context length) over the device's measured copy bandwidth (a 1 GiB device-to-device copy, read +
-write bytes over its time).
+context length: real tokens only, with --ragged, as the pads need no reading) over the device's
+measured copy bandwidth (a 1 GiB device-to-device copy, read + write bytes over its time).
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
-SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_int8w"]   # accelc_int8w: int8 weights (weight-only)
+SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w"]   # accelc_int8w: int8 weights
 
 
 def configs(smoke: bool) -> dict:
@@ -91,7 +94,7 @@ def step_bytes(lm, batch: int, context: float) -> float:
 
 def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, torch.Tensor]:
     """(median seconds, the tokens of the last round) of gen(...) generating `new` tokens."""
-    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
     out = gen(input_ids=ids, attention_mask=mask, **kwargs)      # warm-up: compiles, captures, tunes
     times = []
     for _ in range(rounds):
@@ -103,8 +106,23 @@ def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, 
     return statistics.median(times), out
 
 
+def prompts(vocab: int, batch: int, prompt: int, ragged: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of `batch` prompts of `prompt` columns: all real, or (ragged) each row's real length
+    drawn from prompt / 4 .. prompt (seeded by the batch), left-padded as a tokenizer pads for generation."""
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(1, vocab, (batch, prompt), generator=g)
+    mask = torch.ones_like(ids)
+    if ragged:
+        real = torch.randint(max(1, prompt // 4), prompt + 1, (batch,), generator=g)
+        real[0] = prompt                                # the longest row fills the columns
+        for b, n in enumerate(real.tolist()):
+            mask[b, :prompt - n] = 0
+            ids[b, :prompt - n] = 0
+    return ids.to(device), mask.to(device)
+
+
 def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, bandwidth, rows,
-                save=lambda: None) -> None:
+                save=lambda: None, ragged: bool = False) -> None:
     """Appends a row per batch to rows and fills it side by side, calling save() after each (a run cut
     off by a time limit keeps the sides it finished)."""
     import accelc
@@ -112,13 +130,13 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
     lm = build(cfg, device, dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for batch in batches:
-        g = torch.Generator().manual_seed(batch)
-        ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=g).to(device)
-        mask = torch.ones_like(ids)
-        limit = (bandwidth / step_bytes(lm, batch, prompt + new / 2)) if bandwidth else None
+        ids, mask = prompts(cfg.vocab_size, batch, prompt, ragged, device)
+        context = mask.float().sum(-1).mean().item() + new / 2         # the mean real context of a decode step
+        limit = (bandwidth / step_bytes(lm, batch, context)) if bandwidth else None
         row = {"model": name, "batch": batch, "prompt": prompt, "new_tokens": new,
+               **({"ragged": True, "real_prompt_tokens": mask.sum(-1).tolist()} if ragged else {}),
                "params_m": round(sum(p.numel() for p in lm.parameters()) / 1e6, 1),
-               "step_mib": round(step_bytes(lm, batch, prompt + new / 2) / 2**20, 1),
+               "step_mib": round(step_bytes(lm, batch, context) / 2**20, 1),
                "bandwidth_limit_tok_s": None if limit is None else round(limit, 1)}
         rows.append(row)
         reference = None
@@ -139,7 +157,8 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     gen = compiled.generate
                 else:
                     int8 = accelc.Int8Config(weights_only=True, skip_first_last=False) if side == "accelc_int8w" else False
-                    config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8)
+                    config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8,
+                                                   kv_cache="paged" if side == "accelc_paged" else "static")
                     opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
                     gen = opt.generate
                 prepare_s = time.perf_counter() - t0
@@ -182,6 +201,10 @@ def _short(r: dict) -> str:
             + "".join(f"\n  {line}" for line in r.get("runtime", ())))
 
 
+def _name(r: dict) -> str:
+    return r["model"] + (" (ragged prompts)" if r.get("ragged") else "")
+
+
 def markdown(env, rows) -> str:
     header = ["model", "batch", "side", "TTFT ms", "decode tok/s (per seq)", "tok/s (all)", "% bandwidth limit",
               "same greedy tokens as eager", "vs hf_static_compile", "vs hf_eager", "vs accelc", "prepare s"]
@@ -192,14 +215,14 @@ def markdown(env, rows) -> str:
             if x is None:
                 continue
             if "error" in x:
-                table.append([r["model"], r["batch"], s, x["error"][:120]] + [""] * 8)
+                table.append([_name(r), r["batch"], s, x["error"][:120]] + [""] * 8)
                 continue
 
             def vs(other):
                 o = r.get(other, {})
                 return f"{x['decode_tok_s'] / o['decode_tok_s']:.2f}x" if o.get("decode_tok_s") and other != s else ""
             share = "" if x["bandwidth_share"] is None else f"{100 * x['bandwidth_share']:.0f}%"
-            table.append([r["model"], r["batch"], s, x["ttft_ms"], x["decode_tok_s"], x["decode_tok_s_all"], share,
+            table.append([_name(r), r["batch"], s, x["ttft_ms"], x["decode_tok_s"], x["decode_tok_s_all"], share,
                           x.get("same_tokens_as_eager", ""), vs("hf_static_compile"), vs("hf_eager"), vs("accelc"), x["prepare_s"]])
     limits = ", ".join(f"{r['model']} b{r['batch']} {r['bandwidth_limit_tok_s']} tok/s" for r in rows)
     return (f"# Text generation\n\n{_common.env_line(env)}\n\n"
@@ -219,6 +242,7 @@ def main():
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--ragged", action="store_true", help="prompts of random real lengths, left-padded")
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU, eager and accelc")
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows and sides an earlier run on this device wrote to --out that this run does not measure")
@@ -228,7 +252,7 @@ def main():
     dtype = torch.float32 if device.type == "cpu" else torch.float16
     specs = configs(smoke)
     names = list(specs) if smoke else [m for m in args.models.split(",") if m in specs]
-    sides = ["hf_eager", "accelc", "accelc_int8w"] if smoke else args.sides.split(",")
+    sides = ["hf_eager", "accelc", "accelc_paged", "accelc_int8w"] if smoke else args.sides.split(",")
     sides.sort(key=lambda side: side != "hf_eager")   # eager first: its tokens are every other side's reference
     batches = [2] if smoke else [int(b) for b in args.batches.split(",")]
     prompt, new = (16, 12) if smoke else (args.prompt, args.new)
@@ -237,7 +261,7 @@ def main():
     env["copy_bandwidth_gb_s"] = None if bandwidth is None else round(bandwidth / 1e9, 1)
     print(_common.env_line(env), flush=True)
     rows: list[dict] = []
-    key = ("model", "batch", "prompt", "new_tokens")
+    key = ("model", "batch", "prompt", "new_tokens", "ragged")
 
     def save():
         if not smoke:
@@ -245,10 +269,11 @@ def main():
             _common.write(args.out, "generate", env, table, markdown(env, table))
     for n in names:
         bench_model(n, specs[n], batches, prompt, new, 1 if smoke else args.rounds, device, dtype, sides,
-                    bandwidth, rows, save)
+                    bandwidth, rows, save, ragged=args.ragged or smoke)
     if smoke:
         for r in rows:
             assert r["accelc"].get("same_tokens_as_eager") == 1.0, r
+            assert r["accelc_paged"].get("same_tokens_as_eager") == 1.0, r
             assert "error" not in r["accelc_int8w"] and r["accelc_int8w"]["decode_tok_s"] > 0, r   # int8 weights: tokens may differ
         print("smoke: ok")
         return
