@@ -40,6 +40,7 @@ from accelc.optimized import OptimizedModule
 log = logging.getLogger("accelc")
 
 DEFAULT_MAX_CACHE = 2048
+CACHE_TENSORS = ("cumulative_length", "keys", "values")   # a cache layer's tensors the step graph holds
 STOP_CHECK_EVERY = 16     # accelc's greedy loop reads its stop condition (a host sync) every this many tokens
 # generate() arguments accelc's greedy loop serves; any other sends the call to HF's loop
 _GREEDY_ARGS = {"max_new_tokens", "min_new_tokens", "max_length", "min_length", "do_sample", "eos_token_id",
@@ -216,23 +217,33 @@ class OptimizedLM(OptimizedModule):
         # not submodules: the cache step holds the model, whose weights the step program shares
         object.__setattr__(self, "cache_step", cache)
         object.__setattr__(self, "original", original)
-        # the cache's lengths are the step graph's own tensors (it sets them each step; HF's loop reads
-        # them): which ones, so that a copy of the graph's tensors (.to(), unpickling) is re-bound
-        named = {id(t): name for name, t in step.graph_module.named_buffers()}
-        self.cache_lengths = [(i, named[id(layer.cumulative_length)]) for i, layer in enumerate(cache.cache.layers)
-                              if id(getattr(layer, "cumulative_length", None)) in named]
+        # the cache's lengths, keys and values are the step graph's own tensors (it sets them each step;
+        # HF's loop reads the lengths): which ones, so that a copy of the graph's tensors (.to(),
+        # unpickling) is re-bound, and the tensors copied from are not kept alive by the cache
+        named = {_where(t): name for name, t in step.graph_module.named_buffers()}
+        held = [(i, attr, getattr(layer, attr, None)) for i, layer in enumerate(cache.cache.layers)
+                for attr in CACHE_TENSORS]
+        self.cache_tensors = [(i, attr, named[_where(t)]) for i, attr, t in held
+                              if isinstance(t, torch.Tensor) and _where(t) in named]
         self.info.generation = (f"generation: {cache.describe()}; one step program for prefill and decode: "
                                 f"{step.info.shapes or ''}; greedy decoding runs accelc's "
                                 f"own loop (the stop condition read every {STOP_CHECK_EVERY} tokens, no host sync per "
                                 "token), other decoding HF's loop over the step program")
 
     def _rebind_cache(self) -> None:
-        """Point the cache's lengths at the step graph's tensors again (after they were copied)."""
+        """Point the cache's tensors (its layers' and the cache step's buffers) at the step graph's
+        tensors again (after they were copied)."""
         if getattr(self, "step", None) is None or self.cache_step is None:
             return
         buffers = dict(self.step.graph_module.named_buffers())
-        for i, name in getattr(self, "cache_lengths", ()):
-            self.cache_step.cache.layers[i].cumulative_length = buffers[name]
+        held = self.cache_step._buffers
+        for i, attr, name in getattr(self, "cache_tensors", ()):
+            layer = self.cache_step.cache.layers[i]
+            old, new = getattr(layer, attr), buffers[name]
+            setattr(layer, attr, new)
+            for key, t in held.items():
+                if t is old:
+                    held[key] = new
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -402,6 +413,12 @@ class OptimizedLM(OptimizedModule):
             return text
         return text + f"\n{self.info.generation}\nthe step program:\n" + "\n".join(
             "  " + line for line in step.summary().splitlines())
+
+
+def _where(t: torch.Tensor) -> tuple:
+    """A tensor's memory and shape: the step graph holds the cache's tensors as constants of its own
+    (other tensor objects over the same memory)."""
+    return t.device, t.data_ptr(), tuple(t.shape), t.dtype
 
 
 class _FirstRows:

@@ -242,6 +242,10 @@ def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one(kv_cac
         want = lm.generate(**prompt, **sampling)
         moved = opt._apply(lambda t: t.clone())            # what .to(another device) does to every tensor
         for copy_ in (moved, pickle.loads(pickle.dumps(opt))):
+            # the cache's keys, values and lengths are the step graph's: no stale copy kept alive
+            graph = {id(t) for t in copy_.step.graph_module.buffers()}
+            held = [getattr(layer, a) for layer in copy_.cache_step.cache.layers for a in ("keys", "values")]
+            assert all(id(t) in graph for t in held + list(copy_.cache_step._buffers.values()))
             torch.manual_seed(3)
             assert torch.equal(copy_.generate(**prompt, **sampling), want)
             assert torch.equal(copy_.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0),
