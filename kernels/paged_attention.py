@@ -11,8 +11,8 @@ chosen when the step runs (T is one dim of a program that serves prefill and dec
     table, the same numbers, not the bandwidth);
   - more columns (a prompt): the step starts its sequences (the cache holds none of their keys
     before it; accelc.paged_cache's callers keep to that), so the step attends among its own
-    tokens, causal, the pads masked: flash_attention on the step's keys and values, the cache not
-    read.
+    tokens, causal, the pads masked: flash_attention (is_causal and a key padding mask) on the
+    step's keys and values, the cache not read.
 A pad column's row is never used by the model's output (rows are independent but for attention,
 and nothing attends to a pad): its value is whatever its path gives, 0 for a row with no key.
 """
@@ -67,22 +67,23 @@ def paged_attention_launch(q, k, v, k_cache, v_cache, block_table, seq_lens, new
 
 def paged_attention_ref(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale=None):
     """Pure PyTorch, the same paths (an ONNX export's stand-in, accelc.kernels.REFERENCES)."""
-    def ref(q, k, v, mask, scale):
-        return flash_attention_ref(q, k, v, mask, scale=scale)
+    def ref(q, k, v, mask, is_causal=False, scale=None):
+        return flash_attention_ref(q, k, v, mask, is_causal=is_causal, scale=scale)
     T = q.shape[2]
     if T > flash_decoding.MAX_QUERIES:
         return _attend(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale, ref)
     keys, values = _gathered(k_cache, v_cache, block_table)
-    return _out(q).copy_(ref(q, keys, values, _decode_mask(seq_lens, T, keys.shape[2]), scale))
+    return _out(q).copy_(ref(q, keys, values, _decode_mask(seq_lens, T, keys.shape[2]), scale=scale))
 
 
 def _attend(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale, attention):
     T = q.shape[2]
     out = _out(q)
     if T > flash_decoding.MAX_QUERIES:           # a prompt: among its own tokens
-        real = _real_columns(new, T)
-        mask = real[:, None, None, :] & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        return out.copy_(attention(q, k, v, mask, scale=scale))
+        # causal (the kernel skips the key blocks right of the diagonal) over the real keys: a key padding
+        # mask, read once a key block; a pad column sees only pads before it, an empty row
+        real = _real_columns(new, T)[:, None, None, :]
+        return out.copy_(attention(q, k, v, real, is_causal=True, scale=scale))
     if kernel_takes(q, k_cache):
         return flash_decoding.paged(q, k_cache, v_cache, block_table, seq_lens, scale=scale, out=out)
     keys, values = _gathered(k_cache, v_cache, block_table)
