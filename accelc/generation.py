@@ -131,12 +131,9 @@ class CacheStep(nn.Module):
         for layer in self.cache.layers:
             layer.cumulative_length.zero_()
 
-    def cache_bytes(self) -> int:
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
-
     def describe(self) -> str:
         return (f"static KV cache for {self.batch} sequence(s) of {self.max_len} tokens "
-                f"({self.cache_bytes() / 2**20:.1f} MiB, {len(self.cache.layers)} layers)")
+                f"({kv_bytes(self.cache) / 2**20:.1f} MiB, {len(self.cache.layers)} layers)")
 
     # -- the loops' inputs (OptimizedLM; accelc.paged_cache.PagedStep has the same) ---------------
 
@@ -192,6 +189,11 @@ def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[nn.Modu
     step = CacheStep(lm, ids, mask, max_len)
     positions = prompt_positions(mask)
     return step, (ids, _padded(mask, max_len), positions, torch.zeros((), dtype=torch.long, device=ids.device))
+
+
+def kv_bytes(cache) -> int:
+    """The bytes of an HF Cache's keys and values (a static or a paged one)."""
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
 
 def prompt_positions(mask: torch.Tensor) -> torch.Tensor:

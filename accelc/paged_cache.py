@@ -24,8 +24,8 @@ from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from accelc.errors import InputError
-from accelc.generation import prompt_positions
-from accelc.kernels.paged_attention import paged_attention
+from accelc.generation import kv_bytes, prompt_positions
+from accelc.kernels.paged_attention import paged_attention, real_columns
 
 ATTENTION = "accelc_paged"        # the name accelc's attention function has in HF's AttentionInterface
 _ACTIVE: list = []                # the PagedCache of the step being run (a stack: a step runs no step)
@@ -140,7 +140,6 @@ class PagedStep(nn.Module):
     same role as accelc.generation.CacheStep, and the same methods for OptimizedLM's loops."""
 
     replayable_state = True      # a step run again on the same inputs writes the same slots (runner.REPLAYABLE_STATE)
-    kind = "paged"
 
     def __init__(self, lm: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_len: int, page: int,
                  pool_tokens: int | None, distinct: int):
@@ -178,7 +177,7 @@ class PagedStep(nn.Module):
         B, T = input_ids.shape
         col = torch.arange(T, device=input_ids.device)
         pos = lens.long()[:, None] + col[None, :] - (T - new.long())[:, None]     # each column's place in its sequence
-        real = col[None, :] >= (T - new.long())[:, None]
+        real = real_columns(new, T)
         page_of = (pos.clamp(min=0) // self.page).clamp(max=block_table.shape[1] - 1)
         block = block_table.long().gather(1, page_of)
         cache = self.cache
@@ -206,7 +205,7 @@ class PagedStep(nn.Module):
             raise InputError(f"the request needs {sum(need)} blocks of {self.page} tokens, and the paged cache holds "
                              f"{self.blocks}: optimize with a larger OptimizeConfig(kv_cache_tokens=...) or generate "
                              "in smaller batches")
-        table = torch.full((max(self.batch, len(need)), self.pages_per_seq), self.scratch, dtype=torch.int32)
+        table = torch.full((self.batch, self.pages_per_seq), self.scratch, dtype=torch.int32)
         at = 0
         for b, n in enumerate(need):
             table[b, :n] = torch.arange(at, at + n, dtype=torch.int32)
@@ -260,12 +259,10 @@ class PagedStep(nn.Module):
     def reset(self) -> None:
         self.seen = 0
         self.lens = None
-        self.table = getattr(self, "example_table", None)
-
-    def cache_bytes(self) -> int:
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.cache.layers)
+        self.table = self.example_table
 
     def describe(self) -> str:
-        return (f"paged KV cache of {self.blocks} blocks of {self.page} tokens ({self.cache_bytes() / 2**20:.1f} MiB, "
+        mib = kv_bytes(self.cache) / 2**20
+        return (f"paged KV cache of {self.blocks} blocks of {self.page} tokens ({mib:.1f} MiB, "
                 f"{len(self.cache.layers)} layers; a sequence takes the blocks of its prompt and new tokens, up to "
                 f"{self.max_len} positions; a batch of up to {self.batch} sequences)")

@@ -316,9 +316,9 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_t
     positions are the sequence's last L: each attends to the keys up to itself (causal among them, as
     drafted tokens are checked); keys past a
     sequence's length are never read, so a batch of ragged lengths does no work on padding. fp16 /
-    bf16; GQA as flash_attention's. Returns (B, H, L, D) (into `out` where given). The table's entries and the lengths are the
-    caller's contract, as vLLM's: checking them would cost a host sync a step (a length past the
-    table's pages reads its pages only)."""
+    bf16; GQA as flash_attention's. Returns (B, H, L, D) (into `out` where given). The table's
+    entries and the lengths are the caller's contract, as vLLM's: checking them would cost a host
+    sync a step (a length past the table's pages reads its pages only)."""
     B, H, L, D = q.shape
     blocks, page, Hkv, Dk = k_cache.shape
     why = None

@@ -33,7 +33,7 @@ def _out(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((B, T, H, D)).transpose(1, 2)
 
 
-def _real_columns(new: torch.Tensor, T: int) -> torch.Tensor:
+def real_columns(new: torch.Tensor, T: int) -> torch.Tensor:
     """(B, T) bool: column t of sequence b is one of its real new tokens (its last new[b])."""
     col = torch.arange(T, device=new.device)
     return col[None, :] >= (T - new.long())[:, None]
@@ -62,29 +62,25 @@ def kernel_takes(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 def paged_attention_launch(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale=None):
     """The op's body (accelc.kernels.LAUNCHERS: the runner calls it directly)."""
-    return _attend(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale, flash_attention)
+    return _attend(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale, flash_attention, kernel=True)
 
 
 def paged_attention_ref(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale=None):
     """Pure PyTorch, the same paths (an ONNX export's stand-in, accelc.kernels.REFERENCES)."""
-    def ref(q, k, v, mask, is_causal=False, scale=None):
-        return flash_attention_ref(q, k, v, mask, is_causal=is_causal, scale=scale)
-    T = q.shape[2]
-    if T > flash_decoding.MAX_QUERIES:
-        return _attend(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale, ref)
-    keys, values = _gathered(k_cache, v_cache, block_table)
-    return _out(q).copy_(ref(q, keys, values, _decode_mask(seq_lens, T, keys.shape[2]), scale=scale))
+    return _attend(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale, flash_attention_ref, kernel=False)
 
 
-def _attend(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale, attention):
+def _attend(q, k, v, k_cache, v_cache, block_table, seq_lens, new, scale, attention, kernel: bool):
+    """The step's attention by its path (the module docstring), `attention` flash_attention's
+    signature; kernel: flash_decoding.paged may serve a short step."""
     T = q.shape[2]
     out = _out(q)
     if T > flash_decoding.MAX_QUERIES:           # a prompt: among its own tokens
         # causal (the kernel skips the key blocks right of the diagonal) over the real keys: a key padding
         # mask, read once a key block; a pad column sees only pads before it, an empty row
-        real = _real_columns(new, T)[:, None, None, :]
+        real = real_columns(new, T)[:, None, None, :]
         return out.copy_(attention(q, k, v, real, is_causal=True, scale=scale))
-    if kernel_takes(q, k_cache):
+    if kernel and kernel_takes(q, k_cache):
         return flash_decoding.paged(q, k_cache, v_cache, block_table, seq_lens, scale=scale, out=out)
     keys, values = _gathered(k_cache, v_cache, block_table)
     return out.copy_(attention(q, keys, values, _decode_mask(seq_lens, T, keys.shape[2]), scale=scale))
