@@ -2,7 +2,6 @@
 
     python bench/decode.py [--out bench/results]             # the projections at M = 1 / 16 rows
     python bench/decode.py --profile [--layers 4]           # one optimized LM's decode step, by kernel
-    python bench/decode.py --int8-conversion                 # int8 weights' GEMV: the two conversions
 
 Rows: the projections of a decode step (TinyLlama-1.1B, Llama-3-8B, GPT-2 shapes; one token per
 sequence, batch 1 and 16), fp16, each side timed like bench/gemm.py (CUDA-graph medians, L2 flushed
@@ -12,12 +11,6 @@ accelc's fastest tensor-core tile alone (what the race picked before gemv_kernel
 int8 weights (weight-only int8, kernels/int8_weight.py: half the bytes). GB/s is the
 weight's bytes over the time; "% copy" its share of the device's measured copy bandwidth (the same
 yardstick as bench/generate.py's limit).
-
---int8-conversion: the int8 weights' GEMV (weight-only int8) with gemv_kernel's two conversions of
-an int8 weight block to fp32, each at its best candidate (every gemv candidate timed, the best of
-each conversion then timed in interleaved rounds): the plain conversion (the SM's conversion unit)
-and the bit arithmetic of gemm.weight_as_float, against the fp16 GEMV's best candidate and cuBLAS
-at the decode rows (M <= 8) above.
 
 --profile: a TinyLlama-shaped LM (random weights, `--layers` of its 22 layers: each layer's kernels
 are the same) optimized by accelc, greedy generate() of --new tokens under torch.profiler: each
@@ -148,104 +141,6 @@ def _row(model, layer, M, K, N, act, has_res, kind, bandwidth):
     return row
 
 
-def _best(configs, launch) -> tuple[triton.Config, float]:
-    """The candidate of `configs` with the least CUDA-graph median time of launch(cfg) (a quick pass)."""
-    from accelc.latency import median_ms
-
-    timed = []
-    for cfg in configs:
-        try:
-            timed.append((median_ms(lambda: launch(cfg), device="cuda", cuda_graph=True, rep_ms=10), cfg))
-        except Exception as e:   # a candidate that does not fit these operands
-            print(f"  {config_dict(cfg)}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-    t, cfg = min(timed, key=lambda tc: tc[0])
-    return cfg, t
-
-
-def int8_conversion_row(model, layer, M, K, N, act, has_res, kind, bandwidth) -> dict:
-    """One decode row: cuBLAS fp16, the fp16 GEMV's best candidate, and the int8 weight's GEMV with
-    the plain conversion and with the bit arithmetic (each at its own best candidate)."""
-    h = torch.float16
-    gated = kind == "gated"
-    x = torch.randn(M, K, device="cuda", dtype=h)
-    r = torch.randn(M, N, device="cuda", dtype=h) if has_res else None
-    if gated:
-        wg, wu = (torch.randn(N, K, device="cuda", dtype=h) / K ** 0.5 for _ in range(2))
-        weight, _ = gated_linear.pack(wg, wu)
-        tuner, i8_tuner = gated_linear.TUNER, int8_weight.GATED_TUNER
-        ref = activation_ref(act, x.float() @ wg.float().t()) * (x.float() @ wu.float().t())
-
-        def eager():
-            return activation_ref(act, F.linear(x, wg)) * F.linear(x, wu)
-    else:
-        weight = torch.randn(N, K, device="cuda", dtype=h) / K ** 0.5
-        tuner, i8_tuner = gemm.TUNER, int8_weight.TUNER
-        ref = gemm.linear_ref(x.float(), weight.float(), None, None if r is None else r.float(), act)
-
-        def eager():
-            return activation_ref(act, torch.addmm(r, x, weight.t()) if r is not None else x @ weight.t())
-    w_q, w_scale = quantize_weight(weight)
-    out = torch.empty(M, N, device="cuda", dtype=h)
-    bm = triton.next_power_of_2(M)
-    fits = [c for c in gemm.GEMV_CONFIGS + gemm.GEMV_INT8_CONFIGS
-            if c.kwargs["BLOCK_M"] == bm and (not gated or c.kwargs["BLOCK_N"] >= 2 * gemm.GATE_GROUP)]
-
-    def fp16(cfg):
-        gemm.launch(x, weight, None, r, out, act, config=cfg, tuner=tuner, gated=gated)
-        return out
-
-    def int8(cfg):
-        gemm.launch(x, w_q, None, r, out, act, config=cfg, scales=(None, w_scale), tuner=i8_tuner, gated=gated)
-        return out
-
-    def plain(cfg):
-        return triton.Config({**cfg.kwargs, "INT8_BITS": False}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-    f16_cfg, _ = _best([c for c in fits if c in gemm.GEMV_CONFIGS], fp16)
-    bits_cfg, _ = _best(fits, int8)
-    cvt_cfg, _ = _best([plain(c) for c in fits], int8)
-    variants = {"eager": eager, "fp16_gemv": lambda: fp16(f16_cfg), "int8_cvt": lambda: int8(cvt_cfg),
-                "int8_bits": lambda: int8(bits_cfg)}
-    row = {"model": model, "layer": layer, "M": M, "K": K, "N": N, "activation": act, "residual": has_res,
-           "kind": kind, "picked": {k: config_dict(c) for k, c in
-                                    (("fp16_gemv", f16_cfg), ("int8_cvt", cvt_cfg), ("int8_bits", bits_cfg))}}
-    results = {k: f().float().clone() for k, f in variants.items()}
-    row["rel_err"] = {k: _common.rel_l2(v, ref) for k, v in results.items()}
-    row["int8_bits_equal_cvt"] = bool(torch.equal(results["int8_cvt"], results["int8_bits"])) \
-        if row["picked"]["int8_cvt"]["BLOCK_K"] == row["picked"]["int8_bits"]["BLOCK_K"] else None
-    _common.time_rounds(variants, row, ROUNDS, flops=2 * M * weight.shape[0] * K)
-    moved = {"eager": weight.numel() * 2, "fp16_gemv": weight.numel() * 2,
-             "int8_cvt": w_q.numel() + 4 * w_scale.numel(), "int8_bits": w_q.numel() + 4 * w_scale.numel()}
-    for k in variants:
-        gbs = moved[k] / row[k]["us"] / 1e3
-        row[k].update(gbs=round(gbs, 1), copy_share=round(gbs / bandwidth, 3))
-    _common.ratios(row, fast="int8_bits", against=("int8_cvt", "fp16_gemv", "eager"))
-    print(f"{model} {layer}: eager {row['eager']['us']:.2f} us, fp16 gemv {row['fp16_gemv']['us']:.2f}, int8 "
-          f"cvt {row['int8_cvt']['us']:.2f}, int8 bits {row['int8_bits']['us']:.2f} "
-          f"({row['int8_bits']['copy_share']:.0%} copy)", flush=True)
-    return row
-
-
-def int8_conversion_markdown(env, rows) -> str:
-    head = ["model", "layer", "M x K x N", "eager us", "fp16 gemv us", "int8 cvt us", "int8 bits us",
-            "int8 bits GB/s", "% copy bw", "bits vs cvt", "bits vs fp16 gemv", "bits vs eager", "picked (bits)"]
-    body = []
-    for r in rows:
-        p = r["picked"]["int8_bits"]
-        body.append([r["model"], r["layer"], f"{r['M']}x{r['K']}x{r['N']}", r["eager"]["us"], r["fp16_gemv"]["us"],
-                     r["int8_cvt"]["us"], r["int8_bits"]["us"], r["int8_bits"]["gbs"],
-                     f"{r['int8_bits']['copy_share']:.0%}", _common.ratio_cell(r["vs_int8_cvt"]),
-                     _common.ratio_cell(r["vs_fp16_gemv"]), _common.ratio_cell(r["vs_eager"]),
-                     f"{p['BLOCK_M']}x{p['BLOCK_N']}x{p['BLOCK_K']}, {p['num_warps']} warps"])
-    return ("# Decode-step GEMV with int8 weights: the weight's conversion to fp32\n\n" + _common.env_line(env)
-            + f"\n\ncopy bandwidth {env.get('copy_gbs')} GB/s. Each side at its best gemv_kernel candidate (a quick "
-            "CUDA-graph timing of every candidate, then the picked ones in interleaved rounds, L2 flushed): cvt, the int8 "
-            "block converted to fp32 by the plain conversion; bits, by gemm.weight_as_float's bit arithmetic (a byte "
-            "permute under 2^23's exponent, one subtraction); fp16 gemv, the same kernel on the fp16 weight; eager, cuBLAS "
-            "(+ the epilogue / gating as separate ops). GB/s: the weight's bytes (int8: + scales) over the time; "
-            "speedups: median of per-round ratios [min, max]\n\n" + _common.md_table(head, body))
-
-
 def rows_for(bandwidth):
     return [_row(*layer, bandwidth) for layer in LAYERS]
 
@@ -356,7 +251,6 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--int8-conversion", action="store_true")
     args = ap.parse_args()
     if args.profile:
         profile(args.layers, args.prompt, args.new, args.out)
@@ -364,14 +258,6 @@ def main():
     env = _common.environment()
     env["copy_gbs"] = round(_common.copy_bandwidth("cuda") / 1e9, 1)
     print(_common.env_line(env), f"copy {env['copy_gbs']} GB/s", flush=True)
-    if args.int8_conversion:
-        rows = []
-        for layer in LAYERS:
-            if layer[2] <= gemm.GEMV_MAX_M and layer[-1] != "conv1d":
-                rows.append(int8_conversion_row(*layer, env["copy_gbs"]))
-                _common.write(args.out, "decode_int8_conversion", env, rows, int8_conversion_markdown(env, rows))
-        print(int8_conversion_markdown(env, rows))
-        return
     rows = rows_for(env["copy_gbs"])
     _common.write(args.out, "decode", env, rows, markdown(env, rows))
     print(markdown(env, rows))

@@ -26,7 +26,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.kernels.epilogue import (_ON_GPU, ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation,
+from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation,
                                      broadcasts_to, epilogue, epilogue_ref, residual_as)
 from accelc.kernels.pdl import enabled as pdl_enabled, wait_for_producers
 from accelc.tuning import CompiledCall, Tuner, check_once
@@ -175,37 +175,12 @@ def store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_p
 
 
 @triton.jit
-def weight_as_float(b, INT8_BITS: tl.constexpr):
-    """A weight block as fp32. INT8_BITS (int8 weights): by bit arithmetic, exact for every int8 v:
-    the byte v + 128 (v's bits with the top one flipped) as the low mantissa bits of 2^23 makes the
-    float 2^23 + 128 + v, and one subtraction leaves v. A byte extract, an xor and an add, where
-    the plain conversion runs on the SM's conversion unit at a quarter of the FMA rate: with the
-    weight's bytes halved, that unit, not memory, set a decode step's int8 GEMV time."""
-    if INT8_BITS and _ON_GPU:
-        # four bytes a register: one xor flips their top bits, one prmt a byte puts each under the
-        # bytes 0x00 0x00 0x4B (the float's exponent for 2^23), one subtraction
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 t; xor.b32 t, $4, 0x80808080;"
-            " prmt.b32 $0, t, 0x4B000000, 0x7540; prmt.b32 $1, t, 0x4B000000, 0x7541;"
-            " prmt.b32 $2, t, 0x4B000000, 0x7542; prmt.b32 $3, t, 0x4B000000, 0x7543;"
-            " sub.f32 $0, $0, 0f4B000080; sub.f32 $1, $1, 0f4B000080;"
-            " sub.f32 $2, $2, 0f4B000080; sub.f32 $3, $3, 0f4B000080; }",
-            "=r,=r,=r,=r,r", [b], dtype=tl.float32, is_pure=True, pack=4)
-    elif INT8_BITS:
-        bits = b.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x4B000080
-        return bits.to(tl.float32, bitcast=True) - 8388736.0
-    else:
-        return b.to(tl.float32)
-
-
-@triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
     FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-    INT8_BITS: tl.constexpr = True,
 ):
     """linear_kernel's op for a few rows (a decode step's M = 1-8): memory-bound, so no tensor
     cores and no tiles of padding rows. One program per BLOCK_N output channels (x BLOCK_M rows)
@@ -213,8 +188,7 @@ def gemv_kernel(
     an fp32 (BLOCK_M, BLOCK_N, BLOCK_K) accumulator that is summed over K once, after the loop
     (no cross-thread reduction per step); many narrow programs keep every SM's loads in flight.
     Same epilogue (bias, activation, residual, gating) and wrapped-index loads as linear_kernel;
-    W_SCALED: an int8 weight (weight-only int8), its products scaled by w_scale per channel; its
-    values made fp32 by weight_as_float (INT8_BITS; False: the plain conversion, for bench/decode.py).
+    W_SCALED: an int8 weight (weight-only int8), its products scaled by w_scale per channel.
     PDL (kernels/pdl.py): the first weight block is loaded before waiting for the kernel that
     writes x, the rest after."""
     pid_n = tl.program_id(0)
@@ -230,7 +204,7 @@ def gemv_kernel(
     b = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0)
     wait_for_producers(PDL)
     a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
-    acc3 = a.to(tl.float32)[:, None, :] * weight_as_float(b, W_SCALED and INT8_BITS)[None, :, :]
+    acc3 = a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
     x_ptrs += BLOCK_K * stride_xk
     w_ptrs += BLOCK_K * stride_wk
     for k in range(BLOCK_K, K, BLOCK_K):
@@ -240,7 +214,7 @@ def gemv_kernel(
         else:
             a = tl.load(x_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
             b = tl.load(w_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
-        acc3 += a.to(tl.float32)[:, None, :] * weight_as_float(b, W_SCALED and INT8_BITS)[None, :, :]
+        acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     acc = tl.sum(acc3, axis=2)
@@ -544,7 +518,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                     ACTIVATION=meta["ACTIVATION"], FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
                     EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=quant == 3, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
                     BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
-                    INT8_BITS=kw.get("INT8_BITS", True), **({"PDL": True, "launch_pdl": True} if pdl else {}))
+                    **({"PDL": True, "launch_pdl": True} if pdl else {}))
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],

@@ -4,8 +4,6 @@ against their references (the dequantized weight in fp32 / fp64), at a decode st
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from accelc.kernels import gated_linear, gemm, int8_weight
 from accelc.kernels.int8_gemm import quantize_weight
@@ -123,21 +121,3 @@ def test_every_int8_weight_gemv_candidate_with_tails_and_gating(cfg):
                 y = int8_weight.gated_linear_w8a16_launch(x, g_q, g_scale, bias, n, "silu")
             ref = int8_weight.gated_linear_w8a16_ref(x.double(), g_q, g_scale, bias, n, "silu")
             assert rel_l2(y, ref) <= TOL[torch.float32], (m, rel_l2(y, ref))
-
-
-@triton.jit
-def _as_float(w_ptr, out_ptr, BITS: tl.constexpr):
-    offs = tl.arange(0, 512)
-    tl.store(out_ptr + offs, gemm.weight_as_float(tl.load(w_ptr + offs), BITS))
-
-
-@pytest.mark.parametrize("bits", [True, False], ids=["bits", "plain"])
-def test_the_int8_weight_conversion_is_exact_for_every_byte(bits):
-    """gemv_kernel's int8 -> fp32 conversion of a weight block, both ways (on the GPU the bit
-    arithmetic is inline PTX, in the interpreter its tl twin): every int8 value, -128 included,
-    in a shuffled block of 512, exactly."""
-    torch.manual_seed(0)
-    values = torch.arange(-128, 128, dtype=torch.int8).repeat(2)[torch.randperm(512)].to(DEVICE)
-    out = torch.empty(512, dtype=torch.float32, device=DEVICE)
-    _as_float[(1,)](values, out, bits)
-    assert torch.equal(out, values.float())
