@@ -156,7 +156,8 @@ def markdown(env, rows) -> str:
                      r["accelc"]["gbs"], f"{r['accelc']['copy_share']:.0%}", f"{r['eager']['copy_share']:.0%}",
                      _common.ratio_cell(r["vs_eager"]), tiles["us"] if tiles else "",
                      _common.ratio_cell(r["vs_accelc_tiles"]) if tiles else "",
-                     ("gemv " if p.get("GEMV") else "tile ") + f"{p['BLOCK_M']}x{p['BLOCK_N']}x{p['BLOCK_K']}",
+                     ("gemv flat " if p.get("FLAT") else "gemv " if p.get("GEMV") else "tile ")
+                     + f"{p['BLOCK_M']}x{p['BLOCK_N']}x{p['BLOCK_K']}",
                      r.get("accelc_int8w", {}).get("us", ""), r.get("accelc_int8w", {}).get("gbs", ""),
                      _common.ratio_cell(r["vs_accelc"]) if "vs_accelc" in r else ""])
     return ("# Decode-step projections (fp16)\n\n" + _common.env_line(env)

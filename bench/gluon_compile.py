@@ -76,13 +76,19 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
 ATTENTION_CASES = [(128, 0, False, False), (64, 1, True, False), (128, 2, False, True), (64, 0, False, True)]
 
 
-def _usage(compiled) -> dict:
+def sass_and_usage(compiled) -> tuple[str, str]:
+    """A compiled kernel's SASS and its resource usage (registers, stack), as cuobjdump prints them."""
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
         usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
         sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    return sass, usage
+
+
+def _usage(compiled) -> dict:
+    sass, usage = sass_and_usage(compiled)
     found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     return {"registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None,
             "shared_bytes": compiled.metadata.shared, "hgmma": sass.count("HGMMA"), "spill_stores": sass.count("STL")}

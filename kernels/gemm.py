@@ -175,12 +175,25 @@ def store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_p
 
 
 @triton.jit
+def k_block(x_ptrs, w_ptrs, in_k, EVEN_K: tl.constexpr):
+    """The x and weight values of one K block of the GEMV loops (in_k: which of its K offsets exist)."""
+    if EVEN_K:
+        a = tl.load(x_ptrs)
+        b = tl.load(w_ptrs)
+    else:
+        a = tl.load(x_ptrs, mask=in_k, other=0.0)
+        b = tl.load(w_ptrs, mask=in_k, other=0.0)
+    return a, b
+
+
+@triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
     FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    FLAT: tl.constexpr = False,
 ):
     """linear_kernel's op for a few rows (a decode step's M = 1-8): memory-bound, so no tensor
     cores and no tiles of padding rows. One program per BLOCK_N output channels (x BLOCK_M rows)
@@ -190,7 +203,13 @@ def gemv_kernel(
     Same epilogue (bias, activation, residual, gating) and wrapped-index loads as linear_kernel;
     W_SCALED: an int8 weight (weight-only int8), its products scaled by w_scale per channel.
     PDL (kernels/pdl.py): the first weight block is loaded before waiting for the kernel that
-    writes x, the rest after."""
+    writes x, the rest after. FLAT (one row, BLOCK_M = 1): see gemv_row."""
+    if FLAT:
+        gemv_row(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
+                 stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+                 HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH, GATED, EVEN_K, W_SCALED,
+                 BLOCK_N, BLOCK_K, PDL)
+        return
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -208,12 +227,7 @@ def gemv_kernel(
     x_ptrs += BLOCK_K * stride_xk
     w_ptrs += BLOCK_K * stride_wk
     for k in range(BLOCK_K, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(x_ptrs)
-            b = tl.load(w_ptrs)
-        else:
-            a = tl.load(x_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
-            b = tl.load(w_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
+        a, b = k_block(x_ptrs, w_ptrs, offs_k[None, :] < K - k, EVEN_K)
         acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
@@ -223,6 +237,51 @@ def gemv_kernel(
     store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
                stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
                ACTIVATION, FAST_MATH, GATED, False, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def gemv_row(
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
+    FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """gemv_kernel for one row of x (program (pid_n, row)) in the weight block's own layout: a
+    (BLOCK_N, BLOCK_K) accumulator, and x's BLOCK_K values loaded through pointers broadcast over
+    the block's rows, so that each thread loads the x values its weights meet (from L1: one row of
+    x is read by every program). gemv_kernel's (BLOCK_M, BLOCK_N, BLOCK_K) product has loads in
+    2-D layouts that it moves into slices of its 3-D one through shared memory, with barriers,
+    every K block (ptxas for sm_90, triton 3.6: the weight block stored and re-read each step);
+    here the loop holds no shared memory and no barrier, only the loads, conversions and FMAs."""
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    cols = offs_n % N
+    x_ptrs = tl.broadcast_to(x_ptr + row * stride_xm + offs_k[None, :] * stride_xk, (BLOCK_N, BLOCK_K))
+    # the same K offsets, known contiguous in runs of 8 only: an int8 weight is then loaded 8 bytes a
+    # thread, in x's layout (8 halves, 16 bytes), where 16-byte loads would give it a layout of its
+    # own and x's values would move into it through shared memory every K block
+    w_k = (offs_k // 8) * 8 + offs_k % 8 if W_SCALED else offs_k
+    w_ptrs = w_ptr + cols[:, None] * stride_wn + w_k[None, :] * stride_wk
+    b = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0)     # before waiting for x's producer (PDL)
+    wait_for_producers(PDL)
+    a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
+    acc = a.to(tl.float32) * b.to(tl.float32)
+    x_ptrs += BLOCK_K * stride_xk
+    w_ptrs += BLOCK_K * stride_wk
+    for k in range(BLOCK_K, K, BLOCK_K):
+        a, b = k_block(x_ptrs, w_ptrs, offs_k[None, :] < K - k, EVEN_K)
+        acc += a.to(tl.float32) * b.to(tl.float32)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    out = tl.sum(acc, axis=1)[None, :]
+    if W_SCALED:
+        out = out * tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    store_tile(out, row + tl.arange(0, 1), offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
+               stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
+               ACTIVATION, FAST_MATH, GATED, False, 1, BLOCK_N)
 
 
 def config(bm, bn, bk, stages, warps, tma=True, per_sm=1, flatten=True, ws=False) -> triton.Config:
@@ -284,12 +343,13 @@ GLUON_CONFIGS = [
 CONFIGS += GLUON_CONFIGS
 
 
-def gemv_config(bm, bn, bk, warps) -> triton.Config:
+def gemv_config(bm, bn, bk, warps, flat=False) -> triton.Config:
     """A candidate of gemv_kernel: BLOCK_M rows (M's next power of two, at most GEMV_MAX_M) by
     BLOCK_N channels, BLOCK_K deep; its fp32 accumulator holds BLOCK_M x BLOCK_N x BLOCK_K values,
-    32-64 a thread in these."""
+    32-64 a thread in these. flat: gemv_row's layout (one row)."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": False,
-                          "PROGRAMS_PER_SM": 1, "GEMV": True}, num_warps=warps, num_stages=1)
+                          "PROGRAMS_PER_SM": 1, "GEMV": True, **({"FLAT": True} if flat else {})},
+                         num_warps=warps, num_stages=1)
 
 
 GEMV_MAX_M = 8   # rows up to which gemv_kernel's candidates race the tensor-core tiles
@@ -302,6 +362,17 @@ GEMV_CONFIGS = [
     gemv_config(4, 8, 256, 4), gemv_config(4, 16, 128, 4), gemv_config(4, 32, 64, 4), gemv_config(4, 32, 128, 8),
     gemv_config(8, 8, 128, 4), gemv_config(8, 16, 64, 4), gemv_config(8, 32, 64, 8), gemv_config(8, 32, 32, 4),
 ]
+# One row (a batch-1 decode step) in gemv_row's layout, whose K loop holds no shared memory and no
+# barrier (ptxas, sm_90, triton 3.6: the candidates above store and re-read their weight block
+# through shared memory every K block); the same tile shapes, raced against them. Not yet timed
+# on a GPU alone (the race picks whichever is faster per shape).
+GEMV_FLAT_CONFIGS = [
+    gemv_config(1, 4, 1024, 4, flat=True), gemv_config(1, 8, 512, 4, flat=True),
+    gemv_config(1, 8, 1024, 8, flat=True), gemv_config(1, 16, 256, 4, flat=True),
+    gemv_config(1, 32, 256, 4, flat=True), gemv_config(1, 32, 128, 4, flat=True),
+    gemv_config(1, 128, 32, 4, flat=True),
+]
+GEMV_CONFIGS += GEMV_FLAT_CONFIGS
 CONFIGS += GEMV_CONFIGS
 # Twice as deep (or wide) for int8 weights (weight-only int8): a program of the fp16 candidates
 # above has half the bytes in flight when its weight is int8, and those ran at 35-60% of the copy
@@ -312,6 +383,8 @@ GEMV_INT8_CONFIGS = [
     gemv_config(1, 32, 512, 8), gemv_config(1, 64, 256, 8), gemv_config(2, 8, 1024, 8), gemv_config(2, 16, 512, 8),
     gemv_config(2, 32, 256, 8), gemv_config(4, 8, 512, 8), gemv_config(4, 16, 256, 8), gemv_config(4, 32, 128, 8),
     gemv_config(8, 8, 256, 8), gemv_config(8, 16, 128, 8), gemv_config(8, 32, 64, 8),
+    gemv_config(1, 4, 2048, 4, flat=True), gemv_config(1, 8, 1024, 4, flat=True), gemv_config(1, 8, 2048, 8, flat=True),
+    gemv_config(1, 16, 512, 4, flat=True), gemv_config(1, 32, 256, 4, flat=True), gemv_config(1, 32, 512, 8, flat=True),
 ]
 CONFIGS += GEMV_INT8_CONFIGS
 
@@ -518,7 +591,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                     ACTIVATION=meta["ACTIVATION"], FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
                     EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=quant == 3, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
                     BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
-                    **({"PDL": True, "launch_pdl": True} if pdl else {}))
+                    FLAT=kw.get("FLAT", False), **({"PDL": True, "launch_pdl": True} if pdl else {}))
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],

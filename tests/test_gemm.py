@@ -216,8 +216,12 @@ def test_bf16_outputs_round_to_nearest_on_the_gpu_and_truncate_in_the_interprete
     assert torch.equal(out, want)
 
 
-@pytest.mark.parametrize("cfg", gemm.GEMV_CONFIGS, ids=lambda c: "x".join(str(c.kwargs[k]) for k in
-                                                                          ("BLOCK_M", "BLOCK_N", "BLOCK_K")))
+def gemv_id(cfg) -> str:
+    sizes = "x".join(str(cfg.kwargs[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    return ("flat-" if cfg.kwargs.get("FLAT") else "") + sizes
+
+
+@pytest.mark.parametrize("cfg", gemm.GEMV_CONFIGS, ids=gemv_id)
 def test_every_gemv_candidate_with_tails_gating_and_weight_by_columns(cfg):
     """gemv_kernel (a decode step's few rows), each candidate forced: rows below BLOCK_M, N and K
     tails, the whole epilogue, the weight read through (K, N) strides, and a gated weight."""
@@ -241,3 +245,10 @@ def test_every_gemv_candidate_with_tails_gating_and_weight_by_columns(cfg):
                 y = gated_linear.gated_linear_launch(x, packed, bias, n, "silu")
             ref = F.silu(x.double() @ wg.double().t() + b[0].double()) * (x.double() @ wu.double().t())
             torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
+    if cfg.kwargs.get("FLAT"):
+        # offered for one row only; launched on three (a program per row) its rows stay apart
+        x, w, b, r = _inputs(3, k, n, torch.float32)
+        out = torch.empty(3, n, device=DEVICE)
+        gemm.launch(x, w, b, r, out, "gelu", config=cfg)
+        torch.testing.assert_close(out.double(), gemm.linear_ref(x.double(), w.double(), b.double(), r.double(),
+                                                                  "gelu"), atol=1e-5, rtol=1e-5)

@@ -9,6 +9,7 @@ from accelc.kernels import gated_linear, gemm, int8_weight
 from accelc.kernels.int8_gemm import quantize_weight
 from accelc.numerics import rel_l2
 from conftest import DEVICE
+from test_gemm import gemv_id
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}   # rel. L2 vs the fp64 reference
 
@@ -97,8 +98,7 @@ def test_weights_only_moves_every_linear_and_gated_layer_and_generates(tmp_path)
         accelc.Int8Config(weights_only=True, static=True)
 
 
-@pytest.mark.parametrize("cfg", gemm.GEMV_INT8_CONFIGS, ids=lambda c: "x".join(str(c.kwargs[k]) for k in
-                                                                               ("BLOCK_M", "BLOCK_N", "BLOCK_K")))
+@pytest.mark.parametrize("cfg", gemm.GEMV_INT8_CONFIGS, ids=gemv_id)
 def test_every_int8_weight_gemv_candidate_with_tails_and_gating(cfg):
     """gemv_kernel's deeper candidates for int8 weights, each forced: rows below BLOCK_M, N and K
     tails, the epilogue with a residual, and a gated weight where the candidate is wide enough."""
