@@ -431,9 +431,11 @@ def default_config(sizes) -> triton.Config:
 
 def interpreter_config(sizes) -> triton.Config:
     """The interpreter has no device to time configs on; one small tile keeps CPU tests fast
-    (gemv_kernel's for a few rows, so that the CPU tests' decode steps run it)."""
+    (gemv_kernel's for a few rows, so that the CPU tests' decode steps run it: 64 channels a program,
+    as the interpreter's time goes by programs and steps, not by their size; every gemv candidate's
+    own test covers several programs along N)."""
     if sizes["M"] <= GEMV_MAX_M and sizes.get("gemv", True):
-        return gemv_config(triton.next_power_of_2(max(1, sizes["M"])), 32, 32, 4)
+        return gemv_config(triton.next_power_of_2(max(1, sizes["M"])), 64, 32, 4)
     return config(32, 32, 32, 1, 4, tma=sizes["tma"])
 
 
