@@ -6,7 +6,8 @@ accelc's default call (and with CUDA graphs off, and with int8), plus accelc's o
     python bench/e2e.py --models resnet50,bert --out DIR          # one JSON per model into DIR
     python bench/e2e.py --optimize-seconds resnet50               # one optimize, in this process
     python bench/e2e.py --merge DIR --out bench/results           # the table of every model (DIR's
-                                                                  # subfolders in name order: later runs' sides win)
+                                                                  # subfolders in name order: later runs' sides win;
+                                                                  # times nothing, takes no run options)
 
 Models are built by timm and HF transformers with random weights, fp16, eval, at realistic batch
 and sequence sizes (and at batch 1). Every side is timed the same way: back-to-back calls of the
@@ -455,11 +456,17 @@ def main():
     ap.add_argument("--batches", default="all", choices=["all", "first", "last"],
                     help="first: the realistic batch only; last: batch 1 only")
     ap.add_argument("--optimize-seconds", default=None)
-    ap.add_argument("--merge", default=None)
+    ap.add_argument("--merge", default=None, metavar="DIR",
+                    help="only merge DIR's result folders into --out's table (times nothing)")
     args = ap.parse_args()
     if args.optimize_seconds:
         return optimize_seconds(args.optimize_seconds)
     if args.merge:
+        timed = [f"--{f.replace('_', '-')}" for f in ("models", "sides", "batches", "cold_warm")
+                 if getattr(args, f) != ap.get_default(f)]
+        if timed:   # a run's options with the merge mode: it would time nothing and say nothing
+            ap.error(f"--merge DIR only merges result folders and times nothing; {', '.join(timed)} "
+                     "ask for a run: drop them, or drop --merge")
         return merge(args.merge, args.out)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     print(_common.env_line(_common.environment()), flush=True)

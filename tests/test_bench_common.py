@@ -68,3 +68,19 @@ def test_e2e_merge_joins_a_models_sides_across_runs_and_skips_merged_tables(tmp_
     md = next((tmp_path / "out2").glob("*.md")).read_text()
     line = next(x for x in md.splitlines() if x.startswith("| bert"))
     assert "| 5.000 |" in line and "| 4.000 |" in line and "| 2.000 |" in line and "2.00x" in line, line
+
+
+def test_e2e_merge_mode_refuses_a_runs_options(monkeypatch, capsys, tmp_path):
+    """`--merge DIR` only merges result folders: given with the options of a run (models, sides,
+    batches) it would time nothing and say nothing, so it stops with a one-line reason instead."""
+    import e2e
+    merged = []
+    monkeypatch.setattr(e2e, "merge", lambda src, out: merged.append((src, out)))
+    monkeypatch.setattr(sys, "argv", ["e2e.py", "--models", "llama", "--sides", "eager", "--merge", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        e2e.main()
+    assert "--merge DIR only merges result folders and times nothing; --models, --sides ask for a run" \
+        in capsys.readouterr().err and not merged
+    monkeypatch.setattr(sys, "argv", ["e2e.py", "--merge", str(tmp_path), "--out", str(tmp_path / "out")])
+    e2e.main()
+    assert merged == [(str(tmp_path), str(tmp_path / "out"))]
