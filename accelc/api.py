@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -17,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import buckets, generation, guard, meta, runner, runtime
 from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
+from accelc.capture import reference as capture_reference
 from accelc.capture.shapes import SHAPES
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.flops import node_flops
@@ -210,7 +212,8 @@ def optimize_job(job: Job) -> OptimizedModule:
             inputs, words = job.model.race_inputs(*job.args, **job.kwargs)
             race = (tuple(spec.flat(inputs, {})), words)
         opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,
-                             cls=generation.OptimizedLM if lm else OptimizedModule, race=race)
+                             cls=generation.OptimizedLM if lm else OptimizedModule, race=race,
+                             reference=lambda: capture_reference(job.model, spec, flat, spec.flat_output(expected)))
         opt.info.seconds["capture"] = round(t1 - t0, 2)
         warm = warmup_inputs(opt, job.config.warmup_shapes)
         if runtime.can_time(job.device):
@@ -261,9 +264,10 @@ def attach_generation(opt, job: Job) -> None:
 
 def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,
                    device: torch.device, calibration: list | None = None, cls=OptimizedModule,
-                   race: tuple | None = None) -> OptimizedModule:
+                   race: tuple | None = None, reference=None) -> OptimizedModule:
     """Passes and guard on a captured graph in canonical form (accelc.capture.make_canonical) whose output on `args` is
-    `expected`. race: (inputs, in words) the guard's speed race times layers on, where not `args`."""
+    `expected`. race: (inputs, in words) the guard's speed race times layers on, where not `args`. reference: the
+    model's output on `args` in higher precision, called where the padding check needs the model's own error."""
     ctx = PassContext(config, args, calibration if calibration is not None else [args], device,
                       shapes=gm.meta.get(SHAPES), race=race)
     model_bytes = tensor_bytes([gm])
@@ -289,7 +293,8 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
         got = gm(*args)
     if ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]:
         t0 = time.perf_counter()
-        ctx.shapes.padding, ctx.shapes.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for)
+        own = None if reference is None else functools.cache(lambda: output_error(expected, reference()))
+        ctx.shapes.padding, ctx.shapes.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for, own)
         seconds["padding check"] = round(time.perf_counter() - t0, 2)
     err = output_error(got, expected)
     originals = [meta.rewrite_of(n).original for n in layers(gm)]

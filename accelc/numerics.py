@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 # A few roundings of each dtype, as a relative L2 error against a higher-precision reference: fp16
@@ -12,6 +13,21 @@ from torch.utils import _pytree as pytree
 # away. What may differ by purpose is the fp32 entry (the guard allows 1e-4 for reassociated sums
 # over long reductions: accelc.config.DEFAULT_TOLERANCES; a kernel tested alone 1e-6).
 REL_L2_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+
+# A whole model's output (not one layer's) compounds a few roundings per layer: a deep half-precision
+# model passes its dtype's floor where only rounding separates two correct computations of it (the
+# graph a tracer took against eager, a padded call against an unpadded one). Such a comparison also
+# passes within EAGER_ERROR_FACTOR x the model's own error against the model computed in higher
+# precision (upcast_run), as the guard judges a layer, up to OWN_ERROR_CAP x the floor: an "own
+# error" past that is no rounding (a model drawing random numbers differs from any rerun).
+EAGER_ERROR_FACTOR = 2.0
+OWN_ERROR_CAP = 10.0
+
+
+def whole_model_limit(floor: float, own_error: float) -> float:
+    """The largest relative L2 difference two correct computations of a whole model may show, given
+    its dtype's floor and the model's own error against higher precision (see above)."""
+    return max(floor, min(EAGER_ERROR_FACTOR * own_error, OWN_ERROR_CAP * floor))
 
 
 def rel_l2(out, ref) -> float:
@@ -50,3 +66,40 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     return torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
                                  and torch.equal(a.nan_to_num(), b.nan_to_num()))
+
+
+class _Upcast(TorchFunctionMode):
+    """Every op sees `low` tensors as `high` ones and a `low` dtype argument as `high` (x.to(fp16),
+    torch.zeros(..., dtype=fp16)); results and dtypes read off tensors (a parameter's .dtype) come
+    back as `high`, and x.half() (for low fp16; .bfloat16() for bf16) keeps x as it is. Parameters
+    are converted op by op, so the model is never copied whole."""
+
+    _KEEP = {torch.float16: torch.Tensor.half, torch.bfloat16: torch.Tensor.bfloat16}
+
+    def __init__(self, low: torch.dtype, high: torch.dtype):
+        super().__init__()
+        self.low, self.high = low, high
+
+    def _up(self, x):
+        if isinstance(x, torch.Tensor) and x.dtype == self.low:
+            return x.to(self.high)
+        return self.high if x is self.low else x
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        args, kwargs = pytree.tree_map(self._up, (tuple(args), dict(kwargs or {})))
+        if func is self._KEEP.get(self.low) and args:
+            return args[0]
+        return pytree.tree_map(self._up, func(*args, **kwargs))
+
+
+def higher_precision(low: torch.dtype) -> torch.dtype:
+    """The dtype a reference computes in: fp32 for half precisions, fp64 for fp32."""
+    return torch.float64 if low in (torch.float32, torch.float64) else torch.float32
+
+
+def upcast_run(fn, *args, low: torch.dtype = torch.float16, **kwargs):
+    """fn(*args, **kwargs) computed in higher precision: every `low` tensor and dtype in the ops it
+    runs taken as fp32 (fp64 for low fp32). The whole-model reference the capture check measures
+    eager's own error against (the guard's per-layer reference, for a model run through Python)."""
+    with torch.no_grad(), _Upcast(low, higher_precision(low)):
+        return fn(*args, **kwargs)

@@ -323,3 +323,70 @@ def test_a_models_assertion_messages_and_order_are_eagers():
     x = torch.randn(7, 16, device=DEVICE)
     with torch.no_grad():
         assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+class TracedPathRounds(nn.Module):
+    """A deep fp16 model that takes another path, equal in exact arithmetic, while traced (as HF's
+    mask code does under torch.compiler.is_compiling()): every layer's product is summed in four
+    parts, so the graph rounds differently from eager, and 64 layers compound it past fp16's floor.
+    A Llama-3-8B shape in fp16 was refused this way on the GPU."""
+
+    def __init__(self, depth=64, width=64):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        tracing = torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+        for lin in self.layers:
+            if tracing:
+                h = sum(x[..., k:k + 16] @ lin.weight[:, k:k + 16].t() for k in range(0, x.shape[-1], 16)) + lin.bias
+            else:
+                h = lin(x)
+            x = x + torch.tanh(h)
+        return x
+
+
+def test_capture_judges_a_deep_half_model_against_its_own_error():
+    """Past the floor, the captured graph passes within 2x the model's own error against the model
+    computed in fp32; the floor alone refused it (checked here, so the test cannot pass vacuously)."""
+    from accelc.capture.check import check_same
+    from accelc.numerics import upcast_run
+
+    torch.manual_seed(0)
+    model = TracedPathRounds().half().eval()
+    x = torch.randn(8, 64).half()
+    gm, _, expected = capture(model, (x,))
+    with torch.no_grad():
+        got = gm(x)
+    assert rel_l2(got, expected) > 2e-3
+    with pytest.raises(RuntimeError, match=r"output 0: relative L2 error .* over the floor 2e-03 for float16"):
+        check_same(expected, got)
+    check_same(expected, got, lambda: upcast_run(model, x))
+    far = got + 0.05 * got.float().norm() / got.numel() ** 0.5 * torch.randn_like(got.float())
+    with pytest.raises(RuntimeError, match=r"from the model in float32, over the limit .*the model's own error"):
+        check_same(expected, far.half(), lambda: upcast_run(model, x))
+
+
+def test_upcast_run_computes_in_fp32_without_copying_the_model():
+    """numerics.upcast_run: a half model's output in fp32, as close to its math in fp32 (its fp16
+    weights converted) as fp32 rounding allows; x.half() and a parameter's dtype inside stay fp32."""
+    from accelc.numerics import upcast_run
+
+    class Halves(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+
+        def forward(self, x):
+            y = self.lin(x).half() * 3
+            return torch.zeros(2, dtype=self.lin.weight.dtype), y.to(self.lin.weight.dtype).exp()
+
+    torch.manual_seed(0)
+    m16 = Halves().half().eval()
+    x = torch.randn(4, 32).half()
+    zeros, up = upcast_run(m16, x)
+    with torch.no_grad():
+        want = (F.linear(x.float(), m16.lin.weight.float(), m16.lin.bias.float()) * 3).exp()
+        eager = m16(x)[1]
+    assert zeros.dtype == up.dtype == torch.float32 and m16.lin.weight.dtype == torch.float16
+    assert rel_l2(up, want) < 1e-6 < rel_l2(eager, want)

@@ -36,7 +36,8 @@ from accelc.capture.overflow import finite_branches
 from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes, export_dims, position_limits, within_limits
 from accelc.errors import CaptureError, InputError
-from accelc.numerics import REL_L2_FLOOR, rel_l2, same_values
+from accelc.capture.check import check_same
+from accelc.numerics import same_values, upcast_run
 
 def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True
             ) -> tuple[fx.GraphModule, str, object]:
@@ -112,7 +113,8 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
             restore_buffers(gm, state)
             gm.meta[CALL_SPEC] = spec
             gm.meta.setdefault(SHAPES, InputShapes.traced(spec.names, spec.positions(dynamic), flat))
-            _check_same(spec.flat_output(expected), make_canonical(gm, flat))
+            check_same(spec.flat_output(expected), make_canonical(gm, flat),
+                        lambda: reference(model, spec, flat, expected, state))
             return gm, method, expected
         except Exception as e:  # each method's failure is reported together below
             where = model_line(e)
@@ -120,6 +122,20 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
         finally:
             restore_buffers(model, state)
     return None
+
+
+def reference(model, spec, flat, expected, state=None):
+    """The model's flat output on `flat` computed in higher precision (numerics.upcast_run, from the
+    dtype of its first floating output in `expected`), its buffers put back after (to `state`, else
+    as they are now)."""
+    state = buffer_state(model) if state is None else state
+    low = next((t.dtype for t in pytree.tree_leaves(spec.flat_output(expected))
+                if isinstance(t, torch.Tensor) and t.is_floating_point()), torch.float32)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):     # what the forward prints, printed once already
+            return upcast_run(flat_module(model, spec), *flat, low=low)
+    finally:
+        restore_buffers(model, state)
 
 
 def _capture_advice(model, args, kwargs, expected, state, failures) -> str:
@@ -139,7 +155,7 @@ def _capture_advice(model, args, kwargs, expected, state, failures) -> str:
         again = None
     try:
         if again is not None:
-            _check_same(expected, again)
+            check_same(expected, again)
     except RuntimeError:
         return ("The model's output differs between two calls on the same inputs: it draws random numbers "
                 "in eval mode (F.dropout(x, p, training=True), torch.rand...), so no graph can be checked "
@@ -382,32 +398,6 @@ def model_line(e: BaseException) -> str:
     f = frames[-1]
     code = (f.line or "").strip()
     return f"{f.filename}:{f.lineno} in {f.name}" + (f": `{code[:120]}`" if code else "")
-
-
-# How far a correct captured graph may differ from the model (the same ops, possibly regrouped,
-# decomposed, or given another kernel by the tracer: an SDPA with an all-zero mask where eager took
-# none), relative L2 per output tensor: a few roundings of its dtype (REL_L2_FLOOR; 1e-5 for fp32
-# and fp64).
-
-
-def _check_same(expected, got):
-    exp_leaves, got_leaves = pytree.tree_leaves(expected), pytree.tree_leaves(got)
-    if len(exp_leaves) != len(got_leaves):
-        raise RuntimeError("the captured graph returns a different output structure than the model")
-    for e, g in zip(exp_leaves, got_leaves):
-        if not isinstance(e, torch.Tensor):
-            continue
-        if not (isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype):
-            raise RuntimeError("the captured graph's output has another shape or dtype than the model's")
-        if not e.is_floating_point():
-            same = torch.equal(e, g)
-        else:
-            nan, inf = torch.isnan(e), torch.isinf(e)
-            finite = ~(nan | inf)
-            same = (torch.equal(nan, torch.isnan(g)) and torch.equal(e[inf], g[inf])
-                    and rel_l2(g[finite], e[finite]) <= REL_L2_FLOOR.get(e.dtype, 1e-5))
-        if not same:
-            raise RuntimeError("the captured graph's output differs from the model's on the example inputs")
 
 
 class _Recorder(fx.Interpreter):
