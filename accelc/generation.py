@@ -53,8 +53,9 @@ _GREEDY_FIELDS = {"do_sample": False, "repetition_penalty": 1.0, "encoder_repeti
                   "renormalize_logits": False, "return_dict_in_generate": False, "output_scores": False,
                   "output_logits": False, "watermarking_config": None, "stop_strings": None, "max_time": None}
 # generate() settings the step program serves as HF's generate does (the rest fall back, said)
+# (return_dict_in_generate with output_logits / output_scores: HF's loop over the step program records them)
 _UNSUPPORTED = {"num_beams": 1, "num_beam_groups": 1, "output_attentions": False, "output_hidden_states": False,
-                "output_logits": False, "penalty_alpha": None, "assistant_model": None, "prompt_lookup_num_tokens": None}
+                "penalty_alpha": None, "assistant_model": None, "prompt_lookup_num_tokens": None}
 
 
 def is_causal_lm(model: nn.Module) -> bool:

@@ -21,6 +21,10 @@ median of --rounds after one warm-up generate):
   accelc_int8w      the same as accelc with int8 weights (Int8Config(weights_only=True, skip_first_last=False):
                     every linear and gated layer, lm_head included); its share of the limit counts
                     the fp16 bytes, as every side's does (so it may pass 100%).
+First-token logits: each side's generate(max_new_tokens=1, return_dict_in_generate=True,
+output_logits=True), relative L2 error against the model computed in fp32 on the same prompt (fp64 for
+the fp32 smoke), beside HF eager fp16's own error (the JSON row's eager_fp16_first_logits_rel_err_vs_fp32):
+the numbers check, where random weights' near-tied logits make equal greedy tokens a weak one.
 Greedy decoding with min_new_tokens = max_new_tokens (random weights may emit EOS early: every side
 generates the same count). Time to first token: generate with max_new_tokens=1; decode tokens/s:
 (new - 1) tokens over (total - first-token time), per sequence. Bandwidth limit: the bytes a decode
@@ -106,6 +110,27 @@ def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, 
     return statistics.median(times), out
 
 
+def fp32_first_logits(lm, ids, mask) -> torch.Tensor:
+    """The logits of the first new token, the model computed in fp32 (accelc.numerics.upcast_run: its
+    fp16 weights taken in fp32 op by op), positions counted over the real tokens as generate counts them."""
+    from accelc.numerics import upcast_run
+
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = upcast_run(lm, input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    return out.logits[:, -1].float()
+
+
+def first_logits_error(gen, ids, mask, reference) -> float | None:
+    """Relative L2 error against `reference` of the first new token's logits a side's generate returns
+    (return_dict_in_generate, output_logits); None where it returns none."""
+    from accelc.numerics import rel_l2
+
+    out = gen(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0,
+              return_dict_in_generate=True, output_logits=True)
+    logits = getattr(out, "logits", None)
+    return None if not logits else float(f"{rel_l2(logits[0].float(), reference):.2e}")
+
+
 def prompts(vocab: int, batch: int, prompt: int, ragged: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) of `batch` prompts of `prompt` columns: all real, or (ragged) each row's real length
     drawn from prompt / 4 .. prompt (seeded by the batch), left-padded as a tokenizer pads for generation."""
@@ -139,7 +164,9 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                "step_mib": round(step_bytes(lm, batch, context) / 2**20, 1),
                "bandwidth_limit_tok_s": None if limit is None else round(limit, 1)}
         rows.append(row)
-        reference = None
+        reference = fp32_first_logits(lm, ids, mask)
+        row["eager_fp16_first_logits_rel_err_vs_fp32"] = first_logits_error(lm.generate, ids, mask, reference)
+        tokens_ref = None
         for side in sides:
             try:
                 torch._dynamo.reset()
@@ -163,17 +190,19 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     gen = opt.generate
                 prepare_s = time.perf_counter() - t0
                 first, _ = timed_generate(gen, ids, mask, 1, rounds, sync)
+                logits_err = first_logits_error(gen, ids, mask, reference)
                 total, out = timed_generate(gen, ids, mask, new, rounds, sync)
                 tokens = out[:, prompt:].cpu()
                 decode = (new - 1) / max(total - first, 1e-9)
                 r = {"prepare_s": round(prepare_s, 1), "ttft_ms": round(first * 1e3, 2), "total_s": round(total, 3),
                      "decode_tok_s": round(decode, 1), "decode_tok_s_all": round(decode * batch, 1),
-                     "bandwidth_share": None if limit is None else round(decode / limit, 3)}
-                if reference is None and side == "hf_eager":
-                    reference = tokens
-                if reference is not None and side != "hf_eager":
-                    r["same_tokens_as_eager"] = round((tokens == reference).float().mean().item(), 3)
-                    r["same_prefix_tokens"] = int((tokens == reference).all(0).long().cumprod(0).sum().item())
+                     "bandwidth_share": None if limit is None else round(decode / limit, 3),
+                     "first_logits_rel_err_vs_fp32": logits_err}
+                if tokens_ref is None and side == "hf_eager":
+                    tokens_ref = tokens
+                if tokens_ref is not None and side != "hf_eager":
+                    r["same_tokens_as_eager"] = round((tokens == tokens_ref).float().mean().item(), 3)
+                    r["same_prefix_tokens"] = int((tokens == tokens_ref).all(0).long().cumprod(0).sum().item())
                 if side.startswith("accelc"):
                     r["summary"] = opt.summary()    # after generating: the runtime lines say how the steps ran
                     r["runtime"] = [ln.strip() for ln in r["summary"].splitlines() if ln.strip().startswith("runtime:")]
@@ -197,7 +226,8 @@ def _short(r: dict) -> str:
     if "error" in r:
         return r["error"]
     return (f"TTFT {r['ttft_ms']} ms, decode {r['decode_tok_s']} tok/s per sequence "
-            f"({r['bandwidth_share']} of the bandwidth limit), same tokens as eager {r.get('same_tokens_as_eager', '-')}"
+            f"({r['bandwidth_share']} of the bandwidth limit), same tokens as eager {r.get('same_tokens_as_eager', '-')}, "
+            f"first-token logits err vs fp32 {r.get('first_logits_rel_err_vs_fp32')}"
             + "".join(f"\n  {line}" for line in r.get("runtime", ())))
 
 
@@ -207,7 +237,8 @@ def _name(r: dict) -> str:
 
 def markdown(env, rows) -> str:
     header = ["model", "batch", "side", "TTFT ms", "decode tok/s (per seq)", "tok/s (all)", "% bandwidth limit",
-              "same greedy tokens as eager", "vs hf_static_compile", "vs hf_eager", "vs accelc", "prepare s"]
+              "same greedy tokens as eager", "1st-token logits err vs fp32", "vs hf_static_compile", "vs hf_eager",
+              "vs accelc", "prepare s"]
     table = []
     for r in rows:
         for s in SIDES:
@@ -215,7 +246,7 @@ def markdown(env, rows) -> str:
             if x is None:
                 continue
             if "error" in x:
-                table.append([_name(r), r["batch"], s, x["error"][:120]] + [""] * 8)
+                table.append([_name(r), r["batch"], s, x["error"][:120]] + [""] * 9)
                 continue
 
             def vs(other):
@@ -223,12 +254,17 @@ def markdown(env, rows) -> str:
                 return f"{x['decode_tok_s'] / o['decode_tok_s']:.2f}x" if o.get("decode_tok_s") and other != s else ""
             share = "" if x["bandwidth_share"] is None else f"{100 * x['bandwidth_share']:.0f}%"
             table.append([_name(r), r["batch"], s, x["ttft_ms"], x["decode_tok_s"], x["decode_tok_s_all"], share,
-                          x.get("same_tokens_as_eager", ""), vs("hf_static_compile"), vs("hf_eager"), vs("accelc"), x["prepare_s"]])
+                          x.get("same_tokens_as_eager", ""), x.get("first_logits_rel_err_vs_fp32", ""),
+                          vs("hf_static_compile"), vs("hf_eager"), vs("accelc"), x["prepare_s"]])
     limits = ", ".join(f"{r['model']} b{r['batch']} {r['bandwidth_limit_tok_s']} tok/s" for r in rows)
     return (f"# Text generation\n\n{_common.env_line(env)}\n\n"
             f"Prompt {rows[0]['prompt']} tokens, {rows[0]['new_tokens']} new tokens, greedy, fp16, random weights "
             "at real shapes. Bandwidth limit per row: measured copy bandwidth over the bytes a decode step reads "
-            f"(weights + KV cache at the mean context): {limits}. Sides measured on: {_common.dates(rows)} (each side's date in "
+            f"(weights + KV cache at the mean context): {limits}. First-token logits: relative L2 error against "
+            "the model computed in fp32 on the same prompt; HF eager fp16's own: "
+            + (", ".join(f"{r['model']} b{r['batch']} {r['eager_fp16_first_logits_rel_err_vs_fp32']}" for r in rows
+                         if r.get("eager_fp16_first_logits_rel_err_vs_fp32") is not None) or "not measured")
+            + f". Sides measured on: {_common.dates(rows)} (each side's date in "
             "the json; more than one date: the sides come from separate runs on this device).\n\n"
             + _common.md_table(header, table))
 
@@ -273,6 +309,8 @@ def main():
     if smoke:
         for r in rows:
             assert r["accelc"].get("same_tokens_as_eager") == 1.0, r
+            own = r["eager_fp16_first_logits_rel_err_vs_fp32"]      # (fp32 here, against fp64)
+            assert r["accelc"]["first_logits_rel_err_vs_fp32"] <= max(1e-4, 2 * own), r
             assert r["accelc_paged"].get("same_tokens_as_eager") == 1.0, r
             assert "error" not in r["accelc_int8w"] and r["accelc_int8w"]["decode_tok_s"] > 0, r   # int8 weights: tokens may differ
         print("smoke: ok")

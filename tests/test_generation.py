@@ -11,6 +11,7 @@ import torch
 import accelc
 from accelc import meta, runtime
 from accelc.errors import InputError
+from accelc.numerics import rel_l2
 from conftest import DEVICE
 
 T = pytest.importorskip("transformers")
@@ -132,6 +133,25 @@ def test_what_the_step_cannot_serve_falls_back_with_the_reason(llama):
         with pytest.warns(UserWarning, match=r"runs the original model \(num_beams=2 is not served"):
             got = opt.generate(**prompt, max_new_tokens=6, num_beams=2, do_sample=False, pad_token_id=0)
     assert torch.equal(got, want)
+
+
+def test_logits_and_scores_come_back_from_the_step_program(llama):
+    """return_dict_in_generate with output_logits / output_scores (what a user reads the first token's
+    logits from, and bench/generate.py compares against fp32): served by HF's loop over the step
+    program, not the original model, for one row of the cache's two; the original's values in fp32."""
+    lm, opt = llama
+    prompt = _prompt(1, 7)
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True,
+              output_scores=True)
+    with torch.no_grad():
+        want = lm.generate(**prompt, **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")       # no fallback to the original model
+            got = opt.generate(**prompt, **kw)
+    assert opt.last_loop == "hf" and torch.equal(got.sequences, want.sequences)
+    assert len(got.logits) == len(got.scores) == 5 and got.logits[0].shape == want.logits[0].shape == (1, 100)
+    assert all(rel_l2(g, w) < 1e-4 for g, w in zip(got.logits, want.logits))       # the guard's fp32 tolerance
+    assert all(rel_l2(g, w) < 1e-4 for g, w in zip(got.scores, want.scores))
 
 
 def test_requests_past_the_cache_are_one_line(llama):
