@@ -46,7 +46,7 @@ from accelc import meta, runtime, tuning
 from accelc.capture.shapes import memory_layout, repeated_to
 from accelc.latency import layer_ms
 from accelc.layer_runner import LayerRunner
-from accelc.numerics import error_stats, same_values, sqnr_db
+from accelc.numerics import error_stats, higher_precision, same_values, sqnr_db
 from accelc.records import LayerCheck
 from accelc.rewrite import demote, forget_replacements, layers, revert
 
@@ -283,7 +283,7 @@ def reference(original: fx.GraphModule, ins: list):
     fp32 ones): what the guard and the report measure every side against."""
     leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.is_floating_point()]
     low = leaves[0].dtype if leaves else torch.float32
-    ref_dtype = torch.float64 if low in (torch.float32, torch.float64) else torch.float32
+    ref_dtype = higher_precision(low)
     module = copy.deepcopy(original).to(ref_dtype)
     up = [t.to(ref_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ins]
     return module(*up)
