@@ -10,7 +10,7 @@ into the machine's tuning cache, so the profiled run launches the configs a norm
 (Under the profiler accelc's tuner still tunes what is not cached, for that process only: it
 does not write choices timed under a profiler, accelc/tuning.py.)
 
-CASE: gemm:M,K,N[,act]  conv:N,C,H,K,R,stride  attn:B,H,L,D[,causal]  int8:M,K,N  or a group:
+CASE: gemm:M,K,N[,act][,gluon=I] (I: forces gemm.GLUON_CONFIGS[I])  conv:N,C,H,K,R,stride  attn:B,H,L,D[,causal]  int8:M,K,N  or a group:
 models (the real-model GEMM shapes accelc is behind at), convs (ResNet-50's 3x3s and the stem at
 batch 32), attns (bench/attention.py's shapes), int8s (bench/int8.py's two large ones), or one of
 the first run's names (gemm512 vitqkv bertout conv7 attn).
@@ -108,11 +108,19 @@ def build(spec):
     kind, _, rest = spec.partition(":")
     parts = rest.split(",")
     if kind == "gemm":
+        from accelc.kernels import gemm
+        forced = [int(p.split("=")[1]) for p in parts if p.startswith("gluon=")]
+        parts = [p for p in parts if not p.startswith("gluon=")]
         M, K, N = map(int, parts[:3])
         act = parts[3] if len(parts) > 3 else "none"
         x = torch.randn(M, K, device=dev, dtype=h)
         w = torch.randn(N, K, device=dev, dtype=h) / K ** 0.5
         b = torch.randn(N, device=dev, dtype=h)
+        if forced:
+            def accelc_gemm():
+                with gemm.TUNER.force(gemm.GLUON_CONFIGS[forced[0]]):
+                    return gemm.linear_launch(x, w, b, None, act)
+            return accelc_gemm, (lambda: F.linear(x, w, b))
         return (lambda: torch.ops.accelc.linear(x, w, b, None, act)), (lambda: F.linear(x, w, b))
     if kind == "conv":
         N, C, H, K, R, st = map(int, parts)
