@@ -62,12 +62,19 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
     w = torch.empty(K, N, dtype=dtype).t() if w_t else torch.empty(N, K, dtype=dtype)
     out = torch.empty(M, N, dtype=dtype)
     res = torch.empty(M, N, dtype=dtype) if residual else None
+    if kw.get("COOP"):
+        descs = gemm_hopper.coop_descriptors(x, w, res, out, kw["BN1"], kw["BN2"], kw["BLOCK_K"], w_t)
+        compiled = gemm_hopper.linear_coop_kernel.warmup(
+            *descs, torch.empty(N, dtype=dtype), M, N, K, True, residual, False, activation_code(activation), w_t,
+            kw["BN2"], kw["WGS"], kw["STAGES"], kw["GROUP_M"], kw["LOAD_REGS"], kw["MMA_REGS"],
+            num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"), grid=(132,))
+        return {"config": index, "activation": activation, "residual": residual, "w_t": w_t, "dtype": str(dtype),
+                **_usage(compiled)}
     descs = gemm_hopper.descriptors(x, w, res, out, kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], w_t)
-    ws, flags = torch.empty(132 * kw["BLOCK_M"] * kw["BLOCK_N"]), torch.empty(132, dtype=torch.int32)
     compiled = gemm_hopper.linear_ws_kernel.warmup(
-        *descs, torch.empty(N, dtype=dtype), ws, flags, M, N, K, True, residual, False, activation_code(activation),
-        w_t, kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], kw["STREAM_K"], 40, 232, num_warps=kw["num_warps"],
-        maxnreg=kw.get("maxnreg"), grid=(132,))
+        *descs, torch.empty(N, dtype=dtype), M, N, K, True, residual, False, activation_code(activation), w_t,
+        kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"),
+        grid=(132,))
     return {"config": index, "activation": activation, "residual": residual, "w_t": w_t, "dtype": str(dtype),
             **_usage(compiled)}
 

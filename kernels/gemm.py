@@ -320,16 +320,14 @@ FIT_CONFIGS = [
 CONFIGS += FIT_CONFIGS
 
 
-def gluon_config(bm, bn, bk, stages, consumers, warps, stream_k=False) -> triton.Config:
+def gluon_config(bm, bn, bk, stages, consumers, warps) -> triton.Config:
     """A candidate of the warp-specialized Gluon kernel (kernels/gemm_hopper.py, sm90 only): tiles,
     ring depth (STAGES), MMA warpgroups (CONSUMERS; num_warps is the first one's). The load warp takes
     a warpgroup of its own, so 12 warps hold the SM's 64K registers at 168 a thread (maxnreg); the
-    launcher moves them to the MMA warps (232) from the load warp (40) with setmaxnreg. stream_k: every
-    CTA runs an even share of all tiles' K-slices (one consumer; gemm_hopper._mma_partition_sk)."""
+    launcher moves them to the MMA warps (232) from the load warp (40) with setmaxnreg."""
     total = (4 * consumers if consumers > 1 else warps) + 4
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": True,
-                          "PROGRAMS_PER_SM": 1, "GLUON": True, "STAGES": stages, "CONSUMERS": consumers,
-                          "STREAM_K": stream_k},
+                          "PROGRAMS_PER_SM": 1, "GLUON": True, "STAGES": stages, "CONSUMERS": consumers},
                          num_warps=warps, num_stages=1, maxnreg=168 if total > 8 else None)
 
 
@@ -342,14 +340,27 @@ GLUON_CONFIGS = [
     gluon_config(128, 128, 64, 4, 2, 4), gluon_config(128, 256, 64, 3, 1, 8), gluon_config(64, 256, 64, 4, 2, 4),
     gluon_config(128, 128, 64, 5, 1, 8), gluon_config(128, 64, 64, 6, 2, 4), gluon_config(256, 128, 64, 3, 1, 8),
 ]
-# Stream-K (CUTLASS's stream-K scheduler, in the same warp-specialized kernel): the layers whose
-# tiles fill the SMs unevenly. N = 768 at 3072 to 6304 rows makes 72-150 tiles of 128 x 256 (or 144-300
-# of 128 x 128) for 132 SMs: the second wave nearly empty, cuBLAS 1.6-1.8x the tiled kernel there.
-# Split evenly by K-slices, every SM runs the same share, at the price of some fp32 partial tiles.
-GLUON_SK_CONFIGS = [
-    gluon_config(128, 256, 64, 3, 1, 8, stream_k=True), gluon_config(128, 128, 64, 5, 1, 8, stream_k=True),
+
+
+def coop_config(wgs, bn1, bn2, bk, stages) -> triton.Config:
+    """A candidate of gemm_hopper.linear_coop_kernel: 64 * wgs rows by bn1 + bn2 columns, wgs MMA
+    warpgroups on one tile and a load warpgroup; registers moved from the load warps to the MMA warps
+    (setmaxnreg) within the SM's 64K: 12 warps at 168 (232 / 40), 16 warps at 128 (152 / 56)."""
+    return triton.Config({"BLOCK_M": 64 * wgs, "BLOCK_N": bn1 + bn2, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": True,
+                          "PROGRAMS_PER_SM": 1, "GLUON": True, "COOP": True, "BN1": bn1, "BN2": bn2, "WGS": wgs,
+                          "STAGES": stages, "CONSUMERS": wgs,
+                          "MMA_REGS": 232 if wgs == 2 else 152, "LOAD_REGS": 40 if wgs == 2 else 56},
+                         num_warps=4, num_stages=1, maxnreg=168 if wgs == 2 else 128)
+
+
+# cuBLAS's one-wave tiles (nvjet, H100: bench/results/kernels-vs-libraries-notes.md): 192 x 192 makes
+# 6304 x 768 exactly 132 tiles (ViT-B at batch 32), 192 x 96 makes 3072 x 768 128 tiles (BERT-base 8 x 384)
+# and 6272 x 384 132 (ConvNeXt-T); 192 x 128 and 128 x 192 for the rest.
+GLUON_COOP_CONFIGS = [
+    coop_config(3, 128, 64, 64, 3), coop_config(3, 64, 32, 64, 5), coop_config(3, 128, 0, 64, 4),
+    coop_config(2, 128, 64, 64, 4),
 ]
-GLUON_CONFIGS += GLUON_SK_CONFIGS
+GLUON_CONFIGS += GLUON_COOP_CONFIGS
 CONFIGS += GLUON_CONFIGS
 
 
@@ -585,8 +596,6 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
         )
 
         gluon = quant == 0 and not gated and use_tma and gluon_problem(x2, res2, out) is None
-        if gluon and not torch.cuda.is_current_stream_capturing():
-            _hopper().sk_flags(x2.device)     # made here, outside capture, for a stream-K candidate
         pdl = pdl_enabled(x2.device)
 
         def grid(kw):
@@ -595,8 +604,6 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             if kw.get("GEMV"):
                 return (triton.cdiv(N, kw["BLOCK_N"]), triton.cdiv(M, kw["BLOCK_M"]))
             tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
-            if kw.get("STREAM_K"):
-                return (sk_grid(tiles, K, kw, sms),)
             return (min(tiles, sms * kw["PROGRAMS_PER_SM"]) if (sms and kw["USE_TMA"]) else tiles,)
 
         def plan(kw):
@@ -608,11 +615,17 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                     EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=quant == 3, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
                     BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
                     FLAT=kw.get("FLAT", False), **({"PDL": True, "launch_pdl": True} if pdl else {}))
+            if kw.get("COOP"):
+                return _hopper().linear_coop_kernel, dict(
+                    HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
+                    ACTIVATION=meta["ACTIVATION"], W_T=meta["W_T"], BN2=kw["BN2"], WGS=kw["WGS"], STAGES=kw["STAGES"],
+                    GROUP_M=kw["GROUP_M"], LOAD_REGS=kw["LOAD_REGS"], MMA_REGS=kw["MMA_REGS"],
+                    num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"))
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
                     ACTIVATION=meta["ACTIVATION"], W_T=meta["W_T"], STAGES=kw["STAGES"], GROUP_M=kw["GROUP_M"],
-                    CONSUMERS=kw["CONSUMERS"], STREAM_K=kw.get("STREAM_K", False), LOAD_REGS=40, MMA_REGS=232, num_warps=kw["num_warps"],
+                    CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232, num_warps=kw["num_warps"],
                     maxnreg=kw.get("maxnreg"))
             return linear_kernel, dict(meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
 
@@ -647,14 +660,9 @@ def _hopper():
 
 def other_kernels() -> list:
     """The kernels besides linear_kernel that the tuners' candidates may launch (their source is part
-    of the tuning cache's key): gemv_kernel, and the Gluon GEMM where this Triton builds it."""
+    of the tuning cache's key): gemv_kernel, and the Gluon GEMMs where this Triton builds them."""
     hopper = _hopper()
-    return [gemv_kernel] + ([hopper.linear_ws_kernel] if hopper else [])
-
-
-def sk_grid(tiles: int, K: int, kw: dict, sms: int) -> int:
-    """A stream-K launch's CTAs: one an SM, no more than there are K-slices to share."""
-    return min(sms, tiles * triton.cdiv(K, kw["BLOCK_K"]))
+    return [gemv_kernel] + ([hopper.linear_ws_kernel, hopper.linear_coop_kernel] if hopper else [])
 
 
 def gluon_problem(x2, res2, out) -> str | None:
@@ -676,17 +684,14 @@ def kernel_args(kw, tensors) -> tuple:
         return (x2, weight, bias, res, out, w_scale, x2.shape[0], weight.shape[0], x2.shape[1], out.shape[1],
                 x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
                 res.stride(0), res.stride(1), out.stride(0), out.stride(1))
+    if kw.get("COOP"):
+        descs = _hopper().coop_descriptors(x2, weight, None if res is out else res, out, kw["BN1"], kw["BN2"],
+                                           kw["BLOCK_K"], weight.stride(1) != 1)
+        return (*descs, bias, x2.shape[0], weight.shape[0], x2.shape[1])
     if kw.get("GLUON"):
         descs = _hopper().descriptors(x2, weight, None if res is out else res, out, kw["BLOCK_M"], kw["BLOCK_N"],
                                       kw["BLOCK_K"], weight.stride(1) != 1)
-        if kw.get("STREAM_K"):
-            M, N, K = x2.shape[0], weight.shape[0], x2.shape[1]
-            tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
-            ws, flags = _hopper().sk_buffers(x2.device, sk_grid(tiles, K, kw, sm_count(x2.device.index or 0)),
-                                             kw["BLOCK_M"], kw["BLOCK_N"])
-        else:
-            ws = flags = out   # (not read)
-        return (*descs, bias, ws, flags, x2.shape[0], weight.shape[0], x2.shape[1])
+        return (*descs, bias, x2.shape[0], weight.shape[0], x2.shape[1])
     tma = kw["USE_TMA"]
     if not tma:
         w_desc = weight

@@ -44,14 +44,13 @@ def test_no_gluon_candidate_off_sm90():
 def test_the_gluon_gemm_builds_for_sm90_with_this_triton():
     """Here, without a GPU: the kernel compiles for sm90 through ptxas with the installed Triton (the
     newest the bounds admit, in CI), with wgmma instructions in its SASS and within shared memory: the
-    ping-pong, the one-consumer and the stream-K candidates."""
+    ping-pong, the one-consumer and the cooperative (192-row) candidates."""
     if gemm._hopper_import()[0] is None:
         pytest.skip(gemm._hopper_import()[1])
     script = Path(__file__).parents[1] / "bench" / "gluon_compile.py"
-    first_sk = next(i for i, c in enumerate(gemm.GLUON_CONFIGS) if c.kwargs.get("STREAM_K"))
-    done = subprocess.run([sys.executable, str(script), "--configs", f"0,1,{first_sk}", "--json"], capture_output=True,
-                          text=True,
-                          timeout=600)
+    first_coop = next(i for i, c in enumerate(gemm.GLUON_CONFIGS) if c.kwargs.get("COOP"))
+    done = subprocess.run([sys.executable, str(script), "--configs", f"0,1,{first_coop}", "--json"],
+                          capture_output=True, text=True, timeout=600)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and rows, done.stdout[-2000:] + done.stderr[-2000:]
     for row in rows:
@@ -64,14 +63,21 @@ def test_every_gluon_candidate_fits_shared_memory():
         pytest.skip("this Triton cannot build the Gluon GEMM")
     for c in gemm.GLUON_CONFIGS:
         kw = c.kwargs
-        assert module.smem_bytes(kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], kw["STAGES"], kw["CONSUMERS"]) <= 227 * 1024
+        if kw.get("COOP"):
+            used = module.coop_smem_bytes(kw["WGS"], kw["BN1"], kw["BN2"], kw["BLOCK_K"], kw["STAGES"])
+        else:
+            used = module.smem_bytes(kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], kw["STAGES"], kw["CONSUMERS"])
+        assert used <= 227 * 1024, kw
 
 
 def _forced(cfg, fn, repeats=2):
     return forced_outputs(gemm.TUNER, cfg, fn, repeats)
 
 
-SHAPES = [(130, 72, 136), (1000, 768, 2304), (4096, 256, 512), (257, 1024, 96), (3072, 3072, 768)]
+# (1000, 320, 1000): in 192 x 192 tiles (the cooperative candidates) the last row block leaves two of the
+# three warpgroups wholly past M and the last column block's second box wholly past N
+SHAPES = [(130, 72, 136), (1000, 768, 2304), (4096, 256, 512), (257, 1024, 96), (3072, 3072, 768), (1000, 320, 1000)]
+FIRST_COOP = next(c for c in gemm.GLUON_CONFIGS if c.kwargs.get("COOP"))
 
 
 @gpu
@@ -94,7 +100,8 @@ def test_gluon_candidates_match_reference(M, K, N, dtype, cfg):
 @gpu
 @pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 @pytest.mark.parametrize("residual", ["none", "after", "first"])
-def test_gluon_epilogues(activation, residual):
+@pytest.mark.parametrize("cfg", [gemm.GLUON_CONFIGS[0], FIRST_COOP], ids=["pingpong", "coop"])
+def test_gluon_epilogues(activation, residual, cfg):
     M, K, N = 300, 192, 264
     x = torch.randn(M, K, device="cuda", dtype=torch.float16)
     w = torch.randn(N, K, device="cuda", dtype=torch.float16) / K ** 0.5
@@ -103,10 +110,10 @@ def test_gluon_epilogues(activation, residual):
     first = residual == "first"
     ref = gemm.linear_ref(x.float(), w.float(), None if b is None else b.float(), None if r is None else r.float(),
                           activation, first)
-    # one candidate (the ping-pong one) for every epilogue: the epilogue code is the same in every
-    # candidate, and each candidate compiles per epilogue (test_gluon_candidates_match_reference
-    # runs every candidate with GELU + residual)
-    out, again = _forced(gemm.GLUON_CONFIGS[0], lambda: gemm.linear_launch(x, w, b, r, activation, first))
+    # one candidate of each kernel (the ping-pong one, the first cooperative one) for every epilogue: the
+    # epilogue code is the same in every candidate of a kernel, and each candidate compiles per epilogue
+    # (test_gluon_candidates_match_reference runs every candidate with GELU + residual)
+    out, again = _forced(cfg, lambda: gemm.linear_launch(x, w, b, r, activation, first))
     assert rel_l2(out.float(), ref) < TOL[torch.float16]
     assert torch.equal(out, again)
 
@@ -151,46 +158,3 @@ def test_the_race_includes_gluon_on_sm90():
     assert rel_l2(out.float(), x.float() @ w.float().t()) < 2e-3
     assert not runtime.interpreted()
 
-
-SK_CONFIGS = [c for c in gemm.GLUON_CONFIGS if c.kwargs.get("STREAM_K")]
-
-
-@gpu
-@pytest.mark.parametrize("M,K,N", [(257, 1024, 96), (3000, 704, 768), (1000, 4096, 512)])
-@pytest.mark.parametrize("cfg", SK_CONFIGS, ids=lambda c: f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}")
-def test_stream_k_splits_tiles_between_ctas_and_puts_its_flags_back(M, K, N, cfg):
-    """Stream-K shares all tiles' K-slices evenly between the CTAs: at 257 x 1024 x 96 a tile is split
-    between 16 CTAs (15 partials added by one), at 3000 x 704 x 768 the split is uneven (CTAs of
-    two lengths) and tiles end mid-CTA. The result: the reference's, the same bits on every run, eager
-    and replayed from a CUDA graph (whose flags must be zeros again after each launch), and the
-    flags all zero after it."""
-    from accelc.kernels import gemm_hopper
-    torch.manual_seed(0)
-    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    w = torch.randn(N, K, device="cuda", dtype=torch.float16) / K ** 0.5
-    b = torch.randn(N, device="cuda", dtype=torch.float16)
-    r = torch.randn(M, N, device="cuda", dtype=torch.float16)
-    ref = gemm.linear_ref(x.float(), w.float(), b.float(), r.float(), "gelu")
-    outs = _forced(cfg, lambda: gemm.linear_launch(x, w, b, r, "gelu"), repeats=3)
-    if outs is None:
-        pytest.skip("not a candidate for this shape")
-    assert rel_l2(outs[0].float(), ref) < TOL[torch.float16]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-    with gemm.TUNER.force(cfg):
-        static = gemm.linear_launch(x, w, b, r, "gelu")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static = gemm.linear_launch(x, w, b, r, "gelu")
-    for _ in range(3):
-        static.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static, outs[0])
-    flags, _ = gemm_hopper._sk_flags[torch.cuda.current_device()]
-    assert int(flags.count_nonzero()) == 0
-
-
-def test_stream_k_grid_is_one_cta_an_sm_and_no_more_than_the_k_slices():
-    kw = SK_CONFIGS[0].kwargs if SK_CONFIGS else {"BLOCK_K": 64}
-    assert gemm.sk_grid(72, 768, kw, 132) == 132       # 72 tiles x 12 K-slices: 864 slices for 132 SMs
-    assert gemm.sk_grid(3, 128, kw, 132) == 6           # 3 tiles x 2 slices: a CTA a slice
