@@ -356,8 +356,8 @@ def coop_config(wgs, bn1, bn2, bk, stages) -> triton.Config:
 # cuBLAS's one-wave tiles (nvjet, H100: bench/results/kernels-vs-libraries-notes.md): 192 x 192 makes
 # 6304 x 768 exactly 132 tiles (ViT-B at batch 32), 192 x 96 makes 3072 x 768 128 tiles (BERT-base 8 x 384)
 # and 6272 x 384 132 (ConvNeXt-T); 192 x 128 and 128 x 192 for the rest. 192 x 192 also 32 deep in six
-# slots (the same bytes as three of 64; a slot comes back sooner): ViT-B's qkv 39.1 us (cuBLAS 39.3), fc2 +
-# residual 48.8 (64 deep: 53.0). Tried and dropped (H100, runs/gemm_hopper/direct-1, coop-2): 192 x 96 32
+# slots (the same bytes as three of 64; a slot comes back sooner): ViT-B's qkv 39.1 us timed alone (64 deep:
+# 39.9), fc2 + residual 48.8 (53.0). Tried and dropped (H100, runs/gemm_hopper/direct-1, coop-2): 192 x 96 32
 # deep in ten slots (slower than 64 deep everywhere); the epilogue stored from registers, its shared memory
 # given to the ring as one more slot (slower at every layer: 18.7 vs 10.4 us at BERT's query, the stores
 # 16 bytes a row a warp).
