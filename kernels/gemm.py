@@ -355,15 +355,16 @@ def coop_config(wgs, bn1, bn2, bk, stages) -> triton.Config:
 
 # cuBLAS's one-wave tiles (nvjet, H100: bench/results/kernels-vs-libraries-notes.md): 192 x 192 makes
 # 6304 x 768 exactly 132 tiles (ViT-B at batch 32), 192 x 96 makes 3072 x 768 128 tiles (BERT-base 8 x 384)
-# and 6272 x 384 132 (ConvNeXt-T); 192 x 128 and 128 x 192 for the rest. 192 x 192 also 32 deep in six
+# and 6272 x 384 132 (ConvNeXt-T); 128 x 192 for GPT-2's 4096 x 768 layers. 192 x 192 runs 32 deep in six
 # slots (the same bytes as three of 64; a slot comes back sooner): ViT-B's qkv 39.1 us timed alone (64 deep:
-# 39.9), fc2 + residual 48.8 (53.0). Tried and dropped (H100, runs/gemm_hopper/direct-1, coop-2): 192 x 96 32
+# 39.9), fc2 + residual 48.8 (53.0). H100, bench/results/runs/gemm_hopper/coop-2: each of these three was
+# the fastest Gluon candidate at two to four of the 20 layers. Measured and dropped: 192 x 192 64 deep and
+# 192 x 128 (the fastest at none; each candidate costs compile and tuning time at every shape); 192 x 96 32
 # deep in ten slots (slower than 64 deep everywhere); the epilogue stored from registers, its shared memory
-# given to the ring as one more slot (slower at every layer: 18.7 vs 10.4 us at BERT's query, the stores
-# 16 bytes a row a warp).
+# given to the ring as one more slot (slower at every layer, runs/gemm_hopper/direct-1: 18.7 vs 10.4 us at
+# BERT's query, the stores 16 bytes a row a warp).
 GLUON_COOP_CONFIGS = [
-    coop_config(3, 128, 64, 64, 3), coop_config(3, 64, 32, 64, 5), coop_config(3, 128, 0, 64, 4),
-    coop_config(2, 128, 64, 64, 4), coop_config(3, 128, 64, 32, 6),
+    coop_config(3, 64, 32, 64, 5), coop_config(2, 128, 64, 64, 4), coop_config(3, 128, 64, 32, 6),
 ]
 GLUON_CONFIGS += GLUON_COOP_CONFIGS
 CONFIGS += GLUON_CONFIGS
