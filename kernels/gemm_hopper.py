@@ -237,7 +237,7 @@ def descriptors(x2, weight, res2, out, bm: int, bn: int, bk: int, w_t: bool):
 # 768 is then 128 tiles and 6304 x 768 exactly 132, one wave on 132 SMs, where power-of-two tiles
 # give 1.1-2.3 waves. Triton's tensors are powers of two, so such a tile is assembled: WGS MMA
 # warpgroups ("cooperative": all on one tile), each owning 64 rows, each holding two accumulators
-# of BN1 and BN2 columns (128 + 64 = 192, 64 + 32 = 96; BN2 = 0 for one), loaded and stored as
+# of BN1 and BN2 columns (128 + 64 = 192, 64 + 32 = 96), loaded and stored as
 # boxes of those sizes. One load warpgroup feeds a ring of STAGES slots: WGS row boxes of x and the
 # two column boxes of the weight; a slot goes back once all WGS warpgroups' MMAs have read it.
 # ---------------------------------------------------------------------------------------------------
@@ -251,8 +251,7 @@ def _coop_load(descs, bars, bufs, M, N, K, BLOCK_K: gl.constexpr, BN1: gl.conste
     x_bufs, w1_bufs, w2_bufs = bufs[0], bufs[1], bufs[2]
     BLOCK_M: gl.constexpr = 64 * WGS
     num_pid_m, num_pid_n, k_tiles = _tile_counts(M, N, K, BLOCK_M, BN1 + BN2, BLOCK_K)
-    nbytes: gl.constexpr = WGS * x_desc.block_type.nbytes + w1_desc.block_type.nbytes + (
-        w2_desc.block_type.nbytes if BN2 > 0 else 0)
+    nbytes: gl.constexpr = WGS * x_desc.block_type.nbytes + w1_desc.block_type.nbytes + w2_desc.block_type.nbytes
     step = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
@@ -267,12 +266,10 @@ def _coop_load(descs, bars, bufs, M, N, K, BLOCK_K: gl.constexpr, BN1: gl.conste
                 tma_load(x_desc, [pid_m * BLOCK_M + 64 * g, kk * BLOCK_K], bar, x_bufs.index(slot * WGS + g))
             if W_T:
                 tma_load(w1_desc, [kk * BLOCK_K, off_n], bar, w1_bufs.index(slot))
-                if BN2 > 0:
-                    tma_load(w2_desc, [kk * BLOCK_K, off_n + BN1], bar, w2_bufs.index(slot))
+                tma_load(w2_desc, [kk * BLOCK_K, off_n + BN1], bar, w2_bufs.index(slot))
             else:
                 tma_load(w1_desc, [off_n, kk * BLOCK_K], bar, w1_bufs.index(slot))
-                if BN2 > 0:
-                    tma_load(w2_desc, [off_n + BN1, kk * BLOCK_K], bar, w2_bufs.index(slot))
+                tma_load(w2_desc, [off_n + BN1, kk * BLOCK_K], bar, w2_bufs.index(slot))
             step += 1
 
 
@@ -318,7 +315,7 @@ def _coop_mma(descs, bars, bufs, bias_ptr, M, N, K, G: gl.constexpr, BLOCK_K: gl
     BLOCK_M: gl.constexpr = 64 * WGS
     l1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN1, 16])
     l2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                 instr_shape=[16, BN2 if BN2 > 0 else 8, 16])
+                                                 instr_shape=[16, BN2, 16])
     num_pid_m, num_pid_n, k_tiles = _tile_counts(M, N, K, BLOCK_M, BN1 + BN2, BLOCK_K)
     c1 = c1_bufs.index(G)
     c2 = c2_bufs.index(G)
@@ -332,30 +329,22 @@ def _coop_mma(descs, bars, bufs, bias_ptr, M, N, K, G: gl.constexpr, BLOCK_K: gl
         if HAS_RESIDUAL:
             # the residual lands in c1 / c2 while the MMAs run (the last tile's stores must have left them)
             tma.store_wait(0)
-            mbarrier.expect(res_bar, res1_desc.block_type.nbytes + (res2_desc.block_type.nbytes if BN2 > 0 else 0))
+            mbarrier.expect(res_bar, res1_desc.block_type.nbytes + res2_desc.block_type.nbytes)
             tma_load(res1_desc, [row, col], res_bar, c1)
-            if BN2 > 0:
-                tma_load(res2_desc, [row, col + BN1], res_bar, c2)
+            tma_load(res2_desc, [row, col + BN1], res_bar, c2)
         acc1 = gl.zeros((64, BN1), dtype=gl.float32, layout=l1)
-        if BN2 > 0:
-            acc2 = gl.zeros((64, BN2), dtype=gl.float32, layout=l2)
+        acc2 = gl.zeros((64, BN2), dtype=gl.float32, layout=l2)
         for kk in range(k_tiles):
             slot = step % STAGES
             mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
             a = x_bufs.index(slot * WGS + G)
             acc1 = warpgroup_mma(a, _coop_b(w1_bufs.index(slot), W_T), acc1, is_async=True)
-            if BN2 > 0:
-                acc2 = warpgroup_mma(a, _coop_b(w2_bufs.index(slot), W_T), acc2, is_async=True)
-                # this K-slice's two MMAs in flight: the last slice's have read their slot
-                acc1, acc2 = warpgroup_mma_wait(2, deps=(acc1, acc2))
-            else:
-                acc1 = warpgroup_mma_wait(1, deps=(acc1, ))
+            acc2 = warpgroup_mma(a, _coop_b(w2_bufs.index(slot), W_T), acc2, is_async=True)
+            # this K-slice's two MMAs in flight: the last slice's have read their slot
+            acc1, acc2 = warpgroup_mma_wait(2, deps=(acc1, acc2))
             mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=kk > 0)
             step += 1
-        if BN2 > 0:
-            acc1, acc2 = warpgroup_mma_wait(0, deps=(acc1, acc2))
-        else:
-            acc1 = warpgroup_mma_wait(0, deps=(acc1, ))
+        acc1, acc2 = warpgroup_mma_wait(0, deps=(acc1, acc2))
         mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k_tiles > 0)
         if HAS_RESIDUAL:
             mbarrier.wait(res_bar, done & 1)
@@ -363,9 +352,8 @@ def _coop_mma(descs, bars, bufs, bias_ptr, M, N, K, G: gl.constexpr, BLOCK_K: gl
             tma.store_wait(0)
         _coop_epilogue(acc1, out1_desc, c1, bias_ptr, row, col, N, BN1, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
                        ACTIVATION)
-        if BN2 > 0:
-            _coop_epilogue(acc2, out2_desc, c2, bias_ptr, row, col + BN1, N, BN2, HAS_BIAS, HAS_RESIDUAL,
-                           RESIDUAL_FIRST, ACTIVATION)
+        _coop_epilogue(acc2, out2_desc, c2, bias_ptr, row, col + BN1, N, BN2, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
+                       ACTIVATION)
         done += 1
     tma.store_wait(0)
 
@@ -373,7 +361,7 @@ def _coop_mma(descs, bars, bufs, bias_ptr, M, N, K, G: gl.constexpr, BLOCK_K: gl
 @gluon.jit
 def linear_coop_kernel(
     # TMA descriptors: x (64-row boxes), the weight's two column boxes, the output's and the residual's
-    # two boxes (a residual's: the output's when there is none; w2 / out2 / res2: the first's when BN2 = 0)
+    # two boxes (a residual's: the output's when there is none)
     x_desc, w1_desc, w2_desc, out1_desc, out2_desc, res1_desc, res2_desc, bias_ptr,
     M, N, K,
     HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr,
@@ -381,15 +369,15 @@ def linear_coop_kernel(
     LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     gl.static_assert(WGS == 2 or WGS == 3, "two or three MMA warpgroups")
+    gl.static_assert(BN2 > 0, "two column boxes")
     dtype: gl.constexpr = x_desc.dtype
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BN1: gl.constexpr = out1_desc.block_type.shape[1]
     x_bufs = gl.allocate_shared_memory(dtype, [STAGES * WGS] + x_desc.block_type.shape, x_desc.layout)
     w1_bufs = gl.allocate_shared_memory(dtype, [STAGES] + w1_desc.block_type.shape, w1_desc.layout)
-    w2_bufs = gl.allocate_shared_memory(dtype, [STAGES if BN2 > 0 else 1] + w2_desc.block_type.shape, w2_desc.layout)
+    w2_bufs = gl.allocate_shared_memory(dtype, [STAGES] + w2_desc.block_type.shape, w2_desc.layout)
     c1_bufs = gl.allocate_shared_memory(out1_desc.dtype, [WGS] + out1_desc.block_type.shape, out1_desc.layout)
-    c2_bufs = gl.allocate_shared_memory(out2_desc.dtype, [WGS if BN2 > 0 else 1] + out2_desc.block_type.shape,
-                                        out2_desc.layout)
+    c2_bufs = gl.allocate_shared_memory(out2_desc.dtype, [WGS] + out2_desc.block_type.shape, out2_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     res_ready = gl.allocate_shared_memory(gl.int64, [WGS, 1], mbarrier.MBarrierLayout())
@@ -433,7 +421,7 @@ def coop_descriptors(x2, weight, res2, out, bn1: int, bn2: int, bk: int, w_t: bo
     def desc(t, box):
         return TensorDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, dt))
 
-    widths = (bn1, bn2 if bn2 else bn1)
+    widths = (bn1, bn2)
     ws = [desc(weight.t(), [bk, w]) if w_t else desc(weight, [w, bk]) for w in widths]
     outs = [desc(out, [64, w]) for w in widths]
     res = [desc(res2, [64, w]) for w in widths] if res2 is not None else outs
