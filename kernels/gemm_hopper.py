@@ -1,4 +1,4 @@
-"""accelc::linear on Hopper (sm90): a persistent, warp-specialized Gluon GEMM with the fused epilogue.
+"""accelc::linear on Hopper (sm90): persistent, warp-specialized Gluon GEMMs with the fused epilogue.
 
 The same op as kernels/gemm.py (out = act(x @ weight^T + bias) (+ residual), fp16 / bf16, fp32
 accumulators), written in Gluon (triton.experimental.gluon) because Triton's `tl` cannot say what
@@ -24,6 +24,11 @@ consumer warpgroups that never wait for memory. The design follows Triton's Gluo
   store. With two consumers, one's epilogue runs while the other's MMAs keep the tensor cores
   busy: the ring hands consecutive tiles' slots to alternating consumers, which is what gives
   the ping-pong its order.
+
+A second kernel, linear_coop_kernel (the end of this file), runs cuBLAS's one-wave tiles (192 x 192,
+192 x 96, 128 x 192), which Triton's power-of-two tensors cannot hold as one accumulator: two or three
+MMA warpgroups share a tile ("cooperative"), each owning 64 rows in two accumulators of power-of-two
+widths. The launcher races both kernels' candidates with the `tl` kernel's.
 
 Every operand must be one the copy engine can take (gemm.tma_ok: 16-byte aligned rows and base,
 contiguous last dim); the launcher (gemm.launch) sends everything else to the `tl` kernel, which
