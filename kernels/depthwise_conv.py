@@ -81,8 +81,17 @@ def _prune(configs, sizes):
     return [c for c in configs if c.kwargs["BLOCK_C"] <= widest]
 
 
+def _interpreter_config(sizes) -> triton.Config:
+    """Small blocks where the CPU tests' small shapes should span several (tails in pixels and channels);
+    a whole model's layers (an HF MobileNetV2's, 2 x 32 x 16 x 16 and up) in blocks of 64 x 64: the
+    interpreter's time goes by the programs, not by their size (tests/test_real_models.py's two MobileNetV2
+    tests: 119 and 104 s with 16 x 16 blocks everywhere, 101 and 81 s so)."""
+    pixels = sizes["N"] * sizes["H"] * sizes["W"] // sizes["stride"] ** 2
+    return config(64, 64, 4) if pixels * sizes["C"] > 4096 else config(16, 16, 4)
+
+
 TUNER = Tuner("conv2d_depthwise", _dw_kernel, CONFIGS, prune=_prune,
-              default=lambda sizes: config(32, 64, 4), interpreter=lambda sizes: config(16, 16, 4))
+              default=lambda sizes: config(32, 64, 4), interpreter=_interpreter_config)
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
