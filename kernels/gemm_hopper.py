@@ -223,16 +223,16 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int, consumers: int, elem: int
     return stages * (bm + bn) * bk * elem + consumers * bm * bn * elem + (2 * stages + 2 * consumers) * 8
 
 
+def _desc(t, box):
+    """A TMA descriptor of t with `box`, in the shared-memory layout wgmma reads."""
+    return TensorDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, GL_DTYPES[t.dtype]))
+
+
 def descriptors(x2, weight, res2, out, bm: int, bn: int, bk: int, w_t: bool):
     """The kernel's four TMA descriptors (the config's boxes); res_desc is the output's without a residual."""
-    dt = GL_DTYPES[x2.dtype]
-
-    def desc(t, box):
-        return TensorDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, dt))
-
-    w_desc = desc(weight.t(), [bk, bn]) if w_t else desc(weight, [bn, bk])
-    out_desc = desc(out, [bm, bn])
-    return desc(x2, [bm, bk]), w_desc, out_desc, (desc(res2, [bm, bn]) if res2 is not None else out_desc)
+    w_desc = _desc(weight.t(), [bk, bn]) if w_t else _desc(weight, [bn, bk])
+    out_desc = _desc(out, [bm, bn])
+    return _desc(x2, [bm, bk]), w_desc, out_desc, (_desc(res2, [bm, bn]) if res2 is not None else out_desc)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -290,7 +290,8 @@ def _coop_b(buf, W_T: gl.constexpr):
 @gluon.jit
 def _coop_epilogue(acc, out_desc, c_buf, bias_ptr, row, col, N, WIDTH: gl.constexpr, HAS_BIAS: gl.constexpr,
                    HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr):
-    """One accumulator's epilogue (its residual already in c_buf) and its TMA store."""
+    """One accumulator's epilogue (its residual already in c_buf) and its TMA store. (linear_ws_kernel's
+    consumer writes the same steps inline, its bias load ahead of the residual's wait.)"""
     layout: gl.constexpr = acc.type.layout
     if HAS_BIAS:
         offs_n = col + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
@@ -304,6 +305,7 @@ def _coop_epilogue(acc, out_desc, c_buf, bias_ptr, row, col, N, WIDTH: gl.conste
     out = finish(acc, bias, res, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, False, True)
     c_buf.store(out.to(out_desc.dtype))
     fence_async_shared()
+    # the copy engine clips the rows and columns past M and N
     tma_store(out_desc, [row, col], c_buf)
 
 
@@ -421,13 +423,8 @@ def coop_smem_bytes(wgs: int, bn1: int, bn2: int, bk: int, stages: int, elem: in
 
 def coop_descriptors(x2, weight, res2, out, bn1: int, bn2: int, bk: int, w_t: bool):
     """linear_coop_kernel's seven TMA descriptors (see its signature)."""
-    dt = GL_DTYPES[x2.dtype]
-
-    def desc(t, box):
-        return TensorDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, dt))
-
     widths = (bn1, bn2)
-    ws = [desc(weight.t(), [bk, w]) if w_t else desc(weight, [w, bk]) for w in widths]
-    outs = [desc(out, [64, w]) for w in widths]
-    res = [desc(res2, [64, w]) for w in widths] if res2 is not None else outs
-    return (desc(x2, [64, bk]), *ws, *outs, *res)
+    ws = [_desc(weight.t(), [bk, w]) if w_t else _desc(weight, [w, bk]) for w in widths]
+    outs = [_desc(out, [64, w]) for w in widths]
+    res = [_desc(res2, [64, w]) for w in widths] if res2 is not None else outs
+    return (_desc(x2, [64, bk]), *ws, *outs, *res)

@@ -157,4 +157,3 @@ def test_the_race_includes_gluon_on_sm90():
     out = gemm.linear_launch(x, w)
     assert rel_l2(out.float(), x.float() @ w.float().t()) < 2e-3
     assert not runtime.interpreted()
-
