@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import gc
 import itertools
 import logging
 import math
@@ -235,7 +236,18 @@ def optimize_job(job: Job) -> OptimizedModule:
             attach_generation(opt, job)
     finally:
         restore_buffers(job.model, state)
+        release_cached_memory(job.device)
     return opt
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """The device memory optimize's checks used, given back: the guard's higher-precision copy of the
+    model, its inputs and outputs, the tuner's buffers stay cached by PyTorch's allocator after
+    they are freed, held from other processes and counted in the optimized model's footprint (4 GiB
+    after a 1.1B-parameter Llama, H100). Graphs' memory pools stay."""
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def attach_generation(opt, job: Job) -> None:

@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from accelc import runtime
+
 
 def median_ms(fn: Callable[[], object], device: torch.device | str = "cuda", cuda_graph: bool = False,
               warmup_ms: float = 25, rep_ms: float = 100) -> float:
@@ -53,8 +55,8 @@ def graph_kernel_us(fn) -> float:
 def _graph_median_ms(fn, rep_ms: float) -> float:
     """Median time of `fn` replayed from a CUDA graph: `n` calls captured in one graph, the
     graph replayed with events around each replay, L2 flushed in between."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
+    # the GPU's one side stream (a new stream per timed layer left cuBLAS a workspace on each)
+    with runtime.side_stream(torch.cuda.current_device()) as stream, torch.cuda.stream(stream):
         fn()  # warm-up on the side stream: compilation, autotuning, allocations
         torch.cuda.synchronize()
         t0 = time.perf_counter()

@@ -292,10 +292,10 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena
                        stream: torch.cuda.Stream | None = None):
     """(graph, outputs, pool, stream): fn warmed up on a side stream (compiling and tuning happen
     here), then captured on it into the memory pool `pool` (a new one when None: the one returned).
-    Graphs that share a pool must share the stream too (`stream`, a new one when None, returned
-    like the pool): the caching allocator
-    keeps a stream's freed blocks for that stream, so a new stream per capture would hold a new
-    warm-up's and capture's worth of memory each (the Runner passes its one stream). With
+    Graphs that share a pool must share the stream too (`stream`; when None, the GPU's one side
+    stream, runtime.side_stream, returned like the pool): the caching allocator keeps a stream's
+    freed blocks for that stream, so a new stream per capture would hold a new warm-up's and
+    capture's worth of memory each, and cuBLAS a workspace per stream. With
     `arena` (nbytes, device -> a uint8 tensor), the graph ends by copying its outputs into it
     (output_slots) and those copies are the outputs: the pool keeps no graph's outputs alive, so
     its size is the largest graph's working memory however many graphs there are. Raises
@@ -304,7 +304,11 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena
     if not tensors or any(x.device.type != "cuda" for x in tensors):
         raise Uncapturable("a tensor argument not on a CUDA device (or none at all)")
     device = tensors[0].device
-    stream = stream if stream is not None else torch.cuda.Stream(device)
+    with runtime.side_stream(device) as side:
+        return _capture(fn, args, kwargs, pool, arena, stream if stream is not None else side, device)
+
+
+def _capture(fn, args, kwargs, pool, arena, stream, device):
     # the warm-up allocates in a pool that already holds a graph: a new pool exists in the allocator
     # only from its first capture on (warming up in it before would leave it released, and the
     # capture would then fail on entry, leaving the CUDA generator in its capture state)

@@ -183,3 +183,26 @@ def gluon_target_problem(t: torch.Tensor, what: str) -> str | None:
     if t.dtype not in (torch.float16, torch.bfloat16):
         return f"the Gluon {what} takes fp16 / bf16, not {t.dtype}"
     return None
+
+
+_SIDE_STREAMS: dict = {}
+_SIDE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def side_stream(device: torch.device):
+    """The one side stream of a GPU that accelc warms up, captures and times CUDA graphs on (the
+    Runner's graphs, the guard's and the report's timers), held by this thread for the block.
+
+    One for the process, not one per use: cuBLAS keeps a workspace (16-32 MiB on Hopper) for every
+    stream it has run on, for the process's life. A new stream per timed layer left the guard's
+    race 30 of them, 495 MiB, after optimize (GPT-2 and BERT-base, H100); the optimized model's
+    calls, on the caller's stream, and this one hold two, as torch.compile's CUDA graphs do. The
+    lock keeps two threads' captures off the stream at the same time (a capture is per stream)."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _SIDE_LOCK:
+        stream = _SIDE_STREAMS.get(index)
+        if stream is None:
+            stream = _SIDE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+        yield stream

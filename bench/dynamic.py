@@ -144,8 +144,8 @@ def run_side(call, feeds, device, eager_outputs=None, check_every=10):
             out = call(**f)
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
-            if i % check_every == 0:
-                h = _hidden(out).float()
+            if i % check_every == 0:     # kept on the host: no side's memory counts the bench's copies
+                h = _hidden(out).float().cpu()
                 outputs.append(h)
                 if eager_outputs is not None:
                     errors.append(rel_l2(h, eager_outputs[len(outputs) - 1]))
@@ -175,19 +175,21 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides, rows, save=
 
     torch.manual_seed(1)       # the same requests for every side
     feeds = [{k: v.to(device) for k, v in cast(make(b, n)).items()} for b, n in requests]
-    row = {"model": name, "requests": n_requests, "shapes": len(set(requests))}
+    row = {"model": name, "requests": n_requests, "shapes": len(set(requests)),
+           "weights_mib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, 1)}
     rows.append(row)
     opt = optimize_s = None
+    start = _memory_start(device)
     eager, eager_out = run_side(lambda **f: model(**f), feeds, device)
-    row["eager"] = {**eager, "date": _common.environment()["date"]}
+    row["eager"] = {**eager, **_over_start(eager, start, row), "date": _common.environment()["date"]}
     save()
+    if device.type == "cuda" and ("compile_ro" in sides or "accelc" in sides):   # accelc's memory yardstick
+        row.update(ro_one_shape(model, feeds, device, row))
     for side in sides:
         try:
             torch._dynamo.reset()
             call = None
-            if device.type == "cuda":     # the side's reserved memory starts from what eager's weights hold
-                gc.collect()
-                torch.cuda.empty_cache()
+            start = _memory_start(device)
             counters = torch._dynamo.utils.counters
             counters.clear()
             t0 = time.perf_counter()
@@ -202,8 +204,9 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides, rows, save=
                 opt = exact_runner(opt)
                 call = opt
                 if device.type == "cuda":     # the default call's graphs and pool go with its runner
-                    gc.collect()
-                    torch.cuda.empty_cache()
+                    start = _memory_start(device)
+                    own = own_weights_mib(opt, model) * 2**20     # held already, and this side's own
+                    start = (start[0] - own, start[1] - own)
             else:
                 opt = accelc.optimize(model, example, config=accelc.OptimizeConfig(padding=side == "accelc"))
                 call = opt
@@ -211,35 +214,82 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides, rows, save=
             if side == "accelc":
                 optimize_s = prepare_s
             result, _ = run_side(call, feeds, device, eager_out)
+            result.update(_over_start(result, start, row))
             result["prepare_s"] = round(prepare_s, 1)
             pairs = list(zip(result["per_request_ms"], eager["per_request_ms"]))
             result["slower_than_eager"] = sum(t > e for t, e in pairs)
             result["worst_vs_eager"] = round(max(t / e for t, e in pairs), 2)
             result["compiles"] = int(counters["stats"].get("unique_graphs", 0))
             if side.startswith("accelc"):
+                result["own_weights_mib"] = own_weights_mib(opt, model)
                 result["captures"] = getattr(opt.runner, "captures", 0) if opt.runner is not None else 0
                 result["summary_shapes"] = opt.info.shapes
                 result["runtime"] = opt.runner.status() if opt.runner is not None else ""
-            if side == "compile_ro":   # the reference memory: reduce-overhead at one shape, the largest request
-                torch._dynamo.reset()
-                one = torch.compile(model, mode="reduce-overhead")
-                largest = max(feeds, key=lambda f: max(t.numel() for t in f.values()))
-                with torch.no_grad():
-                    for _ in range(3):
-                        one(**largest)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
-                        torch.cuda.reset_peak_memory_stats(device)
-                        one(**largest)
-                        torch.cuda.synchronize()
-                        row["compile_ro_one_shape_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-                        row["compile_ro_one_shape_reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
             row[side] = result
         except Exception as e:   # a side that cannot run this model: said in its row
             row[side] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         row[side]["date"] = _common.environment()["date"]
         print(f"{name} {side}: {_short(row[side])}", flush=True)
         save()
+
+
+def _memory_start(device) -> tuple | None:
+    """(allocated, reserved) bytes as a side starts, what earlier sides left freed first."""
+    if device.type != "cuda":
+        return None
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+
+
+def _over_start(result: dict, start, row: dict) -> dict:
+    """The side's peaks as if it ran alone in a process that holds the model: its timed pass's
+    high-water marks less what was allocated (reserved) as it started, plus the model's weights.
+    What earlier sides left alive (a compiled module's CUDA-graph trees) is no side's memory but its own."""
+    if start is None or result.get("peak_mib") is None:
+        return {}
+    return {"peak_mib": round(result["peak_mib"] - start[0] / 2**20 + row["weights_mib"], 1),
+            "peak_reserved_mib": round(result["peak_reserved_mib"] - start[1] / 2**20 + row["weights_mib"], 1)}
+
+
+def ro_one_shape(model, feeds, device, row) -> dict:
+    """The reference memory: torch.compile reduce-overhead at one shape, the trace's largest request
+    (three calls, then the high-water marks of a fourth), measured as every side is (_over_start)."""
+    torch._dynamo.reset()
+    start = _memory_start(device)
+    one = torch.compile(model, mode="reduce-overhead")
+    largest = max(feeds, key=lambda f: max(t.numel() for t in f.values()))
+    with torch.no_grad():
+        for _ in range(3):
+            one(**largest)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        one(**largest)
+        torch.cuda.synchronize()
+    peaks = _over_start({"peak_mib": torch.cuda.max_memory_allocated(device) / 2**20,
+                         "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / 2**20}, start, row)
+    del one
+    torch._dynamo.reset()
+    return {"compile_ro_one_shape_peak_mib": peaks["peak_mib"],
+            "compile_ro_one_shape_reserved_mib": peaks["peak_reserved_mib"],
+            "compile_ro_one_shape_request": [list(t.shape) for t in largest.values()][0]}
+
+
+def own_weights_mib(opt, model) -> float:
+    """MiB of the optimized module's parameters, buffers and constants that are not the model's
+    own tensors: its copy of the weights (optimize works on a copy: the caller's model, dropped,
+    gives its share back)."""
+    theirs = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    seen, total = set(), 0
+    gm = opt.graph_module
+    tensors = [*gm.parameters(), *gm.buffers()] + [v for v in vars(gm).values() if isinstance(v, torch.Tensor)]
+    for t in tensors:
+        ptr = t.untyped_storage().data_ptr()
+        if t.device.type == "cuda" and ptr not in theirs and ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+    return round(total / 2**20, 1)
 
 
 def exact_runner(opt):
@@ -277,8 +327,12 @@ def markdown(env, rows) -> str:
                 continue
             ratio = (f"{x['total_ms'] / acc['total_ms']:.2f}x" if acc.get("total_ms") and s != "accelc" else "")
             if s.startswith("accelc") and r.get("compile_ro_one_shape_reserved_mib") and x.get("peak_reserved_mib"):
-                ratio += (f" (memory {x['peak_mib'] / r['compile_ro_one_shape_peak_mib']:.2f}x RO at one shape, "
-                          f"reserved {x['peak_reserved_mib'] / r['compile_ro_one_shape_reserved_mib']:.2f}x)")
+                # reserved, not allocated: reduce-overhead's CUDA-graph trees hold their memory as pool segments
+                ratio += f" (reserved memory {x['peak_reserved_mib'] / r['compile_ro_one_shape_reserved_mib']:.2f}x RO at one shape"
+                if x.get("own_weights_mib") and r.get("weights_mib"):    # the caller's model given up
+                    dropped = (x["peak_reserved_mib"] - r["weights_mib"]) / r["compile_ro_one_shape_reserved_mib"]
+                    ratio += f"; {dropped:.2f}x with the caller's model dropped"
+                ratio += ")"
             table.append([r["model"], s, f"{x['total_ms']:.0f}", x["p50_ms"], x["p99_ms"],
                           "" if x["peak_mib"] is None else f"{x['peak_mib']:.0f} ({x.get('peak_reserved_mib') or 0:.0f})",
                           x.get("compiles", ""),
@@ -289,7 +343,11 @@ def markdown(env, rows) -> str:
             "request (host clock around each call, the GPU synchronised); every 10th output compared with "
             "eager's. compiles: Dynamo graphs compiled; captures: accelc's CUDA graphs captured. Peak MiB: the "
             "timed pass's high-water mark of torch's allocated memory (reserved: what its caching allocator held, CUDA-graph "
-            "pools included; ONNX Runtime's own arena is in neither). "
+            "pools included; ONNX Runtime's own arena is in neither), less what was allocated (reserved) as the side "
+            "started, plus the model's weights: each side as if alone in a process that holds the model (rows "
+            "dated before 2026-11-26 08:00 UTC: the process's marks, earlier sides' leftovers and the bench's "
+            "copies of outputs included). accelc optimizes a copy of the model: \"with the caller's model dropped\" "
+            "takes the caller's weights out (`del model` after optimize gives them back). "
             f"Sides measured on: {_common.dates(rows)} (each side's date in the json; more than one date: the sides "
             "come from separate runs on this device, each with its own eager row).\n\n"
             + _common.md_table(header, table))

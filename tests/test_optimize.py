@@ -171,3 +171,22 @@ def test_eager_time_coverage_measured_on_the_gpu():
     kept = [r for r in opt.layers if r.kind == "linear" and r.status == "rewritten"]
     # the layers' own eager times: none where every GEMM stayed PyTorch, else a share of the model's
     assert (a == 0) == (not kept) and a <= 1.2 * e, (a, e, opt.summary())
+
+
+def test_the_optimized_module_holds_nothing_of_the_callers_model():
+    """accelc's module owns a copy of the weights: the caller's model, dropped, is freed (a server
+    that keeps only the optimized module holds one copy of the weights, not two)."""
+    import gc
+    import weakref
+
+    model = _model("transformer_mlp")
+    (x,) = model.example_inputs()
+    with torch.no_grad():
+        want = model(x)
+    opt = accelc.optimize(model, (x,))
+    params = [weakref.ref(p) for p in model.parameters()]
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None and all(p() is None for p in params)
+    assert rel_l2(opt(x), want) <= REL_FLOOR[torch.float32]
