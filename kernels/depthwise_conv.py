@@ -82,12 +82,12 @@ def _prune(configs, sizes):
 
 
 def _interpreter_config(sizes) -> triton.Config:
-    """Small blocks where the CPU tests' small shapes should span several (tails in pixels and channels);
-    a whole model's layers (an HF MobileNetV2's, 2 x 32 x 16 x 16 and up) in blocks of 64 x 64: the
-    interpreter's time goes by the programs, not by their size (tests/test_real_models.py's two MobileNetV2
-    tests: 119 and 104 s with 16 x 16 blocks everywhere, 101 and 81 s so)."""
+    """One or a few programs of up to 1024 pixels x 128 channels: the interpreter's time goes by the
+    programs, not by their size (one launch at 2 x 48 x 16 x 16: 6.0 s in 16 x 16 blocks, 0.51 s in
+    64 x 64, 0.087 s in one 512 x 64; a whole HF MobileNetV2's layers are such). The kernel's own
+    tests force 32 x 16 blocks, so that their shapes span several programs with tails."""
     pixels = sizes["N"] * sizes["H"] * sizes["W"] // sizes["stride"] ** 2
-    return config(64, 64, 4) if pixels * sizes["C"] > 4096 else config(16, 16, 4)
+    return config(min(1024, triton.next_power_of_2(pixels)), min(128, triton.next_power_of_2(sizes["C"])), 4)
 
 
 TUNER = Tuner("conv2d_depthwise", _dw_kernel, CONFIGS, prune=_prune,

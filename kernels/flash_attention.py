@@ -299,10 +299,10 @@ def _other_kernels() -> list:
 
 
 def _interpreter_config(sizes):
-    # small blocks, so that the CPU tests' short sequences still span several key blocks; a long
-    # one (a generation test's cache, 96 keys) in blocks of 32: the interpreter's time goes by the
-    # loop's steps, not by the block's size (3 steps, not 6: the decode tests' attention twice as fast)
-    return config(16, 32 if sizes["S"] > 64 else 16, 1, 4)
+    # small blocks, so that the CPU tests' short sequences (up to 64 keys) still span several key
+    # blocks; a long one (a generation test's cache, 96 keys) in blocks of up to 128: the
+    # interpreter's time goes by the loop's steps, not by the block's size
+    return config(16, min(128, triton.next_power_of_2(sizes["S"])) if sizes["S"] > 64 else 16, 1, 4)
 
 
 TUNER = Tuner("flash_attention", _flash_fwd_kernel, CONFIGS, prune=_prune, default=_default,

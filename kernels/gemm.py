@@ -457,13 +457,15 @@ def default_config(sizes) -> triton.Config:
 
 
 def interpreter_config(sizes) -> triton.Config:
-    """The interpreter has no device to time configs on; one small tile keeps CPU tests fast
-    (gemv_kernel's for a few rows, so that the CPU tests' decode steps run it: 64 channels a program,
-    as the interpreter's time goes by programs and steps, not by their size; every gemv candidate's
-    own test covers several programs along N)."""
+    """The interpreter has no device to time configs on; its time goes by programs and K steps, not
+    by their size. gemv_kernel's for a few rows, so that the CPU tests' decode steps run it (128
+    channels a program, 64 deep; every gemv candidate's own test covers several programs along N);
+    else tiles of 32, or 64 along a dim of 64 or more (a whole model's layers: fewer programs and
+    steps; the GEMM tests' small shapes keep several 32-tiles and their tails)."""
     if sizes["M"] <= GEMV_MAX_M and sizes.get("gemv", True):
-        return gemv_config(triton.next_power_of_2(max(1, sizes["M"])), 64, 32, 4)
-    return config(32, 32, 32, 1, 4, tma=sizes["tma"])
+        return gemv_config(triton.next_power_of_2(max(1, sizes["M"])), 128, 64, 4)
+    bm, bn, bk = (64 if sizes[d] >= 64 else 32 for d in ("M", "N", "K"))
+    return config(bm, bn, bk, 1, 4, tma=sizes["tma"])
 
 
 TUNER = Tuner("linear", linear_kernel, CONFIGS, prune=prune_configs, default=default_config,

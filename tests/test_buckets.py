@@ -189,14 +189,16 @@ def test_optimize_finds_the_padding_and_says_it(monkeypatch):
     assert opt.runner.padded == 1
     # every dim that varies pads: the buckets are few, each captured at its first call
     assert opt.runner.capture_after == 1
-    unmasked = accelc.optimize(model, _ids(2, 16, mask=False))
+    # the plans alone from here on: no layer rewritten, none checked in the interpreter
+    plain = accelc.OptimizeConfig(passes=())
+    unmasked = accelc.optimize(model, _ids(2, 16, mask=False), config=plain)
     unmasked(**_ids(3, 10, mask=False))
     assert unmasked.runner.capture_after == 2          # the length does not pad: exact sizes, many
-    off = accelc.optimize(model, _ids(2, 16), config=accelc.OptimizeConfig(padding=False))
+    off = accelc.optimize(model, _ids(2, 16), config=accelc.OptimizeConfig(padding=False, passes=()))
     assert "padded to buckets" not in off.summary()
     # a declared range is not stretched by padding: a length below it is refused, naming the limit
     dyn = {"input_ids": {0: (1, 4), 1: (8, 32)}, "attention_mask": {0: (1, 4), 1: (8, 32)}}
-    ranged = accelc.optimize(model, _ids(2, 16), dynamic=dyn)
+    ranged = accelc.optimize(model, _ids(2, 16), dynamic=dyn, config=plain)
     assert "input_ids dim 1 to 8, 12, 16, 20, 24, 28, 32" in ranged.summary()
     assert ranged(**_ids(3, 9)).last_hidden_state.shape == (3, 9, 32)
     with pytest.raises(InputError, match="dim 1 is 5: at least 8"):

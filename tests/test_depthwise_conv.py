@@ -6,12 +6,26 @@ import torch.nn.functional as F
 from torch import nn
 
 import accelc
-from accelc.kernels.depthwise_conv import (CONFIGS, _prune, conv2d_depthwise_launch, conv2d_depthwise_ref,
-                                           pack_weight, why_unsupported)
+from accelc import runtime
+from accelc.kernels.depthwise_conv import (CONFIGS, TUNER, _prune, config, conv2d_depthwise_launch,
+                                           conv2d_depthwise_ref, pack_weight, why_unsupported)
 from accelc.kernels.epilogue import activation_ref
 from conftest import DEVICE, assert_close_to_ref, rel_l2
 
 ATOL = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-5}
+
+
+
+@pytest.fixture
+def small_blocks():
+    """In the interpreter, blocks of 32 pixels x 16 channels: the kernel tests' shapes span several
+    programs, with tails (a whole model's layers, these tests' models too, get one or a few large ones)."""
+    if not runtime.interpreted():
+        yield
+        return
+    with TUNER.force(config(32, 16, 4)):
+        yield
+
 
 # (N, C, H, W, kernel, stride, padding, dilation)
 SHAPES = [(2, 24, 9, 7, 3, 1, 1, 1), (1, 40, 10, 10, 7, 1, 3, 1), (2, 8, 11, 11, 5, 2, 2, 1),
@@ -26,6 +40,7 @@ def _eager(x, w, b, r, stride, pad, dil, act, residual_first=False):
     return y if r is None else y + r
 
 
+@pytest.mark.usefixtures("small_blocks")
 @pytest.mark.parametrize("dtype, channels_last", [(torch.float16, False), (torch.float16, True),
                                                    (torch.bfloat16, True), (torch.float32, False)])
 @pytest.mark.parametrize("shape", SHAPES)
@@ -53,6 +68,7 @@ def test_depthwise_against_fp64(shape, dtype, channels_last):
     assert torch.allclose(ref_fn, _eager(x.double(), w.double(), b.double(), None, st, pad, dil, "relu"))
 
 
+@pytest.mark.usefixtures("small_blocks")
 @pytest.mark.parametrize("padding,stride,r", [((0, 1, 0, 1), 2, 3), ((1, 2, 1, 2), 1, 4), ((3, 0, 0, 2), 2, 5)])
 def test_asymmetric_padding_against_fp64(padding, stride, r):
     """TF-style 'same' padding (more at the bottom / right), and any other split."""
@@ -69,6 +85,7 @@ def test_asymmetric_padding_against_fp64(padding, stride, r):
                         atol=ATOL[torch.float16], rtol=ATOL[torch.float16])
 
 
+@pytest.mark.usefixtures("small_blocks")
 def test_nan_and_inf_as_eager():
     x = torch.randn(1, 8, 6, 6, device=DEVICE)
     x[0, 2, 3, 3] = float("nan")
@@ -95,8 +112,6 @@ def test_why_unsupported_says_why():
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="the tuned configs need a GPU (the interpreter runs one)")
 def test_every_candidate_config_is_correct():
-    from accelc.kernels.depthwise_conv import TUNER
-
     x = torch.randn(4, 96, 28, 28, device=DEVICE, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     w = torch.randn(96, 1, 7, 7, device=DEVICE, dtype=torch.float16) / 7
     ref = F.conv2d(x.double(), w.double(), None, 1, 3, 1, 96)
