@@ -141,7 +141,6 @@ class Runner:
         self.calls = self.padded = self.plain = 0    # calls; of them padded to a bucket; run as plain calls
         self.pool = None                             # the memory pool every graph of this runner shares
         self.arena = None                            # the bytes graphs copy their outputs into (output_slots)
-        self.stream = None                           # the side stream every graph is warmed up and captured on
         self._lock = threading.Lock()
         self.unpadded: set = set()                   # call sizes whose bucket the model refused: run as they are
 
@@ -241,8 +240,7 @@ class Runner:
                                        pytree.tree_flatten((args, kwargs))[1])
         try:
             if self.capture is capture_cuda_graph:
-                graph, outputs, self.pool, self.stream = capture_cuda_graph(
-                    self.fn, *static, pool=self.pool, arena=self._arena, stream=self.stream)
+                graph, outputs, self.pool = capture_cuda_graph(self.fn, *static, pool=self.pool, arena=self._arena)
             else:
                 graph, outputs = self.capture(self.fn, *static)
             entry = _Entry(graph, inputs, outputs)
@@ -288,14 +286,13 @@ class Runner:
         return "; ".join(t for t in (text.strip("; "), glue) if t)
 
 
-def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena: Callable | None = None,
-                       stream: torch.cuda.Stream | None = None):
-    """(graph, outputs, pool, stream): fn warmed up on a side stream (compiling and tuning happen
-    here), then captured on it into the memory pool `pool` (a new one when None: the one returned).
-    Graphs that share a pool must share the stream too (`stream`; when None, the GPU's one side
-    stream, runtime.side_stream, returned like the pool): the caching allocator keeps a stream's
-    freed blocks for that stream, so a new stream per capture would hold a new warm-up's and
-    capture's worth of memory each, and cuBLAS a workspace per stream. With
+def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena: Callable | None = None):
+    """(graph, outputs, pool): fn warmed up on the GPU's one side stream (runtime.side_stream;
+    compiling and tuning happen here), then captured on it into the memory pool `pool` (a new one
+    when None: the one returned). One stream for every capture: graphs that share a pool must share
+    the stream too (the caching allocator keeps a stream's freed blocks for that stream, so a new
+    stream per capture would hold a new warm-up's and capture's worth of memory each), and cuBLAS
+    keeps a workspace per stream. With
     `arena` (nbytes, device -> a uint8 tensor), the graph ends by copying its outputs into it
     (output_slots) and those copies are the outputs: the pool keeps no graph's outputs alive, so
     its size is the largest graph's working memory however many graphs there are. Raises
@@ -304,8 +301,8 @@ def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena
     if not tensors or any(x.device.type != "cuda" for x in tensors):
         raise Uncapturable("a tensor argument not on a CUDA device (or none at all)")
     device = tensors[0].device
-    with runtime.side_stream(device) as side:
-        return _capture(fn, args, kwargs, pool, arena, stream if stream is not None else side, device)
+    with runtime.side_stream(device) as stream:
+        return _capture(fn, args, kwargs, pool, arena, stream, device)
 
 
 def _capture(fn, args, kwargs, pool, arena, stream, device):
@@ -333,7 +330,7 @@ def _capture(fn, args, kwargs, pool, arena, stream, device):
     except Exception as e:   # an op that syncs with the host, reads CPU memory, ...
         torch.cuda.synchronize(device)
         raise Uncapturable(f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    return graph, outputs, pool, stream
+    return graph, outputs, pool
 
 
 @contextlib.contextmanager

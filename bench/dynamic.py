@@ -253,24 +253,32 @@ def _over_start(result: dict, start, row: dict) -> dict:
             "peak_reserved_mib": round(result["peak_reserved_mib"] - start[1] / 2**20 + row["weights_mib"], 1)}
 
 
-def ro_one_shape(model, feeds, device, row) -> dict:
-    """The reference memory: torch.compile reduce-overhead at one shape, the trace's largest request
-    (three calls, then the high-water marks of a fourth), measured as every side is (_over_start)."""
+def ro_one_shape_peaks(model, feeds, device) -> tuple[dict, dict]:
+    """(the trace's largest request, {"peak_mib", "peak_reserved_mib"}): torch.compile reduce-overhead
+    at that one shape, three calls, then the process's high-water marks over a fourth."""
     torch._dynamo.reset()
-    start = _memory_start(device)
     one = torch.compile(model, mode="reduce-overhead")
     largest = max(feeds, key=lambda f: max(t.numel() for t in f.values()))
     with torch.no_grad():
         for _ in range(3):
             one(**largest)
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         one(**largest)
-        torch.cuda.synchronize()
-    peaks = _over_start({"peak_mib": torch.cuda.max_memory_allocated(device) / 2**20,
-                         "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / 2**20}, start, row)
+        torch.cuda.synchronize(device)
+    peaks = {"peak_mib": torch.cuda.max_memory_allocated(device) / 2**20,
+             "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / 2**20}
     del one
     torch._dynamo.reset()
+    return largest, peaks
+
+
+def ro_one_shape(model, feeds, device, row) -> dict:
+    """The reference memory: reduce-overhead at one shape (ro_one_shape_peaks), measured as every
+    side is (_over_start)."""
+    start = _memory_start(device)
+    largest, peaks = ro_one_shape_peaks(model, feeds, device)
+    peaks = _over_start(peaks, start, row)
     return {"compile_ro_one_shape_peak_mib": peaks["peak_mib"],
             "compile_ro_one_shape_reserved_mib": peaks["peak_reserved_mib"],
             "compile_ro_one_shape_request": [list(t.shape) for t in largest.values()][0]}

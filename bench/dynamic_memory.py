@@ -96,12 +96,7 @@ def one_model(name: str, n_requests: int, out: Path) -> dict:
     opt = accelc.optimize(model, example)
     row["optimize_s"] = round(time.perf_counter() - t0, 1)
     row["after_optimize"] = _now(device)
-    owned = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    own = 0
-    for t in list(opt.parameters()) + list(opt.buffers()):
-        if t.is_cuda and t.untyped_storage().data_ptr() not in owned:
-            own += t.untyped_storage().nbytes()
-    row["optimized_module_own_tensors_mib"] = _mib(own)
+    row["optimized_module_own_tensors_mib"] = dynamic.own_weights_mib(opt, model)
     with torch.no_grad():
         for f in feeds:
             opt(**f)
@@ -125,19 +120,10 @@ def one_model(name: str, n_requests: int, out: Path) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     row["after_accelc_dropped"] = _now(device)
-    torch._dynamo.reset()
-    one = torch.compile(model, mode="reduce-overhead")
-    largest = max(feeds, key=lambda f: max(t.numel() for t in f.values()))
-    with torch.no_grad():
-        for _ in range(3):
-            one(**largest)
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        one(**largest)
-        torch.cuda.synchronize(device)
+    largest, peaks = dynamic.ro_one_shape_peaks(model, feeds, device)
     row["largest_request"] = {k: list(v.shape) for k, v in largest.items()}
-    row["compile_ro_one_shape_peak"] = {"allocated": _mib(torch.cuda.max_memory_allocated(device)),
-                                        "reserved": _mib(torch.cuda.max_memory_reserved(device))}
+    row["compile_ro_one_shape_peak"] = {"allocated": round(peaks["peak_mib"], 1),
+                                        "reserved": round(peaks["peak_reserved_mib"], 1)}
     (out / f"dynamic_memory-{name}.json").write_text(json.dumps(row, indent=1))
     return row
 

@@ -15,7 +15,6 @@ from conftest import DEVICE, assert_close_to_ref, rel_l2
 ATOL = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-5}
 
 
-
 @pytest.fixture
 def small_blocks():
     """In the interpreter, blocks of 32 pixels x 16 channels: the kernel tests' shapes span several
