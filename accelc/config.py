@@ -145,8 +145,15 @@ class OptimizeConfig:
                     summary says which dims vary and why one is fixed.
     padding:        with CUDA graphs and dims that vary: a call's batch and length are padded up to
                     bucket sizes (1, 2, 4, 8, 12, 16, 24, 32, ...) so that a few graphs serve every
-                    size, where the guard finds the pad inert (accelc.buckets); False: a graph per
-                    exact size, captured at its second call.
+                    size, where the guard finds the pad inert (accelc.buckets); "auto": the same,
+                    and a call large enough to be GPU-bound runs at its own size instead, a plain
+                    call, where its bucket graph's measured times say the padding costs more than
+                    launching its kernels one by one (accelc.runner.exact_pays). Measured (H100,
+                    bench/dynamic.py): 4% off a Llama-1.1B shape's requests of 8k+ tokens, 4% more
+                    on BERT's and GPT-2's (their plain calls' dynamic glue costs what the padding
+                    did), and a plain call at a size unlike those met before may compile kernels
+                    for it (2.5 s, once in a 300-request trace), which a bucket's graph never does
+                    after its capture. False: a graph per exact size, captured at its second call.
     max_cache_len, max_batch_size: a causal LM's generate() (accelc.generation): the static KV
                     cache's tokens per sequence (default: the model's positions, at most 2048) and
                     sequences (default: the example's batch).
@@ -174,7 +181,7 @@ class OptimizeConfig:
     glue: str = "auto"
     cuda_graphs: bool = True
     dynamic: bool | dict = True
-    padding: bool = True
+    padding: bool | str = True
     warmup_shapes: tuple | str = ()
     max_cache_len: int | None = None
     max_batch_size: int | None = None
@@ -205,6 +212,8 @@ class OptimizeConfig:
             raise ValueError(f"fp32_precision must be 'ieee' or 'tf32', not {self.fp32_precision!r}")
         if self.tolerance is not None and not self.tolerance > 0:
             raise ValueError(f"tolerance must be > 0, not {self.tolerance}")
+        if self.padding not in (True, False, "auto"):
+            raise ValueError(f'padding must be True, False or "auto", not {self.padding!r}')
         if self.glue not in GLUES:
             raise ValueError(f"glue must be one of {GLUES}, not {self.glue!r}")
         if not self.eager_error_factor >= 1:

@@ -15,12 +15,17 @@ On a CUDA device, by default (OptimizeConfig.glue "auto", cuda_graphs True):
   - shapes that vary: a call is padded up to its bucket (accelc.buckets: batch and length, where
     the pad was found inert), so a few graphs serve every size, each captured at its first call;
     where a dim that varies does not pad, sizes are captured exactly, each at its second call (a
-    size met once runs as a plain call);
+    size met once runs as a plain call); with OptimizeConfig(padding="auto"), a call large enough
+    to be GPU-bound runs instead at its own size, as a plain call, once its bucket's graph has been
+    timed and the padding is found to cost more than launching the kernels one by one would
+    (exact_pays; such a call's numbers are the plain call's, within the tolerance the pad was
+    checked to; at a size unlike those met before, the plain call may compile kernels for it);
   - memory: every graph captures into one memory pool and ends by copying its outputs into one
     byte arena outside it, so the pool holds no graph's outputs and its size is the largest
     graph's working memory, however many graphs there are (replays are serialised, and each
     call's outputs are copied out at once). At most MAX_GRAPHS graphs are kept: a new signature
-    beyond them evicts the least recently used one.
+    beyond them evicts the least recently used one. A plain call at its own size takes its memory
+    from the pool too (accelc.cuda_graphs.run_in_pool), no second working set beside it.
 Elsewhere (the CPU interpreter), or with glue="eager" and cuda_graphs=False: plain calls of the
 graph with every accelc op calling its launcher directly (kernels.LAUNCHERS), which skips the
 op dispatcher's host cost; the graph with the ops stays what export, save and torch.compile see.
@@ -28,8 +33,8 @@ Everything runs under torch.no_grad(): accelc compiles for inference.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
+import math
 import threading
 import warnings
 from collections import OrderedDict
@@ -41,6 +46,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import runtime
+from accelc.cuda_graphs import GpuTimer, Uncapturable, capture_cuda_graph, run_in_pool
 from accelc.runtime import resolve_glue
 from accelc.capture import mutated_state
 from accelc.capture.shapes import SHAPES
@@ -49,15 +55,16 @@ from accelc.kernels import LAUNCHERS
 log = logging.getLogger("accelc")
 
 MAX_GRAPHS = 256   # CUDA graphs kept per module; a new signature beyond them evicts the least recently used
+# a call padded up to a bucket runs instead at its own size, as a plain call, where that is estimated
+# under EXACT_SHARE of the bucket graph's measured GPU time: its share of the bucket's work at
+# EXACT_COST per unit (the dynamic glue, odd sizes), and no less than the host's time to launch it
+EXACT_SHARE = 0.9
+EXACT_COST = 1.05
 STATIC_GLUE = 4    # shapes a dynamic glue is also compiled for with static shapes (CompiledGlue.specialize)
 # gm.meta key: the graph's in-place state updates leave the same state when a call is run again on
 # the same inputs (they set, not accumulate: a KV cache written at given positions), so a CUDA
 # graph's warm-up runs and Inductor may run them (a model's `replayable_state = True` sets it)
 REPLAYABLE_STATE = "accelc_replayable_state"
-
-
-class Uncapturable(Exception):
-    """Why a signature cannot have a CUDA graph."""
 
 
 def direct_calls(gm: fx.GraphModule, table: dict | None = None) -> fx.GraphModule:
@@ -119,6 +126,28 @@ class _Entry:
     inputs: list = field(default_factory=list)     # the graph's input buffers, per tensor leaf
     outputs: object = None                # the graph's outputs (a pytree)
     reason: str = ""                      # why plain calls, when graph is None
+    host_ms: float | None = None          # a plain call's launch time at this signature (the capture's warm-up)
+    replays: int = 0
+    timer: object = None                  # GpuTimer of the graph's second replay, until read
+    gpu_ms: float | None = None           # that replay's GPU time
+
+    def gpu_time(self) -> float | None:
+        """The graph's measured replay time in ms, None until the GPU has done the timed replay."""
+        if self.gpu_ms is None and self.timer is not None:
+            self.gpu_ms = self.timer.ms()
+            self.timer = None if self.gpu_ms is not None else self.timer
+        return self.gpu_ms
+
+
+def exact_pays(host_ms: float | None, gpu_ms: float | None, work_share: float) -> bool:
+    """Whether a call that would replay a bucket's graph of gpu_ms runs faster as a plain call at
+    its own size, work_share of the bucket's work (its padded dims' sizes over the bucket's): see
+    EXACT_SHARE. A large call is GPU-bound and its padding is time; a small one is bound by the host
+    launching its kernels one by one, which a graph replay saves (vLLM runs its large batches
+    without graphs the same way)."""
+    if host_ms is None or gpu_ms is None:
+        return False
+    return max(host_ms, gpu_ms * work_share * EXACT_COST) < EXACT_SHARE * gpu_ms
 
 
 class Runner:
@@ -126,19 +155,22 @@ class Runner:
     function that captures fn on given inputs (capture_cuda_graph; tests give another). `padding`
     (accelc.buckets.Padding): calls are padded up to bucket sizes, the outputs cut back.
     `capture_after`: calls of one signature before it is captured (2 where the sizes are many and
-    exact: a size met once runs as a plain call)."""
+    exact: a size met once runs as a plain call). `exact_calls` (OptimizeConfig(padding="auto")): a
+    padded call runs at its own size where that pays (exact_pays, from its bucket graph's times)."""
 
     def __init__(self, fn: Callable, cuda_graphs: bool, capture: Callable | None = None, padding=None,
-                 capture_after: int = 1):
+                 capture_after: int = 1, exact_calls: bool = False):
         self.fn = fn
         self.cuda_graphs = cuda_graphs
         self.capture = capture or capture_cuda_graph
         self.padding = padding
         self.capture_after = capture_after
+        self.exact_calls = exact_calls
         self.entries: OrderedDict = OrderedDict()   # signature -> _Entry, least recently used first
         self.seen: OrderedDict = OrderedDict()      # signature -> calls so far, for those not captured yet
         self.captures = 0                            # graphs captured so far (evicted ones included)
         self.calls = self.padded = self.plain = 0    # calls; of them padded to a bucket; run as plain calls
+        self.exact = 0                               # calls run at their own size rather than their bucket's
         self.pool = None                             # the memory pool every graph of this runner shares
         self.arena = None                            # the bytes graphs copy their outputs into (output_slots)
         self._lock = threading.Lock()
@@ -155,9 +187,12 @@ class Runner:
                 target = self.padding.target(sizes) if sizes is not None else sizes
                 key = tuple(sorted(sizes.items())) if sizes is not None else None
                 if target != sizes and key not in self.unpadded:
+                    padded = self.padding.pad(args, target)
+                    if self._exact_pays(padded, kwargs, sizes, target):
+                        return self._exact(args, kwargs)
                     self.padded += 1
                     try:
-                        return self._call(self.padding.pad(args, target), kwargs, sizes, force=False)
+                        return self._call(padded, kwargs, sizes, force=False)
                     except Exception:
                         # the model's own check refused the bucket's size (`assert batch < 100` met at
                         # 104): this size runs as it is from now on, and the check, if it refuses that
@@ -210,10 +245,35 @@ class Runner:
                 for buf, x in zip(entry.inputs if not fresh else (), leaves):
                     if buf is not None and buf.data_ptr() != x.data_ptr():
                         buf.copy_(x)
-                entry.graph.replay()
+                entry.replays += 1
+                if entry.replays == 2 and isinstance(entry.graph, torch.cuda.CUDAGraph):   # the first after capture's
+                    with GpuTimer() as entry.timer:
+                        entry.graph.replay()
+                else:
+                    entry.graph.replay()
                 return finish(entry.outputs, True)
         self.plain += 1
         return finish(self.fn(*args, **kwargs), False)
+
+    def _exact_pays(self, padded: tuple, kwargs: dict, sizes: dict, target: dict) -> bool:
+        """Whether this call, padded to `padded`, runs faster at its own size (exact_pays)."""
+        if not self.exact_calls:
+            return False
+        entry = self.entries.get(signature_or_none(padded, kwargs))
+        if entry is None or entry.graph is None:
+            return False
+        share = math.prod(sizes.values()) / math.prod(target.values())
+        return exact_pays(entry.host_ms, entry.gpu_time(), share)
+
+    def _exact(self, args: tuple, kwargs: dict):
+        """A plain call at the call's own size, in the graphs' pool, serialised with their replays."""
+        with self._lock:
+            self.exact += 1
+            if self.pool is None:      # a test's capture function: no pool
+                out = self.fn(*args, **kwargs)
+                return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+            device = next(x.device for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
+            return run_in_pool(self.fn, args, kwargs, self.pool, device)
 
     def _due(self, key) -> bool:
         """Whether a signature not captured yet is captured at this call (its capture_after-th)."""
@@ -239,11 +299,13 @@ class Runner:
         static = pytree.tree_unflatten([b if b is not None else x for b, x in zip(inputs, leaves)],
                                        pytree.tree_flatten((args, kwargs))[1])
         try:
+            host_ms = None
             if self.capture is capture_cuda_graph:
-                graph, outputs, self.pool = capture_cuda_graph(self.fn, *static, pool=self.pool, arena=self._arena)
+                graph, outputs, self.pool, host_ms = capture_cuda_graph(self.fn, *static, pool=self.pool,
+                                                                        arena=self._arena)
             else:
                 graph, outputs = self.capture(self.fn, *static)
-            entry = _Entry(graph, inputs, outputs)
+            entry = _Entry(graph, inputs, outputs, host_ms=host_ms)
             self.captures += 1
         except Uncapturable as e:
             entry = _Entry(reason=str(e))
@@ -276,6 +338,9 @@ class Runner:
                     + (f" ({self.captures} captured, {evicted} evicted: at most {MAX_GRAPHS} kept)" if evicted else ""))
             if self.padding is not None:
                 text += f"; {self.padded} of {self.calls} call(s) padded to a bucket"
+                if self.exact:
+                    text += (f"; {self.exact} ran at their own size as plain calls (GPU-bound: their padding "
+                             "would have cost more than launching their kernels)")
                 if self.unpadded:
                     text += (f"; {len(self.unpadded)} size(s) run as they are: the model's own check refused "
                              "their bucket's size")
@@ -284,95 +349,6 @@ class Runner:
                          f"at its call number {self.capture_after})")
         text += f"; plain calls where: {'; '.join(sorted(plain))}" if plain else ""
         return "; ".join(t for t in (text.strip("; "), glue) if t)
-
-
-def capture_cuda_graph(fn: Callable, args: tuple, kwargs: dict, pool=None, arena: Callable | None = None):
-    """(graph, outputs, pool): fn warmed up on the GPU's one side stream (runtime.side_stream;
-    compiling and tuning happen here), then captured on it into the memory pool `pool` (a new one
-    when None: the one returned). One stream for every capture: graphs that share a pool must share
-    the stream too (the caching allocator keeps a stream's freed blocks for that stream, so a new
-    stream per capture would hold a new warm-up's and capture's worth of memory each), and cuBLAS
-    keeps a workspace per stream. With
-    `arena` (nbytes, device -> a uint8 tensor), the graph ends by copying its outputs into it
-    (output_slots) and those copies are the outputs: the pool keeps no graph's outputs alive, so
-    its size is the largest graph's working memory however many graphs there are. Raises
-    Uncapturable with the cause when capture fails."""
-    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-    if not tensors or any(x.device.type != "cuda" for x in tensors):
-        raise Uncapturable("a tensor argument not on a CUDA device (or none at all)")
-    device = tensors[0].device
-    with runtime.side_stream(device) as stream:
-        return _capture(fn, args, kwargs, pool, arena, stream, device)
-
-
-def _capture(fn, args, kwargs, pool, arena, stream, device):
-    # the warm-up allocates in a pool that already holds a graph: a new pool exists in the allocator
-    # only from its first capture on (warming up in it before would leave it released, and the
-    # capture would then fail on entry, leaving the CUDA generator in its capture state)
-    warm_in = allocating_in(pool, device) if pool is not None else contextlib.nullcontext()
-    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream), warm_in:
-        for _ in range(2):
-            warm = fn(*args, **kwargs)
-    torch.cuda.current_stream(device).wait_stream(stream)
-    slots = output_slots(warm, lambda n: arena(n, device)) if arena is not None else None
-    del warm
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            outputs = fn(*args, **kwargs)
-            if slots is not None:
-                for slot, t in zip(pytree.tree_leaves(slots), pytree.tree_leaves(outputs)):
-                    if isinstance(t, torch.Tensor):
-                        slot.copy_(t)
-                outputs = slots
-    except Exception as e:   # an op that syncs with the host, reads CPU memory, ...
-        torch.cuda.synchronize(device)
-        raise Uncapturable(f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    return graph, outputs, pool
-
-
-@contextlib.contextmanager
-def allocating_in(pool, device: torch.device):
-    """The warm-up runs' memory taken from the graphs' pool, one a live graph holds (as Inductor's
-    CUDA-graph trees warm up): what they free is what the capture then reuses, instead of a second
-    working set cached by the allocator outside the pool. Safe here: the graphs copy their outputs
-    out of the pool, and the side stream waits for earlier replays first. Where the allocator lacks
-    the hooks, plain warm-up."""
-    begin = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
-    end, release = getattr(torch._C, "_cuda_endAllocateToPool", None), getattr(torch._C, "_cuda_releasePool", None)
-    if begin is None or end is None or release is None:
-        yield
-        return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    begin(index, pool)
-    try:
-        yield
-    finally:
-        end(index, pool)
-        release(index, pool)
-
-
-def output_slots(outputs, arena_for: Callable):
-    """outputs with each tensor leaf replaced by a view of its shape, dtype and memory layout into
-    one byte arena (arena_for(total bytes); each slot 256-byte aligned); other leaves as they are.
-    The layout is the output's own where it is dense (a channels_last output stays channels_last,
-    as eager returns it; a row-major slot changed every CNN's output layout under CUDA graphs),
-    row-major otherwise."""
-    leaves, spec = pytree.tree_flatten(outputs)
-    sizes = [-(-t.numel() * t.element_size() // 256) * 256 if isinstance(t, torch.Tensor) else 0 for t in leaves]
-    arena = arena_for(sum(sizes))
-    slots, offset = [], 0
-    for t, size in zip(leaves, sizes):
-        if isinstance(t, torch.Tensor):
-            dense = torch.empty_like(t, device="meta").stride()     # t's strides where t is dense
-            slots.append(arena[offset:offset + t.numel() * t.element_size()].view(t.dtype)
-                         .as_strided(t.shape, dense))
-            offset += size
-        else:
-            slots.append(t)
-    return pytree.tree_unflatten(slots, spec)
 
 
 def _describe(leaves) -> str:
@@ -462,4 +438,5 @@ def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runne
     # sizes that vary and do not all pad: many exact signatures, each captured at its second call
     exact = dynamic and (padding is None or not padding.covers(shapes))
     fn = CompiledGlue(gm, plain, dynamic) if glue == "inductor" else plain
-    return Runner(fn, graphs, padding=padding if graphs else None, capture_after=2 if exact else 1), how
+    return Runner(fn, graphs, padding=padding if graphs else None, capture_after=2 if exact else 1,
+                  exact_calls=config.padding == "auto"), how

@@ -9,8 +9,10 @@ checked against eager's. The any-shape issue's measure.
 Sides: eager; torch.compile(dynamic=True); torch.compile(mode="reduce-overhead") (a CUDA graph per
 shape it meets); ONNX Runtime (dynamo export with dynamic axes, CUDA provider, IO binding; with
 `source .ort/install.sh`); accelc's default call (any shape: calls padded up to bucket sizes, a CUDA
-graph per bucket) and accelc_exact (padding=False: a CUDA graph per exact size, captured at its
-second call), the two runner designs measured side by side. Requests: batch 1-32, length 8-512
+graph per bucket), accelc_auto (padding="auto": the same, and a GPU-bound call at its own size
+where its bucket graph's times say the padding costs more) and accelc_exact (padding=False: a CUDA
+graph per exact size, captured at its second call), the runner designs measured side by side over
+one optimized graph. Requests: batch 1-32, length 8-512
 (ViT: batch only, 224 x 224 images), seed 0; fp16, random weights at real shapes (BERT-base, GPT-2
 small without cache, ViT-B/16, a Llama-style 1.1B with GQA). The reference memory:
 reduce-overhead's high-water mark at one shape, the trace's largest request.
@@ -200,17 +202,18 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides, rows, save=
             elif side == "ort":
                 workdir = tempfile.mkdtemp()
                 call = OrtSide(model, example, device, workdir)
-            elif side == "accelc_exact" and opt is not None:   # the same optimized graph, the exact-size runner
-                opt = exact_runner(opt)
+            elif side in ("accelc_exact", "accelc_auto") and opt is not None:   # the same graph, another runner
+                opt = other_runner(opt, False if side == "accelc_exact" else "auto")
                 call = opt
                 if device.type == "cuda":     # the default call's graphs and pool go with its runner
                     start = _memory_start(device)
                     own = own_weights_mib(opt, model) * 2**20     # held already, and this side's own
                     start = (start[0] - own, start[1] - own)
             else:
-                opt = accelc.optimize(model, example, config=accelc.OptimizeConfig(padding=side == "accelc"))
+                padding = {"accelc": True, "accelc_auto": "auto", "accelc_exact": False}[side]
+                opt = accelc.optimize(model, example, config=accelc.OptimizeConfig(padding=padding))
                 call = opt
-            prepare_s = time.perf_counter() - t0 + (optimize_s if side == "accelc_exact" and optimize_s else 0)
+            prepare_s = time.perf_counter() - t0 + (optimize_s if side != "accelc" and optimize_s else 0)
             if side == "accelc":
                 optimize_s = prepare_s
             result, _ = run_side(call, feeds, device, eager_out)
@@ -223,6 +226,9 @@ def bench_model(name, spec, n_requests, device, dtype, smoke, sides, rows, save=
             if side.startswith("accelc"):
                 result["own_weights_mib"] = own_weights_mib(opt, model)
                 result["captures"] = getattr(opt.runner, "captures", 0) if opt.runner is not None else 0
+                # calls over both passes (warm-up and timed): padded to a bucket; run at their own size
+                result["padded_calls"] = getattr(opt.runner, "padded", 0)
+                result["exact_calls"] = getattr(opt.runner, "exact", 0)
                 result["summary_shapes"] = opt.info.shapes
                 result["runtime"] = opt.runner.status() if opt.runner is not None else ""
             row[side] = result
@@ -300,16 +306,17 @@ def own_weights_mib(opt, model) -> float:
     return round(total / 2**20, 1)
 
 
-def exact_runner(opt):
-    """opt (accelc's default call) with a runner of exact sizes instead of buckets (padding=False):
-    the graph accelc optimized once, the two runner designs compared over it."""
+def other_runner(opt, padding):
+    """opt (accelc's default call) with the runner of another padding choice (False: exact sizes;
+    "auto": GPU-bound calls at their own size where it pays): the graph accelc optimized once, the runner
+    designs compared over it."""
     import copy
     import dataclasses
 
-    exact = copy.copy(opt)
-    exact.config = dataclasses.replace(opt.config, padding=False)
-    exact.runner = None        # made at its first call, from the config
-    return exact
+    other = copy.copy(opt)
+    other.config = dataclasses.replace(opt.config, padding=padding)
+    other.runner = None        # made at its first call, from the config
+    return other
 
 
 def _short(r: dict) -> str:
@@ -320,7 +327,7 @@ def _short(r: dict) -> str:
 
 
 def markdown(env, rows) -> str:
-    sides = ["eager", "compile_dynamic", "compile_ro", "ort", "accelc", "accelc_exact"]
+    sides = ["eager", "compile_dynamic", "compile_ro", "ort", "accelc", "accelc_auto", "accelc_exact"]
     header = ["model", "side", "total ms", "p50 ms", "p99 ms", "peak MiB (reserved)", "compiles", "captures", "max rel err vs eager",
               "requests slower than eager (worst)", "side / accelc (total)"]
     table = []
@@ -366,7 +373,7 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--models", default="bert,gpt2,vit,llama")
     ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--sides", default="compile_dynamic,compile_ro,ort,accelc,accelc_exact")
+    ap.add_argument("--sides", default="compile_dynamic,compile_ro,ort,accelc,accelc_auto,accelc_exact")
     ap.add_argument("--smoke", action="store_true", help="tiny models on the CPU, a few requests, eager and accelc")
     ap.add_argument("--merge", action="store_true",
                     help="keep the sides an earlier run on this device wrote to --out that this run does not measure")
@@ -376,7 +383,7 @@ def main():
     dtype = torch.float32 if device.type == "cpu" else torch.float16
     specs = models(smoke)
     names = [m for m in args.models.split(",") if m in specs] if not smoke else list(specs)
-    sides = ["accelc", "accelc_exact"] if smoke else args.sides.split(",")
+    sides = ["accelc", "accelc_auto", "accelc_exact"] if smoke else args.sides.split(",")
     env = _common.environment()
     print(_common.env_line(env), flush=True)
     rows: list[dict] = []

@@ -73,7 +73,7 @@ def snapshot_summary(top: int = 25) -> dict:
             "live_by_site": [{"site": s, "mib": _mib(n), "blocks": counts[s]} for s, n in sites.most_common(top)]}
 
 
-def one_model(name: str, n_requests: int, out: Path) -> dict:
+def one_model(name: str, n_requests: int, out: Path, reference: bool = True) -> dict:
     import accelc
 
     device = torch.device("cuda")
@@ -120,6 +120,9 @@ def one_model(name: str, n_requests: int, out: Path) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     row["after_accelc_dropped"] = _now(device)
+    if not reference:
+        (out / f"dynamic_memory-{name}.json").write_text(json.dumps(row, indent=1))
+        return row
     largest, peaks = dynamic.ro_one_shape_peaks(model, feeds, device)
     row["largest_request"] = {k: list(v.shape) for k, v in largest.items()}
     row["compile_ro_one_shape_peak"] = {"allocated": round(peaks["peak_mib"], 1),
@@ -133,12 +136,14 @@ def main():
     ap.add_argument("--models", default="gpt2,llama")
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="skip reduce-overhead's one-shape reference (a minute of compiling per model)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.one:
-        row = one_model(args.one, args.requests, out)
+        row = one_model(args.one, args.requests, out, reference=not args.no_reference)
         print(json.dumps({k: v for k, v in row.items() if k != "after_warmup_snapshot"}, indent=1))
         for k, v in row["after_warmup_snapshot"]["pools"].items():
             print("pool", k, v)
@@ -147,7 +152,8 @@ def main():
         return
     print(_common.env_line(_common.environment()), flush=True)
     for m in args.models.split(","):       # each model in its own process: no side's memory left to the next
-        subprocess.run([sys.executable, __file__, "--one", m, "--requests", str(args.requests), "--out", str(out)])
+        subprocess.run([sys.executable, __file__, "--one", m, "--requests", str(args.requests), "--out", str(out)]
+                       + (["--no-reference"] if args.no_reference else []))
 
 
 if __name__ == "__main__":

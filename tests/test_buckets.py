@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import accelc
-from accelc import buckets, runner, runtime
+from accelc import buckets, cuda_graphs, runner, runtime
 from accelc.capture.shapes import DimRange, InputShapes
 from accelc.errors import InputError
 from accelc.numerics import rel_l2
@@ -153,7 +153,7 @@ def test_outputs_land_in_one_arena_aligned_each_in_its_dtype():
             "half": torch.randn(2, 3).half().t(),
             "image": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
             "gaps": torch.randn(4, 6)[:, :3]}
-    slots = runner.output_slots(outs, arena_for)
+    slots = cuda_graphs.output_slots(outs, arena_for)
     tensors = ("h", "ids", "flag", "half", "image", "gaps")
     assert len(made) == 1 and made[0].numel() == 7 * 256             # the image takes two slots of 256
     for k in tensors:
@@ -362,3 +362,52 @@ def test_a_deep_half_model_pads_within_its_own_error_and_a_mixing_one_still_does
     mixing.load_state_dict(model.state_dict())
     plan, note = buckets.find(mixing, (x,), shapes, half, lambda: 1.0)      # an "own error" past the cap
     assert plan is None and "depends on what the padding holds" in note, note
+
+
+def test_a_gpu_bound_call_runs_at_its_own_size_once_its_bucket_graph_is_timed():
+    """A large call's padding is GPU time: once its bucket's graph has measured times, a call whose
+    padding would cost more than launching its kernels one by one runs at its own size (a plain
+    call, the function's own result); a host-bound one, or one with little padding, replays the
+    bucket's graph; exact_calls=False (the default) keeps every call on the graphs."""
+    plan = buckets.Padding({"b": DimRange(1, 64, "b")}, (((0, "b", "edge"),),), (((0, "b"),),), {"b": "batch"})
+    sizes = []
+
+    def f(x):
+        sizes.append(x.shape[0])
+        return torch.tanh(x) * 2
+
+    for exact_calls in (True, False):
+        cap = Captures()
+        r = runner.Runner(f, cuda_graphs=True, capture=cap, padding=plan, exact_calls=exact_calls)
+        x = torch.randn(33, 8)
+        assert torch.equal(r(x), f(x)) and r.padded == 1                 # bucket 40, captured
+        (entry,) = r.entries.values()
+        entry.host_ms, entry.gpu_ms = 1.0, 10.0                          # as a real capture measures them
+        sizes.clear()
+        got = r(x)
+        assert torch.equal(got, f(x))
+        assert (r.exact, sizes[0], cap.graphs[0].replays) == ((1, 33, 1) if exact_calls else (0, 40, 2))
+        assert ("1 ran at their own size" in r.status()) == exact_calls
+        if exact_calls:
+            replays = cap.graphs[0].replays
+            r(torch.randn(39, 8))                                            # 39 of 40: the graph
+            assert cap.graphs[0].replays == replays + 1 and r.exact == 1
+            entry.host_ms = 9.5                                              # host-bound: the graph
+            r(x)
+            assert cap.graphs[0].replays == replays + 2 and r.exact == 1
+
+
+def test_exact_pays_needs_both_times_and_a_saving_past_the_launch_cost():
+    assert not runner.exact_pays(None, 10.0, 0.5) and not runner.exact_pays(1.0, None, 0.5)
+    assert runner.exact_pays(1.0, 10.0, 0.5)                  # 5.25 ms against 10
+    assert not runner.exact_pays(1.0, 10.0, 0.9)              # 9.45: under a tenth saved
+    assert not runner.exact_pays(9.5, 10.0, 0.1)              # the host's launches take longer than the saving
+
+
+def test_padding_auto_runs_gpu_bound_calls_at_their_own_size_and_the_default_does_not():
+    gm = torch.fx.symbolic_trace(nn.Linear(4, 4))
+    for padding, exact in ((True, False), ("auto", True), (False, False)):
+        r, _ = runner.make_runner(gm, accelc.OptimizeConfig(padding=padding), torch.device("cpu"))
+        assert r.exact_calls is exact
+    with pytest.raises(ValueError, match='padding must be True, False or "auto", not \'sometimes\''):
+        accelc.OptimizeConfig(padding="sometimes")

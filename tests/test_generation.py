@@ -234,7 +234,7 @@ def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch, kv_cach
 
     def capture(fn, args, kwargs, pool=None, arena=None):
         graphs.append(FakeGraph(fn, args, kwargs))
-        return graphs[-1], graphs[-1].outputs, pool
+        return graphs[-1], graphs[-1].outputs, pool, None
     monkeypatch.setattr(runner, "plan", lambda config, device, gm=None: ("eager", True, "test: CUDA graphs"))
     monkeypatch.setattr(runner, "capture_cuda_graph", capture)
     lm = _lm("llama")

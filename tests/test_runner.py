@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import accelc
-from accelc import runner
+from accelc import cuda_graphs, runner
 from accelc.kernels import LAUNCHERS
 from conftest import DEVICE, rel_l2
 
@@ -107,8 +107,8 @@ def test_at_most_max_graphs_the_least_recently_used_goes(monkeypatch):
 
 
 def test_cpu_tensors_are_not_captured():
-    with pytest.raises(runner.Uncapturable, match="not on a CUDA device"):
-        runner.capture_cuda_graph(_f, (torch.randn(2, 2),), {})
+    with pytest.raises(cuda_graphs.Uncapturable, match="not on a CUDA device"):
+        cuda_graphs.capture_cuda_graph(_f, (torch.randn(2, 2),), {})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA graphs")
@@ -322,3 +322,42 @@ def test_calls_from_several_threads_give_each_the_same_result():
     for t in threads:
         t.join()
     assert not errors and not wrong, (errors[:2], len(wrong))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA graphs, GPU timing")
+def test_a_gpu_bound_call_runs_at_its_own_size_in_the_graphs_pool():
+    """A call padded from 2049 to 2560 rows of eight large layers: after its bucket's graph is timed
+    it runs at its own size (its padding is a fifth of the GPU time, the launches a small part), its
+    working memory taken from the graphs' pool (a plain call outside it cached 64 MiB more), its
+    outputs copied out (a later replay leaves them as they are), its numbers the function's."""
+    from accelc import buckets
+    from accelc.capture.shapes import DimRange
+
+    torch.manual_seed(0)
+    ws = [(torch.randn(1024, 16384, device="cuda", dtype=torch.half) / 32,
+           torch.randn(16384, 1024, device="cuda", dtype=torch.half) / 128) for _ in range(8)]
+
+    def f(x):
+        for w1, w2 in ws:
+            x = torch.relu(x @ w1) @ w2        # a working set of n x 16384 halves: 64 MiB at 2049 rows
+        return x
+
+    plan = buckets.Padding({"b": DimRange(1, 4096, "b")}, (((0, "b", "edge"),),), (((0, "b"),),), {"b": "batch"})
+    r = runner.Runner(f, cuda_graphs=True, padding=plan, exact_calls=True)     # padding="auto"
+    x = torch.randn(2049, 1024, device="cuda", dtype=torch.half)
+    want = f(x)
+    for _ in range(2):                         # captured at 2560; its next replay timed
+        assert rel_l2(r(x), want) < 1e-3
+    torch.cuda.synchronize()
+    (entry,) = r.entries.values()
+    assert entry.gpu_time() > 4 * entry.host_ms, (entry.gpu_time(), entry.host_ms)
+    before = torch.cuda.memory_reserved()
+    got = r(x)
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_reserved() - before
+    assert r.exact == 1 and rel_l2(got, want) < 1e-3
+    assert grown < 32 * 2**20, f"the plain call cached {grown / 2**20:.0f} MiB outside the graphs' pool"
+    kept = got.clone()
+    r(torch.randn(2560, 1024, device="cuda", dtype=torch.half))       # the bucket's graph replays
+    torch.cuda.synchronize()
+    assert torch.equal(got, kept)
