@@ -154,6 +154,31 @@ def test_gated_linear_layers_in_the_flop_coverage():
     assert opt.info.accelc_flops == opt.info.flops
 
 
+def test_a_packed_layer_holds_its_weights_once_and_the_report_reads_the_originals_from_the_model():
+    """The packed gate / up weight is the optimized module's; the layer's original subgraph (what
+    the report times and ORT exports) let go of the two it replaced (they stayed alive beside the
+    packed one: 924 MiB on a 1.1B Llama) and reads them from the model: same numbers."""
+    from accelc import api, guard, meta
+    from accelc.rewrite import layers
+
+    torch.manual_seed(0)
+    model = GatedMLP(bias=True).to(DEVICE).eval()
+    x = torch.randn(2, 8, 32, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    gm = opt.graph_module
+    gated = [meta.rewrite_of(n) for n in layers(gm) if meta.rewrite_of(n).kind == "gated_linear"]
+    linear = [meta.rewrite_of(n) for n in layers(gm) if meta.rewrite_of(n).kind == "linear"]
+    assert len(gated) == 1 and gated[0].released and linear and not any(rw.released for rw in linear)
+    assert opt.info.original_weight_bytes == 0
+    assert api.tensor_bytes([opt]) <= api.tensor_bytes([model]) + 2 * 48 * 4 * 16    # the pack's 16-row padding
+    ins, _ = guard.layer_inputs(gm, (x,), model)[next(n for n in layers(gm) if meta.rewrite_of(n) is gated[0])]
+    with torch.no_grad():
+        want = F.silu(model.gate_proj(x)) * model.up_proj(x)
+        assert torch.equal(gated[0].eager(model)(*ins), want)
+    with pytest.raises(ValueError, match="float weights were released; pass the model"):
+        gated[0].eager()
+
+
 class NotGated(nn.Module):
     """Look-alikes that are no gated MLP: the gate's output also read elsewhere, two different
     inputs, an activation the epilogue lacks."""
