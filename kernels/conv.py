@@ -400,7 +400,22 @@ def prune_configs(configs, sizes):
 TUNER = Tuner("conv2d", _conv_kernel, CONFIGS, prune=prune_configs,
               default=lambda sizes: (rect_config(8, 8, 64, 32, 3, 4) if sizes["rect"] else config(128, 32, 32, 3, 4)
                            if sizes.get("groups", 1) > 1 else config(64, 64, 32, 3, 4)),
-              interpreter=lambda sizes: rect_config(4, 8, 32, 16, 1, 4) if sizes["rect"] else config(32, 32, 16, 1, 4))
+              interpreter=lambda sizes: interpreter_config(sizes))
+
+
+def interpreter_config(sizes) -> triton.Config:
+    """The interpreter has no device to time configs on; its time goes by programs and reduction
+    steps, not by their size: tiles of 32 pixels x 32 channels x 16 deep (rect: 4 x 8 pixels), or
+    64 x 64 x 32 (rect: 8 x 8 pixels) along dims that large (a whole model's convs: fewer programs
+    and steps; the conv tests' small shapes keep several small tiles and their tails). Grouped
+    convs keep the small tiles."""
+    big = sizes.get("groups", 1) == 1
+    bn = 64 if big and sizes["K"] >= 64 else 32
+    bk = 32 if big and sizes["C"] >= 32 else 16
+    if sizes["rect"]:
+        side = 8 if big and min(sizes["OH"], sizes["OW"]) >= 8 else 4
+        return rect_config(side, 8, bn, bk, 1, 4)
+    return config(64 if big and sizes["M"] >= 64 else 32, bn, bk, 1, 4)
 
 
 def groups_of(x: torch.Tensor, weight: torch.Tensor) -> int:
