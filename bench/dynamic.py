@@ -362,7 +362,9 @@ def markdown(env, rows) -> str:
             "started, plus the model's weights: each side as if alone in a process that holds the model (rows "
             "dated before 2026-11-26 08:00 UTC: the process's marks, earlier sides' leftovers and the bench's "
             "copies of outputs included). accelc optimizes a copy of the model: \"with the caller's model dropped\" "
-            "takes the caller's weights out (`del model` after optimize gives them back). "
+            "takes the caller's weights out (`del model` after optimize gives them back). accelc: the default "
+            "call (padded to buckets); accelc_auto: OptimizeConfig(padding=\"auto\") (GPU-bound calls at their own "
+            "size where the bucket graph's times say it pays); accelc_exact: padding=False (a graph per exact size). "
             f"Sides measured on: {_common.dates(rows)} (each side's date in the json; more than one date: the sides "
             "come from separate runs on this device, each with its own eager row).\n\n"
             + _common.md_table(header, table))
