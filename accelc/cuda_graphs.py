@@ -123,7 +123,12 @@ def run_in_pool(fn: Callable, args: tuple, kwargs: dict, pool, device: torch.dev
         current.wait_stream(stream)
         # the copies on the caller's stream, outside the pool; the pool's blocks, freed on return, are
         # taken again on the side stream only after it waits for the caller's (above, and in captures)
-        return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+        return clone_tensors(out)
+
+
+def clone_tensors(tree):
+    """tree with every tensor leaf cloned (outputs the caller keeps, out of buffers that are reused)."""
+    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
 class GpuTimer:

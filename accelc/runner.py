@@ -46,7 +46,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import runtime
-from accelc.cuda_graphs import GpuTimer, Uncapturable, capture_cuda_graph, run_in_pool
+from accelc.cuda_graphs import GpuTimer, Uncapturable, capture_cuda_graph, clone_tensors, run_in_pool
 from accelc.runtime import resolve_glue
 from accelc.capture import mutated_state
 from accelc.capture.shapes import SHAPES
@@ -223,8 +223,7 @@ class Runner:
         def finish(out, copy_all):
             if sizes is not None:
                 out = self.padding.cut(out, sizes)
-            return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out) \
-                if copy_all or sizes is not None else out
+            return clone_tensors(out) if copy_all or sizes is not None else out
         try:
             key, leaves = signature(args, kwargs)
         except Uncapturable as e:
@@ -270,8 +269,7 @@ class Runner:
         with self._lock:
             self.exact += 1
             if self.pool is None:      # a test's capture function: no pool
-                out = self.fn(*args, **kwargs)
-                return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+                return clone_tensors(self.fn(*args, **kwargs))
             device = next(x.device for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))
             return run_in_pool(self.fn, args, kwargs, self.pool, device)
 
