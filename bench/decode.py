@@ -1,7 +1,8 @@
 """A decode step's matrix products, and where a decode step's time goes (GPU).
 
     python bench/decode.py [--out bench/results]             # the projections at M = 1 / 16 rows
-    python bench/decode.py --profile [--layers 4]           # one optimized LM's decode step, by kernel
+    python bench/decode.py --profile [--model llama3-8b] [--layers 4]   # one optimized LM's decode step, by kernel
+    python bench/decode.py --attention                     # decode attention: flash-decoding's split plans
 
 Rows: the projections of a decode step (TinyLlama-1.1B, Llama-3-8B, GPT-2 shapes; one token per
 sequence, batch 1 and 16), fp16, each side timed like bench/gemm.py (CUDA-graph medians, L2 flushed
@@ -12,8 +13,8 @@ int8 weights (weight-only int8, kernels/int8_weight.py: half the bytes). GB/s is
 weight's bytes over the time; "% copy" its share of the device's measured copy bandwidth (the same
 yardstick as bench/generate.py's limit).
 
---profile: a TinyLlama-shaped LM (random weights, `--layers` of its 22 layers: each layer's kernels
-are the same) optimized by accelc, greedy generate() of --new tokens under torch.profiler: each
+--profile: an LM of bench/generate.py's shapes (`--model`, TinyLlama by default; random weights,
+`--layers` of its layers: each layer's kernels are the same) optimized by accelc, greedy generate() of --new tokens under torch.profiler: each
 kernel's GPU time per generated token, their sum, and the wall time per token (the rest is host
 time or gaps between kernels).
 """
@@ -30,8 +31,6 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
-
-_common.fresh_tuning_cache()   # tune every key here
 
 import accelc  # noqa: E402,F401
 from accelc.kernels import gated_linear, gemm, int8_weight  # noqa: E402
@@ -166,15 +165,98 @@ def markdown(env, rows) -> str:
             + _common.md_table(head, body))
 
 
-def profile(layers: int, prompt: int, new: int, out_dir: str) -> None:
-    import transformers as tf
+# decode attention: (model, batch, query heads, K/V heads, head dim, cache slots, keys attended)
+ATTENTION = [
+    ("Llama-3-8B", 1, 32, 8, 128, 768, 640),
+    ("Llama-3-8B", 16, 32, 8, 128, 768, 640),
+    ("Llama-3-8B long", 1, 32, 8, 128, 4096, 4000),
+    ("TinyLlama-1.1B", 1, 32, 4, 64, 768, 640),
+    ("TinyLlama-1.1B", 16, 32, 4, 64, 768, 640),
+    ("Qwen2-0.5B", 1, 14, 2, 64, 768, 640),
+]
+# flash-decoding's split plans raced here: (PROGRAMS_PER_SM, WIDE_BLOCKS); None: the default
+SPLIT_PLANS = [None, (2, 0), (2, 4), (1, 0), (1, 8), (2, 8)]
+CACHES = 32     # layers' caches a timed call cycles through (more bytes than L2 holds, as in a model)
+
+
+def attention_rows(plans=SPLIT_PLANS):
+    from accelc.kernels import flash_decoding as fd
+
+    rows = []
+    for model, B, H, Hkv, D, S, live in ATTENTION:
+        h = torch.float16
+        q = torch.randn(B, H, 1, D, device="cuda", dtype=h)
+        caches = [(torch.randn(B, Hkv, S, D, device="cuda", dtype=h), torch.randn(B, Hkv, S, D, device="cuda", dtype=h))
+                  for _ in range(CACHES)]
+        mask = (torch.arange(S, device="cuda") < live).expand(B, 1, 1, S)
+        row = {"model": model, "batch": B, "heads": H, "kv_heads": Hkv, "head_dim": D, "cache_slots": S,
+               "keys": live, "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+
+        def eager():
+            for k, v in caches:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            return out
+
+        def planned(setting, fn):
+            """fn() with flash-decoding's plan settings set (None: as they are)."""
+            saved = fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS
+            if setting is not None:
+                fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS = setting
+            try:
+                return fn()
+            finally:
+                fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS = saved
+
+        def attend():
+            for k, v in caches:
+                out = torch.ops.accelc.flash_attention(q, k, v, mask, False, None, False, False)
+            return out
+        variants = {"eager": eager}
+        for setting in plans:
+            name = "accelc" if setting is None else f"accelc_{setting[0]}sm_wide{setting[1]}"
+            variants[name] = (lambda setting: lambda: planned(setting, attend))(setting)
+            row.setdefault("plans", {})[name] = planned(setting, lambda: fd.split_plan(B, Hkv, S, row["sms"], False))
+        k0, v0 = caches[-1]
+        ref = F.scaled_dot_product_attention(q.float(), k0.float(), v0.float(), attn_mask=mask, enable_gqa=True)
+        row["rel_err"] = {name: _common.rel_l2(fn().float(), ref) for name, fn in variants.items()}
+        _common.time_rounds(variants, row, ROUNDS, flops=0)
+        kv_bytes = 2 * B * Hkv * live * D * 2
+        for name in variants:
+            row[name]["us"] = round(row[name]["us"] / CACHES, 2)       # a call's time
+            row[name]["gbs"] = round(kv_bytes / row[name]["us"] / 1e3, 1)
+        best = min((n for n in variants if n != "eager"), key=lambda n: row[n]["us"])
+        row["best_plan"] = best
+        print(f"{model} b{B} S {S} ({live} keys): eager {row['eager']['us']} us, accelc {row['accelc']['us']} us "
+              f"(plan {row['plans']['accelc']}), best {best} {row[best]['us']} us (plan {row['plans'][best]})", flush=True)
+        rows.append(row)
+    return rows
+
+
+def attention_markdown(env, rows) -> str:
+    names = [n for n in rows[0]["plans"]]
+    head = ["model", "batch", "heads / kv", "D", "slots / keys", "eager us",
+            *[f"{n} us (splits x keys, block)" for n in names],
+            "best"]
+    body = [[r["model"], r["batch"], f"{r['heads']} / {r['kv_heads']}", r["head_dim"], f"{r['cache_slots']} / {r['keys']}",
+             r["eager"]["us"], *[f"{r[n]['us']} ({r['plans'][n][1]} x {r['plans'][n][2]}, {r['plans'][n][0]})"
+                                 for n in names], r["best_plan"]]
+            for r in rows]
+    return (f"# Decode attention (fp16): flash-decoding's split plans\n\n{_common.env_line(env)}\n\n"
+            f"One query position a sequence over a static cache of `slots` (the first `keys` attended, a boolean "
+            f"mask); each call over a different layer's cache of {CACHES} (more than L2 holds); us a call, CUDA-graph "
+            f"medians of {ROUNDS} interleaved rounds. eager: F.scaled_dot_product_attention (enable_gqa). "
+            f"accelc_Psm_wideW: PROGRAMS_PER_SM P, WIDE_BLOCKS W (0: never wide).\n\n" + _common.md_table(head, body))
+
+
+def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> None:
     from torch.profiler import ProfilerActivity
 
-    cfg = tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=32,
-                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        lm = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16).eval()
+    import generate
+
+    cfg = generate.configs(smoke=False)[model]
+    full = cfg.num_hidden_layers
+    cfg.num_hidden_layers = layers
+    lm = generate.build(cfg, torch.device("cuda"), torch.float16)
     ids = torch.randint(0, cfg.vocab_size, (1, prompt), device="cuda")
     mask = torch.ones_like(ids)
     t0 = time.perf_counter()
@@ -197,7 +279,7 @@ def profile(layers: int, prompt: int, new: int, out_dir: str) -> None:
             k[1] += e.time_range.elapsed_us()
     total = sum(t for _, t in kernels.values())
     sequence = _one_token(prof)
-    lines = [f"# Decode-step profile: TinyLlama shape, {layers} of 22 layers, prompt {prompt}, {new} new tokens, "
+    lines = [f"# Decode-step profile: {model} shape, {layers} of {full} layers, prompt {prompt}, {new} new tokens, "
              f"batch 1, fp16", "", _common.env_line(_common.environment()), "",
              f"prepare (optimize) {prepare:.1f} s; generate wall {wall * 1e3:.1f} ms = {wall / new * 1e6:.1f} us a token "
              f"(the prefill included); kernels' GPU time {total / 1e3:.1f} ms = {total / new:.1f} us a token", "",
@@ -225,7 +307,8 @@ def profile(layers: int, prompt: int, new: int, out_dir: str) -> None:
     print(text)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     dev = _common.slug(torch.cuda.get_device_name())
-    (Path(out_dir) / f"decode_profile-{dev}.md").write_text(text)
+    stem = "decode_profile" if model == "tinyllama" else f"decode_profile_{model}"
+    (Path(out_dir) / f"{stem}-{dev}.md").write_text(text)
 
 
 def _one_token(prof) -> list:
@@ -249,14 +332,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--attention", action="store_true", help="decode attention rows (flash-decoding's split plans)")
+    ap.add_argument("--plans", choices=["all", "default"], default="all", help="--attention: the split plans timed")
+    ap.add_argument("--model", default="tinyllama", help="--profile: a model of bench/generate.py")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
     args = ap.parse_args()
     if args.profile:
-        profile(args.layers, args.prompt, args.new, args.out)
+        profile(args.model, args.layers, args.prompt, args.new, args.out)   # tuned as accelc.optimize tunes
         return
+    _common.fresh_tuning_cache()   # the projections: every key tuned here
     env = _common.environment()
+    if args.attention:
+        rows = attention_rows(SPLIT_PLANS if args.plans == "all" else SPLIT_PLANS[:1])
+        _common.write(args.out, "decode_attention", env, rows, attention_markdown(env, rows))
+        print(attention_markdown(env, rows))
+        return
     env["copy_gbs"] = round(_common.copy_bandwidth("cuda") / 1e9, 1)
     print(_common.env_line(env), f"copy {env['copy_gbs']} GB/s", flush=True)
     rows = rows_for(env["copy_gbs"])

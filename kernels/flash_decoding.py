@@ -44,6 +44,11 @@ def softmax_scale(q, scale) -> float:
 MAX_ROWS = 64          # query rows of one K/V head (GROUP x L) this path takes
 MAX_QUERIES = 16       # query positions (a decode step's 1, a few drafted tokens) this path takes
 MIN_KEYS = 256         # keys below which one program a (batch, head) already has work enough
+# the split plan (bench/decode.py --attention, H100: one program an SM and key blocks of 128 where a
+# split holds 256 keys or more were the fastest plans, or within 1% of it, at 5 of 6 shapes)
+PROGRAMS_PER_SM = 1
+WIDE_BLOCKS = 4
+COMBINE_ELEMENTS = 8192   # accumulator values the combine loads at once (64 fp32 registers a thread)
 
 
 @triton.jit
@@ -77,7 +82,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, table_ptr, len
                   stride_tb, stride_ob, stride_oh, stride_om, stride_od,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_KIND: tl.constexpr, DOT_IN_FP32: tl.constexpr, EMPTY_NAN: tl.constexpr,
-                  FUSED_COMBINE: tl.constexpr, PAGE: tl.constexpr = 0, PDL: tl.constexpr = False):
+                  FUSED_COMBINE: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, PAGE: tl.constexpr = 0,
+                  PDL: tl.constexpr = False):
     # PAGE > 0: a paged cache (flash_attn_with_kvcache's layout): k / v are (blocks, PAGE, Hkv, D), the
     # b-th sequence's key p in block table[b, p // PAGE] at row p % PAGE (stride_kb / stride_vb: a
     # block's stride, stride_kn / stride_vn: a row's), and its keys end at lens[b]
@@ -159,49 +165,69 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, table_ptr, len
         ticket = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
         if ticket == splits - 1:
             _combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, splits, stride_ob, stride_oh, stride_om,
-                          stride_od, HEAD_DIM, BLOCK_D, BLOCK_M, EMPTY_NAN)
+                          stride_od, HEAD_DIM, BLOCK_D, BLOCK_M, EMPTY_NAN, ROWS, CHUNK)
             tl.atomic_xchg(count_ptr + bh, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _combine_kernel(acc_ptr, ml_ptr, out_ptr, Hkv, GROUP, L, SPLITS,
                     stride_ob, stride_oh, stride_om, stride_od,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr,
+                    ROWS: tl.constexpr, CHUNK: tl.constexpr):
     _combine_rows(acc_ptr, ml_ptr, out_ptr, tl.program_id(0), Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om,
-                  stride_od, HEAD_DIM, BLOCK_D, BLOCK_M, EMPTY_NAN)
+                  stride_od, HEAD_DIM, BLOCK_D, BLOCK_M, EMPTY_NAN, ROWS, CHUNK)
 
 
 @triton.jit
 def _combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om, stride_od,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr,
+                  ROWS: tl.constexpr, CHUNK: tl.constexpr):
     """The SPLITS partial results of (batch, K/V head) bh rescaled to their common row max, summed,
-    divided and written to out. Loads through L2 only (.cg): in the fused form another SM wrote them
-    during this kernel, and an SM's L1 is not coherent with other SMs' writes."""
+    divided and written to out. CHUNK splits at a time, each chunk's row maxes, sums and
+    accumulators loaded at once (one round trip to L2, not one a split), folded in as the split
+    kernel folds key blocks (online rescaling); only the ROWS real rows of the tiles (GROUP x L, to
+    a power of two). Loads through L2 only (.cg): in the fused form another SM wrote them during
+    this kernel, and an SM's L1 is not coherent with other SMs' writes."""
     b = bh // Hkv
     hk = bh % Hkv
-    rows = tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, ROWS)
     offs_d = tl.arange(0, BLOCK_D)
-    m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    for s in range(0, SPLITS):
-        m_all = tl.maximum(m_all, tl.load(ml_ptr + ((bh * SPLITS + s) * 2) * BLOCK_M + rows, cache_modifier=".cg"))
-    m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
-    l_all = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    for s in range(0, SPLITS):
-        slot = bh * SPLITS + s
-        w = tl.math.exp2(tl.load(ml_ptr + (slot * 2) * BLOCK_M + rows, cache_modifier=".cg") - m_sub)
-        l_all += w * tl.load(ml_ptr + (slot * 2 + 1) * BLOCK_M + rows, cache_modifier=".cg")
-        acc += w[:, None] * tl.load(acc_ptr + (slot * BLOCK_M + rows[:, None]) * BLOCK_D + offs_d[None, :],
-                                    cache_modifier=".cg")
+    chunk = tl.arange(0, CHUNK)
+    m_run = tl.full((ROWS,), float("-inf"), tl.float32)
+    l_run = tl.zeros((ROWS,), tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_D), tl.float32)
+    for s0 in range(0, SPLITS, CHUNK):
+        ok = (s0 + chunk) < SPLITS
+        slot = bh * SPLITS + s0 + chunk                                                  # (CHUNK,)
+        m = tl.load(ml_ptr + (slot[:, None] * 2) * BLOCK_M + rows[None, :], mask=ok[:, None],
+                    other=float("-inf"), cache_modifier=".cg")                          # (CHUNK, ROWS)
+        l = tl.load(ml_ptr + (slot[:, None] * 2 + 1) * BLOCK_M + rows[None, :], mask=ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+        a = tl.load(acc_ptr + (slot[:, None, None] * BLOCK_M + rows[None, :, None]) * BLOCK_D + offs_d[None, None, :],
+                    mask=ok[:, None, None], other=0.0, cache_modifier=".cg")            # (CHUNK, ROWS, BLOCK_D)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_run - m_sub)
+        w = tl.math.exp2(m - m_sub[None, :])            # a split's NaN row max makes its weight NaN, as eager
+        l_run = l_run * alpha + tl.sum(w * l, 0)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * a, 0)
+        m_run = m_new
     if EMPTY_NAN:
-        out = acc / l_all[:, None]
+        out = acc / l_run[:, None]
     else:
-        out = tl.where(l_all[:, None] == 0.0, 0.0, acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None])   # no 0 / 0 computed
+        out = tl.where(l_run[:, None] == 0.0, 0.0, acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None])   # no 0 / 0
     h = hk * GROUP + rows // L
     pos = rows % L
     ok = (rows < GROUP * L)[:, None] & (offs_d < HEAD_DIM)[None, :]
     tl.store(out_ptr + b * stride_ob + h[:, None] * stride_oh + pos[:, None] * stride_om + offs_d[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def combine_tiles(group_rows: int, block_d: int, splits: int) -> tuple[int, int]:
+    """(ROWS, CHUNK) of the combine: the real rows to a power of two, and the splits loaded at once
+    (at most COMBINE_ELEMENTS accumulator values)."""
+    rows = triton.next_power_of_2(group_rows)
+    return rows, max(1, min(triton.next_power_of_2(splits), COMBINE_ELEMENTS // (rows * block_d)))
 
 
 def takes(q, k, is_causal: bool, qk_int8: bool) -> bool:
@@ -217,12 +243,23 @@ def _block_n(interpreted: bool) -> int:
     return 16 if interpreted else 64
 
 
-def plan(B: int, Hkv: int, S: int, sms: int, block_n: int) -> tuple[int, int]:
-    """(splits, keys per split): about two programs an SM, each split whole key blocks."""
+def plan(B: int, Hkv: int, S: int, sms: int, block_n: int, per_sm: int | None = None) -> tuple[int, int]:
+    """(splits, keys per split): about per_sm (PROGRAMS_PER_SM) programs an SM, each split whole key blocks."""
     blocks = triton.cdiv(S, block_n)
-    want = max(1, min(blocks, triton.cdiv(2 * max(sms, 1), B * Hkv)))
+    want = max(1, min(blocks, triton.cdiv((per_sm or PROGRAMS_PER_SM) * max(sms, 1), B * Hkv)))
     per = triton.cdiv(blocks, want) * block_n
     return triton.cdiv(S, per), per
+
+
+def split_plan(B: int, Hkv: int, S: int, sms: int, interpreted: bool) -> tuple[int, int, int]:
+    """(BLOCK_N, splits, keys per split) of a decode call: plan's, its key blocks twice as long where
+    a split holds WIDE_BLOCKS blocks or more."""
+    block_n = _block_n(interpreted)
+    splits, per = plan(B, Hkv, S, sms, block_n)
+    if WIDE_BLOCKS and per >= WIDE_BLOCKS * block_n:
+        block_n *= 2
+        splits, per = plan(B, Hkv, S, sms, block_n)
+    return block_n, splits, per
 
 
 def _tiles(q, Hkv: int, S: int) -> tuple:
@@ -232,9 +269,8 @@ def _tiles(q, Hkv: int, S: int) -> tuple:
     interpreted = runtime.interpreted()
     block_m = max(16, triton.next_power_of_2((H // Hkv) * L))
     block_d = triton.next_power_of_2(D)
-    block_n = _block_n(interpreted)
-    sms = 4 if interpreted else sm_count(q.device.index or 0)
-    splits, per = plan(B, Hkv, S, sms, block_n)
+    sms = 8 if interpreted else sm_count(q.device.index or 0)   # the interpreter: several splits at test sizes
+    block_n, splits, per = split_plan(B, Hkv, S, sms, interpreted)
     acc = torch.empty((B * Hkv * splits, block_m, block_d), dtype=torch.float32, device=q.device)
     ml = torch.empty((B * Hkv * splits, 2, block_m), dtype=torch.float32, device=q.device)
     return block_m, block_d, block_n, splits, per, acc, ml
@@ -259,15 +295,17 @@ def _run(q, Hkv, k_strides, v_strides, tensors, tiles, mask_strides, table_strid
     k, v, mask_t, table, lens = tensors
     splits, per, acc, ml, block_m, block_d, block_n = tiles
     counters = _counters(q.device, B * Hkv)
+    rows, chunk = combine_tiles((H // Hkv) * L, block_d, splits)
     with runtime.device_guard(q):
         _split_kernel[(splits, B * Hkv)](
             q, k, v, mask_t, acc, ml, table, lens, out, q if counters is None else counters,
             Hkv, H // Hkv, L, S, per, qk_scale, *q.stride(), *k_strides, *v_strides, *mask_strides, table_stride,
             *out.stride(), HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, MASK_KIND=kind,
-            DOT_IN_FP32=dot_in_fp32(q), EMPTY_NAN=bool(empty_nan), FUSED_COMBINE=counters is not None, PAGE=page,
+            DOT_IN_FP32=dot_in_fp32(q), EMPTY_NAN=bool(empty_nan), FUSED_COMBINE=counters is not None, ROWS=rows,
+            CHUNK=chunk, PAGE=page,
             num_warps=4, num_stages=2, **({"PDL": True, "launch_pdl": True} if pdl_enabled(q.device) else {}))
         if counters is None:
-            _combine(acc, ml, out, Hkv, splits, block_m, block_d, empty_nan)
+            _combine(acc, ml, out, Hkv, splits, block_m, block_d, empty_nan, rows, chunk)
 
 
 COUNTER_SLOTS = 1 << 20
@@ -299,11 +337,13 @@ def dot_in_fp32(q) -> bool:
     return runtime.interpreted() and q.dtype == torch.bfloat16
 
 
-def _combine(acc, ml, out, Hkv: int, splits: int, block_m: int, block_d: int, empty_nan: bool) -> None:
+def _combine(acc, ml, out, Hkv: int, splits: int, block_m: int, block_d: int, empty_nan: bool, rows: int,
+             chunk: int) -> None:
     """The splits' partial results reduced into out (B, H, L, D)."""
     B, H, L, D = out.shape
     _combine_kernel[(B * Hkv,)](acc, ml, out, Hkv, H // Hkv, L, splits, *out.stride(),
-                                HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, EMPTY_NAN=bool(empty_nan), num_warps=4)
+                                HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, EMPTY_NAN=bool(empty_nan), ROWS=rows,
+                                CHUNK=chunk, num_warps=4)
 
 
 def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

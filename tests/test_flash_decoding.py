@@ -108,7 +108,40 @@ def test_prefill_and_short_keys_keep_the_one_pass_kernel(decode_calls):
 def test_splits_cover_the_keys_in_whole_blocks(b, hkv, s, sms):
     splits, per = fd.plan(b, hkv, s, sms, 64)
     assert per % 64 == 0 and (splits - 1) * per < s <= splits * per
-    assert b * hkv * splits < 2 * sms + b * hkv       # about two programs an SM, never fewer than one a head
+    assert b * hkv * splits < 2 * sms + b * hkv       # at most about two programs an SM, at least one a head
+
+
+def test_long_splits_read_their_keys_in_wider_blocks():
+    assert fd.split_plan(1, 8, 768, 132, False) == (64, 12, 64)          # short: blocks of 64, one a split
+    assert fd.split_plan(1, 8, 4096, 132, False) == (128, 16, 256)       # long: 16 splits of two 128-key blocks
+    assert fd.split_plan(16, 4, 768, 132, False) == (128, 3, 256)
+    for b, hkv, s in ((1, 8, 768), (1, 8, 4096), (16, 8, 768), (2, 2, 300), (1, 1, 5000)):
+        for interpreted in (False, True):
+            block_n, splits, per = fd.split_plan(b, hkv, s, 132, interpreted)
+            assert per % block_n == 0 and (splits - 1) * per < s <= splits * per
+            assert per < fd.WIDE_BLOCKS * block_n or block_n == 2 * fd._block_n(interpreted)
+
+
+@pytest.mark.parametrize("elements", [1, 2 * 4 * 64])
+def test_the_combine_folds_its_splits_in_chunks(monkeypatch, elements):
+    """The combine loads CHUNK splits at once and folds the chunks in with online rescaling: chunks
+    of 1 and of 2 splits (the rest masked off at the end) give what one chunk of all gives, on the
+    fused and the two-kernel path, with rows of different lengths (one attending 5 keys: splits
+    with no key of it) and a NaN at one row's attended key."""
+    q, k, v = _qkv(2, 4, 1, 1, 1000, 64, torch.float16)
+    mask = _lengths_mask(2, 1, 1000, [1000, 5])
+    v[1, 0, 3, 7] = float("nan")
+    one = torch.ops.accelc.flash_attention(q, k, v, mask, False, None, False, False)
+    eager = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    splits = fd._tiles(q, 1, 1000)[3]
+    monkeypatch.setattr(fd, "COMBINE_ELEMENTS", elements)
+    assert fd.combine_tiles(4, 64, splits)[1] in (1, 2) and splits >= 3
+    fused = torch.ops.accelc.flash_attention(q, k, v, mask, False, None, False, False)
+    monkeypatch.setattr(fd, "_counters", lambda device, n: None)
+    two = torch.ops.accelc.flash_attention(q, k, v, mask, False, None, False, False)
+    for out in (fused, two):
+        torch.testing.assert_close(out, one, atol=2e-3, rtol=1e-2, equal_nan=True)
+        assert torch.equal(out.isnan(), eager.isnan()) and out.isnan().any()
 
 
 def test_an_ordinary_call_computes_no_zero_by_zero(decode_calls):
