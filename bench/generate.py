@@ -35,6 +35,7 @@ measured copy bandwidth (a 1 GiB device-to-device copy, read + write bytes over 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -209,11 +210,13 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     step = getattr(opt, "step", None)
                     r["optimize_seconds"] = {"program": dict(opt.info.seconds),     # where prepare_s went
                                              "step": dict(step.info.seconds) if step is not None else None}
-                    del opt
-                if side == "hf_static_compile":
-                    del compiled
             except Exception as e:   # a side that cannot run this model: said in its row
                 r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            # this side's model, optimized module and outputs go before the next side builds its own (a
+            # bound generate or the step kept the 8B shape's optimized module alive into the next side's
+            # optimize, which then ran out of memory)
+            gen = opt = compiled = step = out = None
+            gc.collect()
             r["date"] = _common.environment()["date"]
             row[side] = r
             print(f"{name} batch {batch} {side}: {_short(r)}", flush=True)
