@@ -140,8 +140,8 @@ def _row(model, layer, M, K, N, act, has_res, kind, bandwidth):
     return row
 
 
-def rows_for(bandwidth):
-    return [_row(*layer, bandwidth) for layer in LAYERS]
+def rows_for(bandwidth, only: str = ""):
+    return [_row(*layer, bandwidth) for layer in LAYERS if only in layer[0]]
 
 
 def markdown(env, rows) -> str:
@@ -333,6 +333,7 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--attention", action="store_true", help="decode attention rows (flash-decoding's split plans)")
+    ap.add_argument("--rows", default="", help="the projections: only the rows whose model contains this")
     ap.add_argument("--plans", choices=["all", "default"], default="all", help="--attention: the split plans timed")
     ap.add_argument("--model", default="tinyllama", help="--profile: a model of bench/generate.py")
     ap.add_argument("--layers", type=int, default=4)
@@ -351,7 +352,7 @@ def main():
         return
     env["copy_gbs"] = round(_common.copy_bandwidth("cuda") / 1e9, 1)
     print(_common.env_line(env), f"copy {env['copy_gbs']} GB/s", flush=True)
-    rows = rows_for(env["copy_gbs"])
+    rows = rows_for(env["copy_gbs"], args.rows)
     _common.write(args.out, "decode", env, rows, markdown(env, rows))
     print(markdown(env, rows))
 
