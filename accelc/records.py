@@ -59,27 +59,22 @@ class Rewrite:
 
     def release_original(self) -> None:
         """Keep the original's graph but not its tensors, nor the fallback call: for a layer whose
-        float weights the optimized module no longer holds (int8). eager(model) rebuilds it."""
-        consts = {n.target: attr_value(self.original, n).to("meta")
-                  for n in self.original.graph.nodes if n.op == "get_attr"}
-        self.original = fx.GraphModule(_Holder(consts), self.original.graph, class_name="OriginalLayer")
+        float weights the optimized module no longer holds (int8). eager(model) rebuilds it. The
+        original module's tensors become meta in place: a record this one replaced (int8's float
+        layer, restack) shares the module, and its lingering node would keep them alive otherwise;
+        detached first (a meta copy of a weight that requires grad held the weight in its grad_fn)."""
+        for n in self.original.graph.nodes:
+            value = attr_value(self.original, n) if n.op == "get_attr" else None
+            if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+                continue
+            *path, name = n.target.split(".")
+            owner = self.original.get_submodule(".".join(path))
+            owner._parameters.pop(name, None)
+            owner._buffers.pop(name, None)
+            owner.__dict__.pop(name, None)
+            owner.register_buffer(name, value.detach().to("meta"))
         self.fallback = None
         self.released = True
-
-
-class _Holder(torch.nn.Module):
-    """Attributes at dotted paths, for GraphModule(root=...) to copy from."""
-
-    def __init__(self, values: dict):
-        super().__init__()
-        for target, v in values.items():
-            *path, name = target.split(".")
-            mod = self
-            for p in path:
-                if not hasattr(mod, p):
-                    mod.add_module(p, torch.nn.Module())
-                mod = getattr(mod, p)
-            mod.register_buffer(name, v)
 
 
 @dataclass
