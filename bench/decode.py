@@ -1,7 +1,7 @@
 """A decode step's matrix products, and where a decode step's time goes (GPU).
 
     python bench/decode.py [--out bench/results]             # the projections at M = 1 / 16 rows
-    python bench/decode.py --profile [--model llama3-8b] [--layers 4]   # one optimized LM's decode step, by kernel
+    python bench/decode.py --profile [--model llama3-8b] [--layers 4]   # an optimized LM's decode step by kernel
     python bench/decode.py --attention                     # decode attention: flash-decoding's split plans
 
 Rows: the projections of a decode step (TinyLlama-1.1B, Llama-3-8B, GPT-2 shapes; one token per
@@ -14,13 +14,14 @@ weight's bytes over the time; "% copy" its share of the device's measured copy b
 yardstick as bench/generate.py's limit).
 
 --profile: an LM of bench/generate.py's shapes (`--model`, TinyLlama by default; random weights,
-`--layers` of its layers: each layer's kernels are the same) optimized by accelc, greedy generate() of --new tokens under torch.profiler: each
-kernel's GPU time per generated token, their sum, and the wall time per token (the rest is host
-time or gaps between kernels).
+`--layers` of its layers: each layer's kernels are the same) optimized by accelc, greedy generate()
+of --new tokens under torch.profiler: each kernel's GPU time per generated token, their sum, and
+the wall time per token (the rest is host time or gaps between kernels).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -186,8 +187,8 @@ def attention_rows(plans=SPLIT_PLANS):
     for model, B, H, Hkv, D, S, live in ATTENTION:
         h = torch.float16
         q = torch.randn(B, H, 1, D, device="cuda", dtype=h)
-        caches = [(torch.randn(B, Hkv, S, D, device="cuda", dtype=h), torch.randn(B, Hkv, S, D, device="cuda", dtype=h))
-                  for _ in range(CACHES)]
+        layer_kv = lambda: torch.randn(B, Hkv, S, D, device="cuda", dtype=h)     # noqa: E731
+        caches = [(layer_kv(), layer_kv()) for _ in range(CACHES)]
         mask = (torch.arange(S, device="cuda") < live).expand(B, 1, 1, S)
         row = {"model": model, "batch": B, "heads": H, "kv_heads": Hkv, "head_dim": D, "cache_slots": S,
                "keys": live, "sms": torch.cuda.get_device_properties(0).multi_processor_count}
@@ -214,7 +215,7 @@ def attention_rows(plans=SPLIT_PLANS):
         variants = {"eager": eager}
         for setting in plans:
             name = "accelc" if setting is None else f"accelc_{setting[0]}sm_wide{setting[1]}"
-            variants[name] = (lambda setting: lambda: planned(setting, attend))(setting)
+            variants[name] = functools.partial(planned, setting, attend)
             row.setdefault("plans", {})[name] = planned(setting, lambda: fd.split_plan(B, Hkv, S, row["sms"], False))
         k0, v0 = caches[-1]
         ref = F.scaled_dot_product_attention(q.float(), k0.float(), v0.float(), attn_mask=mask, enable_gqa=True)
@@ -227,19 +228,21 @@ def attention_rows(plans=SPLIT_PLANS):
         best = min((n for n in variants if n != "eager"), key=lambda n: row[n]["us"])
         row["best_plan"] = best
         print(f"{model} b{B} S {S} ({live} keys): eager {row['eager']['us']} us, accelc {row['accelc']['us']} us "
-              f"(plan {row['plans']['accelc']}), best {best} {row[best]['us']} us (plan {row['plans'][best]})", flush=True)
+              f"(plan {row['plans']['accelc']}), best {best} {row[best]['us']} us (plan {row['plans'][best]})",
+              flush=True)
         rows.append(row)
     return rows
 
 
 def attention_markdown(env, rows) -> str:
-    names = [n for n in rows[0]["plans"]]
+    names = list(rows[0]["plans"])
     head = ["model", "batch", "heads / kv", "D", "slots / keys", "eager us",
             *[f"{n} us (splits x keys, block)" for n in names],
             "best"]
-    body = [[r["model"], r["batch"], f"{r['heads']} / {r['kv_heads']}", r["head_dim"], f"{r['cache_slots']} / {r['keys']}",
-             r["eager"]["us"], *[f"{r[n]['us']} ({r['plans'][n][1]} x {r['plans'][n][2]}, {r['plans'][n][0]})"
-                                 for n in names], r["best_plan"]]
+    body = [[r["model"], r["batch"], f"{r['heads']} / {r['kv_heads']}", r["head_dim"],
+             f"{r['cache_slots']} / {r['keys']}", r["eager"]["us"],
+             *[f"{r[n]['us']} ({r['plans'][n][1]} x {r['plans'][n][2]}, {r['plans'][n][0]})" for n in names],
+             r["best_plan"]]
             for r in rows]
     return (f"# Decode attention (fp16): flash-decoding's split plans\n\n{_common.env_line(env)}\n\n"
             f"One query position a sequence over a static cache of `slots` (the first `keys` attended, a boolean "

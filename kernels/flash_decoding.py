@@ -17,8 +17,9 @@ Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023), one ke
 flash_attn_with_kvcache's layout): each key's row found through the sequence's block table, each
 sequence's keys ending at its own length (a ragged batch reads no padding); accelc::paged_attention
 (kernels/paged_attention.py) serves generation's paged cache with it.
-The number of splits fills the SMs (about two programs an SM), each split a whole number of key
-blocks. With a boolean mask, a key block no query row of the tile attends (a static cache's slots
+The number of splits fills the SMs (PROGRAMS_PER_SM programs an SM), each split a whole number of
+key blocks, blocks twice as long where a split holds WIDE_BLOCKS of them (split_plan).
+With a boolean mask, a key block no query row of the tile attends (a static cache's slots
 past the current length, a left pad) is skipped before its K/V are read: it cannot change the
 result, whatever its keys and values hold (eager's SDPA would turn a NaN value there into a NaN
 output; accelc's static cache never holds one). Mask semantics, scale, empty rows (0, or NaN with
@@ -44,8 +45,8 @@ def softmax_scale(q, scale) -> float:
 MAX_ROWS = 64          # query rows of one K/V head (GROUP x L) this path takes
 MAX_QUERIES = 16       # query positions (a decode step's 1, a few drafted tokens) this path takes
 MIN_KEYS = 256         # keys below which one program a (batch, head) already has work enough
-# the split plan (bench/decode.py --attention, H100: one program an SM and key blocks of 128 where a
-# split holds 256 keys or more were the fastest plans, or within 1% of it, at 5 of 6 shapes)
+# the split plan (bench/decode.py --attention, decode_attention-*.md, H100: one program an SM, and key
+# blocks of 128 where a split holds 256 keys or more, the fastest plan or within 1% of it at all six shapes)
 PROGRAMS_PER_SM = 1
 WIDE_BLOCKS = 4
 COMBINE_ELEMENTS = 8192   # accumulator values the combine loads at once (64 fp32 registers a thread)
@@ -243,10 +244,10 @@ def _block_n(interpreted: bool) -> int:
     return 16 if interpreted else 64
 
 
-def plan(B: int, Hkv: int, S: int, sms: int, block_n: int, per_sm: int | None = None) -> tuple[int, int]:
-    """(splits, keys per split): about per_sm (PROGRAMS_PER_SM) programs an SM, each split whole key blocks."""
+def plan(B: int, Hkv: int, S: int, sms: int, block_n: int) -> tuple[int, int]:
+    """(splits, keys per split): about PROGRAMS_PER_SM programs an SM, each split whole key blocks."""
     blocks = triton.cdiv(S, block_n)
-    want = max(1, min(blocks, triton.cdiv((per_sm or PROGRAMS_PER_SM) * max(sms, 1), B * Hkv)))
+    want = max(1, min(blocks, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), B * Hkv)))
     per = triton.cdiv(blocks, want) * block_n
     return triton.cdiv(S, per), per
 

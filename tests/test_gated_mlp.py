@@ -229,15 +229,16 @@ def test_released_originals_are_freed_not_kept_alive_by_their_meta_copies():
     the model's and the optimized module's tensors stays alive; the same for a folded BN and for
     int8 layers, which release theirs too."""
     torch.manual_seed(0)
+    conv_bn = nn.Sequential(nn.Conv2d(16, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU())
     cases = [(GatedMLP(d=64, h=256), torch.randn(2, 4, 64), {}),
-             (nn.Sequential(nn.Conv2d(16, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU()), torch.randn(1, 16, 8, 8), {}),
+             (conv_bn, torch.randn(1, 16, 8, 8), {}),
              (nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)), torch.randn(4, 64),
               {"int8": accelc.Int8Config(weights_only=True, skip_first_last=False)})]
     for model, x, cfg in cases:
         model, x = model.to(DEVICE).eval(), x.to(DEVICE)
         assert all(p.requires_grad for p in model.parameters())
-        left = alive_beside(model, lambda: accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False,
-                                                                                              **cfg)))
+        config = accelc.OptimizeConfig(only_if_faster=False, **cfg)
+        left = alive_beside(model, lambda: accelc.optimize(model, (x,), config))
         assert left == {}, (type(model).__name__, left)
 
 
