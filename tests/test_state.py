@@ -75,6 +75,37 @@ def test_buffers_updated_in_forward_are_updated_once_a_call():
     assert "updates module state in place: calls, total" in opt.info.runtime
 
 
+class _SetThenAdvance(nn.Module):
+    """A buffer set from an input, read, and advanced in place through the set's result (what a
+    static KV cache's length does each step)."""
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("length", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x, start):
+        n = self.length.copy_(start)
+        y = self.fc(x) * (n + 1)
+        n.add_(x.shape[0])       # the written tensor's alias, read by nothing after: still the buffer
+        m = self.length.copy_(start).to(torch.int64)    # a conversion to its own dtype: the buffer too
+        m.add_(2 * x.shape[0])
+        return torch.relu(y)
+
+
+def test_an_update_through_an_in_place_ops_result_stays_in_place():
+    """add_ on copy_'s result writes the buffer copy_ wrote: canonical form must not make it an
+    out-of-place add that nothing reads (the buffer would silently keep its old value)."""
+    model = _SetThenAdvance().to(DEVICE).eval()
+    x, start = torch.randn(3, 8, device=DEVICE), torch.tensor(5, device=DEVICE)
+    opt = accelc.optimize(model, (x, start), accelc.OptimizeConfig(only_if_faster=False))
+    with torch.no_grad():
+        for s in (2, 7):
+            start = torch.tensor(s, device=DEVICE)
+            out, want = opt(x, start), model(x, start)
+            assert opt.graph_module.length.item() == s + 6 == model.length.item()
+            assert rel_l2(out, want) < 1e-5
+
+
 def test_in_place_update_of_a_caller_input_is_refused_naming_it():
     """x.add_(1) on an input changes the caller's tensor in eager, which a CUDA graph's static
     input copy would not do: refused, in one sentence that names the input."""

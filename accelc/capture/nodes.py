@@ -41,10 +41,16 @@ VIEW_OPS = {"view", "reshape", "permute", "transpose", "t", "getitem", "select",
              "view_as", "unfold", "diagonal", "split", "chunk", "unbind", "movedim", "T", "mT"}
 
 
+# conversions that return their input itself where it already has the dtype / device asked
+_MAY_RETURN_INPUT = {"to", "type", "type_as", "float", "half", "double", "bfloat16", "long", "int", "bool"}
+
+
 def view_base(node: fx.Node) -> fx.Node:
-    """The node whose memory `node` may be a view of (itself if it is not a view op)."""
+    """The node whose memory `node` may be a view of (itself if it is not a view op). Followed too:
+    an in-place op's result, the tensor it wrote (`length.copy_(start)` is `length`), and a
+    conversion's, which is its input where nothing needed converting (`length.to(torch.long)`)."""
     while node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], fx.Node) \
-            and meta.op_name(node) in VIEW_OPS:
+            and (meta.op_name(node) in VIEW_OPS or meta.op_name(node) in _MAY_RETURN_INPUT or is_inplace(node)):
         node = node.args[0]
     return node
 
