@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import warnings
 from collections import OrderedDict
@@ -48,7 +49,7 @@ from torch.utils import _pytree as pytree
 from accelc import runtime
 from accelc.cuda_graphs import GpuTimer, Uncapturable, capture_cuda_graph, clone_tensors, run_in_pool
 from accelc.runtime import resolve_glue
-from accelc.capture import mutated_state
+from accelc.capture import aliased_state, mutated_state
 from accelc.capture.shapes import SHAPES
 from accelc.kernels import LAUNCHERS
 
@@ -404,8 +405,19 @@ class CompiledGlue:
         return ""
 
 
+def inductor_options() -> dict:
+    """The Inductor options the glue compiles with: its CUDA graphs off (the Runner captures its
+    own), and any set in ACCELC_INDUCTOR_OPTIONS ("combo_kernels=1,triton.enable_pdl=1"), for
+    measuring what an option gives (bench/decode.py --profile states them)."""
+    options = {"triton.cudagraphs": False}
+    for item in filter(None, os.environ.get("ACCELC_INDUCTOR_OPTIONS", "").split(",")):
+        key, _, value = item.partition("=")
+        options[key.strip()] = value.strip().lower() not in ("0", "false", "")
+    return options
+
+
 def _inductor(gm: fx.GraphModule, dynamic: bool):
-    return torch.compile(gm, backend="inductor", dynamic=dynamic, options={"triton.cudagraphs": False})
+    return torch.compile(gm, backend="inductor", dynamic=dynamic, options=inductor_options())
 
 
 def plan(config, device: torch.device, gm: fx.GraphModule | None = None) -> tuple[str, bool, str]:
@@ -419,10 +431,19 @@ def plan(config, device: torch.device, gm: fx.GraphModule | None = None) -> tupl
     state = mutated_state(gm) if gm is not None and not gm.meta.get(REPLAYABLE_STATE) else []
     if state:
         glue, graphs = "eager", False
+    # Inductor takes two constants for two tensors: where one is written over another's memory, the
+    # glue runs eager, in the graph's order (CUDA graphs replay that order, and stay)
+    aliased = aliased_state(gm) if gm is not None and glue == "inductor" else []
+    if aliased:
+        glue = "eager"
     how = (("Inductor-compiled glue" if glue == "inductor" else "eager glue, direct kernel launches")
            + (", CUDA graph per input signature" if graphs else ", plain calls"))
     if state:
         how += f" (the forward updates module state in place: {', '.join(state[:3])})"
+    if aliased:
+        w, o = aliased[0]
+        how += (f" (eager glue: the forward writes {w} in place, and {o} is the same memory, which Inductor would "
+                "take for another tensor)")
     return glue, graphs, how
 
 

@@ -12,12 +12,13 @@ between a user's call and the captured graph.
     nodes.py      node-level helpers: views, in-place ops, reshapes, swapping and erasing nodes
 """
 from accelc.capture.canonical import canonicalize
-from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out, mutated_state, restore_buffers
+from accelc.capture.contract import (CALL_SPEC, CallSpec, aliased_state, buffer_state, left_out, mutated_state,
+                                     restore_buffers)
 from accelc.capture.pickling import program_module
 from accelc.capture.nodes import VIEW_OPS, erase_dead, reshape_of
 from accelc.capture.trace import (capture, export_program, flat_module, make_canonical, quiet_torch_logs,
                                   record_meta, reference)
 
-__all__ = ["CALL_SPEC", "CallSpec", "VIEW_OPS", "buffer_state", "canonicalize", "capture", "erase_dead", "export_program",
+__all__ = ["CALL_SPEC", "CallSpec", "VIEW_OPS", "aliased_state", "buffer_state", "canonicalize", "capture", "erase_dead", "export_program",
            "flat_module", "left_out", "make_canonical", "mutated_state", "program_module", "quiet_torch_logs", "record_meta",
            "reference", "reshape_of", "restore_buffers"]

@@ -230,3 +230,30 @@ def mutated_state(gm: fx.GraphModule) -> list[str]:
             if base.op == "get_attr" and base.target not in out:
                 out.append(base.target)
     return out
+
+
+def aliased_state(gm: fx.GraphModule) -> list[tuple[str, str]]:
+    """Pairs (written, other) of the graph's module tensors where `written` is updated in place
+    (mutated_state) and `other`, another attribute of the graph, lies over the same memory: a
+    tensor a capture reached by two paths (a module's buffer and an object's attribute) becomes two
+    constants, which a compiler takes for independent, free to order a read of one before a write
+    of the other."""
+    tensors = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            t = _attr(gm, n.target)
+            if isinstance(t, torch.Tensor) and not t.is_meta and t.device.type != "meta":
+                try:
+                    tensors[n.target] = t.untyped_storage().data_ptr()
+                except (RuntimeError, NotImplementedError):   # a tensor without memory of its own
+                    continue
+    return [(w, o) for w in mutated_state(gm) if w in tensors
+            for o, ptr in tensors.items() if o != w and ptr == tensors[w] and ptr != 0]
+
+
+def _attr(gm: fx.GraphModule, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
