@@ -4,7 +4,7 @@ accelc.optimize(lm, inputs) of a causal LM returns an OptimizedLM: called, it is
 model as any other (logits for every token); its generate() runs HF's own generation loop (greedy,
 sampling, logits processors, stopping criteria, streamers: the same arguments, the same tokens) with
 every forward step served by one optimized program over a static KV cache:
-  - the cache: HF's StaticCache, owned by the OptimizedLM, allocated once for max_batch_size
+  - the cache: HF's StaticCache (accelc.static_cache), owned by the OptimizedLM, allocated once for max_batch_size
     sequences of max_cache_len tokens (OptimizeConfig; by default the example's batch and the
     model's positions, at most 2048); or, with OptimizeConfig(kv_cache="paged"), accelc's paged
     cache (accelc.paged_cache: blocks taken per sequence, attention reading no padding), whose step
@@ -35,13 +35,15 @@ import torch
 from torch import nn
 
 from accelc.errors import InputError
+from accelc.kernels import greedy
 from accelc.kernels.argmax import argmax_rows
 from accelc.optimized import OptimizedModule
+from accelc.static_cache import CacheStep, padded, prompt_positions
 
 log = logging.getLogger("accelc")
 
 DEFAULT_MAX_CACHE = 2048
-CACHE_TENSORS = ("cumulative_length", "keys", "values")   # a cache layer's tensors the step graph holds
+CACHE_TENSORS = ("cumulative_length", "kv", "keys", "values")   # a cache layer's tensors the step graph holds
 STOP_CHECK_EVERY = 16     # accelc's greedy loop reads its stop condition (a host sync) every this many tokens
 # generate() arguments accelc's greedy loop serves; any other sends the call to HF's loop
 _GREEDY_ARGS = {"max_new_tokens", "min_new_tokens", "max_length", "min_length", "do_sample", "eos_token_id",
@@ -74,97 +76,6 @@ def _safe(fn) -> bool:
         return False
 
 
-class CacheStep(nn.Module):
-    """One forward step of a causal LM over a static KV cache (see the module docstring). Built by
-    running the model once on `ids` (the cache allocates its tensors at their first use, with the
-    model's own head counts, head dims, dtype and device), whose keys and values are then cleared."""
-
-    # its in-place updates set rather than accumulate (the lengths copied from `start` first, the keys
-    # and values written at the step's positions): a call run again on the same inputs leaves the same
-    # cache, so CUDA graphs' warm-up runs and Inductor may run the step (runner.REPLAYABLE_STATE)
-    replayable_state = True
-
-    def __init__(self, lm: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_len: int):
-        super().__init__()
-        from transformers.cache_utils import StaticCache, StaticLayer
-
-        self.lm = lm
-        self.cache = StaticCache(config=lm.config, max_cache_len=max_len)
-        sliding = [i for i, layer in enumerate(self.cache.layers) if getattr(layer, "is_sliding", False)]
-        window = getattr(lm.config.get_text_config(), "sliding_window", None)
-        if sliding and not (window is not None and window >= max_len):
-            raise InputError(f"layers {sliding[:4]} attend to a sliding window of {window} tokens, and accelc's static "
-                             f"cache holds {max_len}: generation beyond the window is not supported yet")
-        for i in sliding:     # the window never slides within the cache: a plain static layer is the same
-            self.cache.layers[i] = StaticLayer(max_cache_len=max_len)
-        with torch.no_grad():
-            lm(input_ids=ids, attention_mask=_padded(mask, max_len), past_key_values=self.cache, use_cache=True)
-        for i, layer in enumerate(self.cache.layers):
-            if not getattr(layer, "is_initialized", True) or not hasattr(layer, "keys"):
-                raise InputError(f"the model's cache layer {i} ({type(layer).__name__}) is not a static one accelc "
-                                 "can hold")
-            layer.keys.zero_()
-            layer.values.zero_()
-            layer.cumulative_length.zero_()
-            self.register_buffer(f"keys_{i}", layer.keys, persistent=False)
-            self.register_buffer(f"values_{i}", layer.values, persistent=False)
-            self.register_buffer(f"length_{i}", layer.cumulative_length, persistent=False)
-        self.batch, self.max_len = ids.shape[0], max_len
-
-    def forward(self, input_ids, attention_mask, position_ids, start):
-        for layer in self.cache.layers:
-            layer.cumulative_length.copy_(start)
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1]
-
-    def race_inputs(self, input_ids, attention_mask, position_ids, start) -> tuple[tuple, str]:
-        """(inputs, what they are) the guard's speed race times each layer on (accelc.guard): the
-        decode step after this prompt, one token a sequence, the call a generation makes all but
-        once (a kernel that loses at the prompt's rows may win at one row, and the other way)."""
-        n = input_ids.shape[1]
-        keys = attention_mask.clone()
-        keys[:, n] = 1
-        return ((input_ids[:, -1:].clone(), keys, position_ids[:, -1:] + 1, torch.full_like(start, n)),
-                "a decode step's inputs (one token a sequence)")
-
-    def reset(self) -> None:
-        """Positions start at 0 again (stale keys and values past a sequence's length are masked)."""
-        for layer in self.cache.layers:
-            layer.cumulative_length.zero_()
-
-    def describe(self) -> str:
-        return (f"static KV cache for {self.batch} sequence(s) of {self.max_len} tokens "
-                f"({kv_bytes(self.cache) / 2**20:.1f} MiB, {len(self.cache.layers)} layers)")
-
-    # -- the loops' inputs (OptimizedLM; accelc.paged_cache.PagedStep has the same) ---------------
-
-    def begin(self, input_ids: torch.Tensor, mask: torch.Tensor, rows: int, total: int) -> None:
-        """A generate() of `total` positions a sequence for the first `rows` of the cache's rows."""
-        self.reset()
-
-    def prefill_inputs(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple:
-        """The step's inputs for the prompt, and the greedy loop's state for decode_inputs."""
-        keys = _padded(mask.long(), self.max_len)
-        start = torch.zeros((), dtype=torch.long, device=input_ids.device)
-        self.loop = (input_ids.shape[1], keys, mask.long().sum(-1), start)    # prompt length, keys, real tokens
-        return input_ids, keys, prompt_positions(mask), start
-
-    def decode_inputs(self, token: torch.Tensor, i: int) -> tuple:
-        """The step's inputs for the i-th new token (0: the first after the prompt)."""
-        n, keys, count, start = self.loop
-        keys[:, n + i] = 1
-        start.fill_(n + i)
-        return token[:, None], keys, (count + i)[:, None], start
-
-    def shell_inputs(self, input_ids, attention_mask, position_ids, past_key_values) -> tuple:
-        """The step's inputs for a forward call of HF's generate loop (see OptimizedLM._shell)."""
-        start = past_key_values.layers[0].cumulative_length
-        if position_ids is None:     # the model's own default
-            position_ids = (start + torch.arange(input_ids.shape[1], device=input_ids.device)).expand_as(input_ids)
-        return input_ids, key_padding(attention_mask, input_ids, self.max_len, start), position_ids, start
-
-
 def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[nn.Module, tuple]:
     """The step module of `lm` (a CacheStep, or a paged_cache.PagedStep with kv_cache="paged")
     sized by `config` (max_cache_len, max_batch_size, kv_page_size, kv_cache_tokens) and its example
@@ -190,25 +101,7 @@ def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[nn.Modu
         return step, step.example_inputs
     step = CacheStep(lm, ids, mask, max_len)
     positions = prompt_positions(mask)
-    return step, (ids, _padded(mask, max_len), positions, torch.zeros((), dtype=torch.long, device=ids.device))
-
-
-def kv_bytes(cache) -> int:
-    """The bytes of an HF Cache's keys and values (a static or a paged one)."""
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-
-
-def prompt_positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of a left-padded prompt, as HF's generate derives them from the attention
-    mask: each real token's index among the real ones, pads at 1."""
-    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
-
-
-def _padded(mask: torch.Tensor, length: int) -> torch.Tensor:
-    """A (B, n) key padding mask as (B, length): the positions past n masked."""
-    out = mask.new_zeros(mask.shape[0], length)
-    out[:, :mask.shape[1]] = mask
-    return out
+    return step, (ids, padded(mask, max_len), positions, torch.zeros((), dtype=torch.long, device=ids.device))
 
 
 class OptimizedLM(OptimizedModule):
@@ -248,6 +141,8 @@ class OptimizedLM(OptimizedModule):
             for key, t in held.items():
                 if t is old:
                     held[key] = new
+        for layer in self.cache_step.cache.layers:    # keys and values: views of a rebound kv
+            getattr(layer, "bind_views", lambda: None)()
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -339,11 +234,7 @@ class OptimizedLM(OptimizedModule):
             if banned is not None and i < min_new:
                 scores = scores.masked_fill(banned, float("-inf"))
             token = argmax_rows(scores)
-            if eos is not None:
-                token = torch.where(finished, pad, token)
-                finished |= torch.isin(token, eos)
-                all_done[i] = finished.all()
-            out[:, i] = token
+            greedy.pick(token, finished, eos, pad, out, all_done, i)     # one kernel for six of PyTorch's
             if i == new - 1 or (eos is not None and (i + 1) % STOP_CHECK_EVERY == 0 and bool(all_done[i])):
                 break
             logits = step(*cache.decode_inputs(token, i))
@@ -453,19 +344,3 @@ def _first_rows(out, rows: int, batch: int):
     for key in list(out.keys()):
         out[key] = cut(out[key])
     return out
-
-
-def key_padding(mask, input_ids, length: int, start) -> torch.Tensor:
-    """The (B, length) key padding mask (1: a real token) of what HF's generate passes: a 2D mask
-    of the tokens so far, the 4D mask it builds for a static cache (its last query row: the real
-    keys up to the newest position), or None (no padding)."""
-    if isinstance(mask, dict):    # one per layer type (full, sliding): within the cache the window never slides
-        mask = mask.get("full_attention", next(iter(mask.values()), None))
-    if mask is None:   # no padding: every key up to the newest position
-        end = start + input_ids.shape[1]
-        return (torch.arange(length, device=input_ids.device) < end).long().expand(input_ids.shape[0], length)
-    if mask.dim() == 4:
-        row = mask[:, 0, -1, :]
-        keep = row if row.dtype == torch.bool else row == 0
-        return _padded(keep.long(), length)
-    return _padded(mask.long(), length)

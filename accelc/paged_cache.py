@@ -24,7 +24,7 @@ from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from accelc.errors import InputError
-from accelc.generation import kv_bytes, prompt_positions
+from accelc.static_cache import kv_bytes, prompt_positions
 from accelc.kernels.paged_attention import paged_attention, real_columns
 
 ATTENTION = "accelc_paged"        # the name accelc's attention function has in HF's AttentionInterface
@@ -137,7 +137,7 @@ def _n_layers(lm: nn.Module) -> int:
 
 class PagedStep(nn.Module):
     """One forward step of a causal LM over accelc's paged KV cache (see the module docstring): the
-    same role as accelc.generation.CacheStep, and the same methods for OptimizedLM's loops."""
+    same role as accelc.static_cache.CacheStep, and the same methods for OptimizedLM's loops."""
 
     replayable_state = True      # a step run again on the same inputs writes the same slots (runner.REPLAYABLE_STATE)
 
@@ -238,7 +238,7 @@ class PagedStep(nn.Module):
     def shell_inputs(self, input_ids, attention_mask, position_ids, past_key_values) -> tuple:
         """A step HF's generate loop asks for: its mask (2D of the tokens so far, the 4D one it builds
         for a static-size cache, or None) says which of the T columns are real tokens."""
-        from accelc.generation import key_padding
+        from accelc.static_cache import key_padding
 
         T = input_ids.shape[1]
         keys = key_padding(attention_mask, input_ids, self.max_len, self.seen)

@@ -36,6 +36,7 @@ import _common  # noqa: E402
 import accelc  # noqa: E402,F401
 from accelc.kernels import gated_linear, gemm, int8_weight  # noqa: E402
 from accelc.kernels.int8_gemm import quantize_weight  # noqa: E402
+from accelc.runner import inductor_options  # noqa: E402
 from accelc.kernels.epilogue import activation_ref  # noqa: E402
 from accelc.tuning import config_dict  # noqa: E402
 
@@ -284,6 +285,7 @@ def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> Non
     sequence = _one_token(prof)
     lines = [f"# Decode-step profile: {model} shape, {layers} of {full} layers, prompt {prompt}, {new} new tokens, "
              f"batch 1, fp16", "", _common.env_line(_common.environment()), "",
+             f"the glue's Inductor options: {inductor_options()}", "",
              f"prepare (optimize) {prepare:.1f} s; generate wall {wall * 1e3:.1f} ms = {wall / new * 1e6:.1f} us a token "
              f"(the prefill included); kernels' GPU time {total / 1e3:.1f} ms = {total / new:.1f} us a token", "",
              "| kernel | calls | GPU us | us per token | share |", "|---|---|---|---|---|"]
@@ -319,7 +321,8 @@ def _one_token(prof) -> list:
     the next, halfway through the profile), in start order."""
     events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                     key=lambda e: e.time_range.start)
-    marks = [i for i, e in enumerate(events) if "ArgMax" in e.name]
+    # a token ends at its argmax: torch's reduction, or accelc's (kernels/argmax.py, its second kernel)
+    marks = [i for i, e in enumerate(events) if "ArgMax" in e.name or e.name.startswith("_rows_kernel")]
     if len(marks) < 3:
         return ["| | | | (fewer than three argmax kernels in the profile) |"]
     a, b = marks[len(marks) // 2], marks[len(marks) // 2 + 1]

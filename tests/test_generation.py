@@ -77,6 +77,13 @@ def test_family_generates_the_original_models_tokens(name, kv_cache):
     attention = [n for n in opt.step.graph_module.graph.nodes if n.target is op]
     assert attention and all(meta.tensor_meta(n.args[1 + 2 * (kv_cache == "paged")]).shape[kv_dim] == kv_heads
                              for n in attention)
+    if kv_cache == "static":
+        # a layer writes its keys and values with one index_copy_ (one kernel with the rotary before it
+        # on a GPU), and the cache's one length is set once a step (accelc.static_cache)
+        nodes = list(opt.step.graph_module.graph.nodes)
+        writes = [n for n in nodes if n.target is torch.ops.aten.index_copy_.default]
+        sets = [n for n in nodes if n.target is torch.ops.aten.copy_.default]
+        assert len(writes) == len(opt.cache_step.cache.layers) and len(sets) == 1, (writes, sets)
     prompt = _prompt(2, 9, left_pad=(3, 0))
     with torch.no_grad():
         want = lm.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
@@ -271,8 +278,12 @@ def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one(kv_cac
         for copy_ in (moved, pickle.loads(pickle.dumps(opt))):
             # the cache's keys, values and lengths are the step graph's: no stale copy kept alive
             graph = {id(t) for t in copy_.step.graph_module.buffers()}
-            held = [getattr(layer, a) for layer in copy_.cache_step.cache.layers for a in ("keys", "values")]
+            layers = copy_.cache_step.cache.layers
+            held = [getattr(layer, "kv", None) for layer in layers] if kv_cache == "static" else []
+            held = [t for t in held if t is not None] or [getattr(x, a) for x in layers for a in ("keys", "values")]
             assert all(id(t) in graph for t in held + list(copy_.cache_step._buffers.values()))
+            # the static layers' keys and values are views of their kv: of the graph's, not of a stale copy
+            assert all(x.keys.data_ptr() == x.kv.data_ptr() for x in layers if getattr(x, "kv", None) is not None)
             torch.manual_seed(3)
             assert torch.equal(copy_.generate(**prompt, **sampling), want)
             assert torch.equal(copy_.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0),

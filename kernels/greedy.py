@@ -1,0 +1,98 @@
+"""The bookkeeping of accelc's greedy decoding loop between two decode steps (accelc.generation), in
+one small kernel each instead of PyTorch's one per op.
+
+After each step's argmax the loop did, in PyTorch: the token of a finished row set to the pad, the
+rows that hit a stop token marked finished, whether all are finished recorded, the token stored in
+the output; and the static cache's next inputs written: the key padding mask's new column, the
+position of each row, the step's start. Thirteen kernels and device copies of about a microsecond
+and their launch gaps: 30 us from the argmax to the step's input copies on an H100, where a
+Llama-3-8B decode step is ~5.8 ms and a Qwen2-0.5B one ~1 ms (bench/results/runs/decode/profile6-*;
+with these two kernels, 7.5 us: profile9-*). Here:
+  - pick(token, finished, eos, pad, out, done, i): the first four, in place;
+  - static_inputs(token, ids, keys, positions, count, start, column, i): the second, in place.
+Each is one program over the batch (the rows of a generate call: up to the cache's batch).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from accelc import runtime
+
+
+@triton.jit
+def _pick_kernel(token_ptr, finished_ptr, eos_ptr, out_ptr, done_ptr, B, E, pad, i, out_stride,
+                 HAS_EOS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr):
+    b = tl.arange(0, BLOCK_B)
+    ok = b < B
+    tok = tl.load(token_ptr + b, mask=ok, other=0)
+    if HAS_EOS:
+        fin = tl.load(finished_ptr + b, mask=ok, other=1) != 0
+        tok = tl.where(fin, pad, tok)
+        e = tl.arange(0, BLOCK_E)
+        eos = tl.load(eos_ptr + e, mask=e < E, other=0)
+        hit = tl.sum(((tok[:, None] == eos[None, :]) & (e[None, :] < E)).to(tl.int32), 1) > 0
+        fin = fin | hit
+        tl.store(finished_ptr + b, fin, mask=ok)
+        tl.store(token_ptr + b, tok, mask=ok)
+        every = tl.min(tl.where(ok, fin.to(tl.int32), 1), 0)
+        tl.store(done_ptr + i, every != 0)
+    tl.store(out_ptr + b * out_stride + i, tok, mask=ok)
+
+
+@triton.jit
+def _inputs_kernel(token_ptr, ids_ptr, keys_ptr, pos_ptr, count_ptr, start_ptr, B, column, i, keys_stride,
+                   BLOCK_B: tl.constexpr):
+    b = tl.arange(0, BLOCK_B)
+    ok = b < B
+    tl.store(ids_ptr + b, tl.load(token_ptr + b, mask=ok, other=0), mask=ok)
+    tl.store(keys_ptr + b.to(tl.int64) * keys_stride + column, tl.full([BLOCK_B], 1, tl.int64), mask=ok)
+    tl.store(pos_ptr + b, tl.load(count_ptr + b, mask=ok, other=0) + i, mask=ok)
+    tl.store(start_ptr + b * 0, tl.full([BLOCK_B], column, tl.int64), mask=b == 0)
+
+
+def _runs(*ts) -> bool:
+    return all(t.is_cuda for t in ts) or runtime.interpreted()
+
+
+def pick(token: torch.Tensor, finished: torch.Tensor, eos: torch.Tensor | None, pad: int, out: torch.Tensor,
+         done: torch.Tensor, i: int) -> None:
+    """In place, as this PyTorch does:
+        if eos is not None:
+            token[:] = torch.where(finished, pad, token); finished |= torch.isin(token, eos)
+            done[i] = finished.all()
+        out[:, i] = token
+    token (B,) int64, finished (B,) bool, eos (E,) int64 or None, out (B, new) int64, done (new,) bool."""
+    B = token.shape[0]
+    if not _runs(token) or token.stride(0) != 1 or out.stride(1) != 1 or (eos is not None and eos.numel() == 0):
+        if eos is not None:
+            token.copy_(torch.where(finished, pad, token))
+            finished |= torch.isin(token, eos)
+            done[i] = finished.all()
+        out[:, i] = token
+        return
+    has_eos = eos is not None
+    eos_ = eos if has_eos else token
+    with runtime.device_guard(token):
+        _pick_kernel[(1,)](token, finished, eos_, out, done, B, eos_.numel(), pad, i, out.stride(0),
+                           HAS_EOS=has_eos, BLOCK_B=max(16, triton.next_power_of_2(B)),
+                           BLOCK_E=max(16, triton.next_power_of_2(eos_.numel())), num_warps=4)
+
+
+def static_inputs(token: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
+                  count: torch.Tensor, start: torch.Tensor, column: int, i: int) -> None:
+    """In place, as this PyTorch does: ids[:, 0] = token; keys[:, column] = 1; positions[:, 0] = count + i;
+    start.fill_(column). token, count (B,) int64; ids, positions (B, 1), keys (B, L) int64; start () int64."""
+    B = token.shape[0]
+    tensors = (token, ids, keys, positions, count, start)
+    contiguous = all(t.is_contiguous() for t in tensors if t is not keys) and keys.stride(1) == 1
+    if not _runs(token) or not contiguous or any(t.dtype != torch.int64 for t in tensors):
+        ids[:, 0] = token
+        keys[:, column] = 1
+        positions[:, 0] = count + i
+        start.fill_(column)
+        return
+    with runtime.device_guard(token):
+        _inputs_kernel[(1,)](token, ids, keys, positions, count, start, B, column, i, keys.stride(0),
+                             BLOCK_B=max(16, triton.next_power_of_2(B)), num_warps=4)

@@ -1,0 +1,73 @@
+"""kernels/greedy.py: the greedy loop's bookkeeping kernels do what the PyTorch ops they replace do,
+step after step (stop tokens, pads of finished rows, all-finished flags, the static cache's next
+inputs), and hand inputs they do not take to those ops."""
+import pytest
+import torch
+
+from accelc.kernels import greedy
+from conftest import DEVICE
+
+
+def _pick_ref(token, finished, eos, pad, out, done, i):
+    if eos is not None:
+        token.copy_(torch.where(finished, pad, token))
+        finished |= torch.isin(token, eos)
+        done[i] = finished.all()
+    out[:, i] = token
+
+
+@pytest.mark.parametrize("B", [1, 3, 20])
+@pytest.mark.parametrize("eos", [None, [3], [3, 1, 1000]])       # 1000: a stop id past the vocabulary
+def test_pick_matches_the_pytorch_it_replaces_over_steps(B, eos):
+    gen = torch.Generator().manual_seed(B)
+    steps = 12
+    eos_t = None if eos is None else torch.tensor(eos, device=DEVICE)
+    state = {k: (torch.zeros(B, dtype=torch.bool, device=DEVICE), torch.full((B, steps), -5, device=DEVICE),
+                 torch.zeros(steps, dtype=torch.bool, device=DEVICE)) for k in ("kernel", "ref")}
+    if B > 1:                                  # a row finished before the first step
+        state["kernel"][0][B // 2] = True
+        state["ref"][0][B // 2] = True
+    saw_stop = False
+    for i in range(steps):
+        token = torch.randint(0, 4, (B,), generator=gen).to(DEVICE)    # small ids: stop tokens come up
+        got, want = token.clone(), token.clone()
+        greedy.pick(got, *state["kernel"][:1], eos_t, 0, state["kernel"][1], state["kernel"][2], i)
+        _pick_ref(want, state["ref"][0], eos_t, 0, state["ref"][1], state["ref"][2], i)
+        assert torch.equal(got, want), i
+        saw_stop |= eos is not None and bool(torch.isin(token, eos_t).any())
+        for a, b in zip(state["kernel"], state["ref"]):
+            assert torch.equal(a, b), i
+    assert eos is None or saw_stop          # the case met a stop token
+    if eos is not None:
+        assert state["kernel"][2].any() or B > 3        # all finished at some step, where rows are few
+
+
+def test_pick_takes_an_output_it_cannot_write_through_pytorch():
+    B, steps = 3, 4
+    token = torch.tensor([7, 1, 2], device=DEVICE)
+    eos = torch.tensor([7], device=DEVICE)
+    finished = torch.zeros(B, dtype=torch.bool, device=DEVICE)
+    out = torch.full((steps, B), -1, device=DEVICE).t()       # columns strided: not the kernel's
+    done = torch.zeros(steps, dtype=torch.bool, device=DEVICE)
+    greedy.pick(token, finished, eos, 0, out, done, 1)
+    assert out[:, 1].tolist() == [7, 1, 2] and finished.tolist() == [True, False, False] and not done[1]
+
+
+@pytest.mark.parametrize("B", [1, 5])
+def test_static_inputs_writes_what_the_loop_wrote_before(B):
+    L, n = 24, 6
+    token = torch.randint(0, 50, (B,), device=DEVICE)
+    count = torch.randint(1, n + 1, (B,), device=DEVICE)
+    keys = torch.zeros(B, L, dtype=torch.long, device=DEVICE)
+    keys[:, :n] = 1
+    ids = torch.full((B, 1), -1, device=DEVICE)
+    positions = torch.full((B, 1), -1, device=DEVICE)
+    start = torch.tensor(0, device=DEVICE)
+    want_keys = keys.clone()
+    for i in range(3):
+        greedy.static_inputs(token + i, ids, keys, positions, count, start, n + i, i)
+        want_keys[:, n + i] = 1
+        assert torch.equal(ids[:, 0], token + i)
+        assert torch.equal(keys, want_keys)
+        assert torch.equal(positions[:, 0], count + i)
+        assert start.item() == n + i
