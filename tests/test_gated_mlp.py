@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils import _pytree as pytree
 
 import accelc
 from accelc.kernels.epilogue import activation_ref
@@ -193,16 +194,25 @@ def test_optimize_leaves_a_gated_models_weights_allocated_once_on_the_gpu():
     model = GatedMLP(d=1024, h=4096).to("cuda").half().eval()       # three 8 MiB weights
     x = torch.randn(4, 64, 1024, device="cuda", dtype=torch.half)
     layer_ms(lambda: x @ x.transpose(1, 2), "cuda", rep_ms=1)       # both streams' cuBLAS workspaces, first
-    gc.collect()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
+
+    def allocated():
+        # cuBLAS / cuBLASLt keep a workspace per stream (32 MiB each on sm90), cached for the process:
+        # PyTorch's, not the model's; cleared before each reading, and said apart in the message
+        gc.collect()
+        torch.cuda.synchronize()
+        with_workspaces = torch.cuda.memory_allocated()
+        torch._C._cuda_clearCublasWorkspaces()
+        return torch.cuda.memory_allocated(), with_workspaces
+
+    before, _ = allocated()
     opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=False))   # the packed layer stays
-    gc.collect()
-    torch.cuda.synchronize()
+    after, with_workspaces = allocated()
     assert "accelc::gated_linear[silu]" in _kernels(opt).values(), opt.summary()
-    grown = torch.cuda.memory_allocated() - before
+    grown = after - before
     assert grown < api.tensor_bytes([model]) + 4 * 2**20, \
-        f"optimize left {grown / 2**20:.1f} MiB allocated for {api.tensor_bytes([model]) / 2**20:.0f} MiB of weights"
+        f"optimize left {grown / 2**20:.1f} MiB allocated for {api.tensor_bytes([model]) / 2**20:.0f} MiB of weights " \
+        f"({(with_workspaces - after) / 2**20:.1f} MiB more in cuBLAS workspaces)"
+    print(f"grown {grown / 2**20:.1f} MiB; cuBLAS workspaces {(with_workspaces - after) / 2**20:.1f} MiB")
     assert opt(x).shape == x.shape
 
 
@@ -216,10 +226,29 @@ def alive_beside(model, opt_fn) -> dict:
     before = {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor)}
     opt = opt_fn()
     gc.collect()
-    owned |= {t.untyped_storage().data_ptr() for t in [*opt.parameters(), *opt.buffers()]}
-    return {o.untyped_storage().data_ptr(): tuple(o.shape) for o in gc.get_objects()
+    owned |= {t.untyped_storage().data_ptr() for t in [*opt.parameters(), *opt.buffers(), *_runner_tensors(opt)]}
+    return {_storage(o): tuple(o.shape) for o in gc.get_objects()
             if isinstance(o, torch.Tensor) and id(o) not in before and not o.is_meta and o.numel() >= 1024
-            and o.untyped_storage().data_ptr() not in owned}
+            and _storage(o) not in owned | {None}}
+
+
+def _runner_tensors(opt) -> list:
+    """What the optimized module's runner holds on a GPU: its CUDA graphs' input buffers and the byte
+    arena their outputs are copied into (the module's, not a released weight)."""
+    runner = getattr(opt, "runner", None)
+    if runner is None:
+        return []
+    held = [runner.arena] + [x for e in runner.entries.values() for x in [*e.inputs, *pytree.tree_leaves(e.outputs)]]
+    return [t for t in held if isinstance(t, torch.Tensor)]
+
+
+def _storage(t):
+    """The data pointer of a tensor's memory; None for one without memory of its own (the fake
+    tensors a compiler keeps: the Inductor glue's on a GPU)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def test_released_originals_are_freed_not_kept_alive_by_their_meta_copies():
