@@ -67,9 +67,8 @@ class StepLayer(StaticLayer):
 
     def reset(self) -> None:
         if self.is_initialized:
-            (self.kv if self.kv is not None else self.keys).zero_()
-            if self.kv is None:
-                self.values.zero_()
+            for t in (self.kv,) if self.kv is not None else (self.keys, self.values):
+                t.zero_()
         self.cumulative_length.zero_()
 
 

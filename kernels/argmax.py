@@ -58,7 +58,7 @@ def _rows_kernel(val_ptr, idx_ptr, out_ptr, CHUNKS, BLOCK: tl.constexpr, BIG_I: 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, -1) of a 2-D float tensor whose rows are contiguous; other input goes to torch."""
     if (x.dim() != 2 or x.stride(-1) != 1 or not x.dtype.is_floating_point or x.dtype == torch.float64
-            or x.shape[0] == 0 or x.shape[1] == 0 or x.shape[1] >= BIG or not (x.is_cuda or runtime.interpreted())):
+            or x.shape[0] == 0 or x.shape[1] == 0 or x.shape[1] >= BIG or not runtime.can_run_on(x.device)):
         return x.argmax(-1)
     B, V = x.shape
     chunk = min(CHUNK, max(16, triton.next_power_of_2(V)))

@@ -52,10 +52,6 @@ def _inputs_kernel(token_ptr, ids_ptr, keys_ptr, pos_ptr, count_ptr, start_ptr, 
     tl.store(start_ptr + b * 0, tl.full([BLOCK_B], column, tl.int64), mask=b == 0)
 
 
-def _runs(*ts) -> bool:
-    return all(t.is_cuda for t in ts) or runtime.interpreted()
-
-
 def pick(token: torch.Tensor, finished: torch.Tensor, eos: torch.Tensor | None, pad: int, out: torch.Tensor,
          done: torch.Tensor, i: int) -> None:
     """In place, as this PyTorch does:
@@ -65,7 +61,7 @@ def pick(token: torch.Tensor, finished: torch.Tensor, eos: torch.Tensor | None, 
         out[:, i] = token
     token (B,) int64, finished (B,) bool, eos (E,) int64 or None, out (B, new) int64, done (new,) bool."""
     B = token.shape[0]
-    if not _runs(token) or token.stride(0) != 1 or out.stride(1) != 1 or (eos is not None and eos.numel() == 0):
+    if not runtime.can_run_on(token.device) or token.stride(0) != 1 or out.stride(1) != 1 or (eos is not None and eos.numel() == 0):
         if eos is not None:
             token.copy_(torch.where(finished, pad, token))
             finished |= torch.isin(token, eos)
@@ -87,7 +83,7 @@ def static_inputs(token: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor, po
     B = token.shape[0]
     tensors = (token, ids, keys, positions, count, start)
     contiguous = all(t.is_contiguous() for t in tensors if t is not keys) and keys.stride(1) == 1
-    if not _runs(token) or not contiguous or any(t.dtype != torch.int64 for t in tensors):
+    if not runtime.can_run_on(token.device) or not contiguous or any(t.dtype != torch.int64 for t in tensors):
         ids[:, 0] = token
         keys[:, column] = 1
         positions[:, 0] = count + i

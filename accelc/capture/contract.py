@@ -12,6 +12,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from accelc import meta
 from accelc.capture.nodes import is_inplace, view_base
 from accelc.errors import InputError
 
@@ -241,19 +242,11 @@ def aliased_state(gm: fx.GraphModule) -> list[tuple[str, str]]:
     tensors = {}
     for n in gm.graph.nodes:
         if n.op == "get_attr":
-            t = _attr(gm, n.target)
-            if isinstance(t, torch.Tensor) and not t.is_meta and t.device.type != "meta":
+            t = meta.attr_value(gm, n)
+            if isinstance(t, torch.Tensor) and not t.is_meta:
                 try:
                     tensors[n.target] = t.untyped_storage().data_ptr()
                 except (RuntimeError, NotImplementedError):   # a tensor without memory of its own
                     continue
     return [(w, o) for w in mutated_state(gm) if w in tensors
             for o, ptr in tensors.items() if o != w and ptr == tensors[w] and ptr != 0]
-
-
-def _attr(gm: fx.GraphModule, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-    return obj
-
