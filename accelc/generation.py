@@ -38,7 +38,6 @@ from accelc.errors import InputError
 from accelc.kernels import greedy
 from accelc.kernels.argmax import argmax_rows
 from accelc.optimized import OptimizedModule
-from accelc.static_cache import CacheStep, padded, prompt_positions
 
 log = logging.getLogger("accelc")
 
@@ -99,6 +98,10 @@ def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[nn.Modu
         step = PagedStep(lm, ids[:batch], mask[:batch], max_len, config.kv_page_size, config.kv_cache_tokens,
                          distinct=min(batch, n_example))
         return step, step.example_inputs
+    # here, not at the module's top: the static cache subclasses HF's, and `import accelc` must not need
+    # transformers (not a dependency: timm's and users' own models run without it)
+    from accelc.static_cache import CacheStep, padded, prompt_positions
+
     step = CacheStep(lm, ids, mask, max_len)
     positions = prompt_positions(mask)
     return step, (ids, padded(mask, max_len), positions, torch.zeros((), dtype=torch.long, device=ids.device))

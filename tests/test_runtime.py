@@ -62,3 +62,20 @@ def test_triton_imported_before_accelc_is_named():
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert "reverted | kernel failed: triton was imported before accelc" in done.stdout, done.stdout + done.stderr
+
+
+def test_accelc_imports_and_optimizes_without_transformers():
+    """transformers is not a dependency (timm's models and users' own run without it): `import accelc`
+    and optimize of a plain model work in a process where it cannot be imported. (The static KV cache's
+    top-level import of it once made `import accelc` fail there.)"""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['transformers'] = None\n"      # import transformers now raises
+            "import torch, accelc\nfrom torch import nn\n"
+            "m = nn.Sequential(nn.Linear(16, 32), nn.ReLU()).eval()\n"
+            "x = torch.randn(4, 16)\n"
+            "opt = accelc.optimize(m, x)\n"
+            "print(opt.layers[0].status, torch.allclose(opt(x), m(x), atol=1e-5))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "True", done.stdout + done.stderr[-3000:]
