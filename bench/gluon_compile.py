@@ -2,7 +2,7 @@
 for sm90 on a machine without a GPU, and read what ptxas made of them: registers, stack (spills),
 shared memory, and the count of wgmma (HGMMA) instructions in the SASS.
 
-    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|attention] [--configs 0,1] [--json]
+    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|w8a8|attention] [--configs 0,1] [--json]
 
 Triton compiles for the target its active driver names; a stand-in driver that names sm90 lets the
 whole pipeline (Gluon -> TTGIR -> LLVM -> PTX -> ptxas -> cubin) run here, with the ptxas and cuobjdump
@@ -52,16 +52,20 @@ class Sm90Driver:
 CASES = [("gelu", True, False), ("gelu_tanh", False, True)]
 
 
-def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dtype=torch.float16) -> dict:
-    from accelc.kernels import gemm, gemm_hopper
+def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dtype=torch.float16,
+                      quant: bool = False) -> dict:
+    """One GEMM candidate (quant: int8_gemm's Gluon candidates, W8A8 with int8 x and weight, fp16 out)."""
+    from accelc.kernels import gemm, gemm_hopper, int8_gemm
     from accelc.kernels.epilogue import activation_code
 
-    kw = gemm.GLUON_CONFIGS[index].all_kwargs()
+    kw = (int8_gemm.GLUON_CONFIGS if quant else gemm.GLUON_CONFIGS)[index].all_kwargs()
     M, N, K = 4096, 4096, 4096
-    x = torch.empty(M, K, dtype=dtype)
-    w = torch.empty(K, N, dtype=dtype).t() if w_t else torch.empty(N, K, dtype=dtype)
+    op = torch.int8 if quant else dtype
+    x = torch.empty(M, K, dtype=op)
+    w = torch.empty(K, N, dtype=op).t() if w_t else torch.empty(N, K, dtype=op)
     out = torch.empty(M, N, dtype=dtype)
     res = torch.empty(M, N, dtype=dtype) if residual else None
+    scale = torch.empty(M, dtype=torch.float32)
     if kw.get("COOP"):
         descs = gemm_hopper.coop_descriptors(x, w, res, out, kw["BN1"], kw["BN2"], kw["BLOCK_K"], w_t)
         compiled = gemm_hopper.linear_coop_kernel.warmup(
@@ -72,11 +76,11 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
                 **_usage(compiled)}
     descs = gemm_hopper.descriptors(x, w, res, out, kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], w_t)
     compiled = gemm_hopper.linear_ws_kernel.warmup(
-        *descs, torch.empty(N, dtype=dtype), M, N, K, True, residual, False, activation_code(activation), w_t,
-        kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"),
-        grid=(132,))
-    return {"config": index, "activation": activation, "residual": residual, "w_t": w_t, "dtype": str(dtype),
-            **_usage(compiled)}
+        *descs, torch.empty(N, dtype=dtype), scale, scale, M, N, K, True, residual, False, activation_code(activation),
+        quant, w_t, kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, num_warps=kw["num_warps"],
+        maxnreg=kw.get("maxnreg"), grid=(132,))
+    return {"config": index, "activation": activation, "residual": residual, "w_t": w_t,
+            "dtype": "int8 -> " + str(dtype) if quant else str(dtype), **_usage(compiled)}
 
 
 # attention cases: (head dim, mask kind (0 none, 1 additive, 2 boolean), mask one row for every query
@@ -99,7 +103,8 @@ def _usage(compiled) -> dict:
     sass, usage = sass_and_usage(compiled)
     found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     return {"registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None,
-            "shared_bytes": compiled.metadata.shared, "hgmma": sass.count("HGMMA"), "spill_stores": sass.count("STL")}
+            "shared_bytes": compiled.metadata.shared, "hgmma": sass.count("HGMMA") + sass.count("IGMMA"),
+            "spill_stores": sass.count("STL")}
 
 
 def compile_attention(index: int, head_dim: int, mask_kind: int, mask_row: bool, causal: bool,
@@ -126,21 +131,25 @@ def compile_attention(index: int, head_dim: int, mask_kind: int, mask_row: bool,
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=("gemm", "attention"), default="gemm")
+    ap.add_argument("--kernel", choices=("gemm", "w8a8", "attention"), default="gemm")
     ap.add_argument("--configs", default="", help="indices into the kernel's GLUON_CONFIGS (default: all)")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     args = ap.parse_args()
     triton.runtime.driver.set_active(Sm90Driver())
-    from accelc.kernels import flash_attention, gemm
+    from accelc.kernels import flash_attention, gemm, int8_gemm
 
-    owner = gemm if args.kernel == "gemm" else flash_attention
+    owner = flash_attention if args.kernel == "attention" else gemm
     module, reason = owner._hopper_import()
     if module is None:
         print(json.dumps({"error": reason}) if args.json else reason)
         return 1
-    indices = [int(i) for i in args.configs.split(",")] if args.configs else range(len(owner.GLUON_CONFIGS))
+    configs = int8_gemm.GLUON_CONFIGS if args.kernel == "w8a8" else owner.GLUON_CONFIGS
+    indices = [int(i) for i in args.configs.split(",")] if args.configs else range(len(configs))
     if args.kernel == "gemm":
         jobs = [(i, case, compile_candidate) for i in indices for case in CASES]
+    elif args.kernel == "w8a8":   # int8 weights are stored (N, K): the int8 MMA reads both operands K-major
+        jobs = [(i, (act, res, False, torch.float16, True), compile_candidate)
+                for i in indices for act, res in (("gelu", True), ("none", False))]
     else:
         jobs = [(i, case, compile_attention) for i in indices for case in ATTENTION_CASES]
     failed = 0

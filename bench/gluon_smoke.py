@@ -2,7 +2,7 @@
 that faults or hangs is named and cannot poison the next: the first device step after a change to
 kernels/attention_hopper.py or kernels/gemm_hopper.py, before the tests and benches.
 
-    python bench/gluon_smoke.py [--kernel attention|gemm] [--timeout 120]
+    python bench/gluon_smoke.py [--kernel attention|gemm|w8a8] [--timeout 120]
     python bench/gluon_smoke.py --kernel attention --wrap "compute-sanitizer --tool racecheck"
 
 --wrap runs each child under a command (compute-sanitizer's racecheck / synccheck: the warp-specialized
@@ -38,6 +38,15 @@ elif sys.argv[2] == "control":
     import gluon_ws_control
     cfg = f"warp_specialize control ({1 + 2 * i} worker partition(s) of 4 warps, no shared memory)"
     out, ref = gluon_ws_control.run(workers=1 + 2 * i)
+elif sys.argv[2] == "w8a8":
+    from accelc.kernels import int8_gemm
+    cfg = int8_gemm.GLUON_CONFIGS[i]
+    q = torch.randint(-127, 128, (1000, 768), device="cuda", dtype=torch.int8)
+    w = torch.randint(-127, 128, (2304, 768), device="cuda", dtype=torch.int8)
+    a_s, w_s = torch.rand(1000, device="cuda") / 100, torch.rand(2304, device="cuda") / 100
+    with int8_gemm.TUNER.force(cfg):
+        out = int8_gemm.int8_gemm_launch(q, a_s, w, w_s)
+    ref = int8_gemm.int8_gemm_ref(q, a_s, w, w_s, out_dtype=torch.float32)
 else:
     cfg = gemm.GLUON_CONFIGS[i]
     x = torch.randn(1000, 768, device="cuda", dtype=torch.float16)
@@ -52,13 +61,14 @@ print(f"config {i} {getattr(cfg, 'kwargs', cfg)}: rel_l2 {rel_l2(out.float(), re
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=("attention", "gemm", "control"), default="attention")
+    ap.add_argument("--kernel", choices=("attention", "gemm", "w8a8", "control"), default="attention")
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--jobs", type=int, default=1, help="children at once (1 for a timing-quiet GPU)")
     ap.add_argument("--wrap", default="", help="a command each child runs under, e.g. compute-sanitizer's")
     args = ap.parse_args()
-    from accelc.kernels import flash_attention, gemm
-    n = 2 if args.kernel == "control" else len((flash_attention if args.kernel == "attention" else gemm).GLUON_CONFIGS)
+    from accelc.kernels import flash_attention, gemm, int8_gemm
+    owner = {"attention": flash_attention, "gemm": gemm, "w8a8": int8_gemm}.get(args.kernel)
+    n = 2 if owner is None else len(owner.GLUON_CONFIGS)
     def child(i):
         cmd = [sys.executable, "-c", CHILD, str(i), args.kernel] + (["wrapped"] if args.wrap else []) + [
             str(Path(__file__).resolve().parent)]

@@ -617,7 +617,9 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
         )
 
-        gluon = quant == 0 and not gated and use_tma and gluon_problem(x2, res2, out) is None
+        # the Gluon kernels: float GEMMs, and W8A8's linear_ws_kernel (int8 (N, K) weight, half output)
+        gluon = (quant == 0 or quant == 1 and not meta["W_T"]) and not gated and use_tma \
+            and gluon_problem(x2, res2, out, quant) is None
         pdl = pdl_enabled(x2.device)
 
         def grid(kw):
@@ -637,6 +639,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                     EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=quant == 3, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
                     BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
                     FLAT=kw.get("FLAT", False), **({"PDL": True, "launch_pdl": True} if pdl else {}))
+            if kw.get("COOP") and quant:
+                raise ValueError("accelc::linear: the cooperative Gluon kernel takes float operands")
             if kw.get("COOP"):
                 return _hopper().linear_coop_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
@@ -646,8 +650,9 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
-                    ACTIVATION=meta["ACTIVATION"], W_T=meta["W_T"], STAGES=kw["STAGES"], GROUP_M=kw["GROUP_M"],
-                    CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232, num_warps=kw["num_warps"],
+                    ACTIVATION=meta["ACTIVATION"], QUANT=quant == 1, W_T=meta["W_T"], STAGES=kw["STAGES"],
+                    GROUP_M=kw["GROUP_M"], CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232,
+                    num_warps=kw["num_warps"],
                     maxnreg=kw.get("maxnreg"))
             return linear_kernel, dict(meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
 
@@ -687,10 +692,13 @@ def other_kernels() -> list:
     return [gemv_kernel] + ([hopper.linear_ws_kernel, hopper.linear_coop_kernel] if hopper else [])
 
 
-def gluon_problem(x2, res2, out) -> str | None:
-    """Why the warp-specialized Gluon kernel (kernels/gemm_hopper.py) cannot take this float call, or
-    None. (Its x and weight loads are those of the tl kernel's TMA configs, checked by the caller.)"""
-    problem = runtime.gluon_target_problem(x2, "GEMM")
+def gluon_problem(x2, res2, out, quant: int = 0) -> str | None:
+    """Why the warp-specialized Gluon kernel (kernels/gemm_hopper.py) cannot take this call (float, or
+    W8A8 with quant=1: then the output's dtype is the one asked about), or None. (Its x and weight loads
+    are those of the tl kernel's TMA configs, checked by the caller.)"""
+    if quant not in (0, 1):
+        return "the Gluon GEMM takes float or W8A8 (int8 x and weight, half output) calls"
+    problem = runtime.gluon_target_problem(out if quant else x2, "GEMM")
     if problem:
         return problem
     if not tma_ok(out) or (res2 is not None and not tma_ok(res2)):
@@ -713,7 +721,7 @@ def kernel_args(kw, tensors) -> tuple:
     if kw.get("GLUON"):
         descs = _hopper().descriptors(x2, weight, None if res is out else res, out, kw["BLOCK_M"], kw["BLOCK_N"],
                                       kw["BLOCK_K"], weight.stride(1) != 1)
-        return (*descs, bias, x2.shape[0], weight.shape[0], x2.shape[1])
+        return (*descs, bias, a_scale, w_scale, x2.shape[0], weight.shape[0], x2.shape[1])
     tma = kw["USE_TMA"]
     if not tma:
         w_desc = weight

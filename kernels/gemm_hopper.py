@@ -47,7 +47,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from accelc.kernels.epilogue import finish
 from accelc.kernels.gemm import tile_coords
 
-GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.int8: gl.int8}
 
 # The copy engine's two calls, as Triton 3.6 (the device's) and 3.7+ (renamed: async_load /
 # async_store; the old names raise there) spell them.
@@ -86,18 +86,24 @@ def _load_partition(descs, bars, bufs, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: 
 
 
 @gluon.jit
-def _mma_partition(descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                    CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr,
                    HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr,
-                   ACTIVATION: gl.constexpr, W_T: gl.constexpr):
+                   ACTIVATION: gl.constexpr, QUANT: gl.constexpr, W_T: gl.constexpr):
     """A consumer: wgmma over the ring for its tiles, then the epilogue and the TMA store."""
     _, _, out_desc, res_desc = descs
     ready, empty, res_ready, turn = bars
     x_bufs, w_bufs, c_bufs = bufs
-    # the accumulator: wgmma's own register layout, instructions 64 x BLOCK_N x 16 per warpgroup
+    bias_ptr, a_scale_ptr, w_scale_ptr = ptrs
+    # the accumulator: wgmma's own register layout, instructions 64 x BLOCK_N x (32 bytes) per
+    # warpgroup; int8 operands (QUANT) sum into int32 on the int8 tensor cores, exactly
+    # (Triton's int8 wgmma goes up to 128 columns an instruction: 256 asserts in its PTX lowering)
+    INSTR_K: gl.constexpr = 32 if QUANT else 16
+    INSTR_N: gl.constexpr = 128 if QUANT and BLOCK_N > 128 else BLOCK_N
+    ACC_DTYPE: gl.constexpr = gl.int32 if QUANT else gl.float32
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
+                                                         instr_shape=[16, INSTR_N, INSTR_K])
     num_pid_m, num_pid_n, k_tiles = _tile_counts(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     c_buf = c_bufs.index(CONSUMER)
     res_bar = res_ready.index(CONSUMER)
@@ -121,7 +127,7 @@ def _mma_partition(descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M: gl.constexpr, 
             # its own. This consumer starts its K loop only once the other has waited for all of
             # its previous tile's slots; the other's MMAs and epilogue still overlap this one.
             mbarrier.wait(turn.index(CONSUMER), (done + CONSUMER + 1) & 1, pred=done + CONSUMER > 0)
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE, layout=acc_layout)
         for kk in range(k_tiles):
             slot = step % STAGES
             mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
@@ -139,8 +145,16 @@ def _mma_partition(descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M: gl.constexpr, 
         mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k_tiles > 0)
         step += (CONSUMERS - 1) * k_tiles     # the other consumers' tiles
 
+        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        if QUANT:
+            # W8A8's dequantization, as the tl kernel's: acc * a_scale[row] * w_scale[column] in fp32
+            offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+            a_s = gl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
+            w_s = gl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
+            accf = acc.to(gl.float32) * gl.expand_dims(a_s, 1) * gl.expand_dims(w_s, 0)
+        else:
+            accf = acc
         if HAS_BIAS:
-            offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
             bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
         else:
             bias = None
@@ -150,7 +164,8 @@ def _mma_partition(descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M: gl.constexpr, 
         else:
             res = None
             tma.store_wait(0)
-        out = finish(acc, bias, res, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, False, True)
+        # int8 layers with half outputs take GELU in its tanh form on the SFU, as the tl kernel does
+        out = finish(accf, bias, res, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, True)
         c_buf.store(out.to(out_desc.dtype))
         fence_async_shared()
         # the copy engine clips the rows and columns past M and N
@@ -160,22 +175,24 @@ def _mma_partition(descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M: gl.constexpr, 
 
 
 @gluon.jit
-def _consumer_1(descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _consumer_1(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                 HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr,
-                ACTIVATION: gl.constexpr, W_T: gl.constexpr):
-    _mma_partition(descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, 1, 2, 4,
-                   HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)
+                ACTIVATION: gl.constexpr, QUANT: gl.constexpr, W_T: gl.constexpr):
+    _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, 1, 2, 4,
+                   HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)
 
 
 @gluon.jit
 def linear_ws_kernel(
-    # TMA descriptors (res_desc: the output's when there is no residual) and the bias pointer
-    x_desc, w_desc, out_desc, res_desc, bias_ptr,
+    # TMA descriptors (res_desc: the output's when there is no residual), the bias pointer and W8A8's
+    # scales (a_scale (M,), w_scale (N,) fp32; any pointer without QUANT)
+    x_desc, w_desc, out_desc, res_desc, bias_ptr, a_scale_ptr, w_scale_ptr,
     # sizes
     M, N, K,
-    # epilogue
+    # epilogue; QUANT: int8 x and weight, the accumulators dequantized by the two scales (W8A8)
     HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr,
+    QUANT: gl.constexpr,
     # meta-parameters (tile sizes come with the descriptors' boxes)
     W_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMERS: gl.constexpr,
     LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr,
@@ -201,26 +218,28 @@ def linear_ws_kernel(
     descs = (x_desc, w_desc, out_desc, res_desc)
     bars = (ready, empty, res_ready, turn)
     bufs = (x_bufs, w_bufs, c_bufs)
+    ptrs = (bias_ptr, a_scale_ptr, w_scale_ptr)
     # (the argument tuples are written out: a tuple built with + passes its constexprs as values)
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_mma_partition, (descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
-                              0, 1, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)),
+            (_mma_partition, (descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
+                              0, 1, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)),
             (_load_partition, (descs, bars, bufs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, W_T)),
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
-            (_mma_partition, (descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
-                              0, 2, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)),
-            (_consumer_1, (descs, bars, bufs, bias_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
-                           HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)),
+            (_mma_partition, (descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
+                              0, 2, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)),
+            (_consumer_1, (descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
+                           HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)),
             (_load_partition, (descs, bars, bufs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, W_T)),
         ], [4, 4], [MMA_REGS, LOAD_REGS])
 
 
-def smem_bytes(bm: int, bn: int, bk: int, stages: int, consumers: int, elem: int = 2) -> int:
-    """Shared memory a config takes: the ring, one output tile per consumer, the barriers."""
-    return stages * (bm + bn) * bk * elem + consumers * bm * bn * elem + (2 * stages + 2 * consumers) * 8
+def smem_bytes(bm: int, bn: int, bk: int, stages: int, consumers: int, elem: int = 2, out_elem: int = 2) -> int:
+    """Shared memory a config takes: the ring (operands of `elem` bytes: 1 for W8A8), one output tile
+    per consumer, the barriers."""
+    return stages * (bm + bn) * bk * elem + consumers * bm * bn * out_elem + (2 * stages + 2 * consumers) * 8
 
 
 def _desc(t, box):

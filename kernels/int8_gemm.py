@@ -47,6 +47,15 @@ CONFIGS = [
     _c(32, 64, 256, 4, 4, tma=False), _c(16, 32, 512, 3, 4, tma=False, flatten=False),
     _c(16, 64, 256, 4, 4),
 ]
+# The warp-specialized Gluon kernel (kernels/gemm_hopper.py, sm90, half outputs) on int8 operands: the
+# fp16 candidates' tiles at 128 deep (the same bytes a stage). H100, 2026-11-26 (bench/results/int8-*):
+# the race picks the ping-pong 128 x 128 at 4096 x 4096 x 16384, 395 us (1391 TOPS; the tl kernel's best
+# was 482, 1141 TOPS) and the one-consumer 128 x 128 in 5 slots at 512 x 4096 x 4096 (16.0 us; tl 19.6).
+GLUON_CONFIGS = [
+    gemm.gluon_config(128, 256, 128, 3, 1, 8), gemm.gluon_config(256, 128, 128, 3, 1, 8),
+    gemm.gluon_config(128, 128, 128, 4, 2, 4), gemm.gluon_config(128, 128, 128, 5, 1, 8),
+]
+CONFIGS += GLUON_CONFIGS
 
 TUNER = Tuner("linear_w8a8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_configs,
               default=gemm.default_config, interpreter=gemm.interpreter_config)

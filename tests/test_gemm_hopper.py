@@ -157,3 +157,107 @@ def test_the_race_includes_gluon_on_sm90():
     out = gemm.linear_launch(x, w)
     assert rel_l2(out.float(), x.float() @ w.float().t()) < 2e-3
     assert not runtime.interpreted()
+
+
+# ---------------------------------------------------------------------------------------------
+# W8A8 (kernels/int8_gemm.py) on the same kernel: int8 x and weight, int32 accumulators, the two
+# scales applied in fp32 before the epilogue, half outputs
+
+def test_w8a8_gluon_candidates_only_where_the_kernel_takes_the_call():
+    from accelc.kernels import int8_gemm
+
+    q = torch.zeros(8, 16, dtype=torch.int8)
+    assert gemm.gluon_problem(q, None, q, quant=2) is not None            # raw int32 accumulators: tl only
+    assert gemm.gluon_problem(q, None, torch.zeros(8, 8, dtype=torch.float16), quant=1) is not None   # not sm90
+    sizes = dict(M=4096, N=4096, K=4096, tma=True, dtype=torch.int8, gluon=False)
+    assert not any(c.kwargs.get("GLUON") for c in gemm.prune_configs(int8_gemm.CONFIGS, sizes))
+    sizes["gluon"] = True
+    offered = [c for c in gemm.prune_configs(int8_gemm.CONFIGS, sizes) if c.kwargs.get("GLUON")]
+    assert offered and not any(c.kwargs.get("COOP") for c in offered)
+    module, _ = gemm._hopper_import()
+    for c in int8_gemm.GLUON_CONFIGS if module is not None else ():
+        kw = c.kwargs
+        assert module.smem_bytes(kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], kw["STAGES"], kw["CONSUMERS"],
+                                 elem=1) <= 227 * 1024, kw
+
+
+def test_the_w8a8_gluon_gemm_builds_for_sm90_with_this_triton():
+    """Here, without a GPU: every W8A8 candidate compiles for sm90 with int8 MMAs (IGMMA) in its SASS."""
+    if gemm._hopper_import()[0] is None:
+        pytest.skip(gemm._hopper_import()[1])
+    script = Path(__file__).parents[1] / "bench" / "gluon_compile.py"
+    done = subprocess.run([sys.executable, str(script), "--kernel", "w8a8", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and rows, done.stdout[-2000:] + done.stderr[-2000:]
+    for row in rows:
+        assert row["hgmma"] > 0 and row["shared_bytes"] <= 227 * 1024, row
+
+
+def _int8_operands(M, K, N, dtype=torch.float16):
+    q = torch.randint(-127, 128, (M, K), device="cuda", dtype=torch.int8)
+    w = torch.randint(-127, 128, (N, K), device="cuda", dtype=torch.int8)
+    a_s = torch.rand(M, device="cuda") / 100 + 1e-4
+    w_s = torch.rand(N, device="cuda") / 100 + 1e-4
+    return q, w, a_s, w_s
+
+
+def _cfg_id(c) -> str:
+    return "x".join(str(c.kwargs[k]) for k in ("BLOCK_M", "BLOCK_N", "STAGES", "CONSUMERS"))
+
+
+def _int8_cfgs():
+    from accelc.kernels import int8_gemm
+    return int8_gemm.GLUON_CONFIGS
+
+
+@gpu
+@pytest.mark.parametrize("M,K,N", [(130, 80, 136), (1000, 768, 2304), (257, 1040, 96), (4096, 512, 512)])
+@pytest.mark.parametrize("cfg", _int8_cfgs(), ids=_cfg_id)
+def test_w8a8_gluon_bit_exact_without_epilogue(M, K, N, cfg):
+    """No bias, no activation: the int32 sums are exact and the dequantization is the reference's two fp32
+    products, so every output is the reference's, bit for bit (K tails zero-filled by the copy engine)."""
+    from accelc.kernels import int8_gemm
+
+    q, w, a_s, w_s = _int8_operands(M, K, N)
+    ref = int8_gemm.int8_gemm_ref(q, a_s, w, w_s, out_dtype=torch.float16)
+    outs = forced_outputs(int8_gemm.TUNER, cfg, lambda: int8_gemm.int8_gemm_launch(q, a_s, w, w_s))
+    if outs is None:
+        pytest.skip("not a candidate for this shape")
+    assert torch.equal(outs[0], ref) and torch.equal(outs[0], outs[1])
+
+
+@gpu
+@pytest.mark.parametrize("activation,residual", [("gelu", "after"), ("relu", "first"), ("silu", "none")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cfg", _int8_cfgs(), ids=_cfg_id)
+def test_w8a8_gluon_epilogues(activation, residual, dtype, cfg):
+    from accelc.kernels import int8_gemm
+
+    M, K, N = 1000, 384, 520
+    q, w, a_s, w_s = _int8_operands(M, K, N)
+    b = torch.randn(N, device="cuda", dtype=dtype)
+    r = torch.randn(M, N, device="cuda", dtype=dtype) if residual != "none" else None
+    first = residual == "first"
+    ref = int8_gemm.int8_gemm_ref(q, a_s, w, w_s, b, r, activation, first, out_dtype=torch.float32)
+    outs = forced_outputs(int8_gemm.TUNER, cfg,
+                          lambda: int8_gemm.int8_gemm_launch(q, a_s, w, w_s, b, r, activation, first, out_dtype=dtype))
+    assert outs is not None
+    out, again = outs
+    assert out.dtype == dtype and torch.equal(out, again)
+    # the same fp32 math up to the fused multiply-adds and the SFU's tanh: within the output's rounding
+    assert rel_l2(out.float(), ref) <= 2 * torch.finfo(dtype).eps
+
+
+@gpu
+def test_w8a8_race_includes_gluon_on_sm90():
+    from accelc.kernels import int8_gemm
+
+    x = torch.randn(2048, 1024, device="cuda", dtype=torch.float16)
+    w_q, w_s = int8_gemm.quantize_weight(torch.randn(1024, 1024, device="cuda") / 32)
+    q = torch.zeros(2048, 1024, device="cuda", dtype=torch.int8)
+    assert gemm.gluon_problem(q, None, x, quant=1) is None
+    sizes = dict(M=2048, N=1024, K=1024, tma=True, dtype=torch.int8, gluon=True)
+    assert any(c.kwargs.get("GLUON") for c in gemm.prune_configs(int8_gemm.CONFIGS, sizes))
+    out = int8_gemm.linear_w8a8_launch(x, w_q, w_s, activation="gelu")
+    assert rel_l2(out.float(), int8_gemm.linear_w8a8_ref(x, w_q, w_s, activation="gelu").float()) <= 2e-3
