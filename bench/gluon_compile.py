@@ -2,7 +2,7 @@
 for sm90 on a machine without a GPU, and read what ptxas made of them: registers, stack (spills),
 shared memory, and the count of wgmma (HGMMA) instructions in the SASS.
 
-    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|w8a8|attention] [--configs 0,1] [--json]
+    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|w8a8|conv|attention] [--configs 0,1] [--json]
 
 Triton compiles for the target its active driver names; a stand-in driver that names sm90 lets the
 whole pipeline (Gluon -> TTGIR -> LLVM -> PTX -> ptxas -> cubin) run here, with the ptxas and cuobjdump
@@ -83,6 +83,23 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
             "dtype": "int8 -> " + str(dtype) if quant else str(dtype), **_usage(compiled)}
 
 
+def compile_conv(index: int, activation: str, residual: bool, dtype=torch.float16) -> dict:
+    """One Gluon conv candidate (kernels/conv_hopper.py) on ResNet-50's first 3x3 conv at batch 32."""
+    from accelc.kernels import conv, conv_hopper
+    from accelc.kernels.epilogue import activation_code
+
+    kw = conv.GLUON_CONFIGS[index].all_kwargs()
+    N, H, W, C, K = 32, 56, 56, 64, 64
+    x, out = torch.empty(N, H, W, C, dtype=dtype), torch.empty(N, H, W, K, dtype=dtype)
+    descs = conv_hopper.descriptors(x, torch.empty(K, 9 * C, dtype=dtype), torch.empty_like(out) if residual else None,
+                                    out, kw["BLOCK_H"], kw["BLOCK_W"], kw["BLOCK_N"], kw["BLOCK_K"])
+    compiled = conv_hopper.conv_ws_kernel.warmup(
+        *descs, torch.empty(K, dtype=dtype), N, H, W, K, C, 3, 3, 1, 1, 1, 1, True, residual, True,
+        activation_code(activation), kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, num_warps=kw["num_warps"],
+        maxnreg=kw.get("maxnreg"), grid=(132,))
+    return {"config": index, "activation": activation, "residual": residual, "dtype": str(dtype), **_usage(compiled)}
+
+
 # attention cases: (head dim, mask kind (0 none, 1 additive, 2 boolean), mask one row for every query
 # (a key padding mask), causal)
 ATTENTION_CASES = [(128, 0, False, False), (64, 1, True, False), (128, 2, False, True), (64, 0, False, True)]
@@ -131,14 +148,14 @@ def compile_attention(index: int, head_dim: int, mask_kind: int, mask_row: bool,
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=("gemm", "w8a8", "attention"), default="gemm")
+    ap.add_argument("--kernel", choices=("gemm", "w8a8", "conv", "attention"), default="gemm")
     ap.add_argument("--configs", default="", help="indices into the kernel's GLUON_CONFIGS (default: all)")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     args = ap.parse_args()
     triton.runtime.driver.set_active(Sm90Driver())
-    from accelc.kernels import flash_attention, gemm, int8_gemm
+    from accelc.kernels import conv, flash_attention, gemm, int8_gemm
 
-    owner = flash_attention if args.kernel == "attention" else gemm
+    owner = {"attention": flash_attention, "conv": conv}.get(args.kernel, gemm)
     module, reason = owner._hopper_import()
     if module is None:
         print(json.dumps({"error": reason}) if args.json else reason)
@@ -147,6 +164,8 @@ def main() -> int:
     indices = [int(i) for i in args.configs.split(",")] if args.configs else range(len(configs))
     if args.kernel == "gemm":
         jobs = [(i, case, compile_candidate) for i in indices for case in CASES]
+    elif args.kernel == "conv":
+        jobs = [(i, case, compile_conv) for i in indices for case in (("relu", True), ("none", False))]
     elif args.kernel == "w8a8":   # int8 weights are stored (N, K): the int8 MMA reads both operands K-major
         jobs = [(i, (act, res, False, torch.float16, True), compile_candidate)
                 for i in indices for act, res in (("gelu", True), ("none", False))]

@@ -2,7 +2,7 @@
 that faults or hangs is named and cannot poison the next: the first device step after a change to
 kernels/attention_hopper.py or kernels/gemm_hopper.py, before the tests and benches.
 
-    python bench/gluon_smoke.py [--kernel attention|gemm|w8a8] [--timeout 120]
+    python bench/gluon_smoke.py [--kernel attention|gemm|w8a8|conv] [--timeout 120]
     python bench/gluon_smoke.py --kernel attention --wrap "compute-sanitizer --tool racecheck"
 
 --wrap runs each child under a command (compute-sanitizer's racecheck / synccheck: the warp-specialized
@@ -38,6 +38,14 @@ elif sys.argv[2] == "control":
     import gluon_ws_control
     cfg = f"warp_specialize control ({1 + 2 * i} worker partition(s) of 4 warps, no shared memory)"
     out, ref = gluon_ws_control.run(workers=1 + 2 * i)
+elif sys.argv[2] == "conv":   # run with ACCELC_GLUON_CONV=1 (the launcher offers the Gluon conv only then)
+    from accelc.kernels import conv
+    cfg = conv.GLUON_CONFIGS[i]
+    x = torch.randn(2, 128, 30, 20, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(128, 128, 3, 3, device="cuda", dtype=torch.float16) / 34
+    with conv.TUNER.force(cfg):
+        out = torch.ops.accelc.conv2d(x, conv.pack_weight(w), None, None, [1, 1], [1, 1, 1, 1], [1, 1])
+    ref = torch.nn.functional.conv2d(x.float(), w.float(), padding=1)
 elif sys.argv[2] == "w8a8":
     from accelc.kernels import int8_gemm
     cfg = int8_gemm.GLUON_CONFIGS[i]
@@ -61,13 +69,13 @@ print(f"config {i} {getattr(cfg, 'kwargs', cfg)}: rel_l2 {rel_l2(out.float(), re
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=("attention", "gemm", "w8a8", "control"), default="attention")
+    ap.add_argument("--kernel", choices=("attention", "gemm", "w8a8", "conv", "control"), default="attention")
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--jobs", type=int, default=1, help="children at once (1 for a timing-quiet GPU)")
     ap.add_argument("--wrap", default="", help="a command each child runs under, e.g. compute-sanitizer's")
     args = ap.parse_args()
-    from accelc.kernels import flash_attention, gemm, int8_gemm
-    owner = {"attention": flash_attention, "gemm": gemm, "w8a8": int8_gemm}.get(args.kernel)
+    from accelc.kernels import conv, flash_attention, gemm, int8_gemm
+    owner = {"attention": flash_attention, "gemm": gemm, "w8a8": int8_gemm, "conv": conv}.get(args.kernel)
     n = 2 if owner is None else len(owner.GLUON_CONFIGS)
     def child(i):
         cmd = [sys.executable, "-c", CHILD, str(i), args.kernel] + (["wrapped"] if args.wrap else []) + [

@@ -25,6 +25,9 @@ ways to gather, by the input's channels and strides (RECT or taps chosen by the 
           each output pixel's kernel row is one contiguous, 16-byte aligned run of SP pixels x CP
           channels, as is the weight's: vector loads with no per-element index math, one
           tensor-core K step per kernel row.
+On sm90 the RECT path also has a warp-specialized Gluon kernel (kernels/conv_hopper.py: the GEMM's persistent
+producer / consumer loop over the same boxes), raced with the tl configs; until its first GPU run it is offered
+only with ACCELC_GLUON_CONV=1 (gluon_problem).
 Where the output tiles are few and the reduction long (batch 1-8 at 14x14 / 7x7), the RECT and
 taps loops can run in SPLIT slices (SPLIT_CONFIGS): each stores fp32 partial sums, and
 _splitk_reduce adds them in slice order and applies the epilogue.
@@ -34,6 +37,8 @@ stride 16, any kernel size) after one copy that gathers the patches as rows (N*O
 """
 from __future__ import annotations
 
+import functools
+import os
 from typing import List, Optional
 
 import torch
@@ -369,6 +374,26 @@ GROUPED_CONFIGS = [config(128, 16, 16, 3, 4), config(128, 32, 16, 3, 4), config(
                    config(64, 64, 64, 4, 4), config(256, 32, 32, 3, 8)]
 GROUPED_ONLY = [c for c in GROUPED_CONFIGS if c not in CONFIGS]
 CONFIGS += GROUPED_ONLY
+
+
+def gluon_config(bh, bw, bn, bk, stages, consumers, warps) -> triton.Config:
+    """A candidate of the warp-specialized Gluon conv (kernels/conv_hopper.py, sm90): a bh x bw pixel rectangle by
+    bn channels, bk deep, a ring of `stages` slots, `consumers` MMA warpgroups (num_warps: the first one's); the
+    load partition and the register split as gemm.gluon_config's."""
+    total = (4 * consumers if consumers > 1 else warps) + 4
+    return triton.Config({"BLOCK_M": bh * bw, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": True,
+                          "BLOCK_H": bh, "BLOCK_W": bw, "SPLIT": 1, "ROW_STEP": 1, "GLUON": True, "STAGES": stages,
+                          "CONSUMERS": consumers}, num_warps=warps, num_stages=1, maxnreg=168 if total > 8 else None)
+
+
+# The Gluon conv's candidates (stride-1 convs, C a multiple of 64): the GEMM's ping-pong and one-consumer tiles
+# as pixel rectangles, 8 x 8 for 7 x 7 and 14 x 14 maps, 64 channels wide for ResNet's first stage. Built for sm90 with triton 3.6 and 3.9 without spills
+# (bench/gluon_compile.py --kernel conv); not yet run on a GPU when written, so offered only with
+# ACCELC_GLUON_CONV=1 (gluon_problem).
+GLUON_CONFIGS = [gluon_config(8, 16, 128, 64, 4, 2, 4), gluon_config(16, 8, 128, 64, 4, 2, 4),
+                 gluon_config(8, 16, 256, 64, 3, 1, 8), gluon_config(8, 8, 128, 64, 6, 2, 4),
+                 gluon_config(8, 16, 64, 64, 6, 2, 4)]
+CONFIGS += GLUON_CONFIGS
 SPLIT_TILES = 66       # split only where the unsplit grid fills at most half of an H100's 132 SMs
 SPLIT_MIN_STEPS = 8    # reduction steps (BLOCK_K channels of one tap) each slice keeps at least
 
@@ -393,14 +418,50 @@ def prune_configs(configs, sizes):
         return keep or GROUPED_CONFIGS[:1]
     keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(sizes["K"]))
             and (sizes["rect"] or not c.kwargs["RECT"]) and split_ok(c) and (c in ROWS_CONFIGS) == sizes["rows"]
-            and c not in GROUPED_ONLY]
+            and c not in GROUPED_ONLY
+            and (not c.kwargs.get("GLUON") or sizes.get("gluon") and sizes["C"] % c.kwargs["BLOCK_K"] == 0)]
     return keep or [c for c in configs if not c.kwargs["RECT"] and (c in ROWS_CONFIGS) == sizes["rows"]][:1]
+
+
+# (kernels.conv_hopper, None), or (None, why this Triton cannot build it)
+_hopper_import = functools.partial(runtime.import_gluon, "conv_hopper", "conv", "conv2d")
+
+
+def _hopper():
+    return _hopper_import()[0]
+
+
+def _other_kernels() -> list:
+    """The Gluon conv where this Triton builds it (its source is part of the tuning cache's key)."""
+    hopper = _hopper()
+    return [hopper.conv_ws_kernel] if hopper else []
+
+
+def _tma_nhwc_ok(t: torch.Tensor) -> bool:
+    """An NHWC view (its tma_view) whose 4-D boxes the copy engine takes: channels contiguous, every other
+    stride a non-zero 16-byte multiple (a broadcast residual is not), the base aligned."""
+    size = t.element_size()
+    return (t.stride(3) == 1 and all(st > 0 and st * size % 16 == 0 for st in t.stride()[:3])
+            and t.data_ptr() % 16 == 0 and t.shape[3] * size >= 16)
+
+
+def gluon_problem(x_nhwc, res_nhwc, out_nhwc) -> str | None:
+    """Why the warp-specialized Gluon conv (kernels/conv_hopper.py) cannot take this stride-1 call, or None.
+    Until its first GPU run it is offered only with ACCELC_GLUON_CONV=1."""
+    if os.environ.get("ACCELC_GLUON_CONV", "0") in ("", "0"):
+        return "the Gluon conv is offered only with ACCELC_GLUON_CONV=1 (not yet run on a GPU)"
+    problem = runtime.gluon_target_problem(x_nhwc, "conv")
+    if problem:
+        return problem
+    if not all(_tma_nhwc_ok(t) for t in (out_nhwc, res_nhwc) if t is not None):
+        return "the output or residual is not a 16-byte aligned NHWC tensor for the copy engine"
+    return _hopper_import()[1]
 
 
 TUNER = Tuner("conv2d", _conv_kernel, CONFIGS, prune=prune_configs,
               default=lambda sizes: (rect_config(8, 8, 64, 32, 3, 4) if sizes["rect"] else config(128, 32, 32, 3, 4)
                            if sizes.get("groups", 1) > 1 else config(64, 64, 32, 3, 4)),
-              interpreter=lambda sizes: interpreter_config(sizes))
+              interpreter=lambda sizes: interpreter_config(sizes), other_kernels=_other_kernels)
 
 
 def interpreter_config(sizes) -> triton.Config:
@@ -541,6 +602,8 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
             calls(kw, tensors, stride, padding, dilation, x.device.index or 0)
             return out
         use_rect = rows is None and groups == 1 and rect_ok(nhwc_view(x), weight, stride)
+        use_gluon = use_rect and gluon_problem(nhwc_view(x), nhwc_view(residual) if residual is not None else None,
+                                               nhwc_view(out)) is None
         cp, sp, _, _, align = rows or (0, 0, 0, 0, 0)
         meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                     RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), S=S, TAPS=R * S,
@@ -551,16 +614,20 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
 
         def run(cfg):   # through Triton: tuning times this
             kw = cfg.all_kwargs()
+            if kw.get("GLUON") and not use_gluon:
+                raise ValueError("accelc::conv2d: a Gluon config for a call the Gluon conv cannot take")
             part = _Calls.partials(kw, out)
-            _conv_kernel[_Calls.grid(kw, out, groups)](*_args(kw, run_tensors, stride, padding, dilation, part), **meta, **kw)
+            kernel, grid, args, constexprs = _launch(kw, run_tensors, stride, padding, dilation, meta, groups, part)
+            kernel[grid](*args, **constexprs)
             if part is not None:
                 _splitk_reduce[_Calls.reduce_grid(out)](*_reduce_args(part, tensors), **_reduce_meta(kw, meta))
 
         # the tuning key: every batch size of a bucket (next power of two of the pixel count) shares one run
         key = (triton.next_power_of_2(M), K, C, R * S, Cg < 16, rows is not None, stride[0], use_rect, x.dtype,
-               *((groups,) if groups > 1 else ()))
+               *((groups,) if groups > 1 else ()), *(("gluon",) if use_gluon else ()))
         cfg = TUNER.pick(key, dict(N=N, C=Cg, H=H, W=W, K=K // groups, R=R, S=S, OH=OH, OW=OW, M=M,
-                                   stride=stride[0], rect=use_rect, rows=rows is not None, groups=groups), run)
+                                   stride=stride[0], rect=use_rect, rows=rows is not None, groups=groups,
+                                   gluon=use_gluon), run)
         kw = cfg.all_kwargs()
         TUNER.calls[key_here] = (_Calls(kw, tensors, stride, padding, dilation, meta, rows), kw)
     return out
@@ -608,8 +675,8 @@ class _Calls:
             self.pad = first.calls
             tensors = first.tensors(tensors)
         part = self.partials(kw, out)
-        self.main = CompiledCall(_conv_kernel, self.grid(kw, out, groups_of(x, weight)),
-                                 _args(kw, tensors, stride, padding, dilation, part), dict(meta, **kw))
+        self.main = CompiledCall(*_launch(kw, tensors, stride, padding, dilation, meta, groups_of(x, weight), part))
+        self.meta, self.groups = meta, groups_of(x, weight)
         self.reduce = None
         if part is not None:
             self.reduce = CompiledCall(_splitk_reduce, self.reduce_grid(out), _reduce_args(part, tensors),
@@ -642,9 +709,33 @@ class _Calls:
         if self.rows:   # the padded copies (ROWS), made by the remembered pad launches
             tensors = _Pad(self.rows, tensors[0], tensors[1], padding, self.pad).tensors(tensors)
         part = self.partials(kw, tensors[4])
-        self.main(_args(kw, tensors, stride, padding, dilation, part), device_index)
+        self.main(_launch(kw, tensors, stride, padding, dilation, self.meta, self.groups, part)[2], device_index)
         if part is not None:
             self.reduce(_reduce_args(part, tensors), device_index)
+
+
+def _launch(kw, tensors, stride, padding, dilation, meta, groups, part):
+    """(kernel, grid, positional arguments, constexprs and launch options) of a config: the Gluon conv's
+    (persistent: at most one CTA an SM) or _conv_kernel's."""
+    if not kw.get("GLUON"):
+        return (_conv_kernel, _Calls.grid(kw, tensors[4], groups), _args(kw, tensors, stride, padding, dilation, part),
+                dict(meta, **kw))
+    x, weight, bias, res, out = tensors
+    N, C, _, _ = x.shape
+    K, R, S, _ = weight.shape
+    OH, OW = out.shape[2:]
+    bh, bw = kw["BLOCK_H"], kw["BLOCK_W"]
+    descs = _hopper().descriptors(nhwc_view(x), weight.view(K, R * S * C), None if res is out else nhwc_view(res),
+                                  nhwc_view(out), bh, bw, kw["BLOCK_N"], kw["BLOCK_K"])
+    tiles = N * triton.cdiv(OH, bh) * triton.cdiv(OW, bw) * triton.cdiv(K, kw["BLOCK_N"])
+    grid = (min(tiles, gemm.sm_count(x.device.index or 0)),)
+    args = (*descs, bias, N, OH, OW, K, C, R, S, padding[0], padding[2], dilation[0], dilation[1])
+    constexprs = dict(HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"],
+                      RESIDUAL_FIRST=meta["RESIDUAL_FIRST"], ACTIVATION=meta["ACTIVATION"], STAGES=kw["STAGES"],
+                      GROUP_M=kw["GROUP_M"],
+                      CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232, num_warps=kw["num_warps"],
+                      maxnreg=kw.get("maxnreg"))
+    return _hopper().conv_ws_kernel, grid, args, constexprs
 
 
 def _args(kw, tensors, stride, padding, dilation, part=None) -> tuple:

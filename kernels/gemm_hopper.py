@@ -154,24 +154,37 @@ def _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOC
             accf = acc.to(gl.float32) * gl.expand_dims(a_s, 1) * gl.expand_dims(w_s, 0)
         else:
             accf = acc
-        if HAS_BIAS:
-            bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
-        else:
-            bias = None
-        if HAS_RESIDUAL:
-            mbarrier.wait(res_bar, done & 1)
-            res = c_buf.load(acc_layout)
-        else:
-            res = None
-            tma.store_wait(0)
         # int8 layers with half outputs take GELU in its tanh form on the SFU, as the tl kernel does
-        out = finish(accf, bias, res, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, True)
-        c_buf.store(out.to(out_desc.dtype))
-        fence_async_shared()
+        finish_tile(accf, bias_ptr, off_n, N, c_buf, res_bar, done, acc_layout, HAS_BIAS, HAS_RESIDUAL,
+                    RESIDUAL_FIRST, ACTIVATION, QUANT)
         # the copy engine clips the rows and columns past M and N
         tma_store(out_desc, [off_m, off_n], c_buf)
         done += 1
     tma.store_wait(0)
+
+
+@gluon.jit
+def finish_tile(acc, bias_ptr, n0, N, c_buf, res_bar, done, acc_layout: gl.constexpr, HAS_BIAS: gl.constexpr,
+                HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr,
+                FAST_MATH: gl.constexpr):
+    """A consumer's epilogue into its output buffer c_buf, ready for the TMA store: bias (columns n0..), the
+    residual tile its TMA load brought into c_buf (its `done`-th, on res_bar; without one, the last tile's
+    store must have left c_buf first), activation (epilogue.finish, the tl kernels' arithmetic). Also the
+    Gluon conv's (kernels/conv_hopper.py)."""
+    if HAS_BIAS:
+        offs_n = n0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc_layout))
+        bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+    else:
+        bias = None
+    if HAS_RESIDUAL:
+        mbarrier.wait(res_bar, done & 1)
+        res = c_buf.load(acc_layout)
+    else:
+        res = None
+        tma.store_wait(0)
+    out = finish(acc, bias, res, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH, True)
+    c_buf.store(out.to(c_buf.dtype))
+    fence_async_shared()
 
 
 @gluon.jit
@@ -181,6 +194,28 @@ def _consumer_1(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N
                 ACTIVATION: gl.constexpr, QUANT: gl.constexpr, W_T: gl.constexpr):
     _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, 1, 2, 4,
                    HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)
+
+
+@gluon.jit
+def allocate_ring(x_desc, w_desc, out_desc, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The warp-specialized loop's shared memory, (x_bufs, w_bufs, c_bufs): STAGES slots of the x and weight
+    boxes, one output box per consumer; and its barriers, initialised, (ready, empty, res_ready, turn): per
+    slot, full and free; per consumer, its residual box landed and its turn on the ring. Also the Gluon
+    conv's (kernels/conv_hopper.py), whose boxes are 4-D."""
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    c_bufs = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    res_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(CONSUMERS):
+        mbarrier.init(res_ready.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
+    return (x_bufs, w_bufs, c_bufs), (ready, empty, res_ready, turn)
 
 
 @gluon.jit
@@ -197,27 +232,11 @@ def linear_ws_kernel(
     W_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMERS: gl.constexpr,
     LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
-    dtype: gl.constexpr = x_desc.dtype
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = out_desc.block_type.shape[1]
-    x_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    c_bufs = gl.allocate_shared_memory(out_desc.dtype, [CONSUMERS] + out_desc.block_type.shape, out_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    res_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(CONSUMERS):
-        mbarrier.init(res_ready.index(i), count=1)
-        mbarrier.init(turn.index(i), count=1)
-
+    bufs, bars = allocate_ring(x_desc, w_desc, out_desc, STAGES, CONSUMERS)
     descs = (x_desc, w_desc, out_desc, res_desc)
-    bars = (ready, empty, res_ready, turn)
-    bufs = (x_bufs, w_bufs, c_bufs)
     ptrs = (bias_ptr, a_scale_ptr, w_scale_ptr)
     # (the argument tuples are written out: a tuple built with + passes its constexprs as values)
     if CONSUMERS == 1:

@@ -58,7 +58,7 @@ GLUON_CONFIGS = [
 CONFIGS += GLUON_CONFIGS
 
 TUNER = Tuner("linear_w8a8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_configs,
-              default=gemm.default_config, interpreter=gemm.interpreter_config)
+              default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
 
 
 def _fail(message: str):

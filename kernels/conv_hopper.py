@@ -1,0 +1,187 @@
+"""accelc::conv2d on Hopper (sm90): the implicit GEMM of kernels/conv.py's RECT path on the warp-specialized
+main loop of kernels/gemm_hopper.py (persistent CTAs, a TMA load partition, one or two MMA warpgroups).
+
+A tile is a BLOCK_H x BLOCK_W rectangle of one image's output pixels by BLOCK_N output channels. For each
+tap (r, s) and block of BLOCK_K input channels the load partition brings the input rectangle shifted by
+the tap as one 4-D TMA box of the NHWC input, (1, BLOCK_H, BLOCK_W, BLOCK_K) at (image, oh0 - pad_h + r *
+dil_h, ow0 - pad_w + s * dil_w, c0): the copy engine zero-fills what lies outside the image (the padding,
+negative coordinates included), so there are no masks. The weight, packed (K, R, S, C), is read as the
+(K, R*S*C) matrix, a (BLOCK_N, BLOCK_K) box at (n0, tap * C + c0). In shared memory the 4-D box is the
+(BLOCK_H * BLOCK_W, BLOCK_K) operand wgmma reads (same rows, same swizzle): the consumers reshape the
+descriptor, where the tl kernel (Triton's tl cannot) goes through registers (conv.rect_config). The
+output and the residual are 4-D boxes of the NHWC output too, clipped at the image's edge by the copy
+engine. Stride 1 only, and C a multiple of BLOCK_K (a channel block never reaches into the next tap's
+weights); conv.py sends everything else to its tl kernel, which is also this one's reference.
+
+The ring's protocol is the GEMM's (gemm_hopper: `ready` / `empty` per slot, two consumers taking turns
+on the ring, a 4-warp load partition beside two consumers), so are the epilogue (epilogue.finish) and
+the register split.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from accelc.kernels.gemm import tile_coords
+from accelc.kernels.gemm_hopper import GL_DTYPES, allocate_ring, finish_tile, tma_load, tma_store
+
+
+@gluon.jit
+def _tile_origin(tile, N_IMG, OH, OW, K, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr, BLOCK_N: gl.constexpr,
+                 GROUP_M: gl.constexpr):
+    """(image, oh0, ow0, n0) of a tile: its rectangle's first output pixel and its first channel."""
+    tiles_h = gl.cdiv(OH, BLOCK_H)
+    tiles_w = gl.cdiv(OW, BLOCK_W)
+    pid_m, pid_n = tile_coords(tile, N_IMG * tiles_h * tiles_w, gl.cdiv(K, BLOCK_N), GROUP_M)
+    rect = pid_m % (tiles_h * tiles_w)
+    return pid_m // (tiles_h * tiles_w), rect // tiles_w * BLOCK_H, rect % tiles_w * BLOCK_W, pid_n * BLOCK_N
+
+
+@gluon.jit
+def _num_tiles(N_IMG, OH, OW, K, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr, BLOCK_N: gl.constexpr):
+    return N_IMG * gl.cdiv(OH, BLOCK_H) * gl.cdiv(OW, BLOCK_W) * gl.cdiv(K, BLOCK_N)
+
+
+@gluon.jit
+def _conv_load(descs, bars, bufs, geo, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr, BLOCK_N: gl.constexpr,
+               BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+    """The producer: for every tile of this CTA, every (tap, channel block)'s input box and weight box."""
+    x_desc, w_desc = descs[0], descs[1]
+    ready, empty = bars[0], bars[1]
+    x_bufs, w_bufs = bufs[0], bufs[1]
+    N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w = geo
+    n_c = C // BLOCK_K
+    step = 0
+    for tile in range(gl.program_id(0), _num_tiles(N_IMG, OH, OW, K, BLOCK_H, BLOCK_W, BLOCK_N), gl.num_programs(0)):
+        image, oh0, ow0, n0 = _tile_origin(tile, N_IMG, OH, OW, K, BLOCK_H, BLOCK_W, BLOCK_N, GROUP_M)
+        for it in range(R * S * n_c):
+            tap = it // n_c
+            c0 = (it - tap * n_c) * BLOCK_K
+            slot = step % STAGES
+            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)   # the first wait of a slot passes
+            bar = ready.index(slot)
+            mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma_load(x_desc, [image, oh0 - pad_h + (tap // S) * dil_h, ow0 - pad_w + (tap % S) * dil_w, c0], bar,
+                     x_bufs.index(slot))
+            tma_load(w_desc, [n0, tap * C + c0], bar, w_bufs.index(slot))
+            step += 1
+
+
+@gluon.jit
+def _conv_mma(descs, bars, bufs, bias_ptr, geo, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr,
+              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr, HAS_BIAS: gl.constexpr,
+              HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr):
+    """A consumer: wgmma over the ring for its tiles (the input box read as the (pixels, channels) operand),
+    then the epilogue and the output box's TMA store. The ring's order is gemm_hopper._mma_partition's."""
+    out_desc, res_desc = descs[2], descs[3]
+    ready, empty, res_ready, turn = bars
+    x_bufs, w_bufs, c_bufs = bufs
+    N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w = geo
+    BLOCK_M: gl.constexpr = BLOCK_H * BLOCK_W
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    k_tiles = R * S * (C // BLOCK_K)
+    c_box = c_bufs.index(CONSUMER)                    # (1, BLOCK_H, BLOCK_W, BLOCK_N): the output's box
+    c_buf = c_box.reshape([BLOCK_M, BLOCK_N])         # the same bytes as the accumulator's rows
+    res_bar = res_ready.index(CONSUMER)
+    step = CONSUMER * k_tiles
+    done = 0
+    for tile in range(gl.program_id(0) + CONSUMER * gl.num_programs(0),
+                      _num_tiles(N_IMG, OH, OW, K, BLOCK_H, BLOCK_W, BLOCK_N), CONSUMERS * gl.num_programs(0)):
+        image, oh0, ow0, n0 = _tile_origin(tile, N_IMG, OH, OW, K, BLOCK_H, BLOCK_W, BLOCK_N, GROUP_M)
+        if HAS_RESIDUAL:
+            tma.store_wait(0)
+            mbarrier.expect(res_bar, res_desc.block_type.nbytes)
+            tma_load(res_desc, [image, oh0, ow0, n0], res_bar, c_box)
+        if CONSUMERS == 2:
+            # turns on the ring, as in gemm_hopper (a barrier's phase says only odd or even)
+            mbarrier.wait(turn.index(CONSUMER), (done + CONSUMER + 1) & 1, pred=done + CONSUMER > 0)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+        for kk in range(k_tiles):
+            slot = step % STAGES
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
+            a = x_bufs.index(slot).reshape([BLOCK_M, BLOCK_K])
+            acc = warpgroup_mma(a, w_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc, ))
+            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=kk > 0)
+            step += 1
+        if CONSUMERS == 2:
+            mbarrier.arrive(turn.index(1 - CONSUMER))
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k_tiles > 0)
+        step += (CONSUMERS - 1) * k_tiles
+
+        finish_tile(acc, bias_ptr, n0, K, c_buf, res_bar, done, acc_layout, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
+                    ACTIVATION, False)
+        tma_store(out_desc, [image, oh0, ow0, n0], c_box)    # clipped at the image's edge
+        done += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _conv_consumer_1(descs, bars, bufs, bias_ptr, geo, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr,
+                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                     HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr,
+                     ACTIVATION: gl.constexpr):
+    _conv_mma(descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M, 1, 2, 4,
+              HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
+
+
+@gluon.jit
+def conv_ws_kernel(
+    # TMA descriptors: the NHWC input's (1, BLOCK_H, BLOCK_W, BLOCK_K) boxes, the packed weight's (BLOCK_N,
+    # BLOCK_K) boxes of (K, R*S*C), the NHWC output's and residual's (1, BLOCK_H, BLOCK_W, BLOCK_N) boxes
+    # (res_desc: the output's without a residual); the bias pointer
+    x_desc, w_desc, out_desc, res_desc, bias_ptr,
+    # sizes and geometry
+    N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w,
+    # epilogue
+    HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr,
+    # meta-parameters (tiles come with the descriptors' boxes)
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMERS: gl.constexpr, LOAD_REGS: gl.constexpr,
+    MMA_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    BLOCK_H: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_W: gl.constexpr = x_desc.block_type.shape[2]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[3]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    bufs, bars = allocate_ring(x_desc, w_desc, out_desc, STAGES, CONSUMERS)
+    descs = (x_desc, w_desc, out_desc, res_desc)
+    geo = (N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w)
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_conv_mma, (descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
+                         0, 1, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
+            (_conv_load, (descs, bars, bufs, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M)),
+        ], [1], [LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_conv_mma, (descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
+                         0, 2, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
+            (_conv_consumer_1, (descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES,
+                                GROUP_M, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
+            (_conv_load, (descs, bars, bufs, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M)),
+        ], [4, 4], [MMA_REGS, LOAD_REGS])
+
+
+def smem_bytes(bh: int, bw: int, bn: int, bk: int, stages: int, consumers: int, elem: int = 2) -> int:
+    """Shared memory a config takes: the ring, one output box per consumer, the barriers."""
+    return stages * (bh * bw + bn) * bk * elem + consumers * bh * bw * bn * elem + (2 * stages + 2 * consumers) * 8
+
+
+def _desc(t, box):
+    return TensorDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, GL_DTYPES[t.dtype]))
+
+
+def descriptors(x_nhwc, weight2d, res_nhwc, out_nhwc, bh: int, bw: int, bn: int, bk: int):
+    """The kernel's four descriptors: x (N, H, W, C), the packed weight as (K, R*S*C), the residual and the
+    output (N, OH, OW, K) (res: the output's without a residual)."""
+    out_desc = _desc(out_nhwc, [1, bh, bw, bn])
+    return (_desc(x_nhwc, [1, bh, bw, bk]), _desc(weight2d, [bn, bk]), out_desc,
+            _desc(res_nhwc, [1, bh, bw, bn]) if res_nhwc is not None else out_desc)
+
+
+__all__ = ["conv_ws_kernel", "descriptors", "smem_bytes"]
