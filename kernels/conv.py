@@ -387,9 +387,9 @@ def gluon_config(bh, bw, bn, bk, stages, consumers, warps) -> triton.Config:
 
 
 # The Gluon conv's candidates (stride-1 convs, C a multiple of 64): the GEMM's ping-pong and one-consumer tiles
-# as pixel rectangles, 8 x 8 for 7 x 7 and 14 x 14 maps, 64 channels wide for ResNet's first stage. Built for sm90 with triton 3.6 and 3.9 without spills
-# (bench/gluon_compile.py --kernel conv); not yet run on a GPU when written, so offered only with
-# ACCELC_GLUON_CONV=1 (gluon_problem).
+# as pixel rectangles, 8 x 8 for 7 x 7 and 14 x 14 maps, 64 channels wide for ResNet's first stage. Built for
+# sm90 with triton 3.6 and 3.9 without spills (bench/gluon_compile.py --kernel conv); not yet run on a GPU when
+# written, so offered only with ACCELC_GLUON_CONV=1 (gluon_problem).
 GLUON_CONFIGS = [gluon_config(8, 16, 128, 64, 4, 2, 4), gluon_config(16, 8, 128, 64, 4, 2, 4),
                  gluon_config(8, 16, 256, 64, 3, 1, 8), gluon_config(8, 8, 128, 64, 6, 2, 4),
                  gluon_config(8, 16, 64, 64, 6, 2, 4)]
@@ -676,7 +676,6 @@ class _Calls:
             tensors = first.tensors(tensors)
         part = self.partials(kw, out)
         self.main = CompiledCall(*_launch(kw, tensors, stride, padding, dilation, meta, groups_of(x, weight), part))
-        self.meta, self.groups = meta, groups_of(x, weight)
         self.reduce = None
         if part is not None:
             self.reduce = CompiledCall(_splitk_reduce, self.reduce_grid(out), _reduce_args(part, tensors),
@@ -709,7 +708,7 @@ class _Calls:
         if self.rows:   # the padded copies (ROWS), made by the remembered pad launches
             tensors = _Pad(self.rows, tensors[0], tensors[1], padding, self.pad).tensors(tensors)
         part = self.partials(kw, tensors[4])
-        self.main(_launch(kw, tensors, stride, padding, dilation, self.meta, self.groups, part)[2], device_index)
+        self.main(_launch_args(kw, tensors, stride, padding, dilation, part), device_index)
         if part is not None:
             self.reduce(_reduce_args(part, tensors), device_index)
 
@@ -717,25 +716,30 @@ class _Calls:
 def _launch(kw, tensors, stride, padding, dilation, meta, groups, part):
     """(kernel, grid, positional arguments, constexprs and launch options) of a config: the Gluon conv's
     (persistent: at most one CTA an SM) or _conv_kernel's."""
+    args = _launch_args(kw, tensors, stride, padding, dilation, part)
     if not kw.get("GLUON"):
-        return (_conv_kernel, _Calls.grid(kw, tensors[4], groups), _args(kw, tensors, stride, padding, dilation, part),
-                dict(meta, **kw))
+        return _conv_kernel, _Calls.grid(kw, tensors[4], groups), args, dict(meta, **kw)
+    N, K, OH, OW = tensors[4].shape
+    bh, bw = kw["BLOCK_H"], kw["BLOCK_W"]
+    tiles = N * triton.cdiv(OH, bh) * triton.cdiv(OW, bw) * triton.cdiv(K, kw["BLOCK_N"])
+    constexprs = dict(HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"],
+                      RESIDUAL_FIRST=meta["RESIDUAL_FIRST"], ACTIVATION=meta["ACTIVATION"], STAGES=kw["STAGES"],
+                      GROUP_M=kw["GROUP_M"], CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232,
+                      num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"))
+    return _hopper().conv_ws_kernel, (min(tiles, gemm.sm_count(tensors[0].device.index or 0)),), args, constexprs
+
+
+def _launch_args(kw, tensors, stride, padding, dilation, part) -> tuple:
+    """A config's positional arguments: the Gluon conv's (its four descriptors, the bias, sizes and geometry;
+    it is never split) or _conv_kernel's (_args)."""
+    if not kw.get("GLUON"):
+        return _args(kw, tensors, stride, padding, dilation, part)
     x, weight, bias, res, out = tensors
     N, C, _, _ = x.shape
     K, R, S, _ = weight.shape
-    OH, OW = out.shape[2:]
-    bh, bw = kw["BLOCK_H"], kw["BLOCK_W"]
     descs = _hopper().descriptors(nhwc_view(x), weight.view(K, R * S * C), None if res is out else nhwc_view(res),
-                                  nhwc_view(out), bh, bw, kw["BLOCK_N"], kw["BLOCK_K"])
-    tiles = N * triton.cdiv(OH, bh) * triton.cdiv(OW, bw) * triton.cdiv(K, kw["BLOCK_N"])
-    grid = (min(tiles, gemm.sm_count(x.device.index or 0)),)
-    args = (*descs, bias, N, OH, OW, K, C, R, S, padding[0], padding[2], dilation[0], dilation[1])
-    constexprs = dict(HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"],
-                      RESIDUAL_FIRST=meta["RESIDUAL_FIRST"], ACTIVATION=meta["ACTIVATION"], STAGES=kw["STAGES"],
-                      GROUP_M=kw["GROUP_M"],
-                      CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232, num_warps=kw["num_warps"],
-                      maxnreg=kw.get("maxnreg"))
-    return _hopper().conv_ws_kernel, grid, args, constexprs
+                                  nhwc_view(out), kw["BLOCK_H"], kw["BLOCK_W"], kw["BLOCK_N"], kw["BLOCK_K"])
+    return (*descs, bias, N, *out.shape[2:], K, C, R, S, padding[0], padding[2], dilation[0], dilation[1])
 
 
 def _args(kw, tensors, stride, padding, dilation, part=None) -> tuple:
