@@ -377,13 +377,11 @@ CONFIGS += GROUPED_ONLY
 
 
 def gluon_config(bh, bw, bn, bk, stages, consumers, warps) -> triton.Config:
-    """A candidate of the warp-specialized Gluon conv (kernels/conv_hopper.py, sm90): a bh x bw pixel rectangle by
-    bn channels, bk deep, a ring of `stages` slots, `consumers` MMA warpgroups (num_warps: the first one's); the
-    load partition and the register split as gemm.gluon_config's."""
-    total = (4 * consumers if consumers > 1 else warps) + 4
-    return triton.Config({"BLOCK_M": bh * bw, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "RECT": True,
-                          "BLOCK_H": bh, "BLOCK_W": bw, "SPLIT": 1, "ROW_STEP": 1, "GLUON": True, "STAGES": stages,
-                          "CONSUMERS": consumers}, num_warps=warps, num_stages=1, maxnreg=168 if total > 8 else None)
+    """A candidate of the warp-specialized Gluon conv (kernels/conv_hopper.py, sm90): the GEMM's candidate
+    (gemm.gluon_config: ring, MMA warpgroups, register split) with its rows a bh x bw pixel rectangle."""
+    cfg = gemm.gluon_config(bh * bw, bn, bk, stages, consumers, warps)
+    cfg.kwargs.update(RECT=True, BLOCK_H=bh, BLOCK_W=bw, SPLIT=1, ROW_STEP=1)
+    return cfg
 
 
 # The Gluon conv's candidates (stride-1 convs, C a multiple of 64): the GEMM's ping-pong and one-consumer tiles
@@ -505,10 +503,8 @@ def nhwc_view(x: torch.Tensor) -> torch.Tensor:
 def rect_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
     """Whether the TMA-rectangle path can take this conv: stride 1, at least 16 channels, NHWC
     rows and every stride 16-byte aligned."""
-    size = x_nhwc.element_size()
-    return (tuple(stride) == (1, 1) and x_nhwc.shape[3] >= 16 and x_nhwc.stride(3) == 1
-            and all(st * size % 16 == 0 for st in x_nhwc.stride()[:3])
-            and x_nhwc.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
+    return (tuple(stride) == (1, 1) and x_nhwc.shape[3] >= 16 and _tma_nhwc_ok(x_nhwc)
+            and weight.data_ptr() % 16 == 0)
 
 
 MAX_KERNEL = 7

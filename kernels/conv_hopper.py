@@ -26,6 +26,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from accelc.kernels.gemm import tile_coords
 from accelc.kernels.gemm_hopper import GL_DTYPES, allocate_ring, finish_tile, tma_load, tma_store
+from accelc.kernels.gemm_hopper import smem_bytes as gemm_smem_bytes
 
 
 @gluon.jit
@@ -167,9 +168,9 @@ def conv_ws_kernel(
         ], [4, 4], [MMA_REGS, LOAD_REGS])
 
 
-def smem_bytes(bh: int, bw: int, bn: int, bk: int, stages: int, consumers: int, elem: int = 2) -> int:
-    """Shared memory a config takes: the ring, one output box per consumer, the barriers."""
-    return stages * (bh * bw + bn) * bk * elem + consumers * bh * bw * bn * elem + (2 * stages + 2 * consumers) * 8
+def smem_bytes(bh: int, bw: int, bn: int, bk: int, stages: int, consumers: int) -> int:
+    """Shared memory a config takes: the GEMM's for a tile of bh * bw rows (gemm_hopper.smem_bytes)."""
+    return gemm_smem_bytes(bh * bw, bn, bk, stages, consumers)
 
 
 def _desc(t, box):

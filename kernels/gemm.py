@@ -639,8 +639,6 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                     EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=quant == 3, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
                     BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
                     FLAT=kw.get("FLAT", False), **({"PDL": True, "launch_pdl": True} if pdl else {}))
-            if kw.get("COOP") and quant:
-                raise ValueError("accelc::linear: the cooperative Gluon kernel takes float operands")
             if kw.get("COOP"):
                 return _hopper().linear_coop_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],

@@ -145,9 +145,9 @@ def _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOC
         mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k_tiles > 0)
         step += (CONSUMERS - 1) * k_tiles     # the other consumers' tiles
 
-        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
         if QUANT:
             # W8A8's dequantization, as the tl kernel's: acc * a_scale[row] * w_scale[column] in fp32
+            offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
             offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
             a_s = gl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
             w_s = gl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
@@ -255,10 +255,10 @@ def linear_ws_kernel(
         ], [4, 4], [MMA_REGS, LOAD_REGS])
 
 
-def smem_bytes(bm: int, bn: int, bk: int, stages: int, consumers: int, elem: int = 2, out_elem: int = 2) -> int:
-    """Shared memory a config takes: the ring (operands of `elem` bytes: 1 for W8A8), one output tile
-    per consumer, the barriers."""
-    return stages * (bm + bn) * bk * elem + consumers * bm * bn * out_elem + (2 * stages + 2 * consumers) * 8
+def smem_bytes(bm: int, bn: int, bk: int, stages: int, consumers: int, elem: int = 2) -> int:
+    """Shared memory a config takes: the ring (operands of `elem` bytes: 1 for W8A8), one half-precision
+    output tile per consumer, the barriers."""
+    return stages * (bm + bn) * bk * elem + consumers * bm * bn * 2 + (2 * stages + 2 * consumers) * 8
 
 
 def _desc(t, box):

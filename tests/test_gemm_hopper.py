@@ -14,7 +14,7 @@ import torch
 from conftest import forced_outputs
 
 from accelc import runtime
-from accelc.kernels import gemm
+from accelc.kernels import gemm, int8_gemm
 from accelc.kernels.epilogue import ACTIVATION_NAMES
 from accelc.numerics import REL_L2_FLOOR, rel_l2
 
@@ -164,8 +164,6 @@ def test_the_race_includes_gluon_on_sm90():
 # scales applied in fp32 before the epilogue, half outputs
 
 def test_w8a8_gluon_candidates_only_where_the_kernel_takes_the_call():
-    from accelc.kernels import int8_gemm
-
     q = torch.zeros(8, 16, dtype=torch.int8)
     assert gemm.gluon_problem(q, None, q, quant=2) is not None            # raw int32 accumulators: tl only
     assert gemm.gluon_problem(q, None, torch.zeros(8, 8, dtype=torch.float16), quant=1) is not None   # not sm90
@@ -206,19 +204,12 @@ def _cfg_id(c) -> str:
     return "x".join(str(c.kwargs[k]) for k in ("BLOCK_M", "BLOCK_N", "STAGES", "CONSUMERS"))
 
 
-def _int8_cfgs():
-    from accelc.kernels import int8_gemm
-    return int8_gemm.GLUON_CONFIGS
-
-
 @gpu
 @pytest.mark.parametrize("M,K,N", [(130, 80, 136), (1000, 768, 2304), (257, 1040, 96), (4096, 512, 512)])
-@pytest.mark.parametrize("cfg", _int8_cfgs(), ids=_cfg_id)
+@pytest.mark.parametrize("cfg", int8_gemm.GLUON_CONFIGS, ids=_cfg_id)
 def test_w8a8_gluon_bit_exact_without_epilogue(M, K, N, cfg):
     """No bias, no activation: the int32 sums are exact and the dequantization is the reference's two fp32
     products, so every output is the reference's, bit for bit (K tails zero-filled by the copy engine)."""
-    from accelc.kernels import int8_gemm
-
     q, w, a_s, w_s = _int8_operands(M, K, N)
     ref = int8_gemm.int8_gemm_ref(q, a_s, w, w_s, out_dtype=torch.float16)
     outs = forced_outputs(int8_gemm.TUNER, cfg, lambda: int8_gemm.int8_gemm_launch(q, a_s, w, w_s))
@@ -230,10 +221,8 @@ def test_w8a8_gluon_bit_exact_without_epilogue(M, K, N, cfg):
 @gpu
 @pytest.mark.parametrize("activation,residual", [("gelu", "after"), ("relu", "first"), ("silu", "none")])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("cfg", _int8_cfgs(), ids=_cfg_id)
+@pytest.mark.parametrize("cfg", int8_gemm.GLUON_CONFIGS, ids=_cfg_id)
 def test_w8a8_gluon_epilogues(activation, residual, dtype, cfg):
-    from accelc.kernels import int8_gemm
-
     M, K, N = 1000, 384, 520
     q, w, a_s, w_s = _int8_operands(M, K, N)
     b = torch.randn(N, device="cuda", dtype=dtype)
@@ -251,8 +240,6 @@ def test_w8a8_gluon_epilogues(activation, residual, dtype, cfg):
 
 @gpu
 def test_w8a8_race_includes_gluon_on_sm90():
-    from accelc.kernels import int8_gemm
-
     x = torch.randn(2048, 1024, device="cuda", dtype=torch.float16)
     w_q, w_s = int8_gemm.quantize_weight(torch.randn(1024, 1024, device="cuda") / 32)
     q = torch.zeros(2048, 1024, device="cuda", dtype=torch.int8)
