@@ -15,6 +15,7 @@ fp16 peak. accelc tunes every shape here (a fresh cache directory); the row give
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -52,7 +53,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--render", metavar="JSON", help="only write the table again from a run's JSON (times nothing)")
     args = ap.parse_args()
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        for r in data["rows"]:
+            r["path"] = path_of(r["config"], r["path"].startswith("GEMM"), rows=r["path"].startswith("conv ROWS"))
+        md = markdown(data["environment"], data["rows"], ",".join(dict.fromkeys(str(r["batch"]) for r in data["rows"])))
+        Path(args.render).with_suffix(".md").write_text(md)
+        print(md)
+        return
     env = _common.environment()
     print(_common.env_line(env))
     rows = []
@@ -66,14 +76,17 @@ def main():
 
 
 def path_of(cfg: dict, gemm_path: bool, rows: bool = False) -> str:
-    """The kernel and config a row ran: the GEMM's tile, or the conv kernel's (RECT: TMA rectangles
-    of BLOCK_H x BLOCK_W pixels; ROWS: the padded-rows stem path, its K step the kernel row;
-    split: the reduction in that many slices)."""
+    """The kernel and config a row ran: the GEMM's tile, the Gluon conv's (pixel rectangle, channels, MMA
+    warpgroups, ring), or the tl conv kernel's (RECT: TMA rectangles of BLOCK_H x BLOCK_W pixels; ROWS: the
+    padded-rows stem path, its K step the kernel row; split: the reduction in that many slices)."""
     if gemm_path:
         return f"GEMM {cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')}x{cfg.get('BLOCK_K')}"
     if rows:
         return (f"conv ROWS {cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')} {cfg.get('num_warps')}w {cfg.get('num_stages')}st, "
                 f"{cfg.get('ROW_STEP')} row(s) a K step")
+    if cfg.get("GLUON"):    # the warp-specialized Gluon conv (kernels/conv_hopper.py)
+        return (f"Gluon conv {cfg.get('BLOCK_H')}x{cfg.get('BLOCK_W')} x {cfg.get('BLOCK_N')} channels, "
+                f"{cfg.get('CONSUMERS')} MMA warpgroup(s), {cfg.get('STAGES')} stages")
     rect = f"RECT {cfg.get('BLOCK_H')}x{cfg.get('BLOCK_W')} " if cfg.get("RECT") else ""
     split = f", split {cfg['SPLIT']}" if cfg.get("SPLIT", 1) > 1 else ""
     return f"conv {rect}{cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')}x{cfg.get('BLOCK_K')} {cfg.get('num_warps')}w{split}"
@@ -99,7 +112,9 @@ def markdown(env, rows, batches) -> str:
           "per-round ratios (> 1: accelc faster); rates with their % of the dense fp16 peak. accelc runs on "
           "channels-last input, as inside a run of rewritten convs; eager on NCHW as a user's model runs it "
           "(the fused columns: batch 32, 3x3 convs and the stem). accelc path: the GEMM kernel for a 1x1 "
-          "stride-1 conv, else the implicit-GEMM conv kernel and its config (RECT: TMA rectangles; ROWS: the "
+          "stride-1 conv, else the warp-specialized Gluon conv (sm90: a rectangle of output pixels x output "
+          "channels, its MMA warpgroups and ring stages) or the tl implicit-GEMM conv kernel and its config "
+          "(RECT: TMA rectangles; ROWS: the "
           "stem's padded rows, after a padding kernel that is part of its time; split: the "
           "reduction in slices summed by a second kernel). Spread: "
           "fastest - slowest candidate as the tuner timed them.\n\n"

@@ -83,21 +83,23 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
             "dtype": "int8 -> " + str(dtype) if quant else str(dtype), **_usage(compiled)}
 
 
-def compile_conv(index: int, activation: str, residual: bool, dtype=torch.float16) -> dict:
-    """One Gluon conv candidate (kernels/conv_hopper.py) on ResNet-50's first 3x3 conv at batch 32."""
+def compile_conv(index: int, activation: str, residual: bool, stride: int = 1, dtype=torch.float16) -> dict:
+    """One Gluon conv candidate (kernels/conv_hopper.py) on ResNet-50's first 3x3 conv at batch 32 (stride 2:
+    layer2.0's, 56 x 56 in, 28 x 28 out)."""
     from accelc.kernels import conv, conv_hopper
     from accelc.kernels.epilogue import activation_code
 
     kw = conv.GLUON_CONFIGS[index].all_kwargs()
-    N, H, W, C, K = 32, 56, 56, 64, 64
-    x, out = torch.empty(N, H, W, C, dtype=dtype), torch.empty(N, H, W, K, dtype=dtype)
+    N, H, W, C, K = (32, 56, 56, 64, 64) if stride == 1 else (32, 56, 56, 128, 128)
+    x, out = torch.empty(N, H, W, C, dtype=dtype), torch.empty(N, H // stride, W // stride, K, dtype=dtype)
     descs = conv_hopper.descriptors(x, torch.empty(K, 9 * C, dtype=dtype), torch.empty_like(out) if residual else None,
-                                    out, kw["BLOCK_H"], kw["BLOCK_W"], kw["BLOCK_N"], kw["BLOCK_K"])
+                                    out, kw["BLOCK_H"], kw["BLOCK_W"], kw["BLOCK_N"], kw["BLOCK_K"], stride)
     compiled = conv_hopper.conv_ws_kernel.warmup(
-        *descs, torch.empty(K, dtype=dtype), N, H, W, K, C, 3, 3, 1, 1, 1, 1, True, residual, True,
-        activation_code(activation), kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, num_warps=kw["num_warps"],
-        maxnreg=kw.get("maxnreg"), grid=(132,))
-    return {"config": index, "activation": activation, "residual": residual, "dtype": str(dtype), **_usage(compiled)}
+        *descs, torch.empty(K, dtype=dtype), N, *out.shape[1:3], K, C, 3, 3, 1, 1, 1, 1, True, residual, True,
+        activation_code(activation), kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, stride,
+        num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"), grid=(132,))
+    return {"config": index, "activation": activation, "residual": residual, "stride": stride, "dtype": str(dtype),
+            **_usage(compiled)}
 
 
 # attention cases: (head dim, mask kind (0 none, 1 additive, 2 boolean), mask one row for every query
@@ -165,7 +167,7 @@ def main() -> int:
     if args.kernel == "gemm":
         jobs = [(i, case, compile_candidate) for i in indices for case in CASES]
     elif args.kernel == "conv":
-        jobs = [(i, case, compile_conv) for i in indices for case in (("relu", True), ("none", False))]
+        jobs = [(i, case, compile_conv) for i in indices for case in (("relu", True), ("none", False), ("relu", True, 2))]
     elif args.kernel == "w8a8":   # int8 weights are stored (N, K): the int8 MMA reads both operands K-major
         jobs = [(i, (act, res, False, torch.float16, True), compile_candidate)
                 for i in indices for act, res in (("gelu", True), ("none", False))]

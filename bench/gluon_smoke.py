@@ -38,14 +38,20 @@ elif sys.argv[2] == "control":
     import gluon_ws_control
     cfg = f"warp_specialize control ({1 + 2 * i} worker partition(s) of 4 warps, no shared memory)"
     out, ref = gluon_ws_control.run(workers=1 + 2 * i)
-elif sys.argv[2] == "conv":   # run with ACCELC_GLUON_CONV=1 (the launcher offers the Gluon conv only then)
+elif sys.argv[2] == "conv":
     from accelc.kernels import conv
     cfg = conv.GLUON_CONFIGS[i]
-    x = torch.randn(2, 128, 30, 20, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    w = torch.randn(128, 128, 3, 3, device="cuda", dtype=torch.float16) / 34
+    # padded: a 30 x 20 map, 1-padded (boxes clipped and zero-filled at every edge); interior: 34 x 34 unpadded,
+    # every box inside the map (the copy engine clips nothing)
+    pad, side = (0, (34, 34)) if "interior" in sys.argv else (1, (30, 20))
+    x = torch.randn(2, 128, *side, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(256, 128, 3, 3, device="cuda", dtype=torch.float16) / 34
     with conv.TUNER.force(cfg):
-        out = torch.ops.accelc.conv2d(x, conv.pack_weight(w), None, None, [1, 1], [1, 1, 1, 1], [1, 1])
-    ref = torch.nn.functional.conv2d(x.float(), w.float(), padding=1)
+        out = torch.ops.accelc.conv2d(x, conv.pack_weight(w), None, None, [1, 1], [pad] * 4, [1, 1])
+        out2 = torch.ops.accelc.conv2d(x, conv.pack_weight(w), None, None, [2, 2], [pad] * 4, [1, 1])
+    ref = torch.nn.functional.conv2d(x.float(), w.float(), padding=pad)
+    ref2 = torch.nn.functional.conv2d(x.float(), w.float(), stride=2, padding=pad)
+    print(f"stride 2 rel_l2 {rel_l2(out2.float(), ref2):.2e}")
 elif sys.argv[2] == "w8a8":
     from accelc.kernels import int8_gemm
     cfg = int8_gemm.GLUON_CONFIGS[i]
@@ -73,12 +79,14 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--jobs", type=int, default=1, help="children at once (1 for a timing-quiet GPU)")
     ap.add_argument("--wrap", default="", help="a command each child runs under, e.g. compute-sanitizer's")
+    ap.add_argument("--interior", action="store_true", help="conv: an unpadded map of whole rectangles")
     args = ap.parse_args()
     from accelc.kernels import conv, flash_attention, gemm, int8_gemm
     owner = {"attention": flash_attention, "gemm": gemm, "w8a8": int8_gemm, "conv": conv}.get(args.kernel)
     n = 2 if owner is None else len(owner.GLUON_CONFIGS)
     def child(i):
-        cmd = [sys.executable, "-c", CHILD, str(i), args.kernel] + (["wrapped"] if args.wrap else []) + [
+        flags = (["wrapped"] if args.wrap else []) + (["interior"] if args.interior else [])
+        cmd = [sys.executable, "-c", CHILD, str(i), args.kernel] + flags + [
             str(Path(__file__).resolve().parent)]
         try:
             done = subprocess.run(shlex.split(args.wrap) + cmd, capture_output=True, text=True, timeout=args.timeout)

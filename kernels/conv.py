@@ -26,8 +26,8 @@ ways to gather, by the input's channels and strides (RECT or taps chosen by the 
           channels, as is the weight's: vector loads with no per-element index math, one
           tensor-core K step per kernel row.
 On sm90 the RECT path also has a warp-specialized Gluon kernel (kernels/conv_hopper.py: the GEMM's persistent
-producer / consumer loop over the same boxes), raced with the tl configs; until its first GPU run it is offered
-only with ACCELC_GLUON_CONV=1 (gluon_problem).
+producer / consumer loop over the same boxes), raced with the tl configs; it also takes stride 2 on even maps
+(a 5-D phase view of the input), where the tl kernel has no rectangles (gluon_geometry_ok, gluon_problem).
 Where the output tiles are few and the reduction long (batch 1-8 at 14x14 / 7x7), the RECT and
 taps loops can run in SPLIT slices (SPLIT_CONFIGS): each stores fp32 partial sums, and
 _splitk_reduce adds them in slice order and applies the epilogue.
@@ -38,7 +38,6 @@ stride 16, any kernel size) after one copy that gathers the patches as rows (N*O
 from __future__ import annotations
 
 import functools
-import os
 from typing import List, Optional
 
 import torch
@@ -386,8 +385,7 @@ def gluon_config(bh, bw, bn, bk, stages, consumers, warps) -> triton.Config:
 
 # The Gluon conv's candidates (stride-1 convs, C a multiple of 64): the GEMM's ping-pong and one-consumer tiles
 # as pixel rectangles, 8 x 8 for 7 x 7 and 14 x 14 maps, 64 channels wide for ResNet's first stage. Built for
-# sm90 with triton 3.6 and 3.9 without spills (bench/gluon_compile.py --kernel conv); not yet run on a GPU when
-# written, so offered only with ACCELC_GLUON_CONV=1 (gluon_problem).
+# sm90 with triton 3.6 and 3.9 without spills (bench/gluon_compile.py --kernel conv), stride 1 and 2.
 GLUON_CONFIGS = [gluon_config(8, 16, 128, 64, 4, 2, 4), gluon_config(16, 8, 128, 64, 4, 2, 4),
                  gluon_config(8, 16, 256, 64, 3, 1, 8), gluon_config(8, 8, 128, 64, 6, 2, 4),
                  gluon_config(8, 16, 64, 64, 6, 2, 4)]
@@ -415,7 +413,7 @@ def prune_configs(configs, sizes):
                 and c.kwargs["BLOCK_K"] <= max(16, triton.next_power_of_2(sizes["C"]))]
         return keep or GROUPED_CONFIGS[:1]
     keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(sizes["K"]))
-            and (sizes["rect"] or not c.kwargs["RECT"]) and split_ok(c) and (c in ROWS_CONFIGS) == sizes["rows"]
+            and (sizes["rect"] or not c.kwargs["RECT"] or c.kwargs.get("GLUON")) and split_ok(c) and (c in ROWS_CONFIGS) == sizes["rows"]
             and c not in GROUPED_ONLY
             and (not c.kwargs.get("GLUON") or sizes.get("gluon") and sizes["C"] % c.kwargs["BLOCK_K"] == 0)]
     return keep or [c for c in configs if not c.kwargs["RECT"] and (c in ROWS_CONFIGS) == sizes["rows"]][:1]
@@ -444,10 +442,8 @@ def _tma_nhwc_ok(t: torch.Tensor) -> bool:
 
 
 def gluon_problem(x_nhwc, res_nhwc, out_nhwc) -> str | None:
-    """Why the warp-specialized Gluon conv (kernels/conv_hopper.py) cannot take this stride-1 call, or None.
-    Until its first GPU run it is offered only with ACCELC_GLUON_CONV=1."""
-    if os.environ.get("ACCELC_GLUON_CONV", "0") in ("", "0"):
-        return "the Gluon conv is offered only with ACCELC_GLUON_CONV=1 (not yet run on a GPU)"
+    """Why the warp-specialized Gluon conv (kernels/conv_hopper.py) cannot take this call, whose geometry
+    gluon_geometry_ok accepted, or None."""
     problem = runtime.gluon_target_problem(x_nhwc, "conv")
     if problem:
         return problem
@@ -498,6 +494,16 @@ def nhwc_view(x: torch.Tensor) -> torch.Tensor:
     """x (N, C, H, W) in channels-last memory as an (N, H, W, C) view whose size-1 dims have
     strides a TMA descriptor takes (gemm.tma_view)."""
     return gemm.tma_view(x.permute(0, 2, 3, 1))
+
+
+def gluon_geometry_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
+    """Whether the Gluon conv's boxes can gather this conv's input: rect_ok's conditions at stride 1; at
+    stride 2 the same on even H and W with W's stride C, as its 5-D phase view needs (conv_hopper)."""
+    if tuple(stride) == (1, 1):
+        return rect_ok(x_nhwc, weight, stride)
+    _, H, W, C = x_nhwc.shape
+    return (tuple(stride) == (2, 2) and H % 2 == 0 and W % 2 == 0 and x_nhwc.stride(2) == C
+            and rect_ok(x_nhwc, weight, (1, 1)))
 
 
 def rect_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
@@ -598,8 +604,9 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
             calls(kw, tensors, stride, padding, dilation, x.device.index or 0)
             return out
         use_rect = rows is None and groups == 1 and rect_ok(nhwc_view(x), weight, stride)
-        use_gluon = use_rect and gluon_problem(nhwc_view(x), nhwc_view(residual) if residual is not None else None,
-                                               nhwc_view(out)) is None
+        use_gluon = (rows is None and groups == 1 and gluon_geometry_ok(nhwc_view(x), weight, stride)
+                     and gluon_problem(nhwc_view(x), nhwc_view(residual) if residual is not None else None,
+                                       nhwc_view(out)) is None)
         cp, sp, _, _, align = rows or (0, 0, 0, 0, 0)
         meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                     RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), S=S, TAPS=R * S,
@@ -721,7 +728,7 @@ def _launch(kw, tensors, stride, padding, dilation, meta, groups, part):
     constexprs = dict(HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"],
                       RESIDUAL_FIRST=meta["RESIDUAL_FIRST"], ACTIVATION=meta["ACTIVATION"], STAGES=kw["STAGES"],
                       GROUP_M=kw["GROUP_M"], CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232,
-                      num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"))
+                      STRIDE=stride[0], num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"))
     return _hopper().conv_ws_kernel, (min(tiles, gemm.sm_count(tensors[0].device.index or 0)),), args, constexprs
 
 
@@ -734,7 +741,7 @@ def _launch_args(kw, tensors, stride, padding, dilation, part) -> tuple:
     N, C, _, _ = x.shape
     K, R, S, _ = weight.shape
     descs = _hopper().descriptors(nhwc_view(x), weight.view(K, R * S * C), None if res is out else nhwc_view(res),
-                                  nhwc_view(out), kw["BLOCK_H"], kw["BLOCK_W"], kw["BLOCK_N"], kw["BLOCK_K"])
+                                  nhwc_view(out), kw["BLOCK_H"], kw["BLOCK_W"], kw["BLOCK_N"], kw["BLOCK_K"], stride[0])
     return (*descs, bias, N, *out.shape[2:], K, C, R, S, padding[0], padding[2], dilation[0], dilation[1])
 
 

@@ -10,8 +10,14 @@ negative coordinates included), so there are no masks. The weight, packed (K, R,
 (BLOCK_H * BLOCK_W, BLOCK_K) operand wgmma reads (same rows, same swizzle): the consumers reshape the
 descriptor, where the tl kernel (Triton's tl cannot) goes through registers (conv.rect_config). The
 output and the residual are 4-D boxes of the NHWC output too, clipped at the image's edge by the copy
-engine. Stride 1 only, and C a multiple of BLOCK_K (a channel block never reaches into the next tap's
-weights); conv.py sends everything else to its tl kernel, which is also this one's reference.
+engine. C a multiple of BLOCK_K (a channel block never reaches into the next tap's weights).
+
+Stride 2 (even H and W) reads the same (pixels, channels) box from a 5-D view of the input, (N, H / 2, 2,
+W / 2, 2 * C): input pixel (2 * h2 + hp, 2 * w2 + wp) is element (h2, hp, w2, wp * C + c). A tap's offset
+o = r * dil - pad along H splits into o = 2 * q + p (p = o mod 2), so output pixels oh0.. read h2 = oh0 + q..
+at the fixed phase hp = p: a (1, BLOCK_H, 1, BLOCK_W, BLOCK_K) box, contiguous along w2 as at stride 1, and
+the copy engine zero-fills the padding as before (q = -1 at the top and left edges). conv.py sends every
+other conv to its tl kernel, which is also this one's reference.
 
 The ring's protocol is the GEMM's (gemm_hopper: `ready` / `empty` per slot, two consumers taking turns
 on the ring, a 4-warp load partition beside two consumers), so are the epilogue (epilogue.finish) and
@@ -47,8 +53,9 @@ def _num_tiles(N_IMG, OH, OW, K, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr, B
 
 @gluon.jit
 def _conv_load(descs, bars, bufs, geo, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr, BLOCK_N: gl.constexpr,
-               BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    """The producer: for every tile of this CTA, every (tap, channel block)'s input box and weight box."""
+               BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, STRIDE: gl.constexpr):
+    """The producer: for every tile of this CTA, every (tap, channel block)'s input box and weight box
+    (STRIDE 2: from the 5-D view, at the tap's phase)."""
     x_desc, w_desc = descs[0], descs[1]
     ready, empty = bars[0], bars[1]
     x_bufs, w_bufs = bufs[0], bufs[1]
@@ -64,8 +71,13 @@ def _conv_load(descs, bars, bufs, geo, BLOCK_H: gl.constexpr, BLOCK_W: gl.conste
             mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)   # the first wait of a slot passes
             bar = ready.index(slot)
             mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma_load(x_desc, [image, oh0 - pad_h + (tap // S) * dil_h, ow0 - pad_w + (tap % S) * dil_w, c0], bar,
-                     x_bufs.index(slot))
+            off_h = (tap // S) * dil_h - pad_h
+            off_w = (tap % S) * dil_w - pad_w
+            if STRIDE == 1:
+                tma_load(x_desc, [image, oh0 + off_h, ow0 + off_w, c0], bar, x_bufs.index(slot))
+            else:   # off = 2 * q + p, p = off & 1 (also for negative off): box at (h2, hp, w2, wp * C + c)
+                tma_load(x_desc, [image, oh0 + (off_h >> 1), off_h & 1, ow0 + (off_w >> 1), (off_w & 1) * C + c0],
+                         bar, x_bufs.index(slot))
             tma_load(w_desc, [n0, tap * C + c0], bar, w_bufs.index(slot))
             step += 1
 
@@ -143,11 +155,11 @@ def conv_ws_kernel(
     HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr,
     # meta-parameters (tiles come with the descriptors' boxes)
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMERS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    MMA_REGS: gl.constexpr, num_warps: gl.constexpr,
+    MMA_REGS: gl.constexpr, STRIDE: gl.constexpr, num_warps: gl.constexpr,
 ):
-    BLOCK_H: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_W: gl.constexpr = x_desc.block_type.shape[2]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[3]
+    BLOCK_H: gl.constexpr = out_desc.block_type.shape[1]      # (x_desc's box: 5-D at stride 2)
+    BLOCK_W: gl.constexpr = out_desc.block_type.shape[2]
+    BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     bufs, bars = allocate_ring(x_desc, w_desc, out_desc, STAGES, CONSUMERS)
     descs = (x_desc, w_desc, out_desc, res_desc)
@@ -156,7 +168,7 @@ def conv_ws_kernel(
         gl.warp_specialize([
             (_conv_mma, (descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
                          0, 1, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
-            (_conv_load, (descs, bars, bufs, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M)),
+            (_conv_load, (descs, bars, bufs, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M, STRIDE)),
         ], [1], [LOAD_REGS])
     else:
         gl.warp_specialize([
@@ -164,7 +176,7 @@ def conv_ws_kernel(
                          0, 2, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
             (_conv_consumer_1, (descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES,
                                 GROUP_M, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
-            (_conv_load, (descs, bars, bufs, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M)),
+            (_conv_load, (descs, bars, bufs, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M, STRIDE)),
         ], [4, 4], [MMA_REGS, LOAD_REGS])
 
 
@@ -177,12 +189,21 @@ def _desc(t, box):
     return TensorDescriptor.from_tensor(t, box, gl.NVMMASharedLayout.get_default_for(box, GL_DTYPES[t.dtype]))
 
 
-def descriptors(x_nhwc, weight2d, res_nhwc, out_nhwc, bh: int, bw: int, bn: int, bk: int):
-    """The kernel's four descriptors: x (N, H, W, C), the packed weight as (K, R*S*C), the residual and the
-    output (N, OH, OW, K) (res: the output's without a residual)."""
+def phase_view(x_nhwc):
+    """The stride-2 kernel's view of the NHWC input (N, H, W, C), even H and W, W's stride C: (N, H / 2, 2,
+    W / 2, 2 * C), pixel (2 * h2 + hp, 2 * w2 + wp) at (h2, hp, w2, wp * C + c)."""
+    N, H, W, C = x_nhwc.shape
+    sn, sh, _, _ = x_nhwc.stride()
+    return x_nhwc.as_strided((N, H // 2, 2, W // 2, 2 * C), (sn, 2 * sh, sh, 2 * C, 1))
+
+
+def descriptors(x_nhwc, weight2d, res_nhwc, out_nhwc, bh: int, bw: int, bn: int, bk: int, stride: int = 1):
+    """The kernel's four descriptors: x (N, H, W, C) (stride 2: its phase_view), the packed weight as (K, R*S*C),
+    the residual and the output (N, OH, OW, K) (res: the output's without a residual)."""
     out_desc = _desc(out_nhwc, [1, bh, bw, bn])
-    return (_desc(x_nhwc, [1, bh, bw, bk]), _desc(weight2d, [bn, bk]), out_desc,
+    x_desc = _desc(x_nhwc, [1, bh, bw, bk]) if stride == 1 else _desc(phase_view(x_nhwc), [1, bh, 1, bw, bk])
+    return (x_desc, _desc(weight2d, [bn, bk]), out_desc,
             _desc(res_nhwc, [1, bh, bw, bn]) if res_nhwc is not None else out_desc)
 
 
-__all__ = ["conv_ws_kernel", "descriptors", "smem_bytes"]
+__all__ = ["conv_ws_kernel", "descriptors", "phase_view", "smem_bytes"]
