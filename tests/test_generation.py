@@ -85,16 +85,15 @@ def test_family_generates_the_original_models_tokens(name, kv_cache):
         sets = [n for n in nodes if n.target is torch.ops.aten.copy_.default]
         assert len(writes) == len(opt.cache_step.cache.layers) and len(sets) == 1, (writes, sets)
     prompt = _prompt(2, 9, left_pad=(3, 0))
-    with torch.no_grad():
-        want = lm.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
-        got = opt.generate(**prompt, max_new_tokens=64, do_sample=False, pad_token_id=0)
-        assert got.shape == (2, 73) and torch.equal(got, want)
+    with torch.no_grad():   # 41 tokens: the paged cache's pages of 16 crossed twice
+        want = lm.generate(**prompt, max_new_tokens=32, do_sample=False, pad_token_id=0)
+        got = opt.generate(**prompt, max_new_tokens=32, do_sample=False, pad_token_id=0)
+        assert got.shape == (2, 41) and torch.equal(got, want)
         # the step's cache writes are replayable: its runner may use CUDA graphs and Inductor (a runner made
         # before the mark was set, by optimize's own calls, ran decode as eager plain calls on the GPU)
         assert "updates module state in place" not in opt.step.info.runtime, opt.step.info.runtime
-        # HF's loop over the step (the paged rows: a few tokens, each an interpreted attention kernel)
-        sampling = dict(max_new_tokens=24 if kv_cache == "static" else 8, do_sample=True, temperature=0.7, top_k=20,
-                        top_p=0.9, pad_token_id=0)
+        # HF's sampling loop over the step: a few tokens, each an interpreted attention kernel
+        sampling = dict(max_new_tokens=8, do_sample=True, temperature=0.7, top_k=20, top_p=0.9, pad_token_id=0)
         torch.manual_seed(5)
         want = lm.generate(**prompt, **sampling)
         torch.manual_seed(5)
@@ -248,16 +247,16 @@ def test_the_step_replayed_as_a_graph_gives_the_same_tokens(monkeypatch, kv_cach
     opt = _optimize(lm, kv_cache=kv_cache, **({"passes": ()} if kv_cache == "paged" else {}))   # the cache's concern
     prompt = _prompt(2, 9, left_pad=(3, 0))
     with torch.no_grad():
-        want = lm.generate(**prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
-        got = opt.generate(**prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
+        want = lm.generate(**prompt, max_new_tokens=24, do_sample=False, pad_token_id=0)
+        got = opt.generate(**prompt, max_new_tokens=24, do_sample=False, pad_token_id=0)
         assert torch.equal(got, want)
         torch.manual_seed(3)
-        want = lm.generate(**prompt, max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
+        want = lm.generate(**prompt, max_new_tokens=6, do_sample=True, top_k=20, pad_token_id=0)
         torch.manual_seed(3)
-        got = opt.generate(**prompt, max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
+        got = opt.generate(**prompt, max_new_tokens=6, do_sample=True, top_k=20, pad_token_id=0)
         assert torch.equal(got, want)
     keys = [[tuple(leaf[0]) for leaf in key if isinstance(leaf, tuple)] for key in opt.step.runner.entries]
-    assert opt.step.runner.captures >= 1 and max(g.replays for g in graphs) >= 40, \
+    assert opt.step.runner.captures >= 1 and max(g.replays for g in graphs) >= 24, \
         (opt.step.runner.status(), [g.replays for g in graphs], keys)
 
 
