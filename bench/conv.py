@@ -82,8 +82,8 @@ def path_of(cfg: dict, gemm_path: bool, rows: bool = False) -> str:
     if gemm_path:
         return f"GEMM {cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')}x{cfg.get('BLOCK_K')}"
     if rows:
-        return (f"conv ROWS {cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')} {cfg.get('num_warps')}w {cfg.get('num_stages')}st, "
-                f"{cfg.get('ROW_STEP')} row(s) a K step")
+        return (f"conv ROWS {cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')} {cfg.get('num_warps')}w "
+                f"{cfg.get('num_stages')}st, {cfg.get('ROW_STEP')} row(s) a K step")
     if cfg.get("GLUON"):    # the warp-specialized Gluon conv (kernels/conv_hopper.py)
         return (f"Gluon conv {cfg.get('BLOCK_H')}x{cfg.get('BLOCK_W')} x {cfg.get('BLOCK_N')} channels, "
                 f"{cfg.get('CONSUMERS')} MMA warpgroup(s), {cfg.get('STAGES')} stages")

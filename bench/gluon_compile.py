@@ -167,7 +167,8 @@ def main() -> int:
     if args.kernel == "gemm":
         jobs = [(i, case, compile_candidate) for i in indices for case in CASES]
     elif args.kernel == "conv":
-        jobs = [(i, case, compile_conv) for i in indices for case in (("relu", True), ("none", False), ("relu", True, 2))]
+        cases = (("relu", True), ("none", False), ("relu", True, 2))   # the last at stride 2
+        jobs = [(i, case, compile_conv) for i in indices for case in cases]
     elif args.kernel == "w8a8":   # int8 weights are stored (N, K): the int8 MMA reads both operands K-major
         jobs = [(i, (act, res, False, torch.float16, True), compile_candidate)
                 for i in indices for act, res in (("gelu", True), ("none", False))]

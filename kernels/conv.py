@@ -383,7 +383,7 @@ def gluon_config(bh, bw, bn, bk, stages, consumers, warps) -> triton.Config:
     return cfg
 
 
-# The Gluon conv's candidates (stride-1 convs, C a multiple of 64): the GEMM's ping-pong and one-consumer tiles
+# The Gluon conv's candidates (stride 1 and 2, C a multiple of 64): the GEMM's ping-pong and one-consumer tiles
 # as pixel rectangles, 8 x 8 for 7 x 7 and 14 x 14 maps, 64 channels wide for ResNet's first stage. Built for
 # sm90 with triton 3.6 and 3.9 without spills (bench/gluon_compile.py --kernel conv), stride 1 and 2.
 GLUON_CONFIGS = [gluon_config(8, 16, 128, 64, 4, 2, 4), gluon_config(16, 8, 128, 64, 4, 2, 4),
@@ -413,7 +413,8 @@ def prune_configs(configs, sizes):
                 and c.kwargs["BLOCK_K"] <= max(16, triton.next_power_of_2(sizes["C"]))]
         return keep or GROUPED_CONFIGS[:1]
     keep = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, triton.next_power_of_2(sizes["K"]))
-            and (sizes["rect"] or not c.kwargs["RECT"] or c.kwargs.get("GLUON")) and split_ok(c) and (c in ROWS_CONFIGS) == sizes["rows"]
+            and (sizes["rect"] or not c.kwargs["RECT"] or c.kwargs.get("GLUON")) and split_ok(c)
+            and (c in ROWS_CONFIGS) == sizes["rows"]
             and c not in GROUPED_ONLY
             and (not c.kwargs.get("GLUON") or sizes.get("gluon") and sizes["C"] % c.kwargs["BLOCK_K"] == 0)]
     return keep or [c for c in configs if not c.kwargs["RECT"] and (c in ROWS_CONFIGS) == sizes["rows"]][:1]
@@ -533,7 +534,8 @@ def why_unsupported(x, weight, bias=None, residual=None, stride=(1, 1), padding=
         return (f"x has {C} channels but the packed weight {tuple(weight.shape)} takes {Cw} a group: not a "
                 "whole number of groups of in and out channels")
     if (R > MAX_KERNEL or S > MAX_KERNEL) and not is_patchify(weight.shape, stride, padding, dilation):
-        return f"kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL} (taken only as a patch embedding: stride = kernel, no padding)"
+        return (f"kernel {R}x{S} over {MAX_KERNEL}x{MAX_KERNEL} (taken only as a patch embedding: stride = kernel, "
+                "no padding)")
     return operands_problem(x, weight, bias, residual, K, output_size(H, W, R, S, stride, padding, dilation),
                             activation)
 
