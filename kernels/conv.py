@@ -497,21 +497,23 @@ def nhwc_view(x: torch.Tensor) -> torch.Tensor:
     return gemm.tma_view(x.permute(0, 2, 3, 1))
 
 
-def gluon_geometry_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
-    """Whether the Gluon conv's boxes can gather this conv's input: rect_ok's conditions at stride 1; at
-    stride 2 the same on even H and W with W's stride C, as its 5-D phase view needs (conv_hopper)."""
-    if tuple(stride) == (1, 1):
-        return rect_ok(x_nhwc, weight, stride)
-    _, H, W, C = x_nhwc.shape
-    return (tuple(stride) == (2, 2) and H % 2 == 0 and W % 2 == 0 and x_nhwc.stride(2) == C
-            and rect_ok(x_nhwc, weight, (1, 1)))
+def _boxes_ok(x_nhwc: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether TMA boxes can gather this conv's input and weight: at least 16 channels, NHWC rows and every
+    stride 16-byte aligned."""
+    return x_nhwc.shape[3] >= 16 and _tma_nhwc_ok(x_nhwc) and weight.data_ptr() % 16 == 0
 
 
 def rect_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
-    """Whether the TMA-rectangle path can take this conv: stride 1, at least 16 channels, NHWC
-    rows and every stride 16-byte aligned."""
-    return (tuple(stride) == (1, 1) and x_nhwc.shape[3] >= 16 and _tma_nhwc_ok(x_nhwc)
-            and weight.data_ptr() % 16 == 0)
+    """Whether the tl kernel's TMA-rectangle path can take this conv: stride 1, and _boxes_ok."""
+    return tuple(stride) == (1, 1) and _boxes_ok(x_nhwc, weight)
+
+
+def gluon_geometry_ok(x_nhwc: torch.Tensor, weight: torch.Tensor, stride) -> bool:
+    """Whether the Gluon conv's boxes can gather this conv's input: _boxes_ok at stride 1; at stride 2 also
+    even H and W with W's stride C, as its 5-D phase view needs (conv_hopper.phase_view)."""
+    _, H, W, C = x_nhwc.shape
+    phase_ok = tuple(stride) == (2, 2) and H % 2 == 0 and W % 2 == 0 and x_nhwc.stride(2) == C
+    return (tuple(stride) == (1, 1) or phase_ok) and _boxes_ok(x_nhwc, weight)
 
 
 MAX_KERNEL = 7
@@ -605,9 +607,10 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
             calls, kw = known
             calls(kw, tensors, stride, padding, dilation, x.device.index or 0)
             return out
-        use_rect = rows is None and groups == 1 and rect_ok(nhwc_view(x), weight, stride)
-        use_gluon = (rows is None and groups == 1 and gluon_geometry_ok(nhwc_view(x), weight, stride)
-                     and gluon_problem(nhwc_view(x), nhwc_view(residual) if residual is not None else None,
+        x_nhwc, ungrouped = nhwc_view(x), rows is None and groups == 1
+        use_rect = ungrouped and rect_ok(x_nhwc, weight, stride)
+        use_gluon = (ungrouped and gluon_geometry_ok(x_nhwc, weight, stride)
+                     and gluon_problem(x_nhwc, nhwc_view(residual) if residual is not None else None,
                                        nhwc_view(out)) is None)
         cp, sp, _, _, align = rows or (0, 0, 0, 0, 0)
         meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
