@@ -29,10 +29,13 @@ def environment() -> dict:
         p = torch.cuda.get_device_properties(0)
         env.update(device=p.name, sms=p.multi_processor_count,
                    memory_gib=round(p.total_memory / 2**30, 1))
-        try:
-            env["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20).stdout.strip()
+        try:   # one line per GPU of the host: the driver is the host's
+            lines = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                   capture_output=True, text=True, timeout=20).stdout.split()
+            if lines:
+                env["driver"] = lines[0]
+            if len(lines) > 1:
+                env["gpus_on_host"] = len(lines)
         except (OSError, subprocess.SubprocessError):
             pass
     else:
@@ -244,7 +247,8 @@ def speedup(row: dict, fast: str, base: str) -> tuple[float, float, float]:
 
 
 def env_line(env: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in env.items())
+    # (a driver read on a host of several GPUs before environment() kept one line: one per GPU)
+    return ", ".join(f"{k} {' / '.join(dict.fromkeys(str(v).split())) if k == 'driver' else v}" for k, v in env.items())
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
