@@ -703,7 +703,7 @@ class _Calls:
     @staticmethod
     def reduce_grid(out):
         N, K, OH, OW = out.shape
-        return (triton.cdiv(N * OH * OW, 64), triton.cdiv(K, 64))
+        return (triton.cdiv(N * OH * OW, REDUCE_BLOCK[0]), triton.cdiv(K, REDUCE_BLOCK[1]))
 
     @staticmethod
     def partials(kw, out):
@@ -772,9 +772,17 @@ def _args(kw, tensors, stride, padding, dilation, part=None) -> tuple:
             *x.stride(), *res.stride(), *dest_strides)
 
 
+# _splitk_reduce's tile (pixels, channels). Split convs have few output pixels (batch 1-8 at 14 x 14 / 7 x 7), so
+# rows of 16 spread the slices' sum over 4x the programs of 64-row tiles (ResNet-50's layer4 3x3 at batch 1:
+# 32 programs, not 8). H100, 2026-11-27, Nsight Compute (bench/results/runs/ncu/run43, run43b): the reduce
+# took 7.6-10.4 us with 64 rows, longer than the conv itself (7.4-8.5 us), and 3.6-4.3 us with 16; batch-1
+# layer3 / layer4 3x3 went from 0.71x / 0.94x cuDNN to 0.94x / 1.29x (bench/conv.py).
+REDUCE_BLOCK = (16, 64)
+
+
 def _reduce_meta(kw, meta) -> dict:
     return dict(HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
-                ACTIVATION=meta["ACTIVATION"], SPLIT=kw["SPLIT"], BLOCK_M=64, BLOCK_N=64)
+                ACTIVATION=meta["ACTIVATION"], SPLIT=kw["SPLIT"], BLOCK_M=REDUCE_BLOCK[0], BLOCK_N=REDUCE_BLOCK[1])
 
 
 def _reduce_args(part, tensors) -> tuple:
