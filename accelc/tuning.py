@@ -7,8 +7,9 @@ triton.autotune bookkeeping per call). On a miss the config comes from, in order
   - ACCELC_AUTOTUNE=0: the kernel's default config for the sizes (fast start, slower kernels);
   - the on-disk cache: a JSON file per (kernel, key) under ACCELC_CACHE_DIR (default
     $XDG_CACHE_HOME/accelc or ~/.cache/accelc), named by a hash of the kernel's source (with the
-    jit functions it calls), its candidate configs, the key, the device and the Triton, PyTorch
-    and CUDA versions, so a change to any of them tunes again. Files are written to a temporary
+    jit functions it calls, and of the other kernels its candidates launch), its candidate configs,
+    the key, the device, the Triton, PyTorch and CUDA versions and the tuner's launch_identity, so a
+    change to any of them tunes again. Files are written to a temporary
     name and renamed: concurrent processes each write a whole file, the last one stays;
   - tuning: every candidate the prune function keeps is run and timed over a captured CUDA graph
     (a config that fails to compile or launch is skipped and logged), the fastest kept;
@@ -184,12 +185,16 @@ class Tuner:
     interpreter: sizes -> the config used under TRITON_INTERPRET;
     size_fields: how many leading key fields are sizes (bucketed M, L, ...): a key borrows from
                  keys equal to it beyond them.
+    launch_identity: what else a candidate's time depends on that neither the configs nor the kernels'
+                 source say (a helper kernel's launch parameters set by the launcher): it keys the disk
+                 cache too, so a change to it tunes again.
     """
 
     def __init__(self, name: str, kernel, configs: list, *, prune: Callable | None = None,
                  default: Callable[[dict], triton.Config], interpreter: Callable[[dict], triton.Config],
-                 other_kernels: Callable[[], list] | None = None, size_fields: int = 1):
+                 other_kernels: Callable[[], list] | None = None, size_fields: int = 1, launch_identity: str = ""):
         self.name = name
+        self.launch_identity = launch_identity
         self.size_fields = size_fields
         self.borrowed: dict[tuple, tuple | None] = {}   # key -> the key its config came from (None: the default)
         self.kernel = kernel
@@ -297,7 +302,7 @@ class Tuner:
             self._source_hash = hashlib.sha256(str(src if len(src) > 1 else src[0]).encode()).hexdigest()
         ident = json.dumps([_FORMAT, self.name, self._source_hash, [config_dict(c) for c in self.configs],
                             [str(k) for k in key], *device_identity(), triton.__version__, torch.__version__,
-                            torch.version.cuda])
+                            torch.version.cuda, *([self.launch_identity] if self.launch_identity else [])])
         return cache_dir() / f"{self.name}-{hashlib.sha256(ident.encode()).hexdigest()[:40]}.json"
 
     def _read(self, path: Path, candidates: list, key) -> triton.Config | None:

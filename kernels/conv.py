@@ -420,6 +420,15 @@ def prune_configs(configs, sizes):
     return keep or [c for c in configs if not c.kwargs["RECT"] and (c in ROWS_CONFIGS) == sizes["rows"]][:1]
 
 
+# _splitk_reduce's tile (pixels, channels). Split convs have few output pixels (batch 1-8 at 14 x 14 / 7 x 7), so
+# rows of 16 spread the slices' sum over 4x the programs of 64-row tiles (ResNet-50's layer4 3x3 at batch 1:
+# 32 programs, not 8). H100, 2026-11-27, Nsight Compute (bench/results/runs/ncu/run43, run43b): the reduce
+# took 7.6-10.4 us with 64 rows, longer than the conv itself (7.4-8.5 us), and 3.6-4.3 us with 16; batch-1
+# layer3 / layer4 3x3 went from 0.71x / 0.94x cuDNN to 0.94x / 1.29x (bench/conv.py). The tuner times a split
+# config with its reduce, so the tile keys the tuning cache (TUNER's launch_identity).
+REDUCE_BLOCK = (16, 64)
+
+
 # (kernels.conv_hopper, None), or (None, why this Triton cannot build it)
 _hopper_import = functools.partial(runtime.import_gluon, "conv_hopper", "conv", "conv2d")
 
@@ -429,9 +438,10 @@ def _hopper():
 
 
 def _other_kernels() -> list:
-    """The Gluon conv where this Triton builds it (its source is part of the tuning cache's key)."""
+    """The split reduction and the Gluon conv where this Triton builds it (their source is part of the
+    tuning cache's key)."""
     hopper = _hopper()
-    return [hopper.conv_ws_kernel] if hopper else []
+    return [_splitk_reduce] + ([hopper.conv_ws_kernel] if hopper else [])
 
 
 def _tma_nhwc_ok(t: torch.Tensor) -> bool:
@@ -456,7 +466,8 @@ def gluon_problem(x_nhwc, res_nhwc, out_nhwc) -> str | None:
 TUNER = Tuner("conv2d", _conv_kernel, CONFIGS, prune=prune_configs,
               default=lambda sizes: (rect_config(8, 8, 64, 32, 3, 4) if sizes["rect"] else config(128, 32, 32, 3, 4)
                            if sizes.get("groups", 1) > 1 else config(64, 64, 32, 3, 4)),
-              interpreter=lambda sizes: interpreter_config(sizes), other_kernels=_other_kernels)
+              interpreter=lambda sizes: interpreter_config(sizes), other_kernels=_other_kernels,
+              launch_identity=f"split reduce tile {REDUCE_BLOCK}")
 
 
 def interpreter_config(sizes) -> triton.Config:
@@ -770,14 +781,6 @@ def _args(kw, tensors, stride, padding, dilation, part=None) -> tuple:
             bias, res, dest, C, H, W, K, OH, OW, N * OH * OW, R * S * C,
             stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
             *x.stride(), *res.stride(), *dest_strides)
-
-
-# _splitk_reduce's tile (pixels, channels). Split convs have few output pixels (batch 1-8 at 14 x 14 / 7 x 7), so
-# rows of 16 spread the slices' sum over 4x the programs of 64-row tiles (ResNet-50's layer4 3x3 at batch 1:
-# 32 programs, not 8). H100, 2026-11-27, Nsight Compute (bench/results/runs/ncu/run43, run43b): the reduce
-# took 7.6-10.4 us with 64 rows, longer than the conv itself (7.4-8.5 us), and 3.6-4.3 us with 16; batch-1
-# layer3 / layer4 3x3 went from 0.71x / 0.94x cuDNN to 0.94x / 1.29x (bench/conv.py).
-REDUCE_BLOCK = (16, 64)
 
 
 def _reduce_meta(kw, meta) -> dict:

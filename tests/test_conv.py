@@ -175,6 +175,12 @@ def test_split_reduction_matches_and_applies_the_epilogue_once(cfg, dtype, atol,
     assert torch.equal(outs[0], outs[1])      # the slice order is fixed: the same bits every run
 
 
+def test_the_split_reduce_keys_the_conv_tuning_cache():
+    # a split config is timed with its reduce: the reduce's source and tile are part of the cache's key
+    assert conv._splitk_reduce in conv._other_kernels()
+    assert str(conv.REDUCE_BLOCK) in conv.TUNER.launch_identity
+
+
 def test_split_offered_only_where_tiles_are_few_and_the_reduction_long():
     def splits(**kw):
         sizes = dict(N=1, C=512, H=7, W=7, K=512, R=3, S=3, OH=7, OW=7, M=49, stride=1, rect=True, rows=False)

@@ -200,6 +200,21 @@ def test_the_other_kernels_source_keys_the_cache(fake_gpu):
     assert _tuner()._cache_file(key) != same[0]
 
 
+def test_the_launch_identity_keys_the_cache(fake_gpu):
+    """What a candidate's time depends on beyond its config and the kernels' source (the conv's split
+    reduce tile): a change to it is a new cache file; a tuner without one keeps the files it had."""
+    def tuner(identity):
+        return tuning.Tuner("fake", _Kernel(), CONFIGS, default=lambda s: CONFIGS[0], interpreter=lambda s: CONFIGS[1],
+                            launch_identity=identity)
+
+    key = (128, "fp16")
+    assert tuner("reduce tile (16, 64)")._cache_file(key) == tuner("reduce tile (16, 64)")._cache_file(key)
+    assert tuner("reduce tile (16, 64)")._cache_file(key) != tuner("reduce tile (64, 64)")._cache_file(key)
+    assert tuner("")._cache_file(key) == tuning.Tuner("fake", _Kernel(), CONFIGS, default=lambda s: CONFIGS[0],
+                                                      interpreter=lambda s: CONFIGS[1])._cache_file(key)
+    assert tuner("")._cache_file(key) != tuner("reduce tile (16, 64)")._cache_file(key)
+
+
 def test_calls_borrow_the_nearest_tuned_config_and_warm_up_tunes_them(fake_gpu, caplog):
     """A served call never stalls on tuning: a key not tuned takes the config of the nearest
     tuned key alike beyond its sizes (or the default with none), said in the log; after
