@@ -84,3 +84,61 @@ def test_e2e_merge_mode_refuses_a_runs_options(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(sys, "argv", ["e2e.py", "--merge", str(tmp_path), "--out", str(tmp_path / "out")])
     e2e.main()
     assert merged == [(str(tmp_path), str(tmp_path / "out"))]
+
+
+def test_the_driver_of_a_host_of_several_gpus_is_one_line(monkeypatch):
+    """nvidia-smi prints the driver once per GPU: a four-GPU host's results said it four times, on four
+    lines of every table's header. environment() keeps one and counts the GPUs; env_line collapses the
+    multi-line value that files written before hold."""
+    import types
+    monkeypatch.setattr(_common.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_common.torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(name="GPU", multi_processor_count=132, total_memory=2**36))
+    smi = types.SimpleNamespace(stdout="580.1\n580.1\n580.1\n")
+    monkeypatch.setattr(_common.subprocess, "run", lambda *a, **k: smi)
+    env = _common.environment()
+    assert env["driver"] == "580.1" and env["gpus_on_host"] == 3
+    line = _common.env_line({"device": "GPU", "driver": "580.1\n580.1\n580.1"})
+    assert line == "device GPU, driver 580.1" and "\n" not in line
+
+
+def _ncu_csv(rows) -> str:
+    head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+    return "==PROF== Connected\n" + head + "".join(
+        f'"{i}","{k}","{m}","{u}","{v}"\n' for i, k, m, u, v in rows)
+
+
+def test_ncu_summary_gives_each_kernel_to_its_case_and_side(tmp_path):
+    """bench/ncu_profile.py --summary: kernels between marker kernels go to case 0's accelc side, case 0's
+    library side, case 1's ...; times and bytes in the units ncu printed (ns, byte) come out in us and MB;
+    a .csv.gz reads as the .csv; choices recorded as text (the first --cases-out) or as dicts both read."""
+    import gzip
+
+    import ncu_profile
+    rows = []
+    kernels = [("spin_kernel", 1000), ("ours", 12000), ("spin_kernel", 1000), ("lib_a", 6000), ("lib_b", 2000)]
+    for i, (name, ns) in enumerate(kernels):
+        rows += [(i, name, "gpu__time_duration.sum", "ns", f"{ns:,}"),
+                 (i, name, "lts__t_bytes.sum", "byte", "3,000,000"),
+                 (i, name, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", "40"),
+                 (i, name, "launch__grid_size", "", "132"), (i, name, "launch__block_size", "", "384")]
+    (tmp_path / "k.csv.gz").write_bytes(gzip.compress(_ncu_csv(rows).encode()))
+    (tmp_path / "cases.json").write_text(json.dumps([{"case": "gemm:8,8,8", "chosen": ["linear: {'BLOCK_M': 64}"]}]))
+    ncu_profile.summarize(tmp_path / "k.csv.gz", tmp_path / "cases.json", tmp_path / "t.md")
+    line = next(x for x in (tmp_path / "t.md").read_text().splitlines() if x.startswith("| gemm:8,8,8 | ours"))
+    cells = [c.strip() for c in line.split("|")]
+    assert cells[3:6] == ["12.0", "8.0", "1.50"]       # accelc us, library us (two kernels summed), ratio
+    assert cells[7] == "3 / 6" and cells[8] == "132 x 384 / 132 x 384" and cells[9] == "BLOCK_M=64", line
+
+
+def test_ncu_groups_read_the_benches_own_lists():
+    """The 'layers' and 'resnet' groups come from bench/gemm_models.py's LAYERS and bench/conv.py's SHAPES
+    (read from source: importing those scripts points the tuning cache at a fresh directory)."""
+    import ncu_profile
+    layers = ncu_profile._bench_list("gemm_models.py", "LAYERS")
+    assert len(ncu_profile.GROUPS["layers"]) == sum(kind in ("linear", "conv1d") for *_, kind in layers)
+    assert "gemm:6304,768,768,none,res" in ncu_profile.GROUPS["layers"]
+    assert "gemm:4096,768,2304,none,kn" in ncu_profile.GROUPS["layers"]       # GPT-2's Conv1D: W stored (K, N)
+    shapes = ncu_profile._bench_list("conv.py", "SHAPES")
+    assert len(ncu_profile.GROUPS["resnet"]) == len(shapes) + 2 * sum(s[3] == 3 for s in shapes)
+    assert "conv:1,512,7,512,3,1" in ncu_profile.GROUPS["resnet"]
