@@ -132,12 +132,12 @@ def summarize(path, cases_path, markdown=None):
         print(f"## {case['case']}")
         for chosen in case["chosen"]:
             print(f"  chosen: {chosen['tuner']}: {chosen['config']}")
-        for s, label in ((2 * c, "accelc"), (2 * c + 1, "library")):
-            for name, m in (sides[s] if s < len(sides) else []):
+        ours, lib = (sides[s] if s < len(sides) else [] for s in (2 * c, 2 * c + 1))
+        for kernels, label in ((ours, "accelc"), (lib, "library")):
+            for name, m in kernels:
                 print(f"  {label:7s} {name[:70]}")
                 print("          " + _line(m))
                 table.append(f"| {case['case']} | {label} | {name[:60]} | " + " | ".join(_cells(m)) + " |")
-        ours, lib = (sides[s] if s < len(sides) else [] for s in (2 * c, 2 * c + 1))
         if ours and lib:
             compare.append(_compare_row(case, ours, lib))
     if markdown:
@@ -152,19 +152,18 @@ def _split_choice(text: str) -> tuple:
 def _compare_row(case, ours, lib) -> str:
     """One case: each side's kernels summed, and its main (longest) kernel's tensor use, L2 traffic and launch."""
     def side(kernels):
-        us = sum(_num(m.get("gpu__time_duration.sum")) for _, m in kernels)
-        main = max(kernels, key=lambda k: _num(k[1].get("gpu__time_duration.sum")))[1]
+        us = sum(_us(m) for _, m in kernels)
+        main = max(kernels, key=lambda k: _us(k[1]))[1]
         l2 = sum(_num(m.get("lts__t_bytes.sum")) for _, m in kernels)
         return us, main, l2, max(_tensor(m) for _, m in kernels)
     (ua, ma, la, ta), (ul, ml, ll, tl) = side(ours), side(lib)
-    launch = lambda m: f"{_num(m.get('launch__grid_size')):.0f} x {_num(m.get('launch__block_size')):.0f}"  # noqa: E731
     names = ", ".join(dict.fromkeys(n.split("(")[0].split("<")[0][:40] for n, _ in ours))
     keys = ("BLOCK_M", "BLOCK_N", "BLOCK_H", "BLOCK_W", "BLOCK_K", "STAGES", "CONSUMERS", "GLUON", "COOP", "SPLIT",
             "num_warps")
     configs = "; ".join(" ".join(f"{k}={v}" for k, v in c["config"].items() if k in keys) for c in case["chosen"])
     forced = [p for p in case["case"].split(",") if p.startswith("gluon=")]
     return (f"| {case['case']} | {names} | {ua:.1f} | {ul:.1f} | {ua / ul:.2f} | {ta:.0f}% / {tl:.0f}% "
-            f"| {la:.0f} / {ll:.0f} | {launch(ma)} / {launch(ml)} | "
+            f"| {la:.0f} / {ll:.0f} | {_launch(ma)} / {_launch(ml)} | "
             f"{configs or ('forced: GLUON_CONFIGS[' + forced[0][6:] + ']' if forced else '')} |")
 
 
@@ -173,6 +172,14 @@ def _num(v):
         return float(str(v).replace(",", ""))
     except (TypeError, ValueError):
         return float("nan")
+
+
+def _us(m) -> float:
+    return _num(m.get("gpu__time_duration.sum"))
+
+
+def _launch(m) -> str:
+    return f"{_num(m.get('launch__grid_size')):.0f} x {_num(m.get('launch__block_size')):.0f}"
 
 
 def _tensor(m) -> float:
@@ -189,27 +196,25 @@ def _pct(m, key) -> str:
 
 
 def _cells(m) -> list[str]:
-    return [f"{_num(m.get('gpu__time_duration.sum')):.1f}", f"{_tensor(m):.0f}%",
+    return [f"{_us(m):.1f}", f"{_tensor(m):.0f}%",
             _pct(m, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
             _pct(m, "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
             _pct(m, "lts__throughput.avg.pct_of_peak_sustained_elapsed"), _pct(m, "lts__t_sector_hit_rate.pct"),
             f"{_num(m.get('dram__bytes_read.sum')):.1f}", f"{_num(m.get('lts__t_bytes.sum')):.1f}",
             f"{_num(m.get('smsp__inst_executed.sum')) / 1e6:.2f}",
-            f"{_num(m.get('launch__grid_size')):.0f} x {_num(m.get('launch__block_size')):.0f}",
-            f"{_num(m.get('launch__registers_per_thread')):.0f}",
+            _launch(m), f"{_num(m.get('launch__registers_per_thread')):.0f}",
             f"{_num(m.get('launch__shared_mem_per_block_dynamic')) / 1024:.0f}",
             ", ".join(f"{k} {v:.2f}" for v, k in _stalls(m))]
 
 
 def _line(m) -> str:
-    return (f"{_num(m.get('gpu__time_duration.sum')):.1f} us (ncu), tensor {_tensor(m):.0f}%, "
+    return (f"{_us(m):.1f} us (ncu), tensor {_tensor(m):.0f}%, "
             f"SM {_num(m.get('sm__throughput.avg.pct_of_peak_sustained_elapsed')):.0f}%, "
             f"DRAM {_num(m.get('dram__throughput.avg.pct_of_peak_sustained_elapsed')):.0f}%, "
             f"L2 hit {_num(m.get('lts__t_sector_hit_rate.pct')):.0f}%, "
             f"DRAM read {_num(m.get('dram__bytes_read.sum')):.1f} MB, "
             f"warps active {_num(m.get('sm__warps_active.avg.pct_of_peak_sustained_active')):.1f}%, "
-            f"{_num(m.get('launch__registers_per_thread')):.0f} regs, grid {_num(m.get('launch__grid_size')):.0f} x "
-            f"{_num(m.get('launch__block_size')):.0f} threads, "
+            f"{_num(m.get('launch__registers_per_thread')):.0f} regs, grid {_launch(m)} threads, "
             f"smem {_num(m.get('launch__shared_mem_per_block_dynamic')):.0f} B; "
             "stalls/issue " + ", ".join(f"{k} {v:.2f}" for v, k in _stalls(m, 4)))
 
