@@ -15,7 +15,7 @@ from accelc import models
 from accelc.api import optimize
 from accelc.config import Int8Config, OptimizeConfig, PRESETS
 from accelc.convert import convert
-from accelc.errors import AccelcError, CaptureError, ModelFileError, PassError
+from accelc.errors import AccelcError, CaptureError, ModelFileError, PassError, ReportFailedError
 from accelc.generation import OptimizedLM
 from accelc.optimized import OptimizedModule
 from accelc.records import LayerRecord
@@ -27,6 +27,6 @@ from accelc.version import __version__
 
 __all__ = [
     "AccelcError", "CaptureError", "Int8Config", "LayerRecord", "ModelFileError", "OptimizeConfig",
-    "OptimizedModule", "PRESETS", "PassError", "Report", "__version__", "convert", "load", "models", "optimize",
-    "report", "save",
+    "OptimizedModule", "PRESETS", "PassError", "Report", "ReportFailedError", "__version__", "convert", "load",
+    "models", "optimize", "report", "save",
 ]

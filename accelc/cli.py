@@ -22,7 +22,7 @@ import torch
 import accelc
 from accelc.config import Int8Config
 from accelc.convert import check_forward, load_model_and_inputs
-from accelc.errors import CaptureError
+from accelc.errors import CaptureError, ReportFailedError
 from accelc.files import check_output_folder
 from accelc.report_rows import FORMATS
 
@@ -291,9 +291,17 @@ def _optimize(args) -> int:
 
 
 def _convert(args) -> int:
-    opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
-                         example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
-                         report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args))
+    try:
+        opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
+                             example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
+                             report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args))
+    except ReportFailedError as e:
+        if args.verbose:
+            raise
+        print(e.optimized.summary())
+        print(f"wrote {args.output}")
+        print(f"accelc: error: {e}", file=sys.stderr)
+        return 1
     print(opt.summary())
     print(f"wrote {args.output}")
     return 0

@@ -18,7 +18,7 @@ from accelc import models
 from accelc.api import make_job, optimize_job
 from accelc.capture import program_module
 from accelc.config import OptimizeConfig
-from accelc.errors import ModelFileError, short_error
+from accelc.errors import ModelFileError, ReportFailedError, short_error
 from accelc.files import check_output_file, check_output_folder, write_text
 from accelc.optimized import OptimizedModule
 from accelc.report import measure
@@ -202,9 +202,12 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     log.info(f"accelc: writing {out}")
     save(opt, out, strict=isinstance(config.dynamic, dict) and program is not None)
     if report_dir:
-        write_summary(opt, report_dir)
-        log.info(f"accelc: timing every layer against eager and ONNX Runtime for {report_dir}/report.*")
-        measure(opt, job, model_name=str(source)).write(report_dir)
+        try:
+            write_summary(opt, report_dir)
+            log.info(f"accelc: timing every layer against eager and ONNX Runtime for {report_dir}/report.*")
+            measure(opt, job, model_name=str(source)).write(report_dir)
+        except Exception as e:   # the program is complete: say so, not a bare failure after writing it
+            raise ReportFailedError(str(out), e, opt) from e
     return opt
 
 

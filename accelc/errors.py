@@ -17,6 +17,15 @@ class ModelFileError(AccelcError):
     """A model file that accelc cannot read, or inputs that do not fit it."""
 
 
+class ReportFailedError(AccelcError):
+    """`convert` wrote its program, complete, but the report asked beside it failed. `optimized`:
+    the optimized module; `program`: the file written."""
+
+    def __init__(self, program: str, cause: BaseException, optimized=None):
+        super().__init__(f"{program} is written and complete; only the report failed: {short_error(cause)}")
+        self.program, self.optimized = program, optimized
+
+
 class InputError(AccelcError, ValueError):
     """Example inputs the guard cannot check rewritten layers on (empty, NaN or inf)."""
 

@@ -10,6 +10,9 @@ and, once passes ran,
   SKIP         why no rule took this node (explain() writes it)
   REVERTED     on the nodes the guard put back: (the layer's Rewrite, reason, "reverted" | "kept")
   ABSORBED     module paths folded into this node (a batch norm into its conv), for layer names
+  DERIVED      on a get_attr of a tensor a pass made (a folded or stacked weight): (fn, source
+               targets), fn(*sources) recomputing it from the model's own tensors, so a layer whose
+               tensors were released can be rebuilt from the model (accelc.records.Rewrite.eager)
 The graph module's own meta holds REPLACED during a pass (accelc.rewrite.replace_uses).
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ REWRITE = "accelc"
 SKIP = "accelc_skip"
 REVERTED = "accelc_reverted"
 ABSORBED = "accelc_absorbed"
+DERIVED = "accelc_derived"
 REPLACED = "accelc_replaced"
 
 

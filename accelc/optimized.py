@@ -108,15 +108,7 @@ class OptimizedModule(nn.Module):
             raise InputError(f"{wrong} ({short_error(e)})") from None
 
     def _other_dtype(self, args) -> str | None:
-        """The first floating-point input whose dtype is not its example's, in words."""
-        for i, (a, ex) in enumerate(zip(args, self.example_inputs)):
-            if (isinstance(a, torch.Tensor) and isinstance(ex, torch.Tensor) and a.is_floating_point()
-                    and ex.is_floating_point() and a.dtype != ex.dtype):
-                name = str(ex.dtype).replace("torch.", "")
-                return (f"input {i} is {str(a.dtype).replace('torch.', '')}, and the model was optimized for {name} "
-                        f"inputs (its weights are {name}): cast the inputs (x.to(torch.{name})), or optimize with "
-                        "an example in the dtype you call it with")
-        return None
+        return other_dtype(args, self.example_inputs)
 
     def warm_up(self, inputs: tuple) -> None:
         """Compile the glue and capture the CUDA graph of these graph inputs (the CallSpec's flat
@@ -244,6 +236,20 @@ def _short_repr(v) -> str:
 
 def _flop(n: int) -> str:
     return f"{n / 1e9:.3g} GFLOP" if n >= 1e8 else f"{n / 1e6:.3g} MFLOP"
+
+
+def other_dtype(args, examples) -> str | None:
+    """The first floating-point input whose dtype is not its example's, in words (examples: tensors,
+    or anything with a .dtype, such as a program's fake inputs)."""
+    for i, (a, ex) in enumerate(zip(args, examples)):
+        dtype = getattr(ex, "dtype", None)
+        if (isinstance(a, torch.Tensor) and isinstance(dtype, torch.dtype) and a.is_floating_point()
+                and dtype.is_floating_point and a.dtype != dtype):
+            name = str(dtype).replace("torch.", "")
+            return (f"input {i} is {str(a.dtype).replace('torch.', '')}, and the model was optimized for {name} "
+                    f"inputs (its weights are {name}): cast the inputs (x.to(torch.{name})), or optimize with "
+                    "an example in the dtype you call it with")
+    return None
 
 
 def _traced(args, kwargs) -> bool:

@@ -9,13 +9,14 @@ imports its inputs' types and nothing above them:
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import fx
 
-from accelc.meta import attr_value
+from accelc.meta import DERIVED, attr_value
 
 
 @dataclass
@@ -55,7 +56,13 @@ class Rewrite:
             return self.original
         if model is None:
             raise ValueError(f"layer {self.layer}: its float weights were released; pass the model they live in")
-        return fx.GraphModule(model, self.original.graph, class_name="OriginalLayer")
+        root = {}
+        for n in self.original.graph.nodes:
+            if n.op == "call_module":
+                root[n.target] = model.get_submodule(n.target)
+            elif n.op == "get_attr":
+                root[n.target] = _model_tensor(model, n.target, n.meta.get(DERIVED), self.layer)
+        return fx.GraphModule(root, self.original.graph, class_name="OriginalLayer")
 
     def release_original(self) -> None:
         """Keep the original's graph but not its tensors, nor the fallback call: for a layer whose
@@ -75,6 +82,20 @@ class Rewrite:
             owner.register_buffer(name, value.detach().to("meta"))
         self.fallback = None
         self.released = True
+
+
+def _model_tensor(model, target: str, derived, layer: str):
+    """The tensor `target` of the model, or one a pass made, recomputed from the model's own
+    (meta.DERIVED: a folded batch norm's weights, stacked projections)."""
+    try:
+        return functools.reduce(getattr, target.split("."), model)
+    except AttributeError:
+        if derived is None:
+            raise ValueError(f"layer {layer}: it reads {target!r}, which the model does not hold and "
+                             "no pass said how to recompute") from None
+    fn, sources = derived
+    with torch.no_grad():
+        return fn(*(None if s is None else _model_tensor(model, s, None, layer) for s in sources))
 
 
 @dataclass

@@ -44,9 +44,8 @@ from accelc.version import __version__
 NO_CUDA_ORT = ("ORT ran on its CPU provider (no CUDAExecutionProvider here): numbers checked, no speedup "
                "stated against it; pip install 'accelc[ort-gpu]' for the CUDA provider")
 NO_INTERPRETED_RATIO = "accelc ran in Triton's CPU interpreter: its times are no performance figures, so no ratio"
-INTERPRETER_NOTE = ("No GPU: accelc's Triton kernels ran in Triton's CPU interpreter and ONNX Runtime on its "
-                    "CPU provider. The accelc timings below are NOT performance figures; they show only "
-                    "that every layer ran and how accurate it was.")
+INTERPRETER_NOTE = ("No GPU: accelc's Triton kernels ran in Triton's CPU interpreter{ort}. The accelc timings "
+                    "below are NOT performance figures; they show only that every layer ran and how accurate it was.")
 
 
 log = logging.getLogger("accelc")
@@ -328,7 +327,8 @@ def _header(name, opt, args, interpreted, sides: Sides) -> dict:
         "timer": f"{timer}; ORT called through run_with_iobinding (its own CUDA graph where the session "
                  "allows it)" if device.type == "cuda" else timer,
         "interpreted": bool(interpreted),
-        "note": INTERPRETER_NOTE if interpreted else "",
+        "note": INTERPRETER_NOTE.format(ort="" if sides.ort_why_not else " and ONNX Runtime on its CPU provider")
+                if interpreted else "",
         "capture": opt.info.capture_method,
     }
 

@@ -126,14 +126,20 @@ def find(gm: fx.GraphModule, pattern: Pattern) -> list[Match]:
     return sorted(matches, key=lambda mt: order[mt.anchor])
 
 
-def add_constant(gm: fx.GraphModule, name: str, value: torch.Tensor, before: fx.Node, path: str = "") -> fx.Node:
+def add_constant(gm: fx.GraphModule, name: str, value: torch.Tensor, before: fx.Node, path: str = "",
+                 derived: tuple | None = None) -> fx.Node:
     """Register `value` as a buffer of gm (a packed or folded weight, int8 weights and scales) and
-    read it with a get_attr node inserted before `before`."""
+    read it with a get_attr node inserted before `before`. `derived`: (fn, source get_attr nodes),
+    fn(*their tensors) == value, for a tensor a later layer reads as its own weight (a folded or
+    stacked one): a released layer is rebuilt from the model with it (meta.DERIVED)."""
     gm.register_buffer(name, value)
     with gm.graph.inserting_before(before):
         node = gm.graph.get_attr(name)
     meta.set_tensor_meta(node, value)
     node.meta[meta.PATH] = path
+    if derived is not None:
+        fn, sources = derived
+        node.meta[meta.DERIVED] = (fn, tuple(None if s is None else s.target for s in sources))
     return node
 
 

@@ -26,7 +26,7 @@ from accelc.capture import export_program, program_module, quiet_torch_logs
 from accelc.capture.shapes import SHAPES, DimRange, InputShapes, guard_failure
 from accelc.errors import InputError, ModelFileError, short_error
 from accelc.files import atomic_path, check_output_file
-from accelc.optimized import OptimizedModule
+from accelc.optimized import OptimizedModule, other_dtype
 
 SUMMARY_FILE = "accelc_summary.json"
 CHECKSUM_FILE = "accelc_weights_crc32.json"    # the program's weights' CRC-32, which accelc.load verifies
@@ -238,3 +238,14 @@ class LoadedProgram(nn.Module):
                 raise
             flat = list(args) + [kwargs.get(n) for n in self.shapes.names[len(args):]]
             raise InputError(self.shapes.refusal(text, tuple(flat))) from None
+        except (ValueError, RuntimeError) as e:     # a kernel's operand check on another dtype: as the optimized module says it
+            flat = list(args) + [kwargs.get(n) for n in self.shapes.names[len(args):]]
+            wrong = other_dtype(flat, self._example_values())
+            if wrong is None:
+                raise
+            raise InputError(f"{wrong} ({short_error(e)})") from None
+
+    def _example_values(self) -> list:
+        """The program's user inputs as it was exported (fake tensors: their dtypes), in call order."""
+        placeholders = {n.name: n for n in self.program.graph.nodes if n.op == "placeholder"}
+        return [placeholders[n].meta.get("val") if n in placeholders else None for n in self.shapes.names]

@@ -10,6 +10,8 @@ layer1.0.conv1+bn1 in summaries.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import fx
@@ -40,6 +42,11 @@ def fold(w, b, mean, var, gamma, beta, eps):
     return (w.to(acc) * g.reshape(-1, 1, 1, 1)).to(w.dtype), shift.to(w.dtype)
 
 
+def _folded(which, eps, w, b, mean, var, gamma, beta):
+    """fold's w' (which=0) or b' (1), for meta.DERIVED: picklable, unlike a lambda."""
+    return fold(w, b, mean, var, gamma, beta, eps)[which]
+
+
 def _check(m, ctx) -> str | None:
     ins = [m.input(k) for k in _PARAMS]
     if any(v is not None and not (isinstance(v, fx.Node) and v.op == "get_attr") for v in ins) \
@@ -52,8 +59,11 @@ def _build(m, ctx) -> Replacement:
     ts = {k: None if m.input(k) is None else attr_value(m.gm, m.input(k)) for k in _PARAMS}
     w, b = fold(ts["w"], ts["b"], ts["mean"], ts["var"], ts["gamma"], ts["beta"], m.input("eps"))
     base, conv_path = m.input("w").target.replace(".", "_"), meta.path(m.nodes[0])
-    w_node = add_constant(m.gm, f"{base}_accelc_folded_w", w.detach(), before=m.anchor, path=conv_path)
-    b_node = add_constant(m.gm, f"{base}_accelc_folded_b", b.detach(), before=m.anchor, path=conv_path)
+    sources = [m.input(k) for k in _PARAMS]
+    w_node = add_constant(m.gm, f"{base}_accelc_folded_w", w.detach(), before=m.anchor, path=conv_path,
+                          derived=(functools.partial(_folded, 0, m.input("eps")), sources))
+    b_node = add_constant(m.gm, f"{base}_accelc_folded_b", b.detach(), before=m.anchor, path=conv_path,
+                          derived=(functools.partial(_folded, 1, m.input("eps")), sources))
     args = (m.input("x"), w_node, b_node, m.input("stride"), m.input("padding"), m.input("dilation"),
             m.input("groups"))
     return Replacement(F.conv2d, args)   # kind "": a simplification, not a layer

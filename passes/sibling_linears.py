@@ -86,6 +86,11 @@ def _views_to_reshapes(start: fx.Node) -> None:
         todo.extend(n.users)
 
 
+def _cat(*tensors):
+    """The stacked tensor from its parts (meta.DERIVED)."""
+    return torch.cat([t.detach() for t in tensors]).contiguous()
+
+
 def _stack(gm: fx.GraphModule, group: list[fx.Node]) -> None:
     g = gm.graph
     first = group[0]           # graph order: the fused GEMM goes where the first projection was
@@ -97,8 +102,9 @@ def _stack(gm: fx.GraphModule, group: list[fx.Node]) -> None:
     with torch.no_grad():
         w_cat = torch.cat([attr_value(gm, w).detach() for w in weights]).contiguous()
         b_cat = torch.cat([attr_value(gm, b).detach() for b in biases]).contiguous() if biases[0] is not None else None
-    w_node = add_constant(gm, stem, w_cat, before=first, path=meta.path(weights[0]))
-    b_node = add_constant(gm, stem + "_bias", b_cat, before=first, path=meta.path(biases[0])) if b_cat is not None else None
+    w_node = add_constant(gm, stem, w_cat, before=first, path=meta.path(weights[0]), derived=(_cat, weights))
+    b_node = add_constant(gm, stem + "_bias", b_cat, before=first, path=meta.path(biases[0]),
+                          derived=(_cat, biases)) if b_cat is not None else None
     args = (x, w_node, b_node)
     with g.inserting_before(first):
         fused = g.call_function(F.linear, args)

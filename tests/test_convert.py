@@ -223,3 +223,45 @@ def test_convert_takes_example_inputs_saved_as_a_dict_of_named_tensors(tmp_path,
     assert main(["convert", str(tmp_path / "bert.pt"), "-o", str(tmp_path / "b.pt2"), "--example-inputs",
                  str(tmp_path / "enc.pt")]) == 1
     assert "holds a BatchEncoding" in (err := capsys.readouterr().err) and "torch.save(dict(inputs), path)" in err
+
+
+def test_convert_report_of_a_batch_norm_model(tmp_path, capsys):
+    """convert --report on a Conv + BatchNorm model (the report once failed on every such model)."""
+    out = tmp_path / "cnn.pt2"
+    _convert_ok(["cnn_small", "-o", str(out), "--input-shape", "1x3x32x32", "--report", str(tmp_path / "rep")], capsys)
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    validate(report)
+    assert {r["layer"] for r in report["layers"] if r["status"] == "rewritten"} >= {"features.0+1+2", "features.4+5+6"}
+
+
+def test_convert_whose_report_fails_says_the_program_is_complete(tmp_path, capsys, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("the report's own failure\nsecond line")
+    monkeypatch.setattr(sys.modules["accelc.convert"], "measure", broken)
+    out = tmp_path / "mlp.pt2"
+    assert main(["convert", "mlp", "-o", str(out), "--report", str(tmp_path / "rep"), *DEV]) == 1
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.startswith("accelc: error")]
+    assert err == [f"accelc: error: {out} is written and complete; only the report failed: "
+                   "RuntimeError: the report's own failure second line"]
+    assert f"wrote {out}" in captured.out
+    _matches_model(out, accelc.models.get("mlp").to(DEVICE), [(3, 24)])
+    with pytest.raises(accelc.ReportFailedError) as info:    # the Python entry point: the module comes with it
+        accelc.convert("mlp", tmp_path / "again.pt2", report_dir=str(tmp_path / "rep2"), device=DEVICE.type)
+    assert isinstance(info.value.optimized, accelc.OptimizedModule) and (tmp_path / "again.pt2").is_file()
+
+
+def test_loaded_program_called_in_another_dtype_names_the_cast(tmp_path):
+    """A .pt2 optimized for fp16 called with fp32 inputs: the InputError the in-memory module gives,
+    not the kernel's own ValueError."""
+    from accelc.errors import InputError
+
+    model = accelc.models.get("cnn_small").to(DEVICE).half()
+    (x,) = model.example_inputs(2)
+    opt = accelc.optimize(model, (x.half(),))
+    accelc.save(opt, tmp_path / "cnn.pt2")
+    loaded = accelc.load(tmp_path / "cnn.pt2")
+    for module in (opt, loaded):
+        with pytest.raises(InputError, match=r"input 0 is float32, and the model was optimized for float16.*"
+                                             r"x\.to\(torch\.float16\)"):
+            module(x.float())
