@@ -113,6 +113,7 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
                          "captures the model on them and checks every rewritten layer's numbers there "
                          "(optimize(model, x), optimize(model, (x, y)) or optimize(model, tokenizer_output))")
     check_example_inputs(args, kwargs)
+    args, kwargs = separate_aliases((args, kwargs))
     batches = [args] if calibration is None else [
         (b,) if isinstance(b, torch.Tensor) else tuple(b) for b in calibration]
     copied = False
@@ -141,6 +142,24 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
     if calibration is not None:
         check_calibration(model, args, batches, kwargs)
     return Job(model, args, config, batches, device_of(model, (args, kwargs)), kwargs)
+
+
+def separate_aliases(tree):
+    """`tree` with every tensor that shares memory with an earlier one replaced by a copy. One tensor
+    given as two inputs (`{"input_ids": ids, "labels": ids}`, `(x, x)`) is two inputs to the user's
+    later calls: torch.export would merge them into one graph input, and every check on the example
+    would pass while calls with two different tensors go wrong."""
+    seen = set()
+
+    def own(t):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.untyped_storage().nbytes() == 0:
+            return t
+        key = (t.device, t.untyped_storage().data_ptr())
+        if key in seen:
+            return t.clone()
+        seen.add(key)
+        return t
+    return pytree.tree_map(own, tree)
 
 
 def check_calibration(model: nn.Module, args: tuple, batches: list, kwargs: dict) -> None:

@@ -82,7 +82,8 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
         warnings.warn(f"accelc.save: the saved program takes the example's shapes only: {static}", stacklevel=2)
     with atomic_path(path) as tmp:
         try:
-            torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(opt.summary_dict()),
+            summary = {**opt.summary_dict(), "lower_ends": _lower_ends(shapes)}
+            torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(summary),
                                                     CHECKSUM_FILE: json.dumps(weights_checksum(ep))})
         except (OSError, RuntimeError) as e:
             raise ModelFileError(f"could not write {str(path)!r}: {short_error(e)}") from e
@@ -99,6 +100,25 @@ def _limits(shapes) -> dict:
         if isinstance(r, DimRange) and r.hi is not None:
             out.setdefault(i, {})[d] = (r.hi, why)
     return out
+
+
+def _lower_ends(shapes) -> list:
+    """[[input index, dim, lower end, why]] of the dims whose range stays above 1 where export's
+    program does not check it (InputShapes.lower_ends): accelc.load checks them again."""
+    if shapes is None or not shapes.lower_ends:
+        return []
+    return [[i, d, r.lo, shapes.lower_ends[r.sym]] for i, row in enumerate(shapes.dims) for d, r in enumerate(row or ())
+            if isinstance(r, DimRange) and r.sym in shapes.lower_ends]
+
+
+def _restore_lower_ends(shapes: InputShapes, saved) -> None:
+    for i, d, lo, why in saved or ():
+        r = shapes.dims[i][d] if i < len(shapes.dims) and shapes.dims[i] and d < len(shapes.dims[i]) else None
+        if isinstance(r, DimRange):
+            shapes.lower_ends[r.sym] = why
+            shapes.dims = tuple(None if row is None else tuple(
+                DimRange(max(x.lo, lo), x.hi, x.sym) if isinstance(x, DimRange) and x.sym == r.sym else x
+                for x in row) for row in shapes.dims)
 
 
 def _pinned(ep, declared: tuple) -> str:
@@ -193,7 +213,10 @@ def _loaded(ep, summary_text: str) -> "LoadedProgram":
     shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
     if not shapes.dynamic:
         shapes.static = "a program saved with fixed shapes"
-    loaded = LoadedProgram(program_module(ep), shapes, json.loads(summary_text) if summary_text else None)
+    summary = json.loads(summary_text) if summary_text else None
+    _restore_lower_ends(shapes, (summary or {}).pop("lower_ends", None))
+    summary = summary or None     # a program saved without one (pickled: only the lower ends)
+    loaded = LoadedProgram(program_module(ep), shapes, summary)
     object.__setattr__(loaded, "_ep", ep)     # what it pickles as (not a submodule: the same weights)
     return loaded
 
@@ -224,12 +247,16 @@ class LoadedProgram(nn.Module):
         """Pickled as its program file's bytes (the program module holds hooks and generated code
         that do not pickle), read back on the device its weights are on."""
         buf = io.BytesIO()
-        summary = json.dumps(self.accelc_summary) if self.accelc_summary is not None else ""
-        torch.export.save(self._ep, buf, extra_files={SUMMARY_FILE: summary})
+        summary = {**(self.accelc_summary or {}), "lower_ends": _lower_ends(self.shapes)}
+        torch.export.save(self._ep, buf, extra_files={SUMMARY_FILE: json.dumps(summary)})
         weight = next(iter([*self.program.parameters(), *self.program.buffers()]), None)
         return _loaded_from_bytes, (buf.getvalue(), str(weight.device) if weight is not None else None)
 
     def forward(self, *args, **kwargs):
+        if self.shapes.lower_ends:
+            refused = self.shapes.check(tuple(args) + tuple(kwargs.get(n) for n in self.shapes.names[len(args):]))
+            if refused:
+                raise InputError(refused)
         try:
             return self.program(*args, **kwargs)
         except AssertionError as e:

@@ -49,6 +49,7 @@ class InputShapes:
     padding_note: str = ""    # why a varying dim does not pad
     warmed: str = ""          # the shapes captured at optimize time, in words
     limits: dict = field(default_factory=dict)   # {(input index, dim): the config field that ends it}
+    lower_ends: dict = field(default_factory=dict)   # {symbol: why it does not go down to 1}
 
     @staticmethod
     def of_export(gm: fx.GraphModule, ranges: dict, names: tuple, static: str = "") -> "InputShapes":
@@ -157,7 +158,15 @@ class InputShapes:
     def check(self, args: tuple) -> str | None:
         """Why a call's inputs are outside the ranges the user declared for a graph that records no
         shapes (a free one: symbolic_trace), or None. (An exported program's guards check its own,
-        the limits the model's config sets included: export_dims gives them to export.)"""
+        the limits the model's config sets included: export_dims gives them to export; but not a lower
+        end of 2 kept where the model runs another way at 1: lower_ends, checked here.)"""
+        if self.lower_ends:
+            for name, row, a in zip(self.names, self.dims, args):
+                for d, r in enumerate(row or ()):
+                    if isinstance(r, DimRange) and r.sym in self.lower_ends and isinstance(a, torch.Tensor) \
+                            and a.dim() > d and a.shape[d] < r.lo:
+                        return (f"{name} dim {d} is {a.shape[d]}: at least {r.lo}: {self.lower_ends[r.sym]}; "
+                                f"optimize with an example of that size for calls of it")
         if not self.free or not isinstance(self.declared, tuple):
             return None
         for name, ranges, a in zip(self.names, self.declared, args):
@@ -175,8 +184,7 @@ class InputShapes:
 
     def other_shapes(self, args: tuple, max_scale: int = 8) -> list[tuple[str, dict]]:
         """Sizes the guard checks every layer at besides the example, for the dims that vary:
-        [(label, {symbol: size})]: the smallest (each at its lower end, 1 where export's 2 stands
-        for "not specialised"), one odd size in between, and the largest where the range has an end
+        [(label, {symbol: size})]: the smallest (each at its lower end), one odd size in between, and the largest where the range has an end
         and the inputs stay within max_scale x the example's elements."""
         ranges = self.varying()
         if not ranges:
@@ -186,7 +194,7 @@ class InputShapes:
             for d, r in enumerate(row or ()):
                 if isinstance(r, DimRange) and isinstance(a, torch.Tensor):
                     example.setdefault(r.sym, a.shape[d])
-        small = {k: 1 for k in ranges}
+        small = {k: r.lo for k, r in ranges.items()}
         odd = {k: _odd(ranges[k], example.get(k, 2)) for k in ranges}
         out = [("at the smallest sizes", small), ("at odd sizes", odd)]
         # the upper ends the ranges have (a dim without one stays at the example's size)
@@ -221,14 +229,15 @@ class InputShapes:
         return tuple(out)
 
     def checked_at(self, label: str, args: tuple, sizes: dict) -> None:
-        """Record that every layer passed at these sizes (the smallest lowers the ranges' stated
-        lower ends to them: export states 2 where a dim merely is not specialised to 1)."""
+        """Record that every layer passed at these sizes."""
         shown = dict.fromkeys("x".join(map(str, s)) for s in self.shaped(args, sizes) if s)
         self.checked.append(" / ".join(shown))
-        if label == "at the smallest sizes":
-            self.dims = tuple(None if row is None else tuple(
-                DimRange(min(r.lo, sizes.get(r.sym, r.lo)), r.hi, r.sym) if isinstance(r, DimRange) else r for r in row)
-                for row in self.dims)
+
+    def lower(self, syms) -> None:
+        """These dims' ranges start at 1 (capture ran the model there: trace.settle_lower_ends)."""
+        self.dims = tuple(None if row is None else tuple(
+            DimRange(1, r.hi, r.sym) if isinstance(r, DimRange) and r.sym in syms else r for r in row)
+            for row in self.dims)
 
     def cap(self, limits: dict) -> None:
         """Close the ranges at the limits the model's config sets (position_limits), remembered for

@@ -39,6 +39,9 @@ from accelc.errors import CaptureError, InputError
 from accelc.capture.check import check_same
 from accelc.numerics import same_values, upcast_run
 
+log = logging.getLogger("accelc")
+
+
 def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True
             ) -> tuple[fx.GraphModule, str, object]:
     """Returns (graph module, capture method, the model's eager output on `args`, `kwargs`). The
@@ -115,6 +118,8 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
             gm.meta.setdefault(SHAPES, InputShapes.traced(spec.names, spec.positions(dynamic), flat))
             check_same(spec.flat_output(expected), make_canonical(gm, flat),
                         lambda: reference(model, spec, flat, expected, state))
+            if method == "torch.export":
+                settle_lower_ends(model, spec, gm, flat)
             return gm, method, expected
         except Exception as e:  # each method's failure is reported together below
             where = model_line(e)
@@ -122,6 +127,38 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
         finally:
             restore_buffers(model, state)
     return None
+
+
+def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:
+    """torch.export states 2 as the lower end of a dim it merely did not specialise to 1, and never
+    traced size 1: a branch on the size (`if x.shape[0] > 1`) takes another way there. A dim's range
+    goes down to 1 only where the model itself, run at 1, gives what the graph gives; else it stays
+    at 2 and the refusal of a call at 1 says why (InputShapes.lower_ends)."""
+    shapes = gm.meta.get(SHAPES)
+    twos = [sym for sym, r in (shapes.varying() if shapes is not None else {}).items() if r.lo == 2]
+    if not twos:
+        return
+    state = buffer_state(model)
+    for group in [twos] + ([[sym] for sym in twos] if len(twos) > 1 else []):
+        if not any(sym in twos for sym in group):
+            continue
+        ins = shapes.inputs_at(flat, {sym: 1 for sym in group})
+        why = "the model fails at 1"
+        try:
+            with torch.no_grad():
+                expected = spec.flat_output(flat_module(model, spec)(*ins))
+                restore_buffers(model, state)
+                why = "the model computes another way at 1 than at 2, where it was captured (a branch on the size?)"
+                got = gm(*ins)
+            check_same(expected, got, lambda: reference(model, spec, ins, expected, state))
+        except Exception as e:   # the range keeps its 2
+            log.debug("accelc: capture: %s stay at 2 or more: %s (%s)", ", ".join(group), why, _first_line(e))
+            shapes.lower_ends.update({sym: why for sym in group})
+            continue
+        finally:
+            restore_buffers(model, state)
+        shapes.lower(group)
+        twos = [sym for sym in twos if sym not in group]
 
 
 def reference(model, spec, flat, expected, state=None):
