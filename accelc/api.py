@@ -130,6 +130,11 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
         except Exception as e:
             raise AccelcError(f"accelc works on a copy of the model (the optimized module owns its weights), and "
                               f"this one cannot be copied: {short_error(e)}") from e
+    # accelc's own copy (or a model the caller gave up) serves inference only: no autograd records
+    # through its runs, and no buffer written from its weights (a generation cache) becomes a graph's
+    # non-leaf, which cannot be deep-copied
+    for p in model.parameters():
+        p.requires_grad_(False)
     if model.training:
         try:
             model.eval()
@@ -273,24 +278,30 @@ def attach_generation(opt, job: Job) -> None:
     """A causal LM's generate(): its step program optimized over accelc's static cache
     (accelc.generation); where that fails, generate() runs the original model, and that is said."""
     t0 = time.perf_counter()
+    build = functools.partial(build_step, device=job.device)
     try:
-        step, args = generation.make_step(job.model, job.args, job.kwargs, job.config)
-        length = {1: (1, step.max_len)}     # the tokens of a step vary; the cache fixes the rest
-        config = dataclasses.replace(job.config, dynamic={"input_ids": length, "position_ids": length},
-                                     warmup_shapes=())
-        program = optimize_job(Job(step, args, config, [args], job.device))
+        program, step = build(job.model, job.args, job.kwargs, job.config)
     except AccelcError as e:
         opt.no_generation(job.model, str(e))
         return
     except Exception as e:   # a family the step cannot take: said, and generate() stays HF's
         opt.no_generation(job.model, short_error(e))
         return
-    opt.attach_generation(program, step, job.model)
+    opt.attach_generation(program, step, job.model, build)
     if runtime.can_time(job.device):
         ids = job.kwargs.get("input_ids", job.args[0] if job.args else None)
         mask = job.kwargs.get("attention_mask")
         opt.note_speed(ids, mask if mask is not None else torch.ones_like(ids))
     opt.info.seconds["generation step"] = round(time.perf_counter() - t0, 2)
+
+
+def build_step(model: nn.Module, args: tuple, kwargs: dict, config: OptimizeConfig, device: torch.device):
+    """(step program, cache step) of a causal LM (accelc.generation): the cache sized by `config` and the
+    example call (args, kwargs), the step optimized over it."""
+    step, step_args = generation.make_step(model, args, kwargs, config)
+    length = {1: (1, step.max_len)}     # the tokens of a step vary; the cache fixes the rest
+    config = dataclasses.replace(config, dynamic={"input_ids": length, "position_ids": length}, warmup_shapes=())
+    return optimize_job(Job(step, step_args, config, [step_args], device)), step
 
 
 def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,

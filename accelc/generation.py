@@ -20,16 +20,21 @@ no host sync per token; the stop condition is read every STOP_CHECK_EVERY tokens
 the stop cut off. Anything else (sampling, logits processors, streamers, stopping criteria, scores
 asked back) runs HF's loop over the step program.
 A generate() the step cannot serve (beam search, hidden states or attentions asked back, a cache of
-the caller's) runs the original model's generate, with the reason as a warning; a request the cache
-cannot hold (more sequences, or prompt + new tokens past max_cache_len) raises InputError in one line.
+the caller's) runs the original model's generate, with the reason as a warning; a request of more
+sequences than the cache holds has the step optimized again for them (its cost in a warning, as HF's
+static cache grows); prompt + new tokens past max_cache_len raise InputError in one line. One generate()
+at a time runs over the cache: calls from several threads take turns.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+import threading
 import time
 import types
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -43,6 +48,7 @@ log = logging.getLogger("accelc")
 
 DEFAULT_MAX_CACHE = 2048
 CACHE_TENSORS = ("cumulative_length", "kv", "keys", "values")   # a cache layer's tensors the step graph holds
+DEFAULT_NEW_TOKENS = 20   # HF's generate: new tokens when neither max_new_tokens nor max_length is set
 STOP_CHECK_EVERY = 16     # accelc's greedy loop reads its stop condition (a host sync) every this many tokens
 # generate() arguments accelc's greedy loop serves; any other sends the call to HF's loop
 _GREEDY_ARGS = {"max_new_tokens", "min_new_tokens", "max_length", "min_length", "do_sample", "eos_token_id",
@@ -112,8 +118,12 @@ class OptimizedLM(OptimizedModule):
     the optimized step program (an OptimizedModule; its summary is in this one's); `original`: the
     model generate() falls back to (the same weights, not a copy)."""
 
-    def attach_generation(self, step: OptimizedModule, cache: nn.Module, original: nn.Module) -> None:
+    def attach_generation(self, step: OptimizedModule, cache: nn.Module, original: nn.Module,
+                          build_step=None) -> None:
+        """build_step(model, args, kwargs, config) -> (step program, cache step): how a larger cache's
+        step is made (accelc.api.build_step)."""
         self.step = step
+        object.__setattr__(self, "build_step", build_step)
         # not submodules: the cache step holds the model, whose weights the step program shares
         object.__setattr__(self, "cache_step", cache)
         object.__setattr__(self, "original", original)
@@ -158,6 +168,7 @@ class OptimizedLM(OptimizedModule):
 
     def no_generation(self, original: nn.Module, why: str) -> None:
         self.step = None
+        object.__setattr__(self, "build_step", None)
         object.__setattr__(self, "cache_step", None)
         object.__setattr__(self, "original", original)
         self.info.generation = f"generation: generate() runs the original model (no step program: {why})"
@@ -167,6 +178,8 @@ class OptimizedLM(OptimizedModule):
         """HF's generate (same arguments, same output) with each forward step run by the step program."""
         if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise InputError("generate() takes input_ids (batch x prompt length), as a tokenizer gives them")
+        if "past_key_values" in kwargs and kwargs["past_key_values"] is None:   # HF's own default, said out loud
+            kwargs = {k: v for k, v in kwargs.items() if k != "past_key_values"}
         gen = copy.deepcopy(kwargs.get("generation_config") or self.original.generation_config)
         gen.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
         why = self._fallback_reason(gen, kwargs)
@@ -175,32 +188,53 @@ class OptimizedLM(OptimizedModule):
             return self.original.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         b, n = input_ids.shape
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-        cache = self.cache_step
-        total = n + gen.max_new_tokens if gen.max_new_tokens is not None else gen.max_length
-        if total > cache.max_len:
-            raise InputError(f"prompt {n} + {total - n} new tokens = {total} positions, past the {cache.max_len} the "
-                             "optimized LM's cache holds: optimize with OptimizeConfig(max_cache_len=...) or ask for "
-                             "fewer tokens")
-        if b > cache.batch:
-            raise InputError(f"{b} sequences, and the optimized LM's cache holds {cache.batch}: optimize with "
-                             "OptimizeConfig(max_batch_size=...) or generate in smaller batches")
-        extra = cache.batch - b      # rows the cache has beyond the request: the last one repeated, cut after
-        if extra:
-            input_ids = torch.cat([input_ids, input_ids[-1:].expand(extra, n)])
-            mask = torch.cat([mask, mask[-1:].expand(extra, n)])
-            if kwargs.get("streamer") is not None:
-                kwargs["streamer"] = _FirstRows(kwargs["streamer"], b)
-        cache.begin(input_ids, mask, b, total)
-        greedy = self._greedy_alone(gen, kwargs) and total > n
-        self.last_loop = "accelc" if greedy else "hf"
-        try:
-            with torch.no_grad():
-                out = (self._greedy(input_ids, mask, gen, total - n) if greedy else
-                       self._shell().generate(input_ids=input_ids, attention_mask=mask, past_key_values=cache.cache,
-                                              **kwargs))
-        finally:
-            cache.reset()
-        return _first_rows(out, b, cache.batch) if extra else out
+        total = self._length(gen, n)
+        if total > self.cache_step.max_len:
+            raise InputError(f"prompt {n} + {total - n} new tokens = {total} positions, past the "
+                             f"{self.cache_step.max_len} the optimized LM's cache holds: optimize with "
+                             "OptimizeConfig(max_cache_len=...) or ask for fewer tokens")
+        # one generate at a time over the one cache (two threads' steps interleaved wrote each other's keys)
+        with _lock_of(self):
+            if b > self.cache_step.batch:
+                self._grow(input_ids, mask)
+            cache = self.cache_step
+            greedy = self._greedy_alone(gen, kwargs) and total > n
+            self.last_loop = "accelc" if greedy else "hf"
+            # the cache's rows beyond the request repeat its last one; HF's loop sees the request's rows
+            # alone (its sampling draws for them as it would without accelc) and its steps are padded
+            padded_ids, padded_mask = _rows_to(input_ids, cache.batch), _rows_to(mask, cache.batch)
+            cache.begin(padded_ids, padded_mask, b, total)
+            try:
+                with torch.no_grad():
+                    if greedy:
+                        return self._greedy(padded_ids, padded_mask, gen, total - n)[:b]
+                    return self._shell().generate(input_ids=input_ids, attention_mask=mask,
+                                                  past_key_values=cache.cache, **kwargs)
+            finally:
+                cache.reset()
+
+    def _grow(self, input_ids, mask) -> None:
+        """A request of more sequences than the cache holds: the step program optimized again for them
+        (HF's static cache grows likewise), its cost said once."""
+        b, old = input_ids.shape[0], self.cache_step.batch
+        t0 = time.perf_counter()
+        config = dataclasses.replace(self.config, max_batch_size=b, max_cache_len=self.cache_step.max_len)
+        program, step = self.build_step(self.original, (), {"input_ids": input_ids, "attention_mask": mask}, config)
+        self.attach_generation(program, step, self.original, self.build_step)
+        self.config = config
+        warnings.warn(f"accelc: generate() of {b} sequences, past the {old} the cache held: the step program was "
+                      f"optimized again for {b} ({time.perf_counter() - t0:.1f} s); optimize with "
+                      f"OptimizeConfig(max_batch_size={b}) to do this once, at optimize", stacklevel=3)
+
+    def _length(self, gen, n: int) -> int:
+        """The positions a sequence ends at, as HF's generate decides: the prompt and max_new_tokens, else
+        max_length, else HF's default of DEFAULT_NEW_TOKENS new tokens within the model's positions."""
+        if gen.max_new_tokens is not None:
+            return n + gen.max_new_tokens
+        if gen.max_length is not None:
+            return gen.max_length
+        positions = getattr(self.original.config.get_text_config(), "max_position_embeddings", None)
+        return min(n + DEFAULT_NEW_TOKENS, positions) if positions else n + DEFAULT_NEW_TOKENS
 
     @staticmethod
     def _greedy_alone(gen, kwargs) -> bool:
@@ -264,7 +298,9 @@ class OptimizedLM(OptimizedModule):
         def forward(model, input_ids=None, attention_mask=None, past_key_values=None, position_ids=None, **unused):
             from transformers.modeling_outputs import CausalLMOutputWithPast
 
-            logits = step(*self.cache_step.shell_inputs(input_ids, attention_mask, position_ids, past_key_values))
+            cache, rows = self.cache_step, input_ids.shape[0]
+            padded = (_rows_to(v, cache.batch, rows) for v in (input_ids, attention_mask, position_ids))
+            logits = step(*cache.shell_inputs(*padded, past_key_values))[:rows]
             return CausalLMOutputWithPast(logits=logits[:, None, :], past_key_values=past_key_values)
         shell.forward = types.MethodType(forward, shell)
         # HF's loop compiles the forward itself over a static cache on a GPU (torch.compile, CUDA
@@ -320,30 +356,21 @@ def _where(t: torch.Tensor) -> tuple:
     return t.device, t.data_ptr(), tuple(t.shape), t.dtype
 
 
-class _FirstRows:
-    """A streamer that sees the request's own rows, not the cache's extra ones."""
-
-    def __init__(self, streamer, rows: int):
-        self.streamer, self.rows = streamer, rows
-
-    def put(self, value):
-        self.streamer.put(value[:self.rows])
-
-    def end(self):
-        self.streamer.end()
-
-
-def _first_rows(out, rows: int, batch: int):
-    """generate()'s output (a tensor, or a ModelOutput of tensors and tuples of them) cut to the
-    request's rows."""
-    def cut(v):
-        if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch:
-            return v[:rows]
-        if isinstance(v, tuple):
-            return tuple(cut(x) for x in v)
+def _rows_to(v, batch: int, rows: int | None = None):
+    """v (a tensor of `rows` rows, a dict of them, or None) with its last row repeated up to `batch`
+    rows: a request's inputs as the cache's rows take them."""
+    if isinstance(v, dict):
+        return {k: _rows_to(x, batch, rows) for k, x in v.items()}
+    if not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] >= batch or (rows is not None and v.shape[0] != rows):
         return v
-    if isinstance(out, torch.Tensor):
-        return cut(out)
-    for key in list(out.keys()):
-        out[key] = cut(out[key])
-    return out
+    return torch.cat([v, v[-1:].expand(batch - v.shape[0], *v.shape[1:])])
+
+
+_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_of(lm: nn.Module) -> threading.Lock:
+    """The lock of an OptimizedLM's generate() (kept beside it: a lock neither pickles nor deep-copies)."""
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(lm, threading.Lock())

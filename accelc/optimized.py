@@ -123,11 +123,38 @@ class OptimizedModule(nn.Module):
         if isinstance(probe, torch.Tensor) and probe.dtype == torch.float64:
             raise InputError("accelc's kernels take fp16, bf16 and fp32, not float64 (.double()): run the original "
                              "model in float64, or optimize a float64 model (its layers stay PyTorch)")
+        literal = self._fixed_dtype(fn)
+        if literal:
+            raise InputError(literal)
         self.runner = None
         out = super()._apply(fn, recurse)
         # the example follows the weights' dtype and device (.half(), .cuda()): what calls are compared with
         self.example_inputs = tuple(fn(t) if isinstance(t, torch.Tensor) else t for t in self.example_inputs)
         return out
+
+    def _fixed_dtype(self, fn) -> str:
+        """Why a conversion to another floating dtype (.half(), .to(torch.bfloat16)) cannot follow this
+        module's graph, or "": torch.export records the dtype a model casts to (`cos.to(x.dtype)`) as
+        the number it was at capture, so the converted graph would mix dtypes where eager would not."""
+        weights = [t for t in (*self.parameters(), *self.buffers()) if t.is_floating_point()]
+        if not weights or self.info.capture_method != "torch.export":
+            return ""
+        before = weights[0].dtype
+        after = fn(torch.zeros((), dtype=before))
+        if not isinstance(after, torch.Tensor) or after.dtype == before:
+            return ""
+        for module in self.modules():
+            gm = getattr(module, "graph_module", None)
+            if not isinstance(gm, fx.GraphModule):
+                continue
+            for n in gm.graph.nodes:
+                if any(isinstance(a, torch.dtype) and a.is_floating_point for a in (*n.args, *n.kwargs.values())):
+                    name = str(after.dtype).replace("torch.", "")
+                    return (f"this model was optimized in {str(before).replace('torch.', '')}, and its captured graph "
+                            f"casts to fixed dtypes (torch.export records them): converted to {name} it would not "
+                            f"compute what the model does in {name}; optimize the model in {name} instead "
+                            f"(accelc.optimize(model.to(torch.{name}), ...), or OptimizeConfig(dtype='{name}'))")
+        return ""
 
     def __getstate__(self):
         # compiled code and captured graphs do not pickle (nor survive a new process): rebuilt on use;

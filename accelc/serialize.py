@@ -272,6 +272,11 @@ class LoadedProgram(nn.Module):
                 raise
             raise InputError(f"{wrong} ({short_error(e)})") from None
 
+    def generate(self, *args, **kwargs):
+        raise InputError("a saved program holds the model's forward only, not its generation step and cache: "
+                         "generate with the optimized LM accelc.optimize returns (a second optimize of the same "
+                         "model on this machine reuses its tuning)")
+
     def _example_values(self) -> list:
         """The program's user inputs as it was exported (fake tensors: their dtypes), in call order."""
         placeholders = {n.name: n for n in self.program.graph.nodes if n.op == "placeholder"}

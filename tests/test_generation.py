@@ -164,8 +164,6 @@ def test_requests_past_the_cache_are_one_line(llama):
     _, opt = llama
     with pytest.raises(InputError, match=r"prompt 40 \+ 60 new tokens = 100 positions, past the 96"):
         opt.generate(**_prompt(1, 40), max_new_tokens=60)
-    with pytest.raises(InputError, match="3 sequences, and the optimized LM's cache holds 2"):
-        opt.generate(**_prompt(3, 5), max_new_tokens=4)
     with pytest.raises(InputError, match="takes input_ids"):
         opt.generate()
 

@@ -154,6 +154,10 @@ class CallSpec:
             raise InputError(f"the optimized model takes {self.n_args} positional input(s) "
                              f"({', '.join(self.arg_names)}), as its example had; got {len(args)}")
         extra = sorted(set(kwargs) - set(self.kw_names) - set(self.constants))
+        at_default = [k for k in extra if k in self.defaults and _same_constant(kwargs[k], self.defaults[k])]
+        if at_default:       # given explicitly at the default the graph fixed (token_type_ids=None): that call
+            kwargs = {k: v for k, v in kwargs.items() if k not in at_default}
+            extra = [k for k in extra if k not in at_default]
         if extra:
             default = (f" (it was left at its default, {self.defaults[extra[0]]!r}, fixed in the graph)"
                        if extra[0] in self.defaults else "")
