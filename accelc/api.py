@@ -18,6 +18,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from accelc import buckets, generation, guard, meta, runner, runtime
+from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
 from accelc.capture import reference as capture_reference
 from accelc.capture.shapes import SHAPES
@@ -37,7 +38,7 @@ log = logging.getLogger("accelc")
 
 def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str | None = None,
              calibration=None, example_kwargs: dict | None = None, dynamic=None,
-             warmup_shapes=None) -> OptimizedModule:
+             warmup_shapes=None, progress: bool | None = None) -> OptimizedModule:
     """Rewrite `model`'s recognised layers into accelc's Triton kernels.
 
     example_inputs: a tensor or a tuple of positional arguments, on the device the model runs
@@ -59,6 +60,8 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
         first call (OptimizeConfig.warmup_shapes; given here, it replaces the config's):
         [{"input_ids": (8, 128)}], or "buckets". Calls never tune: a kernel size neither the guard's
         checks nor a warm-up met runs with the config tuned for the nearest size.
+    progress: show optimize's phases and the guard's layer i of N (accelc.progress) on stderr; None
+        (default): shown in an interactive session (a Python prompt, IPython, Jupyter), not otherwise.
 
     Layers accelc does not recognise, and rewritten layers whose numbers the guard rejects, run
     as PyTorch; OptimizedModule.summary() lists every one with its reason.
@@ -74,7 +77,8 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
         config = dataclasses.replace(resolve_config(config), **given)
     job = make_job(model, example_inputs, config, calibration, stacklevel=3, example_kwargs=example_kwargs)
     runtime.warn_if_interpreted(stacklevel=2)
-    return optimize_job(job)
+    with progress_bar.showing("accelc", progress_bar.wanted(progress)):
+        return optimize_job(job)
 
 
 @dataclass
@@ -223,6 +227,7 @@ def optimize_job(job: Job) -> OptimizedModule:
     try:
         t0 = time.perf_counter()
         log.info("accelc: capturing %s", type(job.model).__name__)
+        progress_bar.phase(f"capturing {type(job.model).__name__}")
         gm, method, expected = capture(job.model, job.args, job.kwargs, dynamic=job.config.dynamic)
         t1 = time.perf_counter()
         log.info("accelc: captured with %s (%d graph nodes, %.1f s)", method, len(gm.graph.nodes), t1 - t0)
@@ -243,6 +248,7 @@ def optimize_job(job: Job) -> OptimizedModule:
         warm = warmup_inputs(opt, job.config.warmup_shapes)
         if runtime.can_time(job.device):
             t0 = time.perf_counter()
+            progress_bar.phase("warm-up (glue compiled, CUDA graphs captured)")
             opt.warm_up(flat)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
             if race is not None:  # and the call it serves most (a decode step): its graph, its glue compiled static
                 opt.warm_up(race[0])
@@ -280,7 +286,8 @@ def attach_generation(opt, job: Job) -> None:
     t0 = time.perf_counter()
     build = functools.partial(build_step, device=job.device)
     try:
-        program, step = build(job.model, job.args, job.kwargs, job.config)
+        with progress_bar.showing("accelc", False, part="generation step: "):
+            program, step = build(job.model, job.args, job.kwargs, job.config)
     except AccelcError as e:
         opt.no_generation(job.model, str(e))
         return
@@ -315,6 +322,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     model_bytes = tensor_bytes([gm])
     eager_ms = _eager_gpu_ms(gm, args, config, device)
     t0 = time.perf_counter()
+    progress_bar.phase("rewriting (passes)")
     counts = run_passes(gm, ctx)
     t1 = time.perf_counter()
     log.info("accelc: %d layer(s) rewritten; checking each against PyTorch%s", len(layers(gm)),

@@ -20,6 +20,7 @@ import warnings
 import torch
 
 import accelc
+from accelc import progress
 from accelc.config import Int8Config
 from accelc.convert import check_forward, load_model_and_inputs
 from accelc.errors import CaptureError, ReportFailedError
@@ -215,19 +216,22 @@ def main(argv: list[str] | None = None) -> int:
     saved, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     # accelc's progress (what is being tuned, for which layer) on stderr; quiet in the Python API
     log = logging.getLogger("accelc")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LogLines(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(handler)
     level = log.level
     log.setLevel(logging.DEBUG if args.verbose else logging.INFO)   # setLevel: also clears logging's cache
     term = _on_sigterm_unwind()
     try:
-        if args.command == "convert":
-            return _convert(args)
-        if args.command == "optimize":
-            return _optimize(args)
-        if args.command == "report":
-            return _report(args)
+        # a terminal sees optimize's phases and the guard's layer i of N as a bar (accelc.progress), the
+        # log's lines above it; elsewhere (a pipe, CI) the log's lines alone
+        with progress.showing("accelc", args.command in ("convert", "optimize", "report") and sys.stderr.isatty()):
+            if args.command == "convert":
+                return _convert(args)
+            if args.command == "optimize":
+                return _optimize(args)
+            if args.command == "report":
+                return _report(args)
         if args.command == "list-models":
             return _list_models()
         _parser().print_help()
@@ -253,6 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = saved
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+class _LogLines(logging.StreamHandler):
+    """The CLI's log on stderr, written above the progress bar where one is shown."""
+
+    def emit(self, record):
+        if not progress.write(self.format(record)):
+            super().emit(record)
 
 
 class _Terminated(BaseException):

@@ -20,7 +20,6 @@ import copy
 import datetime
 import logging
 import math
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 import triton
 
 from accelc import guard, meta, runtime
+from accelc import progress as progress_bar
 from accelc.api import Job, make_job, optimize_job
 from accelc.baselines import ort
 from accelc.capture import flat_module
@@ -66,44 +66,27 @@ class Sides:
 
 
 class _Progress:
-    """The report's progress on the "accelc" logger at INFO (the CLI shows it; the Python API only
-    where the application enables that logger): one line rewritten in place on a terminal,
-    [####------] 4/10 blocks.0.fc1+gelu, else one log record per item."""
+    """The report's progress: where optimize's progress is shown (the CLI on a terminal), its bar goes on
+    with "timing every layer" i of N (accelc.progress); else, where the "accelc" logger is on at INFO (the
+    CLI's log, an application's), one record per item."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.done = total, 0
         self.enabled = enabled and log.isEnabledFor(logging.INFO)
-        self.tty = self.enabled and sys.stderr.isatty() and _logs_to_stderr()
+        self.shown = self.enabled and progress_bar.write(f"accelc report: timing {total} item(s)")
+        if self.shown:
+            progress_bar.phase("timing every layer", total)
 
     def step(self, label: str):
-        if not self.enabled:
-            return
-        width = 24
-        filled = int(width * self.done / max(self.total, 1))
-        line = f"accelc report [{'#' * filled}{'-' * (width - filled)}] {self.done + 1}/{self.total} {label}"
-        if self.tty:
-            sys.stderr.write("\r" + line[:110].ljust(110))
-            sys.stderr.flush()
-        else:
-            log.info(line)
+        if self.shown:
+            progress_bar.step(label)
+        elif self.enabled:
+            log.info(f"accelc report: {self.done + 1}/{self.total} {label}")
         self.done += 1
 
     def close(self):
         if self.enabled:
-            if self.tty:
-                sys.stderr.write("\r" + " " * 110 + "\r")
             log.info(f"accelc report: measured {self.total} item(s)")
-
-
-def _logs_to_stderr() -> bool:
-    """Whether the accelc logger's records end up on stderr (the CLI's handler)."""
-    logger = log
-    while logger is not None:
-        if any(isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stderr
-               for h in logger.handlers):
-            return True
-        logger = logger.parent if logger.propagate else None
-    return False
 
 
 def _errors(out, ref):

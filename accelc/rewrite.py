@@ -64,6 +64,10 @@ class PassContext:
         return runtime.resolve_glue(self.config.glue, self.device.type == "cuda") == "inductor"
 
 
+_READERS = "accelc_readers"   # gm.meta: replace_uses' index (_readers)
+_NAMES = "accelc_layer_names"   # gm.meta: the layer names taken (_unique_name)
+
+
 # ---------------------------------------------------------------------------------------------
 # patterns and matches
 
@@ -267,8 +271,8 @@ def replace_group(gm: fx.GraphModule, nodes: list, target, args: tuple, kwargs: 
         new = g.call_function(target, args, kwargs)
     new.meta.update({k: v for k, v in last.meta.items() if k in (meta.VALUE, "val", "tensor_meta")})
     new.meta[meta.PATH] = meta.path(nodes[0])
-    new.meta[meta.REWRITE] = Rewrite(layer=_unique_name(gm, layer_name(nodes)), kind=kind, kernel=kernel,
-                                     original=original, inputs=inputs, aux=list(aux))
+    _register(gm, new, Rewrite(layer=_unique_name(gm, layer_name(nodes)), kind=kind, kernel=kernel,
+                               original=original, inputs=inputs, aux=list(aux)))
     replace_uses(gm, last, new)
     for n in reversed(nodes):
         if not n.users:
@@ -303,7 +307,7 @@ def _swap_call(gm, node, target, args, kwargs, rw: Rewrite) -> fx.Node:
     with g.inserting_before(node):
         new = g.call_function(target, args, kwargs)
     new.meta.update({k: v for k, v in node.meta.items() if k != meta.REWRITE})
-    new.meta[meta.REWRITE] = rw
+    _register(gm, new, rw)
     replace_uses(gm, node, new)
     g.erase_node(node)
     return new
@@ -352,19 +356,51 @@ def replace_uses(gm: fx.GraphModule, old: fx.Node, new: fx.Node) -> None:
     memory is scratch for one pass: forget_replacements ends it."""
     old.replace_all_uses_with(new)
     gm.meta.setdefault(meta.REPLACED, {})[old] = new
-    for n in gm.graph.nodes:
-        rw = meta.rewrite_of(n)
-        if rw is not None:
-            rw.inputs = [new if i is old else i for i in rw.inputs]
-            if rw.fallback is not None:
-                rw.fallback.args = tuple(new if a is old else a for a in rw.fallback.args)
-                rw.fallback.kwargs = {k: new if v is old else v for k, v in rw.fallback.kwargs.items()}
+    readers = _readers(gm)
+    for rw in readers.pop(old, ()):   # the layers reading `old`, found in the index, not by a walk of the graph
+        rw.inputs = [new if i is old else i for i in rw.inputs]
+        if rw.fallback is not None:
+            rw.fallback.args = tuple(new if a is old else a for a in rw.fallback.args)
+            rw.fallback.kwargs = {k: new if v is old else v for k, v in rw.fallback.kwargs.items()}
+        readers.setdefault(new, []).append(rw)
+
+
+def _readers(gm: fx.GraphModule) -> dict:
+    """{node: the Rewrites whose inputs or fallback call read it}: replace_uses' index, made from the graph
+    at its first use in a pass (a walk of every node at each replacement made a pass quadratic in the
+    graph's size) and kept up to date by _register."""
+    index = gm.meta.get(_READERS)
+    if index is None:
+        index = gm.meta[_READERS] = {}
+        for n in gm.graph.nodes:
+            rw = meta.rewrite_of(n)
+            if rw is not None:
+                _index(index, rw)
+    return index
+
+
+def _index(index: dict, rw: Rewrite) -> None:
+    fb = rw.fallback
+    read = list(rw.inputs) + ([*fb.args, *fb.kwargs.values()] if fb is not None else [])
+    for n in dict.fromkeys(a for a in read if isinstance(a, fx.Node)):
+        index.setdefault(n, []).append(rw)
+
+
+def _register(gm: fx.GraphModule, node: fx.Node, rw: Rewrite) -> None:
+    """node becomes rw's call: in the index of replace_uses and the names taken (_unique_name)."""
+    node.meta[meta.REWRITE] = rw
+    if _READERS in gm.meta:
+        _index(gm.meta[_READERS], rw)
+    if _NAMES in gm.meta:
+        gm.meta[_NAMES].add(rw.layer)
 
 
 def forget_replacements(gm: fx.GraphModule) -> None:
     """Drop the replacement memory of replace_uses (it holds erased nodes) once no match from
-    before the replacements is pending: after each pass, and after the guard's reverts."""
-    gm.meta.pop(meta.REPLACED, None)
+    before the replacements is pending: after each pass, and after the guard's reverts; and the
+    indexes a pass keeps (rebuilt from the graph at their next use)."""
+    for key in (meta.REPLACED, _READERS, _NAMES):
+        gm.meta.pop(key, None)
 
 
 def layers(gm: fx.GraphModule) -> list[fx.Node]:
@@ -422,7 +458,9 @@ def layer_name(nodes: list) -> str:
 
 
 def _unique_name(gm: fx.GraphModule, name: str) -> str:
-    taken = {n.meta[meta.REWRITE].layer for n in layers(gm)}
+    taken = gm.meta.get(_NAMES)
+    if taken is None:
+        taken = gm.meta[_NAMES] = {n.meta[meta.REWRITE].layer for n in layers(gm)}
     if name not in taken:
         return name
     i = 2

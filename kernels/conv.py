@@ -49,7 +49,7 @@ from accelc import runtime
 from accelc.kernels import gemm
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, broadcasts_to, epilogue,
                                      epilogue_ref, residual_as)
-from accelc.tuning import CompiledCall, Tuner, check_once
+from accelc.tuning import CompiledCall, Tuner, check_once, launch_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -637,9 +637,10 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
                 raise ValueError("accelc::conv2d: a Gluon config for a call the Gluon conv cannot take")
             part = _Calls.partials(kw, out)
             kernel, grid, args, constexprs = _launch(kw, run_tensors, stride, padding, dilation, meta, groups, part)
-            kernel[grid](*args, **constexprs)
+            launch_kernel(kernel, grid, args, constexprs)
             if part is not None:
-                _splitk_reduce[_Calls.reduce_grid(out)](*_reduce_args(part, tensors), **_reduce_meta(kw, meta))
+                launch_kernel(_splitk_reduce, _Calls.reduce_grid(out), _reduce_args(part, tensors),
+                              _reduce_meta(kw, meta))
 
         # the tuning key: every batch size of a bucket (next power of two of the pixel count) shares one run
         key = (triton.next_power_of_2(M), K, C, R * S, Cg < 16, rows is not None, stride[0], use_rect, x.dtype,

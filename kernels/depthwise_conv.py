@@ -25,7 +25,7 @@ import triton.language as tl
 from accelc import runtime
 from accelc.kernels.conv import MAX_KERNEL, operands_problem, output_size
 from accelc.kernels.epilogue import activation_code, epilogue, epilogue_ref, residual_as
-from accelc.tuning import CompiledCall, Tuner, check_once
+from accelc.tuning import CompiledCall, Tuner, check_once, launch_kernel
 
 
 @triton.jit
@@ -153,7 +153,7 @@ def conv2d_depthwise_launch(x, weight, bias, residual, stride, padding, dilation
 
         def run(cfg):
             kw = cfg.all_kwargs()
-            _dw_kernel[grid(kw)](*args, **meta, **kw)
+            launch_kernel(_dw_kernel, grid(kw), args, dict(meta, **kw))
 
         cl = x.is_contiguous(memory_format=torch.channels_last)
         key = (triton.next_power_of_2(P), C, R, S, stride[0], cl, x.dtype)

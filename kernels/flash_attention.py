@@ -41,7 +41,7 @@ from accelc import runtime
 from accelc.kernels import flash_decoding, gemm
 from accelc.kernels.flash_decoding import LOG2E, log2_units, softmax_scale, softmax_update
 from accelc.kernels.quantize import quantize_ref, rint
-from accelc.tuning import CompiledCall, Tuner, check_once
+from accelc.tuning import CompiledCall, Tuner, check_once, launch_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_GRID_Y = 65535   # CUDA's limit on a grid's second dimension, which runs over batch x heads
@@ -409,8 +409,8 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
             if kw.get("GLUON") and not gluon:
                 raise ValueError("accelc::flash_attention: a Gluon config for a call the Gluon kernel cannot take")
             kernel, constexprs = plan(kw)
-            kernel[(triton.cdiv(L, kw["BLOCK_M"]), B * H)](*_args(kw, q, k, v, mask_t, out, mask is not None, scale),
-                                                          **constexprs)
+            launch_kernel(kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
+                          _args(kw, q, k, v, mask_t, out, mask is not None, scale), constexprs)
 
         # the tuning key: lengths by their next power of two
         key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], meta["MASK_ROW"],

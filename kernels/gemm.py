@@ -29,7 +29,7 @@ from accelc import runtime
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation,
                                      broadcasts_to, epilogue, epilogue_ref, residual_as)
 from accelc.kernels.pdl import enabled as pdl_enabled, wait_for_producers
-from accelc.tuning import CompiledCall, Tuner, check_once
+from accelc.tuning import CompiledCall, Tuner, check_once, launch_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -661,7 +661,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             if kw.get("GEMV") and quant not in (0, 3):
                 raise ValueError("accelc::linear: gemv_kernel takes float x")
             kernel, constexprs = plan(kw)
-            kernel[grid(kw)](*kernel_args(kw, tensors), **constexprs)
+            launch_kernel(kernel, grid(kw), kernel_args(kw, tensors), constexprs)
 
         if config is not None:
             run(config)

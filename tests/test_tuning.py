@@ -38,6 +38,7 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(tuning, "time_config", fake_time)
     monkeypatch.setenv("ACCELC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ACCELC_AUTOTUNE", "1")   # these tests are about tuning, whatever the caller set
+    monkeypatch.setenv("ACCELC_COMPILE_THREADS", "1")   # no compiling ahead (its own test below)
     return timed
 
 
@@ -252,3 +253,46 @@ def test_a_two_size_key_borrows_by_both_sizes(fake_gpu):
         assert t.pick((128, 512, 128), {"L": 128, "S": 512}, None) is CONFIGS[4]
         assert t.pick((32, 128, 128), {"L": 32, "S": 128}, None) is CONFIGS[2]
     tuning.forget_borrowed()
+
+
+class _Compiling:
+    """A kernel whose warmup (compile only) and launch are recorded, each with the thread it ran on."""
+
+    def __init__(self):
+        self.warmed, self.ran = [], []
+
+    def warmup(self, *args, grid, **constexprs):
+        import threading
+        self.warmed.append((constexprs["BLOCK"], threading.current_thread().name))
+
+    def __getitem__(self, grid):
+        return lambda *args, **constexprs: self.ran.append(constexprs["BLOCK"])
+
+
+def test_candidates_compile_ahead_all_at_once_then_are_timed_one_by_one(fake_gpu, monkeypatch):
+    """Where Triton has its async compile mode: every candidate's launch is first a warmup (compile
+    only) inside that mode, then each is timed with a real launch."""
+    pytest.importorskip("triton.runtime._async_compile")
+    monkeypatch.setenv("ACCELC_COMPILE_THREADS", "4")
+    kernel = _Compiling()
+
+    def launch(cfg):
+        tuning.launch_kernel(kernel, (1,), (), dict(BLOCK=cfg.kwargs["BLOCK"]))
+    cfg = _tuner().pick((1024, "fp16"), {"M": 1024}, launch)
+    assert _chosen(cfg) == FAST
+    assert len(kernel.warmed) == len(CONFIGS) and len(kernel.ran) == len(CONFIGS)
+    assert not tuning._precompiling.get()       # launches after it run again
+
+    def refused(cfg):      # a candidate that cannot take the call: said by its timing, not by precompile
+        raise ValueError("not a candidate for this call")
+    tuning.precompile(refused, CONFIGS)
+
+
+def test_no_compiling_ahead_in_one_thread_or_the_interpreter(fake_gpu, monkeypatch):
+    kernel = _Compiling()
+    calls = []
+    tuning.precompile(lambda c: calls.append(c), CONFIGS)       # ACCELC_COMPILE_THREADS=1 (the fixture)
+    monkeypatch.setenv("ACCELC_COMPILE_THREADS", "4")
+    monkeypatch.setattr(runtime, "interpreted", lambda: True)
+    tuning.precompile(lambda c: calls.append(c), CONFIGS)
+    assert calls == [] and kernel.warmed == []

@@ -1,0 +1,208 @@
+"""Time to a fast model: how long `accelc.optimize` takes, against torch.compile's first call, cold and
+warm, and what the time goes to. The optimize-time issue's measure.
+
+    python bench/optimize_time.py --out DIR [--models bert,resnet50,tinyllama-lm] [--sides ...] [--profile]
+    python bench/optimize_time.py --render DIR      # the markdown table of DIR's JSON files
+
+Every side runs in its own process on the same GPU, the models built as bench/e2e.py builds them
+(fp16, random weights, the realistic batch), causal LMs as bench/generate.py builds them (an LM head,
+generation: optimize also builds the step program). Cold: empty accelc, Triton and Inductor caches
+(new folders for the process). Sides:
+  compile_ro     torch.compile(mode="reduce-overhead"): its first call, compile included, cold;
+  compile_max    torch.compile(mode="max-autotune"): likewise;
+  accelc_cold    accelc.optimize, cold; its phases (the summary's time breakdown) beside it;
+  accelc_warm    accelc.optimize again in a new process with the caches accelc_cold left;
+  load           accelc.save of the warm optimize's module, then in a new process accelc.load and the
+                 first call served (the caches left as they are).
+--profile adds cProfile's top functions of the cold optimize (cumulative time) to its row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SIDES = ("compile_ro", "accelc_cold", "accelc_warm", "load", "compile_max")
+LM_CONFIGS = {   # causal LMs with generation (bench/generate.py's shapes), prompt 2 x 128
+    "qwen2-0.5b-lm": "qwen2-0.5b", "tinyllama-lm": "tinyllama", "llama3-8b-lm": "llama3-8b", "gpt2-lm": "gpt2",
+}
+
+
+def build(name):
+    """(model, args, kwargs) on the GPU in fp16."""
+    import torch
+
+    if name in LM_CONFIGS:
+        import generate
+
+        cfg = generate.configs(False)[LM_CONFIGS[name]]
+        lm = generate.build(cfg, "cuda", torch.float16)
+        ids = torch.randint(1, cfg.vocab_size, (2, 128), device="cuda")
+        return lm, (), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    import e2e
+
+    model, inputs = e2e.build(name, e2e.MODELS[name][1][0])
+    return model, inputs, {}
+
+
+def _sync():
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
+    """One side in this process (its caches are the environment's)."""
+    import torch
+
+    t0 = time.perf_counter()
+    model, args, kwargs = build(name)
+    row = {"build_s": round(time.perf_counter() - t0, 1)}
+    if side.startswith("compile"):
+        mode = {"compile_ro": "reduce-overhead", "compile_max": "max-autotune"}[side]
+        compiled = torch.compile(model, mode=mode)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            compiled(*args, **kwargs)
+        _sync()
+        row["first_call_s"] = round(time.perf_counter() - t0, 1)
+        return row
+    import accelc
+
+    if side == "load":
+        t0 = time.perf_counter()
+        loaded = accelc.load(os.path.join(workdir, "model.pt2"))
+        row["load_s"] = round(time.perf_counter() - t0, 2)
+        loaded = loaded.cuda()
+        with torch.no_grad():
+            loaded(*args, **kwargs)
+        _sync()
+        row["first_call_s"] = round(time.perf_counter() - t0, 2)
+        return row
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    t0 = time.perf_counter()
+    opt = accelc.optimize(model, args, example_kwargs=kwargs)
+    _sync()
+    row["optimize_s"] = round(time.perf_counter() - t0, 1)
+    if prof is not None:
+        prof.disable()
+        row["profile"] = _top(prof)
+    row["phases_s"] = opt.info.seconds
+    row["rewritten"] = sum(r.status == "rewritten" for r in opt.layers)
+    step = getattr(opt, "step", None)
+    if step is not None:
+        row["step_phases_s"] = step.info.seconds
+    if side == "accelc_warm":
+        t0 = time.perf_counter()
+        accelc.save(opt, os.path.join(workdir, "model.pt2"))
+        row["save_s"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def _top(prof, n: int = 45) -> list:
+    import io
+    import pstats
+
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(n)
+    return [line.rstrip() for line in out.getvalue().splitlines() if line.strip()][-n - 1:]
+
+
+def measure(name: str, sides: list, out_dir: Path, profile: bool) -> dict:
+    """Each side of `name` in a new process; accelc's cold, warm and load share one cache folder."""
+    import _common
+
+    row: dict = {"model": name}
+    with tempfile.TemporaryDirectory(prefix="accelc-opt-time-") as shared:
+        for side in sides:
+            fresh = side in ("compile_ro", "compile_max", "accelc_cold")
+            cache = tempfile.mkdtemp(prefix=f"{side}-", dir=shared) if fresh and side != "accelc_cold" else shared
+            env = dict(os.environ, ACCELC_CACHE_DIR=f"{cache}/accelc", TRITON_CACHE_DIR=f"{cache}/triton",
+                       TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor")
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, __file__, "--side", side, "--model", name, "--workdir", shared]
+                                  + (["--profile"] if profile and side == "accelc_cold" else []),
+                                  env=env, capture_output=True, text=True)
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+            row[side] = json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
+            row[side]["process_s"] = round(time.perf_counter() - t0, 1)
+            print(f"{name} {side}: {_brief(row[side])}", flush=True)
+    data = {"environment": _common.environment(), "row": row}
+    (out_dir / f"optimize_time-{name}.json").write_text(json.dumps(data, indent=1))
+    return data
+
+
+def _brief(side: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in side.items() if k in ("optimize_s", "first_call_s", "load_s", "error",
+                                                                  "phases_s", "process_s"))
+
+
+def render(folder: Path) -> str:
+    rows, env = [], None
+    for path in sorted(folder.glob("optimize_time-*.json")):
+        data = json.loads(path.read_text())
+        env = env or data["environment"]
+        rows.append(data["row"])
+    head = ("| model | accelc cold s | reduce-overhead first call s | ratio | max-autotune first call s | ratio | "
+            "accelc warm s | load + first call s | cold phases (s) |")
+    lines = [f"Optimize time, {env.get('device')} ({env.get('date')}; torch {env.get('torch')}, "
+             f"triton {env.get('triton')})", "", head, "|" + "---|" * 9]
+
+    def get(r, side, key):
+        v = r.get(side, {}).get(key)
+        return v if isinstance(v, (int, float)) else None
+
+    for r in rows:
+        cold, ro, mx = get(r, "accelc_cold", "optimize_s"), get(r, "compile_ro", "first_call_s"), \
+            get(r, "compile_max", "first_call_s")
+        phases = r.get("accelc_cold", {}).get("phases_s") or {}
+        lines.append("| " + " | ".join([
+            r["model"], _f(cold), _f(ro), f"{cold / ro:.2f}x" if cold and ro else "", _f(mx),
+            f"{cold / mx:.2f}x" if cold and mx else "", _f(get(r, "accelc_warm", "optimize_s")),
+            _f(get(r, "load", "first_call_s")), ", ".join(f"{k} {v}" for k, v in phases.items())]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _f(v) -> str:
+    return "" if v is None else f"{v:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="bert,resnet50,tinyllama-lm")
+    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--render", default=None)
+    ap.add_argument("--side", default=None)        # (one side, in the process measure() starts)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--workdir", default=None)
+    a = ap.parse_args()
+    if a.render:
+        print(render(Path(a.render)))
+        return
+    if a.side:
+        print(json.dumps(run_side(a.model, a.side, a.workdir, a.profile), default=str))
+        return
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in a.models.split(","):
+        measure(name, a.sides.split(","), out, a.profile)
+    (out / "optimize_time.md").write_text(render(out))
+    print(render(out))
+
+
+if __name__ == "__main__":
+    main()

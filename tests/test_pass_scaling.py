@@ -1,0 +1,122 @@
+"""The pass pipeline's cost grows with the graph, linearly: a decoder of 16 blocks against one of 4
+(written-out RMSNorms and RoPE, which the passes confirm on probe values, gated MLPs, attention).
+The probes are small and drawn once per case, not at each activation's size (a 28-layer LM's passes
+took 10 s on the GPU's host, 6.6 of them drawing full-size probes)."""
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import accelc
+from accelc.capture.contract import CALL_SPEC
+from accelc.capture.shapes import SHAPES
+from accelc.capture import written
+from accelc.capture.trace import capture
+from accelc.pipeline import run_passes
+from accelc.rewrite import PassContext
+
+
+def _rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.Parameter(torch.rand(dim) + 0.5), nn.Parameter(torch.rand(dim) + 0.5)
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.gate, self.up, self.down = nn.Linear(dim, 2 * dim, bias=False), nn.Linear(dim, 2 * dim, bias=False), \
+            nn.Linear(2 * dim, dim, bias=False)
+
+    @staticmethod
+    def rms(x, w):
+        h = x.float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    def forward(self, x, cos, sin):
+        b, t, d = x.shape
+        h = self.rms(x, self.norm1)
+        q, k, v = (p(h).view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        h = self.rms(x, self.norm2)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class Decoder(nn.Module):
+    def __init__(self, depth, dim=32, heads=2):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(depth))
+        inv = 1.0 / (10000 ** (torch.arange(0, dim // heads, 2).float() / (dim // heads)))
+        self.register_buffer("inv", inv)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1], device=x.device).float()
+        angles = torch.outer(pos, self.inv)
+        emb = torch.cat((angles, angles), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        return x
+
+
+def _passes_seconds(depth: int) -> tuple[float, dict]:
+    torch.manual_seed(0)
+    model = Decoder(depth).eval()
+    x = torch.randn(8, 64, 32)         # full-size probes of these activations were the cost
+    gm, _, _ = capture(model, (x,))
+    ctx = PassContext(accelc.OptimizeConfig(), gm.meta[CALL_SPEC].flat((x,), {}), [(x,)], torch.device("cpu"),
+                      shapes=gm.meta.get(SHAPES))
+    t0 = time.perf_counter()
+    counts = run_passes(gm, ctx)
+    return time.perf_counter() - t0, counts
+
+
+def test_passes_grow_linearly_with_the_graph():
+    _passes_seconds(1)      # the patterns' own graphs, traced once a process
+    small, small_counts = min(_passes_seconds(4) for _ in range(2))
+    large, large_counts = min(_passes_seconds(16) for _ in range(2))
+    # every block's norms and rotary confirmed and rewritten, in both
+    for counts, depth in ((small_counts, 4), (large_counts, 16)):
+        assert counts["norms"] == 2 * depth and counts["rotary"] == 2 * depth and counts["attention"] == depth, counts
+    assert large < 6 * small, (small, large)      # 4x the graph: 4x the time, not 16x
+
+
+def test_probes_are_small_and_drawn_once_per_case(monkeypatch):
+    """Each written-out norm and rotary is confirmed on probes of a few rows (its last dim whole), the
+    same draws for every block: two cases (a norm, a rotation) of two trials each."""
+    asked = []
+
+    def probes(shapes, trial):
+        asked.append((shapes, trial))
+        return draw(shapes, trial)
+    draw = written._probes
+    monkeypatch.setattr(written, "_probes", probes)
+    _, counts = _passes_seconds(4)
+    assert counts["norms"] == 8 and counts["rotary"] == 8
+    assert len(set(asked)) == 4, sorted(set(asked))
+    for shapes, _ in asked:
+        for shape in shapes:
+            assert all(n <= written.PROBE_ROWS for n in shape[:-1]), shape
+
+
+@pytest.mark.parametrize("where", ["the last dim", "a reshape to the example's numbers"])
+def test_a_probe_that_cannot_run_small_is_run_at_the_examples_shapes(where):
+    """A candidate whose nodes read the example's sizes still matches (at full size), and a wrong one
+    does not match at either."""
+    from accelc import meta
+    from torch import fx
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta[meta.VALUE] = meta.TensorMeta((4, 6, 8), torch.float64, torch.device("cpu"))
+    flat = g.call_function(torch.reshape, (x, (24, 8)) if where != "the last dim" else (x, (4, 6, 8)))
+    out = g.call_function(torch.nn.functional.relu, (flat,))
+    g.output(out)
+    want = (lambda t: torch.relu(t.reshape(24, 8))) if where != "the last dim" else torch.relu
+    assert written.matches_reference([flat, out], (x,), want)
+    assert not written.matches_reference([flat, out], (x,), lambda t: want(t) * 2)

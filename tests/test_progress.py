@@ -1,0 +1,73 @@
+"""optimize's progress (accelc.progress): its phases and the guard's layer i of N, shown when asked or
+in an interactive session, silent in an application; a bar on a terminal, plain lines elsewhere."""
+import io
+
+import pytest
+import torch
+
+import accelc
+from accelc import progress
+from conftest import DEVICE
+
+
+def _mlp():
+    model = accelc.models.get("mlp").to(DEVICE)
+    return model, model.example_inputs(4)
+
+
+def test_asked_for_it_shows_each_phase_and_the_time(capfd):
+    model, inputs = _mlp()
+    capfd.readouterr()
+    accelc.optimize(model, inputs, progress=True)
+    err = capfd.readouterr().err
+    for line in ("accelc: capturing ProcessMLP", "accelc: rewriting (passes)",
+                 "accelc: checking each layer against PyTorch", "accelc: checking the layers on a second draw"):
+        assert line in err, err
+    assert "(4 layers)" in err and "accelc: done in " in err
+
+
+def test_silent_by_default_outside_an_interactive_session(capfd, monkeypatch):
+    model, inputs = _mlp()
+    capfd.readouterr()
+    accelc.optimize(model, inputs)
+    assert "accelc: capturing" not in capfd.readouterr().err
+    monkeypatch.setattr("sys.ps1", ">>> ", raising=False)       # a Python prompt: shown by default
+    assert progress.wanted(None) and not progress.wanted(False)
+
+
+def test_a_terminal_gets_a_bar_with_layer_i_of_n(monkeypatch):
+    pytest.importorskip("tqdm")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    out = Terminal()
+    bar = progress.Bar("accelc", stream=out)
+    bar.phase("checking each layer", 3)
+    for name in ("fc1", "fc2", "head"):
+        bar.step(name)
+    bar.write("a log line above the bar")
+    bar.close()
+    text = out.getvalue()
+    assert "accelc: checking each layer 3/3" in text and "head" in text and "a log line above the bar" in text
+    assert "accelc: done in" in text
+
+
+def test_the_generation_steps_phases_go_on_the_lms_bar():
+    """A nested optimize (an LM's step program) names its phases on the outer bar, opens no bar of its own."""
+    out = io.StringIO()
+    with progress.showing("accelc", True) as outer:
+        outer.stream = out
+        with progress.showing("accelc", False, part="generation step: ") as inner:
+            assert inner is outer
+            progress.phase("capturing CacheStep")
+    assert "accelc: generation step: capturing CacheStep" in out.getvalue()
+
+
+def test_cli_report_shows_the_layers_it_times(tmp_path, capsys):
+    from accelc.cli import main
+
+    assert main(["report", "mlp", "-o", str(tmp_path / "r"), "--batch-size", "2", "--no-ort", "--format", "json",
+                 "--rep-ms", "1", "--device", DEVICE.type]) == 0
+    err = capsys.readouterr().err
+    assert "accelc report: 1/5 " in err and "accelc report: 5/5 whole model" in err
