@@ -4,6 +4,21 @@
     print(opt.summary())                           # what was rewritten, what was kept and why
 """
 import logging as _logging
+import os as _os
+import signal as _signal
+import sys as _sys
+
+
+def _interrupted_while_importing(signum, frame):
+    print("accelc: interrupted", file=_sys.stderr, flush=True)
+    _os._exit(130)
+
+
+# the CLI (the `accelc` command): Ctrl-C while it imports torch and its kernels ends it in one line, not a
+# page of import traceback; accelc.cli.main takes Ctrl-C back (KeyboardInterrupt) once it runs
+if _sys.argv and _os.path.basename(_sys.argv[0]) == "accelc" and _signal.getsignal(_signal.SIGINT) is \
+        _signal.default_int_handler:
+    _signal.signal(_signal.SIGINT, _interrupted_while_importing)
 
 # accelc's progress and decisions go to the "accelc" logger: silent unless the application
 # configures logging (logging.basicConfig(level=logging.INFO)); the CLI shows INFO, -v DEBUG

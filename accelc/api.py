@@ -5,6 +5,7 @@ import copy
 import dataclasses
 import functools
 import gc
+import inspect
 import itertools
 import logging
 import math
@@ -21,7 +22,7 @@ from accelc import buckets, generation, guard, meta, runner, runtime
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
 from accelc.capture import reference as capture_reference
-from accelc.capture.shapes import SHAPES
+from accelc.capture.shapes import SHAPES, repeated_to
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.flops import node_flops
 from accelc.latency import layer_ms
@@ -118,6 +119,8 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
                          "(optimize(model, x), optimize(model, (x, y)) or optimize(model, tokenizer_output))")
     check_example_inputs(args, kwargs)
     args, kwargs = separate_aliases((args, kwargs))
+    if isinstance(config.dynamic, dict):
+        config = dataclasses.replace(config, dynamic=carried_dims(model, args, kwargs, config.dynamic))
     batches = [args] if calibration is None else [
         (b,) if isinstance(b, torch.Tensor) else tuple(b) for b in calibration]
     copied = False
@@ -151,6 +154,31 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
     if calibration is not None:
         check_calibration(model, args, batches, kwargs)
     return Job(model, args, config, batches, device_of(model, (args, kwargs)), kwargs)
+
+
+def carried_dims(model: nn.Module, args: tuple, kwargs: dict, declared: dict) -> dict:
+    """`declared` (dynamic=, by input name) with each declared dim carried to the same dim of the inputs
+    left out of it whose size in the example is the same (a BERT's attention mask beside its input_ids):
+    a dim declared on one input is the size of the inputs the model ties to it, which would otherwise be
+    fixed at the example's size and refuse every call of another. Where the model does not tie them,
+    torch.export fixes the carried dim again, as it fixes any dim the model pins."""
+    try:
+        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    inputs = {**dict(zip(params, args)), **kwargs}
+    out = {name: dict(dims) for name, dims in declared.items()}
+    for name, t in inputs.items():
+        if name in declared or not isinstance(t, torch.Tensor):
+            continue
+        for other, dims in declared.items():
+            source = inputs.get(other)
+            for d, bounds in (dims or {}).items():
+                if isinstance(source, torch.Tensor) and d < t.dim() and d < source.dim() \
+                        and t.shape[d] == source.shape[d] and t.shape[d] > 1:
+                    out.setdefault(name, {}).setdefault(d, bounds)
+    return out
 
 
 def separate_aliases(tree):
@@ -371,9 +399,14 @@ def warmup_inputs(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
     if not warmup_shapes:
         return []
     shapes = opt.graph_module.meta.get(SHAPES)
+    if shapes is not None and shapes.free and not shapes.static and warmup_shapes != "buckets":
+        return _free_warmup_inputs(opt, shapes, warmup_shapes)
     if shapes is None or shapes.free or not shapes.varying():
-        raise InputError("warmup_shapes: the optimized model takes one shape per input (no dim varies), so there "
-                         "is nothing to warm up beyond the example")
+        why = ("the graph was traced with no shapes recorded (symbolic_trace): list the shapes instead"
+               if shapes is not None and shapes.free and not shapes.static else
+               "the optimized model takes one shape per input (no dim varies), so there is nothing to warm up "
+               "beyond the example")
+        raise InputError(f"warmup_shapes{'=' + repr(warmup_shapes) if isinstance(warmup_shapes, str) else ''}: {why}")
     if warmup_shapes == "buckets":
         plan = shapes.padding
         if plan is None:
@@ -392,6 +425,28 @@ def warmup_inputs(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
             raise InputError(str(e)) from None
     all_sizes.sort(key=lambda sz: -math.prod(sz.values()))
     return [shapes.inputs_at(opt.example_inputs, sz) for sz in all_sizes]
+
+
+def _free_warmup_inputs(opt: OptimizedModule, shapes, warmup_shapes) -> list[tuple]:
+    """warmup_shapes of a graph that takes any shape its code takes (symbolic_trace): each named input at
+    its shape (the example repeated and cut), the others as in the example; checked against the ranges
+    declared for it (dynamic=), as a call is."""
+    out = []
+    for named in warmup_shapes:
+        unknown = sorted(set(named) - set(shapes.names))
+        if unknown:
+            raise InputError(f"warm-up shape for {unknown[0]!r}: the optimized model's inputs are {list(shapes.names)}")
+        for n, a in zip(shapes.names, opt.example_inputs):
+            if n in named and isinstance(a, torch.Tensor) and len(tuple(named[n])) != a.dim():
+                raise InputError(f"warm-up shape {tuple(named[n])} for {n!r}: it has {a.dim()} dims")
+        args = tuple(repeated_to(a, tuple(named[n])) if n in named and isinstance(a, torch.Tensor) else a
+                     for n, a in zip(shapes.names, opt.example_inputs))
+        refused = shapes.check(args)
+        if refused:
+            raise InputError(f"warm-up shape: {refused}")
+        out.append(args)
+    out.sort(key=lambda a: -sum(t.numel() for t in a if isinstance(t, torch.Tensor)))
+    return out
 
 
 def note_warmed(opt: OptimizedModule, text: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -150,11 +151,20 @@ def _dynamic(args):
             for part in dims.split(","):
                 d, _, rng = part.partition("=")
                 lo, _, hi = rng.partition("..")
-                out.setdefault(name.strip(), {})[int(d)] = (int(lo), None if hi.strip() in ("any", "") else int(hi))
+                dims_of = out.setdefault(name.strip(), {})
+                if int(d) in dims_of:      # said, not the last one silently winning
+                    raise _Twice(f"--dynamic gives {name.strip()} dim {int(d)} twice ({item!r}): give each dim once")
+                dims_of[int(d)] = (int(lo), None if hi.strip() in ("any", "") else int(hi))
+        except _Twice:
+            raise
         except ValueError:
             raise ValueError(f"--dynamic {item!r}: expected NAME:DIM=LO..HI[,DIM=LO..HI], e.g. "
                              "input_ids:0=1..64,1=1..512") from None
     return out
+
+
+class _Twice(ValueError):
+    """A dim given twice in --dynamic."""
 
 
 def _runtime_args(p) -> None:
@@ -207,12 +217,45 @@ def _int8_config(args):
 
 
 def _one_line_warning(message, category, filename, lineno, line=None):
-    text = str(message)
-    return (text if text.startswith("accelc") else f"accelc: warning: {text}") + "\n"
+    """A warning on one line, named by who gave it: accelc's as they are, another library's (torch's
+    deprecations) under its package's name, not accelc's."""
+    text = " ".join(str(message).split())
+    if text.startswith("accelc"):
+        return text + "\n"
+    return f"{category.__name__} ({_package_of(filename)}): {text}\n"
+
+
+def _package_of(filename: str) -> str:
+    """The installed package a source file belongs to ("torch", "transformers"), else the file's name."""
+    parts = os.path.normpath(filename).split(os.sep)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py")
+    return os.path.basename(filename)
+
+
+# options whose value may begin with "-" (a negative size, said by the shape parser): argparse takes such a
+# value for an option of its own and answers "expected one argument"
+_VALUE_OPTIONS = ("--input-shape", "--dynamic", "--batch-size")
+
+
+def _joined(argv: list[str]) -> list[str]:
+    """argv with `--input-shape -2x32` given as `--input-shape=-2x32`."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in _VALUE_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-") and argv[i + 1] != "-":
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    if signal.getsignal(signal.SIGINT) is getattr(accelc, "_interrupted_while_importing", None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)     # Ctrl-C: KeyboardInterrupt again, caught below
+    args = _parser().parse_args(_joined(list(sys.argv[1:] if argv is None else argv)))
     saved, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     # accelc's progress (what is being tuned, for which layer) on stderr; quiet in the Python API
     log = logging.getLogger("accelc")

@@ -2,6 +2,7 @@
 into an optimized program on disk (and, on request, its summary and latency report)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -57,6 +58,8 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
         ep = read_export(path)
         args, kwargs = ep.example_inputs if ep.example_inputs is not None else (None, {})
         model = program_module(ep).to(device)
+        with contextlib.suppress(NotImplementedError):   # its mode was fixed at export: no training-mode warning
+            model.eval()
         model.accelc_program = ep    # its dims (program_dims), and its graph without its shape checks
         return model, _to(args, device) if args is not None else None, _to(dict(kwargs or {}), device)
     try:

@@ -91,7 +91,8 @@ class OptimizedModule(nn.Module):
             # no kernel tunes inside a call (a size not tuned borrows the nearest's config); in the
             # interpreter, one call at a time across threads
             with tuning.serving(), runtime.serialized():
-                return self.runner(*args, **kwargs)
+                out = self.runner(*args, **kwargs)
+            return _rows_major_as_called(out, args) if self._channels_last_example() else out
         except AssertionError as e:
             text = guard_failure(e)
             if text is None:
@@ -106,6 +107,12 @@ class OptimizedModule(nn.Module):
             if wrong is None:
                 raise
             raise InputError(f"{wrong} ({short_error(e)})") from None
+
+    def _channels_last_example(self) -> bool:
+        """Whether the example held a channels-last image (then a call in row-major NCHW gets row-major
+        outputs, as eager's convs give: _rows_major_as_called)."""
+        return any(isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous()
+                   and t.is_contiguous(memory_format=torch.channels_last) for t in self.example_inputs)
 
     def _other_dtype(self, args) -> str | None:
         return other_dtype(args, self.example_inputs)
@@ -263,6 +270,17 @@ def _short_repr(v) -> str:
 
 def _flop(n: int) -> str:
     return f"{n / 1e9:.3g} GFLOP" if n >= 1e8 else f"{n / 1e6:.3g} MFLOP"
+
+
+def _rows_major_as_called(out, args):
+    """A call whose images are all row-major (NCHW) gets its 4-D outputs row-major, as eager's convs
+    follow their input's layout: a model optimized on a channels-last example writes channels-last
+    outputs, on which a caller's `y.view(N, -1)` fails where eager's works."""
+    images = [a for a in args if isinstance(a, torch.Tensor) and a.dim() == 4]
+    if not images or not all(a.is_contiguous() for a in images):
+        return out
+    return pytree.tree_map(lambda t: t.contiguous() if isinstance(t, torch.Tensor) and t.dim() == 4
+                           and not t.is_contiguous() else t, out)
 
 
 def other_dtype(args, examples) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import fx
 import triton
 
 from accelc import guard, meta, runtime
@@ -32,7 +33,7 @@ from accelc import progress as progress_bar
 from accelc.api import Job, make_job, optimize_job
 from accelc.baselines import ort
 from accelc.capture import flat_module
-from accelc.errors import short_error
+from accelc.errors import InputError, short_error
 from accelc.guard import verdict
 from accelc.latency import side_method, side_ms
 from accelc.numerics import error_stats, sqnr_db
@@ -135,6 +136,10 @@ def report(model, example_inputs=(), config=None, *, with_ort: bool = True, prog
     whole model three ways. See the module docstring."""
     if not (isinstance(rep_ms, (int, float)) and rep_ms > 0):    # said before optimizing, not after (NaN too)
         raise ValueError(f"rep_ms is the timing budget per measurement in ms: a number above 0, not {rep_ms!r}")
+    graph = getattr(model, "graph", None)
+    if isinstance(graph, fx.Graph) and any(getattr(n.target, "namespace", None) == "accelc" for n in graph.nodes):
+        raise InputError("this program already runs accelc's kernels (an accelc.save / accelc convert output): "
+                         "report the model it was made from, whose layers the report times against them")
     job = make_job(model, example_inputs, config, example_kwargs=example_kwargs)
     opt = optimize_job(job)
     return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms, with_compile=with_compile,
@@ -304,7 +309,8 @@ def _header(name, opt, args, interpreted, sides: Sides) -> dict:
         "versions": {"accelc": __version__, "torch": torch.__version__, "triton": triton.__version__,
                      "onnxruntime": _ort_version(), "cuda": torch.version.cuda},
         "ort": sides.ort_why_not or ort.provider_note(device),
-        "dtype": str(sides.config.dtype or _dtype_of(args)).replace("torch.", ""),
+        "dtype": str(sides.config.dtype or _dtype_of(args) or _dtype_of(opt.graph_module.parameters())
+                     or _dtype_of(opt.graph_module.buffers())).replace("torch.", ""),
         "int8": sides.config.int8 is not None,
         "input_shapes": [list(t.shape) for t in args if isinstance(t, torch.Tensor)],
         "timer": f"{timer}; ORT called through run_with_iobinding (its own CUDA graph where the session "

@@ -61,8 +61,8 @@ def _header_lines(d: dict) -> list[tuple[str, str]]:
     h = d["header"]
     v = h["versions"]
     return [
-        ("model", f"{h['model']} (inputs {', '.join('x'.join(map(str, s)) for s in h['input_shapes'])}, "
-                  f"{h['dtype']}{', int8' if h['int8'] else ''}; capture {h['capture']})"),
+        ("model", f"{h['model']} (inputs {', '.join('x'.join(map(str, s)) for s in h['input_shapes'])}"
+                  f"{', ' + h['dtype'] if h['dtype'] else ''}{', int8' if h['int8'] else ''}; capture {h['capture']})"),
         ("device", h["device"]),
         ("date", h["date"]),
         ("versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)),

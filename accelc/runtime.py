@@ -150,7 +150,8 @@ def warn_if_interpreted(stacklevel: int = 2) -> None:
         warn_once(
             "interpreter",
             "accelc: no CUDA GPU in use, so its Triton kernels run in Triton's CPU interpreter: "
-            "results are exact to the kernels' arithmetic but far slower than PyTorch; "
+            "each layer is checked against PyTorch as on a GPU (the interpreter's numpy arithmetic: bf16 "
+            "rounds unlike a GPU's), far slower than PyTorch; "
             "timings taken this way are not performance figures.",
             stacklevel=stacklevel + 1,
         )

@@ -82,7 +82,7 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
         warnings.warn(f"accelc.save: the saved program takes the example's shapes only: {static}", stacklevel=2)
     with atomic_path(path) as tmp:
         try:
-            summary = {**opt.summary_dict(), "lower_ends": _lower_ends(shapes)}
+            summary = {**opt.summary_dict(), "lower_ends": _lower_ends(shapes), "declared": _declared(shapes)}
             torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(summary),
                                                     CHECKSUM_FILE: json.dumps(weights_checksum(ep))})
         except (OSError, RuntimeError) as e:
@@ -109,6 +109,25 @@ def _lower_ends(shapes) -> list:
         return []
     return [[i, d, r.lo, shapes.lower_ends[r.sym]] for i, row in enumerate(shapes.dims) for d, r in enumerate(row or ())
             if isinstance(r, DimRange) and r.sym in shapes.lower_ends]
+
+
+def _declared(shapes) -> list:
+    """[[input index, dim]] of the dims the user declared a range for (dynamic=): a loaded program's
+    refusal names the user's range, not the model, as the optimized module's does."""
+    if shapes is None or not isinstance(shapes.declared, tuple):
+        return []
+    return [[i, d] for i, ranges in enumerate(shapes.declared) for d in (ranges or {})]
+
+
+def _restore_declared(shapes: InputShapes, saved) -> None:
+    if saved:
+        declared = [dict() for _ in shapes.names]
+        for i, d in saved:
+            row = shapes.dims[i] if i < len(shapes.dims) else None
+            r = row[d] if row is not None and d < len(row) else None
+            if isinstance(r, DimRange):
+                declared[i][d] = (r.lo, r.hi)
+        shapes.declared = tuple(x or None for x in declared)
 
 
 def _restore_lower_ends(shapes: InputShapes, saved) -> None:
@@ -215,6 +234,7 @@ def _loaded(ep, summary_text: str) -> "LoadedProgram":
         shapes.static = "a program saved with fixed shapes"
     summary = json.loads(summary_text) if summary_text else None
     _restore_lower_ends(shapes, (summary or {}).pop("lower_ends", None))
+    _restore_declared(shapes, (summary or {}).pop("declared", None))
     summary = summary or None     # a program saved without one (pickled: only the lower ends)
     loaded = LoadedProgram(program_module(ep), shapes, summary)
     object.__setattr__(loaded, "_ep", ep)     # what it pickles as (not a submodule: the same weights)
@@ -247,7 +267,8 @@ class LoadedProgram(nn.Module):
         """Pickled as its program file's bytes (the program module holds hooks and generated code
         that do not pickle), read back on the device its weights are on."""
         buf = io.BytesIO()
-        summary = {**(self.accelc_summary or {}), "lower_ends": _lower_ends(self.shapes)}
+        summary = {**(self.accelc_summary or {}), "lower_ends": _lower_ends(self.shapes),
+                   "declared": _declared(self.shapes)}
         torch.export.save(self._ep, buf, extra_files={SUMMARY_FILE: json.dumps(summary)})
         weight = next(iter([*self.program.parameters(), *self.program.buffers()]), None)
         return _loaded_from_bytes, (buf.getvalue(), str(weight.device) if weight is not None else None)

@@ -314,6 +314,44 @@ class FuzzNet(nn.Module):
 # relative L2 floors against the fp64 reference (a model's worth of roundings of each dtype)
 FLOOR = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}
 
+# how a case is optimized and called beyond the plain one (#57's classes): one input given as two
+# (aliased at optimize, two tensors later), a branch on the batch size, keywords passed at their
+# defaults, two threads calling at once
+CALLS = ("plain", "plain", "plain", "alias", "branch", "keywords", "threads")
+
+
+def call_class(seed: int) -> str:
+    return random.Random(seed * 7919 + 1).choice(CALLS)
+
+
+class Twin(nn.Module):
+    """Two inputs through the fuzzed model: its output for each, and their sum where they agree in shape."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, y):
+        a, b = self.net(x), self.net(y)
+        return (a, b)
+
+
+class SizeBranch(nn.Module):
+    """The fuzzed model behind a branch on the batch size (torch.export captures it, as a shape-dependent
+    model's), and a keyword with a default (`scale`) and an optional tensor (`bias`)."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, scale: float = 2.0, bias=None):
+        out = self.net(x)
+        first = out[0] if isinstance(out, tuple) else out
+        first = first * scale if x.shape[0] > 1 else first * (scale + 1.0)
+        if bias is not None:
+            first = first + bias
+        return (first, *out[1:]) if isinstance(out, tuple) else first
+
 
 def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, config=None) -> dict:
     """Optimize FuzzNet(seed) and compare it with eager against an fp64 reference, on a new draw
@@ -333,13 +371,22 @@ def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, c
 
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = FuzzNet(seed, size).to(device, dtype).eval()
-    rec = dict(seed=seed, size=size, dtype=str(dtype).replace("torch.", ""), model=model.describe(), status="ok")
+    net = FuzzNet(seed, size).to(device, dtype).eval()
+    calls = call_class(seed)
+    rec = dict(seed=seed, size=size, dtype=str(dtype).replace("torch.", ""), model=net.describe(), status="ok",
+               calls=calls)
+    model = (Twin(net) if calls == "alias" else SizeBranch(net) if calls in ("branch", "keywords") else net).eval()
+    twice = calls == "alias"
 
     def inputs(batch=None):
-        return tuple(t.to(device, dtype) for t in model.example_inputs(batch, generator=gen))
+        one = tuple(t.to(device, dtype) for t in net.example_inputs(batch, generator=gen))
+        return one + tuple(t.to(device, dtype) for t in net.example_inputs(batch, generator=gen)) if twice else one
 
     example = inputs()
+    if twice:       # one tensor given as both inputs at optimize; two different ones at every call after
+        example = (example[0], example[0])
+    if calls == "branch" and net.batch == 1:    # optimized above 1, called at 1: the other branch
+        example = inputs(2)
     try:
         with torch.no_grad():
             model(*[t.clone() for t in example])
@@ -355,11 +402,16 @@ def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, c
                kinds=dict(collections.Counter(r.kind for r in opt.rewritten)))
     reference = copy.deepcopy(model).double()
     worst = 0.0
-    for label, batch in (("new draw", model.batch), ("other batch", model.batch + 2 if model.batch <= 2 else 1)):
+    batch0 = example[0].shape[0]
+    others = [("new draw", batch0), ("other batch", batch0 + 2 if batch0 <= 2 else 1)]
+    if calls == "branch":
+        others.append(("batch 1", 1))
+    kwargs = dict(scale=2.0, bias=None) if calls == "keywords" else {}   # given at their defaults
+    for label, batch in others:
         x = inputs(batch)
         try:
             with torch.no_grad():
-                out = opt(*[t.clone() for t in x])
+                out = _threaded(opt, x) if calls == "threads" else opt(*[t.clone() for t in x], **kwargs)
         except AccelcError as e:     # a clear refusal of these shapes: fine, not a wrong number
             rec.setdefault("refused_calls", []).append(f"{label}: {short_error(e)}")
             continue
@@ -387,3 +439,34 @@ def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, c
             if problem:
                 return dict(rec, status="mismatch", where=f"{label}, batch {batch}", reason=problem)
     return dict(rec, rel_error=worst)
+
+
+def _threaded(opt, x):
+    """opt called from two threads at once, on x and on x reversed along the batch: the first thread's
+    output, which the caller compares with eager; the second's must be bit for bit the same call made
+    alone, else a RuntimeError (two calls at once corrupted one another)."""
+    import threading
+
+    from torch.utils import _pytree as pytree
+
+    other = tuple(t.flip(0).clone() for t in x)
+    outs, errors = [None, None], []
+
+    def run(i, args):
+        try:
+            with torch.no_grad():
+                outs[i] = opt(*[t.clone() for t in args])
+        except Exception as e:      # raised below, in the caller's thread
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(0, x)), threading.Thread(target=run, args=(1, other))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    with torch.no_grad():
+        alone = opt(*[t.clone() for t in other])
+    if not all(torch.equal(a, b) for a, b in zip(pytree.tree_leaves(outs[1]), pytree.tree_leaves(alone))):
+        raise RuntimeError("two calls at once: the second thread's output differs from the same call made alone")
+    return outs[0]

@@ -44,3 +44,24 @@ def test_batch_size_zero_is_one_clear_line(capsys):
         main(["optimize", "mlp", "--batch-size", "0"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "argument --batch-size: must be above 0, not 0" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", __import__("accelc").models.names())
+def test_optimize_and_convert_on_every_builtin_model(name, tmp_path, capsys):
+    """`accelc optimize` and `accelc convert` on each built-in model, the program read back and called
+    (`accelc report` on each: tests/test_report.py)."""
+    import torch
+
+    import accelc
+    from conftest import DEVICE, rel_l2
+
+    dev = ["--device", DEVICE.type]
+    assert main(["optimize", name, "--batch-size", "1", *dev]) == 0, capsys.readouterr().err
+    assert "layer(s) rewritten" in capsys.readouterr().out
+    out = tmp_path / f"{name}.pt2"
+    assert main(["convert", name, "-o", str(out), *dev]) == 0, capsys.readouterr().err
+    model = accelc.models.get(name).to(DEVICE)
+    inputs = model.example_inputs()
+    with torch.no_grad():
+        got, want = accelc.load(out)(*inputs), model(*inputs)
+    assert rel_l2(got, want) < 1e-4

@@ -4,13 +4,16 @@ compared with eager against fp64 on new inputs and another batch size. A crash o
 a bug; a clean refusal (an AccelcError) is fine."""
 import pytest
 
-from accelc.models.fuzz import run_case
+from accelc.models.fuzz import CALLS, call_class, run_case
 from conftest import DEVICE
 
 SEEDS = range(24)
+# beyond those, two seeds of each way of calling a case (#57's classes: aliased inputs, a branch on the
+# batch, keywords at their defaults, two threads at once)
+CALL_SEEDS = [s for c in sorted(set(CALLS) - {"plain"}) for s in [x for x in range(24, 400) if call_class(x) == c][:2]]
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", [*SEEDS, *CALL_SEEDS])
 def test_fuzzed_model_matches_eager_or_is_refused_cleanly(seed):
     rec = run_case(seed, "tiny", DEVICE)
     assert rec["status"] in ("ok", "refused"), rec

@@ -15,14 +15,20 @@ from conftest import DEVICE
 T = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def lm_and_opt():
+def _llama():
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        lm = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                              num_key_value_heads=1, intermediate_size=64, vocab_size=100,
-                                              max_position_embeddings=48)).to(DEVICE).eval()
+        return T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                num_key_value_heads=1, intermediate_size=64, vocab_size=100,
+                                                max_position_embeddings=48)).to(DEVICE).eval()
+
+
+@pytest.fixture(scope="module")
+def lm_and_opt():
+    lm = _llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         ids = torch.randint(3, 100, (2, 6), device=DEVICE)
         opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     assert opt.step is not None, opt.info.generation
@@ -124,3 +130,13 @@ def test_more_sequences_than_the_cache_holds_grow_it_with_one_warning():
         out = opt.generate(**p, max_new_tokens=5)
     assert torch.equal(out, _quiet(lm.generate, **p, max_new_tokens=5))
     assert "static KV cache for 3 sequence(s)" in opt.summary()
+
+
+def test_an_optimized_inner_model_under_hfs_generate_points_to_opt_generate():
+    lm = _llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = _ids(2)
+        lm.model = accelc.optimize(lm.model, {"input_ids": p["input_ids"]})
+        with pytest.raises(InputError, match=r"'past_key_values'.*optimize the causal LM itself.*opt\.generate"):
+            lm.generate(**p, max_new_tokens=3)

@@ -112,3 +112,15 @@ def test_a_model_the_same_at_every_size_still_takes_batch_one():
     x = torch.randn(1, 32, device=DEVICE)
     with torch.no_grad():
         assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+def test_a_branch_on_the_batch_optimized_at_batch_one_is_captured_at_its_own_shapes():
+    """torch.export traces a batch of one as two; where the model runs another way at one, the example's
+    own shapes are traced instead (it was a capture failure): batch 1 right, another batch refused."""
+    model = SizeBranch().to(DEVICE).eval()
+    x = torch.randn(1, 32, device=DEVICE)
+    opt = accelc.optimize(model, (x,))
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+    with pytest.raises(InputError, match="x dim 0 is 3"):
+        opt(torch.randn(3, 32, device=DEVICE))

@@ -161,6 +161,12 @@ class CallSpec:
         if extra:
             default = (f" (it was left at its default, {self.defaults[extra[0]]!r}, fixed in the graph)"
                        if extra[0] in self.defaults else "")
+            cache = next((k for k in extra if k in _CACHE_KEYWORDS), None)
+            if cache is not None:     # HF's generate calling an optimized inner model with its cache
+                raise InputError(f"keyword argument {cache!r}: the optimized model was captured without a KV cache, "
+                                 "so generate() cannot step it; optimize the causal LM itself "
+                                 "(opt = accelc.optimize(lm, inputs)) and call opt.generate(...), which runs over "
+                                 "accelc's own cache")
             raise InputError(f"keyword argument {extra[0]!r} was not in the example the model was optimized with"
                              f"{default}, so the captured graph has no input for it; optimize with an example "
                              "that passes it")
@@ -188,6 +194,9 @@ class CallSpec:
         if self.template is None:
             return out
         return _remap(self.template, lambda s: out[s.i], {})
+
+
+_CACHE_KEYWORDS = ("past_key_values", "cache_position")   # what HF's generate passes a decoder step
 
 
 def _same_constant(a, b) -> bool:

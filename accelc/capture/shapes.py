@@ -282,8 +282,10 @@ class InputShapes:
         """The one line to say for a call the program's shape guard refused (guard_text: the
         guard's own words, e.g. "Guard failed: flat_0.size()[1] <= 64")."""
         found = _GUARD.search(guard_text)
-        if found is None:
-            return f"these inputs have a shape the captured program does not take ({guard_text})"
+        if found is None:    # a relation between inputs (flat_1.size()[0] == flat_0.size()[0]): said by their names
+            text = re.sub(r"\b(flat|args)_(\d+)\.size\(\)\[(\d+)\]", self._dim_words, guard_text)
+            text = re.sub(r"^Guard failed:\s*", "", text.strip())
+            return f"these inputs have shapes the captured program does not take together: it needs {text}"
         arg, dim, op, limit = found.group(1), int(found.group(2)), found.group(3), int(found.group(4))
         index = _input_index(arg, self.names)
         name = self.names[index] if index is not None and index < len(self.names) else arg
@@ -303,6 +305,12 @@ class InputShapes:
         else:
             why = f"at least {limit if op == '>=' else limit + 1}: {source}"
         return f"{name} dim {dim}{got}: {why}"
+
+
+    def _dim_words(self, m) -> str:
+        i, d = int(m.group(2)), int(m.group(3))
+        name = self.names[i] if i < len(self.names) else f"input {i}"
+        return f"{name} dim {d}"
 
 
 # inputs whose dim 1 counts token positions, and the config fields that end them (the first the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import io
 import logging
@@ -102,7 +103,16 @@ def quiet_torch_logs():
 def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=True):
     """(graph module, method, expected) from the first tracer whose graph reproduces the model;
     None when none does (each failure appended to `failures`)."""
-    for method, trace in (("symbolic_trace", _symbolic_trace), ("torch.export", _export)):
+    # torch.export traces a batch of one as a batch of two (export_program): where the model runs another
+    # way at one (a branch on the size), that program differs from it at the example, and the example's
+    # own shapes are traced instead
+    tracers = (("symbolic_trace", _symbolic_trace), ("torch.export", _export),
+               ("torch.export", functools.partial(_export, grow=False)))
+    for method, trace in tracers:
+        if trace is not _export and method == "torch.export" and (
+                dynamic is not True or not failures or "differs from the model's" not in failures[-1]
+                or not _batch_of_two(flat)):
+            continue
         if method == "symbolic_trace" and updated:
             failures.append(f"{method}: not tried: forward updates buffers in place ({', '.join(updated[:3])}), "
                             "which it cannot record")
@@ -220,8 +230,8 @@ def make_canonical(gm: fx.GraphModule, args: tuple):
     return out
 
 
-def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True, limits=None
-                   ) -> tuple[torch.export.ExportedProgram, str]:
+def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True, limits=None,
+                   grow: bool = True) -> tuple[torch.export.ExportedProgram, str]:
     """torch.export (non-strict); returns (program, why its shapes are the example's: "" when dims
     vary). dynamic: True lets every dimension vary (batch, sequence; export fixes those the model
     pins down), False exports the example's shapes, a tuple (one entry per input, positional then
@@ -241,7 +251,7 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
     if dynamic is False:
         return _export_once(model, tuple(args), kwargs), "dynamic=False"
     examples = [(tuple(args), kwargs)]
-    grown = _batch_of_two(values) if dynamic is True else None
+    grown = _batch_of_two(values) if dynamic is True and grow else None
     if grown is not None:
         examples.insert(0, (grown[:len(args)], dict(zip(kwargs, grown[len(args):]))))
     failure = ""
@@ -381,10 +391,10 @@ def _export_once(model, args: tuple, kwargs: dict, **options) -> torch.export.Ex
         return torch.export.export(model, args, kwargs, strict=False, **options)
 
 
-def _export(model, spec: "CallSpec", flat, dynamic=True):
+def _export(model, spec: "CallSpec", flat, dynamic=True, grow=True):
     limits = position_limits(model, spec.names)
     ep, static = export_program(flat_module(model, spec) if not spec.trivial else model, flat,
-                                dynamic=spec.positions(dynamic), limits=limits)
+                                dynamic=spec.positions(dynamic), limits=limits, grow=grow)
     gm = program_module(ep)
     shapes = gm.meta[SHAPES] = InputShapes.of_export(gm, ep.range_constraints, spec.names, static)
     shapes.declared = spec.positions(dynamic)

@@ -1,0 +1,120 @@
+"""#57's misleading cases: each ends as one line naming the real cause, or as eager's behaviour."""
+import warnings
+
+import pytest
+import torch
+
+import accelc
+from accelc.capture.shapes import InputShapes
+from accelc.cli import _one_line_warning, main
+from accelc.errors import InputError
+from conftest import DEVICE, rel_l2
+
+
+def test_a_dim_given_twice_in_dynamic_is_refused(tmp_path, capsys):
+    assert main(["convert", "mlp", "-o", str(tmp_path / "m.pt2"), "--dynamic", "input:0=1..4,0=1..8",
+                 "--device", DEVICE.type]) == 1
+    assert "--dynamic gives input dim 0 twice" in capsys.readouterr().err
+    assert not (tmp_path / "m.pt2").exists()
+
+
+def test_a_negative_size_is_said_by_the_shape_parser_not_argparse(tmp_path, capsys):
+    assert main(["convert", "mlp", "-o", str(tmp_path / "m.pt2"), "--input-shape", "-2x24",
+                 "--device", DEVICE.type]) == 1
+    err = capsys.readouterr().err
+    assert "expected positive sizes" in err and "expected one argument" not in err
+
+
+def test_another_librarys_warning_is_not_printed_as_accelcs():
+    line = _one_line_warning(FutureWarning("`isinstance(treespec, LeafSpec)` is deprecated"), FutureWarning,
+                             "/x/site-packages/torch/utils/_pytree.py", 1)
+    assert line.startswith("FutureWarning (torch): ") and "accelc" not in line
+    assert _one_line_warning(UserWarning("accelc: no CUDA GPU"), UserWarning, "f.py", 1) == "accelc: no CUDA GPU\n"
+
+
+def test_a_relation_between_inputs_is_said_by_their_names():
+    shapes = InputShapes(("input_ids", "attention_mask"))
+    text = shapes.refusal("Guard failed: flat_1.size()[0] == flat_0.size()[0]", ())
+    assert "attention_mask dim 0 == input_ids dim 0" in text and "flat_" not in text
+
+
+def test_the_report_header_names_the_models_dtype_for_token_inputs(tmp_path):
+    model = accelc.models.get("gpt").to(DEVICE)
+    rep = accelc.report(model, model.example_inputs(), with_ort=False, rep_ms=1, progress=False)
+    assert rep.header["dtype"] == "float32"
+    rep.write(tmp_path, ["md"])
+    assert "(inputs 2x24, float32; capture" in (tmp_path / "report.md").read_text()
+
+
+def test_a_dim_declared_on_the_ids_carries_to_their_mask_and_after_load_the_range_is_the_users(tmp_path):
+    model = accelc.models.get("bert").to(DEVICE)
+    ids, mask = model.example_inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(model, {"input_ids": ids, "attention_mask": mask},
+                              dynamic={"input_ids": {0: (1, 4), 1: (1, 64)}})
+    assert "attention_mask 1..4 x 1..64" in opt.info.shapes, opt.info.shapes
+    i2, m2 = ids.repeat(2, 2)[:3, :30], mask.repeat(2, 2)[:3, :30]
+    with torch.no_grad():
+        assert rel_l2(opt(input_ids=i2, attention_mask=m2), model(i2, m2)) < 1e-5
+    accelc.save(opt, tmp_path / "b.pt2")
+    loaded = accelc.load(tmp_path / "b.pt2")
+    for module in (opt, loaded):
+        with pytest.raises(InputError, match="input_ids dim 0 is 6: at most 4: the range declared for it"):
+            module(input_ids=ids.repeat(3, 1), attention_mask=mask.repeat(3, 1))
+
+
+class _ConvRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.c(x))
+
+
+def test_a_channels_last_example_then_row_major_calls_get_row_major_outputs_as_eager():
+    model = _ConvRelu().to(DEVICE).eval()
+    x = torch.randn(2, 3, 16, 16, device=DEVICE)
+    opt = accelc.optimize(model, (x.contiguous(memory_format=torch.channels_last),))
+    with torch.no_grad():
+        y = opt(x)
+        assert y.is_contiguous() and y.view(2, -1).shape == (2, 8 * 16 * 16)
+        assert rel_l2(y, model(x)) < 1e-5
+        cl = opt(x.contiguous(memory_format=torch.channels_last))
+    assert cl.is_contiguous(memory_format=torch.channels_last)     # as eager's conv on a channels-last input
+
+
+def test_warmup_shapes_of_a_traced_model_are_taken_within_the_declared_range():
+    model = accelc.models.get("mlp").to(DEVICE)
+    (x,) = model.example_inputs(4)
+    opt = accelc.optimize(model, x, dynamic={"features": {0: (1, 64)}}, warmup_shapes=[{"features": (8, 24)}])
+    assert "no dim varies" not in opt.info.shapes and "1 warm-up shape(s)" in opt.info.shapes
+    with pytest.raises(InputError, match="features dim 0 is 80: outside the range 1..64 declared for it"):
+        accelc.optimize(model, x, dynamic={"features": {0: (1, 64)}}, warmup_shapes=[{"features": (80, 24)}])
+
+
+def test_a_report_of_a_program_accelc_made_says_to_report_the_model(tmp_path, capsys):
+    assert main(["convert", "mlp", "-o", str(tmp_path / "m.pt2"), "--device", DEVICE.type]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "m.pt2"), "-o", str(tmp_path / "r"), "--no-ort",
+                 "--device", DEVICE.type]) == 1
+    err = capsys.readouterr().err
+    assert "already runs accelc's kernels" in err and "training mode" not in err
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line():
+    import shutil
+    import signal
+    import subprocess
+    import time
+
+    exe = shutil.which("accelc")
+    if exe is None:
+        pytest.skip("the accelc command is not installed in this environment")
+    proc = subprocess.Popen([exe, "list-models"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.5)         # inside `import torch` / the kernels' imports
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip().splitlines() == ["accelc: interrupted"], err
