@@ -427,10 +427,14 @@ def test_cli_report_on_every_builtin_model(name, tmp_path, capsys):
     from accelc.cli import main
 
     out = tmp_path / "rep"
-    assert main(["report", name, "-o", str(out), "--batch-size", "1", "--format", "json", "--rep-ms", "1",
+    assert main(["report", name, "-o", str(out), "--batch-size", "1", "--format", "json,md", "--rep-ms", "1",
                  "--no-ort", "--device", DEVICE.type]) == 0, capsys.readouterr().err
     data = json.loads((out / "report.json").read_text())
     check_schema(data)
+    # the header names the model's dtype, token inputs or not ("inputs 2x24, ;" once)
+    assert data["header"]["dtype"] == "float32"
+    model_line = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("- model:"))
+    assert ", float32; capture" in model_line, model_line
     rows = [r for r in data["layers"] if r["status"] == "rewritten"]
     assert rows and all(r["eager_ms"] > 0 and r["accelc_ms"] > 0 for r in rows)
     if DEVICE.type == "cpu":   # no ORT asked for: the note does not say it ran

@@ -38,14 +38,6 @@ def test_a_relation_between_inputs_is_said_by_their_names():
     assert "attention_mask dim 0 == input_ids dim 0" in text and "flat_" not in text
 
 
-def test_the_report_header_names_the_models_dtype_for_token_inputs(tmp_path):
-    model = accelc.models.get("gpt").to(DEVICE)
-    rep = accelc.report(model, model.example_inputs(), with_ort=False, rep_ms=1, progress=False)
-    assert rep.header["dtype"] == "float32"
-    rep.write(tmp_path, ["md"])
-    assert "(inputs 2x24, float32; capture" in (tmp_path / "report.md").read_text()
-
-
 def test_a_dim_declared_on_the_ids_carries_to_their_mask_and_after_load_the_range_is_the_users(tmp_path):
     model = accelc.models.get("bert").to(DEVICE)
     ids, mask = model.example_inputs()
