@@ -228,7 +228,8 @@ class Tuner:
         """The config for `key`. `sizes`: what prune / default / interpreter look at; `launch(cfg)`
         runs the kernel once with cfg on the real arguments (tuning times it)."""
         if self._forced is not None:
-            if self._forced not in self.prune(self.configs, sizes) and not runtime.interpreted():
+            offered = [config_dict(c) for c in self.prune(self.configs, sizes)]    # by value: Config's == varies
+            if config_dict(self._forced) not in offered and not runtime.interpreted():
                 raise NotACandidate(f"{self.name}: {config_dict(self._forced)} is not a candidate for {_describe(sizes)}")
             self.chosen[key] = self._forced
             return self._forced

@@ -29,7 +29,7 @@ from accelc import runtime
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation,
                                      broadcasts_to, epilogue, epilogue_ref, residual_as)
 from accelc.kernels.pdl import enabled as pdl_enabled, wait_for_producers
-from accelc.tuning import CompiledCall, Tuner, check_once, launch_kernel
+from accelc.tuning import CompiledCall, Tuner, check_once, config_dict, launch_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -427,7 +427,13 @@ GEMV_INT8_CONFIGS = [
     gemv_config(1, 4, 2048, 4, flat=True), gemv_config(1, 8, 1024, 4, flat=True), gemv_config(1, 8, 2048, 8, flat=True),
     gemv_config(1, 16, 512, 4, flat=True), gemv_config(1, 32, 256, 4, flat=True), gemv_config(1, 32, 512, 8, flat=True),
 ]
-CONFIGS += GEMV_INT8_CONFIGS
+# the int8 candidates that no float one already is (three are the same launch as a float candidate: kept
+# once, offered to every call; membership by identity, as triton.Config's equality differs by version: on
+# triton 3.6 it compared values, and those three were never offered to a float call)
+GEMV_INT8_ONLY = [c for c in GEMV_INT8_CONFIGS if all(config_dict(c) != config_dict(f) for f in GEMV_CONFIGS)]
+CONFIGS += GEMV_INT8_ONLY
+_INT8_ONLY = {id(c) for c in GEMV_INT8_ONLY}
+_FIT = {id(c) for c in FIT_CONFIGS}
 
 
 def prune_configs(configs, sizes):
@@ -445,7 +451,7 @@ def prune_configs(configs, sizes):
         # the rows' own power of two; gated tiles pair GATE_GROUP gate and up columns
         configs += [c for c in gemv if c.kwargs["BLOCK_M"] == triton.next_power_of_2(max(1, m))
                     and (not sizes.get("gated") or c.kwargs["BLOCK_N"] >= 2 * GATE_GROUP)
-                    and (c not in GEMV_INT8_CONFIGS or sizes.get("w8"))]
+                    and (id(c) not in _INT8_ONLY or sizes.get("w8"))]
     if m <= 32:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
     elif m <= 128:
@@ -453,7 +459,7 @@ def prune_configs(configs, sizes):
     else:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] >= 64]
     small = n_fit < 128 or k_fit < 64
-    keep = [c for c in keep if (c not in FIT_CONFIGS or small)
+    keep = [c for c in keep if (id(c) not in _FIT or small)
             and c.kwargs["BLOCK_N"] <= max(n_fit, 32) and c.kwargs["BLOCK_K"] <= k_fit]
     if not sizes["tma"]:
         keep = [c for c in keep if not c.kwargs["USE_TMA"]]
