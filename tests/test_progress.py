@@ -3,7 +3,6 @@ in an interactive session, silent in an application; a bar on a terminal, plain 
 import io
 
 import pytest
-import torch
 
 import accelc
 from accelc import progress
