@@ -458,3 +458,16 @@ def test_released_layer_reading_a_tensor_no_pass_can_recompute_is_one_clear_erro
 
     with pytest.raises(ValueError, match="does not hold and no pass said how to recompute"):
         _model_tensor(torch.nn.Linear(2, 2), "weight_accelc_folded_w", None, "fc")
+
+
+def test_int8_report_over_stacked_projections_rebuilds_them_from_the_model(tmp_path, capsys):
+    """An int8 layer lets go of its float weights; over BERT's q / k / v stacked into one GEMM, the report
+    recomputes the stacked float weight from the model's own three (it read a tensor only the graph held)."""
+    from accelc.cli import main
+
+    out = tmp_path / "rep"
+    assert main(["report", "bert", "-o", str(out), "--int8", "--int8-all-layers", "--no-ort", "--batch-size", "1",
+                 "--rep-ms", "1", "--format", "json", "--device", DEVICE.type]) == 0, capsys.readouterr().err
+    rows = {r["layer"]: r for r in json.loads((out / "report.json").read_text())["layers"]}
+    stacked = [name for name in rows if "query+key+value" in name]
+    assert stacked and all(rows[n]["eager_ms"] > 0 for n in stacked), sorted(rows)
