@@ -308,13 +308,13 @@ def warmup_inputs(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
     if not warmup_shapes:
         return []
     shapes = opt.graph_module.meta.get(SHAPES)
-    if shapes is not None and shapes.free and not shapes.static and warmup_shapes != "buckets":
+    any_shape = shapes is not None and shapes.free and not shapes.static     # symbolic_trace: no shapes recorded
+    if any_shape and warmup_shapes != "buckets":
         return _free_warmup_inputs(opt, shapes, warmup_shapes)
     if shapes is None or shapes.free or not shapes.varying():
-        why = ("the graph was traced with no shapes recorded (symbolic_trace): list the shapes instead"
-               if shapes is not None and shapes.free and not shapes.static else
-               "the optimized model takes one shape per input (no dim varies), so there is nothing to warm up "
-               "beyond the example")
+        why = ("the graph was traced with no shapes recorded (symbolic_trace): list the shapes instead" if any_shape
+               else "the optimized model takes one shape per input (no dim varies), so there is nothing to warm up "
+                    "beyond the example")
         raise InputError(f"warmup_shapes{'=' + repr(warmup_shapes) if isinstance(warmup_shapes, str) else ''}: {why}")
     if warmup_shapes == "buckets":
         plan = shapes.padding

@@ -148,23 +148,20 @@ def _dynamic(args):
     for item in args.dynamic:
         name, _, dims = item.partition(":")
         try:
+            ranges = []
             for part in dims.split(","):
                 d, _, rng = part.partition("=")
                 lo, _, hi = rng.partition("..")
-                dims_of = out.setdefault(name.strip(), {})
-                if int(d) in dims_of:      # said, not the last one silently winning
-                    raise _Twice(f"--dynamic gives {name.strip()} dim {int(d)} twice ({item!r}): give each dim once")
-                dims_of[int(d)] = (int(lo), None if hi.strip() in ("any", "") else int(hi))
-        except _Twice:
-            raise
+                ranges.append((int(d), int(lo), None if hi.strip() in ("any", "") else int(hi)))
         except ValueError:
             raise ValueError(f"--dynamic {item!r}: expected NAME:DIM=LO..HI[,DIM=LO..HI], e.g. "
                              "input_ids:0=1..64,1=1..512") from None
+        dims_of = out.setdefault(name.strip(), {})
+        for d, lo, hi in ranges:
+            if d in dims_of:      # said, not the last one silently winning
+                raise ValueError(f"--dynamic gives {name.strip()} dim {d} twice ({item!r}): give each dim once")
+            dims_of[d] = (lo, hi)
     return out
-
-
-class _Twice(ValueError):
-    """A dim given twice in --dynamic."""
 
 
 def _runtime_args(p) -> None:

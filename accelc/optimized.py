@@ -86,13 +86,13 @@ class OptimizedModule(nn.Module):
         if refused:
             raise InputError(refused)
         if self.runner is None:
-            self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(args, kwargs, self))
+            self._new_runner(_device(args, kwargs, self))
         try:
             # no kernel tunes inside a call (a size not tuned borrows the nearest's config); in the
             # interpreter, one call at a time across threads
             with tuning.serving(), runtime.serialized():
                 out = self.runner(*args, **kwargs)
-            return _rows_major_as_called(out, args) if self._channels_last_example() else out
+            return _rows_major_as_called(out, args) if self._rows_major_calls else out
         except AssertionError as e:
             text = guard_failure(e)
             if text is None:
@@ -108,11 +108,14 @@ class OptimizedModule(nn.Module):
                 raise
             raise InputError(f"{wrong} ({short_error(e)})") from None
 
-    def _channels_last_example(self) -> bool:
-        """Whether the example held a channels-last image (then a call in row-major NCHW gets row-major
-        outputs, as eager's convs give: _rows_major_as_called)."""
-        return any(isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous()
-                   and t.is_contiguous(memory_format=torch.channels_last) for t in self.example_inputs)
+    def _new_runner(self, device) -> None:
+        """The runner of this module's calls (again after .to(), a pickle), and, decided once with it, whether
+        the example held a channels-last image: then a call in row-major NCHW gets row-major outputs, as
+        eager's convs give (_rows_major_as_called)."""
+        self.runner, self.info.runtime = make_runner(self.graph_module, self.config, device)
+        self._rows_major_calls = any(isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous()
+                                     and t.is_contiguous(memory_format=torch.channels_last)
+                                     for t in self.example_inputs)
 
     def _other_dtype(self, args) -> str | None:
         return other_dtype(args, self.example_inputs)
@@ -121,7 +124,7 @@ class OptimizedModule(nn.Module):
         """Compile the glue and capture the CUDA graph of these graph inputs (the CallSpec's flat
         ones) now, rather than at a user's call."""
         if self.runner is None:
-            self.runner, self.info.runtime = make_runner(self.graph_module, self.config, _device(inputs, {}, self))
+            self._new_runner(_device(inputs, {}, self))
         tuning.forget_borrowed()         # sizes calls ran on a borrowed config are tuned now
         self.runner.warm_up(*inputs)
 

@@ -104,6 +104,11 @@ def step(text: str = "") -> None:
         bar.step(text)
 
 
+def active() -> bool:
+    """Whether optimize's progress is shown here (a bar or its lines)."""
+    return _active.get() is not None
+
+
 def write(text: str) -> bool:
     """Write a line through the shown progress (False where none is shown)."""
     bar = _active.get()

@@ -74,7 +74,7 @@ class _Progress:
     def __init__(self, total: int, enabled: bool):
         self.total, self.done = total, 0
         self.enabled = enabled and log.isEnabledFor(logging.INFO)
-        self.shown = self.enabled and progress_bar.write(f"accelc report: timing {total} item(s)")
+        self.shown = self.enabled and progress_bar.active()
         if self.shown:
             progress_bar.phase("timing every layer", total)
 

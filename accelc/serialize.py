@@ -82,7 +82,7 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
         warnings.warn(f"accelc.save: the saved program takes the example's shapes only: {static}", stacklevel=2)
     with atomic_path(path) as tmp:
         try:
-            summary = {**opt.summary_dict(), "lower_ends": _lower_ends(shapes), "declared": _declared(shapes)}
+            summary = {**opt.summary_dict(), **_shape_notes(shapes)}
             torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(summary),
                                                     CHECKSUM_FILE: json.dumps(weights_checksum(ep))})
         except (OSError, RuntimeError) as e:
@@ -102,42 +102,39 @@ def _limits(shapes) -> dict:
     return out
 
 
-def _lower_ends(shapes) -> list:
-    """[[input index, dim, lower end, why]] of the dims whose range stays above 1 where export's
-    program does not check it (InputShapes.lower_ends): accelc.load checks them again."""
-    if shapes is None or not shapes.lower_ends:
-        return []
-    return [[i, d, r.lo, shapes.lower_ends[r.sym]] for i, row in enumerate(shapes.dims) for d, r in enumerate(row or ())
-            if isinstance(r, DimRange) and r.sym in shapes.lower_ends]
+def _shape_notes(shapes) -> dict:
+    """What a program's own guards do not keep of the optimized model's shapes, saved beside it for
+    accelc.load: the lower ends above 1 export does not check (InputShapes.lower_ends: [[input, dim, lo,
+    why]]), and the dims the user declared a range for (dynamic=: [[input, dim]]), so that a loaded
+    program's refusal names the user's range, as the optimized module's does."""
+    if shapes is None:
+        return {}
+    lower = [[i, d, r.lo, shapes.lower_ends[r.sym]] for i, row in enumerate(shapes.dims) for d, r in enumerate(row or ())
+             if isinstance(r, DimRange) and r.sym in shapes.lower_ends]
+    declared = [[i, d] for i, ranges in enumerate(shapes.declared) for d in (ranges or {})] \
+        if isinstance(shapes.declared, tuple) else []
+    return {"lower_ends": lower, "declared": declared}
 
 
-def _declared(shapes) -> list:
-    """[[input index, dim]] of the dims the user declared a range for (dynamic=): a loaded program's
-    refusal names the user's range, not the model, as the optimized module's does."""
-    if shapes is None or not isinstance(shapes.declared, tuple):
-        return []
-    return [[i, d] for i, ranges in enumerate(shapes.declared) for d in (ranges or {})]
+def _restore_shape_notes(shapes: InputShapes, summary: dict) -> None:
+    """_shape_notes' entries taken out of a loaded program's summary and back onto its shapes."""
+    def dim_range(i, d):
+        row = shapes.dims[i] if i < len(shapes.dims) else None
+        r = row[d] if row is not None and d < len(row) else None
+        return r if isinstance(r, DimRange) else None
 
-
-def _restore_declared(shapes: InputShapes, saved) -> None:
-    if saved:
-        declared = [dict() for _ in shapes.names]
-        for i, d in saved:
-            row = shapes.dims[i] if i < len(shapes.dims) else None
-            r = row[d] if row is not None and d < len(row) else None
-            if isinstance(r, DimRange):
-                declared[i][d] = (r.lo, r.hi)
-        shapes.declared = tuple(x or None for x in declared)
-
-
-def _restore_lower_ends(shapes: InputShapes, saved) -> None:
-    for i, d, lo, why in saved or ():
-        r = shapes.dims[i][d] if i < len(shapes.dims) and shapes.dims[i] and d < len(shapes.dims[i]) else None
-        if isinstance(r, DimRange):
+    for i, d, lo, why in summary.pop("lower_ends", None) or ():
+        r = dim_range(i, d)
+        if r is not None:
             shapes.lower_ends[r.sym] = why
-            shapes.dims = tuple(None if row is None else tuple(
-                DimRange(max(x.lo, lo), x.hi, x.sym) if isinstance(x, DimRange) and x.sym == r.sym else x
-                for x in row) for row in shapes.dims)
+            shapes.lower({r.sym}, max(r.lo, lo))
+    declared = [dict() for _ in shapes.names]
+    for i, d in summary.pop("declared", None) or ():
+        r = dim_range(i, d)
+        if r is not None:
+            declared[i][d] = (r.lo, r.hi)
+    if any(declared):
+        shapes.declared = tuple(x or None for x in declared)
 
 
 def _pinned(ep, declared: tuple) -> str:
@@ -232,10 +229,9 @@ def _loaded(ep, summary_text: str) -> "LoadedProgram":
     shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
     if not shapes.dynamic:
         shapes.static = "a program saved with fixed shapes"
-    summary = json.loads(summary_text) if summary_text else None
-    _restore_lower_ends(shapes, (summary or {}).pop("lower_ends", None))
-    _restore_declared(shapes, (summary or {}).pop("declared", None))
-    summary = summary or None     # a program saved without one (pickled: only the lower ends)
+    summary = json.loads(summary_text) if summary_text else {}
+    _restore_shape_notes(shapes, summary)
+    summary = summary or None     # a program saved without a summary (pickled: only the shape notes)
     loaded = LoadedProgram(program_module(ep), shapes, summary)
     object.__setattr__(loaded, "_ep", ep)     # what it pickles as (not a submodule: the same weights)
     return loaded
@@ -267,15 +263,15 @@ class LoadedProgram(nn.Module):
         """Pickled as its program file's bytes (the program module holds hooks and generated code
         that do not pickle), read back on the device its weights are on."""
         buf = io.BytesIO()
-        summary = {**(self.accelc_summary or {}), "lower_ends": _lower_ends(self.shapes),
-                   "declared": _declared(self.shapes)}
+        summary = {**(self.accelc_summary or {}), **_shape_notes(self.shapes)}
         torch.export.save(self._ep, buf, extra_files={SUMMARY_FILE: json.dumps(summary)})
         weight = next(iter([*self.program.parameters(), *self.program.buffers()]), None)
         return _loaded_from_bytes, (buf.getvalue(), str(weight.device) if weight is not None else None)
 
     def forward(self, *args, **kwargs):
+        flat = tuple(args) + tuple(kwargs.get(n) for n in self.shapes.names[len(args):])   # the program's order
         if self.shapes.lower_ends:
-            refused = self.shapes.check(tuple(args) + tuple(kwargs.get(n) for n in self.shapes.names[len(args):]))
+            refused = self.shapes.check(flat)
             if refused:
                 raise InputError(refused)
         try:
@@ -284,10 +280,8 @@ class LoadedProgram(nn.Module):
             text = guard_failure(e)
             if text is None:
                 raise
-            flat = list(args) + [kwargs.get(n) for n in self.shapes.names[len(args):]]
-            raise InputError(self.shapes.refusal(text, tuple(flat))) from None
-        except (ValueError, RuntimeError) as e:     # a kernel's operand check on another dtype: as the optimized module says it
-            flat = list(args) + [kwargs.get(n) for n in self.shapes.names[len(args):]]
+            raise InputError(self.shapes.refusal(text, flat)) from None
+        except (ValueError, RuntimeError) as e:     # a kernel's operand check on another dtype: said as the module says it
             wrong = other_dtype(flat, self._example_values())
             if wrong is None:
                 raise

@@ -366,6 +366,9 @@ def _say(message: str) -> None:
     warnings.warn(message, stacklevel=3)
 
 
+_precompiling = contextvars.ContextVar("accelc_precompiling", default=False)
+
+
 def launch_kernel(kernel, grid, args: tuple, constexprs: dict) -> None:
     """kernel[grid](*args, **constexprs): how a tuner's candidate launches, so that precompile can
     compile it instead (in its block: Triton's warmup, which compiles without running)."""
@@ -373,9 +376,6 @@ def launch_kernel(kernel, grid, args: tuple, constexprs: dict) -> None:
         kernel.warmup(*args, grid=grid, **constexprs)
     else:
         kernel[grid](*args, **constexprs)
-
-
-_precompiling = contextvars.ContextVar("accelc_precompiling", default=False)
 
 
 def compile_threads() -> int:

@@ -52,10 +52,14 @@ def build(name):
     return model, inputs, {}
 
 
-def _sync():
+def _timed(fn, digits: int = 1):
+    """(fn(), its seconds, the GPU synchronised after it)."""
     import torch
 
+    t0 = time.perf_counter()
+    out = fn()
     torch.cuda.synchronize()
+    return out, round(time.perf_counter() - t0, digits)
 
 
 def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
@@ -68,23 +72,19 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
     if side.startswith("compile"):
         mode = {"compile_ro": "reduce-overhead", "compile_max": "max-autotune"}[side]
         compiled = torch.compile(model, mode=mode)
-        t0 = time.perf_counter()
         with torch.no_grad():
-            compiled(*args, **kwargs)
-        _sync()
-        row["first_call_s"] = round(time.perf_counter() - t0, 1)
+            _, row["first_call_s"] = _timed(lambda: compiled(*args, **kwargs))
         return row
     import accelc
 
     if side == "load":
+        def load_and_call():
+            loaded = accelc.load(os.path.join(workdir, "model.pt2"))
+            row["load_s"] = round(time.perf_counter() - t0, 2)
+            with torch.no_grad():
+                loaded.cuda()(*args, **kwargs)
         t0 = time.perf_counter()
-        loaded = accelc.load(os.path.join(workdir, "model.pt2"))
-        row["load_s"] = round(time.perf_counter() - t0, 2)
-        loaded = loaded.cuda()
-        with torch.no_grad():
-            loaded(*args, **kwargs)
-        _sync()
-        row["first_call_s"] = round(time.perf_counter() - t0, 2)
+        _, row["first_call_s"] = _timed(load_and_call, 2)
         return row
     prof = None
     if profile:
@@ -92,10 +92,7 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
 
         prof = cProfile.Profile()
         prof.enable()
-    t0 = time.perf_counter()
-    opt = accelc.optimize(model, args, example_kwargs=kwargs)
-    _sync()
-    row["optimize_s"] = round(time.perf_counter() - t0, 1)
+    opt, row["optimize_s"] = _timed(lambda: accelc.optimize(model, args, example_kwargs=kwargs))
     if prof is not None:
         prof.disable()
         row["profile"] = _top(prof)
@@ -105,9 +102,7 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
     if step is not None:
         row["step_phases_s"] = step.info.seconds
     if side == "accelc_warm":
-        t0 = time.perf_counter()
-        accelc.save(opt, os.path.join(workdir, "model.pt2"))
-        row["save_s"] = round(time.perf_counter() - t0, 1)
+        _, row["save_s"] = _timed(lambda: accelc.save(opt, os.path.join(workdir, "model.pt2")))
     return row
 
 

@@ -184,8 +184,8 @@ class InputShapes:
 
     def other_shapes(self, args: tuple, max_scale: int = 8) -> list[tuple[str, dict]]:
         """Sizes the guard checks every layer at besides the example, for the dims that vary:
-        [(label, {symbol: size})]: the smallest (each at its lower end), one odd size in between, and the largest where the range has an end
-        and the inputs stay within max_scale x the example's elements."""
+        [(label, {symbol: size})]: the smallest (each at its lower end), one odd size in between, and the
+        largest where the range has an end and the inputs stay within max_scale x the example's elements."""
         ranges = self.varying()
         if not ranges:
             return []
@@ -233,10 +233,11 @@ class InputShapes:
         shown = dict.fromkeys("x".join(map(str, s)) for s in self.shaped(args, sizes) if s)
         self.checked.append(" / ".join(shown))
 
-    def lower(self, syms) -> None:
-        """These dims' ranges start at 1 (capture ran the model there: trace.settle_lower_ends)."""
+    def lower(self, syms, lo: int = 1) -> None:
+        """These dims' ranges start at `lo` (1: capture ran the model there, trace.settle_lower_ends; a loaded
+        program's saved lower ends, serialize)."""
         self.dims = tuple(None if row is None else tuple(
-            DimRange(1, r.hi, r.sym) if isinstance(r, DimRange) and r.sym in syms else r for r in row)
+            DimRange(lo, r.hi, r.sym) if isinstance(r, DimRange) and r.sym in syms else r for r in row)
             for row in self.dims)
 
     def cap(self, limits: dict) -> None:
@@ -305,7 +306,6 @@ class InputShapes:
         else:
             why = f"at least {limit if op == '>=' else limit + 1}: {source}"
         return f"{name} dim {dim}{got}: {why}"
-
 
     def _dim_words(self, m) -> str:
         i, d = int(m.group(2)), int(m.group(3))
