@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import accelc
+from accelc.capture.shapes import InputShapes
 from accelc.errors import InputError
 from conftest import DEVICE, rel_l2
 
@@ -100,6 +101,39 @@ def test_a_branch_on_the_batch_size_keeps_the_range_where_the_model_runs_the_tra
         x = torch.randn(5, 32, device=DEVICE)
         with torch.no_grad():
             assert rel_l2(module(x), model(x)) < 1e-5
+
+
+class HalvesBranch(SizeBranch):
+    """The fuzzer's seed 566 (2026-11-27, H200): a view that halves the last dim, whose program holds a
+    guard relating every dim (`x.size()[1] * x.size()[2] * x.size()[0] == 2 * ...`); its term
+    `x.size()[0] == 2` was read as the batch's own bound, fixed the batch at 2 and dropped the kept lower
+    end: batch 1 ran the batch>1 branch, silently wrong."""
+
+    def forward(self, x):
+        B, L, D = x.shape
+        h = x.view(B, L, 2, D // 2).transpose(-1, -2).reshape(B, L, D)
+        return self.l(h) if x.shape[0] > 1 else 2 * self.l(h)
+
+
+def test_a_branch_on_the_batch_behind_a_halving_view_still_refuses_batch_one():
+    model = HalvesBranch().to(DEVICE).eval()
+    opt = accelc.optimize(model, (torch.randn(4, 8, 32, device=DEVICE),))
+    with pytest.raises(InputError, match=r"x dim 0 is 1: at least 2: the model computes another way at 1"):
+        opt(torch.randn(1, 8, 32, device=DEVICE))
+    x = torch.randn(3, 6, 32, device=DEVICE)
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+def test_a_term_of_a_guard_relating_dims_is_no_bound_of_one_dim():
+    from accelc.capture.shapes import DimRange
+
+    s = InputShapes(("x",), ((DimRange(2, None, "s0"), DimRange(1, None, "s1")),))
+    assert not s.learn("Guard failed: x.size()[1] * x.size()[0] == 2 * x.size()[1] * (x.size()[0] // 2)")
+    assert not s.learn("Guard failed: 2 * x.size()[0] <= 64")
+    assert s.dims[0][0] == DimRange(2, None, "s0")
+    assert s.learn("Guard failed: x.size()[0] <= 64\nfrom user code: ...")
+    assert s.dims[0][0] == DimRange(2, 64, "s0")
 
 
 def test_a_model_the_same_at_every_size_still_takes_batch_one():

@@ -19,7 +19,9 @@ from accelc.errors import InputError
 
 SHAPES = "accelc_shapes"   # gm.meta key: the InputShapes of a captured graph
 # a program's shape guard, as torch.export words it: "Guard failed: flat_0.size()[1] <= 64"
-_GUARD = re.compile(r"(\w+)\.size\(\)\[(\d+)\]\s*(<=|>=|==|<|>)\s*(-?\d+)")
+# a guard on one dim alone, the whole guard ("Guard failed: x.size()[0] <= 64"); a term of a longer
+# relation ("x.size()[1] * x.size()[0] == 2 * ...") is no bound of that dim
+_GUARD = re.compile(r"^\s*(?:Guard failed:\s*)?(\w+)\.size\(\)\[(\d+)\]\s*(<=|>=|==|<|>)\s*(-?\d+)\s*(?:$|from user code)")
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,7 @@ class InputShapes:
     def learn(self, guard_text: str) -> bool:
         """Narrow the ranges by a shape guard the program refused a probe with (a guard export
         keeps outside its range constraints: a model's own check pins a dim); True if it did."""
-        found = _GUARD.search(guard_text)
+        found = _GUARD.search(_first_line(guard_text))
         if found is None:
             return False
         index, dim = _input_index(found.group(1), self.names), int(found.group(2))
@@ -282,7 +284,7 @@ class InputShapes:
     def refusal(self, guard_text: str, args: tuple) -> str:
         """The one line to say for a call the program's shape guard refused (guard_text: the
         guard's own words, e.g. "Guard failed: flat_0.size()[1] <= 64")."""
-        found = _GUARD.search(guard_text)
+        found = _GUARD.search(_first_line(guard_text))
         if found is None:    # a relation between inputs (flat_1.size()[0] == flat_0.size()[0]): said by their names
             text = re.sub(r"\b(flat|args)_(\d+)\.size\(\)\[(\d+)\]", self._dim_words, guard_text)
             text = re.sub(r"^Guard failed:\s*", "", text.strip())
@@ -384,6 +386,10 @@ def guard_failure(e: AssertionError) -> str | None:
     None for another assertion (the model's own: raised as it is)."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return text if text.startswith("Guard failed") else None
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
 
 
 def _bounds(vr) -> tuple:

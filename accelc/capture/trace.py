@@ -168,6 +168,8 @@ def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:
         finally:
             restore_buffers(model, state)
         shapes.lower(group)
+        for sym in group:      # (a group of several that failed before may have named it)
+            shapes.lower_ends.pop(sym, None)
         twos = [sym for sym in twos if sym not in group]
 
 
