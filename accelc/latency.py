@@ -42,14 +42,34 @@ def median_ms(fn: Callable[[], object], device: torch.device | str = "cuda", cud
     return statistics.median(times)
 
 
-def graph_kernel_us(fn) -> float:
-    """The tuner's timer (accelc.tuning), in microseconds: median over replays of a captured CUDA
-    graph. Timing plain launches would measure Triton's host-side launch cost (~100 us on the
-    machines here) instead of small kernels, and pick configs at random for them (seen at
-    16x4096x4096)."""
-    import triton.testing
+def quick_graph_us(fn, work_ms: float = 1.0, replays: int = 5, most: int = 200) -> float:
+    """The tuner's timer (accelc.tuning), in microseconds: `fn` captured `n` times in one CUDA graph (about
+    `work_ms` of work, at most `most` calls), the median of `replays` replays over n (plain launches would
+    time Triton's host-side launch cost, ~100 us, instead of small kernels). About 10 ms a candidate with
+    the defaults (a race's first round); its closest are timed again with more work and replays
+    (tuning.time_config)."""
+    with runtime.side_stream(torch.cuda.current_device()) as stream, torch.cuda.stream(stream):
+        fn()
+        one = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(one, stream=stream):
+            fn()
+        n = max(1, min(most, int(work_ms / max(min(_replay_ms(one, 1) for _ in range(3)), 1e-3))))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(n):
+                fn()
+        _replay_ms(graph, 1)
+        times = [_replay_ms(graph, n) for _ in range(replays)]
+    return statistics.median(times) * 1e3
 
-    return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+
+def _replay_ms(graph, n: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
 
 
 def _graph_median_ms(fn, rep_ms: float) -> float:

@@ -37,8 +37,8 @@ import torch
 import triton
 from triton import knobs
 
-from accelc import runtime
-from accelc.latency import graph_kernel_us
+from accelc import runtime, tuning_table
+from accelc.latency import quick_graph_us
 
 log = logging.getLogger("accelc")
 
@@ -57,6 +57,11 @@ def serving(say: bool = True):
         yield
     finally:
         _serving.reset(token)
+
+
+def all_tuners() -> list:
+    """Every kernel's tuner (bench/tuning_table.py reads their races)."""
+    return list(_TUNERS)
 
 
 def forget_borrowed() -> None:
@@ -252,14 +257,23 @@ class Tuner:
             return cfg
         if _serving.get():
             return self._borrow(key, sizes, candidates)
-        log.info("accelc: tuning %s (%s) for %s: %d candidates", self.name, _describe(sizes),
-                 _task.get() or "a call", len(candidates))
+        offered = len(candidates)
+        kept = tuning_table.shortlist(self.name, device_identity()[0], [str(k) for k in key],
+                                      [config_dict(c) for c in candidates])
+        if kept is not None:    # the shipped races' winners for this key on this GPU
+            candidates = [c for c in candidates if config_dict(c) in kept]
+            if len(candidates) == 1:
+                log.info("accelc: %s (%s) for %s: the shipped tuning table's config", self.name,
+                         _describe(sizes), _task.get() or "a call")
+                return candidates[0]
+        log.info("accelc: tuning %s (%s) for %s: %d candidates%s", self.name, _describe(sizes),
+                 _task.get() or "a call", len(candidates),
+                 f" of {offered} (the shipped tuning table's shortlist)" if len(candidates) < offered else "")
         precompile(launch, candidates)
-        timed = [(c, time_config(launch, c)) for c in candidates]
+        timed, (best, best_us) = race(launch, candidates)
         for c, us in timed:
             if math.isinf(us):
                 log.debug("accelc: %s candidate %s failed for %s", self.name, config_dict(c), _describe(sizes))
-        best, best_us = min(timed, key=lambda t: t[1])
         if math.isinf(best_us):
             raise RuntimeError(f"{self.name}: no candidate config ran for {_describe(sizes)}")
         self.timings[key] = [(config_dict(c), None if math.isinf(us) else round(us, 3)) for c, us in timed]
@@ -419,11 +433,45 @@ def precompile(launch_cfg, candidates: list) -> None:
             _precompiling.reset(token)
 
 
-def time_config(launch, cfg) -> float:
-    """Microseconds per launch of cfg, timed over a captured CUDA graph (plain launches would time
-    the host's launch cost instead of small kernels); inf when it cannot run."""
+FINAL_MARGIN = 0.10    # candidates within 10% of the first round's fastest are timed again, closely
+FINALISTS = 4
+
+
+def race(launch, candidates: list) -> tuple[list, tuple]:
+    """([(config, us)] of every candidate, (the winner, its us)): a first round on the quick timer
+    (quick_time, ~10 ms a candidate), then the few within FINAL_MARGIN of its fastest (at most FINALISTS)
+    again on the close one (time_config), whose times decide among them. Every candidate on a close timer
+    was most of a cold optimize's tuning: triton's do_bench_cudagraph, the timer before, replays a 20 ms
+    graph 10 times and captures every call of it, over 200 ms a candidate, for the few hundred candidates
+    of a 12-layer model (bench/results/runs/optimize_time/)."""
+    first = [(c, quick_time(launch, c)) for c in candidates]
+    ran = sorted((us, i) for i, (_, us) in enumerate(first) if not math.isinf(us))
+    close = [i for us, i in ran[:FINALISTS] if us <= ran[0][0] * (1 + FINAL_MARGIN)]
+    if len(close) < 2:
+        return first, min(first, key=lambda t: t[1])
+    again = {i: time_config(launch, first[i][0]) for i in close}
+    final = min(((first[i][0], us) for i, us in again.items()), key=lambda t: t[1])
+    if math.isinf(final[1]):     # (the close timer failed where the quick one ran: its figure stands)
+        final = first[ran[0][1]]
+    return [(c, again.get(i, us)) for i, (c, us) in enumerate(first)], final
+
+
+def quick_time(launch, cfg) -> float:
+    """Microseconds per launch of cfg on the first round's timer; inf when it cannot run."""
     try:
-        return graph_kernel_us(lambda: launch(cfg))
+        return quick_graph_us(lambda: launch(cfg))
+    except Exception as e:  # out of shared memory, a PTX error, ...: not a candidate here
+        log.debug("accelc: config %s failed: %s", config_dict(cfg), e)
+        torch.cuda.synchronize()
+        return math.inf
+
+
+def time_config(launch, cfg) -> float:
+    """Microseconds per launch of cfg, timed closely over a captured CUDA graph (plain launches would time
+    the host's launch cost instead of small kernels): 15 replays of ~2 ms of its launches, the median;
+    inf when it cannot run."""
+    try:
+        return quick_graph_us(lambda: launch(cfg), work_ms=2.0, replays=15)
     except Exception as e:  # out of shared memory, a PTX error, ...: not a candidate here
         log.debug("accelc: config %s failed: %s", config_dict(cfg), e)
         torch.cuda.synchronize()

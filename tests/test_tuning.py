@@ -36,6 +36,7 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "interpreted", lambda: False)
     monkeypatch.setattr(tuning, "device_identity", lambda: ("Fake GPU", "9.0"))
     monkeypatch.setattr(tuning, "time_config", fake_time)
+    monkeypatch.setattr(tuning, "quick_time", fake_time)     # (the first round: no finals with these times)
     monkeypatch.setenv("ACCELC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ACCELC_AUTOTUNE", "1")   # these tests are about tuning, whatever the caller set
     monkeypatch.setenv("ACCELC_COMPILE_THREADS", "1")   # no compiling ahead (its own test below)
@@ -59,6 +60,31 @@ def test_tunes_once_then_reads_the_disk_in_a_new_process(fake_gpu, tmp_path):
     assert _chosen(again.pick((1024, "fp16"), {"M": 1024}, launched.append)) == FAST
     assert fake_gpu == []                 # nothing timed: read from disk
     assert again.pick((1024, "fp16"), {"M": 1024}, None) is again.pick((1024, "fp16"), {"M": 1024}, None)
+
+
+def test_the_first_rounds_closest_are_timed_again_and_their_close_times_decide(fake_gpu, monkeypatch):
+    """The quick timer's round: the four within 10% of its fastest go to the close timer, which decides
+    among them; a fifth within 10%, a slower one and a failed one are not timed again."""
+    quick_us = [1.00, 1.05, 1.08, 1.09, 1.095, float("inf")]
+    close_us = {1: 0.9}
+    finals = []
+
+    def quick(launch, cfg):
+        return quick_us[CONFIGS.index(cfg)]
+
+    def close(launch, cfg):
+        finals.append(CONFIGS.index(cfg))
+        return close_us.get(CONFIGS.index(cfg), 1.2)
+
+    monkeypatch.setattr(tuning, "quick_time", quick)
+    monkeypatch.setattr(tuning, "time_config", close)
+    t = _tuner()
+    cfg = t.pick((1024, "fp16"), {"M": 1024}, lambda c: None)
+    assert cfg is CONFIGS[1] and sorted(finals) == [0, 1, 2, 3]
+    assert t.spread((1024, "fp16")) == {"candidates": 6, "ran": 5, "fastest_us": 0.9, "slowest_us": 1.2}
+    monkeypatch.setattr(tuning, "time_config", lambda launch, cfg: float("inf"))   # the close timer fails where
+    # the quick one ran: the quick round's best
+    assert _tuner().pick((2048, "fp16"), {"M": 2048}, lambda c: None) is CONFIGS[0]
 
 
 def test_spread_of_the_candidates_in_memory_and_from_disk(fake_gpu):
@@ -296,3 +322,57 @@ def test_no_compiling_ahead_in_one_thread_or_the_interpreter(fake_gpu, monkeypat
     monkeypatch.setattr(runtime, "interpreted", lambda: True)
     tuning.precompile(lambda c: calls.append(c), CONFIGS)
     assert calls == [] and kernel.warmed == []
+
+
+def _table(monkeypatch, keys: dict, device="Fake GPU"):
+    """Stand in for the shipped table: {key fields: [configs]} of kernel "fake" on `device`."""
+    from accelc import tuning_table
+
+    table = {"format": tuning_table.FORMAT, "kernels": {"fake": {device: {"capability": "9.0", "keys": {
+        json.dumps([str(k) for k in key]): [tuning.config_dict(c) for c in cfgs] for key, cfgs in keys.items()}}}}}
+    monkeypatch.setattr(tuning_table, "shipped", lambda: table)
+
+
+def test_the_shipped_tables_winners_are_all_a_key_races_on_its_gpu(fake_gpu, monkeypatch):
+    """A key the table holds races only its kept configs that the prune offers (one: none races); a key it
+    lacks, another GPU, configs the prune no longer offers, or ACCELC_TUNE=all race every candidate."""
+    slow = CONFIGS[0]
+    _table(monkeypatch, {(1024, "fp16"): [CONFIGS[3], slow], (2048, "fp16"): [CONFIGS[2]],
+                         (32, "fp16"): [CONFIGS[5]]})     # (BLOCK 128: not offered at M=32)
+    t = _tuner()
+    assert _chosen(t.pick((1024, "fp16"), {"M": 1024}, lambda c: None)) == FAST and fake_gpu == [slow, CONFIGS[3]]
+    fake_gpu.clear()
+    assert t.pick((2048, "fp16"), {"M": 2048}, lambda c: None) is CONFIGS[2] and fake_gpu == []
+    assert _chosen(t.pick((4096, "fp16"), {"M": 4096}, lambda c: None)) == FAST and len(fake_gpu) == len(CONFIGS)
+    fake_gpu.clear()
+    t.pick((32, "fp16"), {"M": 32}, lambda c: None)
+    assert {id(c) for c in fake_gpu} == {id(CONFIGS[0]), id(CONFIGS[1])}   # BLOCK 32's two: the table's is not offered
+    fake_gpu.clear()
+    monkeypatch.setenv("ACCELC_TUNE", "all")
+    _tuner().pick((2048, "fp16"), {"M": 2048}, lambda c: None)
+    assert len(fake_gpu) == len(CONFIGS)
+    monkeypatch.delenv("ACCELC_TUNE")
+    fake_gpu.clear()
+    _table(monkeypatch, {(8192, "fp16"): [CONFIGS[2]]}, device="Other GPU")
+    _tuner().pick((8192, "fp16"), {"M": 8192}, lambda c: None)
+    assert len(fake_gpu) == len(CONFIGS)
+
+
+def test_the_shipped_table_names_only_configs_its_kernels_offer():
+    """Every config the shipped table keeps is one of its kernel's candidates today: a changed config list
+    makes the table's entries dead (every key races all again) until bench/tuning_table.py builds it anew."""
+    import accelc.kernels.conv  # noqa: F401  (every kernel module: their tuners)
+    import accelc.kernels.depthwise_conv  # noqa: F401
+    import accelc.kernels.flash_attention  # noqa: F401
+    import accelc.kernels.gated_linear  # noqa: F401
+    import accelc.kernels.gemm  # noqa: F401
+    from accelc import tuning_table
+
+    table = json.loads(tuning_table.TABLE_FILE.read_text())
+    assert table["format"] == tuning_table.FORMAT and table["kernels"]
+    tuners = {t.name: t for t in tuning.all_tuners()}
+    for kernel, devices in table["kernels"].items():
+        offered = [tuning.config_dict(c) for c in tuners[kernel].configs]
+        for device, entry in devices.items():
+            for key, configs in entry["keys"].items():
+                assert configs and all(c in offered for c in configs), (kernel, device, key)

@@ -1,0 +1,88 @@
+"""The tuning table accelc ships: the configs that won real models' kernel races, so that a first optimize on
+the same GPU compiles and times only those.
+
+A kernel's tuner races every candidate its prune function offers for a key (accelc.tuning). `tuning_table.json`
+beside this file holds the races bench/tuning_table.py ran on the e2e and generation models, per kernel and
+GPU: each raced key's configs within MARGIN of its fastest (at least its LEAST fastest). A model with a
+layer of that key on that GPU races only those. The key holds the layer's sizes (N, K, the bucket of M, dtypes), so
+a model nobody raced shares entries where its layers have the same shapes (a BERT-base-wide encoder, a
+Llama-width decoder).
+
+What the table keeps is only ever a subset of what the prune offers; where none of it is offered (another
+kernel version, a config list that changed) every candidate races as before. ACCELC_TUNE=all races every
+candidate whatever the table says (bench/tuning_table.py collects its races so). Shortlists by shape class
+for keys the table lacks were tried and are not used: decided by the other models' races, a left-out
+model's fastest kept config was up to 18% slower (geomean of its races) than its fastest. Keys are
+shared across layers of other epilogues (the key has no activation): kept to each race's 3% winners, the
+table's pick for ViT-B's layers from BERT's and GPT-2's races was up to 1.44x slower than ViT-B's own
+fastest; hence the wide margin (bench/results/tuning_table-nvidia-h200.md).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+MARGIN = 0.20          # a race's configs within 20% of its fastest are kept for its key, and at least LEAST
+LEAST = 3              # (another model's layer of the same key may have another epilogue: see the docstring)
+FORMAT = 1
+TABLE_FILE = Path(__file__).with_name("tuning_table.json")
+
+
+def enabled() -> bool:
+    return os.environ.get("ACCELC_TUNE", "").strip().lower() != "all"
+
+
+def winners(timings: list) -> list:
+    """The configs (dicts) of one race kept for its key: within MARGIN of its fastest, and at least the
+    LEAST fastest; fastest first."""
+    ran = sorted((us, i) for i, (_, us) in enumerate(timings) if us is not None)
+    if not ran:
+        return []
+    best = ran[0][0]
+    return [timings[i][0] for n, (us, i) in enumerate(ran) if us <= best * (1 + MARGIN) or n < LEAST]
+
+
+def build(runs: list) -> dict:
+    """The table from bench/tuning_table.py's collected runs ({device, capability, races: [{kernel, key,
+    timings_us}]})."""
+    kernels: dict = {}
+    for run in runs:
+        for race in run["races"]:
+            won = winners(race["timings_us"])
+            if not won or len(race["timings_us"]) < 2:
+                continue
+            entry = kernels.setdefault(race["kernel"], {}).setdefault(run["device"], {"capability": run["capability"],
+                                                                                      "keys": {}})
+            key = json.dumps(race["key"])
+            entry["keys"][key] = _union(entry["keys"].get(key, []), won)
+    return {"format": FORMAT, "margin": MARGIN, "kernels": kernels}
+
+
+def _union(a: list, b: list) -> list:
+    return a + [c for c in b if c not in a]
+
+
+@functools.lru_cache(maxsize=1)
+def shipped() -> dict:
+    try:
+        table = json.loads(TABLE_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) and table.get("format") == FORMAT else {}
+
+
+def shortlist_in(table: dict, kernel: str, device: str, key: list, offered: list) -> list | None:
+    """The offered configs (dicts) worth racing for `key` on this GPU by `table` (the key's winners where this
+    GPU raced it), or None: race them all."""
+    own = ((table.get("kernels") or {}).get(kernel) or {}).get(device)
+    kept = [c for c in own["keys"].get(json.dumps(key), []) if c in offered] if own is not None else []
+    return kept or None
+
+
+def shortlist(kernel: str, device: str, key: list, offered: list) -> list | None:
+    """shortlist_in of the shipped table (None when ACCELC_TUNE=all or the table has nothing for it)."""
+    if not enabled():
+        return None
+    return shortlist_in(shipped(), kernel, device, key, offered)
