@@ -14,7 +14,8 @@ generation: optimize also builds the step program). Cold: empty accelc, Triton a
   accelc_warm    accelc.optimize again in a new process with the caches accelc_cold left;
   load           accelc.save of the warm optimize's module, then in a new process accelc.load and the
                  first call served (the caches left as they are).
---profile adds cProfile's top functions of the cold optimize (cumulative time) to its row.
+--profile adds cProfile's top functions of the cold and the warm optimize (cumulative time) to their rows.
+Each accelc row holds Inductor's and AOT autograd's counters (cache hits, misses, bypasses).
 """
 from __future__ import annotations
 
@@ -97,6 +98,9 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
         prof.disable()
         row["profile"] = _top(prof)
     row["phases_s"] = opt.info.seconds
+    from torch._dynamo.utils import counters    # Inductor's cache hits / misses / bypasses, AOT autograd's
+
+    row["compile_counters"] = {k: dict(counters[k]) for k in ("inductor", "aot_autograd") if counters.get(k)}
     row["rewritten"] = sum(r.status == "rewritten" for r in opt.layers)
     step = getattr(opt, "step", None)
     if step is not None:
@@ -106,7 +110,7 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
     return row
 
 
-def _top(prof, n: int = 45) -> list:
+def _top(prof, n: int = 70) -> list:
     import io
     import pstats
 
@@ -128,7 +132,7 @@ def measure(name: str, sides: list, out_dir: Path, profile: bool) -> dict:
                        TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor")
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, __file__, "--side", side, "--model", name, "--workdir", shared]
-                                  + (["--profile"] if profile and side == "accelc_cold" else []),
+                                  + (["--profile"] if profile and side in ("accelc_cold", "accelc_warm") else []),
                                   env=env, capture_output=True, text=True)
             lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
             row[side] = json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
