@@ -12,6 +12,7 @@ generation: optimize also builds the step program). Cold: empty accelc, Triton a
   compile_max    torch.compile(mode="max-autotune"): likewise;
   accelc_cold    accelc.optimize, cold; its phases (the summary's time breakdown) beside it;
   accelc_warm    accelc.optimize again in a new process with the caches accelc_cold left;
+  (each compile and accelc side also times the model it made: call_ms, the median of plain calls)
   load           accelc.save of the warm optimize's module, then in a new process accelc.load and the
                  first call served (the caches left as they are).
 --profile adds cProfile's top functions of the cold and the warm optimize (cumulative time) to their rows.
@@ -75,6 +76,9 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
         compiled = torch.compile(model, mode=mode)
         with torch.no_grad():
             _, row["first_call_s"] = _timed(lambda: compiled(*args, **kwargs))
+            from accelc.latency import median_ms
+
+            row["call_ms"] = round(median_ms(lambda: compiled(*args, **kwargs)), 3)
         return row
     import accelc
 
@@ -105,6 +109,11 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
     step = getattr(opt, "step", None)
     if step is not None:
         row["step_phases_s"] = step.info.seconds
+    # the optimized model's own speed beside the time it took (nothing lost): median of plain calls
+    from accelc.latency import median_ms
+
+    with torch.no_grad():
+        row["call_ms"] = round(median_ms(lambda: opt(*args, **kwargs)), 3)
     if side == "accelc_warm":
         _, row["save_s"] = _timed(lambda: accelc.save(opt, os.path.join(workdir, "model.pt2")))
     return row
@@ -138,13 +147,13 @@ def measure(name: str, sides: list, out_dir: Path, profile: bool) -> dict:
             row[side] = json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
             row[side]["process_s"] = round(time.perf_counter() - t0, 1)
             print(f"{name} {side}: {_brief(row[side])}", flush=True)
-    data = {"environment": _common.environment(), "row": row}
-    (out_dir / f"optimize_time-{name}.json").write_text(json.dumps(data, indent=1))
+            data = {"environment": _common.environment(), "row": row}     # written after each side: a run
+            (out_dir / f"optimize_time-{name}.json").write_text(json.dumps(data, indent=1))   # cut short keeps them
     return data
 
 
 def _brief(side: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in side.items() if k in ("optimize_s", "first_call_s", "load_s", "error",
+    return ", ".join(f"{k} {v}" for k, v in side.items() if k in ("optimize_s", "first_call_s", "load_s", "error", "call_ms",
                                                                   "phases_s", "process_s"))
 
 
