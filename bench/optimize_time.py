@@ -164,9 +164,9 @@ def render(folder: Path) -> str:
         env = env or data["environment"]
         rows.append(data["row"])
     head = ("| model | accelc cold s | reduce-overhead first call s | ratio | max-autotune first call s | ratio | "
-            "accelc warm s | load + first call s | cold phases (s) |")
+            "accelc warm s | load + first call s | ms a call: accelc (cold's) / reduce-overhead | cold phases (s) |")
     lines = [f"Optimize time, {env.get('device')} ({env.get('date')}; torch {env.get('torch')}, "
-             f"triton {env.get('triton')})", "", head, "|" + "---|" * 9]
+             f"triton {env.get('triton')})", "", head, "|" + "---|" * 10]
 
     def get(r, side, key):
         v = r.get(side, {}).get(key)
@@ -179,8 +179,13 @@ def render(folder: Path) -> str:
         lines.append("| " + " | ".join([
             r["model"], _f(cold), _f(ro), f"{cold / ro:.2f}x" if cold and ro else "", _f(mx),
             f"{cold / mx:.2f}x" if cold and mx else "", _f(get(r, "accelc_warm", "optimize_s")),
-            _f(get(r, "load", "first_call_s")), ", ".join(f"{k} {v}" for k, v in phases.items())]) + " |")
+            _f(get(r, "load", "first_call_s")), _call_ms(r), ", ".join(f"{k} {v}" for k, v in phases.items())]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _call_ms(r) -> str:
+    ms = [r.get(side, {}).get("call_ms") for side in ("accelc_cold", "compile_ro")]
+    return "" if ms[0] is None else " / ".join("-" if v is None else f"{v:.3f}" for v in ms)
 
 
 def _f(v) -> str:
