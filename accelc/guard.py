@@ -181,6 +181,7 @@ def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: di
             # call of a size not tuned does (tuning every size the checks meet took 62 of 216 s of a
             # cold BERT optimize, H100); warm_up and warmup_shapes tune the sizes asked for
             with tuning.serving(say=False):
+                _compile_ahead(gm, more_args, passing)
                 more = _check_pass(gm, more_args, config, passing, repeat=False)
         except Exception as e:   # the model itself does not run on them (a shape it fixes): nothing to check
             log.debug("accelc: guard: no check %s (%s: %s)", label, type(e).__name__, e)
@@ -288,6 +289,25 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
     with torch.no_grad():
         LayerRunner(gm, at_layer).run(*args)
     return checks
+
+
+def _compile_ahead(gm, args, only) -> None:
+    """The kernels of the layers in `only` launched on `args` with Triton compiling instead of running
+    (tuning.compiling_ahead): their compiles for these sizes (a new specialization for every size Triton
+    tells apart: 1, a multiple of 16, another) in parallel, before _check_pass runs them one by one.
+    Eager's outputs flow on; nothing here is checked."""
+    def at_layer(runner, n, rw):
+        ins = runner.layer_inputs(rw)
+        eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
+        if n in only:
+            a, kw = runner.fetch_args_kwargs_from_env(n)
+            n.target(*a, **kw)
+        return eager
+
+    with tuning.compiling_ahead() as ahead:
+        if ahead:
+            with torch.no_grad():
+                LayerRunner(gm, at_layer).run(*args)
 
 
 def reference(original: fx.GraphModule, ins: list):

@@ -401,36 +401,54 @@ def compile_threads() -> int:
 def precompile(launch_cfg, candidates: list) -> None:
     """Compile every candidate at once before they are timed one by one: Triton's compile of a candidate
     (LLVM, then ptxas in a process of its own) took 0.6 s, 95 of the 216 s of a cold BERT optimize
-    (H100), one after another. Triton's async compile mode (triton.runtime._async_compile, where this
-    Triton has it) runs the compiles in a thread pool; each candidate's launch is replaced by a warmup
-    (launch_kernel) that hands Triton its compile. A candidate that cannot take the call, or fails to
-    compile, is left to its timing, which says so (inf). Nothing happens in the interpreter."""
-    threads = compile_threads()
-    if threads < 2 or len(candidates) < 2 or runtime.interpreted():
+    (H100), one after another. A candidate that cannot take the call, or fails to compile, is left to
+    its timing, which says so (inf)."""
+    if len(candidates) < 2:
         return
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:     # an older Triton: compiled one by one at their first timed launch
-        return
-    from concurrent.futures import ThreadPoolExecutor
+    with compiling_ahead(len(candidates)) as ahead:
+        for cfg in candidates if ahead else ():
+            try:
+                launch_cfg(cfg)
+            except Exception as e:   # not a candidate for this call: its timing says so
+                log.debug("accelc: %s not compiled ahead: %s", config_dict(cfg), e)
 
-    with ThreadPoolExecutor(min(threads, len(candidates)), thread_name_prefix="accelc-compile") as pool:
+
+@contextlib.contextmanager
+def compiling_ahead(most: int | None = None):
+    """Inside the block, a tuned kernel's launch (launch_kernel) compiles it instead of running it, the
+    compiles in a pool of threads (Triton's async compile mode, triton.runtime._async_compile, where this
+    Triton has it), all finished when the block ends. A kernel launched otherwise inside the block runs,
+    compiled first. Nothing happens in the interpreter, with one compile thread, or on an older Triton (the
+    block runs as it is: kernels launched in it run). Nothing done in the block is a result: an exception in
+    it ends the block, logged, not raised, and a compile that fails is left to the real launch, which fails
+    again and says so. Yields whether launches compile ahead. most: at most this many threads."""
+    threads = min(compile_threads(), most or compile_threads())
+    mode = None
+    if threads >= 2 and not runtime.interpreted():
         try:
-            mode = AsyncCompileMode(pool, ignore_errors=True)
-        except TypeError:   # (a Triton whose mode re-raises a failed compile: caught below)
-            mode = AsyncCompileMode(pool)
-        token = _precompiling.set(True)
-        try:
-            with mode:
-                for cfg in candidates:
-                    try:
-                        launch_cfg(cfg)
-                    except Exception as e:   # not a candidate for this call: its timing says so
-                        log.debug("accelc: %s not compiled ahead: %s", config_dict(cfg), e)
-        except Exception as e:   # a compile that failed: that candidate's own launch fails again when timed
-            log.debug("accelc: a candidate failed to compile: %s", e)
-        finally:
-            _precompiling.reset(token)
+            from triton.runtime._async_compile import AsyncCompileMode
+        except ImportError:     # an older Triton: compiled one by one at their first launch
+            AsyncCompileMode = None
+        if AsyncCompileMode is not None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="accelc-compile")
+            try:
+                mode = AsyncCompileMode(pool, ignore_errors=True)
+            except TypeError:   # (a Triton whose mode re-raises a failed compile: caught below)
+                mode = AsyncCompileMode(pool)
+    if mode is None:
+        yield False
+        return
+    token = _precompiling.set(True)
+    try:
+        with mode:
+            yield True
+    except Exception as e:   # a compile that failed: the kernel's own launch fails again, and says so
+        log.debug("accelc: a kernel failed to compile ahead: %s", e)
+    finally:
+        _precompiling.reset(token)
+        pool.shutdown(wait=True)
 
 
 FINAL_MARGIN = 0.10    # candidates within 10% of the first round's fastest are timed again, closely

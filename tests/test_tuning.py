@@ -376,3 +376,32 @@ def test_the_shipped_table_names_only_configs_its_kernels_offer():
         for device, entry in devices.items():
             for key, configs in entry["keys"].items():
                 assert configs and all(c in offered for c in configs), (kernel, device, key)
+
+
+def test_compiling_ahead_turns_tuned_launches_into_compiles_and_ends_quietly(monkeypatch):
+    """Inside tuning.compiling_ahead a launch through launch_kernel is a compile (Triton's warmup), and what
+    goes wrong in the block ends it without raising (nothing in it is a result); in the interpreter the
+    block runs as it is (launches run)."""
+    calls = []
+
+    class Kernel:
+        def warmup(self, *args, grid, **kw):
+            calls.append(("compile", args, grid))
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append(("run", args, grid))
+
+    monkeypatch.setenv("ACCELC_COMPILE_THREADS", "4")
+    monkeypatch.setattr(runtime, "interpreted", lambda: False)
+    with tuning.compiling_ahead() as ahead:
+        assert ahead
+        tuning.launch_kernel(Kernel(), (2,), (1,), {})
+        raise RuntimeError("a layer that fails at these sizes")
+    assert calls == [("compile", (1,), (2,))]
+    tuning.launch_kernel(Kernel(), (3,), (1,), {})
+    assert calls[-1] == ("run", (1,), (3,))
+    monkeypatch.setattr(runtime, "interpreted", lambda: True)
+    with tuning.compiling_ahead() as ahead:
+        assert not ahead
+        tuning.launch_kernel(Kernel(), (4,), (1,), {})
+    assert calls[-1] == ("run", (1,), (4,))
