@@ -1,7 +1,8 @@
 """accelc's command line: a thin shell over the Python API.
 
     accelc convert IN -o OUT.pt2 [--input-shape 8x3x224x224 | --example-inputs FILE] [--dtype fp16]
-    accelc optimize mlp [--dtype fp16] [--batch-size 64] [--device cuda] [--int8]
+    accelc optimize MODEL [--dtype fp16] [--batch-size 64 | --input-shape 8x3x224x224 | --example-inputs FILE]
+                          [--device cuda] [--int8]        (MODEL: built-in name, file, or package.module:name)
     accelc report MODEL -o DIR [--batch-size 8 | --input-shape ... | --example-inputs FILE] [--dtype fp16]
                                [--int8] [--format json,csv,md,html] [--no-ort] [--compile auto|yes|no]
     accelc list-models
@@ -18,15 +19,14 @@ import signal
 import sys
 import warnings
 
-import torch
-
 import accelc
 from accelc import progress
-from accelc.config import Int8Config
-from accelc.convert import check_forward, load_model_and_inputs
 from accelc.errors import CaptureError, ReportFailedError
 from accelc.files import check_output_folder
-from accelc.report_rows import FORMATS
+
+# torch, the kernels and the commands' modules are imported by the commands (accelc._help_only: `accelc
+# --help` and `--version` answer without them); _FORMATS is report_rows.FORMATS (a test keeps them one)
+_FORMATS = ("json", "csv", "md", "html")
 
 
 # one rule for every command and the Python API: the model runs in its own dtype unless asked
@@ -38,7 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="accelc",
         description="Rewrite a PyTorch model's layers into Triton kernels, check every rewritten "
-                    "layer's numbers, and say what was done.")
+                    "layer's numbers, and say what was done.",
+        epilog="examples:\n  accelc optimize mlp                      a built-in model, its summary printed\n"
+               "  accelc optimize mymodels:build_net --input-shape 8x3x224x224 --dtype fp16\n"
+               "  accelc convert model.pt -o model.pt2 --input-shape 8x3x224x224 --dtype fp16\n"
+               "  accelc report resnet -o report/ --dtype fp16   per-layer times against PyTorch, ONNX Runtime\n"
+               "  accelc <command> --help                  each command's options",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"accelc {accelc.__version__}")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show accelc's log (each step, each layer tuned) and tracebacks on errors")
@@ -48,12 +54,22 @@ def _parser() -> argparse.ArgumentParser:
                         help="show accelc's log and tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    o = sub.add_parser("optimize", parents=[common], help="optimize a built-in model and print the per-layer summary",
-                       description="Optimize a built-in example model (see `accelc list-models`) on "
-                                   "its default example input and print which layers were rewritten.")
-    o.add_argument("model", help="built-in model name")
+    o = sub.add_parser("optimize", parents=[common], help="optimize a model and print the per-layer summary",
+                       description="Optimize a model on example inputs and print which layers were rewritten "
+                                   "(the summary). To keep the result, `accelc convert` writes it as a .pt2.",
+                       epilog="MODEL: a built-in model name (accelc list-models), a torch.save'd module or a .pt2\n"
+                              "program (a pickle runs code from the file: only files you trust), or\n"
+                              "package.module:name, an nn.Module or what builds one with no arguments, imported\n"
+                              "with the current folder on the path. Inputs: a built-in model's own (--batch-size),\n"
+                              "else --input-shape or --example-inputs (a .pt2 carries its own).\n\nexamples:\n"
+                              "  accelc optimize mlp\n  accelc optimize resnet --dtype fp16 --batch-size 32\n"
+                              "  accelc optimize mymodels:build_net --input-shape 8x3x224x224 --dtype fp16\n"
+                              "  accelc optimize model.pt --example-inputs inputs.pt",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    o.add_argument("model", metavar="MODEL", help="built-in model name, model file, or package.module:name")
     o.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None, help=_DTYPE_HELP)
-    o.add_argument("--batch-size", type=_positive(int), default=None, help="example input batch size")
+    o.add_argument("--batch-size", type=_positive(int), default=None, help="a built-in model's example batch size")
+    _input_args(o)
     o.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
     _runtime_args(o)
@@ -199,6 +215,8 @@ def _int8_args(p) -> None:
 
 def _int8_config(args):
     """The Int8Config the int8 flags ask for, or False."""
+    from accelc.config import Int8Config
+
     extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers
              or args.sqnr_floor is not None or args.int8_keep_slower)
     if not args.int8:
@@ -253,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     if signal.getsignal(signal.SIGINT) is getattr(accelc, "_interrupted_while_importing", None):
         signal.signal(signal.SIGINT, signal.default_int_handler)     # Ctrl-C: KeyboardInterrupt again, caught below
     args = _parser().parse_args(_joined(list(sys.argv[1:] if argv is None else argv)))
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # the current folder importable, as `python -m accelc` has it: a pickled model's own classes, a
+        # package.module:name given to the command (the console script's path starts at its bin folder)
+        sys.path.insert(0, os.getcwd())
     saved, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     # accelc's progress (what is being tuned, for which layer) on stderr; quiet in the Python API
     log = logging.getLogger("accelc")
@@ -329,20 +351,39 @@ def _one_line(e: Exception) -> str:
 
 
 def _optimize(args) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+    import torch
+
+    from accelc.convert import check_forward, load_model_and_inputs
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
-    dtype = args.dtype
-    model = accelc.models.get(args.model).to(device)
-    kwargs = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    inputs = model.example_inputs(**kwargs)
-    opt = accelc.optimize(model, inputs, config=accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args),
-                                                                      **_runtime_config(args)))
+    _gpu_only_flags(args, device)
+    config = accelc.OptimizeConfig(dtype=args.dtype, int8=_int8_config(args), **_runtime_config(args))
+    model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
+                                                  args.batch_size)
+    if args.model not in accelc.models.names():
+        check_forward(model, inputs, kwargs, config.dtype)
+    opt = accelc.optimize(model, inputs, config=config, example_kwargs=kwargs)
     print(opt.summary())
     return 0
 
 
+def _gpu_only_flags(args, device) -> None:
+    """Flags that change nothing off a GPU, said in one line each (not taken silently)."""
+    if device.type == "cuda":
+        return
+    given = [flag for flag, on in (("--no-cuda-graphs", getattr(args, "no_cuda_graphs", False)),
+                                   ("--keep-slower", getattr(args, "keep_slower", False)),
+                                   ("--int8-keep-slower", getattr(args, "int8_keep_slower", False))) if on]
+    for flag in given:
+        print(f"accelc: {flag} changes nothing on a CPU (no CUDA graphs, no speed race there)", file=sys.stderr)
+
+
 def _convert(args) -> int:
+    import torch
+
+    _gpu_only_flags(args, torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
     try:
         opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                              example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
@@ -360,13 +401,18 @@ def _convert(args) -> int:
 
 
 def _report(args) -> int:
+    import torch
+
+    from accelc.convert import check_forward, load_model_and_inputs
+
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
-    if not formats or any(f not in FORMATS for f in formats):   # said now, not after measuring
-        raise ValueError(f"--format takes {', '.join(FORMATS)} (comma-separated), not {args.format!r}")
+    if not formats or any(f not in _FORMATS for f in formats):   # said now, not after measuring
+        raise ValueError(f"--format takes {', '.join(_FORMATS)} (comma-separated), not {args.format!r}")
     dtype = args.dtype
+    _gpu_only_flags(args, device)
     check_output_folder(args.output)    # said now, not after measuring
     model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                                   args.batch_size)

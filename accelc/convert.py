@@ -33,7 +33,8 @@ log = logging.getLogger("accelc")
 # the models users bring
 
 def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | None, dict]:
-    """A built-in model name, a torch.save'd module, or a torch.export program (.pt2).
+    """A built-in model name, a torch.save'd module, a torch.export program (.pt2), or `module:name` (an
+    nn.Module, or what builds one, in an importable module: module_attr).
     Returns (model on `device` in eval mode, its own example inputs if it has some, and the
     keyword arguments of that example)."""
     path = Path(source)
@@ -41,8 +42,12 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
         if source in models.names():
             model = models.get(source).to(device)
             return model, tuple(model.example_inputs()), {}
-        raise ModelFileError(f"no such file or built-in model: {source!r} "
-                             f"(built-in models: {', '.join(models.names())})")
+        if _MODULE_ATTR.fullmatch(source):
+            model = module_attr(source).to(device).eval()
+            own = model.example_inputs() if callable(getattr(model, "example_inputs", None)) else None
+            return model, (tuple(own) if own is not None else None), {}
+        raise ModelFileError(f"no such file or built-in model: {source!r} (a model file, package.module:name, or "
+                             f"a built-in model: {', '.join(models.names())})")
     if not path.is_file():
         raise ModelFileError(f"{source!r} is not a file")
     kind = _file_kind(path)
@@ -78,6 +83,40 @@ def load_model(source: str, device: torch.device) -> tuple[nn.Module, tuple | No
     if not isinstance(obj, nn.Module):
         raise ModelFileError(f"{source!r} holds a {type(obj).__name__}, not an nn.Module")
     return obj.eval(), None, {}
+
+
+_MODULE_ATTR = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def module_attr(source: str) -> nn.Module:
+    """The model `package.module:name` names, imported as `python -c "from package.module import name"`
+    would (the current folder on the import path): an nn.Module, or a class or function that builds one
+    with no arguments."""
+    import importlib
+    import sys
+
+    name, attr = source.split(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(name)
+    except ImportError as e:
+        raise ModelFileError(f"{source!r}: cannot import {name} ({short_error(e)}); run accelc in the folder that "
+                             "holds it, or put that folder on PYTHONPATH") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ModelFileError(f"{source!r}: {name} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, nn.Module) and callable(obj):
+        try:
+            obj = obj()
+        except TypeError as e:
+            raise ModelFileError(f"{source!r}: {attr} needs arguments to build the model ({short_error(e)}); name "
+                                 "a module instance, or a function that builds one with none") from e
+    if not isinstance(obj, nn.Module):
+        raise ModelFileError(f"{source!r} is a {type(obj).__name__}, not an nn.Module (or a class or function "
+                             "that builds one)")
+    return obj
 
 
 def _missing_class(e: Exception) -> str:

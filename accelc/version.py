@@ -1,2 +1,48 @@
-"""accelc's version, in one place (the package, the CLI and report headers read it)."""
+"""accelc's version, in one place (the package, the CLI and report headers read it), and the releases of its
+dependencies it is tested with (pyproject.toml's bounds: tests/test_cli.py keeps the two the same)."""
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+# [lowest, past the highest) release (major, minor) tested: the GPU runs on torch 2.11 + triton 3.6, CI on
+# torch 2.13 + the newest triton the bound admits
+TESTED = {"torch": ((2, 11), (2, 14)), "triton": ((3, 6), (3, 10))}
+# torchvision's release for a torch release: 0.(minor + 15) (torch 2.11 <-> torchvision 0.26)
+_TORCHVISION_OFFSET = 15
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def environment_problems(versions: dict | None = None) -> list[str]:
+    """One line for each installed release accelc is not tested with: torch or triton outside TESTED, a
+    torchvision that is not torch's own (timm's and torchvision's models then fail to import:
+    `operator torchvision::nms does not exist`). versions: {package: version} (default: installed)."""
+    if versions is None:
+        from importlib import metadata
+
+        versions = {}
+        for name in ("torch", "triton", "torchvision"):
+            try:
+                versions[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                pass
+    out = []
+    for name, (lo, hi) in TESTED.items():
+        v = versions.get(name)
+        if v is not None and not lo <= _release(v) < hi:
+            out.append(f"accelc {__version__} is tested with {name} {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}, not {v}: "
+                       f"it may fail or give wrong numbers (pip install '{name}>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}' with "
+                       "the index it came from)")
+    torch_v, vision = versions.get("torch"), versions.get("torchvision")
+    if torch_v is not None and vision is not None:
+        major, minor = _release(torch_v)
+        want = (0, minor + _TORCHVISION_OFFSET) if major == 2 else None
+        if want is not None and _release(vision) != want:
+            out.append(f"torchvision {vision} is not the release for torch {torch_v} ({want[0]}.{want[1]}): timm's "
+                       "and torchvision's models may fail to import (operator torchvision::nms does not exist); "
+                       f"install torch's own: pip install 'torchvision=={want[0]}.{want[1]}.*' with torch's index "
+                       "(README: Troubleshooting)")
+    return out
