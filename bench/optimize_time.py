@@ -82,6 +82,7 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
         return row
     import accelc
 
+    row["accelc_file"] = accelc.__file__     # which accelc ran (an A/B of two trees by PYTHONPATH)
     if side == "load":
         def load_and_call():
             loaded = accelc.load(os.path.join(workdir, "model.pt2"))
