@@ -1,6 +1,7 @@
 """OptimizedModule: the drop-in module optimize() returns, and its per-layer record."""
 from __future__ import annotations
 
+import collections
 import copy
 import math
 from dataclasses import asdict
@@ -199,14 +200,16 @@ class OptimizedModule(nn.Module):
         }
 
     def summary(self) -> str:
-        n = {s: sum(r.status == s for r in self.layers) for s in ("rewritten", "reverted", "kept")}
+        no_kernel = [r for r in self.layers if r.status == "kept" and r.reason == f"{NO_RULE} {r.kind}"]
+        shown = [r for r in self.layers if r not in no_kernel]
+        n = {s: sum(r.status == s for r in shown) for s in ("rewritten", "reverted", "kept")}
         lines = [
             f"accelc: {n['rewritten']} layer(s) rewritten, {n['reverted']} reverted, {n['kept']} kept "
             f"as PyTorch  (capture: {self.info.capture_method}; device: {self.info.device})",
         ]
         rows = [("layer", "status", "kernel / op", "in shape", "rel.err", "eager err")
                 + (("SQNR dB",) if self.info.int8 else ()) + ("note",)]
-        for r in self.layers:
+        for r in shown:
             rows.append((
                 r.name, r.status, r.kernel or r.kind,
                 "x".join(map(str, r.input_shapes[0])) if r.input_shapes else "",
@@ -215,6 +218,12 @@ class OptimizedModule(nn.Module):
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
         for row in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        lines.append(LEGEND + ("\nSQNR dB: an int8 layer's signal to quantization noise against its float layer."
+                               if self.info.int8 else ""))
+        if no_kernel:
+            kinds = collections.Counter(r.kind for r in no_kernel)
+            lines.append("no accelc kernel for (these run as PyTorch, as in eager): "
+                         + ", ".join(f"{k} x{c}" if c > 1 else k for k, c in kinds.most_common()))
         lines += self.coverage_lines()
         lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
                      + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
@@ -264,6 +273,13 @@ class OptimizedModule(nn.Module):
         if len(left) > 5:
             lines.append(f"  ... and {len(left) - 5} more layer(s), {100 * sum(r.flops for r in left[5:]) / total:.1f}%")
         return lines
+
+
+NO_RULE = "no accelc rewrite for"     # a kept layer's reason where no rule takes its op at all
+LEGEND = ("status: rewritten = an accelc kernel runs it; reverted = its kernel failed a check, PyTorch runs it;\n"
+          "  kept = PyTorch runs it (the note says why: a rule's condition unmet, or PyTorch was faster).\n"
+          "rel.err / eager err: the relative L2 error of accelc's / eager PyTorch's output against the layer computed\n"
+          "  in higher precision; a layer passes within its dtype's tolerance or twice eager's.")
 
 
 def _short_repr(v) -> str:
@@ -378,7 +394,7 @@ def collect_layers(gm: fx.GraphModule, checks: dict, flops: dict | None = None) 
         by_name[name] = LayerRecord(
             name=name, kind=kind, status="kept", input_shapes=shapes,
             dtype=str(value.dtype).replace("torch.", "") if value else "",
-            reason=meta.reason_kept(n) or near_miss(n) or f"no accelc rewrite for {kind}", flops=flops.get(n, 0),
+            reason=meta.reason_kept(n) or near_miss(n) or f"{NO_RULE} {kind}", flops=flops.get(n, 0),
         )
         layers.append(by_name[name])
     return layers

@@ -65,7 +65,7 @@ def test_text_family_takes_every_batch_and_length(name):
     # the models with a position table (or a config that ends the positions) take 64 tokens at most
     ends = "any" if name == "t5_encoder" else "64"
     assert f"shapes: input_ids 1..any x 1..{ends}" in text, text
-    assert "the guard checked every layer also at" in text
+    assert "besides the example, every layer was also checked at the smallest sizes (input_ids 1x1" in text, text
 
 
 def _roberta():

@@ -110,3 +110,16 @@ def test_ctrl_c_while_the_command_imports_is_one_line():
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.strip().splitlines() == ["accelc: interrupted"], err
+
+
+def test_the_summary_explains_its_columns_and_sums_ops_without_a_kernel():
+    """Rows for the layers accelc acted on or could have; ops no rule takes (pooling here) summed in one
+    line, still in opt.layers as kept; the columns defined below the table."""
+    model = accelc.models.get("cnn_small").to(DEVICE)
+    opt = accelc.optimize(model, model.example_inputs(batch_size=2))
+    text = opt.summary()
+    table = text.split("\nstatus: ")[0]
+    assert "MaxPool2d" not in table and "AdaptiveAvgPool2d" not in table, text
+    assert "no accelc kernel for (these run as PyTorch, as in eager): MaxPool2d x2, AdaptiveAvgPool2d" in text
+    assert "kept = PyTorch runs it" in text and "rel.err / eager err: the relative L2 error" in text
+    assert sum(r.kind == "MaxPool2d" and r.status == "kept" for r in opt.layers) == 2

@@ -110,7 +110,7 @@ class InputShapes:
             if self.dynamic:
                 text += " (a..b: a dim that varies; a number: fixed by the model)"
         if self.checked:
-            text += "; the guard checked every layer also at " + ", ".join(self.checked)
+            text += "; besides the example, every layer was also checked " + "; ".join(self.checked)
         if self.padding is not None:
             text += "; " + self.padding.describe()
         if self.padding_note:
@@ -231,9 +231,10 @@ class InputShapes:
         return tuple(out)
 
     def checked_at(self, label: str, args: tuple, sizes: dict) -> None:
-        """Record that every layer passed at these sizes."""
-        shown = dict.fromkeys("x".join(map(str, s)) for s in self.shaped(args, sizes) if s)
-        self.checked.append(" / ".join(shown))
+        """Record that every layer passed at these sizes, in words: 'at the smallest sizes (input_ids 2x1,
+        attention_mask 2x1)'."""
+        shown = [f"{name} {'x'.join(map(str, s))}" for name, s in zip(self.names, self.shaped(args, sizes)) if s]
+        self.checked.append(f"{label} ({', '.join(shown)})")
 
     def lower(self, syms, lo: int = 1) -> None:
         """These dims' ranges start at `lo` (1: capture ran the model there, trace.settle_lower_ends; a loaded
