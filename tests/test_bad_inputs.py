@@ -445,8 +445,17 @@ def test_positional_inputs_by_name_a_dict_given_positionally_and_none_for_a_tens
     opt = accelc.optimize(bert, inputs, CFG)
     with pytest.raises(InputError, match=r"call it as opt\(\*\*inputs\), not opt\(inputs\)"):
         opt(inputs)
-    with pytest.raises(InputError, match=r"attention_mask=None: the model was optimized with a tensor there"):
-        opt(input_ids=inputs["input_ids"], attention_mask=None)
+    with torch.no_grad():     # None, as BERT takes it: its own default (every token visible), found at capture
+        assert torch.equal(opt(input_ids=inputs["input_ids"], attention_mask=None).last_hidden_state,
+                           opt(**inputs).last_hidden_state)
+    opt = accelc.optimize(_Shifted().to(DEVICE).eval(), (x,), CFG, example_kwargs={"shift": torch.ones_like(x)})
+    with pytest.raises(InputError, match=r"shift=None: the model was optimized with a tensor there"):
+        opt(x, shift=None)      # a float input: no default is taken for it
+
+
+class _Shifted(_Fc):
+    def forward(self, x, shift=None):
+        return self.fc(x if shift is None else x + shift)
 
 
 @pytest.mark.parametrize("example,match", [(None, "optimize\\(\\) needs example inputs"),

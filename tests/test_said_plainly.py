@@ -123,3 +123,39 @@ def test_the_summary_explains_its_columns_and_sums_ops_without_a_kernel():
     assert "no accelc kernel for (these run as PyTorch, as in eager): MaxPool2d x2, AdaptiveAvgPool2d" in text
     assert "kept = PyTorch runs it" in text and "rel.err / eager err: the relative L2 error" in text
     assert sum(r.kind == "MaxPool2d" and r.status == "kept" for r in opt.layers) == 2
+
+
+def test_optional_ids_and_masks_left_out_take_the_models_own_default(tmp_path):
+    """HF's token_type_ids and attention_mask, given in the example, may be left out of a later call as
+    the model allows (found at capture: left out, the model gives what it gives with zeros / ones); the
+    other result of that call is eager's. An input the model needs stays required."""
+    import transformers as T
+
+    cfg = T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=64, max_position_embeddings=64)
+    model = T.BertModel(cfg).to(DEVICE).eval()
+    ids = torch.randint(0, 100, (2, 16), device=DEVICE)
+    opt = accelc.optimize(model, dict(input_ids=ids, token_type_ids=torch.zeros_like(ids),
+                                      attention_mask=torch.ones_like(ids)))
+    assert opt.call_spec.fills == {"token_type_ids": (0, "input_ids"), "attention_mask": (1, "input_ids")}
+    ids2 = torch.randint(0, 100, (3, 9), device=DEVICE)
+    with torch.no_grad():
+        for call in (dict(input_ids=ids2), dict(input_ids=ids2, token_type_ids=None),
+                     dict(input_ids=ids2, attention_mask=torch.ones_like(ids2))):
+            got, want = opt(**call).last_hidden_state, model(**call).last_hidden_state
+            assert rel_l2(got, want) < 1e-5, call.keys()
+        with pytest.raises(InputError, match="'input_ids' is missing"):
+            opt(token_type_ids=torch.zeros_like(ids2))
+
+
+def test_a_programs_layers_are_named_by_their_modules(tmp_path):
+    """A torch.export program (.pt2) optimized names its layers as the model it came from does
+    (features.0+1+2), from the program's module stacks, not by their ops (conv2d++relu#2)."""
+    from accelc.convert import load_model
+
+    model = accelc.models.get("cnn_small").to(DEVICE)
+    x = model.example_inputs(batch_size=2)
+    torch.export.save(torch.export.export(model, tuple(x)), tmp_path / "cnn.pt2")
+    program, args, _ = load_model(str(tmp_path / "cnn.pt2"), DEVICE)
+    names = [r.name for r in accelc.optimize(program, args).layers]
+    assert names == [r.name for r in accelc.optimize(model, tuple(x)).layers], names

@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 from accelc import meta
 from accelc.capture.nodes import is_inplace, view_base
 from accelc.errors import InputError
+from accelc.numerics import REL_L2_FLOOR, rel_l2, same_values
 
 CALL_SPEC = "accelc_call_spec"   # gm.meta key: the CallSpec of a captured graph
 
@@ -83,6 +84,8 @@ class CallSpec:
     template: object = None      # the output with _Slots for its tensors, where it needs rebuilding
     arg_names: tuple = ()        # the forward's names of the positional arguments
     defaults: dict = field(default_factory=dict)   # parameters the call left out, fixed at these defaults
+    fills: dict = field(default_factory=dict)   # {keyword: (value, input of its shape)}: see find_fills
+    fill_dtypes: dict = field(default_factory=dict)   # {keyword: the example's dtype}
 
     @staticmethod
     def of(model, args, kwargs, expected) -> "CallSpec":
@@ -174,6 +177,15 @@ class CallSpec:
             if k in kwargs and not _same_constant(kwargs[k], v):
                 raise InputError(f"keyword argument {k}={kwargs[k]!r}: the model was optimized with {k}={v!r}, "
                                  "fixed in the captured graph; optimize again with the value you call it with")
+        fills = getattr(self, "fills", {})     # (a module pickled before fills: none)
+        fill = [k for k in fills if kwargs.get(k) is None]
+        if fill:      # an optional input left out (or None) where the model's default is a constant tensor
+            kwargs = dict(kwargs)
+            for k in fill:
+                value, like = fills[k]
+                shape = kwargs.get(like, args[self.arg_names.index(like)] if like in self.arg_names[:len(args)] else None)
+                if isinstance(shape, torch.Tensor):     # (else the input it takes its shape from is missing: said below)
+                    kwargs[k] = torch.full(shape.shape, value, dtype=self.fill_dtypes[k], device=shape.device)
         none = [k for k in self.kw_names if k in kwargs and kwargs[k] is None]
         if none:
             raise InputError(f"{none[0]}=None: the model was optimized with a tensor there, and its graph takes "
@@ -218,6 +230,58 @@ def restore_buffers(model, state: dict) -> None:
             if name in state and b.shape == state[name].shape:
                 b.copy_(state[name])
 
+
+
+def find_fills(model, spec: CallSpec, args: tuple, kwargs: dict, state: dict) -> None:
+    """The optional integer inputs (ids, masks) of the example a call may leave out, as the model lets it
+    (HF's token_type_ids, attention_mask): where the forward's default is None and the model, run with it
+    left out, gives exactly what it gives with the input filled with 0 or with 1 (tried on the example's
+    other inputs), a call without it gets that fill, at the shape of an input of the example's same shape.
+    Sets spec.fills; the model's buffers put back to `state` after."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return
+    names = list(spec.arg_names) + list(spec.kw_names)
+    given = list(args) + [kwargs[k] for k in spec.kw_names]
+    for k in spec.kw_names:
+        t = kwargs[k]
+        if k not in params or params[k].default is not None or t.is_floating_point() or t.dim() == 0:
+            continue
+        like = next((n for n, x in zip(names, given) if n != k and isinstance(x, torch.Tensor)
+                     and x.shape == t.shape), None)
+        if like is None:
+            continue
+        without = {n: v for n, v in kwargs.items() if n != k}
+        try:
+            with torch.no_grad():
+                left = model(*args, **without)
+                for value in (0, 1):
+                    if _same_output(left, model(*args, **dict(without, **{k: torch.full_like(t, value)}))):
+                        spec.fills[k] = (value, like)
+                        spec.fill_dtypes[k] = t.dtype
+                        break
+        except Exception:   # the model needs it: no fill, a call must pass it
+            continue
+        finally:
+            restore_buffers(model, state)
+
+
+def _same_output(a, b) -> bool:
+    """Outputs the same up to rounding (the dtype's floor: another code path for the same values, as an
+    all-ones mask against none); a filled input the model reads otherwise moves them far past it."""
+    x, y = _tensors_in(a), _tensors_in(b)      # (those inside objects too: a cache)
+    if len(x) != len(y):
+        return False
+    for p, q in zip(x, y):
+        if p.shape != q.shape or p.dtype != q.dtype:
+            return False
+        elif not p.is_floating_point() or not (torch.isfinite(p).all() and torch.isfinite(q).all()):
+            if not same_values(p, q):
+                return False
+        elif rel_l2(p, q) > REL_L2_FLOOR.get(p.dtype, REL_L2_FLOOR[torch.float32]):
+            return False
+    return True
 
 
 def left_out(model, args, exclude=()) -> dict:

@@ -31,9 +31,10 @@ from torch.utils import _pytree as pytree
 from accelc import meta
 from accelc.capture.canonical import canonicalize
 from accelc.capture.shaped import settle_shaped
-from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, left_out, restore_buffers
+from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, find_fills, left_out, restore_buffers
 from accelc.capture.asserts import format_at_run_time
 from accelc.capture.overflow import finite_branches
+from accelc.capture.paths import annotate_paths, keep_module_stacks
 from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes, export_dims, position_limits, within_limits
 from accelc.errors import CaptureError, InputError
@@ -74,6 +75,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=T
     with quiet_torch_logs():
         found = _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic)
     if found is not None:
+        find_fills(model, spec, args, kwargs, state)    # optional ids / masks a call may leave out, as the model lets it
         return found
     raise CaptureError("accelc could not capture the model as a graph.\n  " + "\n  ".join(failures) + "\n"
                        + _capture_advice(model, args, kwargs, expected, state, failures))
@@ -222,7 +224,7 @@ def _capture_advice(model, args, kwargs, expected, state, failures) -> str:
 def make_canonical(gm: fx.GraphModule, args: tuple):
     """Module paths, canonical form and value metadata for a graph from any tracer (also the
     graphs torch.compile hands the accelc backend). Returns gm's output on `args`."""
-    _annotate_paths(gm)
+    annotate_paths(gm)
     canonicalize(gm)
     with torch.no_grad():
         out = record_meta(gm, args)
@@ -364,6 +366,7 @@ def _symbolic_trace(model, spec: "CallSpec", flat, dynamic=True):
     concrete = left_out(model, flat[:spec.n_args], exclude=spec.kw_names)
     concrete.update(spec.constants)
     gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+    keep_module_stacks(model, gm)
     format_at_run_time(gm)
     if not concrete:
         return gm
@@ -465,34 +468,6 @@ def record_meta(gm: fx.GraphModule, args: tuple):
     flattens the arguments and unflattens the output through the graph's codegen itself: an export
     graph takes its inputs flat.)"""
     return _Recorder(gm).run(*args)
-
-
-# ---------------------------------------------------------------------------------------------
-# module paths
-
-def _annotate_paths(gm: fx.GraphModule) -> None:
-    """meta.PATH: the module path a node came from; meta.MODULE_TYPE: that module's original
-    class, qualified name (graph modules keep only stand-in containers)."""
-    modules = dict(gm.named_modules())
-    for n in gm.graph.nodes:
-        stack = n.meta.get("nn_module_stack") or {}
-        if n.op == "call_module":
-            path, cls = n.target, type(modules[n.target])
-        elif n.op == "get_attr":
-            path, cls = n.target.rpartition(".")[0], None
-        else:
-            path, cls = (_clean_path(list(stack.values())[-1][0]), list(stack.values())[-1][1]) if stack else ("", None)
-        n.meta[meta.PATH] = path
-        n.meta[meta.MODULE_TYPE] = cls if cls is None or isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
-
-
-_TRACER_ROOT = re.compile(r"^(L\['[^']*'\]|L__self__)\.?")
-
-
-def _clean_path(path: str) -> str:
-    """Drop the tracer's name for the root module: L['self'].blocks.0 (strict export),
-    L['fn'].0 (torch.compile), L__self__.fc -> blocks.0, 0, fc."""
-    return _TRACER_ROOT.sub("", path)
 
 
 # ---------------------------------------------------------------------------------------------
