@@ -83,12 +83,19 @@ def markdown(report) -> str:
               "vs the layer in fp32 (fp64 for fp32 layers), SQNR in brackets; ok / FAIL against the dtype's "
               "tolerance (int8 layers: the SQNR floor).", ""]
     rows = [_cells(r) for r in d["layers"]] + [_totals_cells(d["totals"]), _cells(d["end_to_end"])]
-    lines.append("| " + " | ".join(COLUMNS) + " |")
-    lines.append("|" + "---|" * len(COLUMNS))
+    keep = filled_columns(rows)
+    lines.append("| " + " | ".join(COLUMNS[i] for i in keep) + " |")
+    lines.append("|" + "---|" * len(keep))
     for cells in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(cells[i].replace("|", "\\|") for i in keep) + " |")
     lines += ["", ort_optimizer_line(d["end_to_end"])]
     return "\n".join(lines) + "\n"
+
+
+def filled_columns(rows: list[list[str]]) -> list[int]:
+    """The columns some row fills (the layer's always): what cannot be filled here (on a CPU: ONNX Runtime's
+    and torch.compile's times, every speedup) is left out of the table rather than shown blank."""
+    return [i for i in range(len(COLUMNS)) if i == 0 or any(cells[i].strip() for cells in rows)]
 
 
 def ort_optimizer_line(e: dict) -> str:
@@ -126,7 +133,8 @@ def _chart(rows: list[dict], title: str) -> str:
         x = label_w + i * 130
         out.append(f'<rect x="{x}" y="24" width="12" height="10" fill="{COLORS[key]}"/>'
                    f'<text x="{x + 16}" y="33">{name}</text>')
-    out.append(f'<text x="{label_w + bar_w + 8}" y="33">accelc vs ORT</text>')
+    if any(r["speedup_vs_ort"] is not None for r in rows):
+        out.append(f'<text x="{label_w + bar_w + 8}" y="33">accelc vs ORT</text>')
     for d in range(round(span) + 1):   # a line and a label at each decade
         v = lo * 10 ** d
         x = label_w + length(v)
@@ -149,9 +157,11 @@ def _chart(rows: list[dict], title: str) -> str:
                        f'<title>{key}: {v:.4g} ms</title></rect>'
                        f'<text x="{label_w + w + 3:.1f}" y="{y + bar_h - 1}" font-size="9">{v:.3g}</text>')
         sp = r["speedup_vs_ort"]
-        color = "#1a7f37" if sp and sp >= 1.5 else ("#b35900" if sp and sp >= 1 else "#c62828")
+        if sp is None:     # (no ratio stated: nothing to show, not a red n/a)
+            continue
+        color = "#1a7f37" if sp >= 1.5 else ("#b35900" if sp >= 1 else "#c62828")
         out.append(f'<text x="{label_w + bar_w + 8}" y="{y0 + 1.5 * bar_h + 4}" fill="{color}" '
-                   f'font-weight="bold">{_x(sp) or "n/a"}</text>')
+                   f'font-weight="bold">{_x(sp)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -184,15 +194,17 @@ def html(report) -> str:
                  + "</div>")
     parts.append('<h2>End to end</h2><div class="chart">' + _chart([d["end_to_end"]], "whole model (ms)")
                  + "</div>")
-    parts.append("<h2>Layers</h2><p>Times in ms (median). Speedup = other's time / accelc's. Errors: relative L2 "
-                 "vs the layer in higher precision (SQNR in dB).</p><table><thead><tr>"
-                 + "".join(f"<th>{c}</th>" for c in COLUMNS) + "</tr></thead><tbody>")
+    table = [(r, _totals_cells(d["totals"]) if r is None else _cells(r)) for r in d["layers"] + [None, d["end_to_end"]]]
+    keep = filled_columns([cells for _, cells in table])
+    ratios = any(COLUMNS[i].startswith("vs ") for i in keep)
+    parts.append("<h2>Layers</h2><p>Times in ms (median)." + (" Speedup = other's time / accelc's." if ratios else "")
+                 + " Errors: relative L2 vs the layer in higher precision (SQNR in dB).</p><table><thead><tr>"
+                 + "".join(f"<th>{COLUMNS[i]}</th>" for i in keep) + "</tr></thead><tbody>")
     numeric = {4, 5, 6, 7, 8, 9, 10}
-    for r in d["layers"] + [None, d["end_to_end"]]:
-        cells = _totals_cells(d["totals"]) if r is None else _cells(r)
+    for r, cells in table:
         cls = ' class="total"' if r is None or r is d["end_to_end"] else ""
         tds = []
-        for i, c in enumerate(cells):
+        for i, c in ((i, cells[i]) for i in keep):
             klass = []
             if i in numeric:
                 klass.append("num")

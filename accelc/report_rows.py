@@ -135,6 +135,13 @@ class Report:
     def to_markdown(self) -> str:
         return report_html.markdown(self)
 
+    def __str__(self) -> str:       # print(report): the Markdown table, not the dataclass's fields
+        return self.to_markdown()
+
+    def __repr__(self) -> str:
+        return (f"<accelc.Report of {self.header.get('model') or 'a model'}: {len(self.layers)} layer(s); print() "
+                "shows the table, .write(folder) the files>")
+
     def to_html(self) -> str:
         return report_html.html(self)
 

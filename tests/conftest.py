@@ -54,3 +54,21 @@ def forced_outputs(tuner, cfg, fn, repeats=2):
     except NotACandidate:
         return None
     return outs
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The skipped tests summed by reason at the end of a run (-q says only how many: most need a GPU)."""
+    import collections
+
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = collections.Counter()
+    for report in skipped:
+        text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reasons[str(text).removeprefix("Skipped: ")] += 1
+    terminalreporter.write_sep("-", f"{len(skipped)} skipped, by reason")
+    for reason, n in reasons.most_common(10):
+        terminalreporter.write_line(f"{n:5d}  {reason[:160]}")
+    if len(reasons) > 10:
+        terminalreporter.write_line(f"{sum(n for _, n in reasons.most_common()[10:]):5d}  ({len(reasons) - 10} other reasons)")

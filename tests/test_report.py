@@ -471,3 +471,17 @@ def test_int8_report_over_stacked_projections_rebuilds_them_from_the_model(tmp_p
     rows = {r["layer"]: r for r in json.loads((out / "report.json").read_text())["layers"]}
     stacked = [name for name in rows if "query+key+value" in name]
     assert stacked and all(rows[n]["eager_ms"] > 0 for n in stacked), sorted(rows)
+
+
+def test_the_report_reads_as_a_table_without_columns_it_cannot_fill(mlp_report):
+    """print(report) is its Markdown table; a column no row fills (on a CPU: the speedups, torch.compile)
+    is left out, not shown blank, and the HTML chart shows no ratio it does not have."""
+    rep = mlp_report
+    assert str(rep) == rep.to_markdown() and repr(rep).startswith("<accelc.Report of") and len(repr(rep)) < 200
+    table = [line for line in str(rep).splitlines() if line.startswith("|")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    body = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
+    for j, name in enumerate(head):
+        assert any(cells[j] for cells in body), f"column {name!r} is empty"
+    if not any(r.speedup_vs_ort is not None for r in rep.layers):
+        assert "vs ORT" not in head and "n/a" not in rep.to_html()
