@@ -375,3 +375,22 @@ def test_optimize_warms_up_the_decode_step_too(monkeypatch):
     assert warmed == [((2, 6), (2, 6)),                           # the model's program: its example
                       ((2, 6), (2, 32), (2, 6), ()),              # the step: the prompt,
                       ((2, 1), (2, 32), (2, 1), ())]              # and a decode step
+
+
+def test_the_lms_summary_folds_the_step_program_into_its_differences():
+    """The step program's layers that are the forward's (same kernel, same status) are one line, each other
+    one a line naming both; its whole table stays in opt.step.summary()."""
+    from accelc.generation import step_lines
+
+    torch.manual_seed(0)
+    lm = T.LlamaForCausalLM(T.LlamaConfig(**SMALL, num_key_value_heads=1)).to(DEVICE).eval()
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    opt = accelc.optimize(lm, dict(input_ids=ids, attention_mask=torch.ones_like(ids)),
+                          accelc.OptimizeConfig(passes=("linear_act",), only_if_faster=False))
+    text = opt.summary()
+    n = sum(r.status == "rewritten" for r in opt.step.layers)
+    assert f"the step program: {n} of its {n} layers as the forward's (same kernel, same status)\n" in text, text
+    assert text.count("layer  ") == 1 and "lm.model.layers.0" not in text
+    fewer = [r for r in opt.layers if r.name != "lm_head"]        # a forward without the head: one difference
+    lines = step_lines(fewer, opt.step)
+    assert lines[0].endswith("the others:") and lines[1].startswith("  lm_head: rewritten accelc::linear; not in the forward")
