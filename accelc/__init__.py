@@ -64,3 +64,9 @@ __all__ = [
     "OptimizedModule", "PRESETS", "PassError", "Report", "ReportFailedError", "__version__", "convert", "load",
     "models", "optimize", "report", "save",
 ]
+
+
+def __dir__():
+    """dir(accelc): the documented names (__all__), not the internal modules importing them made attributes
+    (accelc.api, accelc.near_miss, ...: still importable by their full names)."""
+    return sorted(__all__)

@@ -36,3 +36,11 @@ def test_import_says_an_untested_torch_once_in_one_line(tmp_path):
             "print(len(said), said[0].count(chr(10)) if said else -1)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.split() == ["1", "0"], (out.stdout, out.stderr[-2000:])
+
+
+def test_dir_of_the_package_is_its_documented_names():
+    import accelc
+
+    assert dir(accelc) == sorted(accelc.__all__) and "near_miss" not in dir(accelc)
+    assert all(hasattr(accelc, name) for name in accelc.__all__)
+    import accelc.near_miss  # noqa: F401  (the internals stay importable by their full names)
