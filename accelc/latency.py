@@ -31,7 +31,8 @@ def median_ms(fn: Callable[[], object], device: torch.device | str = "cuda", cud
 
         if cuda_graph:
             return _graph_median_ms(fn, rep_ms)
-        return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        times = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+        return _median_of(times if isinstance(times, list) else [times])
     fn()
     times = []
     deadline = time.perf_counter() + rep_ms / 1e3
@@ -39,7 +40,30 @@ def median_ms(fn: Callable[[], object], device: torch.device | str = "cuda", cud
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return _median_of(times)
+
+
+_last_spread = [None]    # the spread of the samples behind the last median_ms / kernel_ms (timing_spread)
+
+
+def _median_of(times: list) -> float:
+    """The median of a timer's samples, their spread kept for timing_spread."""
+    ordered = sorted(times)
+    med = statistics.median(ordered)
+    if len(ordered) >= 5 and med > 0:
+        p10, p90 = ordered[len(ordered) // 10], ordered[-1 - len(ordered) // 10]
+        _last_spread[0] = (p90 - p10) / med
+    else:
+        _last_spread[0] = None
+    return med
+
+
+def timed_with_spread(timer: Callable[[], float]) -> tuple[float, float | None]:
+    """(timer(), the spread of its samples: (p90 - p10) / median, None where it kept too few): how far to trust
+    a median; a busy machine's timings spread wide (two identical layers read 0.009 and 53 ms on one)."""
+    _last_spread[0] = None
+    ms = timer()
+    return ms, _last_spread[0]
 
 
 def quick_graph_us(fn, work_ms: float = 1.0, replays: int = 5, most: int = 200) -> float:
@@ -144,7 +168,7 @@ def kernel_ms(fn: Callable[[], object], device: torch.device | str = "cuda", rep
     calls = _per_call_gpu_us(prof)
     if len(calls) < n:
         raise RuntimeError(f"the profiler recorded {len(calls)} of {n} calls")
-    return statistics.median(calls[-n:]) / 1e3
+    return _median_of(calls[-n:]) / 1e3
 
 
 _FLUSH_NAME = "accelc_l2_flush"

@@ -10,8 +10,9 @@ COLUMNS = ["layer", "kind", "input shape", "kernel", "eager ms", "ORT ms", "acce
            "torch.compile ms", "vs compile", "accelc error", "ORT error", "status"]
 
 
-def _ms(v) -> str:
-    return "" if v is None else f"{v:.4g}"
+def _ms(v, spread=None) -> str:
+    """A time in ms; with its samples' spread ((p90 - p10) / median) where it is known."""
+    return "" if v is None else f"{v:.4g}" + (f" ±{spread / 2:.0%}" if spread is not None else "")
 
 
 def _x(v) -> str:
@@ -43,8 +44,8 @@ def _cells(r: dict) -> list[str]:
         comp += f" (reduce-overhead {_ms(r['compile_ro_ms'])})"
     if r.get("compile_error") and r.get("compile_ms") is None:
         comp = r["compile_error"]
-    return [r["layer"], r["kind"], r["input_shape"], r["kernel"], _ms(r["eager_ms"]), ort_ms,
-            _ms(r["accelc_ms"]), _x(r["speedup_vs_ort"]), _x(r["speedup_vs_eager"]), comp,
+    return [r["layer"], r["kind"], r["input_shape"], r["kernel"], _ms(r["eager_ms"], r.get("eager_spread")), ort_ms,
+            _ms(r["accelc_ms"], r.get("accelc_spread")), _x(r["speedup_vs_ort"]), _x(r["speedup_vs_eager"]), comp,
             _x(r.get("speedup_vs_compile")), _err(r["accelc_rel_error"], r["accelc_sqnr_db"], r["accelc_pass"]), ort_err, _status(r)]
 
 
@@ -77,6 +78,9 @@ def markdown(report) -> str:
     if d["header"]["note"]:
         lines += [f"**{d['header']['note']}**", ""]
     lines += [f"- {k}: {val}" for k, val in _header_lines(d)]
+    wide = spread_warning(d)
+    if wide:
+        lines += ["", f"**{wide}**"]
     lines += ["", (f"Times in ms (median); no speedup columns: {d['totals']['no_ratio']}. " if d["totals"].get("no_ratio")
                    else "Times in ms (median). Speedup = other's time / accelc's; > 1: accelc faster (vs compile: "
                    "against the faster of its modes). ") + "Errors: relative L2 "
@@ -90,6 +94,22 @@ def markdown(report) -> str:
         lines.append("| " + " | ".join(cells[i].replace("|", "\\|") for i in keep) + " |")
     lines += ["", ort_optimizer_line(d["end_to_end"])]
     return "\n".join(lines) + "\n"
+
+
+SPREAD_LIMIT = 0.25     # a median whose samples spread wider than this ((p90 - p10) / median) is not to trust
+
+
+def spread_warning(d: dict) -> str:
+    """One sentence where some timing's samples spread past SPREAD_LIMIT (a busy machine), else ''."""
+    spreads = [(r.get(k), r["layer"]) for r in d["layers"] + [d["end_to_end"]] for k in ("eager_spread", "accelc_spread")
+               if r.get(k) is not None]
+    wide = [(v, name) for v, name in spreads if v > SPREAD_LIMIT]
+    if not wide:
+        return ""
+    worst, name = max(wide)
+    return (f"{len(wide)} of {len(spreads)} timings spread wider than {SPREAD_LIMIT:.0%} of their median (the widest "
+            f"{worst:.0%}, {name}): the machine was busy while timing; those figures are not to trust (the ms "
+            "cells show each spread as ±).")
 
 
 def filled_columns(rows: list[list[str]]) -> list[int]:
@@ -188,6 +208,8 @@ def html(report) -> str:
              f"<h1>accelc per-layer report: {_html.escape(h['model'])}</h1>"]
     if h["note"]:
         parts.append(f'<p class="note">{_html.escape(h["note"])}</p>')
+    if spread_warning(d):
+        parts.append(f'<p class="note">{_html.escape(spread_warning(d))}</p>')
     parts.append("<dl>" + "".join(f"<dt>{_html.escape(k)}</dt><dd>{_html.escape(str(v))}</dd>"
                                   for k, v in _header_lines(d)) + "</dl>")
     parts.append('<h2>Latency per layer</h2><div class="chart">' + _chart(d["layers"], "per-layer latency (ms)")

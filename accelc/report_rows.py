@@ -51,6 +51,8 @@ class LayerRow:
     ort_opt_method: str = ""          # exporter, optimizer model type, the fusions it made
     ort_opt_error: str = ""           # why there is no such number (no fusions, export failed...)
     no_ratio: str = ""                # why no side's time is divided by accelc's (interpreter timings)
+    eager_spread: float | None = None    # (p90 - p10) / median of eager's timing samples (latency.timed_with_spread)
+    accelc_spread: float | None = None   # the same of accelc's
 
     # the record's fields under the report's names
     layer = property(lambda self: self.record.name)
@@ -97,7 +99,8 @@ ROW_FIELDS = ("layer", "kind", "status", "kernel", "reason", "input_shape", "dty
               "speedup_vs_ort", "speedup_vs_eager", "accelc_rel_error", "accelc_max_abs_error", "accelc_sqnr_db",
               "accelc_pass", "ort_rel_error", "ort_max_abs_error", "ort_sqnr_db", "ort_pass", "eager_rel_error",
               "tolerance", "ort_export", "ort_error", "timer", "compile_ms", "compile_ro_ms", "speedup_vs_compile",
-              "compile_error", "ort_opt_ms", "ort_opt_rel_error", "ort_opt_method", "ort_opt_error", "no_ratio")
+              "compile_error", "ort_opt_ms", "ort_opt_rel_error", "ort_opt_method", "ort_opt_error", "no_ratio",
+              "eager_spread", "accelc_spread")
 
 
 @dataclass

@@ -2,7 +2,8 @@
 validator for the subset it uses, for where the jsonschema package is not installed."""
 from __future__ import annotations
 
-SCHEMA_VERSION = 3   # 2: torch.compile columns; every side timed by latency.side_ms; 3: ORT optimizer row
+SCHEMA_VERSION = 4   # 2: torch.compile columns; every side timed by latency.side_ms; 3: ORT optimizer row;
+#                      4: eager_spread / accelc_spread, each timing's spread
 
 _NUM = {"type": ["number", "null"]}
 _ROW = {
@@ -16,7 +17,8 @@ _ROW = {
         **{k: _NUM for k in ("eager_ms", "ort_ms", "accelc_ms", "speedup_vs_ort", "speedup_vs_eager",
                              "compile_ms", "compile_ro_ms", "speedup_vs_compile",
                              "accelc_rel_error", "accelc_max_abs_error", "accelc_sqnr_db", "ort_rel_error",
-                             "ort_max_abs_error", "ort_sqnr_db", "eager_rel_error", "tolerance")},
+                             "ort_max_abs_error", "ort_sqnr_db", "eager_rel_error", "tolerance", "eager_spread",
+                             "accelc_spread")},
         "accelc_pass": {"type": ["boolean", "null"]}, "ort_pass": {"type": ["boolean", "null"]},
     },
 }

@@ -485,3 +485,21 @@ def test_the_report_reads_as_a_table_without_columns_it_cannot_fill(mlp_report):
         assert any(cells[j] for cells in body), f"column {name!r} is empty"
     if not any(r.speedup_vs_ort is not None for r in rep.layers):
         assert "vs ORT" not in head and "n/a" not in rep.to_html()
+
+
+def test_each_timing_shows_its_spread_and_a_wide_one_is_warned_of(mlp_report):
+    """Every timed side keeps the spread of its samples ((p90 - p10) / median), shown as ± beside its ms;
+    timings spread past 25% (a busy machine: identical layers read 0.009 and 53 ms on one) get one
+    sentence saying the figures are not to trust."""
+    from accelc.report_html import spread_warning
+
+    rows = [r for r in mlp_report.layers if r.status == "rewritten"] + [mlp_report.end_to_end]
+    assert all(r.eager_spread is not None and r.eager_spread >= 0 and r.accelc_spread is not None for r in rows)
+    assert "±" in str(mlp_report)
+    d = mlp_report.to_dict()
+    calm = dict(d, layers=[dict(r, eager_spread=0.05, accelc_spread=0.1) for r in d["layers"]],
+                end_to_end=dict(d["end_to_end"], eager_spread=0.02, accelc_spread=0.02))
+    assert spread_warning(calm) == ""
+    busy = dict(calm, layers=[dict(calm["layers"][0], accelc_spread=3.0)] + calm["layers"][1:])
+    said = spread_warning(busy)
+    assert said.startswith("1 of ") and "the widest 300%" in said and "not to trust" in said
