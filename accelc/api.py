@@ -19,13 +19,13 @@ from torch.utils import _pytree as pytree
 
 from accelc import buckets, generation, guard, meta, runner, runtime
 from accelc import progress as progress_bar
-from accelc.capture import CALL_SPEC, buffer_state, capture, restore_buffers
+from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
 from accelc.capture.shapes import SHAPES, repeated_to
 from accelc.examples import carried_dims, check_calibration, check_example_inputs, separate_aliases
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.flops import node_flops
-from accelc.latency import layer_ms
+from accelc.latency import layer_ms, median_ms
 from accelc.errors import AccelcError, InputError, short_error
 from accelc.numerics import rel_l2, sqnr_db
 from accelc.optimized import OptimizedModule, collect_layers
@@ -190,6 +190,7 @@ def optimize_job(job: Job) -> OptimizedModule:
             if race is not None:  # and the call it serves most (a decode step): its graph, its glue compiled static
                 opt.warm_up(race[0])
             opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
+            opt.info.call_ms = call_times(job, opt)
             if warm:
                 t0 = time.perf_counter()
                 for inputs in warm:
@@ -205,6 +206,21 @@ def optimize_job(job: Job) -> OptimizedModule:
         restore_buffers(job.model, state)
         release_cached_memory(job.device)
     return opt
+
+
+def call_times(job: Job, opt: OptimizedModule) -> tuple:
+    """(eager, accelc) ms a plain call of the example, as the user calls them (the summary's speed line), or ()
+    where either fails: a measurement, not a verdict. Not for a graph that updates state (its calls would
+    count), such as a generation step's cache writes."""
+    if getattr(job.model, "replayable_state", False) or mutated_state(opt.graph_module):
+        return ()
+    try:
+        with torch.no_grad():
+            return (median_ms(lambda: job.model(*job.args, **job.kwargs), job.device),
+                    median_ms(lambda: opt(*job.args, **job.kwargs), job.device))
+    except Exception as e:
+        log.debug("accelc: the example's call not timed: %s", e)
+        return ()
 
 
 def release_cached_memory(device: torch.device) -> None:

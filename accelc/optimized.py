@@ -225,6 +225,10 @@ class OptimizedModule(nn.Module):
             lines.append("no accelc kernel for (these run as PyTorch, as in eager): "
                          + ", ".join(f"{k} x{c}" if c > 1 else k for k, c in kinds.most_common()))
         lines += self.coverage_lines()
+        if getattr(self.info, "call_ms", ()):
+            eager, ours = self.info.call_ms
+            lines.append(f"speed on this GPU, a plain call of the example (median): eager PyTorch {eager:.3f} ms, "
+                         f"accelc {ours:.3f} ms ({eager / ours:.2f}x)")
         lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
                      + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
         if self.info.shapes:

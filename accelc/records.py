@@ -165,6 +165,7 @@ class OptimizeInfo:
     accelc_flops: int = 0                      # ... of which in accelc kernels
     eager_gpu_ms: float = math.nan             # eager model's GPU time a call (a GPU, only_if_faster) ...
     accelc_eager_gpu_ms: float = math.nan      # ... of which in the layers accelc now runs (their eager times)
+    call_ms: tuple = ()                        # (eager, accelc) ms a plain call on the example (a GPU): speed_line
     shapes: str = ""                           # the input shapes the optimized model takes, in words
     generation: str = ""                       # a causal LM's generate(): its cache and step program, in words
     seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning

@@ -159,3 +159,30 @@ def test_a_programs_layers_are_named_by_their_modules(tmp_path):
     program, args, _ = load_model(str(tmp_path / "cnn.pt2"), DEVICE)
     names = [r.name for r in accelc.optimize(program, args).layers]
     assert names == [r.name for r in accelc.optimize(model, tuple(x)).layers], names
+
+
+def test_on_a_gpu_the_summary_says_the_models_own_speed_in_one_line(monkeypatch):
+    """optimize times a plain call of the example, eager and optimized, where the device can be timed (a GPU)
+    and the graph updates no state: one line of the summary; none on the CPU."""
+    from accelc import api
+
+    model = accelc.models.get("mlp").to(DEVICE)
+    opt = accelc.optimize(model, model.example_inputs(4))
+    line = [x for x in opt.summary().splitlines() if x.startswith("speed on this GPU")]
+    assert len(line) == (1 if DEVICE.type == "cuda" else 0), opt.summary()
+    opt.info.call_ms = (2.0, 0.5)
+    assert "eager PyTorch 2.000 ms, accelc 0.500 ms (4.00x)" in opt.summary()
+    job = api.make_job(model, model.example_inputs(4), None)
+    assert len(api.call_times(job, opt)) == 2 and all(t > 0 for t in api.call_times(job, opt))
+
+    class Counter(torch.nn.Module):    # state the calls update: timing them would count
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return self.fc(x)
+    counting = accelc.optimize(Counter().to(DEVICE), (torch.randn(2, 8, device=DEVICE),))
+    assert api.call_times(api.make_job(Counter().to(DEVICE), (torch.randn(2, 8, device=DEVICE),), None), counting) == ()
