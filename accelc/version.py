@@ -16,6 +16,11 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
+def _build(version: str) -> str:
+    """A wheel's build tag ("cpu", "cu130"; "" for the default index's)."""
+    return version.partition("+")[2]
+
+
 def environment_problems(versions: dict | None = None) -> list[str]:
     """One line for each installed release accelc is not tested with: torch or triton outside TESTED, a
     torchvision that is not torch's own (timm's and torchvision's models then fail to import:
@@ -40,6 +45,12 @@ def environment_problems(versions: dict | None = None) -> list[str]:
     if torch_v is not None and vision is not None:
         major, minor = _release(torch_v)
         want = (0, minor + _TORCHVISION_OFFSET) if major == 2 else None
+        build, vision_build = _build(torch_v) or "default", _build(vision) or "default"
+        if want is not None and _release(vision) == want and build != vision_build:
+            out.append(f"torchvision {vision} is another build ({vision_build}) than torch {torch_v} ({build}; "
+                       "'default': the public index's, CUDA on Linux): timm's and torchvision's models may fail "
+                       "to import (operator torchvision::nms does not exist); install torchvision from the index "
+                       "torch came from (README: Install)")
         if want is not None and _release(vision) != want:
             out.append(f"torchvision {vision} is not the release for torch {torch_v} ({want[0]}.{want[1]}): timm's "
                        "and torchvision's models may fail to import (operator torchvision::nms does not exist); "

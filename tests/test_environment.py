@@ -22,6 +22,11 @@ def test_releases_outside_the_tested_ones_are_one_line_each():
     assert environment_problems({"torch": "2.13.0+cpu", "triton": "3.9.0", "torchvision": "0.28.0+cpu"}) == []
     (line,) = environment_problems({"torch": "2.13.0+cpu", "triton": "3.9.0", "torchvision": "0.29.1"})
     assert "torchvision 0.29.1 is not the release for torch 2.13.0+cpu (0.28)" in line and "torchvision::nms" in line
+    # the issue's own case, met again here (2026-11-27): the public index's (CUDA) torchvision 0.28.0 beside
+    # the CPU torch 2.13.0+cpu, the right release but another build
+    (line,) = environment_problems({"torch": "2.13.0+cpu", "triton": "3.9.0", "torchvision": "0.28.0"})
+    assert "torchvision 0.28.0 is another build (default) than torch 2.13.0+cpu (cpu" in line
+    assert environment_problems({"torch": "2.13.0", "triton": "3.9.0", "torchvision": "0.28.0"}) == []
 
 
 def test_import_says_an_untested_torch_once_in_one_line(tmp_path):
