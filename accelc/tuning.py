@@ -458,10 +458,9 @@ FINALISTS = 4
 def race(launch, candidates: list) -> tuple[list, tuple]:
     """([(config, us)] of every candidate, (the winner, its us)): a first round on the quick timer
     (quick_time, ~10 ms a candidate), then the few within FINAL_MARGIN of its fastest (at most FINALISTS)
-    again on the close one (time_config), whose times decide among them. Every candidate on a close timer
-    was most of a cold optimize's tuning: triton's do_bench_cudagraph, the timer before, replays a 20 ms
-    graph 10 times and captures every call of it, over 200 ms a candidate, for the few hundred candidates
-    of a 12-layer model (bench/results/runs/optimize_time/)."""
+    again on the close one (time_config), whose times decide among them: a close timer for every one of the
+    few hundred candidates of a 12-layer model (triton's do_bench_cudagraph replays a 20 ms graph 10 times,
+    over 200 ms a candidate) was most of a cold optimize's tuning."""
     first = [(c, quick_time(launch, c)) for c in candidates]
     ran = sorted((us, i) for i, (_, us) in enumerate(first) if not math.isinf(us))
     close = [i for us, i in ran[:FINALISTS] if us <= ran[0][0] * (1 + FINAL_MARGIN)]

@@ -10,12 +10,10 @@ Llama-width decoder).
 
 What the table keeps is only ever a subset of what the prune offers; where none of it is offered (another
 kernel version, a config list that changed) every candidate races as before. ACCELC_TUNE=all races every
-candidate whatever the table says (bench/tuning_table.py collects its races so). Shortlists by shape class
-for keys the table lacks were tried and are not used: decided by the other models' races, a left-out
-model's fastest kept config was up to 18% slower (geomean of its races) than its fastest. Keys are
-shared across layers of other epilogues (the key has no activation): kept to each race's 3% winners, the
-table's pick for ViT-B's layers from BERT's and GPT-2's races was up to 1.44x slower than ViT-B's own
-fastest; hence the wide margin (bench/results/tuning_table-nvidia-h200.md).
+candidate whatever the table says (bench/tuning_table.py collects its races so). Shortlists for keys the table
+lacks (by shape class) were measured, each model left out, and lost too much to keep; and a key is shared by
+layers of other epilogues (it holds no activation), hence the wide margin (bench/tuning_table.py build says
+what a table gives a model left out of it).
 """
 from __future__ import annotations
 
