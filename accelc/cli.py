@@ -351,14 +351,9 @@ def _one_line(e: Exception) -> str:
 
 
 def _optimize(args) -> int:
-    import torch
-
     from accelc.convert import check_forward, load_model_and_inputs
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
-    _gpu_only_flags(args, device)
+    device = _device(args)
     config = accelc.OptimizeConfig(dtype=args.dtype, int8=_int8_config(args), **_runtime_config(args))
     model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                                   args.batch_size)
@@ -369,10 +364,20 @@ def _optimize(args) -> int:
     return 0
 
 
-def _gpu_only_flags(args, device) -> None:
-    """Flags that change nothing off a GPU, said in one line each (not taken silently)."""
-    if device.type == "cuda":
-        return
+def _device(args, check: bool = True):
+    """The device a command runs on (--device, else the GPU where there is one), a missing GPU said (check),
+    and the flags that change nothing off a GPU said in one line each (not taken silently)."""
+    import torch
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if check and device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
+    if device.type != "cuda":
+        _gpu_only_flags(args)
+    return device
+
+
+def _gpu_only_flags(args) -> None:
     given = [flag for flag, on in (("--no-cuda-graphs", getattr(args, "no_cuda_graphs", False)),
                                    ("--keep-slower", getattr(args, "keep_slower", False)),
                                    ("--int8-keep-slower", getattr(args, "int8_keep_slower", False))) if on]
@@ -381,9 +386,7 @@ def _gpu_only_flags(args, device) -> None:
 
 
 def _convert(args) -> int:
-    import torch
-
-    _gpu_only_flags(args, torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    _device(args, check=False)     # (accelc.convert says a missing GPU in its own words)
     try:
         opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                              example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
@@ -401,18 +404,13 @@ def _convert(args) -> int:
 
 
 def _report(args) -> int:
-    import torch
-
     from accelc.convert import check_forward, load_model_and_inputs
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but no CUDA GPU is available")
+    device = _device(args)
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     if not formats or any(f not in _FORMATS for f in formats):   # said now, not after measuring
         raise ValueError(f"--format takes {', '.join(_FORMATS)} (comma-separated), not {args.format!r}")
     dtype = args.dtype
-    _gpu_only_flags(args, device)
     check_output_folder(args.output)    # said now, not after measuring
     model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                                   args.batch_size)

@@ -42,7 +42,7 @@ from torch import nn
 from accelc.errors import InputError
 from accelc.kernels import greedy
 from accelc.kernels.argmax import argmax_rows
-from accelc.optimized import NO_RULE, OptimizedModule
+from accelc.optimized import OptimizedModule, without_rule
 
 log = logging.getLogger("accelc")
 
@@ -355,7 +355,7 @@ def step_lines(forward: list, step) -> list[str]:
     def of(r):
         return r.status, r.kernel or r.kind
     mine = {r.name: of(r) for r in forward}
-    rows = [r for r in step.layers if not (r.status == "kept" and r.reason == f"{NO_RULE} {r.kind}")]
+    rows = [r for r in step.layers if not without_rule(r)]
     prefix = "lm." if rows and all(r.name.startswith("lm.") for r in rows) else ""   # (the step module's lm)
     other = [r for r in rows if mine.get(r.name.removeprefix(prefix)) != of(r)]
     lines = [f"the step program: {len(rows) - len(other)} of its {len(rows)} layers as the forward's (same kernel, "

@@ -26,13 +26,18 @@ from accelc import runtime
 def median_ms(fn: Callable[[], object], device: torch.device | str = "cuda", cuda_graph: bool = False,
               warmup_ms: float = 25, rep_ms: float = 100) -> float:
     device = torch.device(device)
+    if device.type == "cuda" and cuda_graph:
+        return _graph_median_ms(fn, rep_ms)
+    return statistics.median(_call_samples_ms(fn, device, warmup_ms, rep_ms))
+
+
+def _call_samples_ms(fn, device: torch.device, warmup_ms: float = 25, rep_ms: float = 100) -> list:
+    """ms of each plain call of fn that median_ms takes the median of."""
     if device.type == "cuda":
         import triton.testing
 
-        if cuda_graph:
-            return _graph_median_ms(fn, rep_ms)
         times = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
-        return _median_of(times if isinstance(times, list) else [times])
+        return times if isinstance(times, list) else [times]
     fn()
     times = []
     deadline = time.perf_counter() + rep_ms / 1e3
@@ -40,30 +45,17 @@ def median_ms(fn: Callable[[], object], device: torch.device | str = "cuda", cud
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return _median_of(times)
+    return times
 
 
-_last_spread = [None]    # the spread of the samples behind the last median_ms / kernel_ms (timing_spread)
-
-
-def _median_of(times: list) -> float:
-    """The median of a timer's samples, their spread kept for timing_spread."""
-    ordered = sorted(times)
-    med = statistics.median(ordered)
-    if len(ordered) >= 5 and med > 0:
-        p10, p90 = ordered[len(ordered) // 10], ordered[-1 - len(ordered) // 10]
-        _last_spread[0] = (p90 - p10) / med
-    else:
-        _last_spread[0] = None
-    return med
-
-
-def timed_with_spread(timer: Callable[[], float]) -> tuple[float, float | None]:
-    """(timer(), the spread of its samples: (p90 - p10) / median, None where it kept too few): how far to trust
-    a median; a busy machine's timings spread wide (two identical layers read 0.009 and 53 ms on one)."""
-    _last_spread[0] = None
-    ms = timer()
-    return ms, _last_spread[0]
+def spread(samples: list) -> float | None:
+    """(p90 - p10) / median of a timer's samples, None for fewer than 5: how far to trust their median; a busy
+    machine's timings spread wide (two identical layers read 0.009 and 53 ms on one)."""
+    ordered = sorted(samples)
+    med = statistics.median(ordered) if ordered else 0.0
+    if len(ordered) < 5 or med <= 0:
+        return None
+    return (ordered[-1 - len(ordered) // 10] - ordered[len(ordered) // 10]) / med
 
 
 def quick_graph_us(fn, work_ms: float = 1.0, replays: int = 5, most: int = 200) -> float:
@@ -146,9 +138,13 @@ def kernel_ms(fn: Callable[[], object], device: torch.device | str = "cuda", rep
     records them through torch.profiler, summed per call; the median over calls, each after an
     L2 flush. Gaps between kernels (host launch cost) are not GPU time and are not counted. On
     the CPU: median_ms."""
-    device = torch.device(device)
+    return statistics.median(_kernel_samples_ms(fn, torch.device(device), rep_ms))
+
+
+def _kernel_samples_ms(fn, device: torch.device, rep_ms: float) -> list:
+    """ms of GPU time of each call that kernel_ms takes the median of (plain calls' ms on the CPU)."""
     if device.type != "cuda":
-        return median_ms(fn, device, rep_ms=rep_ms)
+        return _call_samples_ms(fn, device, rep_ms=rep_ms)
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -168,7 +164,7 @@ def kernel_ms(fn: Callable[[], object], device: torch.device | str = "cuda", rep
     calls = _per_call_gpu_us(prof)
     if len(calls) < n:
         raise RuntimeError(f"the profiler recorded {len(calls)} of {n} calls")
-    return _median_of(calls[-n:]) / 1e3
+    return [us / 1e3 for us in calls[-n:]]
 
 
 _FLUSH_NAME = "accelc_l2_flush"
@@ -216,14 +212,22 @@ def _per_call_gpu_us(prof) -> list[float]:
     return calls
 
 
+class Timing(float):
+    """A median in ms that also holds the spread of the samples behind it (`spread`, latency.spread)."""
+
+    def __new__(cls, samples: list):
+        t = super().__new__(cls, statistics.median(samples))
+        t.spread = spread(samples)
+        return t
+
+
 def side_ms(fn: Callable[[], object], device: torch.device | str, rep_ms: float = 100,
-            whole_model: bool = False) -> float:
+            whole_model: bool = False) -> Timing:
     """The report's one timer for every side it compares (eager, accelc, ONNX Runtime): a whole
     model per call as a user calls it (median_ms: CUDA events around each plain call, L2
-    flushed, median), a layer by its GPU time (kernel_ms)."""
-    if whole_model:
-        return median_ms(fn, device, rep_ms=rep_ms)
-    return kernel_ms(fn, device, rep_ms=rep_ms)
+    flushed, median), a layer by its GPU time (kernel_ms); the spread of its samples beside it."""
+    device = torch.device(device)
+    return Timing(_call_samples_ms(fn, device, rep_ms=rep_ms) if whole_model else _kernel_samples_ms(fn, device, rep_ms))
 
 
 def side_method(device: torch.device | str) -> str:

@@ -200,7 +200,7 @@ class OptimizedModule(nn.Module):
         }
 
     def summary(self) -> str:
-        no_kernel = [r for r in self.layers if r.status == "kept" and r.reason == f"{NO_RULE} {r.kind}"]
+        no_kernel = [r for r in self.layers if without_rule(r)]
         shown = [r for r in self.layers if r not in no_kernel]
         n = {s: sum(r.status == s for r in shown) for s in ("rewritten", "reverted", "kept")}
         lines = [
@@ -280,6 +280,11 @@ class OptimizedModule(nn.Module):
 
 
 NO_RULE = "no accelc rewrite for"     # a kept layer's reason where no rule takes its op at all
+
+
+def without_rule(r: LayerRecord) -> bool:
+    """A layer no rule takes at all (pooling, index, cos...): summed in one line of a summary, not a row."""
+    return r.status == "kept" and r.reason == f"{NO_RULE} {r.kind}"
 LEGEND = ("status: rewritten = an accelc kernel runs it; reverted = its kernel failed a check, PyTorch runs it;\n"
           "  kept = PyTorch runs it (the note says why: a rule's condition unmet, or PyTorch was faster).\n"
           "rel.err / eager err: the relative L2 error of accelc's / eager PyTorch's output against the layer computed\n"

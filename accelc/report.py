@@ -35,7 +35,7 @@ from accelc.baselines import ort
 from accelc.capture import flat_module
 from accelc.errors import InputError, short_error
 from accelc.guard import verdict
-from accelc.latency import side_method, side_ms, timed_with_spread
+from accelc.latency import side_method, side_ms
 from accelc.numerics import error_stats, sqnr_db
 from accelc.records import LayerRecord
 from accelc.report_rows import LayerRow, Report, speedup
@@ -185,9 +185,8 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
             rw = meta.rewrite_of(node)
             original = rw.eager(model)       # int8 layers: their float weights live in the model
             ins, (a, kw) = captured[node]
-            row.eager_ms, row.eager_spread = timed_with_spread(lambda: side_ms(lambda: original(*ins), device, rep_ms))
-            row.accelc_ms, row.accelc_spread = timed_with_spread(lambda: side_ms(lambda: node.target(*a, **kw), device,
-                                                                                 rep_ms))
+            row.eager_ms, row.eager_spread = _with_spread(side_ms(lambda: original(*ins), device, rep_ms))
+            row.accelc_ms, row.accelc_spread = _with_spread(side_ms(lambda: node.target(*a, **kw), device, rep_ms))
             row.timer = "per layer: GPU time per call" if device.type == "cuda" else sides.timer
             _fill_ort(row, original, ins, lambda: guard.reference(original, ins), rec.name, sides)
             if with_compile:
@@ -228,6 +227,11 @@ def _totals(rows: list[LayerRow], sides: Sides, no_ratio: str = "") -> dict:
     return totals
 
 
+def _with_spread(ms: float) -> tuple[float, float | None]:
+    """(a side_ms time as a plain float, the spread of its samples: None where the timer kept none)."""
+    return float(ms), getattr(ms, "spread", None)
+
+
 def _whole_model(model, opt, args, sides: Sides) -> LayerRow:
     device, rep_ms = sides.device, sides.rep_ms
     ref = _upcast(model)(*[t.to(torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else torch.float64)
@@ -235,8 +239,8 @@ def _whole_model(model, opt, args, sides: Sides) -> LayerRow:
     check = guard.compare(opt(*args), model(*args), ref, list(args), sides.config)
     row = LayerRow(LayerRecord("end-to-end (whole model)", "model", "", "accelc.optimize", check=check),
                    timer="whole model: per call as a user calls it" if device.type == "cuda" else sides.timer)
-    row.eager_ms, row.eager_spread = timed_with_spread(lambda: side_ms(lambda: model(*args), device, rep_ms, True))
-    row.accelc_ms, row.accelc_spread = timed_with_spread(lambda: side_ms(lambda: opt(*args), device, rep_ms, True))
+    row.eager_ms, row.eager_spread = _with_spread(side_ms(lambda: model(*args), device, rep_ms, whole_model=True))
+    row.accelc_ms, row.accelc_spread = _with_spread(side_ms(lambda: opt(*args), device, rep_ms, whole_model=True))
     _fill_ort(row, model, list(args), lambda: ref, "model", sides, whole_model=True)
     if sides.ort_why_not or sides.no_ratio:
         row.ort_opt_error = sides.ort_why_not or sides.no_ratio

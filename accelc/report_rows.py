@@ -51,7 +51,7 @@ class LayerRow:
     ort_opt_method: str = ""          # exporter, optimizer model type, the fusions it made
     ort_opt_error: str = ""           # why there is no such number (no fusions, export failed...)
     no_ratio: str = ""                # why no side's time is divided by accelc's (interpreter timings)
-    eager_spread: float | None = None    # (p90 - p10) / median of eager's timing samples (latency.timed_with_spread)
+    eager_spread: float | None = None    # (p90 - p10) / median of eager's timing samples (latency.Timing)
     accelc_spread: float | None = None   # the same of accelc's
 
     # the record's fields under the report's names

@@ -475,20 +475,19 @@ def race(launch, candidates: list) -> tuple[list, tuple]:
 
 def quick_time(launch, cfg) -> float:
     """Microseconds per launch of cfg on the first round's timer; inf when it cannot run."""
-    try:
-        return quick_graph_us(lambda: launch(cfg))
-    except Exception as e:  # out of shared memory, a PTX error, ...: not a candidate here
-        log.debug("accelc: config %s failed: %s", config_dict(cfg), e)
-        torch.cuda.synchronize()
-        return math.inf
+    return _timed(launch, cfg)
 
 
 def time_config(launch, cfg) -> float:
     """Microseconds per launch of cfg, timed closely over a captured CUDA graph (plain launches would time
     the host's launch cost instead of small kernels): 15 replays of ~2 ms of its launches, the median;
     inf when it cannot run."""
+    return _timed(launch, cfg, work_ms=2.0, replays=15)
+
+
+def _timed(launch, cfg, **timer) -> float:
     try:
-        return quick_graph_us(lambda: launch(cfg), work_ms=2.0, replays=15)
+        return quick_graph_us(lambda: launch(cfg), **timer)
     except Exception as e:  # out of shared memory, a PTX error, ...: not a candidate here
         log.debug("accelc: config %s failed: %s", config_dict(cfg), e)
         torch.cuda.synchronize()
