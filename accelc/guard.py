@@ -44,7 +44,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc import meta, progress, runtime, tuning
+from accelc import compile_ahead, meta, progress, runtime, tuning
 from accelc.capture.shapes import memory_layout, repeated_to
 from accelc.latency import layer_ms
 from accelc.layer_runner import LayerRunner
@@ -293,7 +293,7 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
 
 def _compile_ahead(gm, args, only) -> None:
     """The kernels of the layers in `only` launched on `args` with Triton compiling instead of running
-    (tuning.compiling_ahead): their compiles for these sizes (a new specialization for every size Triton
+    (compile_ahead.compiling_ahead): their compiles for these sizes (a new specialization for every size Triton
     tells apart: 1, a multiple of 16, another) in parallel, before _check_pass runs them one by one.
     Eager's outputs flow on; nothing here is checked."""
     def at_layer(runner, n, rw):
@@ -304,7 +304,7 @@ def _compile_ahead(gm, args, only) -> None:
             n.target(*a, **kw)
         return eager
 
-    with tuning.compiling_ahead() as ahead:
+    with compile_ahead.compiling_ahead() as ahead:
         if ahead:
             with torch.no_grad():
                 LayerRunner(gm, at_layer).run(*args)

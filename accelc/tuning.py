@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -38,6 +39,7 @@ import triton
 from triton import knobs
 
 from accelc import runtime, tuning_table
+from accelc.compile_ahead import precompile
 from accelc.latency import quick_graph_us
 
 log = logging.getLogger("accelc")
@@ -46,6 +48,7 @@ _FORMAT = 1   # of the cache files
 _task = contextvars.ContextVar("accelc_tuning_task", default="")
 _serving = contextvars.ContextVar("accelc_serving", default=False)
 _TUNERS: list = []    # every Tuner made in this process (forget_borrowed, borrowed_count)
+_STATS = {"races": 0, "candidates": 0, "compile_s": 0.0, "race_s": 0.0}    # this process's tuning (stats())
 
 
 @contextlib.contextmanager
@@ -62,6 +65,12 @@ def serving(say: bool = True):
 def all_tuners() -> list:
     """Every kernel's tuner (bench/tuning_table.py reads their races)."""
     return list(_TUNERS)
+
+
+def stats() -> dict:
+    """This process's tuning so far: races run, candidates in them, seconds compiling them ahead and
+    seconds racing them (a candidate not compiled ahead compiles in its race)."""
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in _STATS.items()}
 
 
 def forget_borrowed() -> None:
@@ -269,8 +278,14 @@ class Tuner:
         log.info("accelc: tuning %s (%s) for %s: %d candidates%s", self.name, _describe(sizes),
                  _task.get() or "a call", len(candidates),
                  f" of {offered} (the shipped tuning table's shortlist)" if len(candidates) < offered else "")
+        t0 = time.perf_counter()
         precompile(launch, candidates)
+        t1 = time.perf_counter()
         timed, (best, best_us) = race(launch, candidates)
+        _STATS["races"] += 1
+        _STATS["candidates"] += len(candidates)
+        _STATS["compile_s"] += t1 - t0
+        _STATS["race_s"] += time.perf_counter() - t1
         for c, us in timed:
             if math.isinf(us):
                 log.debug("accelc: %s candidate %s failed for %s", self.name, config_dict(c), _describe(sizes))
@@ -378,77 +393,6 @@ def _say(message: str) -> None:
     configured) and the log records."""
     log.warning("%s", message)
     warnings.warn(message, stacklevel=3)
-
-
-_precompiling = contextvars.ContextVar("accelc_precompiling", default=False)
-
-
-def launch_kernel(kernel, grid, args: tuple, constexprs: dict) -> None:
-    """kernel[grid](*args, **constexprs): how a tuner's candidate launches, so that precompile can
-    compile it instead (in its block: Triton's warmup, which compiles without running)."""
-    if _precompiling.get():
-        kernel.warmup(*args, grid=grid, **constexprs)
-    else:
-        kernel[grid](*args, **constexprs)
-
-
-def compile_threads() -> int:
-    """Threads compiling a tuner's candidates at once (ACCELC_COMPILE_THREADS, default: the CPUs, at most 16)."""
-    given = os.environ.get("ACCELC_COMPILE_THREADS")
-    return max(1, int(given)) if given and given.isdigit() else min(16, os.cpu_count() or 1)
-
-
-def precompile(launch_cfg, candidates: list) -> None:
-    """Compile every candidate at once before they are timed one by one: Triton's compile of a candidate
-    (LLVM, then ptxas in a process of its own) took 0.6 s, 95 of the 216 s of a cold BERT optimize
-    (H100), one after another. A candidate that cannot take the call, or fails to compile, is left to
-    its timing, which says so (inf)."""
-    if len(candidates) < 2:
-        return
-    with compiling_ahead(len(candidates)) as ahead:
-        for cfg in candidates if ahead else ():
-            try:
-                launch_cfg(cfg)
-            except Exception as e:   # not a candidate for this call: its timing says so
-                log.debug("accelc: %s not compiled ahead: %s", config_dict(cfg), e)
-
-
-@contextlib.contextmanager
-def compiling_ahead(most: int | None = None):
-    """Inside the block, a tuned kernel's launch (launch_kernel) compiles it instead of running it, the
-    compiles in a pool of threads (Triton's async compile mode, triton.runtime._async_compile, where this
-    Triton has it), all finished when the block ends. A kernel launched otherwise inside the block runs,
-    compiled first. Nothing happens in the interpreter, with one compile thread, or on an older Triton (the
-    block runs as it is: kernels launched in it run). Nothing done in the block is a result: an exception in
-    it ends the block, logged, not raised, and a compile that fails is left to the real launch, which fails
-    again and says so. Yields whether launches compile ahead. most: at most this many threads."""
-    threads = min(compile_threads(), most or compile_threads())
-    mode = None
-    if threads >= 2 and not runtime.interpreted():
-        try:
-            from triton.runtime._async_compile import AsyncCompileMode
-        except ImportError:     # an older Triton: compiled one by one at their first launch
-            AsyncCompileMode = None
-        if AsyncCompileMode is not None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            pool = ThreadPoolExecutor(threads, thread_name_prefix="accelc-compile")
-            try:
-                mode = AsyncCompileMode(pool, ignore_errors=True)
-            except TypeError:   # (a Triton whose mode re-raises a failed compile: caught below)
-                mode = AsyncCompileMode(pool)
-    if mode is None:
-        yield False
-        return
-    token = _precompiling.set(True)
-    try:
-        with mode:
-            yield True
-    except Exception as e:   # a compile that failed: the kernel's own launch fails again, and says so
-        log.debug("accelc: a kernel failed to compile ahead: %s", e)
-    finally:
-        _precompiling.reset(token)
-        pool.shutdown(wait=True)
 
 
 FINAL_MARGIN = 0.10    # candidates within 10% of the first round's fastest are timed again, closely

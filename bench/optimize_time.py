@@ -107,6 +107,9 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
 
     row["compile_counters"] = {k: dict(counters[k]) for k in ("inductor", "aot_autograd") if counters.get(k)}
     row["rewritten"] = sum(r.status == "rewritten" for r in opt.layers)
+    from accelc import tuning
+
+    row["tuning"] = tuning.stats()
     step = getattr(opt, "step", None)
     if step is not None:
         row["step_phases_s"] = step.info.seconds

@@ -49,7 +49,8 @@ from accelc import runtime
 from accelc.kernels import gemm
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, broadcasts_to, epilogue,
                                      epilogue_ref, residual_as)
-from accelc.tuning import CompiledCall, Tuner, check_once, launch_kernel
+from accelc.tuning import CompiledCall, Tuner, check_once
+from accelc.compile_ahead import launch_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

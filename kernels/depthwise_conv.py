@@ -25,7 +25,8 @@ import triton.language as tl
 from accelc import runtime
 from accelc.kernels.conv import MAX_KERNEL, operands_problem, output_size
 from accelc.kernels.epilogue import activation_code, epilogue, epilogue_ref, residual_as
-from accelc.tuning import CompiledCall, Tuner, check_once, launch_kernel
+from accelc.tuning import CompiledCall, Tuner, check_once
+from accelc.compile_ahead import launch_kernel
 
 
 @triton.jit

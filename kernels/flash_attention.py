@@ -41,7 +41,8 @@ from accelc import runtime
 from accelc.kernels import flash_decoding, gemm
 from accelc.kernels.flash_decoding import LOG2E, log2_units, softmax_scale, softmax_update
 from accelc.kernels.quantize import quantize_ref, rint
-from accelc.tuning import CompiledCall, Tuner, check_once, launch_kernel
+from accelc.tuning import CompiledCall, Tuner, check_once
+from accelc.compile_ahead import launch_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_GRID_Y = 65535   # CUDA's limit on a grid's second dimension, which runs over batch x heads

@@ -29,7 +29,8 @@ from accelc import runtime
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation,
                                      broadcasts_to, epilogue, epilogue_ref, residual_as)
 from accelc.kernels.pdl import enabled as pdl_enabled, wait_for_producers
-from accelc.tuning import CompiledCall, Tuner, check_once, config_dict, launch_kernel
+from accelc.tuning import CompiledCall, Tuner, check_once, config_dict
+from accelc.compile_ahead import launch_kernel
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import triton
 
-from accelc import runtime, tuning
+from accelc import compile_ahead, runtime, tuning
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4, num_stages=s) for b in (32, 64, 128) for s in (2, 3)]
 FAST = {"BLOCK": 64, "num_stages": 3}    # the candidate the fake timer makes fastest
@@ -303,24 +303,24 @@ def test_candidates_compile_ahead_all_at_once_then_are_timed_one_by_one(fake_gpu
     kernel = _Compiling()
 
     def launch(cfg):
-        tuning.launch_kernel(kernel, (1,), (), dict(BLOCK=cfg.kwargs["BLOCK"]))
+        compile_ahead.launch_kernel(kernel, (1,), (), dict(BLOCK=cfg.kwargs["BLOCK"]))
     cfg = _tuner().pick((1024, "fp16"), {"M": 1024}, launch)
     assert _chosen(cfg) == FAST
     assert len(kernel.warmed) == len(CONFIGS) and len(kernel.ran) == len(CONFIGS)
-    assert not tuning._precompiling.get()       # launches after it run again
+    assert not compile_ahead._precompiling.get()       # launches after it run again
 
     def refused(cfg):      # a candidate that cannot take the call: said by its timing, not by precompile
         raise ValueError("not a candidate for this call")
-    tuning.precompile(refused, CONFIGS)
+    compile_ahead.precompile(refused, CONFIGS)
 
 
 def test_no_compiling_ahead_in_one_thread_or_the_interpreter(fake_gpu, monkeypatch):
     kernel = _Compiling()
     calls = []
-    tuning.precompile(lambda c: calls.append(c), CONFIGS)       # ACCELC_COMPILE_THREADS=1 (the fixture)
+    compile_ahead.precompile(lambda c: calls.append(c), CONFIGS)       # ACCELC_COMPILE_THREADS=1 (the fixture)
     monkeypatch.setenv("ACCELC_COMPILE_THREADS", "4")
     monkeypatch.setattr(runtime, "interpreted", lambda: True)
-    tuning.precompile(lambda c: calls.append(c), CONFIGS)
+    compile_ahead.precompile(lambda c: calls.append(c), CONFIGS)
     assert calls == [] and kernel.warmed == []
 
 
@@ -393,15 +393,15 @@ def test_compiling_ahead_turns_tuned_launches_into_compiles_and_ends_quietly(mon
 
     monkeypatch.setenv("ACCELC_COMPILE_THREADS", "4")
     monkeypatch.setattr(runtime, "interpreted", lambda: False)
-    with tuning.compiling_ahead() as ahead:
+    with compile_ahead.compiling_ahead() as ahead:
         assert ahead
-        tuning.launch_kernel(Kernel(), (2,), (1,), {})
+        compile_ahead.launch_kernel(Kernel(), (2,), (1,), {})
         raise RuntimeError("a layer that fails at these sizes")
     assert calls == [("compile", (1,), (2,))]
-    tuning.launch_kernel(Kernel(), (3,), (1,), {})
+    compile_ahead.launch_kernel(Kernel(), (3,), (1,), {})
     assert calls[-1] == ("run", (1,), (3,))
     monkeypatch.setattr(runtime, "interpreted", lambda: True)
-    with tuning.compiling_ahead() as ahead:
+    with compile_ahead.compiling_ahead() as ahead:
         assert not ahead
-        tuning.launch_kernel(Kernel(), (4,), (1,), {})
+        compile_ahead.launch_kernel(Kernel(), (4,), (1,), {})
     assert calls[-1] == ("run", (1,), (4,))
