@@ -37,7 +37,6 @@ import logging
 import math
 import os
 import threading
-import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -46,7 +45,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc import runtime
+from accelc import regions, runtime
 from accelc.cuda_graphs import GpuTimer, Uncapturable, capture_cuda_graph, clone_tensors, run_in_pool
 from accelc.runtime import resolve_glue
 from accelc.capture import aliased_state, mutated_state
@@ -390,10 +389,7 @@ class CompiledGlue:
             try:
                 return fn(*args, **kwargs)
             except torch._dynamo.exc.TorchDynamoException as e:
-                self.failed = f"Inductor could not compile the glue ({type(e).__name__}: {str(e).splitlines()[0][:150]})"
-                # a warning, not only the log (accelc's logger is silent unless configured): the
-                # uncompiled glue ran a GPU decode step three times slower, unnoticed
-                warnings.warn(f"accelc: {self.failed}; running it uncompiled (slower, same results)", stacklevel=2)
+                self.failed = regions.compile_failed(e)
         return self.plain(*args, **kwargs)
 
     def status(self) -> str:
@@ -403,6 +399,17 @@ class CompiledGlue:
             return (f"glue compiled for dynamic shapes, and for static ones at {len(self.static)} shape(s) "
                     "(those warmed up, or the first captured)")
         return ""
+
+
+def compiled_glue(gm: fx.GraphModule, plain: Callable, dynamic: bool):
+    """The glue compiled by Inductor: by region where the graph repeats blocks (accelc.regions: a compile
+    per kind of block), else whole (CompiledGlue)."""
+    cut = regions.plan(gm)
+    if cut is None:
+        return CompiledGlue(gm, plain, dynamic)
+    log.info("accelc: glue compiled by region: %d regions, %d kinds (%d of the graph's %d nodes compiled)",
+             len(cut.segments), cut.kinds, cut.compiled_nodes, cut.total_nodes)
+    return regions.RegionalGlue(gm, plain, dynamic, cut, _inductor, STATIC_GLUE, signature_or_none)
 
 
 def inductor_options() -> dict:
@@ -456,6 +463,6 @@ def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runne
     padding = shapes.padding if dynamic and config.padding else None
     # sizes that vary and do not all pad: many exact signatures, each captured at its second call
     exact = dynamic and (padding is None or not padding.covers(shapes))
-    fn = CompiledGlue(gm, plain, dynamic) if glue == "inductor" else plain
+    fn = compiled_glue(gm, plain, dynamic) if glue == "inductor" else plain
     return Runner(fn, graphs, padding=padding if graphs else None, capture_after=2 if exact else 1,
                   exact_calls=config.padding == "auto"), how

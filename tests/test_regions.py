@@ -1,0 +1,198 @@
+"""accelc/regions.py: the glue cut at a model's repeated blocks, one compile per kind of block. The cut graph
+computes what the whole graph computes (outputs and in-place cache writes, bit for bit, uncompiled), blocks of
+one kind share their compiles (dynamic, and static per warmed shape), and where the cut does not pay, or is
+switched off, the glue compiles whole as before."""
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import accelc
+from accelc import meta, regions, runner
+from conftest import DEVICE, rel_l2
+from test_runner import Captures
+
+LAYERS = 4
+
+
+def _lm(layers=LAYERS):
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return T.LlamaForCausalLM(cfg).to(DEVICE).eval()
+
+
+@pytest.fixture(scope="module")
+def optimized():
+    lm = _lm()
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(lm, dict(input_ids=ids, attention_mask=torch.ones_like(ids)),
+                              accelc.OptimizeConfig(passes=("linear_act",), only_if_faster=False))
+    return lm, opt
+
+
+def _leaves(x):
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+class Recorded:
+    """torch.compile's stand-in: the module runs as it is; every compile is kept."""
+
+    def __init__(self):
+        self.compiles = []
+
+    def __call__(self, gm, dynamic):
+        self.compiles.append((gm, dynamic))
+        return gm
+
+
+@pytest.mark.parametrize("program", ["forward", "step"])
+def test_the_cut_graph_computes_what_the_whole_graph_computes(optimized, program):
+    """Every compute node in exactly one region, in graph order; the blocks one kind; run uncompiled, the cut
+    graph's outputs equal the whole graph's, and the step program's in-place cache writes land alike."""
+    _, opt = optimized
+    o = opt if program == "forward" else opt.step
+    gm = o.graph_module
+    cut = regions.plan(gm)
+    assert cut is not None
+    compute = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    assert [n for s in cut.segments for n in s.nodes] == compute
+    blocks = [s for s in cut.segments if s.label]
+    assert [s.label.rsplit(".", 1)[1] for s in blocks] == [str(i) for i in range(LAYERS)]
+    assert len({s.key for s in blocks}) == 1 and cut.kinds == len({s.key for s in cut.segments}) < len(cut.segments)
+    compile_fn = Recorded()
+    glue = regions.RegionalGlue(gm, gm, False, cut, compile_fn, runner.STATIC_GLUE, runner.signature_or_none)
+    assert len(compile_fn.compiles) == cut.kinds
+    buffers = dict(gm.named_buffers())
+    before = {k: v.clone() for k, v in buffers.items()}
+    with torch.no_grad():
+        want = gm(*o.example_inputs)
+        written = {k: v.clone() for k, v in buffers.items()}
+        for k, v in buffers.items():
+            v.copy_(before[k])
+        got = glue(*o.example_inputs)
+    assert all(torch.equal(a, b) for a, b in zip(_leaves(want), _leaves(got))) and len(_leaves(got)) == len(_leaves(want))
+    assert all(torch.equal(buffers[k], written[k]) for k in buffers)
+    if program == "step":
+        assert any(not torch.equal(before[k], written[k]) for k in buffers), "the step wrote no cache: nothing checked"
+
+
+def test_blocks_of_a_kind_share_their_compiles_dynamic_and_static(optimized):
+    """A dynamic glue: one compile per kind; a warmed-up shape adds one static compile per kind (not per block);
+    a call at another shape runs the dynamic ones; at most STATIC_GLUE shapes specialized."""
+    _, opt = optimized
+    gm = opt.step.graph_module
+    cut = regions.plan(gm)
+    compile_fn = Recorded()
+    glue = regions.RegionalGlue(gm, gm, True, cut, compile_fn, runner.STATIC_GLUE, runner.signature_or_none)
+    assert [d for _, d in compile_fn.compiles] == [True] * cut.kinds
+    r = runner.Runner(glue, cuda_graphs=True, capture=Captures())
+    with torch.no_grad():
+        r.warm_up(*opt.step.example_inputs)
+    static = [m for m, d in compile_fn.compiles if d is False]
+    assert len(static) == cut.kinds and all(m.forward.__code__ is not g.forward.__code__
+                                            for m, (g, _) in zip(static, compile_fn.compiles))
+    assert "static ones at 1 shape(s)" in r.status() and "compile(s)" in r.status()
+    key = runner.signature_or_none(tuple(opt.step.example_inputs), {})
+    assert not glue.specialize(None) and glue.specialize(key)
+    for i in range(runner.STATIC_GLUE + 2):
+        glue.specialize(("another shape", i))
+    assert len(glue.static) == runner.STATIC_GLUE
+
+
+def test_no_cut_where_it_does_not_pay_or_is_switched_off(optimized, monkeypatch):
+    """A graph without repeated blocks, or with too few to pay, compiles whole; ACCELC_REGIONAL_GLUE=0 too."""
+    _, opt = optimized
+    mlp = accelc.models.get("mlp")
+    gm = torch.fx.symbolic_trace(mlp)
+    assert regions.plan(gm) is None
+    assert isinstance(runner.compiled_glue(gm, gm, False), runner.CompiledGlue)
+    assert regions.plan(opt.graph_module) is not None
+    monkeypatch.setenv("ACCELC_REGIONAL_GLUE", "0")
+    assert regions.plan(opt.graph_module) is None
+    assert regions.block_label("model.layers.3.mlp.up_proj", 1) == "model.layers.3"
+    assert regions.block_label("layers.0.blocks.1.attn", 2) == "layers.0.blocks.1"
+    assert regions.block_label("model.norm", 1) is None
+
+
+def test_a_region_that_fails_to_compile_runs_the_whole_graph_plain(optimized):
+    """Dynamo failing on a region: the plain graph runs from then on, said once, as CompiledGlue does."""
+    _, opt = optimized
+    gm = opt.graph_module
+
+    def failing(module, dynamic):
+        def call(*a):
+            raise torch._dynamo.exc.InternalTorchDynamoError("no lowering for op")
+        return call
+
+    glue = regions.RegionalGlue(gm, gm, False, regions.plan(gm), failing, runner.STATIC_GLUE, runner.signature_or_none)
+    with torch.no_grad(), pytest.warns(UserWarning, match="Inductor could not compile the glue"):
+        got = glue(*opt.example_inputs)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(_leaves(got), _leaves(gm(*opt.example_inputs))))
+    assert "Inductor could not compile" in glue.status()
+
+
+def test_a_block_with_a_module_of_its_own_is_its_own_kind():
+    """A block whose graph calls a submodule (not an op on its tensors) cannot share another block's compile."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x)) + x
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Block() for _ in range(6))
+
+        def forward(self, x):
+            for b in self.layers:
+                x = b(x)
+            return x
+
+    class Leaves(torch.fx.Tracer):     # nn.Linear kept a call_module, as a model's own leaf module would be
+        def is_leaf_module(self, m, name):
+            return isinstance(m, nn.Linear)
+
+    net = Net()
+    gm = torch.fx.GraphModule(net, Leaves().trace(net))
+    path = ""
+    for n in gm.graph.nodes:            # each block's ops on its path, as a capture writes them
+        if n.op == "call_module":
+            path = n.target.rpartition(".")[0]
+        n.meta[meta.PATH] = path if n.op in ("call_module", "call_function") else ""
+    segs = regions._segments(gm, 1)
+    users = {n: set(n.users) for n in gm.graph.nodes}
+    for s in segs:
+        regions._build(s, gm, users)
+    blocks = [s for s in segs if s.label]
+    assert len(blocks) == 6 and len({s.key for s in blocks}) == 6     # each calls its own nn.Linear
+    assert regions.plan(gm) is None
+
+
+def test_inductor_compiles_the_regions_and_their_numbers_match(optimized):
+    """The real compile (Inductor on this machine's device): three compiles for the forward (before the blocks,
+    one block kind, after them), the optimized model's outputs within fp32 tolerance of eager."""
+    from torch._dynamo.utils import counters
+
+    lm, opt = optimized
+    gm = opt.graph_module
+    torch._dynamo.reset()
+    counters.clear()
+    glue = runner.compiled_glue(gm, runner.direct_calls(gm), False)
+    assert isinstance(glue, regions.RegionalGlue)
+    with torch.no_grad():
+        got = glue(*opt.example_inputs)
+        want = gm(*opt.example_inputs)
+    assert counters["stats"]["unique_graphs"] == regions.plan(gm).kinds == 3
+    assert rel_l2(_leaves(got)[0], _leaves(want)[0]) < 1e-5 and not glue.failed
