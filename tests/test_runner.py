@@ -329,7 +329,9 @@ def test_a_gpu_bound_call_runs_at_its_own_size_in_the_graphs_pool():
     """A call padded from 2049 to 2560 rows of eight large layers: after its bucket's graph is timed
     it runs at its own size (its padding is a fifth of the GPU time, the launches a small part), its
     working memory taken from the graphs' pool (a plain call outside it cached 64 MiB more), its
-    outputs copied out (a later replay leaves them as they are), its numbers the function's."""
+    outputs copied out (a later replay leaves them as they are), its numbers the function's: within twice
+    eager fp16's own error against fp32 (the padded call's GEMMs take other cuBLAS algorithms than eager's
+    at 2049 rows: 1.07e-3 apart on an H200, each as near to fp32 as the other)."""
     from accelc import buckets
     from accelc.capture.shapes import DimRange
 
@@ -337,17 +339,18 @@ def test_a_gpu_bound_call_runs_at_its_own_size_in_the_graphs_pool():
     ws = [(torch.randn(1024, 16384, device="cuda", dtype=torch.half) / 32,
            torch.randn(16384, 1024, device="cuda", dtype=torch.half) / 128) for _ in range(8)]
 
-    def f(x):
-        for w1, w2 in ws:
+    def f(x, weights=ws):
+        for w1, w2 in weights:
             x = torch.relu(x @ w1) @ w2        # a working set of n x 16384 halves: 64 MiB at 2049 rows
         return x
 
     plan = buckets.Padding({"b": DimRange(1, 4096, "b")}, (((0, "b", "edge"),),), (((0, "b"),),), {"b": "batch"})
     r = runner.Runner(f, cuda_graphs=True, padding=plan, exact_calls=True)     # padding="auto"
     x = torch.randn(2049, 1024, device="cuda", dtype=torch.half)
-    want = f(x)
+    ref = f(x.float(), [(a.float(), b.float()) for a, b in ws])
+    limit = 2 * rel_l2(f(x), ref)
     for _ in range(2):                         # captured at 2560; its next replay timed
-        assert rel_l2(r(x), want) < 1e-3
+        assert rel_l2(r(x), ref) <= limit
     torch.cuda.synchronize()
     (entry,) = r.entries.values()
     assert entry.gpu_time() > 4 * entry.host_ms, (entry.gpu_time(), entry.host_ms)
@@ -355,7 +358,7 @@ def test_a_gpu_bound_call_runs_at_its_own_size_in_the_graphs_pool():
     got = r(x)
     torch.cuda.synchronize()
     grown = torch.cuda.memory_reserved() - before
-    assert r.exact == 1 and rel_l2(got, want) < 1e-3
+    assert r.exact == 1 and rel_l2(got, ref) <= limit
     assert grown < 32 * 2**20, f"the plain call cached {grown / 2**20:.0f} MiB outside the graphs' pool"
     kept = got.clone()
     r(torch.randn(2560, 1024, device="cuda", dtype=torch.half))       # the bucket's graph replays
