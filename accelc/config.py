@@ -56,9 +56,9 @@ class Int8Config:
                     into the weights.
     attention:      q and k quantized per token to int8 for q @ k^T in the flash kernel
                     (softmax and p @ v stay fp16 / bf16). Not a speed option: the kernel
-                    quantizes each K block in every program and runs at 0.51x-0.64x the fp16
-                    kernel on an H100 (bench/results/int8-nvidia-h100-80gb-hbm3.md), so with
-                    only_if_faster the guard puts every such layer back in fp16.
+                    quantizes each K block in every program and runs at about 0.5x-0.65x the
+                    fp16 kernel on an H100, so with only_if_faster the guard puts every such
+                    layer back in fp16.
     sqnr_floor:     the guard's floor in dB (int8 vs the float layer); a layer below it is put
                     back in float and reported.
     min_rows:       below this many rows (tokens) in the example inputs a linear layer stays in
@@ -72,8 +72,7 @@ class Int8Config:
     only_if_faster: on a GPU, time each int8 layer against its float kernel on the example
                     inputs and keep the faster (the summary says which and by how much): the int8
                     path pays an extra quantization kernel and wins only on large GEMMs
-                    (bench/results/report-int8-*.md: 0.5-1.1x eager at BERT-base widths,
-                    1.1-1.3x at 4096-wide layers).
+                    (about 0.5-1.1x eager at BERT-base widths, 1.1-1.3x at 4096-wide layers).
     """
 
     layers: tuple[str, ...] | None = None

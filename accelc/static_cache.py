@@ -3,8 +3,8 @@ step program writes.
 
 CacheStep is one forward step of a causal LM over it (the step program's module; see
 accelc.generation for the step's inputs and the loops that call it). Its layers are StepLayers,
-HF's StaticLayer with two changes that take kernels out of every layer of a decode step (the Llama-3-8B
-shape's profile, bench/results/runs/decode/profile5-*: four glue kernels a layer around the cache):
+HF's StaticLayer with two changes that take kernels out of every layer of a decode step (a profile of
+the Llama-3-8B shape's step showed four glue kernels a layer around the cache):
   - one length for all layers. HF's layers each hold a length, which the step set from `start`
     and each layer's update advanced: a copy and an add a layer. A StepLayer reads the cache's one
     length (the step's `start`) and leaves it as it is; CacheStep.forward sets it once before the

@@ -122,8 +122,8 @@ class CompiledCall:
     """One launch of a kernel with its config, grid and constant arguments fixed: a launcher's
     call signature (shapes, strides, dtypes, alignment, flags) seen before. The first launch goes
     through Triton; later ones call the compiled kernel's launcher directly, which skips Triton's
-    per-call binding, specialisation and cache lookup (35 of the 44 us a launch took on the H100
-    machine, triton 3.6: bench/results/host_overhead-*.md). Only where that is safe: compiled code
+    per-call binding, specialisation and cache lookup (about four fifths of a launch's host time, triton
+    3.6 on an H100). Only where that is safe: compiled code
     (not the interpreter), Triton's launcher as this version exposes it, no launch hooks set (a
     profiler's); anything else launches through Triton every time."""
 

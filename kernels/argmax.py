@@ -2,8 +2,8 @@
 first of tied maxima, and the first NaN where a row holds one (a NaN is larger than everything).
 
 Greedy decoding takes one a token over the vocabulary's logits (accelc.generation). PyTorch reduces
-a row in one block of threads: 28 us a token at Llama-3's 128256 entries on an H100 (bench/results/
-decode_profile_llama3-8b-*), where the decode step itself is ~6 ms. Here two kernels:
+a row in one block of threads: about 28 us a token at Llama-3's 128256 entries on an H100, where the
+decode step itself is ~6 ms. Here two kernels:
   1. _chunk_kernel, one program per (row, CHUNK entries): the chunk's first NaN, or else its max and
      the first index of it;
   2. _rows_kernel, one program a row: the same over the chunks' results (a chunk's NaN first).

@@ -338,7 +338,7 @@ def rect_config(bh, bw, bn, bk, stages, warps, split=1) -> triton.Config:
     with no CTA-wide barrier after the read (no gpu.barrier in the TTGIR). With two warpgroups one
     can run an iteration ahead and refill the stage the other is still reading: wrong,
     run-to-run different results (ResNet-50 stage-2 3x3 convs, 8 warps and 3-4 stages, H100 and
-    H200; bench/results/conv_race-nvidia-h100-80gb-hbm3.md). In one warpgroup the refill
+    H200). In one warpgroup the refill
     at the end of iteration j comes after a wgmma wait that needs iteration j's first wgmma done,
     which needs all four warps to have issued it, so all are past iteration j-1's read of that
     stage (and no 4-warp run has failed: tests/test_candidates.py)."""
@@ -423,7 +423,7 @@ def prune_configs(configs, sizes):
 
 # _splitk_reduce's tile (pixels, channels). Split convs have few output pixels (batch 1-8 at 14 x 14 / 7 x 7), so
 # rows of 16 spread the slices' sum over 4x the programs of 64-row tiles (ResNet-50's layer4 3x3 at batch 1:
-# 32 programs, not 8). H100, 2026-11-27, Nsight Compute (bench/results/runs/ncu/run43, run43b): the reduce
+# 32 programs, not 8). On an H100 (Nsight Compute) the reduce
 # took 7.6-10.4 us with 64 rows, longer than the conv itself (7.4-8.5 us), and 3.6-4.3 us with 16; batch-1
 # layer3 / layer4 3x3 went from 0.71x / 0.94x cuDNN to 0.94x / 1.29x (bench/conv.py). The tuner times a split
 # config with its reduce, so the tile keys the tuning cache (TUNER's launch_identity).

@@ -225,11 +225,11 @@ def gluon_config(block_n, stages, pingpong=True, consumers=2) -> triton.Config:
                          num_warps=4, num_stages=1, maxnreg=128 if three else 168)
 
 
-# H100, 2026-11-24 (bench/results/attention-*, runs/attention/): two consumers, 128 keys a step, a
+# On an H100: two consumers, 128 keys a step, a
 # three-slot ring: 620 TF/s at 4 x 16 x 4096 x 128 (cuDNN 655); three consumers (192 rows, head
 # dims <= 64): 499 TF/s at 4 x 16 x 4096 x 64 (cuDNN 476); 64 keys, four slots: BERT's 8 x 384 with
 # its mask. Dropped after the first runs (never the fastest): two-slot rings with turns, 64 keys
-# with three slots, each block's MMAs issued alone (runs/attention/gluon-3: within 1-10% behind).
+# with three slots, each block's MMAs issued alone (within 1-10% behind).
 GLUON_CONFIGS = [gluon_config(128, 3), gluon_config(128, 3, False), gluon_config(128, 2, False),
                  gluon_config(64, 4, False), gluon_config(128, 2, False, 3), gluon_config(64, 3, False, 3),
                  gluon_config(128, 3, True, 3)]

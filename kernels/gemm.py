@@ -307,7 +307,7 @@ def config(bm, bn, bk, stages, warps, tma=True, per_sm=1, flatten=True, ws=False
                          num_stages=stages, num_warps=warps)
 
 
-# Candidates, from bench/gemm_sweep.py on an H100 (fp16, + bias + GELU; 2026-11-21):
+# Candidates, from bench/gemm_sweep.py on an H100 (fp16, + bias + GELU):
 # - large M: 128x256x64, 8 warps, 4 stages, TMA, persistent: 810-830 us at 4096x4096x16384,
 #   with or without warp specialization (ws); two programs per SM measured 980-1140 us, pointer
 #   loads 1140-1200 us.
@@ -348,9 +348,9 @@ def gluon_config(bm, bn, bk, stages, consumers, warps) -> triton.Config:
 
 # The Gluon candidates (sm90): two consumers of 128 x 128 tiles in ping-pong (CUTLASS's default fp16
 # schedule on H100), one 8-warp consumer of 128 x 256 / 256 x 128, and narrower tiles (tile sides
-# are powers of two: 128 x 192, one wave for N = 768 layers, does not build). H100, 2026-11-23
-# (bench/results/gemm_hopper-*): at 4096 x 4096 x 16384 the 128 x 256 one ran 727 us alone
-# (cuBLAS 771 in the rounds), ping-pong 128 x 128 784 us, 64 x 256 ping-pong 858 us.
+# are powers of two: 128 x 192, one wave for N = 768 layers, does not build). On an H100 at 4096 x 4096 x
+# 16384 the 128 x 256 one ran about 6% ahead of cuBLAS, ping-pong 128 x 128 within 2% of it, 64 x 256
+# ping-pong about 11% behind.
 GLUON_CONFIGS = [
     gluon_config(128, 128, 64, 4, 2, 4), gluon_config(128, 256, 64, 3, 1, 8), gluon_config(64, 256, 64, 4, 2, 4),
     gluon_config(128, 128, 64, 5, 1, 8), gluon_config(128, 64, 64, 6, 2, 4), gluon_config(256, 128, 64, 3, 1, 8),
@@ -368,16 +368,16 @@ def coop_config(wgs, bn1, bn2, bk, stages) -> triton.Config:
                          num_warps=4, num_stages=1, maxnreg=168 if wgs == 2 else 128)
 
 
-# cuBLAS's one-wave tiles (nvjet, H100: bench/results/kernels-vs-libraries-notes.md): 192 x 192 makes
+# cuBLAS's one-wave tiles (nvjet, H100): 192 x 192 makes
 # 6304 x 768 exactly 132 tiles (ViT-B at batch 32), 192 x 96 makes 3072 x 768 128 tiles (BERT-base 8 x 384)
 # and 6272 x 384 132 (ConvNeXt-T); 128 x 192 for GPT-2's 4096 x 768 layers. 192 x 192 runs 32 deep in six
 # slots (the same bytes as three of 64; a slot comes back sooner): ViT-B's qkv 39.1 us timed alone (64 deep:
-# 39.9), fc2 + residual 48.8 (53.0). H100, bench/results/runs/gemm_hopper/coop-2: each of these three was
-# the fastest Gluon candidate at two to four of the 20 layers. Measured and dropped: 192 x 192 64 deep and
+# 39.9), fc2 + residual 48.8 (53.0), on an H100, where each of these three was the fastest Gluon candidate
+# at two to four of 20 model layers. Measured and dropped: 192 x 192 64 deep and
 # 192 x 128 (the fastest at none; each candidate costs compile and tuning time at every shape); 192 x 96 32
 # deep in ten slots (slower than 64 deep everywhere); the epilogue stored from registers, its shared memory
-# given to the ring as one more slot (slower at every layer, runs/gemm_hopper/direct-1: 18.7 vs 10.4 us at
-# BERT's query, the stores 16 bytes a row a warp).
+# given to the ring as one more slot (slower at every layer, 1.8x at BERT's query: the stores 16 bytes a
+# row a warp).
 GLUON_COOP_CONFIGS = [
     coop_config(3, 64, 32, 64, 5), coop_config(2, 128, 64, 64, 4), coop_config(3, 128, 64, 32, 6),
 ]
@@ -418,7 +418,7 @@ GEMV_CONFIGS += GEMV_FLAT_CONFIGS
 CONFIGS += GEMV_CONFIGS
 # Twice as deep (or wide) for int8 weights (weight-only int8): a program of the fp16 candidates
 # above has half the bytes in flight when its weight is int8, and those ran at 35-60% of the copy
-# bandwidth where fp16 ran at 65-110% (bench/results/decode-*, H100, 2026-11-24). The same 64 fp32
+# bandwidth where fp16 ran at 65-110% (decode on an H100). The same 64 fp32
 # accumulators a thread; offered only for int8 weights (prune_configs).
 GEMV_INT8_CONFIGS = [
     gemv_config(1, 4, 2048, 4), gemv_config(1, 8, 1024, 4), gemv_config(1, 8, 2048, 8), gemv_config(1, 16, 512, 4),

@@ -5,9 +5,9 @@ After each step's argmax the loop did, in PyTorch: the token of a finished row s
 rows that hit a stop token marked finished, whether all are finished recorded, the token stored in
 the output; and the static cache's next inputs written: the key padding mask's new column, the
 position of each row, the step's start. Thirteen kernels and device copies of about a microsecond
-and their launch gaps: 30 us from the argmax to the step's input copies on an H100, where a
-Llama-3-8B decode step is ~5.8 ms and a Qwen2-0.5B one ~1 ms (bench/results/runs/decode/profile6-*;
-with these two kernels, 7.5 us: profile9-*). Here:
+and their launch gaps: about 30 us from the argmax to the step's input copies on an H100, where a
+Llama-3-8B decode step is ~5.8 ms and a Qwen2-0.5B one ~1 ms (with these two kernels, about a
+quarter of that). Here:
   - pick(token, finished, eos, pad, out, done, i): the first four, in place;
   - static_inputs(token, ids, keys, positions, count, start, column, i): the second, in place.
 Each is one program over the batch (the rows of a generate call: up to the cache's batch).

@@ -33,8 +33,7 @@ from accelc.tuning import Tuner
 
 _c = gemm.config
 # int8 candidates: gemm.py's shapes with BLOCK_K doubled (same bytes per stage). From
-# bench/gemm_sweep.py --int8 on an H200 (+ GELU; exact GELU: gemm_sweep_int8_exact_gelu-nvidia-h200.json,
-# the FAST_MATH one: gemm_sweep_int8-nvidia-h200.json in bench/results/runs/h200):
+# bench/gemm_sweep.py --int8 on an H200 (+ GELU, exact and FAST_MATH):
 # - 128x128x256, 3 stages, TMA: 569 us at 4096x4096x16384 (491 us without the GELU: 1120 TOPS,
 #   Inductor's best Triton int_mm 515 us), 21.4 us at 512x4096x4096; 128x256 tiles 673-686 us,
 #   256x128 615 us, pointer loads 830-1190 us. GELU in the epilogue cost 83 us there (relu
@@ -48,8 +47,7 @@ CONFIGS = [
     _c(16, 64, 256, 4, 4),
 ]
 # The warp-specialized Gluon kernel (kernels/gemm_hopper.py, sm90, half outputs) on int8 operands: the
-# fp16 candidates' tiles at 128 deep (the same bytes a stage). H100, 2026-11-26 (bench/results/int8-*):
-# the race picks the ping-pong 128 x 128 at 4096 x 4096 x 16384, 395 us (1391 TOPS; the tl kernel's best
+# fp16 candidates' tiles at 128 deep (the same bytes a stage). On an H100 the race picks the ping-pong 128 x 128 at 4096 x 4096 x 16384, 395 us (1391 TOPS; the tl kernel's best
 # was 482, 1141 TOPS) and the one-consumer 128 x 128 in 5 slots at 512 x 4096 x 4096 (16.0 us; tl 19.6).
 GLUON_CONFIGS = [
     gemm.gluon_config(128, 256, 128, 3, 1, 8), gemm.gluon_config(256, 128, 128, 3, 1, 8),

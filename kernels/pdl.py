@@ -4,8 +4,8 @@ that kernel's completion and its writes only where it is about to read them; the
 lets it start early (griddepcontrol.launch_dependents) once its own programs are all running.
 
 A decode step is some fifteen kernels a layer of 1-20 us each, where the launch of each and the
-ramp of its programs sat as idle GPU time between them (0.4 us gaps and the loads' first latency,
-bench/results/runs/decode/profile3-*). accelc's decode-path kernels (gemv_kernel, flash_decoding's
+ramp of its programs sat as idle GPU time between them (0.4 us gaps and the loads' first latency, in a
+profile of a decode step). accelc's decode-path kernels (gemv_kernel, flash_decoding's
 split kernel) launch this way: each reads what no kernel writes (its weights) before the wait, and
 everything else after it; it writes only after it. The glue's kernels are launched without the
 attribute and start as usual, after everything before them ends.
@@ -14,9 +14,8 @@ Off in Triton's interpreter, before sm90, where this Triton lacks the instructio
 ACCELC_PDL=0 (for measuring what it gives).
 
 Inductor's own dependent launch (triton.enable_pdl) stays off for the glue: PyTorch leaves it
-off by default; it showed nothing on ViT-B (bench/results/runs/e2e/run33), and the
-1.04x of a TinyLlama decode step (runs/generate/run14) was measured with it and these kernels together,
-not split between them.
+off by default; it showed nothing on ViT-B, and the 1.04x of a TinyLlama decode step was measured with
+it and these kernels together, not split between them.
 """
 from __future__ import annotations
 

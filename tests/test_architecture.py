@@ -1,8 +1,10 @@
 """The code's shape, checked: the import structure follows the data flow (no module imports one that
 imports it back), one concern per module (none over ~500 lines outside the kernels, whose files
-hold a kernel, its launcher and its reference by design), no class defined inside a function, and
-no private name (`_x`) imported from another module."""
+hold a kernel, its launcher and its reference by design), no class defined inside a function, no
+private name (`_x`) imported from another module, and no measurement dated or filed in the library's
+comments (the reason stays in one line; the figures and their history live in bench/results)."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,13 @@ def test_no_private_name_imported_from_another_module():
              for module, names in _module_imports(path) for n in names
              if n.startswith("_") and not n.endswith("__")]
     assert not found, found
+
+
+# a date, a results file or run folder: stale at the next run (the figures' record is bench/results)
+DATED = re.compile(r"20\d\d-\d\d-\d\d|bench/results|results/|runs/|\brun\d+[a-z]?\b|\bprofile\d+-")
+
+
+def test_no_measurement_dated_or_filed_in_library_comments():
+    found = [f"{path.relative_to(ROOT)}:{i}: {line.strip()}" for path in MODULES.values()
+             for i, line in enumerate(path.read_text().splitlines(), 1) if DATED.search(line)]
+    assert not found, "\n".join(found)
