@@ -7,7 +7,8 @@ call takes after it, each way in turn over the same optimized graph, in one proc
 Each model is built as bench/e2e.py builds it (fp16, random weights, its batch) and optimized once; then for
 each round, each way: a new runner (torch._dynamo reset first, Inductor's cache in a new folder: a cold
 compile), its warm-up timed, then its calls (accelc.latency.back_to_back_ms, e2e's timer). The ways
-alternate within a round, so drift on the machine falls on both.
+alternate within a round, so drift on the machine falls on both. Last, each way's output and eager fp16's
+against the model run in fp32.
 """
 from __future__ import annotations
 
@@ -58,6 +59,15 @@ def measure(name: str, rounds: int) -> dict:
             side["warm_up_s"].append(round(warm, 2))
             side["ms"].append(round(ms, 4))
             side["rel_to_first"] = e2e._rel(got, want)
+            side["_out"] = got
+    # accuracy: each way's output and eager fp16's against the model in fp32 (after every timing: the model's
+    # weights become fp32 here, and the optimized module may share them)
+    with torch.no_grad():
+        eager = model(*inputs)
+        ref = model.float()(*(t.float() if t.is_floating_point() else t for t in inputs))
+    row["eager_fp16_rel_to_fp32"] = e2e._rel(eager, ref)
+    for side in row["ways"].values():
+        side["rel_to_fp32"] = e2e._rel(side.pop("_out"), ref)
     row["environment"] = _common.environment()
     return row
 
