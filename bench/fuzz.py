@@ -1,4 +1,4 @@
-"""Differential fuzzer, long runs: random models (accelc.models.fuzz.FuzzNet) optimized and
+"""Differential fuzzer, long runs: random models (accelc.fuzz.FuzzNet) optimized and
 compared with eager against fp64, on new inputs and another batch size. Every crash and every
 mismatch is a bug; refusals (AccelcError) are counted apart.
 
@@ -40,7 +40,7 @@ def _work(task):
     import torch
 
     from accelc.errors import short_error
-    from accelc.models.fuzz import run_case
+    from accelc.fuzz import run_case
     dtype = getattr(torch, DTYPES[seed % 3]) if device == "cuda" else torch.float32
     t0 = time.perf_counter()
     try:

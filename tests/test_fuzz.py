@@ -1,10 +1,10 @@
-"""The differential fuzzer's seeded CPU sample (accelc.models.fuzz; bench/fuzz.py runs it long on
+"""The differential fuzzer's seeded CPU sample (accelc.fuzz; bench/fuzz.py runs it long on
 the GPU): random models of the ops accelc rewrites and the ones it does not, optimized and
 compared with eager against fp64 on new inputs and another batch size. A crash or a mismatch is
 a bug; a clean refusal (an AccelcError) is fine."""
 import pytest
 
-from accelc.models.fuzz import CALLS, call_class, run_case
+from accelc.fuzz import CALLS, call_class, run_case
 from conftest import DEVICE
 
 SEEDS = range(24)

@@ -196,3 +196,19 @@ def test_inductor_compiles_the_regions_and_their_numbers_match(optimized):
         want = gm(*opt.example_inputs)
     assert counters["stats"]["unique_graphs"] == regions.plan(gm).kinds == 3
     assert rel_l2(_leaves(got)[0], _leaves(want)[0]) < 1e-5 and not glue.failed
+
+
+def test_generation_through_compiled_regions_gives_the_models_tokens():
+    """The step program's glue compiled by region (its cache writes inside the regions, through Inductor):
+    greedy tokens equal the model's own generate."""
+    lm = _lm()
+    ids = torch.randint(1, 100, (2, 6), device=DEVICE)
+    mask = torch.ones_like(ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(lm, dict(input_ids=ids, attention_mask=mask),
+                              accelc.OptimizeConfig(passes=("linear_act",), only_if_faster=False, glue="inductor"))
+        want = lm.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        got = opt.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert "glue compiled by region" in opt.step.runner.status(), opt.step.runner.status()
+    assert torch.equal(got, want)

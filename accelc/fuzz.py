@@ -1,4 +1,5 @@
-"""Random models for the differential fuzzer (tests/test_fuzz.py, bench/fuzz.py).
+"""A testing module: random models for the differential fuzzer (bench/fuzz.py, tests/test_fuzz.py); not an
+example model (accelc.models), so the CLI and the built-in model list never offer them.
 
 `FuzzNet(seed, size)` draws a model from the ops accelc rewrites and the ops it does not, in the
 spellings real model code uses: linears as nn.Linear, `x @ W.T`, `x @ W.t()`, einsum and addmm;
