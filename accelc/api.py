@@ -190,6 +190,10 @@ def optimize_job(job: Job) -> OptimizedModule:
             if race is not None:  # and the call it serves most (a decode step): its graph, its glue compiled static
                 opt.warm_up(race[0])
             opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
+            t0 = time.perf_counter()
+            progress_bar.phase("glue for other shapes")
+            if opt.compile_other_shapes(flat):    # the dynamic glue: compiled here, not at a first request
+                opt.info.seconds["glue for other shapes"] = round(time.perf_counter() - t0, 2)
             opt.info.call_ms = call_times(job, opt)
             if warm:
                 t0 = time.perf_counter()

@@ -129,6 +129,13 @@ class OptimizedModule(nn.Module):
         tuning.forget_borrowed()         # sizes calls ran on a borrowed config are tuned now
         self.runner.warm_up(*inputs)
 
+    def compile_other_shapes(self, inputs: tuple) -> bool:
+        """Compile the glue that serves the shapes not warmed up now, on these graph inputs, rather than at
+        the first call of such a shape (runner.Runner.compile_other_shapes); whether there was one."""
+        if self.runner is None:
+            self._new_runner(_device(inputs, {}, self))
+        return self.runner.compile_other_shapes(*inputs)
+
     def _apply(self, fn, recurse=True):
         probe = fn(torch.zeros((), dtype=torch.float32))
         if isinstance(probe, torch.Tensor) and probe.dtype == torch.float64:

@@ -262,6 +262,7 @@ class RegionalGlue:
         self.static: set = set()        # whole-call signatures that run the static compiles
         self.static_most = static_most
         self.failed = ""
+        self.dynamic_done = False       # compile_dynamic ran
 
     def specialize(self, key) -> bool:
         if not self.dynamic or self.failed or key is None:
@@ -270,6 +271,19 @@ class RegionalGlue:
             return False
         self.static.add(key)
         return True
+
+    def compile_dynamic(self, *args, **kwargs) -> bool:
+        """Every kind's dynamic compile made now, by one call of them on these inputs (runner.Runner's
+        compile_other_shapes), not at the first call of a shape not warmed up."""
+        if not self.dynamic or self.failed or self.dynamic_done:
+            return False
+        self.dynamic_done = True
+        try:
+            with _Static(False):
+                self.parent(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            self.failed = compile_failed(e)
+        return not self.failed
 
     def __call__(self, *args, **kwargs):
         if not self.failed:

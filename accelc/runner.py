@@ -217,6 +217,16 @@ class Runner:
                     args = self.padding.pad(args, self.padding.target(sizes))
             self._call(args, kwargs, None, force=True)
 
+    def compile_other_shapes(self, *args, **kwargs) -> bool:
+        """Compile the glue that serves shapes not warmed up (the dynamic one) now, by one plain call on
+        these inputs, rather than at the first call of another shape (a request stalled for its compile).
+        False where there is none to compile (a static glue, eager glue, done already)."""
+        compile_now = getattr(self.fn, "compile_dynamic", None)
+        if compile_now is None:
+            return False
+        with torch.no_grad():
+            return compile_now(*args, **kwargs)
+
     def _call(self, args, kwargs, sizes, force):
         """One call on (padded) args: its graph replayed, captured first if due, or a plain call;
         outputs cut back to `sizes` (the call's own, where it was padded) and copied."""
@@ -371,6 +381,7 @@ class CompiledGlue:
         self.compiled = _inductor(gm, dynamic)
         self.static: dict = {}       # signature -> gm compiled for exactly its shapes
         self.failed = ""
+        self.dynamic_done = False    # compile_dynamic ran
 
     def specialize(self, key) -> bool:
         """Compile (at the next call with it) the glue for exactly the shapes of signature `key`
@@ -382,6 +393,17 @@ class CompiledGlue:
             # a copy with its own forward code: Dynamo keeps its compiles per code object
             self.static[key] = _inductor(copy_module(self.gm), False)
         return True
+
+    def compile_dynamic(self, *args, **kwargs) -> bool:
+        """The dynamic compile made now, by one call of it on these inputs (Runner.compile_other_shapes)."""
+        if not self.dynamic or self.failed or self.dynamic_done:
+            return False
+        self.dynamic_done = True
+        try:
+            self.compiled(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            self.failed = regions.compile_failed(e)
+        return not self.failed
 
     def __call__(self, *args, **kwargs):
         if not self.failed:

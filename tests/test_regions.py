@@ -212,3 +212,50 @@ def test_generation_through_compiled_regions_gives_the_models_tokens():
         got = opt.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
     assert "glue compiled by region" in opt.step.runner.status(), opt.step.runner.status()
     assert torch.equal(got, want)
+
+
+def test_the_glue_for_other_shapes_compiles_at_optimize_not_at_a_first_request(optimized, monkeypatch):
+    """A dynamic glue's compile for the shapes not warmed up is made by one call at optimize (its own phase in
+    the summary's times), not at the first call of such a shape: by region, each kind's dynamic compile runs
+    once, and no more after; a static glue, or a plain one, has none to make."""
+    _, opt = optimized
+    gm = opt.graph_module
+
+    class Counting(Recorded):
+        def __call__(self, gm, dynamic):
+            calls = self.calls = getattr(self, "calls", {})
+
+            def run(*args):
+                calls[dynamic] = calls.get(dynamic, 0) + 1
+                return gm(*args)
+            self.compiles.append((gm, dynamic))
+            return run
+
+    compile_fn = Counting()
+    glue = regions.RegionalGlue(gm, gm, True, regions.plan(gm), compile_fn, runner.STATIC_GLUE,
+                                runner.signature_or_none)
+    r = runner.Runner(glue, cuda_graphs=True, capture=Captures())
+    with torch.no_grad():
+        assert r.compile_other_shapes(*opt.example_inputs)
+    assert compile_fn.calls == {True: len(regions.plan(gm).segments)}     # every region, on its dynamic compile
+    assert not r.compile_other_shapes(*opt.example_inputs) and compile_fn.calls[True] == len(regions.plan(gm).segments)
+    static = regions.RegionalGlue(gm, gm, False, regions.plan(gm), Counting(), runner.STATIC_GLUE, runner.signature_or_none)
+    assert not static.compile_dynamic(*opt.example_inputs)
+    assert not runner.Runner(gm, cuda_graphs=True).compile_other_shapes(*opt.example_inputs)
+    # optimize on a GPU makes it after the warm-up (here the GPU's branch taken with both recorded)
+    import types
+
+    from accelc import api, runtime
+    from accelc.optimized import OptimizedModule
+
+    made = []
+    shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
+    shim.can_time = lambda device: True
+    monkeypatch.setattr(api, "runtime", shim)
+    monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)
+    monkeypatch.setattr(OptimizedModule, "compile_other_shapes", lambda self, inputs: made.append(len(inputs)) or True)
+    mlp = accelc.models.get("mlp").to(DEVICE).eval()
+    x = mlp.example_inputs()
+    x = tuple(t.to(DEVICE) for t in x) if isinstance(x, tuple) else x.to(DEVICE)
+    out = accelc.optimize(mlp, x, accelc.OptimizeConfig(passes=(), only_if_faster=False))
+    assert made == [1] and "glue for other shapes" in out.info.seconds
