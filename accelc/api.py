@@ -29,6 +29,7 @@ from accelc.latency import layer_ms, median_ms
 from accelc.errors import AccelcError, InputError, short_error
 from accelc.numerics import rel_l2, sqnr_db
 from accelc.optimized import OptimizedModule, collect_layers
+from accelc.step_module import StepModule
 from accelc.records import OptimizeInfo
 from accelc.pipeline import run_passes
 from accelc.rewrite import PassContext, layers
@@ -175,7 +176,7 @@ def optimize_job(job: Job) -> OptimizedModule:
         if getattr(job.model, "replayable_state", False):    # before optimize_graph's calls make the runner
             gm.meta[runner.REPLAYABLE_STATE] = True
         race = None
-        if hasattr(job.model, "race_inputs"):     # the call the program serves most (a generation step: decode)
+        if isinstance(job.model, StepModule):     # the call the program serves most (a generation step: decode)
             inputs, words = job.model.race_inputs(*job.args, **job.kwargs)
             race = (tuple(spec.flat(inputs, {})), words)
         opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,

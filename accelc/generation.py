@@ -42,6 +42,7 @@ from torch import nn
 from accelc.errors import InputError
 from accelc.kernels import greedy
 from accelc.kernels.argmax import argmax_rows
+from accelc.step_module import StepModule
 from accelc.optimized import OptimizedModule, without_rule
 
 log = logging.getLogger("accelc")
@@ -113,20 +114,42 @@ def make_step(lm: nn.Module, args: tuple, kwargs: dict, config) -> tuple[nn.Modu
     return step, (ids, padded(mask, max_len), positions, torch.zeros((), dtype=torch.long, device=ids.device))
 
 
+@dataclasses.dataclass
+class GenerationParts:
+    """What an OptimizedLM generates with besides its step program: the cache step (accelc.step_module), the
+    model generate() falls back to, and how a larger cache's step is made. Not submodules: the cache step
+    holds the model, whose weights the step program shares."""
+    original: nn.Module | None = None
+    cache_step: StepModule | None = None
+    build_step: object = None      # (model, args, kwargs, config) -> (step program, cache step): api.build_step
+
+
 class OptimizedLM(OptimizedModule):
     """An OptimizedModule of a causal LM that also generates (see the module docstring). `step`:
-    the optimized step program (an OptimizedModule; its summary is in this one's); `original`: the
-    model generate() falls back to (the same weights, not a copy)."""
+    the optimized step program (an OptimizedModule; its summary is in this one's), None where there
+    is none (generate() then runs the original model, and says why); `original`: the model generate()
+    falls back to (the same weights, not a copy); `cache_step`: the step module over the cache."""
 
-    def attach_generation(self, step: OptimizedModule, cache: nn.Module, original: nn.Module,
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step = None
+        self.parts = GenerationParts()
+        self.cache_tensors: list = []     # (cache layer, its attribute, the step graph's buffer holding it)
+
+    @property
+    def original(self) -> nn.Module | None:
+        return self.parts.original
+
+    @property
+    def cache_step(self) -> StepModule | None:
+        return self.parts.cache_step
+
+    def attach_generation(self, step: OptimizedModule, cache: StepModule, original: nn.Module,
                           build_step=None) -> None:
         """build_step(model, args, kwargs, config) -> (step program, cache step): how a larger cache's
         step is made (accelc.api.build_step)."""
         self.step = step
-        object.__setattr__(self, "build_step", build_step)
-        # not submodules: the cache step holds the model, whose weights the step program shares
-        object.__setattr__(self, "cache_step", cache)
-        object.__setattr__(self, "original", original)
+        self.parts = GenerationParts(original, cache, build_step)
         # the cache's lengths, keys and values are the step graph's own tensors (it sets them each step;
         # HF's loop reads the lengths): which ones, so that a copy of the graph's tensors (.to(),
         # unpickling) is re-bound, and the tensors copied from are not kept alive by the cache
@@ -143,11 +166,11 @@ class OptimizedLM(OptimizedModule):
     def _rebind_cache(self) -> None:
         """Point the cache's tensors (its layers' and the cache step's buffers) at the step graph's
         tensors again (after they were copied)."""
-        if getattr(self, "step", None) is None or self.cache_step is None:
+        if self.step is None or self.cache_step is None:
             return
         buffers = dict(self.step.graph_module.named_buffers())
         held = self.cache_step._buffers
-        for i, attr, name in getattr(self, "cache_tensors", ()):
+        for i, attr, name in self.cache_tensors:
             layer = self.cache_step.cache.layers[i]
             old, new = getattr(layer, attr), buffers[name]
             setattr(layer, attr, new)
@@ -163,14 +186,17 @@ class OptimizedLM(OptimizedModule):
         return out
 
     def __setstate__(self, state):
+        if "parts" not in state:     # pickled before GenerationParts: its three attributes, by name
+            state = dict(state, cache_tensors=state.get("cache_tensors", []), parts=GenerationParts(
+                *(state.get(k) for k in ("original", "cache_step", "build_step"))))
+            for k in ("original", "cache_step", "build_step"):
+                state.pop(k, None)
         super().__setstate__(state)
         self._rebind_cache()
 
     def no_generation(self, original: nn.Module, why: str) -> None:
         self.step = None
-        object.__setattr__(self, "build_step", None)
-        object.__setattr__(self, "cache_step", None)
-        object.__setattr__(self, "original", original)
+        self.parts = GenerationParts(original)
         self.info.generation = f"generation: generate() runs the original model (no step program: {why})"
         warnings.warn(f"accelc: {self.info.generation}", stacklevel=4)
 
@@ -219,8 +245,8 @@ class OptimizedLM(OptimizedModule):
         b, old = input_ids.shape[0], self.cache_step.batch
         t0 = time.perf_counter()
         config = dataclasses.replace(self.config, max_batch_size=b, max_cache_len=self.cache_step.max_len)
-        program, step = self.build_step(self.original, (), {"input_ids": input_ids, "attention_mask": mask}, config)
-        self.attach_generation(program, step, self.original, self.build_step)
+        program, step = self.parts.build_step(self.original, (), {"input_ids": input_ids, "attention_mask": mask}, config)
+        self.attach_generation(program, step, self.original, self.parts.build_step)
         self.config = config
         warnings.warn(f"accelc: generate() of {b} sequences, past the {old} the cache held: the step program was "
                       f"optimized again for {b} ({time.perf_counter() - t0:.1f} s); optimize with "
@@ -286,7 +312,7 @@ class OptimizedLM(OptimizedModule):
                 return f"{key}={value!r} is not served by accelc's static-cache step yet"
         if kwargs.get("past_key_values") is not None:
             return "a cache of the caller's was given"
-        if getattr(self, "step", None) is None:
+        if self.step is None:
             return self.info.generation.removeprefix("generation: generate() runs the original model ")
         return ""
 
@@ -343,7 +369,7 @@ class OptimizedLM(OptimizedModule):
 
     def summary(self) -> str:
         text = super().summary()
-        step = getattr(self, "step", None)
+        step = self.step
         if step is None:
             return text
         return text + f"\n{self.info.generation}\n" + "\n".join(step_lines(self.layers, step))

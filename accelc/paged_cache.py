@@ -24,6 +24,7 @@ from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from accelc.errors import InputError
+from accelc.step_module import StepModule
 from accelc.static_cache import kv_bytes, prompt_positions
 from accelc.kernels.paged_attention import paged_attention, real_columns
 
@@ -135,9 +136,9 @@ def _n_layers(lm: nn.Module) -> int:
     raise InputError("the model's config names no number of layers to size a paged cache with")
 
 
-class PagedStep(nn.Module):
+class PagedStep(StepModule):
     """One forward step of a causal LM over accelc's paged KV cache (see the module docstring): the
-    same role as accelc.static_cache.CacheStep, and the same methods for OptimizedLM's loops."""
+    same role as accelc.static_cache.CacheStep, the same contract (accelc.step_module)."""
 
     replayable_state = True      # a step run again on the same inputs writes the same slots (runner.REPLAYABLE_STATE)
 

@@ -22,6 +22,7 @@ from torch import nn
 from transformers.cache_utils import StaticCache, StaticLayer
 
 from accelc.errors import InputError
+from accelc.step_module import StepModule
 from accelc.kernels import greedy
 
 
@@ -72,7 +73,7 @@ class StepLayer(StaticLayer):
         self.cumulative_length.zero_()
 
 
-class CacheStep(nn.Module):
+class CacheStep(StepModule):
     """One forward step of a causal LM over a static KV cache (see the module docstring). Built by
     running the model once on `ids` (the cache allocates its tensors at their first use, with the
     model's own head counts, head dims, dtype and device), whose keys and values are then cleared."""
@@ -138,7 +139,7 @@ class CacheStep(nn.Module):
         return (f"static KV cache for {self.batch} sequence(s) of {self.max_len} tokens "
                 f"({kv_bytes(self.cache) / 2**20:.1f} MiB, {len(self.cache.layers)} layers)")
 
-    # -- the loops' inputs (OptimizedLM; accelc.paged_cache.PagedStep has the same) ---------------
+    # -- the loops' inputs (accelc.step_module declares them) -------------------------------------
 
     def begin(self, input_ids: torch.Tensor, mask: torch.Tensor, rows: int, total: int) -> None:
         """A generate() of `total` positions a sequence for the first `rows` of the cache's rows."""

@@ -102,3 +102,21 @@ def test_no_measurement_dated_or_filed_in_library_comments():
     found = [f"{path.relative_to(ROOT)}:{i}: {line.strip()}" for path in MODULES.values()
              for i, line in enumerate(path.read_text().splitlines(), 1) if DATED.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_generation_declares_its_contract_instead_of_attribute_hooks():
+    """optimize reads a step module's race through its declared base (accelc.step_module), not by hasattr; the
+    OptimizedLM holds its generation parts as one declared record, not attributes forced past nn.Module."""
+    api = (ROOT / "accelc" / "api.py").read_text()
+    generation = (ROOT / "accelc" / "generation.py").read_text()
+    assert "hasattr(job.model" not in api
+    assert "object.__setattr__" not in generation and 'getattr(self, "step"' not in generation
+    from accelc.step_module import StepModule
+
+    for module, name in (("accelc.static_cache", "CacheStep"), ("accelc.paged_cache", "PagedStep")):
+        pytest.importorskip("transformers")
+        cls = getattr(__import__(module, fromlist=[name]), name)
+        assert issubclass(cls, StepModule)
+        missing = [m for m in ("race_inputs", "reset", "describe", "begin", "prefill_inputs", "decode_inputs",
+                               "shell_inputs") if getattr(cls, m) is getattr(StepModule, m)]
+        assert not missing, (name, missing)

@@ -272,7 +272,7 @@ def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one(kv_cac
         torch.manual_seed(3)
         want = lm.generate(**prompt, **sampling)
         moved = opt._apply(lambda t: t.clone())            # what .to(another device) does to every tensor
-        for copy_ in (moved, pickle.loads(pickle.dumps(opt))):
+        for copy_ in (moved, pickle.loads(pickle.dumps(opt)), _pickled_before_parts(opt)):
             # the cache's keys, values and lengths are the step graph's: no stale copy kept alive
             graph = {id(t) for t in copy_.step.graph_module.buffers()}
             layers = copy_.cache_step.cache.layers
@@ -285,6 +285,21 @@ def test_tensors_copied_by_to_or_a_pickle_keep_the_cache_and_the_step_one(kv_cac
             assert torch.equal(copy_.generate(**prompt, **sampling), want)
             assert torch.equal(copy_.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0),
                                lm.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=0))
+
+
+def _pickled_before_parts(opt):
+    """opt read back from a pickle made before GenerationParts: original, cache_step and build_step as
+    attributes of their own."""
+    import pickle
+
+    state = pickle.loads(pickle.dumps(opt)).__getstate__()
+    parts = state.pop("parts")
+    state.pop("cache_tensors")
+    state.update(original=parts.original, cache_step=parts.cache_step, build_step=parts.build_step,
+                 cache_tensors=opt.cache_tensors)
+    back = type(opt).__new__(type(opt))
+    back.__setstate__(state)
+    return back
 
 
 def test_the_step_races_its_layers_on_a_decode_steps_inputs(monkeypatch):
