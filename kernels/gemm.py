@@ -17,6 +17,7 @@ so weight.t() views (matmul(x, W) written as a Linear) cost no copy.
 """
 from __future__ import annotations
 
+import enum
 import functools
 from typing import Optional
 
@@ -72,10 +73,10 @@ def linear_kernel(
     # epilogue
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,
     ACTIVATION: tl.constexpr,
-    # QUANT: 0 float operands; 3 float x and an int8 weight (weight-only int8: the weight tile
-    # converted to x's dtype before the dot, exact for -127..127, the product scaled by w_scale per
-    # output channel); 1 int8 operands, int32 accumulators dequantized by a_scale (per
-    # row of x) x w_scale (per output channel) before the epilogue; 2 int8, raw int32 stored
+    # QUANT: the call's Mode (below), as its int: 0 float operands; 3 float x and an int8 weight (the
+    # weight tile converted to x's dtype before the dot, exact for -127..127, the product scaled by w_scale
+    # per output channel); 1 int8 operands, int32 accumulators dequantized by a_scale (per row of x) x
+    # w_scale (per output channel) before the epilogue; 2 int8, raw int32 stored
     QUANT: tl.constexpr, FAST_MATH: tl.constexpr,
     # GATED: the weight holds a gated MLP's gate and up rows interleaved in GATE_GROUP blocks
     # (kernels/gated_linear.py); the epilogue writes act(gate) * up, half the tile's columns
@@ -562,6 +563,24 @@ def why_unsupported(x, weight, bias=None, residual=None, activation="none") -> s
     return epilogue_problem(x, N, bias, residual, activation)
 
 
+class Mode(enum.IntEnum):
+    """What a launch of the linear kernels computes (linear_kernel's QUANT, passed as its int: the same
+    compiled kernels, the same cache keys)."""
+    FLOAT = 0          # float x and weight
+    W8A8 = 1           # int8 x and weight, the accumulators dequantized (a_scale x w_scale), half or fp32 out
+    W8A8_RAW = 2       # int8 x and weight, the raw int32 accumulators stored
+    WEIGHT_INT8 = 3    # float x, an int8 weight scaled per output channel (weight-only int8)
+
+    @staticmethod
+    def of(x2: torch.Tensor, out: torch.Tensor, scales) -> "Mode":
+        """The mode of a launch(x2, ..., out, scales=...) call (see launch)."""
+        if scales is None:
+            return Mode.FLOAT
+        if out.dtype == torch.int32:
+            return Mode.W8A8_RAW
+        return Mode.W8A8 if x2.dtype == torch.int8 else Mode.WEIGHT_INT8
+
+
 _CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
 
 
@@ -610,23 +629,23 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             return
         M, K = x2.shape
         N = weight.shape[0]
-        quant = 0 if scales is None else (2 if out.dtype == torch.int32 else 3 if x2.dtype != torch.int8 else 1)
+        mode = Mode.of(x2, out, scales)
         w_t = weight_by_columns(weight)
         use_tma = K > 0 and tma_ok(x2) and (tma_ok(weight) or w_t)
         sms = sm_count(x2.device.index or 0) if x2.is_cuda else None
         meta = dict(
             HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not None,
-            RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=quant,
+            RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=int(mode),
             GATED=bool(gated), W_T=use_tma and w_t,
             # int8 layers with half outputs: GELU on the SFU's tanh (kernels/epilogue.py)
-            FAST_MATH=quant == 1 and out.dtype in (torch.float16, torch.bfloat16),
+            FAST_MATH=mode is Mode.W8A8 and out.dtype in (torch.float16, torch.bfloat16),
             INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
             DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
         )
 
         # the Gluon kernels: float GEMMs, and W8A8's linear_ws_kernel (int8 (N, K) weight, half output)
-        gluon = (quant == 0 or quant == 1 and not meta["W_T"]) and not gated and use_tma \
-            and gluon_problem(x2, res2, out, quant) is None
+        gluon = (mode is Mode.FLOAT or mode is Mode.W8A8 and not meta["W_T"]) and not gated and use_tma \
+            and gluon_problem(x2, res2, out, mode) is None
         pdl = pdl_enabled(x2.device)
 
         def grid(kw):
@@ -643,7 +662,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                 return gemv_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
                     ACTIVATION=meta["ACTIVATION"], FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
-                    EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=quant == 3, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
+                    EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=mode is Mode.WEIGHT_INT8, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
                     BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
                     FLAT=kw.get("FLAT", False), **({"PDL": True, "launch_pdl": True} if pdl else {}))
             if kw.get("COOP"):
@@ -655,7 +674,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
-                    ACTIVATION=meta["ACTIVATION"], QUANT=quant == 1, W_T=meta["W_T"], STAGES=kw["STAGES"],
+                    ACTIVATION=meta["ACTIVATION"], QUANT=mode is Mode.W8A8, W_T=meta["W_T"], STAGES=kw["STAGES"],
                     GROUP_M=kw["GROUP_M"], CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232,
                     num_warps=kw["num_warps"],
                     maxnreg=kw.get("maxnreg"))
@@ -665,7 +684,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             kw = cfg.all_kwargs()
             if kw["USE_TMA"] and not use_tma or kw.get("GLUON") and not gluon:
                 raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
-            if kw.get("GEMV") and quant not in (0, 3):
+            if kw.get("GEMV") and mode not in (Mode.FLOAT, Mode.WEIGHT_INT8):
                 raise ValueError("accelc::linear: gemv_kernel takes float x")
             kernel, constexprs = plan(kw)
             launch_kernel(kernel, grid(kw), kernel_args(kw, tensors), constexprs)
@@ -675,8 +694,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             return
         # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
         key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype) + (("gluon",) if gluon else ())
-        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon, gemv=quant in (0, 3),
-                                   w8=quant == 3, gated=bool(gated)), run)
+        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon, gemv=mode in (Mode.FLOAT, Mode.WEIGHT_INT8),
+                                   w8=mode is Mode.WEIGHT_INT8, gated=bool(gated)), run)
         kw = cfg.all_kwargs()
         kernel, constexprs = plan(kw)
         tuner.calls[sig] = (CompiledCall(kernel, grid(kw), kernel_args(kw, tensors), constexprs), kw)
@@ -697,13 +716,13 @@ def other_kernels() -> list:
     return [gemv_kernel] + ([hopper.linear_ws_kernel, hopper.linear_coop_kernel] if hopper else [])
 
 
-def gluon_problem(x2, res2, out, quant: int = 0) -> str | None:
+def gluon_problem(x2, res2, out, mode: Mode = Mode.FLOAT) -> str | None:
     """Why the warp-specialized Gluon kernel (kernels/gemm_hopper.py) cannot take this call (float, or
-    W8A8 with quant=1: then the output's dtype is the one asked about), or None. (Its x and weight loads
-    are those of the tl kernel's TMA configs, checked by the caller.)"""
-    if quant not in (0, 1):
+    W8A8: then the output's dtype is the one asked about), or None. (Its x and weight loads are those of
+    the tl kernel's TMA configs, checked by the caller.)"""
+    if mode not in (Mode.FLOAT, Mode.W8A8):
         return "the Gluon GEMM takes float or W8A8 (int8 x and weight, half output) calls"
-    problem = runtime.gluon_target_problem(out if quant else x2, "GEMM")
+    problem = runtime.gluon_target_problem(out if mode is Mode.W8A8 else x2, "GEMM")
     if problem:
         return problem
     if not tma_ok(out) or (res2 is not None and not tma_ok(res2)):

@@ -165,8 +165,8 @@ def test_the_race_includes_gluon_on_sm90():
 
 def test_w8a8_gluon_candidates_only_where_the_kernel_takes_the_call():
     q = torch.zeros(8, 16, dtype=torch.int8)
-    assert gemm.gluon_problem(q, None, q, quant=2) is not None            # raw int32 accumulators: tl only
-    assert gemm.gluon_problem(q, None, torch.zeros(8, 8, dtype=torch.float16), quant=1) is not None   # not sm90
+    assert gemm.gluon_problem(q, None, q, mode=gemm.Mode.W8A8_RAW) is not None            # raw int32 accumulators: tl only
+    assert gemm.gluon_problem(q, None, torch.zeros(8, 8, dtype=torch.float16), mode=gemm.Mode.W8A8) is not None   # not sm90
     sizes = dict(M=4096, N=4096, K=4096, tma=True, dtype=torch.int8, gluon=False)
     assert not any(c.kwargs.get("GLUON") for c in gemm.prune_configs(int8_gemm.CONFIGS, sizes))
     sizes["gluon"] = True
@@ -243,7 +243,7 @@ def test_w8a8_race_includes_gluon_on_sm90():
     x = torch.randn(2048, 1024, device="cuda", dtype=torch.float16)
     w_q, w_s = int8_gemm.quantize_weight(torch.randn(1024, 1024, device="cuda") / 32)
     q = torch.zeros(2048, 1024, device="cuda", dtype=torch.int8)
-    assert gemm.gluon_problem(q, None, x, quant=1) is None
+    assert gemm.gluon_problem(q, None, x, mode=gemm.Mode.W8A8) is None
     sizes = dict(M=2048, N=1024, K=1024, tma=True, dtype=torch.int8, gluon=True)
     assert any(c.kwargs.get("GLUON") for c in gemm.prune_configs(int8_gemm.CONFIGS, sizes))
     out = int8_gemm.linear_w8a8_launch(x, w_q, w_s, activation="gelu")
