@@ -295,6 +295,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     replayable = gm.meta.get(runner.REPLAYABLE_STATE, False)
     gm = fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)
     gm.meta[SHAPES] = ctx.shapes
+    plan = gm.meta[buckets.CALL_PLAN] = buckets.CallPlan()
     if replayable:
         gm.meta[runner.REPLAYABLE_STATE] = True
     with torch.no_grad():
@@ -302,7 +303,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     if ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]:
         t0 = time.perf_counter()
         own = None if reference is None else functools.cache(lambda: output_error(expected, reference()))
-        ctx.shapes.padding, ctx.shapes.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for, own)
+        plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for, own)
         seconds["padding check"] = round(time.perf_counter() - t0, 2)
     err = output_error(got, expected)
     originals = [meta.rewrite_of(n).original for n in layers(gm)]
@@ -313,7 +314,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
                         model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
                         original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
                         runtime=runner.plan(config, device, gm)[2], seconds=seconds,
-                        shapes=ctx.shapes.describe() if ctx.shapes is not None else "")
+                        shapes=ctx.shapes.describe() + plan.describe() if ctx.shapes is not None else "")
     records = collect_layers(gm, checks, node_flops(gm))
     info.flops = sum(r.flops for r in records)
     info.accelc_flops = sum(r.flops for r in records if r.status == "rewritten")
@@ -338,7 +339,7 @@ def warmup_inputs(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
                     "beyond the example")
         raise InputError(f"warmup_shapes{'=' + repr(warmup_shapes) if isinstance(warmup_shapes, str) else ''}: {why}")
     if warmup_shapes == "buckets":
-        plan = shapes.padding
+        plan = buckets.call_plan(opt.graph_module).padding
         if plan is None:
             return []
         open_ended = [plan.words[s] for s, r in plan.ranges.items() if r.hi is None]
@@ -380,9 +381,9 @@ def _free_warmup_inputs(opt: OptimizedModule, shapes, warmup_shapes) -> list[tup
 
 
 def note_warmed(opt: OptimizedModule, text: str) -> None:
-    shapes = opt.graph_module.meta[SHAPES]
-    shapes.warmed = text
-    opt.info.shapes = shapes.describe()
+    plan = opt.graph_module.meta[buckets.CALL_PLAN] = buckets.call_plan(opt.graph_module)
+    plan.warmed = text
+    opt.info.shapes = opt.graph_module.meta[SHAPES].describe() + plan.describe()
 
 
 def _eager_gpu_ms(gm: fx.GraphModule, args: tuple, config, device: torch.device) -> float | None:

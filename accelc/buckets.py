@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
-from accelc.capture.shapes import DimRange, InputShapes, memory_layout
+from accelc.capture.shapes import SHAPES, DimRange, InputShapes, memory_layout
 from accelc.numerics import EAGER_ERROR_FACTOR, rel_l2, whole_model_limit
 
 log = logging.getLogger("accelc")
@@ -150,6 +150,35 @@ class Padding:
             parts.append(f"{self.words[sym]} to {', '.join(map(str, shown[:8]))}"
                          + (f", ..., {shown[-1]}" if len(shown) > 8 else "") + more)
         return "padded to buckets for CUDA graphs (checked inert): " + "; ".join(parts)
+
+
+CALL_PLAN = "accelc_call_plan"    # gm.meta key: the CallPlan optimize made for an optimized graph's calls
+
+
+@dataclass
+class CallPlan:
+    """What optimize decided for an optimized graph's calls, its own record beside the call contract
+    (capture.shapes.InputShapes, which the runner only reads): the padding calls take up to buckets (None:
+    none), why a varying dim does not pad, and the shapes captured at optimize time, in words."""
+    padding: Padding | None = None
+    padding_note: str = ""
+    warmed: str = ""
+
+    def describe(self) -> str:
+        """What the summary's shapes line adds to the contract's words."""
+        text = "; " + self.padding.describe() if self.padding is not None else ""
+        text += f" ({self.padding_note})" if self.padding_note else ""
+        return text + (f"; {self.warmed}" if self.warmed else "")
+
+
+def call_plan(gm) -> CallPlan:
+    """gm's CallPlan: an empty one where optimize made none; for a module pickled before CallPlan, what its
+    shapes held."""
+    plan = gm.meta.get(CALL_PLAN)
+    if plan is None:
+        shapes = gm.meta.get(SHAPES)
+        plan = CallPlan(*(getattr(shapes, k, d) for k, d in (("padding", None), ("padding_note", ""), ("warmed", ""))))
+    return plan
 
 
 def find(fn, args: tuple, shapes: InputShapes | None, tolerance, own_error=None) -> tuple[Padding | None, str]:

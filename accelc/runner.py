@@ -45,7 +45,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc import regions, runtime
+from accelc import buckets, regions, runtime
 from accelc.cuda_graphs import GpuTimer, Uncapturable, capture_cuda_graph, clone_tensors, run_in_pool
 from accelc.runtime import resolve_glue
 from accelc.capture import aliased_state, mutated_state
@@ -482,7 +482,7 @@ def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runne
     plain = direct_calls(gm) if runtime.can_run_on(device) else gm
     shapes = gm.meta.get(SHAPES)
     dynamic = bool(shapes is not None and shapes.dynamic)
-    padding = shapes.padding if dynamic and config.padding else None
+    padding = buckets.call_plan(gm).padding if dynamic and config.padding else None
     # sizes that vary and do not all pad: many exact signatures, each captured at its second call
     exact = dynamic and (padding is None or not padding.covers(shapes))
     fn = compiled_glue(gm, plain, dynamic) if glue == "inductor" else plain

@@ -11,7 +11,7 @@ from torch.utils import _pytree as pytree
 
 import accelc
 from accelc import buckets, cuda_graphs, runner, runtime
-from accelc.capture.shapes import DimRange, InputShapes
+from accelc.capture.shapes import SHAPES, DimRange, InputShapes
 from accelc.errors import InputError
 from accelc.numerics import rel_l2
 from conftest import DEVICE
@@ -411,3 +411,19 @@ def test_padding_auto_runs_gpu_bound_calls_at_their_own_size_and_the_default_doe
         assert r.exact_calls is exact
     with pytest.raises(ValueError, match='padding must be True, False or "auto", not \'sometimes\''):
         accelc.OptimizeConfig(padding="sometimes")
+
+
+def test_the_call_plan_is_its_own_record_beside_the_call_contract():
+    """What optimize decides for the calls (the padding, why a dim does not pad, the shapes warmed up) is a
+    CallPlan in the graph's meta, not fields of the call contract (InputShapes, read-only after capture); a
+    module pickled before reads them from its shapes."""
+    import dataclasses
+    import types
+
+    assert not {"padding", "padding_note", "warmed"} & {f.name for f in dataclasses.fields(InputShapes)}
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    assert buckets.call_plan(gm) == buckets.CallPlan()
+    gm.meta[SHAPES] = types.SimpleNamespace(padding="a padding", padding_note="why", warmed="2 shapes")
+    assert buckets.call_plan(gm) == buckets.CallPlan("a padding", "why", "2 shapes")
+    gm.meta[buckets.CALL_PLAN] = plan = buckets.CallPlan(None, "batch does not pad", "")
+    assert buckets.call_plan(gm) is plan and plan.describe() == " (batch does not pad)"

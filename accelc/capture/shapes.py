@@ -47,9 +47,6 @@ class InputShapes:
     static: str = ""
     checked: list = field(default_factory=list)   # other shapes the guard checked every layer at
     declared: object = True   # OptimizeConfig.dynamic by input position: a free graph enforces its ranges itself
-    padding: object = None    # accelc.buckets.Padding: the dims calls pad up to buckets (with CUDA graphs)
-    padding_note: str = ""    # why a varying dim does not pad
-    warmed: str = ""          # the shapes captured at optimize time, in words
     limits: dict = field(default_factory=dict)   # {(input index, dim): the config field that ends it}
     lower_ends: dict = field(default_factory=dict)   # {symbol: why it does not go down to 1}
 
@@ -111,12 +108,6 @@ class InputShapes:
                 text += " (a..b: a dim that varies; a number: fixed by the model)"
         if self.checked:
             text += "; besides the example, every layer was also checked " + "; ".join(self.checked)
-        if self.padding is not None:
-            text += "; " + self.padding.describe()
-        if self.padding_note:
-            text += f" ({self.padding_note})"
-        if self.warmed:
-            text += f"; {self.warmed}"
         return text
 
     def sizes_of(self, named: dict, args: tuple) -> dict:
