@@ -1,6 +1,6 @@
 """accelc's command line: a thin shell over the Python API.
 
-    accelc convert IN -o OUT.pt2 [--input-shape 8x3x224x224 | --example-inputs FILE] [--dtype fp16]
+    accelc convert IN -o OUT.pt2 [--batch-size 8 | --input-shape 8x3x224x224 | --example-inputs FILE] [--dtype fp16]
     accelc optimize MODEL [--dtype fp16] [--batch-size 64 | --input-shape 8x3x224x224 | --example-inputs FILE]
                           [--device cuda] [--int8]        (MODEL: built-in name, file, or package.module:name)
     accelc report MODEL -o DIR [--batch-size 8 | --input-shape ... | --example-inputs FILE] [--dtype fp16]
@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
                "(accelc list-models). TorchScript files are refused.")
     c.add_argument("input", metavar="IN", help="model file or built-in model name")
     c.add_argument("-o", "--output", metavar="OUT", required=True, help="output program, ending in .pt2")
-    _input_args(c)
+    _input_args(c).add_argument("--batch-size", type=_positive(int), default=None, help="built-in models: example batch size")
     c.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None, help=_DTYPE_HELP)
     c.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
@@ -390,7 +390,8 @@ def _convert(args) -> int:
     try:
         opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                              example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
-                             report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args))
+                             report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args),
+                             batch_size=args.batch_size)
     except ReportFailedError as e:
         if args.verbose:
             raise

@@ -217,7 +217,7 @@ def load_example_inputs(path: str, device: torch.device) -> tuple[tuple, dict]:
 
 def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = None,
             example_inputs: str | None = None, dtype: str | None = None, device: str | None = None,
-            report_dir: str | None = None, int8=False, dynamic=True) -> OptimizedModule:
+            report_dir: str | None = None, int8=False, dynamic=True, batch_size: int | None = None) -> OptimizedModule:
     """The `accelc convert` command: load, optimize, write `out` (.pt2) atomically. Its steps go
     to the "accelc" logger at INFO. dynamic: OptimizeConfig.dynamic; the written program takes the
     shapes the optimized model takes (a .pt2 input exported with fixed shapes keeps them: the
@@ -233,7 +233,7 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     config = OptimizeConfig(dtype=dtype, int8=int8, dynamic=dynamic)
 
     log.info(f"accelc: loading {source}")
-    model, args, kwargs = load_model_and_inputs(source, dev, input_shapes, example_inputs)
+    model, args, kwargs = load_model_and_inputs(source, dev, input_shapes, example_inputs, batch_size)
     program = getattr(model, "accelc_program", None)
     if program is not None:
         model, config = _program_shapes(model, program, config, dev)
@@ -291,7 +291,10 @@ def load_model_and_inputs(source: str, device: torch.device, input_shapes: str |
         return model, *load_example_inputs(example_inputs, device)
     if input_shapes is not None:
         return model, tuple(torch.randn(s, device=device) for s in parse_shapes(input_shapes)), {}
-    if batch_size is not None and hasattr(model, "example_inputs"):
+    if batch_size is not None:
+        if not hasattr(model, "example_inputs"):
+            raise ModelFileError(f"--batch-size sets a built-in model's example batch; {source!r} has none to set: "
+                                 "give --input-shape (e.g. 8x3x224x224) or --example-inputs FILE")
         return model, tuple(model.example_inputs(batch_size=batch_size)), {}
     if own_inputs is not None:
         return model, own_inputs, own_kwargs

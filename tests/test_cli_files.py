@@ -344,3 +344,16 @@ def test_a_damaged_tuning_cache_on_the_gpu_is_tuned_again_with_one_warning_per_f
     for f in files:
         assert isinstance(_json.loads(f.read_text())["timings_us"][0][0], dict)     # rewritten whole
     assert run()["warnings"] == []
+
+
+def test_batch_size_for_a_model_without_its_own_inputs_is_one_line(tmp_path, capsys):
+    """--batch-size sets a built-in model's example batch: given for a saved module that has no example inputs
+    of its own to size, it is refused naming the flags to use instead (it was silently ignored)."""
+    path = tmp_path / "net.pt"
+    torch.save(nn.Linear(4, 4), path)
+    for argv in (["optimize", str(path), "--batch-size", "2"], ["convert", str(path), "-o", str(tmp_path / "o.pt2"),
+                                                                 "--batch-size", "2"]):
+        assert main([*argv, *DEV]) == 1
+        (line,) = _error_lines(capsys)
+        assert "--batch-size sets a built-in model's example batch" in line and "--input-shape" in line, line
+    assert not (tmp_path / "o.pt2").exists()
