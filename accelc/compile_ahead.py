@@ -27,6 +27,17 @@ def launch_kernel(kernel, grid, args: tuple, constexprs: dict) -> None:
         kernel[grid](*args, **constexprs)
 
 
+@contextlib.contextmanager
+def compile_only():
+    """Inside the block, a tuned kernel's launch (launch_kernel) compiles it (Triton's warmup) instead of
+    running it, in this thread (compiling_ahead spreads the compiles over a pool)."""
+    token = _precompiling.set(True)
+    try:
+        yield
+    finally:
+        _precompiling.reset(token)
+
+
 def compile_threads() -> int:
     """Threads compiling a tuner's candidates at once (ACCELC_COMPILE_THREADS, default: the CPUs, at most 16)."""
     given = os.environ.get("ACCELC_COMPILE_THREADS")
@@ -75,12 +86,10 @@ def compiling_ahead(most: int | None = None):
     if mode is None:
         yield False
         return
-    token = _precompiling.set(True)
     try:
-        with mode:
+        with compile_only(), mode:
             yield True
     except Exception as e:   # a compile that failed: the kernel's own launch fails again, and says so
         log.debug("accelc: a kernel failed to compile ahead: %s", e)
     finally:
-        _precompiling.reset(token)
         pool.shutdown(wait=True)

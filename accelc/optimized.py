@@ -86,8 +86,7 @@ class OptimizedModule(nn.Module):
         refused = shapes.check(args) if shapes is not None else None
         if refused:
             raise InputError(refused)
-        if self.runner is None:
-            self._new_runner(_device(args, kwargs, self))
+        self._runner_for(args, kwargs)
         try:
             # no kernel tunes inside a call (a size not tuned borrows the nearest's config); in the
             # interpreter, one call at a time across threads
@@ -109,6 +108,13 @@ class OptimizedModule(nn.Module):
                 raise
             raise InputError(f"{wrong} ({short_error(e)})") from None
 
+    def _runner_for(self, args: tuple, kwargs: dict):
+        """The runner of this module's calls, made at the first call (again after .to(), a pickle) on the
+        device of these inputs."""
+        if self.runner is None:
+            self._new_runner(_device(args, kwargs, self))
+        return self.runner
+
     def _new_runner(self, device) -> None:
         """The runner of this module's calls (again after .to(), a pickle), and, decided once with it, whether
         the example held a channels-last image: then a call in row-major NCHW gets row-major outputs, as
@@ -124,17 +130,14 @@ class OptimizedModule(nn.Module):
     def warm_up(self, inputs: tuple) -> None:
         """Compile the glue and capture the CUDA graph of these graph inputs (the CallSpec's flat
         ones) now, rather than at a user's call."""
-        if self.runner is None:
-            self._new_runner(_device(inputs, {}, self))
+        runner = self._runner_for(inputs, {})
         tuning.forget_borrowed()         # sizes calls ran on a borrowed config are tuned now
-        self.runner.warm_up(*inputs)
+        runner.warm_up(*inputs)
 
     def compile_other_shapes(self, inputs: tuple) -> bool:
         """Compile the glue that serves the shapes not warmed up now, on these graph inputs, rather than at
         the first call of such a shape (runner.Runner.compile_other_shapes); whether there was one."""
-        if self.runner is None:
-            self._new_runner(_device(inputs, {}, self))
-        return self.runner.compile_other_shapes(*inputs)
+        return self._runner_for(inputs, {}).compile_other_shapes(*inputs)
 
     def _apply(self, fn, recurse=True):
         probe = fn(torch.zeros((), dtype=torch.float32))

@@ -12,15 +12,15 @@ the block boundary carries), so what Inductor may fuse is what lies inside a blo
 
 `plan(gm)` cuts a graph where that pays (fewer nodes compiled than half the graph's, at least one kind met
 twice) and returns None otherwise (a graph with no repeated blocks compiles whole, as before).
-`RegionalGlue` runs the cut graph with the interface of runner.CompiledGlue: compiled for dynamic shapes
+`Glue` runs a graph's glue compiled, cut (RegionalGlue) or whole (runner.CompiledGlue): compiled for dynamic shapes
 where the graph takes them, plus static compiles for the shapes warmed up (specialize), each kind's
 compiles shared by its blocks. ACCELC_REGIONAL_GLUE=0 compiles the whole graph instead (for measuring one
 against the other).
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
-import copy
 import logging
 import operator
 import os
@@ -125,17 +125,10 @@ def _build(seg: Segment, gm: fx.GraphModule, used_after: dict) -> None:
         env[n].meta = dict(n.meta)
     g.output(tuple(env[o] for o in seg.outputs))
     seg.graph = g
-    shapes = [tuple(_attr(gm, a.target).shape) if a.op == "get_attr" and isinstance(_attr(gm, a.target), torch.Tensor)
-              else a.op for a in seg.inputs]
+    read = [operator.attrgetter(a.target)(gm) if a.op == "get_attr" else None for a in seg.inputs]
+    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else a.op for a, t in zip(seg.inputs, read)]
     modules = [id(m) for m in seg.modules.values()]      # a block calling a module of its own: its own kind
     seg.key = g.python_code("self").src + repr((shapes, modules))
-
-
-def _attr(gm: fx.GraphModule, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def plan(gm: fx.GraphModule) -> Plan | None:
@@ -169,41 +162,51 @@ def compile_failed(e: Exception) -> str:
     return why
 
 
-class _Static:
+def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A GraphModule over a copy of gm's graph, with its own forward code, sharing gm's weights,
+    buffers and submodules (not copies: in-place state updates reach the same tensors)."""
+    return fx.GraphModule(gm, _copy_graph(gm.graph), class_name=type(gm).__name__)
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    g = fx.Graph()
+    out = g.graph_copy(graph, {})
+    g.output(out)
+    g._codegen = graph._codegen
+    return g
+
+
+@contextlib.contextmanager
+def _static(on: bool):
     """Inside the block, regions run their static compiles for the shapes they are called with."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.token = _STATIC.set(self.on)
-
-    def __exit__(self, *exc):
-        _STATIC.reset(self.token)
+    token = _STATIC.set(on)
+    try:
+        yield
+    finally:
+        _STATIC.reset(token)
 
 
 class Region:
-    """One kind of region: its graph module (no weights of its own: they are inputs), compiled dynamic or
-    static as the glue is, and static for each shape a specialized call brings (at most `static_most`)."""
+    """A graph module compiled by Inductor as the glue is (dynamic or static), and static for each shape a call
+    inside _static(True) brings (at most `static_most`): one kind of block's region (its weights are inputs,
+    shared by the blocks of the kind), or the whole graph."""
 
-    def __init__(self, seg: Segment, dynamic: bool, compile_fn, static_most: int, key_of):
-        self.gm = fx.GraphModule(seg.modules, seg.graph, class_name="Region")
-        self.dynamic, self.compile_fn, self.static_most, self.key_of = dynamic, compile_fn, static_most, key_of
-        self.compiled = compile_fn(self.gm, dynamic)
+    def __init__(self, gm: fx.GraphModule, dynamic: bool, compile_fn, static_most: int, key_of):
+        self.gm, self.dynamic, self.compile_fn, self.static_most, self.key_of = gm, dynamic, compile_fn, static_most, key_of
+        self.compiled = compile_fn(gm, dynamic)
         self.static: dict = {}
-        self.blocks = 0          # segments of this kind
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         if self.dynamic and _STATIC.get():
-            key = self.key_of(args, {})
+            key = self.key_of(args, kwargs)
             fn = self.static.get(key)
             if fn is None and key is not None and len(self.static) < self.static_most:
-                # a module of its own forward code: Dynamo keeps its compiles per code object
-                twin = fx.GraphModule(self.gm, copy.deepcopy(self.gm.graph), class_name="Region")
-                fn = self.static[key] = self.compile_fn(twin, False)
+                # a module of its own forward code (the same weights and submodules): Dynamo keeps its
+                # compiles per code object
+                fn = self.static[key] = self.compile_fn(copy_module(self.gm), False)
             if fn is not None:
-                return fn(*args)
-        return self.compiled(*args)
+                return fn(*args, **kwargs)
+        return self.compiled(*args, **kwargs)
 
 
 class _Call(nn.Module):
@@ -227,7 +230,7 @@ def parent_module(gm: fx.GraphModule, cut: Plan, regions: list) -> fx.GraphModul
         if n.op in ("placeholder", "get_attr"):
             env[n] = g.node_copy(n, lambda x: env[x])
             if n.op == "get_attr":
-                root[n.target] = _attr(gm, n.target)
+                root[n.target] = operator.attrgetter(n.target)(gm)
     for i, (seg, region) in enumerate(zip(cut.segments, regions)):
         name = f"region{i}"
         root[name] = _Call(region)
@@ -240,31 +243,24 @@ def parent_module(gm: fx.GraphModule, cut: Plan, regions: list) -> fx.GraphModul
     return fx.GraphModule(root, g, class_name=type(gm).__name__)
 
 
-class RegionalGlue:
-    """runner.CompiledGlue's interface over a graph cut into regions (plan): one compile per kind of region;
-    a call at a signature specialize() named runs every region's static compile for its shapes. Where Dynamo
-    or Inductor fail on a region, the whole graph runs plain from then on, said once."""
+class Glue:
+    """A graph's glue compiled by Inductor: `module` (the whole graph as one Region, or the parent of its
+    regions) called as the graph is, compiled for dynamic shapes where the graph takes them; a call at a
+    signature specialize() named runs the regions' static compiles for its shapes (at most `static_most`
+    signatures). Where Dynamo or Inductor fail, the plain graph runs from then on, said once (a model's own
+    error raises from that plain call, as it would have in eager)."""
 
-    def __init__(self, gm: fx.GraphModule, plain, dynamic: bool, cut: Plan, compile_fn, static_most: int, key_of):
-        """compile_fn(module, dynamic) -> its compiled callable; key_of(args, kwargs) -> a call's signature
-        (runner.signature_or_none)."""
-        self.gm, self.plain, self.dynamic, self.cut, self.key_of = gm, plain, dynamic, cut, key_of
-        kinds: dict = {}
-        regions = []
-        for seg in cut.segments:
-            region = kinds.get(seg.key)
-            if region is None:
-                region = kinds[seg.key] = Region(seg, dynamic, compile_fn, static_most, key_of)
-            region.blocks += 1
-            regions.append(region)
-        self.regions = list(kinds.values())
-        self.parent = parent_module(gm, cut, regions)
+    def __init__(self, module, regions: list, plain, dynamic: bool, static_most: int, key_of, cut: Plan | None = None):
+        """key_of(args, kwargs) -> a call's signature (runner.signature_or_none)."""
+        self.module, self.regions, self.plain, self.dynamic, self.cut = module, regions, plain, dynamic, cut
+        self.static_most, self.key_of = static_most, key_of
         self.static: set = set()        # whole-call signatures that run the static compiles
-        self.static_most = static_most
         self.failed = ""
         self.dynamic_done = False       # compile_dynamic ran
 
     def specialize(self, key) -> bool:
+        """Calls with signature `key` run static compiles for their shapes (made at the first such call); False
+        where that is not done: a glue compiled static already, `static_most` signatures named."""
         if not self.dynamic or self.failed or key is None:
             return False
         if key not in self.static and len(self.static) >= self.static_most:
@@ -273,35 +269,51 @@ class RegionalGlue:
         return True
 
     def compile_dynamic(self, *args, **kwargs) -> bool:
-        """Every kind's dynamic compile made now, by one call of them on these inputs (runner.Runner's
-        compile_other_shapes), not at the first call of a shape not warmed up."""
+        """Every dynamic compile made now, by one call on these inputs (runner.Runner's compile_other_shapes),
+        not at the first call of a shape not warmed up."""
         if not self.dynamic or self.failed or self.dynamic_done:
             return False
         self.dynamic_done = True
-        try:
-            with _Static(False):
-                self.parent(*args, **kwargs)
-        except torch._dynamo.exc.TorchDynamoException as e:
-            self.failed = compile_failed(e)
+        self._run(False, args, kwargs)
         return not self.failed
 
     def __call__(self, *args, **kwargs):
         if not self.failed:
-            static = bool(self.static) and self.key_of(args, kwargs) in self.static
-            try:
-                with _Static(static):
-                    return self.parent(*args, **kwargs)
-            except torch._dynamo.exc.TorchDynamoException as e:
-                self.failed = compile_failed(e)
+            out = self._run(bool(self.static) and self.key_of(args, kwargs) in self.static, args, kwargs)
+            if not self.failed:
+                return out
         return self.plain(*args, **kwargs)
+
+    def _run(self, static: bool, args, kwargs):
+        try:
+            with _static(static):
+                return self.module(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            self.failed = compile_failed(e)
 
     def status(self) -> str:
         if self.failed:
             return self.failed
-        blocks = sum(1 for s in self.cut.segments if s.label)
-        text = (f"glue compiled by region: {len(self.cut.segments)} regions ({blocks} of them repeated blocks), "
-                f"{len(self.regions)} compile(s)")
+        parts = []
+        if self.cut is not None:
+            blocks = sum(1 for s in self.cut.segments if s.label)
+            parts.append(f"glue compiled by region: {len(self.cut.segments)} regions ({blocks} of them repeated "
+                         f"blocks), {len(self.regions)} compile(s)")
         if self.static:
-            text += (f"; for dynamic shapes, and for static ones at {len(self.static)} shape(s) (those warmed up, "
-                     "or the first captured)")
-        return text
+            parts.append(("" if parts else "glue compiled ") + f"for dynamic shapes, and for static ones at "
+                         f"{len(self.static)} shape(s) (those warmed up, or the first captured)")
+        return "; ".join(parts)
+
+
+class RegionalGlue(Glue):
+    """The glue of a graph cut into regions (plan): one Region per kind, shared by its segments."""
+
+    def __init__(self, gm: fx.GraphModule, plain, dynamic: bool, cut: Plan, compile_fn, static_most: int, key_of):
+        """compile_fn(module, dynamic) -> its compiled callable; key_of as Glue's."""
+        kinds: dict = {}
+        for seg in cut.segments:
+            if seg.key not in kinds:
+                kinds[seg.key] = Region(fx.GraphModule(seg.modules, seg.graph, class_name="Region"), dynamic,
+                                        compile_fn, static_most, key_of)
+        parent = parent_module(gm, cut, [kinds[seg.key] for seg in cut.segments])
+        super().__init__(parent, list(kinds.values()), plain, dynamic, static_most, key_of, cut)

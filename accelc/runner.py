@@ -60,7 +60,7 @@ MAX_GRAPHS = 256   # CUDA graphs kept per module; a new signature beyond them ev
 # EXACT_COST per unit (the dynamic glue, odd sizes), and no less than the host's time to launch it
 EXACT_SHARE = 0.9
 EXACT_COST = 1.05
-STATIC_GLUE = 4    # shapes a dynamic glue is also compiled for with static shapes (CompiledGlue.specialize)
+STATIC_GLUE = 4    # shapes a dynamic glue is also compiled for with static shapes (regions.Glue.specialize)
 # gm.meta key: the graph's in-place state updates leave the same state when a call is run again on
 # the same inputs (they set, not accumulate: a KV cache written at given positions), so a CUDA
 # graph's warm-up runs and Inductor may run them (a model's `replayable_state = True` sets it)
@@ -71,26 +71,12 @@ def direct_calls(gm: fx.GraphModule, table: dict | None = None) -> fx.GraphModul
     """A copy of gm whose accelc op nodes call their launchers directly (same arguments), or what
     `table` maps each op to (kernels.REFERENCES: the ops' PyTorch references)."""
     table = LAUNCHERS if table is None else table
-    direct = copy_module(gm)
+    direct = regions.copy_module(gm)
     for n in direct.graph.nodes:
         if n.op == "call_function" and n.target in table:
             n.target = table[n.target]
     direct.recompile()
     return direct
-
-
-def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A GraphModule over a copy of gm's graph, with its own forward code, sharing gm's weights,
-    buffers and submodules (not copies: in-place state updates reach the same tensors)."""
-    return fx.GraphModule(gm, _copy_graph(gm.graph), class_name=type(gm).__name__)
-
-
-def _copy_graph(graph: fx.Graph) -> fx.Graph:
-    g = fx.Graph()
-    out = g.graph_copy(graph, {})
-    g.output(out)
-    g._codegen = graph._codegen
-    return g
 
 
 def signature(args: tuple, kwargs: dict) -> tuple:
@@ -204,7 +190,7 @@ class Runner:
 
     def warm_up(self, *args, **kwargs) -> None:
         """Capture the graph of these inputs' bucket (or exact signature) now, its glue compiled
-        for its shapes where the glue takes every shape (CompiledGlue.specialize; at a call, only the
+        for its shapes where the glue takes every shape (regions.Glue.specialize; at a call, only the
         first signature captured is: a runner made at a call, after .to() or accelc.load, gets it
         for its first shape as optimize's runner gets it for the example's)."""
         with torch.no_grad():
@@ -221,11 +207,10 @@ class Runner:
         """Compile the glue that serves shapes not warmed up (the dynamic one) now, by one plain call on
         these inputs, rather than at the first call of another shape (a request stalled for its compile).
         False where there is none to compile (a static glue, eager glue, done already)."""
-        compile_now = getattr(self.fn, "compile_dynamic", None)
-        if compile_now is None:
+        if not isinstance(self.fn, regions.Glue):
             return False
         with torch.no_grad():
-            return compile_now(*args, **kwargs)
+            return self.fn.compile_dynamic(*args, **kwargs)
 
     def _call(self, args, kwargs, sizes, force):
         """One call on (padded) args: its graph replayed, captured first if due, or a plain call;
@@ -242,7 +227,7 @@ class Runner:
         with self._lock:
             entry, fresh = self.entries.get(key), False
             if entry is None and (force or self._due(key)):
-                if (force or not self.captures) and hasattr(self.fn, "specialize"):
+                if (force or not self.captures) and isinstance(self.fn, regions.Glue):
                     self.fn.specialize(key)
                 entry, fresh = self._record(key, args, kwargs), True
             elif entry is not None:
@@ -338,7 +323,7 @@ class Runner:
         """One line for the summary: what ran how."""
         graphs = [e for e in self.entries.values() if e.graph is not None]
         plain = {e.reason for e in self.entries.values() if e.graph is None}
-        glue = self.fn.status() if hasattr(self.fn, "status") else ""
+        glue = self.fn.status() if isinstance(self.fn, regions.Glue) else ""
         evicted = self.captures - len(graphs)
         text = ""
         if self.cuda_graphs:
@@ -363,13 +348,13 @@ def _describe(leaves) -> str:
     return ", ".join("x".join(map(str, x.shape)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves)[:200]
 
 
-class CompiledGlue:
+class CompiledGlue(regions.Glue):
     """gm compiled by Inductor, accelc's ops opaque inside (without Inductor's CUDA graphs: the
     Runner captures its own, over the compiled code). Where Dynamo or Inductor fail on the graph,
     it runs as the plain graph instead, saying why once (a model's own error raises from that
     plain call, as it would have in eager).
 
-    With dynamic shapes, one compile serves every shape; `specialize(args, kwargs)` adds one
+    With dynamic shapes, one compile serves every shape; `specialize(key)` adds one
     compiled for exactly those inputs' shapes (static: Inductor's kernels and their launch sizes
     fixed, as a one-shape model gets them; GPT-2 at 4 x 1024 tokens ran 7% slower on the dynamic
     glue alone, H100), which calls with that signature then run. The Runner specializes the
@@ -377,50 +362,8 @@ class CompiledGlue:
     the first one it captures at a call, at most STATIC_GLUE."""
 
     def __init__(self, gm: fx.GraphModule, plain: Callable, dynamic: bool = False):
-        self.gm, self.plain, self.dynamic = gm, plain, dynamic
-        self.compiled = _inductor(gm, dynamic)
-        self.static: dict = {}       # signature -> gm compiled for exactly its shapes
-        self.failed = ""
-        self.dynamic_done = False    # compile_dynamic ran
-
-    def specialize(self, key) -> bool:
-        """Compile (at the next call with it) the glue for exactly the shapes of signature `key`
-        (runner.signature's); False where it is not done: a glue compiled for static shapes
-        already, STATIC_GLUE shapes done."""
-        if not self.dynamic or self.failed or len(self.static) >= STATIC_GLUE:
-            return False
-        if key not in self.static:
-            # a copy with its own forward code: Dynamo keeps its compiles per code object
-            self.static[key] = _inductor(copy_module(self.gm), False)
-        return True
-
-    def compile_dynamic(self, *args, **kwargs) -> bool:
-        """The dynamic compile made now, by one call of it on these inputs (Runner.compile_other_shapes)."""
-        if not self.dynamic or self.failed or self.dynamic_done:
-            return False
-        self.dynamic_done = True
-        try:
-            self.compiled(*args, **kwargs)
-        except torch._dynamo.exc.TorchDynamoException as e:
-            self.failed = regions.compile_failed(e)
-        return not self.failed
-
-    def __call__(self, *args, **kwargs):
-        if not self.failed:
-            fn = self.static.get(signature_or_none(args, kwargs), self.compiled) if self.static else self.compiled
-            try:
-                return fn(*args, **kwargs)
-            except torch._dynamo.exc.TorchDynamoException as e:
-                self.failed = regions.compile_failed(e)
-        return self.plain(*args, **kwargs)
-
-    def status(self) -> str:
-        if self.failed:
-            return self.failed
-        if self.static:
-            return (f"glue compiled for dynamic shapes, and for static ones at {len(self.static)} shape(s) "
-                    "(those warmed up, or the first captured)")
-        return ""
+        whole = regions.Region(gm, dynamic, _inductor, STATIC_GLUE, signature_or_none)
+        super().__init__(whole, [whole], plain, dynamic, STATIC_GLUE, signature_or_none)
 
 
 def compiled_glue(gm: fx.GraphModule, plain: Callable, dynamic: bool):

@@ -36,20 +36,15 @@ def _candidates(shape):
     """Indices of the linear kernel's configs its prune keeps for this call (as its tuner would race)."""
     import torch
     from accelc.kernels import gemm
+    from accelc.tuning import config_dict
 
     M, N, K = shape
     x, w, b = _operands(*shape)
     out = torch.empty(M, N, device="cuda", dtype=torch.float16)
-    gluon = gemm._hopper() is not None and gemm.gluon_problem(x, None, out) is None
+    gluon = gemm.gluon_problem(x, None, out) is None    # (where this Triton builds the Gluon GEMM)
     sizes = dict(M=M, N=N, K=K, tma=True, dtype=x.dtype, gluon=gluon, gemv=True, w8=False, gated=False)
-    kept = [tuning_dict(c) for c in gemm.TUNER.prune(gemm.TUNER.configs, sizes)]
-    return [i for i, c in enumerate(gemm.TUNER.configs) if tuning_dict(c) in kept]
-
-
-def tuning_dict(cfg):
-    from accelc.tuning import config_dict
-
-    return config_dict(cfg)
+    kept = [config_dict(c) for c in gemm.TUNER.prune(gemm.TUNER.configs, sizes)]
+    return [i for i, c in enumerate(gemm.TUNER.configs) if config_dict(c) in kept]
 
 
 def _launch(gemm, x, w, b, out, cfg):
@@ -57,20 +52,6 @@ def _launch(gemm, x, w, b, out, cfg):
         gemm.launch(x, w, b, None, out, "gelu", config=cfg)
     except ValueError:      # a config these operands cannot take (as the race skips it)
         pass
-
-
-class _compile_only:
-    """Launches through launch_kernel compile (Triton's warmup) without running."""
-
-    def __enter__(self):
-        from accelc import compile_ahead
-
-        self.token = compile_ahead._precompiling.set(True)
-
-    def __exit__(self, *exc):
-        from accelc import compile_ahead
-
-        compile_ahead._precompiling.reset(self.token)
 
 
 def _compile(shape, indices, ahead: bool) -> float:
@@ -83,15 +64,10 @@ def _compile(shape, indices, ahead: bool) -> float:
     out = torch.empty(shape[0], shape[1], device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    if ahead:
-        with compile_ahead.compiling_ahead() as on:
-            assert on, "no compiling ahead on this Triton"
-            for i in indices:
-                _launch(gemm, x, w, b, out, gemm.TUNER.configs[i])
-    else:
-        with _compile_only():
-            for i in indices:
-                _launch(gemm, x, w, b, out, gemm.TUNER.configs[i])
+    with compile_ahead.compiling_ahead() if ahead else compile_ahead.compile_only() as on:
+        assert on is not False, "no compiling ahead on this Triton"
+        for i in indices:
+            _launch(gemm, x, w, b, out, gemm.TUNER.configs[i])
     return time.perf_counter() - t0
 
 
