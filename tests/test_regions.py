@@ -259,3 +259,19 @@ def test_the_glue_for_other_shapes_compiles_at_optimize_not_at_a_first_request(o
     x = tuple(t.to(DEVICE) for t in x) if isinstance(x, tuple) else x.to(DEVICE)
     out = accelc.optimize(mlp, x, accelc.OptimizeConfig(passes=(), only_if_faster=False))
     assert made == [1] and "glue for other shapes" in out.info.seconds
+
+
+def test_the_dynamic_regions_serve_other_batches_and_lengths(optimized):
+    """Compiled by region for dynamic shapes (Inductor on this machine's device), the forward called at batches
+    and lengths other than its example's gives the whole graph's numbers, on the one dynamic compile per kind."""
+    lm, opt = optimized
+    gm = opt.graph_module
+    torch._dynamo.reset()
+    glue = runner.compiled_glue(gm, runner.direct_calls(gm), True)
+    assert isinstance(glue, regions.RegionalGlue)
+    for b, n in ((2, 8), (3, 5), (1, 12)):
+        ids = torch.randint(1, 100, (b, n), device=DEVICE)
+        args = (ids, torch.ones_like(ids))
+        with torch.no_grad():
+            got, want = glue(*args), gm(*args)
+        assert rel_l2(_leaves(got)[0], _leaves(want)[0]) < 1e-5 and not glue.failed, (b, n)
