@@ -17,7 +17,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import buckets, generation, guard, meta, runner, runtime
+from accelc import buckets, generation, guard, meta, reuse, runner, runtime
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
@@ -278,16 +278,32 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     ctx = PassContext(config, args, calibration if calibration is not None else [args], device,
                       shapes=gm.meta.get(SHAPES), race=race)
     model_bytes = tensor_bytes([gm])
-    eager_ms = _eager_gpu_ms(gm, args, config, device)
+    t0 = time.perf_counter()
+    digest = reuse.key(gm, args, config, device, ctx.calibration, race, ctx.shapes)
+    memo = reuse.lookup(digest)
+    reuse_s = time.perf_counter() - t0
+    eager_ms = memo.eager_gpu_ms if memo is not None else _eager_gpu_ms(gm, args, config, device)
     t0 = time.perf_counter()
     progress_bar.phase("rewriting (passes)")
     counts = run_passes(gm, ctx)
     t1 = time.perf_counter()
-    log.info("accelc: %d layer(s) rewritten; checking each against PyTorch%s", len(layers(gm)),
-             " (first calls tune the kernels)" if runtime.can_time(device) else "")
-    checks = guard.settle(gm, ctx)
-    seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
-               **ctx.seconds}
+    checks, picked = None, []
+    if memo is not None and memo.fits(gm):
+        progress_bar.phase("the guard's verdicts of an identical optimize, reused")
+        checks = memo.replay(gm, ctx)
+    if checks is not None:
+        log.info("accelc: %d layer(s) rewritten; the guard's verdicts of an identical optimize (%s) reused",
+                 len(layers(gm)), memo.made)
+        seconds = {"passes": round(t1 - t0, 2),
+                   "guard: verdicts reused": round(time.perf_counter() - t1 + reuse_s, 2)}
+    else:
+        memo = None
+        before, picked = reuse.layer_list(gm), reuse.picks()
+        log.info("accelc: %d layer(s) rewritten; checking each against PyTorch%s", len(layers(gm)),
+                 " (first calls tune the kernels)" if runtime.can_time(device) else "")
+        checks = guard.settle(gm, ctx)
+        seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
+                   **ctx.seconds}
     weights = [rw.weight_bytes for rw in map(meta.rewrite_of, layers(gm)) if rw.weight_bytes]
     # a module over the final graph holds exactly what the graph reads: not the float weights of
     # layers now in int8
@@ -302,9 +318,16 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
         got = gm(*args)
     if ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]:
         t0 = time.perf_counter()
-        own = None if reference is None else functools.cache(lambda: output_error(expected, reference()))
-        plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for, own)
-        seconds["padding check"] = round(time.perf_counter() - t0, 2)
+        if memo is not None and memo.padding is not None:
+            plan.padding, plan.padding_note = memo.padding
+        else:
+            own = None if reference is None else functools.cache(lambda: output_error(expected, reference()))
+            plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for, own)
+            seconds["padding check"] = round(time.perf_counter() - t0, 2)
+    if memo is None and digest is not None:
+        kept = reuse.record(before, ctx, checks, eager_ms, seconds, picked)
+        kept.padding = (plan.padding, plan.padding_note) if "padding check" in seconds else None
+        reuse.keep(digest, kept)
     err = output_error(got, expected)
     originals = [meta.rewrite_of(n).original for n in layers(gm)]
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
@@ -314,7 +337,8 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
                         model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
                         original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
                         runtime=runner.plan(config, device, gm)[2], seconds=seconds,
-                        shapes=ctx.shapes.describe() + plan.describe() if ctx.shapes is not None else "")
+                        shapes=ctx.shapes.describe() + plan.describe() if ctx.shapes is not None else "",
+                        reused=memo.made if memo is not None else "")
     records = collect_layers(gm, checks, node_flops(gm))
     info.flops = sum(r.flops for r in records)
     info.accelc_flops = sum(r.flops for r in records if r.status == "rewritten")

@@ -70,22 +70,50 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
     and kept ones included."""
     v = _Verdicts()
     if ctx.config.guard:
-        _judge(gm, v, check_layers(gm, ctx.example_inputs, ctx.config, seconds=ctx.seconds, shapes=ctx.shapes),
+        _judge(gm, ctx, v, check_layers(gm, ctx.example_inputs, ctx.config, seconds=ctx.seconds, shapes=ctx.shapes),
                may_demote=True)
     _choose_int8_or_float(gm, ctx, v)
     if v.recheck and ctx.config.guard:
-        _judge(gm, v, check_layers(gm, ctx.example_inputs, ctx.config, only=v.recheck, seconds=ctx.seconds,
-                                   shapes=ctx.shapes), may_demote=False)
+        _judge(gm, ctx, v, check_layers(gm, ctx.example_inputs, ctx.config, only=v.recheck, seconds=ctx.seconds,
+                                        shapes=ctx.shapes), may_demote=False)
     _keep_the_faster(gm, ctx, v)
+    _finish(gm)
+    return {**{meta.rewrite_of(n).layer: c for n, c in v.passed.items()}, **v.put_back}
+
+
+def replay(gm: fx.GraphModule, decisions: list, checks: dict) -> dict[str, LayerCheck]:
+    """What settle did to a graph the passes made alike, without its checks and races: its decisions
+    (ctx.decisions: demoted, put back, kept as PyTorch, by layer name) made again in their order
+    (accelc.reuse); returns settle's result, `checks`."""
+    for op, layer, reason, status in decisions:
+        node = next(n for n in layers(gm) if meta.rewrite_of(n).layer == layer)
+        if op == "demote":
+            demote(gm, node, reason)
+        else:
+            revert(gm, node, reason, status)
+    _finish(gm)
+    return dict(checks)
+
+
+def _finish(gm: fx.GraphModule) -> None:
     forget_replacements(gm)
     _release_int8_float_weights(gm)
     _release_originals_not_held(gm)
     gm.graph.lint()
     gm.recompile()
-    return {**{meta.rewrite_of(n).layer: c for n, c in v.passed.items()}, **v.put_back}
 
 
-def _judge(gm, v: _Verdicts, checks: dict, may_demote: bool) -> None:
+def _demote(gm, ctx, node: fx.Node, note: str) -> fx.Node:
+    ctx.decisions.append(("demote", meta.rewrite_of(node).layer, note, ""))
+    return demote(gm, node, note)
+
+
+def _revert(gm, ctx, node: fx.Node, reason: str, status: str = "reverted") -> None:
+    ctx.decisions.append(("revert", meta.rewrite_of(node).layer, reason, status))
+    revert(gm, node, reason, status)
+
+
+def _judge(gm, ctx, v: _Verdicts, checks: dict, may_demote: bool) -> None:
     """Phases 1 and 3: a layer that passed stays; one that failed goes to its float kernel (to be
     checked again) where it has one and may_demote, else back to PyTorch."""
     for node, check in checks.items():
@@ -93,10 +121,10 @@ def _judge(gm, v: _Verdicts, checks: dict, may_demote: bool) -> None:
         if check.passed:
             v.passed[node] = check
         elif may_demote and rw.fallback is not None:
-            v.recheck.add(demote(gm, node, f"{check.reason}: float kernel instead"))
+            v.recheck.add(_demote(gm, ctx, node, f"{check.reason}: float kernel instead"))
         else:
             v.put_back[rw.layer] = check
-            revert(gm, node, check.reason)
+            _revert(gm, ctx, node, check.reason)
 
 
 def _choose_int8_or_float(gm, ctx, v: _Verdicts) -> None:
@@ -113,7 +141,7 @@ def _choose_int8_or_float(gm, ctx, v: _Verdicts) -> None:
         check = v.passed.pop(node, None)
         note = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on {words}: float kernel kept "
                 "(Int8Config.only_if_faster)")
-        v.recheck.add(demote(gm, node, f"int8 SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
+        v.recheck.add(_demote(gm, ctx, node, f"int8 SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
 
 
 def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
@@ -133,7 +161,7 @@ def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
             continue
         if node in v.passed:
             v.put_back[rw.layer] = v.passed.pop(node)
-        revert(gm, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch ({library(rw.kind)}) {to * 1e3:.1f} us on "
+        _revert(gm, ctx, node, f"{rw.kernel} {ta * 1e3:.1f} us vs PyTorch ({library(rw.kind)}) {to * 1e3:.1f} us on "
                          f"{words}: PyTorch kept (OptimizeConfig.only_if_faster)", status="kept")
 
 

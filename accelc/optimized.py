@@ -251,6 +251,10 @@ class OptimizedModule(nn.Module):
         if self.info.runtime:
             status = self.runner.status() if self.runner is not None else ""
             lines.append(f"runtime: {self.info.runtime}" + (f" ({status})" if status else ""))
+        if self.info.reused:
+            lines.append(f"guard: the verdicts of an identical optimize ({self.info.reused}: same graph, weights, "
+                         "example shapes, config, accelc and GPU) reused, not checked again (ACCELC_REUSE=0 checks "
+                         "every time)")
         borrowed = tuning.borrowed_count()
         if borrowed:
             lines.append(f"tuning: {borrowed} kernel size(s) met in calls were not tuned (calls never tune: they "

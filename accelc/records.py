@@ -168,5 +168,6 @@ class OptimizeInfo:
     call_ms: tuple = ()                        # (eager, accelc) ms a plain call on the example (a GPU): speed_line
     shapes: str = ""                           # the input shapes the optimized model takes, in words
     generation: str = ""                       # a causal LM's generate(): its cache and step program, in words
+    reused: str = ""                           # when the optimize whose guard verdicts this one reused ran (accelc.reuse)
     seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
     #                                               included), warmup (glue compile, CUDA graph capture)

@@ -55,6 +55,8 @@ class PassContext:
     # (inputs, what they are in words) the guard's speed race times layers on where not the example
     # inputs (a generation step's: a decode step's)
     race: tuple | None = None
+    # what the guard decided, in order: ("demote" | "revert", layer, reason, status) (accelc.reuse replays it)
+    decisions: list = field(default_factory=list)
 
     @property
     def inductor_glue(self) -> bool:

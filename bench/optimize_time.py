@@ -11,7 +11,9 @@ generation: optimize also builds the step program). Cold: empty accelc, Triton a
   compile_ro     torch.compile(mode="reduce-overhead"): its first call, compile included, cold;
   compile_max    torch.compile(mode="max-autotune"): likewise;
   accelc_cold    accelc.optimize, cold; its phases (the summary's time breakdown) beside it;
-  accelc_warm    accelc.optimize again in a new process with the caches accelc_cold left;
+  accelc_warm_checked  accelc.optimize again in a new process with the caches accelc_cold left, the guard run
+                 again (ACCELC_REUSE=0: Triton's, Inductor's and the tuning caches warm, no verdict reused);
+  accelc_warm    likewise with the verdicts accelc_cold kept reused (accelc.reuse; the default);
   (each compile and accelc side also times the model it made: call_ms, the median of plain calls)
   load           accelc.save of the warm optimize's module, then in a new process accelc.load and the
                  first call served (the caches left as they are).
@@ -31,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-SIDES = ("compile_ro", "accelc_cold", "accelc_warm", "load", "compile_max")
+SIDES = ("compile_ro", "accelc_cold", "accelc_warm_checked", "accelc_warm", "load", "compile_max")
 LM_CONFIGS = {   # causal LMs with generation (bench/generate.py's shapes), prompt 2 x 128
     "qwen2-0.5b-lm": "qwen2-0.5b", "tinyllama-lm": "tinyllama", "llama3-8b-lm": "llama3-8b", "gpt2-lm": "gpt2",
 }
@@ -103,6 +105,7 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
         prof.disable()
         row["profile"] = _top(prof)
     row["phases_s"] = opt.info.seconds
+    row["verdicts_reused"] = bool(opt.info.reused)
     from torch._dynamo.utils import counters    # Inductor's cache hits / misses / bypasses, AOT autograd's
 
     row["compile_counters"] = {k: dict(counters[k]) for k in ("inductor", "aot_autograd") if counters.get(k)}
@@ -143,9 +146,11 @@ def measure(name: str, sides: list, out_dir: Path, profile: bool) -> dict:
             cache = tempfile.mkdtemp(prefix=f"{side}-", dir=shared) if fresh and side != "accelc_cold" else shared
             env = dict(os.environ, ACCELC_CACHE_DIR=f"{cache}/accelc", TRITON_CACHE_DIR=f"{cache}/triton",
                        TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor")
+            if side == "accelc_warm_checked":
+                env["ACCELC_REUSE"] = "0"
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, __file__, "--side", side, "--model", name, "--workdir", shared]
-                                  + (["--profile"] if profile and side in ("accelc_cold", "accelc_warm") else []),
+                                  + (["--profile"] if profile and side.startswith("accelc_") else []),
                                   env=env, capture_output=True, text=True)
             lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
             row[side] = json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
@@ -168,7 +173,7 @@ def render(folder: Path) -> str:
         env = env or data["environment"]
         rows.append(data["row"])
     head = ("| model | accelc cold s | reduce-overhead first call s | ratio | max-autotune first call s | ratio | "
-            "accelc warm s | load + first call s | ms a call: accelc (cold's) / reduce-overhead | cold phases (s) |")
+            "accelc warm s (guard run again) | load + first call s | ms a call: accelc (cold's) / reduce-overhead | cold phases (s) |")
     lines = [f"Optimize time, {env.get('device')} ({env.get('date')}; torch {env.get('torch')}, "
              f"triton {env.get('triton')})", "", head, "|" + "---|" * 10]
 
@@ -182,7 +187,9 @@ def render(folder: Path) -> str:
         phases = r.get("accelc_cold", {}).get("phases_s") or {}
         lines.append("| " + " | ".join([
             r["model"], _f(cold), _f(ro), f"{cold / ro:.2f}x" if cold and ro else "", _f(mx),
-            f"{cold / mx:.2f}x" if cold and mx else "", _f(get(r, "accelc_warm", "optimize_s")),
+            f"{cold / mx:.2f}x" if cold and mx else "",
+            _f(get(r, "accelc_warm", "optimize_s")) + (f" ({_f(get(r, 'accelc_warm_checked', 'optimize_s'))})"
+                                                       if get(r, "accelc_warm_checked", "optimize_s") else ""),
             _f(get(r, "load", "first_call_s")), _call_ms(r), ", ".join(f"{k} {v}" for k, v in phases.items())]) + " |")
     return "\n".join(lines) + "\n"
 

@@ -7,6 +7,9 @@ import torch
 # on a GPU the guard would keep these tests' tiny layers in PyTorch (faster there): tests that are
 # about that choice set OptimizeConfig(only_if_faster=True) themselves
 os.environ.setdefault("ACCELC_ONLY_IF_FASTER", "0")
+# every test's optimize judges its layers itself (one test's record would otherwise settle another's identical
+# model, its logs and timings unseen): the tests of accelc.reuse turn it on with a cache folder of their own
+os.environ.setdefault("ACCELC_REUSE", "0")
 
 import accelc  # noqa: F401  (sets TRITON_INTERPRET=1 when there is no GPU, registers the ops)
 from accelc.numerics import REL_L2_FLOOR, rel_l2  # noqa: F401  (rel_l2: the tests import it from here)
