@@ -114,31 +114,31 @@ def key(gm: fx.GraphModule, args: tuple, config, device: torch.device, calibrati
         return None
     try:
         h = hashlib.sha256()
-        trail = []    # each part's own digest, for the debug log: which part of two keys differs
+        trail = []    # each part's label and own digest, for the debug log: which part of two keys differs
 
-        def put(*parts):
-            for p in parts:
-                text = str(p).encode()
-                h.update(text)
-                h.update(b"\0")
-                trail.append(hashlib.sha256(text).hexdigest()[:8])
+        def put(label: str, value) -> None:
+            text = str(value).encode()
+            h.update(label.encode() + b"\0" + text + b"\0")
+            trail.append(f"{label}:{hashlib.sha256(text).hexdigest()[:8]}")
         text = repr(config)
         if " at 0x" in text:
             return None
-        put(FORMAT, _source_digest(), sys.version, platform.machine(), torch.__version__, triton.__version__,
-            torch.version.cuda, _device(device), runtime.interpreted(), runtime.autotune_enabled(), text,
-            sorted((k, v) for k, v in os.environ.items() if k.startswith(("ACCELC_", "TRITON_")) and k not in _NEUTRAL_ENV),
-            _flags())
+        put("accelc", (FORMAT, _source_digest()))
+        put("versions", (sys.version, platform.machine(), torch.__version__, triton.__version__, torch.version.cuda))
+        put("device", (_device(device), runtime.interpreted(), runtime.autotune_enabled()))
+        put("config", text)
+        put("env", switches())
+        put("flags", _flags())
         for name, mod in gm.named_modules():
             code = mod.code if isinstance(mod, fx.GraphModule) else f"{type(mod).__module__}.{type(mod).__qualname__}"
             if " at 0x" in code:
                 return None
-            put(name, code)
+            put(f"module[{name}]", code)
         tensors = _graph_tensors(gm)
-        put([(name, tuple(t.shape), t.dtype, t.stride(), t.device.type) for name, t in tensors])
+        put("tensors", [(name, tuple(t.shape), t.dtype, t.stride(), t.device.type) for name, t in tensors])
         every_value = config.int8 is not None    # int8 scales read the inputs' values
         leaves = pytree.tree_leaves((args, race[0] if race is not None else (), calibration if every_value else ()))
-        put(str(pytree.tree_structure((args, race[0] if race is not None else ()))))
+        put("structure", pytree.tree_structure((args, race[0] if race is not None else ())))
         shown = []
         for x in leaves:
             if isinstance(x, torch.Tensor):
@@ -147,11 +147,14 @@ def key(gm: fx.GraphModule, args: tuple, config, device: torch.device, calibrati
                 return None
             else:
                 shown.append(repr(x))
-        put(shown, repr(vars(shapes)) if shapes is not None else None)
+        put("inputs", shown)
+        put("shapes", repr(vars(shapes)) if shapes is not None else None)
         state = set(mutated_state(gm)) | {name for pair in aliased_state(gm) for name in pair}
-        valued = [t for name, t in tensors if name not in state] + [
-            x for x in leaves if isinstance(x, torch.Tensor) and (every_value or not x.is_floating_point())]
-        put(_values(valued))
+        named = [(name, t) for name, t in tensors if name not in state] + [
+            (f"input[{i}]", x) for i, x in enumerate(leaves)
+            if isinstance(x, torch.Tensor) and (every_value or not x.is_floating_point())]
+        for (name, _), sums in zip(named, _values([t for _, t in named])):
+            put(f"values[{name}]", sums)
         digest = h.hexdigest()[:40]
         log.debug("accelc: reuse key %s of parts %s", digest, " ".join(trail))
         return digest
@@ -169,6 +172,14 @@ def _source_digest() -> str:
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def switches() -> list:
+    """accelc's and Triton's environment switches that may change a verdict: not where files are (paths, cache
+    folders: Inductor sets TRITON_PTXAS_PATH, TRITON_LIBDEVICE_PATH and TRITON_CACHE_DIR when it compiles, so
+    a process that compiled glue before would key apart from one that loaded it) nor what is only said."""
+    return sorted((k, v) for k, v in os.environ.items() if k.startswith(("ACCELC_", "TRITON_")) and k not in _NEUTRAL_ENV
+                  and not k.endswith(("_PATH", "_DIR", "_HOME")) and "CACHE" not in k)
 
 
 def _device(device: torch.device) -> str:

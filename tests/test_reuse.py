@@ -240,3 +240,18 @@ def test_a_new_process_reuses_the_verdicts_of_the_forward_and_the_generation_ste
         runs.append((json.loads(p.stdout.strip().splitlines()[-1]), keys))
     assert runs[0][0] == [False, False]
     assert runs[1][0] == [True, True], "\n".join(["first:", *runs[0][1], "second:", *runs[1][1]])
+
+
+def test_paths_set_in_the_environment_keep_the_key_and_switches_change_it(reusing, monkeypatch):
+    """Inductor sets TRITON_PTXAS_PATH, TRITON_LIBDEVICE_PATH and TRITON_CACHE_DIR when it compiles (a process that
+    compiled glue before a generation step's optimize keyed it apart from one that loaded the glue: measured on an
+    H200): paths and cache folders are no switch; a switch (TRITON_DEFAULT_FP_FUSION) checks again."""
+    model = accelc.models.get("mlp").to(DEVICE)
+    (x,) = model.example_inputs()
+    _optimize(model, (x,))
+    for name in ("TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.setenv(name, "/somewhere/else")
+    reusing.clear()
+    assert _optimize(model, (x,)).info.reused and not reusing
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert not _optimize(model, (x,)).info.reused and reusing
