@@ -193,8 +193,10 @@ def _runtime_args(p) -> None:
 
 
 def _runtime_config(args) -> dict:
-    return dict(glue=args.glue, cuda_graphs=not args.no_cuda_graphs, only_if_faster=not args.keep_slower,
-                dynamic=_dynamic(args))
+    """The config fields the runtime flags set; only_if_faster left to its default (ACCELC_ONLY_IF_FASTER, as
+    accelc.convert's) unless --keep-slower turns it off."""
+    out = dict(glue=args.glue, cuda_graphs=not args.no_cuda_graphs, dynamic=_dynamic(args))
+    return {**out, "only_if_faster": False} if args.keep_slower else out
 
 
 def _int8_args(p) -> None:

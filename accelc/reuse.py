@@ -31,6 +31,7 @@ import os
 import pickle
 import platform
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,7 +282,7 @@ def keep(k: str | None, memo: Memo) -> None:
     if k is None:
         return
     path = folder() / f"{k}.pkl"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")   # two threads optimizing alike
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:

@@ -48,19 +48,24 @@ def test_batch_size_zero_is_one_clear_line(capsys):
 
 
 @pytest.mark.parametrize("name", __import__("accelc").models.names())
-def test_optimize_and_convert_on_every_builtin_model(name, tmp_path, capsys):
+def test_optimize_and_convert_on_every_builtin_model(name, tmp_path, capsys, monkeypatch):
     """`accelc optimize` and `accelc convert` on each built-in model, the program read back and called
-    (`accelc report` on each: tests/test_report.py)."""
+    (`accelc report` on each: tests/test_report.py); convert, a second optimize of the same model, reuses the
+    first one's verdicts (accelc.reuse, on as for a user) and says so."""
     import torch
 
     import accelc
     from conftest import DEVICE, rel_l2
 
+    monkeypatch.setenv("ACCELC_REUSE", "1")
+    monkeypatch.setenv("ACCELC_CACHE_DIR", str(tmp_path / "cache"))
     dev = ["--device", DEVICE.type]
     assert main(["optimize", name, "--batch-size", "1", *dev]) == 0, capsys.readouterr().err
-    assert "layer(s) rewritten" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "layer(s) rewritten" in said and "verdicts of an identical optimize" not in said
     out = tmp_path / f"{name}.pt2"
     assert main(["convert", name, "-o", str(out), "--batch-size", "1", *dev]) == 0, capsys.readouterr().err
+    assert "verdicts of an identical optimize" in capsys.readouterr().out
     model = accelc.models.get(name).to(DEVICE)
     inputs = model.example_inputs(batch_size=2)      # the program takes other batches than its example's
     with torch.no_grad():

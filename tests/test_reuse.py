@@ -255,3 +255,19 @@ def test_paths_set_in_the_environment_keep_the_key_and_switches_change_it(reusin
     assert _optimize(model, (x,)).info.reused and not reusing
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
     assert not _optimize(model, (x,)).info.reused and reusing
+
+
+@pytest.mark.parametrize("name", accelc.models.names())
+def test_every_builtin_model_reuses_its_verdicts_and_computes_the_same(reusing, name):
+    """optimize twice, as a user's second run: the second reuses the first one's verdicts and gives the same outputs
+    (BatchNorm folding, written-out attention, the export-captured and the traced models alike)."""
+    model = accelc.models.get(name).to(DEVICE)
+    inputs = model.example_inputs(batch_size=1)
+    first = _optimize(model, inputs)
+    reusing.clear()
+    second = _optimize(model, inputs)
+    assert second.info.reused and not reusing, name
+    assert _lines(second) == _lines(first)
+    with torch.no_grad():
+        a, b = first(*inputs), second(*inputs)
+    assert all(torch.equal(x, y) for x, y in zip(torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)))
