@@ -5,9 +5,7 @@ import copy
 import dataclasses
 import functools
 import gc
-import itertools
 import logging
-import math
 import time
 import warnings
 from collections.abc import Mapping
@@ -17,11 +15,11 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import buckets, generation, guard, meta, reuse, runner, runtime
+from accelc import buckets, generation, guard, meta, reuse, runner, runtime, warmup
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
-from accelc.capture.shapes import SHAPES, repeated_to
+from accelc.capture.shapes import SHAPES
 from accelc.examples import carried_dims, check_calibration, check_example_inputs, separate_aliases
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.flops import node_flops
@@ -183,28 +181,7 @@ def optimize_job(job: Job) -> OptimizedModule:
                              cls=generation.OptimizedLM if lm else OptimizedModule, race=race,
                              reference=lambda: capture_reference(job.model, spec, flat, spec.flat_output(expected)))
         opt.info.seconds["capture"] = round(t1 - t0, 2)
-        warm = warmup_inputs(opt, job.config.warmup_shapes)
-        if runtime.can_time(job.device):
-            t0 = time.perf_counter()
-            progress_bar.phase("warm-up (glue compiled, CUDA graphs captured)")
-            opt.warm_up(flat)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
-            if race is not None:  # and the call it serves most (a decode step): its graph, its glue compiled static
-                opt.warm_up(race[0])
-            opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
-            t0 = time.perf_counter()
-            progress_bar.phase("glue for other shapes")
-            if opt.compile_other_shapes(flat):    # the dynamic glue: compiled here, not at a first request
-                opt.info.seconds["glue for other shapes"] = round(time.perf_counter() - t0, 2)
-            opt.info.call_ms = call_times(job, opt)
-            if warm:
-                t0 = time.perf_counter()
-                for inputs in warm:
-                    opt.warm_up(inputs)
-                seconds = round(time.perf_counter() - t0, 2)
-                opt.info.seconds["warm-up shapes"] = seconds
-                note_warmed(opt, f"{len(warm)} warm-up shape(s) captured at optimize time ({seconds:.1f} s)")
-        elif warm:
-            note_warmed(opt, f"{len(warm)} warm-up shape(s) not captured: no CUDA graphs on this device")
+        warmup.run(opt, flat, race, job.config.warmup_shapes, job.device, lambda: call_times(job, opt))
         if lm:
             attach_generation(opt, job)
     finally:
@@ -346,68 +323,6 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
         info.eager_gpu_ms = eager_ms
         info.accelc_eager_gpu_ms = sum(ctx.eager_ms.get(r.name, 0.0) for r in records if r.status == "rewritten")
     return cls(gm, records, info, example_inputs=args, config=config, call_spec=spec)
-
-
-def warmup_inputs(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
-    """The graph inputs of OptimizeConfig.warmup_shapes (the example's values repeated to size), the
-    largest first (the output arena is sized once); InputError naming what does not fit."""
-    if not warmup_shapes:
-        return []
-    shapes = opt.graph_module.meta.get(SHAPES)
-    any_shape = shapes is not None and shapes.free and not shapes.static     # symbolic_trace: no shapes recorded
-    if any_shape and warmup_shapes != "buckets":
-        return _free_warmup_inputs(opt, shapes, warmup_shapes)
-    if shapes is None or shapes.free or not shapes.varying():
-        why = ("the graph was traced with no shapes recorded (symbolic_trace): list the shapes instead" if any_shape
-               else "the optimized model takes one shape per input (no dim varies), so there is nothing to warm up "
-                    "beyond the example")
-        raise InputError(f"warmup_shapes{'=' + repr(warmup_shapes) if isinstance(warmup_shapes, str) else ''}: {why}")
-    if warmup_shapes == "buckets":
-        plan = buckets.call_plan(opt.graph_module).padding
-        if plan is None:
-            return []
-        open_ended = [plan.words[s] for s, r in plan.ranges.items() if r.hi is None]
-        if open_ended:
-            raise InputError(f'warmup_shapes="buckets": {", ".join(open_ended)} has no upper end; declare one '
-                             '(dynamic={name: {dim: (lo, hi)}}) or list the shapes')
-        syms = list(plan.ranges)
-        grid = itertools.product(*(buckets.bucket_sizes(plan.ranges[s].lo, plan.ranges[s].hi) for s in syms))
-        all_sizes = [dict(zip(syms, combo)) for combo in grid]
-    else:
-        try:
-            all_sizes = [shapes.sizes_of(named, opt.example_inputs) for named in warmup_shapes]
-        except ValueError as e:
-            raise InputError(str(e)) from None
-    all_sizes.sort(key=lambda sz: -math.prod(sz.values()))
-    return [shapes.inputs_at(opt.example_inputs, sz) for sz in all_sizes]
-
-
-def _free_warmup_inputs(opt: OptimizedModule, shapes, warmup_shapes) -> list[tuple]:
-    """warmup_shapes of a graph that takes any shape its code takes (symbolic_trace): each named input at
-    its shape (the example repeated and cut), the others as in the example; checked against the ranges
-    declared for it (dynamic=), as a call is."""
-    out = []
-    for named in warmup_shapes:
-        unknown = sorted(set(named) - set(shapes.names))
-        if unknown:
-            raise InputError(f"warm-up shape for {unknown[0]!r}: the optimized model's inputs are {list(shapes.names)}")
-        for n, a in zip(shapes.names, opt.example_inputs):
-            if n in named and isinstance(a, torch.Tensor) and len(tuple(named[n])) != a.dim():
-                raise InputError(f"warm-up shape {tuple(named[n])} for {n!r}: it has {a.dim()} dims")
-        args = tuple(repeated_to(a, tuple(named[n])) if n in named and isinstance(a, torch.Tensor) else a
-                     for n, a in zip(shapes.names, opt.example_inputs))
-        refused = shapes.check(args)
-        if refused:
-            raise InputError(f"warm-up shape: {refused}")
-        out.append(args)
-    out.sort(key=lambda a: -sum(t.numel() for t in a if isinstance(t, torch.Tensor)))
-    return out
-
-
-def note_warmed(opt: OptimizedModule, text: str) -> None:
-    plan = opt.graph_module.meta[buckets.CALL_PLAN] = buckets.call_plan(opt.graph_module)
-    plan.warmed = text
-    opt.info.shapes = opt.graph_module.meta[SHAPES].describe() + plan.describe()
 
 
 def _eager_gpu_ms(gm: fx.GraphModule, args: tuple, config, device: torch.device) -> float | None:
