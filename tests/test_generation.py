@@ -376,13 +376,13 @@ def test_optimize_warms_up_the_decode_step_too(monkeypatch):
     own program warms up its example only. Here the GPU's branch is taken with warm_up recorded."""
     import types
 
-    from accelc import api, generation
+    from accelc import generation, warmup
     from accelc.optimized import OptimizedModule
 
     warmed = []
     shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
-    shim.can_time = lambda device: True          # api's view only: the guard does not time here
-    monkeypatch.setattr(api, "runtime", shim)
+    shim.can_time = lambda device: True          # the warm-up stage's view only: the guard does not time here
+    monkeypatch.setattr(warmup, "runtime", shim)
     monkeypatch.setattr(OptimizedModule, "warm_up",
                         lambda self, inputs: warmed.append(tuple(tuple(t.shape) for t in inputs)))
     monkeypatch.setattr(generation.OptimizedLM, "note_speed", lambda self, ids, mask: None)

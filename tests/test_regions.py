@@ -245,13 +245,13 @@ def test_the_glue_for_other_shapes_compiles_at_optimize_not_at_a_first_request(o
     # optimize on a GPU makes it after the warm-up (here the GPU's branch taken with both recorded)
     import types
 
-    from accelc import api, runtime
+    from accelc import runtime, warmup
     from accelc.optimized import OptimizedModule
 
     made = []
     shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
     shim.can_time = lambda device: True
-    monkeypatch.setattr(api, "runtime", shim)
+    monkeypatch.setattr(warmup, "runtime", shim)
     monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)
     monkeypatch.setattr(OptimizedModule, "compile_other_shapes", lambda self, inputs: made.append(len(inputs)) or True)
     mlp = accelc.models.get("mlp").to(DEVICE).eval()
