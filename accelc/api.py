@@ -264,11 +264,9 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     progress_bar.phase("rewriting (passes)")
     counts = run_passes(gm, ctx)
     t1 = time.perf_counter()
-    checks, picked = None, []
     if memo is not None and memo.fits(gm):
         progress_bar.phase("the guard's verdicts of an identical optimize, reused")
         checks = memo.replay(gm, ctx)
-    if checks is not None:
         log.info("accelc: %d layer(s) rewritten; the guard's verdicts of an identical optimize (%s) reused",
                  len(layers(gm)), memo.made)
         seconds = {"passes": round(t1 - t0, 2),
@@ -302,9 +300,8 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
             plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for, own)
             seconds["padding check"] = round(time.perf_counter() - t0, 2)
     if memo is None and digest is not None:
-        kept = reuse.record(before, ctx, checks, eager_ms, seconds, picked)
-        kept.padding = (plan.padding, plan.padding_note) if "padding check" in seconds else None
-        reuse.keep(digest, kept)
+        padding = (plan.padding, plan.padding_note) if "padding check" in seconds else None
+        reuse.keep(digest, reuse.record(before, ctx, checks, eager_ms, seconds, picked, padding))
     err = output_error(got, expected)
     originals = [meta.rewrite_of(n).original for n in layers(gm)]
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,

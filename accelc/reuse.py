@@ -95,13 +95,14 @@ def layer_list(gm: fx.GraphModule) -> list:
     return [(meta.rewrite_of(n).layer, meta.rewrite_of(n).kernel) for n in layers(gm)]
 
 
-def record(gm_before: list, ctx, checks: dict, eager_gpu_ms, seconds: dict, picks_before: list) -> Memo:
+def record(gm_before: list, ctx, checks: dict, eager_gpu_ms, seconds: dict, picks_before: list,
+           padding: tuple | None) -> Memo:
     """The Memo of a settle just done: gm_before is layer_list of the graph before it, picks_before picks()
-    before it (the record keeps the configs chosen in the settle)."""
+    before it (the record keeps the configs chosen in the settle), padding the padding check's outcome."""
     known = {(name, k) for name, k, _ in picks_before}
     return Memo(layers=gm_before, decisions=list(ctx.decisions), checks=dict(checks), eager_ms=dict(ctx.eager_ms),
                 eager_gpu_ms=eager_gpu_ms, shapes=copy.deepcopy(vars(ctx.shapes)) if ctx.shapes is not None else None,
-                padding=None, picks=[p for p in picks() if (p[0], p[1]) not in known], seconds=dict(seconds),
+                padding=padding, picks=[p for p in picks() if (p[0], p[1]) not in known], seconds=dict(seconds),
                 made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
 
 
