@@ -268,6 +268,9 @@ def test_every_builtin_model_reuses_its_verdicts_and_computes_the_same(reusing, 
     second = _optimize(model, inputs)
     assert second.info.reused and not reusing, name
     assert _lines(second) == _lines(first)
-    with torch.no_grad():
-        a, b = first(*inputs), second(*inputs)
-    assert all(torch.equal(x, y) for x, y in zip(torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)))
+    other = model.example_inputs(batch_size=3)      # and at a batch other than the example's
+    for args in (inputs, other):
+        with torch.no_grad():
+            a, b = first(*args), second(*args)
+        assert all(torch.equal(x, y) for x, y in zip(torch.utils._pytree.tree_leaves(a),
+                                                     torch.utils._pytree.tree_leaves(b)))
