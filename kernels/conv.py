@@ -157,7 +157,7 @@ def _taps_gather(acc, x_img, w_rows, ih0, iw0, m_ok, n_ok, it_lo, it_hi, C, H, W
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # sizes that follow the batch or length: one binary for every size
 def _conv_kernel(
     # pointers (x_desc: TMA descriptor of x as (N, H, W, C), w_desc: of the packed weight as
     # (K, R*S*C); placeholders unless RECT_OK)
@@ -253,7 +253,7 @@ def _conv_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])  # sizes that follow the batch or length: one binary for every size
 def _pad_rows_kernel(x_ptr, out_ptr, B, C, D, Bp, Cp, off_b, off_c, P, s0, s1, s2, s3,
                      DP: tl.constexpr, BLOCK: tl.constexpr):
     """out (A, Bp, Cp, DP) contiguous = x (A, B, C, D) (strides s0..s3) moved by (off_b, off_c)
@@ -297,7 +297,7 @@ def rows_geometry(x, weight, stride, dilation, out_hw):
     return cp, sp, hp, wp, align
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # sizes that follow the batch or length: one binary for every size
 def _splitk_reduce(part_ptr, bias_ptr, res_ptr, out_ptr, M, K, OHW, OW,
                    sr_n, sr_c, sr_h, sr_w, so_n, so_c, so_h, so_w,
                    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr,

@@ -143,7 +143,7 @@ def _conv_consumer_1(descs, bars, bufs, bias_ptr, geo, BLOCK_H: gl.constexpr, BL
               HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["N_IMG"])  # sizes that follow the batch or length: one binary for every size
 def conv_ws_kernel(
     # TMA descriptors: the NHWC input's (1, BLOCK_H, BLOCK_W, BLOCK_K) boxes, the packed weight's (BLOCK_N,
     # BLOCK_K) boxes of (K, R*S*C), the NHWC output's and residual's (1, BLOCK_H, BLOCK_W, BLOCK_N) boxes

@@ -29,7 +29,7 @@ from accelc.tuning import CompiledCall, Tuner, check_once
 from accelc.compile_ahead import launch_kernel
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])  # sizes that follow the batch or length: one binary for every size
 def _dw_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
     C, H, W, OH, OW, P,

@@ -123,7 +123,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "S"])  # sizes that follow the batch or length: one binary for every size
 def _flash_fwd_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,

@@ -61,7 +61,7 @@ def gated_halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     return tl.split(a)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # sizes that follow the batch or length: one binary for every size
 def linear_kernel(
     # pointers (x_desc / w_desc: TMA descriptors of x and weight when USE_TMA; with W_T, w_desc
     # is the descriptor of weight^T, a row-major (K, N))
@@ -202,7 +202,7 @@ def weight_f32(b, W_SCALED: tl.constexpr):
         return b.to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # sizes that follow the batch or length: one binary for every size
 def gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,

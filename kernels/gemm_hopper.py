@@ -218,7 +218,7 @@ def allocate_ring(x_desc, w_desc, out_desc, STAGES: gl.constexpr, CONSUMERS: gl.
     return (x_bufs, w_bufs, c_bufs), (ready, empty, res_ready, turn)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["M"])  # sizes that follow the batch or length: one binary for every size
 def linear_ws_kernel(
     # TMA descriptors (res_desc: the output's when there is no residual), the bias pointer and W8A8's
     # scales (a_scale (M,), w_scale (N,) fp32; any pointer without QUANT)
@@ -403,7 +403,7 @@ def _coop_mma(descs, bars, bufs, bias_ptr, M, N, K, G: gl.constexpr, BLOCK_K: gl
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["M"])  # sizes that follow the batch or length: one binary for every size
 def linear_coop_kernel(
     # TMA descriptors: x (64-row boxes), the weight's two column boxes, the output's and the residual's
     # two boxes (a residual's: the output's when there is none)

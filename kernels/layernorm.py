@@ -30,7 +30,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_N = 16384          # one row in registers: 16384 fp32 values over 16 warps
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # sizes that follow the batch or length: one binary for every size
 def _layer_norm_kernel(
     x_ptr, r_ptr, w_ptr, b_ptr, y_ptr,
     M, N, stride_x, stride_r, eps,

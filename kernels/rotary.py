@@ -25,7 +25,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_D = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "A1", "A2"])  # sizes that follow the batch or length: one binary for every size
 def _rotary_kernel(x_ptr, c_ptr, s_ptr, y_ptr, M, A1, A2, D,
                    sx0, sx1, sx2, sx3, sc0, sc1, sc2, sc3, ss0, ss1, ss2, ss3,
                    ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
