@@ -256,7 +256,7 @@ class Glue:
         self.static_most, self.key_of = static_most, key_of
         self.static: set = set()        # whole-call signatures that run the static compiles
         self.failed = ""
-        self.dynamic_done = False       # compile_dynamic ran
+        self.dynamic_done: set = set()  # the call signatures compile_dynamic ran at
 
     def specialize(self, key) -> bool:
         """Calls with signature `key` run static compiles for their shapes (made at the first such call); False
@@ -270,10 +270,12 @@ class Glue:
 
     def compile_dynamic(self, *args, **kwargs) -> bool:
         """Every dynamic compile made now, by one call on these inputs (runner.Runner's compile_other_shapes),
-        not at the first call of a shape not warmed up."""
-        if not self.dynamic or self.failed or self.dynamic_done:
+        not at the first call of a shape not warmed up. Dynamo specializes a size of 1 (a batch of one
+        compiles apart from the others): a call at such sizes compiles that variant; once per signature."""
+        key = self.key_of(args, kwargs)
+        if not self.dynamic or self.failed or key in self.dynamic_done:
             return False
-        self.dynamic_done = True
+        self.dynamic_done.add(key)
         self._run(False, args, kwargs)
         return not self.failed
 

@@ -18,7 +18,7 @@ import torch
 
 from accelc import buckets, runtime
 from accelc import progress as progress_bar
-from accelc.capture.shapes import SHAPES, repeated_to
+from accelc.capture.shapes import SHAPES, DimRange, repeated_to
 from accelc.errors import InputError
 from accelc.optimized import OptimizedModule
 
@@ -40,6 +40,8 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
     t0 = time.perf_counter()
     progress_bar.phase("glue for other shapes")
     if opt.compile_other_shapes(flat):    # the dynamic glue: compiled here, not at a first request
+        for inputs in apart_inputs(opt, flat):    # and its variants Dynamo compiles apart (a batch of one)
+            opt.compile_other_shapes(inputs)
         opt.info.seconds["glue for other shapes"] = round(time.perf_counter() - t0, 2)
     opt.info.call_ms = call_times()
     if warm:
@@ -49,6 +51,29 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
         seconds = round(time.perf_counter() - t0, 2)
         opt.info.seconds["warm-up shapes"] = seconds
         note(opt, f"{len(warm)} warm-up shape(s) captured at optimize time ({seconds:.1f} s)")
+
+
+def apart_inputs(opt: OptimizedModule, flat: tuple) -> list[tuple]:
+    """The graph inputs at the sizes the dynamic glue compiles apart from the example's: Dynamo specializes a
+    size of 1, so a batch of one runs a compile of its own (5 s of BERT's glue at a first request, H200), and
+    an example with a size of 1 leaves every other size's compile to a first call. Sizes: each varying
+    size that is 1 in the example at 2 (where its range reaches 2); then, where a leading dim (the batch)
+    varies from 1 and the example's is more, the same with it at 1. [] for a graph of fixed sizes."""
+    shapes = opt.graph_module.meta.get(SHAPES)
+    if shapes is None or shapes.free or not shapes.varying():
+        return []
+    ranges = shapes.varying()
+    example, leading = {}, set()
+    for row, a in zip(shapes.dims, flat):
+        for d, r in enumerate(row or ()):
+            if isinstance(r, DimRange) and isinstance(a, torch.Tensor):
+                example.setdefault(r.sym, a.shape[d])
+                if d == 0:
+                    leading.add(r.sym)
+    general = {k: 2 for k, n in example.items() if n == 1 and (ranges[k].hi is None or ranges[k].hi >= 2)}
+    ones = {k: 1 for k in leading if example.get(k, 1) >= 2 and ranges[k].lo <= 1}
+    sizes = [s for s in (general, {**general, **ones} if ones else {}) if s]
+    return [shapes.inputs_at(flat, s) for s in sizes]
 
 
 def inputs_for(opt: OptimizedModule, warmup_shapes) -> list[tuple]:

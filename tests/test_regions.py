@@ -253,12 +253,41 @@ def test_the_glue_for_other_shapes_compiles_at_optimize_not_at_a_first_request(o
     shim.can_time = lambda device: True
     monkeypatch.setattr(warmup, "runtime", shim)
     monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)
-    monkeypatch.setattr(OptimizedModule, "compile_other_shapes", lambda self, inputs: made.append(len(inputs)) or True)
+    monkeypatch.setattr(OptimizedModule, "compile_other_shapes",
+                        lambda self, inputs: made.append([tuple(t.shape) for t in inputs]) or True)
     mlp = accelc.models.get("mlp").to(DEVICE).eval()
     x = mlp.example_inputs()
     x = tuple(t.to(DEVICE) for t in x) if isinstance(x, tuple) else x.to(DEVICE)
     out = accelc.optimize(mlp, x, accelc.OptimizeConfig(passes=(), only_if_faster=False))
-    assert made == [1] and "glue for other shapes" in out.info.seconds
+    # the example's call (the MLP is traced with no shapes recorded: no variant at a batch of one to compile)
+    shape = tuple((x[0] if isinstance(x, tuple) else x).shape)
+    assert made == [[shape]], made
+    assert "glue for other shapes" in out.info.seconds
+
+
+@pytest.mark.parametrize("example,lo,want", [
+    ((4, 64), 1, [(1, 64)]),              # a batch of one compiles apart from the example's batch of 4
+    ((1, 64), 1, [(2, 64)]),              # an example of batch 1: the other batches' compile
+    ((4, 1), 1, [(4, 2), (1, 2)]),        # a length of 1 too: both
+    ((4, 64), 2, []),                     # a batch that does not go down to 1: nothing apart
+])
+def test_the_sizes_dynamo_compiles_apart_are_compiled_at_optimize(example, lo, want):
+    """warmup.apart_inputs: the graph inputs at the sizes the dynamic glue compiles apart from the example's
+    (Dynamo specializes a size of 1): the varying dims of a recorded contract, the batch (a leading dim) at 1."""
+    import types
+
+    from accelc import warmup
+    from accelc.capture.shapes import SHAPES, DimRange, InputShapes
+
+    b, n = DimRange(lo, None, "s0"), DimRange(1, 512, "s1")
+    shapes = InputShapes(names=("ids", "mask"), dims=((b, n), (b, n)))
+    opt = types.SimpleNamespace(graph_module=types.SimpleNamespace(meta={SHAPES: shapes}))
+    ids = torch.randint(0, 100, example)
+    got = warmup.apart_inputs(opt, (ids, torch.ones_like(ids)))
+    assert [tuple(a.shape) for a, _ in got] == want and all(m.shape == a.shape for a, m in got)
+    for a, _ in got:     # the example's ids repeated and cut to size (real ids, as inputs_at gives them)
+        r, c = min(a.shape[0], ids.shape[0]), min(a.shape[1], ids.shape[1])
+        assert (a[:r, :c] == ids[:r, :c]).all()
 
 
 def test_the_dynamic_regions_serve_other_batches_and_lengths(optimized):
