@@ -37,7 +37,9 @@ GEMMS = [   # (name, M, K, N)
     ("decode 1 row, 4096 -> 4096", 1, 4096, 4096), ("decode 16 rows, 4096 -> 4096", 16, 4096, 4096),
 ]
 ATTENTION = [("BERT b8 384 attention", 8, 12, 384, 64), ("GPT-2 b4 1024 causal attention", 4, 12, 1024, 64),
-             ("Llama b2 1024 causal attention", 2, 32, 1024, 64)]   # (name, B, H, L = S, D)
+             ("Llama b2 1024 causal attention", 2, 32, 1024, 64),
+             # BERT's padding mask as HF builds it: additive, (B, 1, 1, S) broadcast over heads and rows
+             ("BERT b8 384 attention, padding mask", 8, 12, 384, 64)]   # (name, B, H, L = S, D)
 
 
 def _twin(kernel):
@@ -117,8 +119,13 @@ def main():
         torch.manual_seed(0)
         q, kk, v = (torch.randn(bsz, h, length, d, device="cuda", dtype=torch.float16) for _ in range(3))
         causal = "causal" in name
+        mask = None
+        if "mask" in name:
+            mask = torch.zeros(bsz, 1, 1, length, device="cuda", dtype=torch.float16)
+            mask[: bsz // 2, ..., length * 3 // 4:] = torch.finfo(torch.float16).min
         rows += _time(name, flash_attention.TUNER, a.top,
-                      lambda: flash_attention.flash_attention_launch(q, kk, v, is_causal=causal), attn_vars, a.rounds)
+                      lambda: flash_attention.flash_attention_launch(q, kk, v, mask, is_causal=causal), attn_vars,
+                      a.rounds)
     table = [[r["case"], r["config"], r["shipped_us"], r["specialized_us"], f"{r['specialized_over_shipped']:.3f}"]
              for r in rows]
     best = {}

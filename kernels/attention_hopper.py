@@ -246,7 +246,8 @@ def _softmax_partition(args, CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MA
              out.to(dtype), mask=(offs_mo[:, None] < L) & (offs_d[None, :] < HEAD_D))
 
 
-@gluon.jit(do_not_specialize=["L", "S"])  # sizes that follow the batch or length: one binary for every size
+# the lengths, and the mask strides that follow them (a row of S keys): one binary for every length
+@gluon.jit(do_not_specialize=["L", "S"], do_not_specialize_on_alignment=["stride_mb", "stride_mh", "stride_mm"])
 def attention_ws_kernel(
     # TMA descriptors of q (B, H, L, D), k and v (B, Hkv, S, D): (1, 1, rows, D) boxes
     q_desc, k_desc, v_desc,

@@ -123,7 +123,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["L", "S"])  # sizes that follow the batch or length: one binary for every size
+# the lengths, and the mask strides that follow them (a row of S keys): one binary for every length
+@triton.jit(do_not_specialize=["L", "S"], do_not_specialize_on_alignment=["stride_mb", "stride_mh", "stride_mm"])
 def _flash_fwd_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,

@@ -47,3 +47,22 @@ def test_norm_and_rotary_rows_compile_once():
                                    atol=2e-2, rtol=2e-2)
         rots.append(_binaries(rotary._rotary_kernel))
     assert norms[1:] == [norms[0]] * 3 and rots[1:] == [rots[0]] * 3, (norms, rots)
+
+
+def test_attention_lengths_and_mask_rows_compile_once():
+    """The lengths, and the strides of a padding mask's rows that follow them (S keys a row), unspecialized."""
+    from accelc.kernels import flash_attention as fa
+
+    sizes = dict(B=2, H=2, L=64, S=64, D=64, tma=False, fp32=False, gluon=False)
+    cfg = next(c for c in fa._prune(fa.CONFIGS, sizes) if not c.kwargs.get("TMA"))
+    counts = []
+    with fa.TUNER.force(cfg):
+        for n in (64, 28, 37, 130):
+            q, k, v = (torch.randn(2, 2, n, 64, device=DEVICE, dtype=torch.float16) for _ in range(3))
+            mask = torch.zeros(2, 1, 1, n, device=DEVICE, dtype=torch.float16)
+            mask[0, ..., n // 2:] = torch.finfo(torch.float16).min
+            out = fa.flash_attention_launch(q, k, v, mask)
+            ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), mask.float())
+            torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+            counts.append(_binaries(fa._flash_fwd_kernel))
+    assert counts[1:] == [counts[0]] * 3, counts
