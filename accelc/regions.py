@@ -243,6 +243,15 @@ def parent_module(gm: fx.GraphModule, cut: Plan, regions: list) -> fx.GraphModul
     return fx.GraphModule(root, g, class_name=type(gm).__name__)
 
 
+def _sizes_apart():
+    """Dynamo's duck sizing off while the dynamic glue compiles: it makes sizes that are equal in the example one
+    size (an example's length of 64 and a head dim of 64), so a request at any other length failed the equality
+    and compiled again."""
+    from torch.fx.experimental import _config
+
+    return _config.patch(use_duck_shape=False) if hasattr(_config, "use_duck_shape") else contextlib.nullcontext()
+
+
 class Glue:
     """A graph's glue compiled by Inductor: `module` (the whole graph as one Region, or the parent of its
     regions) called as the graph is, compiled for dynamic shapes where the graph takes them; a call at a
@@ -276,7 +285,8 @@ class Glue:
         if not self.dynamic or self.failed or key in self.dynamic_done:
             return False
         self.dynamic_done.add(key)
-        self._run(False, args, kwargs)
+        with _sizes_apart():
+            self._run(False, args, kwargs)
         return not self.failed
 
     def __call__(self, *args, **kwargs):

@@ -73,7 +73,9 @@ def apart_inputs(opt: OptimizedModule, flat: tuple) -> list[tuple]:
     general = {k: 2 for k, n in example.items() if n == 1 and (ranges[k].hi is None or ranges[k].hi >= 2)}
     ones = {k: 1 for k in leading if example.get(k, 1) >= 2 and ranges[k].lo <= 1}
     sizes = [s for s in (general, {**general, **ones} if ones else {}) if s]
-    return [shapes.inputs_at(flat, s) for s in sizes]
+    # tensors of their own: a view of the example (inputs_at cuts one) compiles a variant whose guards read
+    # its base, which a request's tensor has not, so the request compiled the variant again
+    return [tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in shapes.inputs_at(flat, s)) for s in sizes]
 
 
 def inputs_for(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
