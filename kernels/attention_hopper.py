@@ -39,8 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from accelc.kernels.flash_decoding import log2_units
-from accelc.kernels.gemm import tma_view
+from accelc.kernels.primitives import log2_units, tma_view
 from accelc.kernels.gemm_hopper import GL_DTYPES, tma_load
 
 HEAD_DIMS = (32, 64, 128)

@@ -46,7 +46,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.kernels import gemm
+from accelc.kernels import gemm, primitives
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, broadcasts_to, epilogue,
                                      epilogue_ref, residual_as)
 from accelc.tuning import CompiledCall, Tuner, check_once
@@ -197,7 +197,7 @@ def _conv_kernel(
         # a BLOCK_H x BLOCK_W rectangle of one image's output pixels (BLOCK_M = BLOCK_H * BLOCK_W)
         tiles_h = tl.cdiv(OH, BLOCK_H)
         tiles_w = tl.cdiv(OW, BLOCK_W)
-        pid_m, pid_n = gemm.tile_coords(tl.program_id(0), (M // (OH * OW)) * tiles_h * tiles_w,
+        pid_m, pid_n = primitives.tile_coords(tl.program_id(0), (M // (OH * OW)) * tiles_h * tiles_w,
                                          tl.cdiv(K, BLOCK_N), GROUP_M)
         i = tl.arange(0, BLOCK_M)
         oh0 = (pid_m % (tiles_h * tiles_w)) // tiles_w * BLOCK_H
@@ -207,7 +207,7 @@ def _conv_kernel(
         img = i * 0 + pid_m // (tiles_h * tiles_w)
         m_ok = (oh < OH) & (ow < OW)
     else:
-        pid_m, pid_n = gemm.tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+        pid_m, pid_n = primitives.tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
         img = offs_m // (OH * OW)
@@ -505,8 +505,8 @@ def output_size(h, w, r, s, stride, padding, dilation):
 
 def nhwc_view(x: torch.Tensor) -> torch.Tensor:
     """x (N, C, H, W) in channels-last memory as an (N, H, W, C) view whose size-1 dims have
-    strides a TMA descriptor takes (gemm.tma_view)."""
-    return gemm.tma_view(x.permute(0, 2, 3, 1))
+    strides a TMA descriptor takes (primitives.tma_view)."""
+    return primitives.tma_view(x.permute(0, 2, 3, 1))
 
 
 def _boxes_ok(x_nhwc: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -747,7 +747,7 @@ def _launch(kw, tensors, stride, padding, dilation, meta, groups, part):
                       RESIDUAL_FIRST=meta["RESIDUAL_FIRST"], ACTIVATION=meta["ACTIVATION"], STAGES=kw["STAGES"],
                       GROUP_M=kw["GROUP_M"], CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232,
                       STRIDE=stride[0], num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"))
-    return _hopper().conv_ws_kernel, (min(tiles, gemm.sm_count(tensors[0].device.index or 0)),), args, constexprs
+    return _hopper().conv_ws_kernel, (min(tiles, primitives.sm_count(tensors[0].device.index or 0)),), args, constexprs
 
 
 def _launch_args(kw, tensors, stride, padding, dilation, part) -> tuple:

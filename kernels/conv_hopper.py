@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from accelc.kernels.gemm import tile_coords
+from accelc.kernels.primitives import tile_coords
 from accelc.kernels.gemm_hopper import GL_DTYPES, allocate_ring, finish_tile, tma_load, tma_store
 from accelc.kernels.gemm_hopper import smem_bytes as gemm_smem_bytes
 

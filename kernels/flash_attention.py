@@ -18,7 +18,7 @@ per BLOCK_M query rows of one (batch, head); keys and values streamed in BLOCK_N
 running row max m_i and sum l_i rescale the fp32 accumulator (online softmax, in base 2).
 Key blocks fully left of the causal diagonal and fully inside S run without any masking; only
 the diagonal and the ragged tail apply the causal and bounds masks. Where the strides allow
-(tma_ok), TMA configs load q, K and V as (1, 1, rows, BLOCK_D) boxes of 4-D descriptors over the
+(qkv_tma_ok), TMA configs load q, K and V as (1, 1, rows, BLOCK_D) boxes of 4-D descriptors over the
 tensors' own strides. Without a mask the softmax scale folds into one fma with the row max; a
 mask broadcast over query rows (a key padding mask) is read as one row per key block.
 
@@ -38,8 +38,9 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.kernels import flash_decoding, gemm
-from accelc.kernels.flash_decoding import LOG2E, log2_units, softmax_scale, softmax_update
+from accelc.kernels import flash_decoding
+from accelc.kernels.flash_decoding import LOG2E, softmax_scale
+from accelc.kernels.primitives import log2_units, softmax_update, tma_view
 from accelc.kernels.quantize import quantize_ref, rint
 from accelc.tuning import CompiledCall, Tuner, check_once
 from accelc.compile_ahead import launch_kernel
@@ -195,7 +196,7 @@ def _flash_fwd_kernel(
 
 
 def config(bm, bn, stages, warps, tma=False) -> triton.Config:
-    """tma: q, K and V blocks loaded as TMA boxes (tma_ok inputs, head dims up to 128)."""
+    """tma: q, K and V blocks loaded as TMA boxes (qkv_tma_ok inputs, head dims up to 128)."""
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": tma}, num_stages=stages, num_warps=warps)
 
 
@@ -251,11 +252,11 @@ def _prune(configs, sizes):
     return keep
 
 
-def tma_ok(*tensors) -> bool:
+def qkv_tma_ok(*tensors) -> bool:
     """Whether q, k, v (4-D) can be read as TMA boxes: head dim contiguous, every other stride a
     non-zero multiple of 16 bytes (an expanded head dim is not), 16-byte aligned data."""
     for t in tensors:
-        t = gemm.tma_view(t)
+        t = tma_view(t)
         size = t.element_size()
         if t.stride(3) != 1 or t.data_ptr() % 16 or any(st <= 0 or st * size % 16 for st in t.stride()[:3]):
             return False
@@ -290,7 +291,7 @@ def gluon_problem(q, k, v, qk_int8=False) -> str | None:
         return f"head dim {q.shape[3]} (the Gluon kernel takes {', '.join(map(str, module.HEAD_DIMS))})"
     if k.shape[2] == 0:
         return "no keys"
-    if not tma_ok(q, k, v):
+    if not qkv_tma_ok(q, k, v):
         return "q, k or v rows are not 16-byte aligned for the copy engine"
     return None
 
@@ -386,7 +387,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
             flash_decoding.launch(q, k, v, mask_t, mask is not None, softmax_scale(q, scale) * LOG2E,
                                   empty_nan, out)
             return
-        use_tma = D <= 128 and not fp32 and tma_ok(q, k, v)
+        use_tma = D <= 128 and not fp32 and qkv_tma_ok(q, k, v)
         gluon = use_tma and gluon_problem(q, k, v, qk_int8) is None
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
@@ -460,7 +461,7 @@ def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
                 *(mask_t.stride() if has_mask else (0, 0, 0, 0)))
     if kw["TMA"]:
         bd = triton.next_power_of_2(D)
-        descs = [TensorDescriptor.from_tensor(gemm.tma_view(t), [1, 1, rows, bd])
+        descs = [TensorDescriptor.from_tensor(tma_view(t), [1, 1, rows, bd])
                  for t, rows in ((q, kw["BLOCK_M"]), (k, kw["BLOCK_N"]), (v, kw["BLOCK_N"]))]
     else:
         descs = [q, k, v]

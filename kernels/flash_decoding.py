@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
-from accelc.kernels.gemm import sm_count
+from accelc.kernels.primitives import log2_units, sm_count, softmax_update
 from accelc.kernels.pdl import enabled as pdl_enabled, wait_for_producers
 
 LOG2E = 1.4426950408889634     # the kernels' softmax runs in base 2: scores x log2(e), then exp2
@@ -50,29 +50,6 @@ MIN_KEYS = 256         # keys below which one program a (batch, head) already ha
 PROGRAMS_PER_SM = 1
 WIDE_BLOCKS = 4
 COMBINE_ELEMENTS = 8192   # accumulator values the combine loads at once (64 fp32 registers a thread)
-
-
-@triton.jit
-def log2_units(add):
-    """An additive mask in log2 units: x log2(e), saturating at the largest finite float where
-    that product overflows (bf16's and fp32's own minimum, the value HF's masks fill with, stays
-    finite, as eager's softmax sees it: a row masked that way averages its values, not 0 or NaN);
-    -inf stays -inf."""
-    a = add.to(tl.float32)
-    return tl.where(a == float("-inf"), a, tl.maximum(a * 1.4426950408889634, -3.4028234663852886e38))
-
-
-@triton.jit
-def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """One key block's online-softmax step (base 2): the running sum and accumulator rescaled to
-    the new row max (m_sub: it, or 0 where a row has seen no key), then p and p @ v added."""
-    alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if DOT_IN_FP32:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-    return acc, l_i, m_new
 
 
 @triton.jit

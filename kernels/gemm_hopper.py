@@ -7,7 +7,7 @@ consumer warpgroups that never wait for memory. The design follows Triton's Gluo
 (05-wgmma, 07-persistence, 08-warp-specialization) and CUTLASS's sm90 "ping-pong" kernel:
 
 - persistent: one CTA per SM walks its output tiles (tile, tile + #CTAs, ...), in GROUP_M groups of
-  row blocks so that the CTAs running together share weight tiles in L2 (gemm.tile_coords);
+  row blocks so that the CTAs running together share weight tiles in L2 (primitives.tile_coords);
 - a **load partition** (one warp, 40 registers; a warpgroup beside two consumers, see below) streams
   x and weight K-slices by TMA into a ring of
   STAGES shared-memory buffers; `ready[s]` says a slot is full (the copy engine's byte count),
@@ -30,7 +30,7 @@ A second kernel, linear_coop_kernel (the end of this file), runs cuBLAS's one-wa
 MMA warpgroups share a tile ("cooperative"), each owning 64 rows in two accumulators of power-of-two
 widths. The launcher races both kernels' candidates with the `tl` kernel's.
 
-Every operand must be one the copy engine can take (gemm.tma_ok: 16-byte aligned rows and base,
+Every operand must be one the copy engine can take (primitives.tma_ok: 16-byte aligned rows and base,
 contiguous last dim); the launcher (gemm.launch) sends everything else to the `tl` kernel, which
 is also the CPU-interpreter path and the reference these kernels are tested against. The weight is
 read as stored: (N, K) boxes (nn.Linear) or (K, N) boxes of weight^T (W_T: GPT-2's Conv1D).
@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from accelc.kernels.epilogue import finish
-from accelc.kernels.gemm import tile_coords
+from accelc.kernels.primitives import tile_coords
 
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.int8: gl.int8}
 

@@ -120,3 +120,19 @@ def test_generation_declares_its_contract_instead_of_attribute_hooks():
         missing = [m for m in ("race_inputs", "reset", "describe", "begin", "prefill_inputs", "decode_inputs",
                                "shell_inputs") if getattr(cls, m) is getattr(StepModule, m)]
         assert not missing, (name, missing)
+
+
+def test_kernel_primitives_have_one_home():
+    """What the kernel families share (tile order, SM count, TMA views, the online softmax's steps) is defined in
+    kernels/primitives.py and nowhere else; a family's candidate tables live beside its kernels, not in them
+    (kernels/gemm_configs.py for accelc::linear)."""
+    shared = {"tile_coords", "sm_count", "tma_ok", "tma_view", "log2_units", "softmax_update"}
+    where = {}
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in shared:
+                where.setdefault(node.name, []).append(name)
+    assert where == {n: ["accelc.kernels.primitives"] for n in shared}, where
+    gemm = ast.parse((ROOT / "kernels" / "gemm.py").read_text())
+    defined = {n.name for n in gemm.body if isinstance(n, ast.FunctionDef)}
+    assert not defined & {"config", "prune_configs", "default_config", "gemv_config", "gluon_config"}, defined

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from accelc.numerics import sqnr_db
-from accelc.kernels import flash_attention as fa, gemm
+from accelc.kernels import flash_attention as fa, primitives
 from accelc.kernels.flash_attention import flash_attention_launch, flash_attention_ref
 from conftest import DEVICE, assert_close_to_ref, rel_l2
 
@@ -232,7 +232,7 @@ def test_tma_boxes_every_head_dim_and_ragged_lengths(d, lq, lk, causal):
     """Rows past L and S and columns past D come back zero-filled from the copy engine: no masks on
     the loads, the bounds mask on the scores only."""
     q, k, v = _qkv(2, 3, lq, lk, d, torch.float16)
-    assert fa.tma_ok(q, k, v)
+    assert fa.qkv_tma_ok(q, k, v)
     with fa.TUNER.force(_TMA_CFG):
         _check(q, k, v, causal=causal)
         assert all(kw["TMA"] for _, kw in fa.TUNER.calls.values())
@@ -245,7 +245,7 @@ def test_tma_boxes_strided_inputs_grouped_heads_and_masks():
     q = base[:, :, 0].transpose(1, 2)                                   # (2, 4, 21, 32), heads interleaved
     kv = torch.randn(2, 25, 2, 2, 32, device=DEVICE, dtype=torch.float16)
     k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)     # (2, 2, 25, 32)
-    assert fa.tma_ok(q, k, v) and not q.is_contiguous()
+    assert fa.qkv_tma_ok(q, k, v) and not q.is_contiguous()
     keep = torch.rand(2, 1, 21, 25, device=DEVICE) > 0.3
     keep[..., 0] = True
     pad = torch.zeros(2, 1, 1, 25, device=DEVICE, dtype=torch.float16)
@@ -266,9 +266,9 @@ def test_tma_boxes_size_one_dims_with_odd_strides():
     base = torch.randn(2, 19, 3 * 32, device=DEVICE, dtype=torch.float16)
     q, k, v = (base[:, :, i * 32:(i + 1) * 32].unsqueeze(1) for i in range(3))   # (2, 1, 19, 32)
     q = q.as_strided(q.shape, (q.stride(0), 97, q.stride(2), 1))
-    view = gemm.tma_view(q)
+    view = primitives.tma_view(q)
     assert view.stride(1) % 8 == 0 and view.stride(1) >= q.stride(0) and view.stride()[::2] == q.stride()[::2]
-    assert fa.tma_ok(q, k, v)
+    assert fa.qkv_tma_ok(q, k, v)
     with fa.TUNER.force(_TMA_CFG):
         _check(q, k, v)
 
@@ -283,12 +283,12 @@ def test_tma_boxes_int8_scores():
 
 def test_tma_refused_where_strides_do_not_allow_it():
     q, k, v = _qkv(1, 2, 8, 8, 64, torch.float16)
-    assert fa.tma_ok(q, k, v)
-    assert fa.tma_ok(q[:1, :1], k[:1, :1], v[:1, :1])                   # size-1 dims: any stride
-    assert not fa.tma_ok(q, k[:, :1].expand(1, 2, 8, 64), v)            # an expanded head: stride 0
-    assert not fa.tma_ok(q, k.transpose(2, 3).contiguous().transpose(2, 3), v)   # head dim not contiguous
+    assert fa.qkv_tma_ok(q, k, v)
+    assert fa.qkv_tma_ok(q[:1, :1], k[:1, :1], v[:1, :1])                   # size-1 dims: any stride
+    assert not fa.qkv_tma_ok(q, k[:, :1].expand(1, 2, 8, 64), v)            # an expanded head: stride 0
+    assert not fa.qkv_tma_ok(q, k.transpose(2, 3).contiguous().transpose(2, 3), v)   # head dim not contiguous
     odd = torch.randn(1, 2, 8, 68, device=DEVICE, dtype=torch.float16)[..., :60]  # rows of 136 bytes
-    assert not fa.tma_ok(q[..., :60], odd, odd)
+    assert not fa.qkv_tma_ok(q[..., :60], odd, odd)
     sizes = dict(B=1, H=2, L=8, S=8, D=64, tma=False)
     assert fa._prune(fa.CONFIGS, sizes) and not any(c.kwargs["TMA"] for c in fa._prune(fa.CONFIGS, sizes))
     assert any(c.kwargs["TMA"] for c in fa._prune(fa.CONFIGS, dict(sizes, tma=True)))
