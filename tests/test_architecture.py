@@ -125,7 +125,7 @@ def test_generation_declares_its_contract_instead_of_attribute_hooks():
 def test_kernel_primitives_have_one_home():
     """What the kernel families share (tile order, SM count, TMA views, the online softmax's steps) is defined in
     kernels/primitives.py and nowhere else; a family's candidate tables live beside its kernels, not in them
-    (kernels/gemm_configs.py for accelc::linear)."""
+    (kernels/gemm_configs.py, kernels/conv_configs.py)."""
     shared = {"tile_coords", "sm_count", "tma_ok", "tma_view", "log2_units", "softmax_update"}
     where = {}
     for name, path in MODULES.items():
@@ -133,6 +133,8 @@ def test_kernel_primitives_have_one_home():
             if isinstance(node, ast.FunctionDef) and node.name in shared:
                 where.setdefault(node.name, []).append(name)
     assert where == {n: ["accelc.kernels.primitives"] for n in shared}, where
-    gemm = ast.parse((ROOT / "kernels" / "gemm.py").read_text())
-    defined = {n.name for n in gemm.body if isinstance(n, ast.FunctionDef)}
-    assert not defined & {"config", "prune_configs", "default_config", "gemv_config", "gluon_config"}, defined
+    for family in ("gemm", "conv"):
+        tree = ast.parse((ROOT / "kernels" / f"{family}.py").read_text())
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert not defined & {"config", "rect_config", "prune_configs", "default_config", "gemv_config",
+                              "gluon_config", "interpreter_config"}, (family, defined)
