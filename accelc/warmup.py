@@ -33,6 +33,7 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
         return
     t0 = time.perf_counter()
     progress_bar.phase("warm-up (glue compiled, CUDA graphs captured)")
+    flat = _own(flat)     # (an example passed as a view of the caller's tensor: see _own)
     opt.warm_up(flat)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
     if race is not None:  # and the call it serves most (a decode step): its graph, its glue compiled static
         opt.warm_up(race[0])
@@ -73,9 +74,14 @@ def apart_inputs(opt: OptimizedModule, flat: tuple) -> list[tuple]:
     general = {k: 2 for k, n in example.items() if n == 1 and (ranges[k].hi is None or ranges[k].hi >= 2)}
     ones = {k: 1 for k in leading if example.get(k, 1) >= 2 and ranges[k].lo <= 1}
     sizes = [s for s in (general, {**general, **ones} if ones else {}) if s]
-    # tensors of their own: a view of the example (inputs_at cuts one) compiles a variant whose guards read
-    # its base, which a request's tensor has not, so the request compiled the variant again
-    return [tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in shapes.inputs_at(flat, s)) for s in sizes]
+    return [_own(shapes.inputs_at(flat, s)) for s in sizes]
+
+
+def _own(inputs: tuple) -> tuple:
+    """Inputs made from the example's as tensors of their own: a view of it (inputs_at and repeated_to cut
+    one) compiles glue whose guards read its base, which a request's tensor has not, so the request compiled
+    that glue again."""
+    return tuple(a.clone() if isinstance(a, torch.Tensor) and a._base is not None else a for a in inputs)
 
 
 def inputs_for(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
@@ -109,7 +115,7 @@ def inputs_for(opt: OptimizedModule, warmup_shapes) -> list[tuple]:
         except ValueError as e:
             raise InputError(str(e)) from None
     all_sizes.sort(key=lambda sz: -math.prod(sz.values()))
-    return [shapes.inputs_at(opt.example_inputs, sz) for sz in all_sizes]
+    return [_own(shapes.inputs_at(opt.example_inputs, sz)) for sz in all_sizes]
 
 
 def _free_inputs(opt: OptimizedModule, shapes, warmup_shapes) -> list[tuple]:
@@ -129,7 +135,7 @@ def _free_inputs(opt: OptimizedModule, shapes, warmup_shapes) -> list[tuple]:
         refused = shapes.check(args)
         if refused:
             raise InputError(f"warm-up shape: {refused}")
-        out.append(args)
+        out.append(_own(args))
     out.sort(key=lambda a: -sum(t.numel() for t in a if isinstance(t, torch.Tensor)))
     return out
 
