@@ -18,7 +18,7 @@ import torch
 
 from accelc import buckets, runtime
 from accelc import progress as progress_bar
-from accelc.capture.shapes import SHAPES, DimRange, repeated_to
+from accelc.capture.shapes import SHAPES, repeated_to
 from accelc.errors import InputError
 from accelc.optimized import OptimizedModule
 
@@ -63,16 +63,9 @@ def apart_inputs(opt: OptimizedModule, flat: tuple) -> list[tuple]:
     shapes = opt.graph_module.meta.get(SHAPES)
     if shapes is None or shapes.free or not shapes.varying():
         return []
-    ranges = shapes.varying()
-    example, leading = {}, set()
-    for row, a in zip(shapes.dims, flat):
-        for d, r in enumerate(row or ()):
-            if isinstance(r, DimRange) and isinstance(a, torch.Tensor):
-                example.setdefault(r.sym, a.shape[d])
-                if d == 0:
-                    leading.add(r.sym)
+    ranges, example = shapes.varying(), shapes.sizes_in(flat)
     general = {k: 2 for k, n in example.items() if n == 1 and (ranges[k].hi is None or ranges[k].hi >= 2)}
-    ones = {k: 1 for k in leading if example.get(k, 1) >= 2 and ranges[k].lo <= 1}
+    ones = {k: 1 for k, n in shapes.sizes_in(flat, leading=True).items() if n >= 2 and ranges[k].lo <= 1}
     sizes = [s for s in (general, {**general, **ones} if ones else {}) if s]
     return [_own(shapes.inputs_at(flat, s)) for s in sizes]
 

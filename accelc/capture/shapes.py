@@ -175,6 +175,16 @@ class InputShapes:
         """{symbol: DimRange} of the dims that vary (one entry per size that varies)."""
         return {r.sym: r for row in self.dims if row for r in row if isinstance(r, DimRange)}
 
+    def sizes_in(self, args: tuple, leading: bool = False) -> dict:
+        """{symbol: its size in these inputs} for the dims that vary (leading: only those some input holds as
+        its first dim, a batch)."""
+        sizes = {}
+        for row, a in zip(self.dims, args):
+            for d, r in enumerate(row or ()):
+                if isinstance(r, DimRange) and isinstance(a, torch.Tensor) and (d == 0 or not leading):
+                    sizes.setdefault(r.sym, a.shape[d])
+        return sizes
+
     def other_shapes(self, args: tuple, max_scale: int = 8) -> list[tuple[str, dict]]:
         """Sizes the guard checks every layer at besides the example, for the dims that vary:
         [(label, {symbol: size})]: the smallest (each at its lower end), one odd size in between, and the
@@ -182,11 +192,7 @@ class InputShapes:
         ranges = self.varying()
         if not ranges:
             return []
-        example = {}
-        for row, a in zip(self.dims, args):
-            for d, r in enumerate(row or ()):
-                if isinstance(r, DimRange) and isinstance(a, torch.Tensor):
-                    example.setdefault(r.sym, a.shape[d])
+        example = self.sizes_in(args)
         small = {k: r.lo for k, r in ranges.items()}
         odd = {k: _odd(ranges[k], example.get(k, 2)) for k in ranges}
         out = [("at the smallest sizes", small), ("at odd sizes", odd)]
