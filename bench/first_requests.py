@@ -31,12 +31,14 @@ class _Lines(logging.Handler):
 
 
 def _triton_compile_seconds():
-    """[seconds, count, kernel names] of Triton's compiles from now on (installed before any kernel's first launch: a
-    kernel's binder takes triton.compiler.compile when it is made)."""
+    """[seconds, count, kernel names, specializations] of Triton's compiles from now on (installed before any kernel's
+    first launch: a kernel's binder takes triton.compiler.compile when it is made). A specialization is what made the
+    binary differ from another of the same kernel: the argument types (pointers' and descriptors' included), the
+    constexprs and the attributes (an int's divisibility by 16, a pointer's alignment)."""
     import triton.compiler
     import triton.compiler.compiler as cc
 
-    spent = [0.0, 0, []]
+    spent = [0.0, 0, [], []]
     real = cc.compile
 
     def timed(src, *a, **k):
@@ -47,7 +49,10 @@ def _triton_compile_seconds():
             spent[0] += time.perf_counter() - t0
             spent[1] += 1
             fn = getattr(src, "fn", None)
-            spent[2].append(getattr(fn, "__name__", None) or getattr(src, "name", None) or str(src)[:80])
+            name = getattr(fn, "__name__", None) or getattr(src, "name", None) or str(src)[:80]
+            spent[2].append(name)
+            spent[3].append({"kernel": name, **{f: str(getattr(src, f, None))[:2000]
+                                                for f in ("signature", "constants", "attrs")}})
     cc.compile = triton.compiler.compile = timed
     return spent
 
@@ -95,6 +100,9 @@ def main():
                    "compiled": spent[2][before[2]:]}
             if ms > a.over_ms:
                 row["log"] = list(handler.lines)
+            if row["compiled"]:   # this binary's specialization and those the same kernels had before it
+                row["specializations"] = spent[3][before[2]:]
+                row["earlier_of_these_kernels"] = [sp for sp in spent[3][:before[2]] if sp["kernel"] in row["compiled"]]
             rows.append(row)
             print(json.dumps(row)[:3000], flush=True)
     md = (f"# First requests of a new shape, {a.model} ({env['device']})\n\n{_common.env_line(env)}\n\n"

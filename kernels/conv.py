@@ -51,7 +51,7 @@ from accelc.kernels import gemm, primitives
 # the family's candidates (kernels/conv_configs.py), also read as conv.<name> by its callers
 from accelc.kernels.conv_configs import (CONFIGS, GLUON_CONFIGS, GROUPED_CONFIGS, ROWS_CONFIGS,  # noqa: F401
                                          SPLIT_CONFIGS, config, default_config, gluon_config, interpreter_config,
-                                         prune_configs, rect_config)
+                                         prune_configs, rect_config, rows_config)
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, broadcasts_to, epilogue,
                                      epilogue_ref, residual_as)
 from accelc.tuning import CompiledCall, Tuner, check_once

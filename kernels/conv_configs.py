@@ -52,11 +52,26 @@ CONFIGS = [config(128, 128, 64, 3, 8), config(128, 64, 64, 4, 4), config(64, 128
 SPLIT_CONFIGS = [rect_config(8, 8, 64, 64, 4, 4, split=s) for s in (2, 4, 8)] \
     + [config(64, 64, 64, 4, 4, split=s) for s in (2, 4, 8)]
 CONFIGS += SPLIT_CONFIGS
-# the ROWS path (an RGB stem): BLOCK_K is unused there (its K step is the padded kernel row)
-ROWS_CONFIGS = [config(128, 64, 16, 3, 4), config(128, 64, 16, 2, 4), config(256, 64, 16, 3, 8),
-                config(64, 64, 16, 3, 4), config(128, 128, 16, 3, 8),
-                config(128, 64, 16, 3, 4, row_step=2), config(64, 64, 16, 3, 4, row_step=2),
-                config(256, 64, 16, 3, 8, row_step=2)]
+
+
+def rows_config(bm, bn, stages, warps, row_step=1) -> triton.Config:
+    """A tile of the ROWS path (an RGB stem; its K step is the padded kernel row, so BLOCK_K is unused).
+
+    One warpgroup (4 warps) only, for the RECT path's reason (rect_config): the input run is zeroed past S in
+    registers (tl.where) before the dot, so Triton (3.6) feeds a register-operand wgmma from a pipelined
+    shared-memory stage, refilled without a CTA-wide barrier after the read. With 8 warps one warpgroup ran
+    ahead and refilled a stage the other was still reading: run-to-run different results (ResNet's stem,
+    256 x 64 tiles, H200; bench/conv_rows_race.py)."""
+    if warps != 4:
+        raise ValueError("ROWS conv configs take 4 warps (one warpgroup): see rows_config")
+    return config(bm, bn, 16, stages, warps, row_step=row_step)
+
+
+# the ROWS path (an RGB stem)
+ROWS_CONFIGS = [rows_config(128, 64, 3, 4), rows_config(128, 64, 2, 4), rows_config(256, 64, 3, 4),
+                rows_config(64, 64, 3, 4), rows_config(128, 128, 3, 4),
+                rows_config(128, 64, 3, 4, row_step=2), rows_config(64, 64, 3, 4, row_step=2),
+                rows_config(256, 64, 3, 4, row_step=2)]
 CONFIGS += ROWS_CONFIGS
 # grouped convs (ResNeXt / RegNet groups of 8-64 channels in and out): tiles as narrow as a group
 GROUPED_CONFIGS = [config(128, 16, 16, 3, 4), config(128, 32, 16, 3, 4), config(128, 32, 32, 3, 4),

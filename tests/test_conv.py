@@ -125,6 +125,15 @@ def test_tma_rectangle_configs_take_one_warpgroup():
         conv.rect_config(16, 8, 128, 64, 3, 8)
 
 
+def test_rows_configs_take_one_warpgroup():
+    """The ROWS path (an RGB stem) zeroes its input run in registers before the dot, the same register-operand wgmma
+    from a pipelined stage: its 256 x 64 tile with 8 warps differed run to run in 39 of 40 runs (H200,
+    bench/conv_rows_race.py). Such configs are refused, and none is offered."""
+    assert conv.ROWS_CONFIGS and all(c.num_warps == 4 for c in conv.ROWS_CONFIGS)
+    with pytest.raises(ValueError, match="4 warps"):
+        conv.rows_config(256, 64, 3, 8, row_step=2)
+
+
 @pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
 @pytest.mark.parametrize("c,k,r,h,w,with_res", [
     (3, 24, 8, 32, 32, False),    # ViT's patch embedding, small: 8x8 stride 8
