@@ -19,7 +19,7 @@ from accelc import buckets, generation, guard, meta, reuse, runner, runtime, war
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
-from accelc.capture.shapes import SHAPES
+from accelc.capture.shapes import CHECKED_AT, SHAPES
 from accelc.examples import carried_dims, check_calibration, check_example_inputs, separate_aliases
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.flops import node_flops
@@ -286,6 +286,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     replayable = gm.meta.get(runner.REPLAYABLE_STATE, False)
     gm = fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)
     gm.meta[SHAPES] = ctx.shapes
+    gm.meta[CHECKED_AT] = list(ctx.checked_at)
     plan = gm.meta[buckets.CALL_PLAN] = buckets.CallPlan()
     if replayable:
         gm.meta[runner.REPLAYABLE_STATE] = True
@@ -311,7 +312,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
                         model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
                         original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
                         runtime=runner.plan(config, device, gm)[2], seconds=seconds,
-                        shapes=ctx.shapes.describe() + plan.describe() if ctx.shapes is not None else "",
+                        shapes=ctx.shapes.describe(ctx.checked_at) + plan.describe() if ctx.shapes is not None else "",
                         reused=memo.made if memo is not None else "")
     records = collect_layers(gm, checks, node_flops(gm))
     info.flops = sum(r.flops for r in records)

@@ -70,12 +70,12 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
     and kept ones included."""
     v = _Verdicts()
     if ctx.config.guard:
-        _judge(gm, ctx, v, check_layers(gm, ctx.example_inputs, ctx.config, seconds=ctx.seconds, shapes=ctx.shapes),
+        _judge(gm, ctx, v, check_layers(gm, ctx.example_inputs, ctx.config, seconds=ctx.seconds, ctx=ctx),
                may_demote=True)
     _choose_int8_or_float(gm, ctx, v)
     if v.recheck and ctx.config.guard:
         _judge(gm, ctx, v, check_layers(gm, ctx.example_inputs, ctx.config, only=v.recheck, seconds=ctx.seconds,
-                                        shapes=ctx.shapes), may_demote=False)
+                                        ctx=ctx), may_demote=False)
     _keep_the_faster(gm, ctx, v)
     _finish(gm)
     return {**{meta.rewrite_of(n).layer: c for n, c in v.passed.items()}, **v.put_back}
@@ -185,15 +185,18 @@ def race_inputs(ctx) -> tuple[tuple, str]:
 # checking
 
 def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: dict | None = None,
-                 shapes=None) -> dict[fx.Node, LayerCheck]:
+                 ctx=None) -> dict[fx.Node, LayerCheck]:
     """Check every rewritten node (or those in `only`) on `args`, then again on the other inputs
     of `other_inputs` (a second draw; other batch sizes and sequence lengths, the ends of the
     ranges `shapes` says the graph takes): a layer passes only if it passes on all of them. On a
     GPU each kernel runs twice on the example inputs and must give the same bits both times
     (accelc's kernels have no atomics: a difference is a race). A kernel's first call tunes it
     (accelc.tuning): the tuning log names the layer and how many are left. seconds: where to add
-    the time the checks on other inputs took ("guard: other inputs"). shapes
-    (accelc.capture.InputShapes) records the sizes every layer was checked at."""
+    the time the checks on other inputs took ("guard: other inputs"). ctx (a PassContext): its shapes
+    (accelc.capture.InputShapes) give the other sizes; what the checks learn of them goes back there, a
+    narrower contract where the program's own shape check refused one (InputShapes.narrowed), and the sizes
+    every layer passed at into ctx.checked_at, the guard's record."""
+    shapes = ctx.shapes if ctx is not None else None
     todo = [n for n in layers(gm) if only is None or n in only]
     progress.phase("checking each layer against PyTorch" + (" (first calls tune kernels)" if not runtime.interpreted()
                                                              else ""), len(todo))
@@ -213,11 +216,12 @@ def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: di
                 more = _check_pass(gm, more_args, config, passing, repeat=False)
         except Exception as e:   # the model itself does not run on them (a shape it fixes): nothing to check
             log.debug("accelc: guard: no check %s (%s: %s)", label, type(e).__name__, e)
-            if shapes is not None:
-                shapes.learn(str(e))    # a shape guard the program holds beyond its stated ranges
+            narrower = shapes.narrowed(str(e)) if shapes is not None else None
+            if narrower is not None:    # a shape guard the program holds beyond its stated ranges
+                shapes = ctx.shapes = narrower
             continue
         if sizes is not None and only is None:
-            shapes.checked_at(label, args, sizes)
+            ctx.checked_at.append(shapes.checked_label(label, args, sizes))
         for n, c in more.items():
             if not c.passed:
                 checks[n] = dataclasses.replace(c, reason=f"{c.reason} ({label})")

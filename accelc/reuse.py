@@ -23,7 +23,6 @@ removed, and the guard runs.
 """
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import logging
@@ -70,11 +69,12 @@ class Memo:
     checks: dict                  # layer name -> its final LayerCheck
     eager_ms: dict                # layer name -> eager ms of the original on the race inputs
     eager_gpu_ms: float | None    # the eager model's GPU time a call (the summary's share of eager time)
-    shapes: dict | None           # the input shape contract's fields after the guard (what it learned)
+    shapes: object                # the input shape contract after the guard (InputShapes: what it learned)
     padding: tuple | None         # (Padding or None, note) of the padding check, None where it did not run
     picks: list                   # [(tuner, key, triton.Config)]: the configs the checked kernels ran with
     seconds: dict = field(default_factory=dict)   # where the optimize that made it spent its time
     made: str = ""                # when, UTC
+    checked_at: list = field(default_factory=list)   # the guard's record: the other sizes every layer passed at
 
     def fits(self, gm: fx.GraphModule) -> bool:
         """Whether the passes made the layers this record judged (same names, same kernels)."""
@@ -87,7 +87,8 @@ class Memo:
         checks = guard.replay(gm, self.decisions, self.checks)
         ctx.eager_ms.update(self.eager_ms)
         if ctx.shapes is not None and self.shapes is not None:
-            vars(ctx.shapes).update(copy.deepcopy(self.shapes))
+            ctx.shapes = self.shapes      # (a contract is read-only: the recorded one, as the guard left it)
+            ctx.checked_at = list(self.checked_at)
         return checks
 
 
@@ -101,7 +102,7 @@ def record(gm_before: list, ctx, checks: dict, eager_gpu_ms, seconds: dict, pick
     before it (the record keeps the configs chosen in the settle), padding the padding check's outcome."""
     known = {(name, k) for name, k, _ in picks_before}
     return Memo(layers=gm_before, decisions=list(ctx.decisions), checks=dict(checks), eager_ms=dict(ctx.eager_ms),
-                eager_gpu_ms=eager_gpu_ms, shapes=copy.deepcopy(vars(ctx.shapes)) if ctx.shapes is not None else None,
+                eager_gpu_ms=eager_gpu_ms, shapes=ctx.shapes, checked_at=list(ctx.checked_at),
                 padding=padding, picks=[p for p in picks() if (p[0], p[1]) not in known], seconds=dict(seconds),
                 made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
 

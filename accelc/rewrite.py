@@ -52,6 +52,7 @@ class PassContext:
     seconds: dict = field(default_factory=dict)   # where optimize's time goes, by phase
     eager_ms: dict = field(default_factory=dict)  # layer name -> eager ms of the original, where timed
     shapes: object = None   # accelc.capture.InputShapes: the input shapes the graph takes
+    checked_at: list = field(default_factory=list)   # the guard's record: other sizes every layer passed at
     # (inputs, what they are in words) the guard's speed race times layers on where not the example
     # inputs (a generation step's: a decode step's)
     race: tuple | None = None

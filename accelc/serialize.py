@@ -8,6 +8,7 @@ interrupted or failed write never leaves a half-written file under the final nam
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
@@ -116,8 +117,8 @@ def _shape_notes(shapes) -> dict:
     return {"lower_ends": lower, "declared": declared}
 
 
-def _restore_shape_notes(shapes: InputShapes, summary: dict) -> None:
-    """_shape_notes' entries taken out of a loaded program's summary and back onto its shapes."""
+def _restore_shape_notes(shapes: InputShapes, summary: dict) -> InputShapes:
+    """_shape_notes' entries taken out of a loaded program's summary: its shapes with them back."""
     def dim_range(i, d):
         row = shapes.dims[i] if i < len(shapes.dims) else None
         r = row[d] if row is not None and d < len(row) else None
@@ -126,15 +127,15 @@ def _restore_shape_notes(shapes: InputShapes, summary: dict) -> None:
     for i, d, lo, why in summary.pop("lower_ends", None) or ():
         r = dim_range(i, d)
         if r is not None:
-            shapes.lower_ends[r.sym] = why
-            shapes.lower({r.sym}, max(r.lo, lo))
+            shapes = shapes.lowered({r.sym}, max(r.lo, lo), why={r.sym: why})
     declared = [dict() for _ in shapes.names]
     for i, d in summary.pop("declared", None) or ():
         r = dim_range(i, d)
         if r is not None:
             declared[i][d] = (r.lo, r.hi)
     if any(declared):
-        shapes.declared = tuple(x or None for x in declared)
+        shapes = dataclasses.replace(shapes, declared=tuple(x or None for x in declared))
+    return shapes
 
 
 def _pinned(ep, declared: tuple) -> str:
@@ -228,9 +229,9 @@ def _loaded(ep, summary_text: str) -> "LoadedProgram":
     names = tuple(s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
     shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
     if not shapes.dynamic:
-        shapes.static = "a program saved with fixed shapes"
+        shapes = dataclasses.replace(shapes, static="a program saved with fixed shapes")
     summary = json.loads(summary_text) if summary_text else {}
-    _restore_shape_notes(shapes, summary)
+    shapes = _restore_shape_notes(shapes, summary)
     summary = summary or None     # a program saved without a summary (pickled: only the shape notes)
     loaded = LoadedProgram(program_module(ep), shapes, summary)
     object.__setattr__(loaded, "_ep", ep)     # what it pickles as (not a submodule: the same weights)

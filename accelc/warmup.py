@@ -18,7 +18,7 @@ import torch
 
 from accelc import buckets, runtime
 from accelc import progress as progress_bar
-from accelc.capture.shapes import SHAPES, repeated_to
+from accelc.capture.shapes import CHECKED_AT, SHAPES, repeated_to
 from accelc.errors import InputError
 from accelc.optimized import OptimizedModule
 
@@ -137,4 +137,5 @@ def note(opt: OptimizedModule, text: str) -> None:
     """The warm-up's words in the call plan and the summary's shapes line."""
     plan = opt.graph_module.meta[buckets.CALL_PLAN] = buckets.call_plan(opt.graph_module)
     plan.warmed = text
-    opt.info.shapes = opt.graph_module.meta[SHAPES].describe() + plan.describe()
+    gm = opt.graph_module
+    opt.info.shapes = gm.meta[SHAPES].describe(gm.meta.get(CHECKED_AT, ())) + plan.describe()

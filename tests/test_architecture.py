@@ -138,3 +138,15 @@ def test_kernel_primitives_have_one_home():
         defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
         assert not defined & {"config", "rect_config", "rows_config", "prune_configs", "default_config", "gemv_config",
                               "gluon_config", "interpreter_config"}, (family, defined)
+
+
+def test_the_call_contract_is_read_only():
+    """InputShapes is the call contract: capture settles it, and what a later stage learns of it (the guard's
+    narrower ranges, a loaded program's notes) is a new contract; the sizes the guard checked are its own
+    record (capture.shapes.CHECKED_AT), not fields written into the contract."""
+    import dataclasses
+
+    from accelc.capture.shapes import InputShapes
+
+    assert InputShapes.__dataclass_params__.frozen
+    assert "checked" not in {f.name for f in dataclasses.fields(InputShapes)}

@@ -2,6 +2,7 @@
 eager does, padded batches included; the shapes it takes are said, a shape it cannot take is refused
 in one line naming the input, the dim and the limit; saved programs keep their dims. (CPU, tiny
 configs of real HF families, fp32.)"""
+import dataclasses
 import warnings
 
 import pytest
@@ -262,11 +263,17 @@ def test_shapes_learn_a_guard_and_word_a_refusal():
 
     s = InputShapes(("pixel_values",), ((DimRange(2, None, "s0"), DimRange(2, None, "s1"), DimRange(2, None, "s2"),
                                          DimRange(2, None, "s2")),))
-    assert s.learn("Guard failed: pixel_values.size()[1] == 3")
-    assert s.learn("Guard failed: flat_0.size()[2] <= 32")
-    assert not s.learn("something else")
+    first = s.narrowed("Guard failed: pixel_values.size()[1] == 3")
+    s2 = first.narrowed("Guard failed: flat_0.size()[2] <= 32")
+    assert s2.narrowed("something else") is None
+    assert s.dims[0][1] == DimRange(2, None, "s1")        # a contract is read-only: narrowed is another one
+    s = s2
     assert s.dims[0][1] == 3 and s.dims[0][2] == s.dims[0][3] == DimRange(2, 32, "s2")   # one symbol, both dims
     assert s.describe().startswith("shapes: pixel_values 2..any x 3 x 2..32 x 2..32")
+    assert s.describe(["at odd sizes (pixel_values 3x3x5x5)"]).endswith(
+        "; besides the example, every layer was also checked at odd sizes (pixel_values 3x3x5x5)")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.dims = ()
     x = torch.randn(1, 3, 40, 40)
     assert s.refusal("Guard failed: flat_0.size()[2] <= 32", (x,)) == (
         "pixel_values dim 2 is 40: at most 32: a limit of the model's (torch.export found it)")

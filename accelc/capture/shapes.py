@@ -9,6 +9,7 @@ graph takes what the model's code takes.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from torch import fx
 from accelc.errors import InputError
 
 SHAPES = "accelc_shapes"   # gm.meta key: the InputShapes of a captured graph
+CHECKED_AT = "accelc_checked_at"   # gm.meta key: the guard's record, the other sizes every layer passed at
 # a program's shape guard, as torch.export words it: "Guard failed: flat_0.size()[1] <= 64"
 # a guard on one dim alone, the whole guard ("Guard failed: x.size()[0] <= 64"); a term of a longer
 # relation ("x.size()[1] * x.size()[0] == 2 * ...") is no bound of that dim
@@ -36,16 +38,20 @@ class DimRange:
         return f"{self.lo}..{self.hi if self.hi is not None else 'any'}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class InputShapes:
     """Per flat input (the CallSpec's order, named), per dim: a fixed size or a DimRange; None for an
     input that is no tensor. `free`: no shape recorded (symbolic_trace); `static`: why every dim is
-    the example's (dynamic=False, or the dynamic export failed: said, never silent)."""
+    the example's (dynamic=False, or the dynamic export failed: said, never silent).
+
+    The call contract, read-only: what capture settles (the lower ends, the config's limits), what the
+    guard learns (a range a program's own check narrows) and what a loaded program's notes restore are
+    each a new contract (lowered, capped, narrowed, with_notes), stored where the graph keeps its
+    contract; the sizes the guard checked at are the guard's record, not the contract's."""
     names: tuple
     dims: tuple = ()
     free: bool = False
     static: str = ""
-    checked: list = field(default_factory=list)   # other shapes the guard checked every layer at
     declared: object = True   # OptimizeConfig.dynamic by input position: a free graph enforces its ranges itself
     limits: dict = field(default_factory=dict)   # {(input index, dim): the config field that ends it}
     lower_ends: dict = field(default_factory=dict)   # {symbol: why it does not go down to 1}
@@ -87,8 +93,9 @@ class InputShapes:
     def dynamic(self) -> bool:
         return (self.free and not self.static) or any(isinstance(d, DimRange) for row in self.dims if row for d in row)
 
-    def describe(self) -> str:
-        """One line for the summary."""
+    def describe(self, checked=()) -> str:
+        """One line for the summary; checked: the guard's record of the other sizes it checked every layer at
+        (checked_label's words)."""
         if self.free and self.static:
             shown = ["x".join(str(lo) for lo, _ in ranges.values()) for ranges in self.declared if ranges is not None]
             text = f"shapes: the example's only ({self.static}): {', '.join(shown)}"
@@ -106,8 +113,8 @@ class InputShapes:
             text = "shapes: " + "; ".join(parts)
             if self.dynamic:
                 text += " (a..b: a dim that varies; a number: fixed by the model)"
-        if self.checked:
-            text += "; besides the example, every layer was also checked " + "; ".join(self.checked)
+        if checked:
+            text += "; besides the example, every layer was also checked " + "; ".join(checked)
         return text
 
     def sizes_of(self, named: dict, args: tuple) -> dict:
@@ -227,57 +234,69 @@ class InputShapes:
             out.append(a)
         return tuple(out)
 
-    def checked_at(self, label: str, args: tuple, sizes: dict) -> None:
-        """Record that every layer passed at these sizes, in words: 'at the smallest sizes (input_ids 2x1,
-        attention_mask 2x1)'."""
+    def checked_label(self, label: str, args: tuple, sizes: dict) -> str:
+        """In words, the sizes every layer passed at: 'at the smallest sizes (input_ids 2x1, attention_mask
+        2x1)' (the guard's record keeps them)."""
         shown = [f"{name} {'x'.join(map(str, s))}" for name, s in zip(self.names, self.shaped(args, sizes)) if s]
-        self.checked.append(f"{label} ({', '.join(shown)})")
+        return f"{label} ({', '.join(shown)})"
 
-    def lower(self, syms, lo: int = 1) -> None:
-        """These dims' ranges start at `lo` (1: capture ran the model there, trace.settle_lower_ends; a loaded
-        program's saved lower ends, serialize)."""
-        self.dims = tuple(None if row is None else tuple(
+    def _with_dim(self, sym: str, new) -> "InputShapes":
+        """This contract with every dim of symbol `sym` replaced by `new` (a DimRange or a fixed size)."""
+        return dataclasses.replace(self, dims=tuple(None if row is None else tuple(
+            new if isinstance(x, DimRange) and x.sym == sym else x for x in row) for row in self.dims))
+
+    def lowered(self, syms, lo: int = 1, why: dict | None = None) -> "InputShapes":
+        """This contract with these dims' ranges starting at `lo` (1: capture ran the model there,
+        trace.settle_lower_ends; a loaded program's saved lower ends, serialize), and lower_ends without them, or
+        with `why` ({symbol: why it does not go down to 1}) where given."""
+        lower_ends = {k: v for k, v in self.lower_ends.items() if k not in syms or (why and k in why)}
+        lower_ends.update(why or {})
+        return dataclasses.replace(self, lower_ends=lower_ends, dims=tuple(None if row is None else tuple(
             DimRange(lo, r.hi, r.sym) if isinstance(r, DimRange) and r.sym in syms else r for r in row)
-            for row in self.dims)
+            for row in self.dims))
 
-    def cap(self, limits: dict) -> None:
-        """Close the ranges at the limits the model's config sets (position_limits), remembered for
-        the refusal's words: the guard never checks a layer past them (on a GPU, a position table
-        read past its end is a device-side assert that ends the process's CUDA context)."""
+    def with_lower_ends(self, why: dict) -> "InputShapes":
+        """This contract with these dims' reasons for not going down to 1 ({symbol: why})."""
+        return dataclasses.replace(self, lower_ends={**self.lower_ends, **why})
+
+    def capped(self, limits: dict) -> "InputShapes":
+        """This contract with the ranges closed at the limits the model's config sets (position_limits),
+        remembered for the refusal's words: the guard never checks a layer past them (on a GPU, a position
+        table read past its end is a device-side assert that ends the process's CUDA context)."""
+        out, said = self, dict(self.limits)
         for i, dims in limits.items():
-            row = self.dims[i] if i < len(self.dims) else None
+            row = out.dims[i] if i < len(out.dims) else None
             for d, (most, why) in dims.items():
                 r = row[d] if row is not None and d < len(row) else None
                 if not isinstance(r, DimRange) or (r.hi is not None and r.hi < most):
                     continue    # export found a tighter end: its words stand
-                self.limits[(i, d)] = why
+                said[(i, d)] = why
                 if r.hi is None or r.hi > most:
-                    new = DimRange(r.lo, most, r.sym)
-                    self.dims = tuple(None if rw is None else tuple(
-                        new if isinstance(x, DimRange) and x.sym == r.sym else x for x in rw) for rw in self.dims)
+                    out = out._with_dim(r.sym, DimRange(r.lo, most, r.sym))
+                    row = out.dims[i]
+        return dataclasses.replace(out, limits=said)
 
-    def learn(self, guard_text: str) -> bool:
-        """Narrow the ranges by a shape guard the program refused a probe with (a guard export
-        keeps outside its range constraints: a model's own check pins a dim); True if it did."""
+    def narrowed(self, guard_text: str) -> "InputShapes | None":
+        """This contract narrowed by a shape guard the program refused a probe with (a guard export keeps
+        outside its range constraints: a model's own check pins a dim), or None where the guard bounds no
+        varying dim alone."""
         found = _GUARD.search(_first_line(guard_text))
         if found is None:
-            return False
+            return None
         index, dim = _input_index(found.group(1), self.names), int(found.group(2))
         op, limit = found.group(3), int(found.group(4))
         if index is None or index >= len(self.dims) or not self.dims[index] or dim >= len(self.dims[index]):
-            return False
+            return None
         r = self.dims[index][dim]
         if not isinstance(r, DimRange):
-            return False
+            return None
         if op == "==":
             new = limit
         elif op in ("<=", "<"):
             new = DimRange(r.lo, min(r.hi or limit, limit if op == "<=" else limit - 1), r.sym)
         else:
             new = DimRange(max(r.lo, limit if op == ">=" else limit + 1), r.hi, r.sym)
-        self.dims = tuple(None if row is None else tuple(new if isinstance(x, DimRange) and x.sym == r.sym else x
-                                                         for x in row) for row in self.dims)
-        return True
+        return self._with_dim(r.sym, new)
 
     def refusal(self, guard_text: str, args: tuple) -> str:
         """The one line to say for a call the program's shape guard refused (guard_text: the

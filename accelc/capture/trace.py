@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import io
 import logging
 import os
-import re
 import sys
 import traceback
 import warnings
@@ -165,13 +165,12 @@ def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:
             check_same(expected, got, lambda: reference(model, spec, ins, expected, state))
         except Exception as e:   # the range keeps its 2
             log.debug("accelc: capture: %s stay at 2 or more: %s (%s)", ", ".join(group), why, _first_line(e))
-            shapes.lower_ends.update({sym: why for sym in group})
+            shapes = gm.meta[SHAPES] = shapes.with_lower_ends({sym: why for sym in group})
             continue
         finally:
             restore_buffers(model, state)
-        shapes.lower(group)
-        for sym in group:      # (a group of several that failed before may have named it)
-            shapes.lower_ends.pop(sym, None)
+        # (a group of several that failed before may have named them in lower_ends: lowered drops them)
+        shapes = gm.meta[SHAPES] = shapes.lowered(group)
         twos = [sym for sym in twos if sym not in group]
 
 
@@ -401,9 +400,8 @@ def _export(model, spec: "CallSpec", flat, dynamic=True, grow=True):
     ep, static = export_program(flat_module(model, spec) if not spec.trivial else model, flat,
                                 dynamic=spec.positions(dynamic), limits=limits, grow=grow)
     gm = program_module(ep)
-    shapes = gm.meta[SHAPES] = InputShapes.of_export(gm, ep.range_constraints, spec.names, static)
-    shapes.declared = spec.positions(dynamic)
-    shapes.cap(limits)
+    shapes = InputShapes.of_export(gm, ep.range_constraints, spec.names, static)
+    gm.meta[SHAPES] = dataclasses.replace(shapes, declared=spec.positions(dynamic)).capped(limits)
     return gm
 
 
