@@ -15,7 +15,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import buckets, generation, guard, meta, reuse, runner, runtime, warmup
+from accelc import buckets, compile_workers, generation, guard, meta, reuse, runner, runtime, warmup
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
@@ -160,6 +160,8 @@ def optimize_job(job: Job) -> OptimizedModule:
     forward many times; buffers that forward updates in place get back the values they had
     before, so the optimized module starts from the model's state."""
     state = buffer_state(job.model)
+    if job.device.type == "cuda":
+        compile_workers.start()     # (up by the time the guard's tuners compile their candidates)
     try:
         t0 = time.perf_counter()
         log.info("accelc: capturing %s", type(job.model).__name__)

@@ -11,7 +11,7 @@ import contextvars
 import logging
 import os
 
-from accelc import runtime
+from accelc import compile_workers, runtime
 
 log = logging.getLogger("accelc")
 
@@ -51,6 +51,9 @@ def precompile(launch_cfg, candidates: list) -> None:
     its timing, which says so (inf)."""
     if len(candidates) < 2:
         return
+    # first in worker processes, into Triton's disk cache (their compiles overlap fully; threads' only in
+    # part): the threads below then load them
+    compile_workers.compile_all(launch_cfg, candidates, compile_only)
     with compiling_ahead(len(candidates)) as ahead:
         for cfg in candidates if ahead else ():
             try:

@@ -1,0 +1,240 @@
+"""A tuner's candidates compiled in worker processes, into Triton's disk cache, before compile_ahead's threads
+compile them (which then load them from there).
+
+The threads of compile_ahead overlap Triton's compiles only in part (16 threads compiled a cold BERT's candidates
+4-5x faster than one after another): much of a compile runs under the interpreter lock. Here each candidate's launch first runs under Triton's `jit_cache_hook`, which hands over what it would
+compile (the kernel's specialization data: signature, constexprs, attributes, options, target) and compiles
+nothing; the workers build each from that data with `triton.compile`, which writes the disk cache under the key
+the launch's own compile computes. A worker never initialises the GPU (the main process's target comes with each job).
+
+Nothing done here is a result: a kernel a worker cannot find or compile, a Triton without the hook, a pool that
+does not start, all leave the compile to the threads, as before. ACCELC_COMPILE_PROCS: the workers (default:
+compile_ahead's thread count; 0 or 1: off). They start at optimize's beginning (`start`), so that they are up by
+the time the guard's first tuner asks, and stay for the process.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import logging
+import subprocess
+import sys
+import os
+import threading
+
+from accelc import runtime
+
+log = logging.getLogger("accelc")
+
+_lock = threading.Lock()
+_workers: list = []     # the running worker processes
+_failed: list = []      # workers that could not start: not tried again in this process
+
+
+def workers() -> int:
+    """Worker processes (ACCELC_COMPILE_PROCS; default, as compile_ahead's threads: the CPUs, at most 16)."""
+    given = os.environ.get("ACCELC_COMPILE_PROCS")
+    if given is not None and given.strip().isdigit():
+        return int(given)
+    return min(16, os.cpu_count() or 1)
+
+
+def enabled() -> bool:
+    return workers() >= 2 and not runtime.interpreted() and not _failed and _hook_supported()
+
+
+def _hook_supported() -> bool:
+    try:
+        from triton import knobs
+        return hasattr(knobs.runtime, "jit_cache_hook")
+    except ImportError:
+        return False
+
+
+class _Worker:
+    """One worker: a Python process of its own (started with -c, so that a script without a __main__ guard is
+    not imported again, as multiprocessing's spawn would), one job a line on its stdin, one answer a line on
+    its stdout (serve)."""
+
+    def __init__(self, cache_dir: str):
+        env = {**os.environ, "TRITON_CACHE_DIR": cache_dir}
+        self.proc = subprocess.Popen([sys.executable, "-c", "from accelc.compile_workers import serve; serve()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env, text=True, bufsize=1)
+
+    def compile(self, job) -> bool:
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise EOFError("a compile worker ended")
+        return answer.strip() == "1"
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+def _running() -> list:
+    """The workers (started on first use); [] where they cannot start."""
+    with _lock:
+        if not _workers and not _failed:
+            try:
+                from triton import knobs
+                cache_dir = str(knobs.cache.dir)
+                _workers.extend(_Worker(cache_dir) for _ in range(workers()))
+                atexit.register(_close)
+            except Exception as e:   # (no process may be started here): the threads compile
+                log.debug("accelc: no compile workers: %s", e)
+                _failed.append(e)
+        return list(_workers)
+
+
+def _close() -> None:
+    for w in _workers:
+        w.close()
+
+
+def start() -> None:
+    """Start the workers now (their imports take seconds), without waiting for them."""
+    if enabled():
+        _running()
+
+
+def serve() -> None:
+    """A worker's loop (see _Worker): [kernel, specialization data, target] a line -> "1" (compiled into the disk
+    cache) or "0"."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)            # anything else written to stdout (a compiler's print) goes where stderr goes
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        try:
+            ok = compile_one(*json.loads(line))
+        except Exception:
+            ok = False
+        answers.write("1\n" if ok else "0\n")
+        answers.flush()
+
+
+def collect(launch_cfg, candidates: list, compile_only) -> list[tuple[str, str]]:
+    """[(the kernel's module.qualname, its specialization data)] of what launching each candidate would compile,
+    compiling nothing (a kernel compiled already in this process asks for nothing). compile_only: compile_ahead's
+    block in which a launch compiles (Triton's warmup) instead of running."""
+    from triton import knobs
+
+    found: list = []
+
+    def hook(*, fn, compile, **_):
+        data = compile.get("specialization_data") if isinstance(compile, dict) else None
+        if data:
+            found.append((f"{fn.module}.{fn.name}", data))
+        return True      # compile nothing now
+
+    saved = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        with compile_only():
+            for cfg in candidates:
+                try:
+                    launch_cfg(cfg)
+                except Exception as e:   # not a candidate for this call: its timing says so
+                    log.debug("accelc: %s not collected for the compile workers: %s", cfg, e)
+    finally:
+        knobs.runtime.jit_cache_hook = saved
+    return found
+
+
+def compile_all(launch_cfg, candidates: list, compile_only) -> int:
+    """The candidates' compiles done by the workers into the disk cache; how many were."""
+    if not enabled():
+        return 0
+    try:
+        from triton.runtime import driver
+        target = dict(vars(driver.active.get_current_target()))
+        jobs = collect(launch_cfg, candidates, compile_only)
+    except Exception as e:
+        log.debug("accelc: the compile workers' jobs not collected: %s", e)
+        return 0
+    running = _running() if jobs else []
+    if not running:
+        return 0
+    todo = list(reversed([(name, data, target) for name, data in jobs]))
+    done: list = []
+
+    def feed(worker):
+        while True:
+            with _lock:
+                if not todo:
+                    return
+                job = todo.pop()
+            try:
+                done.append(worker.compile(job))
+            except Exception as e:   # a worker that died: the threads compile what it would have
+                log.debug("accelc: a compile worker stopped: %s", e)
+                with _lock:
+                    if worker in _workers:
+                        _workers.remove(worker)
+                return
+
+    threads = [threading.Thread(target=feed, args=(w,), daemon=True) for w in running]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return sum(done)
+
+
+def compile_one(full_name: str, specialization: str, target: dict | None = None) -> bool:
+    """In a worker: compile one kernel specialization into Triton's disk cache (as JITFunction.preload builds
+    it, without the GPU: the target, the main process's, comes with the job; a Triton that writes it into the
+    data has it there too). False where it could not."""
+    try:
+        import triton
+        import triton.language as tl
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler.compiler import make_backend
+
+        from triton.runtime.jit import JITFunction
+
+        module, _, name = full_name.rpartition(".")
+        fn = getattr(importlib.import_module(module), name, None)
+        if not isinstance(fn, JITFunction):
+            return False
+        # (what the kernel's binder would set, which asks the GPU driver for the target)
+        from triton.compiler.compiler import ASTSource
+        source = ASTSource
+        try:
+            from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+            if isinstance(fn, GluonJITFunction):
+                source = GluonASTSource
+        except ImportError:
+            pass
+        data = json.loads(specialization)
+        target = GPUTarget(**(target or data["target"]))
+        backend = make_backend(target)
+
+        def listed(v):
+            return tuple(listed(x) for x in v) if isinstance(v, list) else v
+
+        def constant(v):
+            if isinstance(v, str) and tl.dtype.is_dtype(v):
+                return tl.dtype(v)
+            if isinstance(v, dict) and "constexpr" in v:
+                return tl.constexpr(listed(v["constexpr"]))
+            if isinstance(v, dict) and "jit_function" in v:
+                mod, _, qual = v["jit_function"].partition(":")
+                return getattr(importlib.import_module(mod), qual)
+            return listed(v)
+
+        constexprs = {tuple(k): constant(v) for k, v in zip(data["constant_keys"], data["constant_vals"])}
+        attrs = dict(zip(map(tuple, data["attrs_keys"]), data["attrs_vals"]))
+        signature = {k: listed(v) for k, v in data["signature"].items()}
+        options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
+                                         for k, v in data["options"].items()})
+        triton.compile(source(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+        return True
+    except Exception:   # the thread's compile of it says what is wrong, if anything
+        return False

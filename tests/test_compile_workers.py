@@ -1,0 +1,79 @@
+"""The candidates' compiles in worker processes (accelc.compile_workers): what a launch would compile is collected
+without compiling it, a worker's compile of it lands in Triton's disk cache under the key the launch's own compile
+then finds (so the launch loads it), the worker processes do it for a tuner's candidates, and with the workers off
+nothing changes. Triton compiles for sm90 here
+without a GPU through bench/gluon_compile.py's stand-in driver, in a process of its own (the suite runs in the
+interpreter)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+import os, sys, time
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from gluon_compile import Sm90Driver
+import torch
+from triton.runtime import driver
+driver.set_active(Sm90Driver())
+from accelc import compile_workers
+from accelc.compile_ahead import compile_only, launch_kernel
+from accelc.kernels import layernorm
+
+x = torch.empty(64, 768, dtype=torch.float16); y = torch.empty_like(x); w = torch.empty(768, dtype=torch.float16)
+
+def launch(cfg):
+    rows, warps = cfg
+    launch_kernel(layernorm._layer_norm_kernel, (64 // rows,), (x, x, w, w, y, 64, 768, 768, 768, 1e-5),
+                  dict(HAS_RES=False, HAS_W=True, HAS_B=True, RMS=False, ROWS=rows, BLOCK_N=1024, num_warps=warps))
+
+cache = os.environ["TRITON_CACHE_DIR"]
+def binaries():
+    return sorted(d for d in os.listdir(cache) if any(f.endswith(".cubin") for f in os.listdir(os.path.join(cache, d)))) \
+        if os.path.isdir(cache) else []
+
+cfgs = [(1, 4), (2, 8)]
+jobs = compile_workers.collect(launch, cfgs, compile_only)
+print("collected", len(jobs), sorted({name for name, _ in jobs}), "binaries", len(binaries()))
+print("worker compiles", [compile_workers.compile_one(*job) for job in jobs], "binaries", len(binaries()))
+before = binaries()
+t0 = time.perf_counter()
+with compile_only():
+    for c in cfgs:
+        launch(c)
+print("launch compiles found them", binaries() == before, round(time.perf_counter() - t0, 2))
+print("collected again", len(compile_workers.collect(launch, cfgs, compile_only)))
+# the workers themselves: processes of their own, the target sent with each job
+os.environ["ACCELC_COMPILE_PROCS"] = "2"
+more = [(4, 4), (8, 4), (16, 4)]
+print("workers", compile_workers.enabled(), compile_workers.compile_all(launch, more, compile_only),
+      "binaries", len(binaries()))
+before = binaries()
+with compile_only():
+    for c in more:
+        launch(c)
+print("launch found them", binaries() == before)
+os.environ["ACCELC_COMPILE_PROCS"] = "0"
+print("off", compile_workers.enabled(), compile_workers.compile_all(launch, [(32, 4)], compile_only))
+"""
+
+
+def test_collected_compiles_land_where_the_launch_finds_them(tmp_path):
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
+           "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=600)
+    lines = [line for line in out.stdout.splitlines()
+             if line.split(" ")[0] in ("collected", "worker", "launch", "workers", "off")]
+    assert out.returncode == 0, out.stderr[-3000:]
+    # two specializations asked for, nothing compiled while collecting
+    assert lines[0] == "collected 2 ['accelc.kernels.layernorm._layer_norm_kernel'] binaries 0", lines
+    assert lines[1] == "worker compiles [True, True] binaries 2", lines
+    assert lines[2].startswith("launch compiles found them True"), lines      # loaded, no binary of its own
+    assert lines[3] == "collected again 0", lines                            # compiled in this process now
+    assert lines[4] == "workers True 3 binaries 5", lines                   # three more, by two processes
+    assert lines[5] == "launch found them True", lines
+    assert lines[6] == "off False 0", lines
