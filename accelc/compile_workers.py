@@ -15,6 +15,7 @@ the time the guard's first tuner asks, and stay for the process.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import json
 import logging
@@ -30,13 +31,16 @@ log = logging.getLogger("accelc")
 _lock = threading.Lock()
 _workers: list = []     # the running worker processes
 _failed: list = []      # workers that could not start: not tried again in this process
+_sent: set = set()      # the specializations handed to the workers in this process
 
 
 def workers() -> int:
-    """Worker processes (ACCELC_COMPILE_PROCS; default, as compile_ahead's threads: the CPUs, at most 16)."""
-    given = os.environ.get("ACCELC_COMPILE_PROCS")
-    if given is not None and given.strip().isdigit():
-        return int(given)
+    """Worker processes (ACCELC_COMPILE_PROCS; default, as many as compile_ahead's threads: ACCELC_COMPILE_THREADS,
+    else the CPUs, at most 16)."""
+    for name in ("ACCELC_COMPILE_PROCS", "ACCELC_COMPILE_THREADS"):
+        given = os.environ.get(name)
+        if given is not None and given.strip().isdigit():
+            return int(given)
     return min(16, os.cpu_count() or 1)
 
 
@@ -123,27 +127,12 @@ def collect(launch_cfg, candidates: list, compile_only) -> list[tuple[str, str]]
     """[(the kernel's module.qualname, its specialization data)] of what launching each candidate would compile,
     compiling nothing (a kernel compiled already in this process asks for nothing). compile_only: compile_ahead's
     block in which a launch compiles (Triton's warmup) instead of running."""
-    from triton import knobs
-
-    found: list = []
-
-    def hook(*, fn, compile, **_):
-        data = compile.get("specialization_data") if isinstance(compile, dict) else None
-        if data:
-            found.append((f"{fn.module}.{fn.name}", data))
-        return True      # compile nothing now
-
-    saved = knobs.runtime.jit_cache_hook
-    knobs.runtime.jit_cache_hook = hook
-    try:
-        with compile_only():
-            for cfg in candidates:
-                try:
-                    launch_cfg(cfg)
-                except Exception as e:   # not a candidate for this call: its timing says so
-                    log.debug("accelc: %s not collected for the compile workers: %s", cfg, e)
-    finally:
-        knobs.runtime.jit_cache_hook = saved
+    with handing_over() as found, compile_only():
+        for cfg in candidates:
+            try:
+                launch_cfg(cfg)
+            except Exception as e:   # not a candidate for this call: its timing says so
+                log.debug("accelc: %s not collected for the compile workers: %s", cfg, e)
     return found
 
 
@@ -152,16 +141,56 @@ def compile_all(launch_cfg, candidates: list, compile_only) -> int:
     if not enabled():
         return 0
     try:
-        from triton.runtime import driver
-        target = dict(vars(driver.active.get_current_target()))
         jobs = collect(launch_cfg, candidates, compile_only)
     except Exception as e:
         log.debug("accelc: the compile workers' jobs not collected: %s", e)
         return 0
-    running = _running() if jobs else []
+    return compile_jobs(jobs)
+
+
+@contextlib.contextmanager
+def handing_over():
+    """Inside the block nothing Triton would compile is compiled (nor, then, launched): what it would compile
+    goes to the list the block yields, for compile_jobs (a kernel compiled already in this process runs)."""
+    from triton import knobs
+
+    found: list = []
+    saved = knobs.runtime.jit_cache_hook
+
+    def hook(*, fn, compile, **_):
+        data = compile.get("specialization_data") if isinstance(compile, dict) else None
+        if data:
+            found.append((f"{fn.module}.{fn.name}", data))
+        return True
+
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield found
+    finally:
+        knobs.runtime.jit_cache_hook = saved
+
+
+def compile_jobs(jobs: list) -> int:
+    """Collected compiles (collect, handing_over) done by the workers, each once a process, all at once; how many
+    compiled."""
+    if not enabled():
+        return 0
+    try:
+        from triton.runtime import driver
+        target = dict(vars(driver.active.get_current_target()))
+    except Exception as e:
+        log.debug("accelc: no target for the compile workers: %s", e)
+        return 0
+    with _lock:
+        todo = []
+        for name, data in jobs:
+            if data not in _sent:
+                _sent.add(data)
+                todo.append((name, data, target))
+        todo.reverse()
+    running = _running() if todo else []
     if not running:
         return 0
-    todo = list(reversed([(name, data, target) for name, data in jobs]))
     done: list = []
 
     def feed(worker):

@@ -44,7 +44,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc import compile_ahead, meta, progress, runtime, tuning
+from accelc import layer_compiles, meta, progress, runtime, tuning
 from accelc.capture.shapes import memory_layout, repeated_to
 from accelc.latency import layer_ms
 from accelc.layer_runner import LayerRunner
@@ -198,6 +198,8 @@ def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: di
     every layer passed at into ctx.checked_at, the guard's record."""
     shapes = ctx.shapes if ctx is not None else None
     todo = [n for n in layers(gm) if only is None or n in only]
+    if only is None:
+        layer_compiles.candidates_ahead(gm, args, set(todo))
     progress.phase("checking each layer against PyTorch" + (" (first calls tune kernels)" if not runtime.interpreted()
                                                              else ""), len(todo))
     checks = _check_pass(gm, args, config, only, repeat=repeat_runs())
@@ -212,7 +214,7 @@ def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: di
             # call of a size not tuned does (tuning every size the checks meet took 62 of 216 s of a
             # cold BERT optimize, H100); warm_up and warmup_shapes tune the sizes asked for
             with tuning.serving(say=False):
-                _compile_ahead(gm, more_args, passing)
+                layer_compiles.sizes_ahead(gm, more_args, passing)
                 more = _check_pass(gm, more_args, config, passing, repeat=False)
         except Exception as e:   # the model itself does not run on them (a shape it fixes): nothing to check
             log.debug("accelc: guard: no check %s (%s: %s)", label, type(e).__name__, e)
@@ -321,25 +323,6 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
     with torch.no_grad():
         LayerRunner(gm, at_layer).run(*args)
     return checks
-
-
-def _compile_ahead(gm, args, only) -> None:
-    """The kernels of the layers in `only` launched on `args` with Triton compiling instead of running
-    (compile_ahead.compiling_ahead): their compiles for these sizes (a new specialization for every size Triton
-    tells apart: 1, a multiple of 16, another) in parallel, before _check_pass runs them one by one.
-    Eager's outputs flow on; nothing here is checked."""
-    def at_layer(runner, n, rw):
-        ins = runner.layer_inputs(rw)
-        eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
-        if n in only:
-            a, kw = runner.fetch_args_kwargs_from_env(n)
-            n.target(*a, **kw)
-        return eager
-
-    with compile_ahead.compiling_ahead() as ahead:
-        if ahead:
-            with torch.no_grad():
-                LayerRunner(gm, at_layer).run(*args)
 
 
 def reference(original: fx.GraphModule, ins: list):

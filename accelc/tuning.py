@@ -39,7 +39,8 @@ import triton
 from triton import knobs
 
 from accelc import runtime, tuning_table
-from accelc.compile_ahead import precompile
+from accelc import compile_workers
+from accelc.compile_ahead import compile_only, precompile
 from accelc.latency import quick_graph_us
 
 log = logging.getLogger("accelc")
@@ -47,6 +48,7 @@ log = logging.getLogger("accelc")
 _FORMAT = 1   # of the cache files
 _task = contextvars.ContextVar("accelc_tuning_task", default="")
 _serving = contextvars.ContextVar("accelc_serving", default=False)
+_collecting = contextvars.ContextVar("accelc_collecting", default=None)   # a list: see collecting()
 _TUNERS: list = []    # every Tuner made in this process (forget_borrowed, borrowed_count)
 _STATS = {"races": 0, "candidates": 0, "compile_s": 0.0, "race_s": 0.0}    # this process's tuning (stats())
 
@@ -82,6 +84,24 @@ def forget_borrowed() -> None:
                 tuner.chosen.pop(key, None)
             tuner.borrowed.clear()
             tuner.calls.clear()
+
+
+@contextlib.contextmanager
+def collecting():
+    """Inside the block a key to tune hands what compiling its candidates would take (compile_workers.collect:
+    the kernels' specializations, nothing compiled) to the list the block yields and runs with its first
+    candidate: nothing is raced, and every tuner's choices, calls and timings are as before the block when it
+    ends. The guard's first pass over the layers runs once inside it, so that the workers compile every layer's
+    candidates at once, not each race's alone."""
+    saved = [(t, dict(t.chosen), dict(t.calls), dict(t.borrowed), dict(t.timings)) for t in _TUNERS]
+    jobs: list = []
+    token = _collecting.set(jobs)
+    try:
+        yield jobs
+    finally:
+        _collecting.reset(token)
+        for t, chosen, calls, borrowed, timings in saved:
+            t.chosen, t.calls, t.borrowed, t.timings = chosen, calls, borrowed, timings
 
 
 def borrowed_count() -> int:
@@ -275,6 +295,10 @@ class Tuner:
                 log.info("accelc: %s (%s) for %s: the shipped tuning table's config", self.name,
                          _describe(sizes), _task.get() or "a call")
                 return candidates[0]
+        jobs = _collecting.get()
+        if jobs is not None:    # (collecting(): the candidates' compiles handed over, nothing raced)
+            jobs.extend(compile_workers.collect(launch, candidates, compile_only))
+            return candidates[0]
         log.info("accelc: tuning %s (%s) for %s: %d candidates%s", self.name, _describe(sizes),
                  _task.get() or "a call", len(candidates),
                  f" of {offered} (the shipped tuning table's shortlist)" if len(candidates) < offered else "")

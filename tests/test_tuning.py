@@ -40,6 +40,7 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("ACCELC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ACCELC_AUTOTUNE", "1")   # these tests are about tuning, whatever the caller set
     monkeypatch.setenv("ACCELC_COMPILE_THREADS", "1")   # no compiling ahead (its own test below)
+    monkeypatch.setenv("ACCELC_COMPILE_PROCS", "0")     # no compile workers (tests/test_compile_workers.py)
     return timed
 
 
@@ -405,3 +406,21 @@ def test_compiling_ahead_turns_tuned_launches_into_compiles_and_ends_quietly(mon
         assert not ahead
         compile_ahead.launch_kernel(Kernel(), (4,), (1,), {})
     assert calls[-1] == ("run", (1,), (4,))
+
+
+def test_collecting_hands_over_the_candidates_and_keeps_no_choice(fake_gpu, monkeypatch):
+    """tuning.collecting (the guard's pass before its first check, accelc.layer_compiles): a key to tune compiles
+    its candidates only (handed to the compile workers), runs its first one, races nothing and leaves every
+    tuner as it was; after the block the key is tuned as always."""
+    monkeypatch.setenv("ACCELC_COMPILE_THREADS", "4")
+    kernel = _Compiling()
+
+    def launch(cfg):
+        compile_ahead.launch_kernel(kernel, (1,), (), dict(BLOCK=cfg.kwargs["BLOCK"]))
+    tuner = _tuner()
+    with tuning.collecting() as jobs:
+        first = tuner.pick((1024, "fp16"), {"M": 1024}, launch)
+    assert jobs == []                         # (a stand-in kernel: Triton's hook hands over nothing)
+    assert len(kernel.warmed) == len(CONFIGS) and kernel.ran == []   # compiled only, nothing timed
+    assert _chosen(first) == _chosen(CONFIGS[0]) and tuner.chosen == {} and tuner.timings == {}
+    assert _chosen(tuner.pick((1024, "fp16"), {"M": 1024}, launch)) == FAST

@@ -1,0 +1,63 @@
+"""The guard's compiles ahead, over the layers of a graph: every layer's tuning candidates at the example's sizes
+by the compile workers at once (candidates_ahead), and every layer's kernels at other sizes in compile_ahead's
+threads (sizes_ahead), each before the guard's check runs the layers one by one. Nothing here is checked, chosen
+or kept: what fails is left to the check, which says so."""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import fx
+
+from accelc import compile_ahead, compile_workers, meta, tuning
+from accelc.layer_runner import LayerRunner
+
+log = logging.getLogger("accelc")
+
+
+def _each_layer(gm, args, only, call) -> None:
+    """The graph run layer by layer on `args`, eager's outputs flowing on; call(node, args, kwargs) for each
+    layer in `only`, on its inputs there."""
+    def at_layer(runner, n, rw):
+        ins = runner.layer_inputs(rw)
+        eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
+        if n in only:
+            a, kw = runner.fetch_args_kwargs_from_env(n)
+            call(n, a, kw)
+        return eager
+
+    with torch.no_grad():
+        LayerRunner(gm, at_layer).run(*args)
+
+
+def sizes_ahead(gm, args, only) -> None:
+    """The kernels of the layers in `only` launched on `args` with Triton compiling instead of running
+    (compile_ahead.compiling_ahead): their compiles for these sizes (a new specialization for every size Triton
+    tells apart: 1, a multiple of 16, another) in parallel, before the guard's check runs them one by one.
+    Nothing here is checked."""
+    with compile_ahead.compiling_ahead() as ahead:
+        if ahead:
+            _each_layer(gm, args, only, lambda n, a, kw: n.target(*a, **kw))
+
+
+def candidates_ahead(gm, args, only) -> None:
+    """Every layer's tuning candidates at the example's sizes compiled at once by the compile workers
+    (accelc.compile_workers), before the guard's first check tunes the layers one race at a time (each race then
+    loads its candidates from Triton's disk cache): the layers in `only` launched on `args` once with each tuner
+    handing over its candidates' compiles (tuning.collecting) and Triton compiling nothing (handing_over).
+    Nothing here is checked, chosen or kept."""
+    if not compile_workers.enabled():
+        return
+
+    def call(n, a, kw):
+        try:
+            n.target(*a, **kw)
+        except Exception as e:   # (the check says what is wrong, if anything)
+            log.debug("accelc: %s's candidates not collected: %s", meta.rewrite_of(n).layer, e)
+
+    try:
+        with tuning.collecting() as jobs, compile_workers.handing_over() as launched:
+            _each_layer(gm, args, only, call)
+        compile_workers.compile_jobs(jobs + launched)
+    except Exception as e:   # nothing here is a result: the races compile what they need
+        log.debug("accelc: the layers' candidates not compiled ahead: %s", e)
