@@ -48,7 +48,8 @@ log = logging.getLogger("accelc")
 
 FORMAT = 1
 # accelc's environment switches that change no verdict (where caches live, how many compile threads, ...)
-_NEUTRAL_ENV = {"ACCELC_CACHE_DIR", "ACCELC_COMPILE_THREADS", "ACCELC_REUSE", "ACCELC_LOG", "ACCELC_PROGRESS"}
+_NEUTRAL_ENV = {"ACCELC_CACHE_DIR", "ACCELC_COMPILE_THREADS", "ACCELC_COMPILE_PROCS", "ACCELC_REUSE", "ACCELC_LOG",
+                "ACCELC_PROGRESS"}
 _CHUNK = 1 << 22    # elements of a tensor's values digested at once
 
 
