@@ -57,6 +57,15 @@ def _triton_compile_seconds():
     return spent
 
 
+def _tuner_keys() -> set:
+    """(tuner, key, the key its config was borrowed from, the config) of every key a tuner has chosen so far."""
+    from accelc import tuning
+    from accelc.tuning import config_dict
+
+    return {(t.name, str(k), str(t.borrowed.get(k, "tuned")), json.dumps(config_dict(c), sort_keys=True))
+            for t in tuning.all_tuners() for k, c in t.chosen.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="bert")
@@ -91,6 +100,7 @@ def main():
             f = {k: (v.half() if v.is_floating_point() else v) for k, v in f.items()}
             handler.lines.clear()
             before = [spent[0], spent[1], len(spent[2])]
+            keys_before = _tuner_keys()
             t0 = time.perf_counter()
             opt(**f)
             torch.cuda.synchronize()
@@ -101,6 +111,7 @@ def main():
             if ms > a.over_ms:
                 row["log"] = list(handler.lines)
             if row["compiled"]:   # this binary's specialization and those the same kernels had before it
+                row["tuner_keys_new"] = sorted(_tuner_keys() - keys_before)   # (kernel, key, borrowed from) chosen in it
                 row["specializations"] = spent[3][before[2]:]
                 row["earlier_of_these_kernels"] = [sp for sp in spent[3][:before[2]] if sp["kernel"] in row["compiled"]]
             rows.append(row)
