@@ -15,7 +15,8 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import buckets, compile_workers, generation, guard, meta, reuse, runner, runtime, warmup
+from accelc import (buckets, compile_workers, generation, guard, meta, reuse, runner, runtime,
+                    tensor_parallel, warmup)
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
@@ -136,6 +137,12 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
         except Exception as e:
             raise AccelcError(f"accelc works on a copy of the model (the optimized module owns its weights), and "
                               f"this one cannot be copied: {short_error(e)}") from e
+    if tensor_parallel.is_sharded(model):    # (parallelize_module's DTensors: this rank's plain modules)
+        if generation.is_causal_lm(model):
+            raise InputError("a tensor-parallel causal LM: its generation across ranks is not built yet; optimize a "
+                             "module that returns its logits (its forward runs on every rank)")
+        model = tensor_parallel.localize(model)
+        log.info("accelc: a tensor-parallel model: this rank's shards, the plan's collectives in its graph")
     # accelc's own copy (or a model the caller gave up) serves inference only: no autograd records
     # through its runs, and no buffer written from its weights (a generation cache) becomes a graph's
     # non-leaf, which cannot be deep-copied
