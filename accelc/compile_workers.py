@@ -9,8 +9,8 @@ the launch's own compile computes. A worker never initialises the GPU (the main 
 
 Nothing done here is a result: a kernel a worker cannot find or compile, a Triton without the hook, a pool that
 does not start, all leave the compile to the threads, as before. ACCELC_COMPILE_PROCS: the workers (default:
-compile_ahead's thread count; 0 or 1: off). They start at optimize's beginning (`start`), so that they are up by
-the time the guard's first tuner asks, and stay for the process.
+compile_ahead's thread count; 0 or 1: off). They start at optimize's beginning (`held`), so that they are up by
+the time the guard's first tuner asks, and end with it.
 """
 from __future__ import annotations
 
@@ -98,14 +98,29 @@ def _running() -> list:
 
 
 def _close() -> None:
-    for w in _workers:
-        w.close()
+    with _lock:
+        for w in _workers:
+            w.close()
+        _workers.clear()
 
 
-def start() -> None:
-    """Start the workers now (their imports take seconds), without waiting for them."""
-    if enabled():
+_holders: list = []     # the optimizes running now (nested: a causal LM's step program inside its forward's)
+
+
+@contextlib.contextmanager
+def held(on: bool = True):
+    """The workers for an optimize: started at its beginning (their imports take seconds, so they are up by the
+    time the guard asks; not waited for), closed when the outermost optimize ends (each holds a few hundred MB of
+    host memory)."""
+    if on and enabled():
         _running()
+    _holders.append(on)
+    try:
+        yield
+    finally:
+        _holders.pop()
+        if not _holders:
+            _close()
 
 
 def serve() -> None:
@@ -188,8 +203,11 @@ def compile_jobs(jobs: list) -> int:
                 _sent.add(data)
                 todo.append((name, data, target))
         todo.reverse()
-    running = _running() if todo else []
+    # only inside an optimize (held): a later call's few candidates would wait longer for the workers' imports
+    running = _running() if todo and any(_holders) else []
     if not running:
+        with _lock:
+            _sent.difference_update(data for _, data, _ in todo)
         return 0
     done: list = []
 

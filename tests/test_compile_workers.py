@@ -1,7 +1,7 @@
 """The candidates' compiles in worker processes (accelc.compile_workers): what a launch would compile is collected
 without compiling it, a worker's compile of it lands in Triton's disk cache under the key the launch's own compile
-then finds (so the launch loads it), the worker processes do it for a tuner's candidates, and with the workers off
-nothing changes. Triton compiles for sm90 here
+then finds (so the launch loads it), the worker processes do it for a tuner's candidates inside an optimize (not
+outside one) and end with it, and with the workers off nothing changes. Triton compiles for sm90 here
 without a GPU through bench/gluon_compile.py's stand-in driver, in a process of its own (the suite runs in the
 interpreter)."""
 import os
@@ -49,8 +49,11 @@ print("collected again", len(compile_workers.collect(launch, cfgs, compile_only)
 # the workers themselves: processes of their own, the target sent with each job
 os.environ["ACCELC_COMPILE_PROCS"] = "2"
 more = [(4, 4), (8, 4), (16, 4)]
-print("workers", compile_workers.enabled(), compile_workers.compile_all(launch, more, compile_only),
-      "binaries", len(binaries()))
+print("outside an optimize", compile_workers.compile_all(launch, more, compile_only), "binaries", len(binaries()))
+with compile_workers.held():
+    print("workers", compile_workers.enabled(), compile_workers.compile_all(launch, more, compile_only),
+          "binaries", len(binaries()))
+print("closed with it", compile_workers._workers == [])
 before = binaries()
 with compile_only():
     for c in more:
@@ -67,13 +70,15 @@ def test_collected_compiles_land_where_the_launch_finds_them(tmp_path):
     out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + SCRIPT], env=env, capture_output=True,
                          text=True, timeout=600)
     lines = [line for line in out.stdout.splitlines()
-             if line.split(" ")[0] in ("collected", "worker", "launch", "workers", "off")]
+             if line.split(" ")[0] in ("collected", "worker", "launch", "workers", "off", "outside", "closed")]
     assert out.returncode == 0, out.stderr[-3000:]
     # two specializations asked for, nothing compiled while collecting
     assert lines[0] == "collected 2 ['accelc.kernels.layernorm._layer_norm_kernel'] binaries 0", lines
     assert lines[1] == "worker compiles [True, True] binaries 2", lines
     assert lines[2].startswith("launch compiles found them True"), lines      # loaded, no binary of its own
     assert lines[3] == "collected again 0", lines                            # compiled in this process now
-    assert lines[4] == "workers True 3 binaries 5", lines                   # three more, by two processes
-    assert lines[5] == "launch found them True", lines
-    assert lines[6] == "off False 0", lines
+    assert lines[4] == "outside an optimize 0 binaries 2", lines            # (a later call's few: the threads)
+    assert lines[5] == "workers True 3 binaries 5", lines                   # three more, by two processes
+    assert lines[6] == "closed with it True", lines
+    assert lines[7] == "launch found them True", lines
+    assert lines[8] == "off False 0", lines
