@@ -79,7 +79,10 @@ def _hook_args(module: nn.Module) -> tuple[tuple, tuple]:
 
 
 def _is_dtensor(t) -> bool:
-    from torch.distributed.tensor import DTensor
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:     # a PyTorch built without torch.distributed: nothing is sharded
+        return False
     return isinstance(t, DTensor)
 
 
