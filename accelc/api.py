@@ -167,8 +167,7 @@ def optimize_job(job: Job) -> OptimizedModule:
     forward many times; buffers that forward updates in place get back the values they had
     before, so the optimized module starts from the model's state."""
     state = buffer_state(job.model)
-    workers = compile_workers.held(job.device.type == "cuda")   # (up by the time the guard's tuners ask)
-    workers.__enter__()
+    compile_workers.hold(job.device.type == "cuda")    # (up by the time the guard's tuners ask)
     try:
         t0 = time.perf_counter()
         log.info("accelc: capturing %s", type(job.model).__name__)
@@ -196,7 +195,7 @@ def optimize_job(job: Job) -> OptimizedModule:
     finally:
         restore_buffers(job.model, state)
         release_cached_memory(job.device)
-        workers.__exit__(None, None, None)
+        compile_workers.release()
     return opt
 
 

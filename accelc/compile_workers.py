@@ -2,15 +2,16 @@
 compile them (which then load them from there).
 
 The threads of compile_ahead overlap Triton's compiles only in part (16 threads compiled a cold BERT's candidates
-4-5x faster than one after another): much of a compile runs under the interpreter lock. Here each candidate's launch first runs under Triton's `jit_cache_hook`, which hands over what it would
-compile (the kernel's specialization data: signature, constexprs, attributes, options, target) and compiles
-nothing; the workers build each from that data with `triton.compile`, which writes the disk cache under the key
-the launch's own compile computes. A worker never initialises the GPU (the main process's target comes with each job).
+4-5x faster than one after another). Here each candidate's launch first runs under Triton's `jit_cache_hook`,
+which hands over what it would compile (the kernel's specialization data: signature, constexprs, attributes,
+options) and compiles nothing; the workers build each from that data with `triton.compile`, which writes the disk
+cache under the key the launch's own compile computes. A worker never initialises the GPU (the main process's
+target comes with each job).
 
-Nothing done here is a result: a kernel a worker cannot find or compile, a Triton without the hook, a pool that
-does not start, all leave the compile to the threads, as before. ACCELC_COMPILE_PROCS: the workers (default:
-compile_ahead's thread count; 0 or 1: off). They start at optimize's beginning (`held`), so that they are up by
-the time the guard's first tuner asks, and end with it.
+Nothing done here is a result: a kernel a worker cannot find or compile, a Triton without the hook, workers that
+do not start, all leave the compile to the threads, as before. ACCELC_COMPILE_PROCS: the workers (default:
+compile_ahead's thread count; 0 or 1: off). An optimize holds them (`hold` / `release`): started at its beginning,
+so that they are up by the time the guard's first tuner asks, and closed at its end.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ import contextlib
 import importlib
 import json
 import logging
+import os
 import subprocess
 import sys
-import os
 import threading
 
 from accelc import runtime
@@ -46,6 +47,12 @@ def workers() -> int:
 
 def enabled() -> bool:
     return workers() >= 2 and not runtime.interpreted() and not _failed and _hook_supported()
+
+
+def active() -> bool:
+    """Whether compiles handed over now go to the workers: enabled, and inside an optimize that holds them (a
+    later call's few candidates would wait longer for the workers' imports than the threads take)."""
+    return any(_holders) and enabled()
 
 
 def _hook_supported() -> bool:
@@ -90,7 +97,6 @@ def _running() -> list:
                 from triton import knobs
                 cache_dir = str(knobs.cache.dir)
                 _workers.extend(_Worker(cache_dir) for _ in range(workers()))
-                atexit.register(_close)
             except Exception as e:   # (no process may be started here): the threads compile
                 log.debug("accelc: no compile workers: %s", e)
                 _failed.append(e)
@@ -107,20 +113,22 @@ def _close() -> None:
 _holders: list = []     # the optimizes running now (nested: a causal LM's step program inside its forward's)
 
 
-@contextlib.contextmanager
-def held(on: bool = True):
-    """The workers for an optimize: started at its beginning (their imports take seconds, so they are up by the
-    time the guard asks; not waited for), closed when the outermost optimize ends (each holds a few hundred MB of
-    host memory)."""
+def hold(on: bool = True) -> None:
+    """An optimize begins: the workers started if `on` (their imports take seconds, so they are up by the time the
+    guard asks; not waited for). Each hold is released (release) when its optimize ends."""
+    _holders.append(on)
     if on and enabled():
         _running()
-    _holders.append(on)
-    try:
-        yield
-    finally:
-        _holders.pop()
-        if not _holders:
-            _close()
+
+
+def release() -> None:
+    """An optimize ends: the workers closed when it was the outermost (each holds a few hundred MB of host memory)."""
+    _holders.pop()
+    if not _holders:
+        _close()
+
+
+atexit.register(_close)
 
 
 def serve() -> None:
@@ -153,7 +161,7 @@ def collect(launch_cfg, candidates: list, compile_only) -> list[tuple[str, str]]
 
 def compile_all(launch_cfg, candidates: list, compile_only) -> int:
     """The candidates' compiles done by the workers into the disk cache; how many were."""
-    if not enabled():
+    if not active():
         return 0
     try:
         jobs = collect(launch_cfg, candidates, compile_only)
@@ -188,7 +196,7 @@ def handing_over():
 def compile_jobs(jobs: list) -> int:
     """Collected compiles (collect, handing_over) done by the workers, each once a process, all at once; how many
     compiled."""
-    if not enabled():
+    if not active():
         return 0
     try:
         from triton.runtime import driver
@@ -203,8 +211,7 @@ def compile_jobs(jobs: list) -> int:
                 _sent.add(data)
                 todo.append((name, data, target))
         todo.reverse()
-    # only inside an optimize (held): a later call's few candidates would wait longer for the workers' imports
-    running = _running() if todo and any(_holders) else []
+    running = _running() if todo else []
     if not running:
         with _lock:
             _sent.difference_update(data for _, data, _ in todo)
@@ -242,16 +249,14 @@ def compile_one(full_name: str, specialization: str, target: dict | None = None)
         import triton
         import triton.language as tl
         from triton.backends.compiler import GPUTarget
-        from triton.compiler.compiler import make_backend
-
+        from triton.compiler.compiler import ASTSource, make_backend
         from triton.runtime.jit import JITFunction
 
         module, _, name = full_name.rpartition(".")
         fn = getattr(importlib.import_module(module), name, None)
         if not isinstance(fn, JITFunction):
             return False
-        # (what the kernel's binder would set, which asks the GPU driver for the target)
-        from triton.compiler.compiler import ASTSource
+        # the source class the kernel's binder would set (the binder asks the GPU driver for the target)
         source = ASTSource
         try:
             from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction

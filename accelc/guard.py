@@ -70,12 +70,10 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
     and kept ones included."""
     v = _Verdicts()
     if ctx.config.guard:
-        _judge(gm, ctx, v, check_layers(gm, ctx.example_inputs, ctx.config, seconds=ctx.seconds, ctx=ctx),
-               may_demote=True)
+        _judge(gm, ctx, v, check_layers(gm, ctx), may_demote=True)
     _choose_int8_or_float(gm, ctx, v)
     if v.recheck and ctx.config.guard:
-        _judge(gm, ctx, v, check_layers(gm, ctx.example_inputs, ctx.config, only=v.recheck, seconds=ctx.seconds,
-                                        ctx=ctx), may_demote=False)
+        _judge(gm, ctx, v, check_layers(gm, ctx, only=v.recheck), may_demote=False)
     _keep_the_faster(gm, ctx, v)
     _finish(gm)
     return {**{meta.rewrite_of(n).layer: c for n, c in v.passed.items()}, **v.put_back}
@@ -184,19 +182,19 @@ def race_inputs(ctx) -> tuple[tuple, str]:
 # ---------------------------------------------------------------------------------------------
 # checking
 
-def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: dict | None = None,
-                 ctx=None) -> dict[fx.Node, LayerCheck]:
-    """Check every rewritten node (or those in `only`) on `args`, then again on the other inputs
+def check_layers(gm: fx.GraphModule, ctx, only=None) -> dict[fx.Node, LayerCheck]:
+    """Check every rewritten node (or those in `only`) on the example inputs (ctx, a PassContext), then again on
+    the other inputs
     of `other_inputs` (a second draw; other batch sizes and sequence lengths, the ends of the
     ranges `shapes` says the graph takes): a layer passes only if it passes on all of them. On a
     GPU each kernel runs twice on the example inputs and must give the same bits both times
     (accelc's kernels have no atomics: a difference is a race). A kernel's first call tunes it
-    (accelc.tuning): the tuning log names the layer and how many are left. seconds: where to add
-    the time the checks on other inputs took ("guard: other inputs"). ctx (a PassContext): its shapes
-    (accelc.capture.InputShapes) give the other sizes; what the checks learn of them goes back there, a
-    narrower contract where the program's own shape check refused one (InputShapes.narrowed), and the sizes
-    every layer passed at into ctx.checked_at, the guard's record."""
-    shapes = ctx.shapes if ctx is not None else None
+    (accelc.tuning): the tuning log names the layer and how many are left. The time the checks on other
+    inputs took goes to ctx.seconds ("guard: other inputs"). ctx.shapes (accelc.capture.InputShapes) give the
+    other sizes; what the checks learn of them goes back there, a narrower contract where the program's own
+    shape check refused one (InputShapes.narrowed), and the sizes every layer passed at into ctx.checked_at, the
+    guard's record."""
+    args, config, shapes = ctx.example_inputs, ctx.config, ctx.shapes
     todo = [n for n in layers(gm) if only is None or n in only]
     if only is None:
         layer_compiles.candidates_ahead(gm, args, set(todo))
@@ -227,9 +225,8 @@ def check_layers(gm: fx.GraphModule, args: tuple, config, only=None, seconds: di
         for n, c in more.items():
             if not c.passed:
                 checks[n] = dataclasses.replace(c, reason=f"{c.reason} ({label})")
-    if seconds is not None:
-        key = "guard: other inputs"
-        seconds[key] = round(seconds.get(key, 0.0) + time.perf_counter() - t0, 2)
+    key = "guard: other inputs"
+    ctx.seconds[key] = round(ctx.seconds.get(key, 0.0) + time.perf_counter() - t0, 2)
     return checks
 
 

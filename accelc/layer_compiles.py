@@ -46,7 +46,7 @@ def candidates_ahead(gm, args, only) -> None:
     loads its candidates from Triton's disk cache): the layers in `only` launched on `args` once with each tuner
     handing over its candidates' compiles (tuning.collecting) and Triton compiling nothing (handing_over).
     Nothing here is checked, chosen or kept."""
-    if not compile_workers.enabled():
+    if not compile_workers.active():
         return
 
     def call(n, a, kw):

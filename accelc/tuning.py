@@ -211,6 +211,12 @@ class NotACandidate(Exception):
     """Tuner.force: the forced config is not one the tuner would try for these sizes."""
 
 
+def out_of_resources(e: Exception) -> bool:
+    """Whether `e` says a config does not fit this GPU (its shared memory or registers): a candidate a race
+    times as failed, and a sweep of forced candidates skips."""
+    return "OutOfResources" in type(e).__name__ or "out of resource" in str(e).lower()
+
+
 class Tuner:
     """The launch config of one Triton kernel, chosen per key (see the module docstring).
 

@@ -16,8 +16,7 @@ import torch
 
 from _common import environment
 from accelc.kernels import conv, conv_configs
-from accelc.numerics import rel_l2
-from accelc.tuning import NotACandidate
+from determinism import repeated
 
 STEMS = [(2, 3, 64, 64, 64, 7, 7, 2, 3), (32, 3, 224, 224, 64, 7, 7, 2, 3), (8, 3, 224, 224, 64, 7, 7, 2, 3)]
 TWO_WARPGROUPS = [conv_configs.config(256, 64, 16, 3, 8), conv_configs.config(128, 128, 16, 3, 8),
@@ -38,14 +37,11 @@ def one(shape, cfg, runs: int) -> dict:
     b = torch.randn(K, device="cuda", dtype=torch.float16, generator=g)
     args = ((st, st), (p, p, p, p), (1, 1), "relu", True)
     ref = conv.conv2d_ref(x.float(), w.float(), b.float(), None, *args)
+    got = repeated(conv.TUNER, cfg, lambda: conv.conv2d_launch(x, w, b, None, *args), ref, runs)
+    if got is None:       # (a tile wider than the stem's 64 channels)
+        return None
+    differ, worst = got
     with conv.TUNER.force(cfg):
-        first = conv.conv2d_launch(x, w, b, None, *args)
-        differ, worst = 0, rel_l2(first.float(), ref)
-        for _ in range(runs - 1):
-            out = conv.conv2d_launch(x, w, b, None, *args)
-            if not torch.equal(out, first):
-                differ += 1
-                worst = max(worst, rel_l2(out.float(), ref))
         times = []
         for _ in range(20):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -69,9 +65,8 @@ def main() -> None:
     rows = []
     for shape in STEMS:
         for cfg in list(conv_configs.ROWS_CONFIGS):
-            try:
-                r = one(shape, cfg, a.runs)
-            except NotACandidate:       # (a tile wider than the stem's 64 channels)
+            r = one(shape, cfg, a.runs)
+            if r is None:
                 continue
             rows.append(r)
             print(f"{'x'.join(map(str, shape))}  {r['config']:40s} differing {r['runs_differing']:3d}/{a.runs}  "

@@ -20,7 +20,7 @@ import torch
 from _common import environment
 from accelc.kernels import conv, flash_attention, int8_gemm, int8_weight
 from accelc.numerics import rel_l2
-from accelc.tuning import NotACandidate
+from accelc.tuning import NotACandidate, out_of_resources
 
 
 def cases():
@@ -50,25 +50,35 @@ def cases():
            conv.conv2d_ref(x.float(), w.float(), b.float(), None, *args))
 
 
+def repeated(tuner, cfg, run, ref, runs: int) -> tuple[int, float] | None:
+    """cfg forced, run() `runs` times on the same inputs: (runs whose output differs bit for bit from the first,
+    the worst rel L2 against ref), or None where cfg is not a candidate for the call or does not fit the GPU."""
+    try:
+        with tuner.force(cfg):
+            first = run()
+            differ, worst = 0, rel_l2(first.float(), ref)
+            for _ in range(runs - 1):
+                out = run()
+                if not torch.equal(out, first):
+                    differ += 1
+                    worst = max(worst, rel_l2(out.float(), ref))
+    except NotACandidate:
+        return None
+    except Exception as e:     # out of shared memory for this dtype: the tuner skips it too
+        if out_of_resources(e):
+            return None
+        raise
+    torch.cuda.synchronize()
+    return differ, worst
+
+
 def sweep(name, tuner, run, ref, runs):
     rows = []
     for cfg in tuner.configs:
-        try:
-            with tuner.force(cfg):
-                first = run()
-                differ, worst = 0, rel_l2(first.float(), ref)
-                for _ in range(runs - 1):
-                    out = run()
-                    if not torch.equal(out, first):
-                        differ += 1
-                        worst = max(worst, rel_l2(out.float(), ref))
-        except NotACandidate:
+        got = repeated(tuner, cfg, run, ref, runs)
+        if got is None:
             continue
-        except Exception as e:     # out of shared memory for this dtype: the tuner skips it too
-            if "OutOfResources" in type(e).__name__ or "out of resource" in str(e).lower():
-                continue
-            raise
-        torch.cuda.synchronize()
+        differ, worst = got
         kw = {k: v for k, v in cfg.kwargs.items() if k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GLUON", "TMA",
                                                             "USE_TMA", "ROW_STEP", "CONSUMERS", "STAGES")}
         rows.append({"case": name, "config": kw, "warps": cfg.num_warps, "stages": cfg.num_stages, "runs": runs,

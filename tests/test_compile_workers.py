@@ -50,9 +50,10 @@ print("collected again", len(compile_workers.collect(launch, cfgs, compile_only)
 os.environ["ACCELC_COMPILE_PROCS"] = "2"
 more = [(4, 4), (8, 4), (16, 4)]
 print("outside an optimize", compile_workers.compile_all(launch, more, compile_only), "binaries", len(binaries()))
-with compile_workers.held():
-    print("workers", compile_workers.enabled(), compile_workers.compile_all(launch, more, compile_only),
-          "binaries", len(binaries()))
+compile_workers.hold()
+print("workers", compile_workers.enabled(), compile_workers.compile_all(launch, more, compile_only),
+      "binaries", len(binaries()))
+compile_workers.release()
 print("closed with it", compile_workers._workers == [])
 before = binaries()
 with compile_only():

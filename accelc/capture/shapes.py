@@ -249,8 +249,7 @@ class InputShapes:
         """This contract with these dims' ranges starting at `lo` (1: capture ran the model there,
         trace.settle_lower_ends; a loaded program's saved lower ends, serialize), and lower_ends without them, or
         with `why` ({symbol: why it does not go down to 1}) where given."""
-        lower_ends = {k: v for k, v in self.lower_ends.items() if k not in syms or (why and k in why)}
-        lower_ends.update(why or {})
+        lower_ends = {**{k: v for k, v in self.lower_ends.items() if k not in syms}, **(why or {})}
         return dataclasses.replace(self, lower_ends=lower_ends, dims=tuple(None if row is None else tuple(
             DimRange(lo, r.hi, r.sym) if isinstance(r, DimRange) and r.sym in syms else r for r in row)
             for row in self.dims))
