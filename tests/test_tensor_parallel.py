@@ -64,8 +64,10 @@ class LogitsOf(nn.Module):           # a sharded model optimized as it is: local
 import accelc
 sharded = parallelize_module(copy.deepcopy(lm), mesh, plan)
 opt = accelc.optimize(LogitsOf(sharded).eval(), (ids,))
+other = torch.randint(0, 100, (3, 5))       # another batch and length than the example's
 with torch.no_grad():
     optimized = opt(ids)
+    other_diff = (opt(other) - lm(other).logits).abs().max().item()
 try:
     accelc.optimize(sharded, (ids,))
     lm_refusal = "taken"
@@ -87,6 +89,7 @@ print("RESULT " + json.dumps({
     "tokens_equal": bool(torch.equal(gen, want)), "dtensors_left": tensor_parallel.is_sharded(local),
     "q_shard": list(local.model.layers[0].self_attn.q_proj.weight.shape), "refusals": refusals,
     "optimized_vs_ref": (optimized - ref).abs().max().item(), "rewritten": len(opt.rewritten),
+    "other_shape_vs_ref": other_diff,
     "caller_still_sharded": tensor_parallel.is_sharded(sharded), "lm_refusal": lm_refusal}))
 dist.destroy_process_group()
 """
@@ -108,6 +111,7 @@ def test_a_sharded_llama_localized_on_two_gloo_ranks(tmp_path):
         assert (r["all_reduce"], r["all_gather"]) == (4, 1), r       # o_proj and down_proj of 2 layers; the head
         assert r["q_shard"] == [16, 32], r                           # 2 of the 4 heads (head dim 8) a rank
         assert r["optimized_vs_ref"] < 1e-5 and r["rewritten"] > 0 and r["caller_still_sharded"], r  # on a copy
+        assert r["other_shape_vs_ref"] < 1e-5, r                              # 3 x 5, not the example's 2 x 9
         assert r["lm_refusal"].startswith("a tensor-parallel causal LM: its generation across ranks is not built"), r
         embed, out_dtensor, seq = r["refusals"]
         assert embed.startswith("embed: model.embed_tokens (Embedding) holds DTensor parameters"), embed
