@@ -138,9 +138,6 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
             raise AccelcError(f"accelc works on a copy of the model (the optimized module owns its weights), and "
                               f"this one cannot be copied: {short_error(e)}") from e
     if tensor_parallel.is_sharded(model):    # (parallelize_module's DTensors: this rank's plain modules)
-        if generation.is_causal_lm(model):
-            raise InputError("a tensor-parallel causal LM: its generation across ranks is not built yet; optimize a "
-                             "module that returns its logits (its forward runs on every rank)")
         model = tensor_parallel.localize(model)
         log.info("accelc: a tensor-parallel model: this rank's shards, the plan's collectives in its graph")
     # accelc's own copy (or a model the caller gave up) serves inference only: no autograd records
@@ -206,9 +203,11 @@ def call_times(job: Job, opt: OptimizedModule) -> tuple:
     if getattr(job.model, "replayable_state", False) or mutated_state(opt.graph_module):
         return ()
     try:
+        # (a tensor-parallel program: as many calls on every rank, each pairing its collectives)
+        calls = 20 if tensor_parallel.group_of(opt.graph_module) is not None else None
         with torch.no_grad():
-            return (median_ms(lambda: job.model(*job.args, **job.kwargs), job.device),
-                    median_ms(lambda: opt(*job.args, **job.kwargs), job.device))
+            return (median_ms(lambda: job.model(*job.args, **job.kwargs), job.device, calls=calls),
+                    median_ms(lambda: opt(*job.args, **job.kwargs), job.device, calls=calls))
     except Exception as e:
         log.debug("accelc: the example's call not timed: %s", e)
         return ()
@@ -229,14 +228,19 @@ def attach_generation(opt, job: Job) -> None:
     (accelc.generation); where that fails, generate() runs the original model, and that is said."""
     t0 = time.perf_counter()
     build = functools.partial(build_step, device=job.device)
+    failed = None
     try:
         with progress_bar.showing("accelc", False, part="generation step: "):
             program, step = build(job.model, job.args, job.kwargs, job.config)
     except AccelcError as e:
-        opt.no_generation(job.model, str(e))
-        return
+        failed = str(e)
     except Exception as e:   # a family the step cannot take: said, and generate() stays HF's
-        opt.no_generation(job.model, short_error(e))
+        failed = short_error(e)
+    # tensor parallel: every rank generates alike (a rank on accelc's step and one on HF's would pair their
+    # collectives wrongly), so one rank's failure is every rank's
+    failures = [f for f in tensor_parallel.on_every_rank(opt.graph_module, failed) if f is not None]
+    if failures:
+        opt.no_generation(job.model, failed or f"another rank's generation step failed: {failures[0]}")
         return
     opt.attach_generation(program, step, job.model, build)
     if runtime.can_time(job.device):
@@ -268,26 +272,28 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     digest = reuse.key(gm, args, config, device, ctx.calibration, race, ctx.shapes)
     memo = reuse.lookup(digest)
     reuse_s = time.perf_counter() - t0
-    eager_ms = memo.eager_gpu_ms if memo is not None else _eager_gpu_ms(gm, args, config, device)
-    t0 = time.perf_counter()
-    progress_bar.phase("rewriting (passes)")
-    counts = run_passes(gm, ctx)
-    t1 = time.perf_counter()
-    if memo is not None and memo.fits(gm):
-        progress_bar.phase("the guard's verdicts of an identical optimize, reused")
-        checks = memo.replay(gm, ctx)
-        log.info("accelc: %d layer(s) rewritten; the guard's verdicts of an identical optimize (%s) reused",
-                 len(layers(gm)), memo.made)
-        seconds = {"passes": round(t1 - t0, 2),
-                   "guard: verdicts reused": round(time.perf_counter() - t1 + reuse_s, 2)}
-    else:
-        memo = None
-        before, picked = reuse.layer_list(gm), reuse.picks()
-        log.info("accelc: %d layer(s) rewritten; checking each against PyTorch%s", len(layers(gm)),
-                 " (first calls tune the kernels)" if runtime.can_time(device) else "")
-        checks = guard.settle(gm, ctx)
-        seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
-                   **ctx.seconds}
+    # each rank decides alone: a tensor-parallel graph's collectives stand in locally (tensor_parallel)
+    with tensor_parallel.local_collectives():
+        eager_ms = memo.eager_gpu_ms if memo is not None else _eager_gpu_ms(gm, args, config, device)
+        t0 = time.perf_counter()
+        progress_bar.phase("rewriting (passes)")
+        counts = run_passes(gm, ctx)
+        t1 = time.perf_counter()
+        if memo is not None and memo.fits(gm):
+            progress_bar.phase("the guard's verdicts of an identical optimize, reused")
+            checks = memo.replay(gm, ctx)
+            log.info("accelc: %d layer(s) rewritten; the guard's verdicts of an identical optimize (%s) reused",
+                     len(layers(gm)), memo.made)
+            seconds = {"passes": round(t1 - t0, 2),
+                       "guard: verdicts reused": round(time.perf_counter() - t1 + reuse_s, 2)}
+        else:
+            memo = None
+            before, picked = reuse.layer_list(gm), reuse.picks()
+            log.info("accelc: %d layer(s) rewritten; checking each against PyTorch%s", len(layers(gm)),
+                     " (first calls tune the kernels)" if runtime.can_time(device) else "")
+            checks = guard.settle(gm, ctx)
+            seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
+                       **ctx.seconds}
     weights = [rw.weight_bytes for rw in map(meta.rewrite_of, layers(gm)) if rw.weight_bytes]
     # a module over the final graph holds exactly what the graph reads: not the float weights of
     # layers now in int8
@@ -301,17 +307,16 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
         gm.meta[runner.REPLAYABLE_STATE] = True
     with torch.no_grad():
         got = gm(*args)
-    if ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]:
-        t0 = time.perf_counter()
-        if memo is not None and memo.padding is not None:
-            plan.padding, plan.padding_note = memo.padding
-        else:
-            own = None if reference is None else functools.cache(lambda: output_error(expected, reference()))
-            plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, config.tolerance_for, own)
-            seconds["padding check"] = round(time.perf_counter() - t0, 2)
+    padded = ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]
+    if padded:
+        _padding_check(gm, args, ctx, memo, seconds,
+                       None if reference is None else functools.cache(lambda: output_error(expected, reference())))
     if memo is None and digest is not None:
         padding = (plan.padding, plan.padding_note) if "padding check" in seconds else None
         reuse.keep(digest, reuse.record(before, ctx, checks, eager_ms, seconds, picked, padding))
+    if padded and len(set(tensor_parallel.on_every_rank(gm, repr(plan.padding)))) > 1:
+        plan.padding, plan.padding_note = None, ("no padding: the ranks' padding checks differ (a tensor-parallel "
+                                                 "program's calls take the same shapes on every rank)")
     err = output_error(got, expected)
     originals = [meta.rewrite_of(n).original for n in layers(gm)]
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
@@ -330,6 +335,22 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
         info.eager_gpu_ms = eager_ms
         info.accelc_eager_gpu_ms = sum(ctx.eager_ms.get(r.name, 0.0) for r in records if r.status == "rewritten")
     return cls(gm, records, info, example_inputs=args, config=config, call_spec=spec)
+
+
+def _padding_check(gm: fx.GraphModule, args: tuple, ctx, memo, seconds: dict, own) -> None:
+    """The calls' padding into gm's CallPlan: the memo's, or buckets.find's (its time into `seconds`). own(): the
+    model's own error, None where unknown; a tensor-parallel graph takes it first, with its real collectives, on
+    every rank alike (the check runs them locally, and asks for it only where a padded call passes)."""
+    plan = buckets.call_plan(gm)
+    if own is not None and tensor_parallel.group_of(gm) is not None:
+        own()
+    if memo is not None and memo.padding is not None:
+        plan.padding, plan.padding_note = memo.padding
+        return
+    t0 = time.perf_counter()
+    with tensor_parallel.local_collectives():
+        plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, ctx.config.tolerance_for, own)
+    seconds["padding check"] = round(time.perf_counter() - t0, 2)
 
 
 def _eager_gpu_ms(gm: fx.GraphModule, args: tuple, config, device: torch.device) -> float | None:

@@ -194,6 +194,12 @@ class OptimizedLM(OptimizedModule):
         super().__setstate__(state)
         self._rebind_cache()
 
+    def release_graphs(self) -> None:
+        """The forward's CUDA graphs and the step program's dropped (OptimizedModule.release_graphs)."""
+        if self.step is not None:
+            self.step.release_graphs()
+        super().release_graphs()
+
     def no_generation(self, original: nn.Module, why: str) -> None:
         self.step = None
         self.parts = GenerationParts(original)
@@ -337,19 +343,22 @@ class OptimizedLM(OptimizedModule):
 
     def measure(self, input_ids, attention_mask, new: int = 32) -> tuple[float, float]:
         """(ms to the first token, decode tokens/s a sequence) of greedy generate() on this prompt:
-        one generate of `new` tokens to warm up, then one of 1 token and one of `new`, timed with the
-        device synchronised. optimize measures it on a GPU for the summary."""
+        one generate of 1 token and one of `new` to warm up (each count's first call may capture or
+        compile), then the same two timed with the device synchronised. optimize measures it on a GPU for
+        the summary. ValueError where the `new` tokens took no longer than the first (no rate to tell)."""
         sync = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, do_sample=False)
         times = []
-        for count in (new, 1, new):
+        for count in (1, new, 1, new):
             sync()
             t0 = time.perf_counter()
             self.generate(**kwargs, max_new_tokens=count, min_new_tokens=count)
             sync()
             times.append(time.perf_counter() - t0)
-        _, first, total = times
-        return first * 1e3, (new - 1) / max(total - first, 1e-9)
+        first, total = times[2:]
+        if total <= first:
+            raise ValueError(f"{new} tokens took {total * 1e3:.1f} ms, the first alone {first * 1e3:.1f} ms")
+        return first * 1e3, (new - 1) / (total - first)
 
     def note_speed(self, input_ids, attention_mask) -> None:
         """The summary's generation line gets greedy decoding's speed on the example prompt (measured

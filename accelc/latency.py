@@ -24,11 +24,29 @@ from accelc import runtime
 
 
 def median_ms(fn: Callable[[], object], device: torch.device | str = "cuda", cuda_graph: bool = False,
-              warmup_ms: float = 25, rep_ms: float = 100) -> float:
+              warmup_ms: float = 25, rep_ms: float = 100, calls: int | None = None) -> float:
+    """calls: plain calls exactly this many (after three to warm up) rather than as many as fit rep_ms, for a
+    program whose calls must be as many in every process (a tensor-parallel one's collectives pair up)."""
     device = torch.device(device)
+    if calls is not None:
+        return statistics.median(_counted_samples_ms(fn, device, calls))
     if device.type == "cuda" and cuda_graph:
         return _graph_median_ms(fn, rep_ms)
     return statistics.median(_call_samples_ms(fn, device, warmup_ms, rep_ms))
+
+
+def _counted_samples_ms(fn, device: torch.device, calls: int) -> list:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 def _call_samples_ms(fn, device: torch.device, warmup_ms: float = 25, rep_ms: float = 100) -> list:

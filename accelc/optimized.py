@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import gc
 import math
 from dataclasses import asdict
 
@@ -107,6 +108,13 @@ class OptimizedModule(nn.Module):
             if wrong is None:
                 raise
             raise InputError(f"{wrong} ({short_error(e)})") from None
+
+    def release_graphs(self) -> None:
+        """Drop this module's CUDA graphs and compiled glue now (made again at its next call). A tensor-parallel
+        program's graphs hold its NCCL communicator, whose destroy waits for them: call this before
+        torch.distributed.destroy_process_group (PyTorch issue 115388)."""
+        self.runner = None
+        gc.collect()
 
     def _runner_for(self, args: tuple, kwargs: dict):
         """The runner of this module's calls, made at the first call (again after .to(), a pickle) on the

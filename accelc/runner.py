@@ -45,7 +45,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc import buckets, regions, runtime
+from accelc import buckets, regions, runtime, tensor_parallel
 from accelc.cuda_graphs import GpuTimer, Uncapturable, capture_cuda_graph, clone_tensors, run_in_pool
 from accelc.runtime import resolve_glue
 from accelc.capture import aliased_state, mutated_state
@@ -429,5 +429,8 @@ def make_runner(gm: fx.GraphModule, config, device: torch.device) -> tuple[Runne
     # sizes that vary and do not all pad: many exact signatures, each captured at its second call
     exact = dynamic and (padding is None or not padding.covers(shapes))
     fn = compiled_glue(gm, plain, dynamic) if glue == "inductor" else plain
+    # (a padded call's own size chosen by its measured times could differ between the ranks of a tensor-parallel
+    # program, whose collectives must take the same shapes on every rank: padded alike there)
+    sharded = tensor_parallel.group_of(gm) is not None
     return Runner(fn, graphs, padding=padding if graphs else None, capture_after=2 if exact else 1,
-                  exact_calls=config.padding == "auto"), how
+                  exact_calls=config.padding == "auto" and not sharded), how

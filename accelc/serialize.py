@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from accelc import tensor_parallel
 from accelc.capture import export_program, program_module, quiet_torch_logs
 from accelc.capture.shapes import SHAPES, DimRange, InputShapes, guard_failure
 from accelc.errors import InputError, ModelFileError, short_error
@@ -83,7 +84,7 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
         warnings.warn(f"accelc.save: the saved program takes the example's shapes only: {static}", stacklevel=2)
     with atomic_path(path) as tmp:
         try:
-            summary = {**opt.summary_dict(), **_shape_notes(shapes)}
+            summary = {**opt.summary_dict(), **_shape_notes(shapes), **tensor_parallel.shard_note(opt.graph_module)}
             torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(summary),
                                                     CHECKSUM_FILE: json.dumps(weights_checksum(ep))})
         except (OSError, RuntimeError) as e:
@@ -222,10 +223,11 @@ def load(path: str | os.PathLike) -> nn.Module:
     if extra[CHECKSUM_FILE] and json.loads(extra[CHECKSUM_FILE]) != weights_checksum(ep):
         raise ModelFileError(f"{str(path)!r}: its weights do not match the checksum accelc.save wrote with them: the "
                              "file was changed or damaged after it was written; save or convert the model again")
-    return _loaded(ep, extra[SUMMARY_FILE])
+    return _loaded(ep, extra[SUMMARY_FILE], repr(str(path)))
 
 
-def _loaded(ep, summary_text: str) -> "LoadedProgram":
+def _loaded(ep, summary_text: str, where: str = "the program") -> "LoadedProgram":
+    tensor_parallel.check_loaded(ep.graph_module, json.loads(summary_text) if summary_text else None, where)
     names = tuple(s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
     shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
     if not shapes.dynamic:

@@ -4,8 +4,9 @@ one (issue: beyond one GPU).
 `torch.distributed.tensor.parallel.parallelize_module` leaves each parallelized nn.Linear holding its weight as a
 DTensor and hooks that move its inputs and outputs between layouts; a graph captured from that holds DTensor
 dispatch, not the rank's GEMMs. `localize` replaces every such layer by a `ShardLinear` holding the rank's shard as
-a plain tensor, with the collective PyTorch's plan implies written as a functional collective in its forward
-(torch.ops._c10d_functional: capturable by torch.export and fx, and by CUDA graphs on NCCL):
+a plain tensor, with the collective PyTorch's plan implies as one of accelc's two collective ops in its forward
+(accelc::tp_all_reduce, accelc::tp_all_gather: torch's functional collectives inside, one node each in a captured
+graph, recorded by CUDA graphs on NCCL; local_collectives has them stand in locally while optimize decides):
 
   - ColwiseParallel (weight and bias Shard(0)): the input whole, the output the rank's columns; with
     output_layouts=Replicate() the columns all-gathered along the last dim.
@@ -17,25 +18,139 @@ is refused in one line naming the layer. The result computes what the sharded mo
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 
-from accelc.errors import InputError
+from accelc.errors import InputError, ModelFileError
 
 
-def _all_reduce(t: torch.Tensor, group_name: str) -> torch.Tensor:
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def local_collectives():
+    """Within: this thread's tensor-parallel collectives (the two ops below) stand in locally, without a word to
+    the other ranks: an all-reduce returns its input, an all-gather the input repeated `world` times. optimize
+    runs its checks, races and padding check so: each rank's verdicts are its own, and a rank that runs its
+    graph more often than another (a layer checked again, a timer's count) cannot leave a collective unpaired
+    (a hang on NCCL, another collective's numbers on gloo). What runs for the user (the end-to-end check, the
+    warm-up's CUDA graphs, every call) runs the real collectives, the same number of times on every rank."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def _local() -> bool:
+    return getattr(_state, "depth", 0) > 0
+
+
+@torch.library.custom_op("accelc::tp_all_reduce", mutates_args=())
+def all_reduce(t: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The ranks' tensors summed (torch's functional all-reduce; local_collectives: the rank's own). One op in a
+    captured graph: the runner's glue calls it as it is, CUDA graphs record its NCCL kernel."""
+    if _local():
+        return t.clone()
     ops = torch.ops._c10d_functional
     return ops.wait_tensor(ops.all_reduce(t, "sum", group_name))
 
 
-def _all_gather_last(t: torch.Tensor, world: int, group_name: str) -> torch.Tensor:
-    """The ranks' tensors side by side along the last dim, in rank order."""
+@all_reduce.register_fake
+def _(t, group_name):
+    return torch.empty_like(t)
+
+
+@torch.library.custom_op("accelc::tp_all_gather", mutates_args=())
+def all_gather_last(t: torch.Tensor, world: int, group_name: str) -> torch.Tensor:
+    """The ranks' tensors side by side along the last dim, in rank order (local_collectives: the rank's own,
+    `world` times)."""
+    if _local():
+        return t.repeat(*([1] * (t.dim() - 1)), world)
     ops = torch.ops._c10d_functional
     g = ops.wait_tensor(ops.all_gather_into_tensor(t.contiguous(), world, group_name))
     return g.view(world, *t.shape).movedim(0, -2).reshape(*t.shape[:-1], world * t.shape[-1])
+
+
+@all_gather_last.register_fake
+def _(t, world, group_name):
+    return t.new_empty((*t.shape[:-1], world * t.shape[-1]))
+
+
+COLLECTIVES = (torch.ops.accelc.tp_all_reduce.default, torch.ops.accelc.tp_all_gather.default)
+
+
+def group_of(gm: fx.GraphModule) -> str | None:
+    """The process group's name of a graph's tensor-parallel collectives, None for a graph that has none."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and is_collective(n.target):
+            return n.args[-1]
+    return None
+
+
+def _group(name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    return _resolve_process_group(name)
+
+
+def shard_note(gm: fx.GraphModule) -> dict:
+    """What a saved program records of its shard: {"tensor_parallel": {"rank", "world", "group"}} for a graph with
+    collectives (this process's rank in their group), {} for one without."""
+    name = group_of(gm)
+    if name is None:
+        return {}
+    import torch.distributed as dist
+    group = _group(name)
+    return {"tensor_parallel": {"rank": dist.get_rank(group), "world": dist.get_world_size(group), "group": name}}
+
+
+def check_loaded(gm: fx.GraphModule, summary: dict | None, where: str) -> None:
+    """A loaded program with collectives is one rank's shard: ModelFileError (one line) unless this process is
+    that rank of a process group of that size, the group its collectives name created as when it was saved."""
+    name = group_of(gm)
+    if name is None:
+        return
+    note = (summary or {}).get("tensor_parallel") or {}
+    rank, world = note.get("rank", "?"), note.get("world", "?")
+    what = f"{where} is rank {rank} of a {world}-rank tensor-parallel program"
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ModelFileError(f"{what}: load it in that rank of {world} processes with the process group initialized "
+                             "(torchrun; torch.distributed.init_process_group, then the device mesh)")
+    try:
+        group = _group(name)
+    except Exception:
+        raise ModelFileError(f"{what}: its collectives use process group {name!r}, which this process has not "
+                             "created; create the groups as when it was saved (the same device mesh)") from None
+    here = (dist.get_rank(group), dist.get_world_size(group))
+    if here != (rank, world):
+        raise ModelFileError(f"{what}, and this process is rank {here[0]} of {here[1]}: each rank loads the program "
+                             "it saved (its own shard of the weights)")
+
+
+def is_collective(target) -> bool:
+    """Whether a graph node's target is one of the two ops (an overload, or the packet fx.symbolic_trace keeps)."""
+    return target in COLLECTIVES or getattr(target, "default", None) in COLLECTIVES
+
+
+def on_every_rank(gm: fx.GraphModule, value) -> list:
+    """`value` as each rank of gm's group has it, in rank order ([value] for a graph without collectives): a
+    decision that must be the same on every rank (the calls' padding, whether generation runs accelc's step)
+    is compared here. One collective, every rank calling it at the same point."""
+    name = group_of(gm)
+    if name is None:
+        return [value]
+    import torch.distributed as dist
+
+    group = _group(name)
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return values
 
 
 class ShardLinear(nn.Module):
@@ -53,11 +168,11 @@ class ShardLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "colwise":
             y = F.linear(x, self.weight, self.bias)
-            return _all_gather_last(y, self.world, self.group_name) if self.gather else y
+            return all_gather_last(y, self.world, self.group_name) if self.gather else y
         if self.cut:
             k = self.weight.shape[1]
             x = x.narrow(-1, self.rank * k, k)
-        y = _all_reduce(F.linear(x, self.weight), self.group_name)
+        y = all_reduce(F.linear(x, self.weight), self.group_name)
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:

@@ -409,3 +409,31 @@ def test_the_lms_summary_folds_the_step_program_into_its_differences():
     fewer = [r for r in opt.layers if r.name != "lm_head"]        # a forward without the head: one difference
     lines = step_lines(fewer, opt.step)
     assert lines[0].endswith("the others:") and lines[1].startswith("  lm_head: rewritten accelc::linear; not in the forward")
+
+
+def test_the_summary_speed_is_a_rate_or_not_given():
+    """OptimizedLM.measure (the summary's decode speed at optimize): each count of tokens warmed up before it is
+    timed, and a `new`-token generate no slower than a 1-token one (a stall at the first) gives no rate, not an
+    absurd one (a sharded 8B shape's summary once said 32000000000 tokens/s)."""
+    import time
+    import types
+
+    import torch
+
+    from accelc.generation import OptimizedLM
+
+    def fake(times):
+        calls = []
+
+        def generate(self, max_new_tokens, **kw):
+            calls.append(max_new_tokens)
+            time.sleep(times[len(calls) - 1])
+        return types.SimpleNamespace(generate=types.MethodType(generate, object())), calls
+
+    ids = torch.ones(1, 4, dtype=torch.long)
+    lm, calls = fake([0.05, 0.05, 0.01, 0.03])      # each count's first call stalls; then 10 ms and 30 ms
+    ttft, rate = OptimizedLM.measure(lm, ids, torch.ones_like(ids), new=5)
+    assert calls == [1, 5, 1, 5] and 8 < ttft < 30 and 4 / 0.05 < rate < 4 / 0.01
+    lm, _ = fake([0.0, 0.0, 0.03, 0.01])
+    with pytest.raises(ValueError, match="5 tokens took"):
+        OptimizedLM.measure(lm, ids, torch.ones_like(ids), new=5)

@@ -4,7 +4,8 @@ two processes on the gloo backend (torch.distributed.run), a two-layer Llama sha
 the unsharded model's logits and greedy tokens in fp32, holds no DTensor, and exports with its collectives in the
 graph (an all-reduce after each row-wise layer, an all-gather for the head). Layouts accelc does not take are
 refused in one line naming the layer. accelc.optimize takes the sharded model itself (localizing its own copy), each
-rank's optimized module giving the unsharded logits; a sharded causal LM's generation is refused (not built yet)."""
+rank's optimized module giving the unsharded logits; the sharded causal LM itself optimized, its generation (accelc's
+step over a cache of the rank's KV heads) giving the unsharded tokens, also where the ranks' verdicts differ."""
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from accelc import tensor_parallel
-from accelc.errors import InputError
+from accelc.errors import InputError, ModelFileError
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -68,11 +69,38 @@ other = torch.randint(0, 100, (3, 5))       # another batch and length than the 
 with torch.no_grad():
     optimized = opt(ids)
     other_diff = (opt(other) - lm(other).logits).abs().max().item()
+# saved per rank, each rank loading its own shard (and refused another rank's)
+accelc.save(opt, f"rank{rank}.pt2")
+dist.barrier()
+with torch.no_grad():
+    loaded_diff = (accelc.load(f"rank{rank}.pt2")(other) - lm(other).logits).abs().max().item()
 try:
-    accelc.optimize(sharded, (ids,))
-    lm_refusal = "taken"
-except InputError as e:
-    lm_refusal = str(e)
+    accelc.load(f"rank{1 - rank}.pt2")
+    wrong_rank = "taken"
+except ModelFileError as e:
+    wrong_rank = str(e)
+# the sharded causal LM itself: its forward and its generation step optimized on each rank, accelc's step with
+# the rank's KV heads in its cache generating the unsharded model's tokens
+opt_lm = accelc.optimize(sharded, (ids,))
+with torch.no_grad():
+    lm_tokens = opt_lm.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    lm_more = opt_lm.generate(other, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    lm_more_want = lm.generate(other, max_new_tokens=4, do_sample=False, pad_token_id=0)
+step_collectives = [str(n.target) for n in opt_lm.step.graph_module.graph.nodes
+                    if tensor_parallel.is_collective(n.target)]
+# verdicts that differ between the ranks: rank 1's checks fail every layer, so it alone demotes, checks again
+# and reverts; its graph runs more often while optimize decides, which its collectives (standing in locally
+# there) must not pair with rank 0's
+import dataclasses, os
+from accelc import guard
+os.environ["ACCELC_REUSE"] = "0"
+real_compare = guard.compare
+guard.compare = lambda *a, **k: (dataclasses.replace(real_compare(*a, **k), passed=False, reason="forced on rank 1")
+                                 if rank == 1 else real_compare(*a, **k))
+apart = accelc.optimize(parallelize_module(copy.deepcopy(lm), mesh, plan), (ids,))
+guard.compare = real_compare
+with torch.no_grad():
+    apart_tokens = apart.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
 refusals = []
 for name, style in (("embed", {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate())}),
                     ("dtensor out", {"model.layers.0.mlp.up_proj": ColwiseParallel(use_local_output=False)}),
@@ -90,7 +118,12 @@ print("RESULT " + json.dumps({
     "q_shard": list(local.model.layers[0].self_attn.q_proj.weight.shape), "refusals": refusals,
     "optimized_vs_ref": (optimized - ref).abs().max().item(), "rewritten": len(opt.rewritten),
     "other_shape_vs_ref": other_diff,
-    "caller_still_sharded": tensor_parallel.is_sharded(sharded), "lm_refusal": lm_refusal}))
+    "caller_still_sharded": tensor_parallel.is_sharded(sharded),
+    "lm_tokens_equal": bool(torch.equal(lm_tokens, want)), "lm_other_equal": bool(torch.equal(lm_more, lm_more_want)),
+    "lm_step": opt_lm.step is not None, "lm_rewritten": len(opt_lm.rewritten), "step_collectives": step_collectives,
+    "apart_tokens_equal": bool(torch.equal(apart_tokens, want)), "apart_rewritten": len(apart.rewritten),
+    "ranks": tensor_parallel.on_every_rank(opt_lm.graph_module, rank), "loaded_vs_ref": loaded_diff,
+    "wrong_rank": wrong_rank}))
 dist.destroy_process_group()
 """
 
@@ -112,9 +145,79 @@ def test_a_sharded_llama_localized_on_two_gloo_ranks(tmp_path):
         assert r["q_shard"] == [16, 32], r                           # 2 of the 4 heads (head dim 8) a rank
         assert r["optimized_vs_ref"] < 1e-5 and r["rewritten"] > 0 and r["caller_still_sharded"], r  # on a copy
         assert r["other_shape_vs_ref"] < 1e-5, r                              # 3 x 5, not the example's 2 x 9
-        assert r["lm_refusal"].startswith("a tensor-parallel causal LM: its generation across ranks is not built"), r
+        assert r["lm_tokens_equal"] and r["lm_other_equal"] and r["lm_step"] and r["lm_rewritten"] > 0, r
+        assert r["step_collectives"].count("accelc.tp_all_reduce.default") == 4, r    # the step's, as the forward's
+        assert r["step_collectives"].count("accelc.tp_all_gather.default") == 1, r
+        assert r["apart_tokens_equal"] and r["ranks"] == [0, 1], r
+        assert (r["apart_rewritten"] == 0) == (r["rank"] == 1), r         # rank 1 reverted all, rank 0 kept its own
+        assert r["loaded_vs_ref"] < 1e-5, r
+        assert r["wrong_rank"] == (f"'rank{1 - r['rank']}.pt2' is rank {1 - r['rank']} of a 2-rank tensor-parallel "
+                                   f"program, and this process is rank {r['rank']} of 2: each rank loads the program it "
+                                   "saved (its own shard of the weights)"), r
+    import accelc                                     # a process outside any process group
+    from accelc.errors import ModelFileError
+    with pytest.raises(ModelFileError, match=r"^'.*rank0.pt2' is rank 0 of a 2-rank tensor-parallel program: load it "
+                                             r"in that rank of 2 processes with the process group initialized"):
+        accelc.load(tmp_path / "rank0.pt2")
         embed, out_dtensor, seq = r["refusals"]
         assert embed.startswith("embed: model.embed_tokens (Embedding) holds DTensor parameters"), embed
         assert out_dtensor.startswith("dtensor out: model.layers.0.mlp.up_proj: its output stays a DTensor"), out_dtensor
         assert seq.startswith("sequence parallel: model.layers.0.mlp.down_proj: RowwiseParallel with its output "
                               "S(1) (sequence parallelism)"), seq
+
+
+def _sharded_graph():
+    import torch
+    from torch import fx
+
+    from accelc import tensor_parallel   # noqa: F401  (registers accelc::tp_all_reduce / tp_all_gather)
+
+    def f(x):
+        y = torch.ops.accelc.tp_all_reduce(x * 2, "group0")
+        return torch.ops.accelc.tp_all_gather(y, 3, "group0")
+    return fx.symbolic_trace(f)
+
+
+def test_collectives_stand_in_locally_while_optimize_decides():
+    """Inside local_collectives (no process group at all here): the all-reduce is the rank's own tensor, the
+    all-gather its tensor `world` times; a graph's group is read from its collectives."""
+    import torch
+
+    from accelc import tensor_parallel
+
+    gm = _sharded_graph()
+    x = torch.randn(2, 5)
+    with tensor_parallel.local_collectives():
+        out = gm(x)
+    assert torch.equal(out, torch.cat([x * 2] * 3, dim=-1))
+    assert tensor_parallel.group_of(gm) == "group0"
+    assert tensor_parallel.on_every_rank(_plain_graph(), "v") == ["v"]       # no collectives: no group asked
+
+
+def _plain_graph():
+    import torch
+    from torch import fx
+    return fx.symbolic_trace(lambda x: torch.relu(x))
+
+
+def test_a_sharded_graph_pads_every_call_alike():
+    """padding="auto" runs a padded call at its own size where its measured times say so: per rank, so a
+    tensor-parallel graph's calls are padded alike (their collectives take the same shapes on every rank)."""
+    import torch
+
+    from accelc import runner
+    from accelc.config import OptimizeConfig
+
+    config = OptimizeConfig(padding="auto")
+    assert runner.make_runner(_plain_graph(), config, torch.device("cpu"))[0].exact_calls
+    assert not runner.make_runner(_sharded_graph(), config, torch.device("cpu"))[0].exact_calls
+
+
+def test_a_counted_timer_calls_exactly_so_often():
+    """median_ms(calls=n): three warm-up calls and n timed ones, whatever they take (a tensor-parallel program's
+    ranks call it equally often)."""
+    from accelc.latency import median_ms
+
+    seen = []
+    ms = median_ms(lambda: seen.append(1), "cpu", calls=7)
+    assert len(seen) == 10 and ms >= 0
