@@ -1,0 +1,258 @@
+"""Tensor parallel: a Llama-shaped causal LM sharded with PyTorch's plan (ColwiseParallel q/k/v/gate/up,
+RowwiseParallel o/down, the LM head gathered), one process per GPU, optimized by accelc on every rank and generating
+greedily; beside it the same sharded model under HF's static cache + torch.compile (decode) and torch.compile
+reduce-overhead (prefill). The tensor-parallel issue's measure.
+
+    torchrun --nproc-per-node 2 bench/tp.py --shape llama3-8b [--layers N] [--out DIR]
+    torchrun --nproc-per-node 1 bench/tp.py --shape llama3-8b          # one GPU, unsharded: the scaling's base
+    torchrun --nproc-per-node 2 bench/tp.py --smoke                    # a tiny Llama, gloo on the CPU
+
+Weights are random at the shape's sizes, fp16 on a GPU. --init full (the default for shapes that fit a rank):
+every rank builds the whole model from one seed and the plan cuts it, and rank 0 compares the greedy tokens with the
+unsharded model's (a GPU: the unsharded model on rank 0's GPU, where it fits). --init meta (the 70B shape): each
+rank builds only its shard on the meta device and fills it with random values (nothing to compare with).
+
+Sides, every rank running each the same number of times (their collectives pair up), timed on rank 0 with the GPU
+synchronised:
+  accelc        accelc.optimize(sharded model, prompt) then opt.generate (its static cache holds the rank's KV heads);
+  hf_compiled   the sharded model's generate with cache_implementation="static" (HF compiles its decode step);
+  eager         the sharded model's own generate (dynamic cache).
+Decode tokens/s: (new - 1) tokens over (generate(new) - generate(1)); prefill ms: a forward of --prefill rows x
+--prefill-len tokens (accelc's optimized forward; torch.compile reduce-overhead of the sharded model's forward).
+The decode step's collectives: a profile of one decode step (torch.profiler), the GPU time in NCCL kernels per layer.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _common  # noqa: E402
+
+SHAPES = {   # name -> LlamaConfig arguments
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=512),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+    "llama3-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+}
+
+
+def plan(layers: int) -> dict:
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    out = {"lm_head": ColwiseParallel(output_layouts=Replicate())}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.q_proj": ColwiseParallel(), p + "self_attn.k_proj": ColwiseParallel(),
+                    p + "self_attn.v_proj": ColwiseParallel(), p + "self_attn.o_proj": RowwiseParallel(),
+                    p + "mlp.gate_proj": ColwiseParallel(), p + "mlp.up_proj": ColwiseParallel(),
+                    p + "mlp.down_proj": RowwiseParallel()})
+    return out
+
+
+def build(cfg, device, dtype, init: str, mesh, world: int):
+    """(the whole model or None, this rank's model: sharded by the plan where world > 1)."""
+    import transformers as tf
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if init == "full":
+        torch.manual_seed(0)
+        with torch.device(device):
+            whole = tf.LlamaForCausalLM(cfg).to(dtype).eval()
+        mine = parallelize_module(copy.deepcopy(whole), mesh, plan(cfg.num_hidden_layers)) if world > 1 else whole
+        return whole, mine
+    with torch.device("meta"):
+        lm = tf.LlamaForCausalLM(cfg).to(dtype).eval()
+    if world > 1:
+        lm = parallelize_module(lm, mesh, plan(cfg.num_hidden_layers))
+    lm = lm.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(1234 + (mesh.get_local_rank() if world > 1 else 0))
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if "norm" in name:
+                local.fill_(1.0)
+            else:
+                local.normal_(0.0, 0.02, generator=gen)
+        rotary = lm.model.rotary_emb                 # its inverse frequencies are computed, not parameters
+        lm.model.rotary_emb = type(rotary)(config=cfg, device=device)
+    return None, lm
+
+
+def timed(fn, rounds: int, sync) -> float:
+    """Median seconds of fn() over `rounds` after one warm-up call (every rank calls it as often)."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def decode_rate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, float, torch.Tensor]:
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0)
+    first = timed(lambda: gen(**kw, max_new_tokens=1, min_new_tokens=1), rounds, sync)
+    total = timed(lambda: gen(**kw, max_new_tokens=new, min_new_tokens=new), rounds, sync)
+    out = gen(**kw, max_new_tokens=new, min_new_tokens=new)
+    return first * 1e3, (new - 1) / max(total - first, 1e-9), out
+
+
+def collective_us_per_step(gen, ids, mask, new: int, layers: int) -> dict:
+    """GPU time of NCCL / all-reduce kernels over a decode of `new` tokens, per token and per layer (us)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        gen(**kw, max_new_tokens=new, min_new_tokens=new)
+        torch.cuda.synchronize()
+    total = comm = 0.0
+    by_name: dict = {}
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        us = e.device_time if hasattr(e, "device_time") else e.cuda_time
+        total += us
+        by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + us
+        if "nccl" in e.name.lower() or "allreduce" in e.name.lower() or "all_reduce" in e.name.lower():
+            comm += us
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
+    return {"collective_us_per_token": round(comm / new, 1), "collective_us_per_layer": round(comm / new / layers, 2),
+            "gpu_us_per_token": round(total / new, 1),
+            "top_kernels_us_per_token": {k: round(v / new, 1) for k, v in top}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's (said in the row)")
+    ap.add_argument("--init", choices=["full", "meta"], default=None)
+    ap.add_argument("--sides", default="accelc,hf_compiled")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--prefill", default="2x1024", help="rows x tokens of the prefill timing ('' for none)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args()
+    import torch.distributed as dist
+    import transformers as tf
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import accelc
+
+    if a.smoke:
+        a.shape, a.prompt, a.new, a.prefill, a.rounds = "tiny", 8, 6, "2x16", 1
+    on_gpu = torch.cuda.is_available() and not a.smoke
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dtype = torch.float16 if on_gpu else torch.float32
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    args = dict(SHAPES[a.shape])
+    if a.layers:
+        args["num_hidden_layers"] = a.layers
+    cfg = tf.LlamaConfig(**args)
+    mesh = init_device_mesh(device.type, (world,))
+    init = a.init or ("meta" if a.shape == "llama3-70b" else "full")
+    whole, lm = build(cfg, device, dtype, init, mesh, world)
+    if whole is not None and world > 1 and on_gpu:
+        whole = whole.cpu() if rank != 0 else whole      # the unsharded reference on rank 0's GPU only
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, cfg.vocab_size, (a.batch, a.prompt), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    row = {"shape": a.shape, "layers": cfg.num_hidden_layers, "world": world, "batch": a.batch, "prompt": a.prompt,
+           "new_tokens": a.new, "init": init, "dtype": str(dtype).removeprefix("torch."),
+           "params_b_per_rank": round(sum((p.to_local() if hasattr(p, "to_local") else p).numel()
+                                          for p in lm.parameters()) / 1e9, 3)}
+    want = None
+    if whole is not None and rank == 0:
+        with torch.no_grad():
+            want = whole.generate(input_ids=ids, attention_mask=mask, max_new_tokens=a.new, min_new_tokens=a.new,
+                                  do_sample=False, pad_token_id=0).cpu()
+    del whole
+    rows_x, len_x = (int(v) for v in a.prefill.split("x")) if a.prefill else (0, 0)
+    pre_ids = torch.randint(1, cfg.vocab_size, (rows_x, len_x), generator=g).to(device) if rows_x else None
+    for side in a.sides.split(","):
+        r, opt = {}, None
+        try:
+            torch._dynamo.reset()
+            t0 = time.perf_counter()
+            if side == "accelc":
+                config = accelc.OptimizeConfig(max_cache_len=a.prompt + a.new, max_batch_size=a.batch)
+                opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
+                gen, forward = opt.generate, opt
+            elif side == "hf_compiled":
+                lm.generation_config.cache_implementation = "static"
+                gen = lm.generate
+                forward = torch.compile(lm, mode="reduce-overhead")
+            else:
+                gen, forward = lm.generate, lm
+            r["prepare_s"] = round(time.perf_counter() - t0, 1)
+            with torch.no_grad():
+                ttft, rate, out = decode_rate(gen, ids, mask, a.new, a.rounds, sync)
+                r.update(ttft_ms=round(ttft, 2), decode_tok_s=round(rate, 1))
+                if want is not None:
+                    r["same_tokens_as_unsharded"] = round((out.cpu() == want).float().mean().item(), 3)
+                if pre_ids is not None:
+                    kw = {"input_ids": pre_ids} if side == "accelc" else {"input_ids": pre_ids, "use_cache": False}
+                    r["prefill_ms"] = round(timed(lambda: forward(**kw), a.rounds * 3, sync) * 1e3, 2)
+                if on_gpu:
+                    r.update(collective_us_per_step(gen, ids, mask, 16, cfg.num_hidden_layers))
+            if side == "accelc":
+                r["summary"] = opt.summary()
+                r["optimize_seconds"] = dict(opt.info.seconds)
+        except Exception as e:     # a side that cannot run: said in its row, the other ranks likewise
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        if opt is not None:
+            opt.release_graphs()        # (its NCCL communicator's destroy waits for graphs that hold it)
+        if side == "hf_compiled":
+            torch._dynamo.reset()
+            from torch._inductor import cudagraph_trees
+            cudagraph_trees.reset_cudagraph_trees()
+        gen = forward = opt = None
+        gc.collect()
+        row[side] = r
+        if rank == 0:
+            print(f"{a.shape} x{world} {side}: " + json.dumps({k: v for k, v in r.items() if k != "summary"}),
+                  flush=True)
+    if rank == 0:
+        env = _common.environment()
+        name = f"tp-{a.shape}-x{world}" + (f"-{cfg.num_hidden_layers}layers" if a.layers else "")
+        sides = [s for s in a.sides.split(",") if s in row]
+        md = _common.md_table(["side", "prepare s", "TTFT ms", "decode tok/s", "prefill ms", "collectives us/token",
+                               "same tokens"],
+                              [[s, row[s].get("prepare_s"), row[s].get("ttft_ms"), row[s].get("decode_tok_s"),
+                                row[s].get("prefill_ms"), row[s].get("collective_us_per_token"),
+                                row[s].get("same_tokens_as_unsharded", row[s].get("error", ""))] for s in sides])
+        _common.write(a.out, name, env, [row], f"# {name} ({_common.env_line(env)})\n\n" + md)
+    dist.barrier()
+    # destroy_process_group waits on NCCL communicators a CUDA graph still holds (PyTorch issue 115388): every
+    # side's graphs were released above; a destroy that still hangs is said and the process ends anyway
+    watchdog = threading.Timer(60, lambda: (print(f"rank {rank}: destroy_process_group hung 60 s", flush=True),
+                                            os._exit(3)))
+    watchdog.start()
+    dist.destroy_process_group()
+    watchdog.cancel()
+
+
+if __name__ == "__main__":
+    main()
