@@ -8,6 +8,7 @@ A user who sets TRITON_INTERPRET themselves keeps their choice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import threading
@@ -22,6 +23,73 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 def interpreted() -> bool:
     """True when Triton kernels run in the CPU interpreter (correct, but not fast)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _no_unasserted_overflow_checks() -> None:
+    """The interpreter computes an overflow check of every integer add and multiply (each operand cast to
+    int64, the result compared with the type's range) and then asserts it only in debug mode, which the
+    interpreter never sets: the checks cost a conv kernel's index arithmetic 40% of its time for nothing. Off
+    where nothing asserts them; a Triton whose interpreter asserts keeps them."""
+    try:
+        from triton.runtime import interpreter
+        builder = interpreter.interpreter_builder
+        if not builder.options.debug and builder.options.sanitize_overflow:
+            builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    except (ImportError, AttributeError, TypeError):
+        pass
+
+
+def _patch_language_once_a_kernel() -> None:
+    """The interpreter patches triton.language's builtins (every member of tl, tl.tensor, tl.math looked up)
+    when a kernel starts, restoring them when it ends, and again at every call of a @triton.jit helper inside
+    it, where what it sets is never restored (a conv kernel: 50k such calls, most of its time). Inside a
+    kernel, a helper whose language modules are patched already patches nothing more; one that names another
+    (triton.language.core where the kernel names triton.language) patches it, restored with the kernel's. A
+    Triton whose interpreter is laid out otherwise is left as it is."""
+    try:
+        import inspect
+
+        import triton.language as tl
+        from triton.runtime import interpreter
+        original = interpreter._patch_lang
+        if getattr(original, "accelc_once", False):
+            return
+        state = {"depth": 0, "langs": set(), "nested": []}
+
+        def langs_of(fn) -> set:
+            return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+        class _Scope:
+            def __init__(self, scope=None):
+                self.scope = scope
+
+            def restore(self):
+                if self.scope is None:
+                    return
+                while state["nested"]:
+                    state["nested"].pop().restore()
+                state["depth"], state["langs"] = 0, set()
+                self.scope.restore()
+
+        def patch_lang(fn):
+            langs = langs_of(fn)
+            if state["depth"]:
+                if not langs <= state["langs"]:
+                    state["nested"].append(original(fn))
+                    state["langs"] |= langs
+                return _Scope()
+            scope = original(fn)
+            state["depth"], state["langs"], state["nested"] = 1, langs, []
+            return _Scope(scope)
+        patch_lang.accelc_once = True
+        interpreter._patch_lang = patch_lang
+    except (ImportError, AttributeError):
+        pass
+
+
+if interpreted():
+    _no_unasserted_overflow_checks()
+    _patch_language_once_a_kernel()
 
 
 # Triton's CPU interpreter keeps its state in globals: two threads running kernels at once fail or
