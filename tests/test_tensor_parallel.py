@@ -29,8 +29,8 @@ from accelc.errors import InputError, ModelFileError
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
-lm = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=64, vocab_size=100, max_position_embeddings=96)).eval()
+lm = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, vocab_size=100, max_position_embeddings=96)).eval()
 ids = torch.randint(0, 100, (2, 9))
 mesh = init_device_mesh("cpu", (world,))
 plan = {"lm_head": ColwiseParallel(output_layouts=Replicate())}
@@ -97,7 +97,8 @@ os.environ["ACCELC_REUSE"] = "0"
 real_compare = guard.compare
 guard.compare = lambda *a, **k: (dataclasses.replace(real_compare(*a, **k), passed=False, reason="forced on rank 1")
                                  if rank == 1 else real_compare(*a, **k))
-apart = accelc.optimize(parallelize_module(copy.deepcopy(lm), mesh, plan), (ids,))
+apart = accelc.optimize(parallelize_module(copy.deepcopy(lm), mesh, plan), (ids,),
+                        config=accelc.OptimizeConfig(kv_cache="paged"))     # (and the paged cache of the rank's heads)
 guard.compare = real_compare
 with torch.no_grad():
     apart_tokens = apart.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
@@ -122,6 +123,7 @@ print("RESULT " + json.dumps({
     "lm_tokens_equal": bool(torch.equal(lm_tokens, want)), "lm_other_equal": bool(torch.equal(lm_more, lm_more_want)),
     "lm_step": opt_lm.step is not None, "lm_rewritten": len(opt_lm.rewritten), "step_collectives": step_collectives,
     "apart_tokens_equal": bool(torch.equal(apart_tokens, want)), "apart_rewritten": len(apart.rewritten),
+    "apart_paged": apart.step is not None and "paged" in apart.info.generation,
     "ranks": tensor_parallel.on_every_rank(opt_lm.graph_module, rank), "loaded_vs_ref": loaded_diff,
     "wrong_rank": wrong_rank}))
 dist.destroy_process_group()
@@ -142,13 +144,13 @@ def test_a_sharded_llama_localized_on_two_gloo_ranks(tmp_path):
         assert r["local_vs_ref"] < 1e-5 and r["exported_vs_ref"] < 1e-5, r
         assert r["tokens_equal"] and not r["dtensors_left"], r
         assert (r["all_reduce"], r["all_gather"]) == (4, 1), r       # o_proj and down_proj of 2 layers; the head
-        assert r["q_shard"] == [16, 32], r                           # 2 of the 4 heads (head dim 8) a rank
+        assert r["q_shard"] == [32, 64], r                           # 2 of the 4 heads (head dim 16) a rank
         assert r["optimized_vs_ref"] < 1e-5 and r["rewritten"] > 0 and r["caller_still_sharded"], r  # on a copy
         assert r["other_shape_vs_ref"] < 1e-5, r                              # 3 x 5, not the example's 2 x 9
         assert r["lm_tokens_equal"] and r["lm_other_equal"] and r["lm_step"] and r["lm_rewritten"] > 0, r
         assert r["step_collectives"].count("accelc.tp_all_reduce.default") == 4, r    # the step's, as the forward's
         assert r["step_collectives"].count("accelc.tp_all_gather.default") == 1, r
-        assert r["apart_tokens_equal"] and r["ranks"] == [0, 1], r
+        assert r["apart_tokens_equal"] and r["apart_paged"] and r["ranks"] == [0, 1], r
         assert (r["apart_rewritten"] == 0) == (r["rank"] == 1), r         # rank 1 reverted all, rank 0 kept its own
         assert r["loaded_vs_ref"] < 1e-5, r
         assert r["wrong_rank"] == (f"'rank{1 - r['rank']}.pt2' is rank {1 - r['rank']} of a 2-rank tensor-parallel "
