@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 import threading
+import types
 import warnings
 
 import torch
@@ -39,50 +40,53 @@ def _no_unasserted_overflow_checks() -> None:
         pass
 
 
-def _patch_language_once_a_kernel() -> None:
-    """The interpreter patches triton.language's builtins (every member of tl, tl.tensor, tl.math looked up)
-    when a kernel starts, restoring them when it ends, and again at every call of a @triton.jit helper inside
-    it, where what it sets is never restored (a conv kernel: 50k such calls, most of its time). Inside a
-    kernel, a helper whose language modules are patched already patches nothing more; one that names another
-    (triton.language.core where the kernel names triton.language) patches it, restored with the kernel's. A
-    Triton whose interpreter is laid out otherwise is left as it is."""
-    try:
-        import inspect
+class _OncePerKernel:
+    """The interpreter's _patch_lang, patching triton.language once a kernel: the interpreter patches its
+    builtins (every member of tl, tl.tensor, tl.math looked up) when a kernel starts, restoring them when it
+    ends, and again at every call of a @triton.jit helper inside it, where what it sets is never restored (a
+    conv kernel: 50k such calls, most of its time). Here a helper whose language modules are patched already
+    patches nothing more; one that names another (triton.language.core where the kernel names
+    triton.language) patches it, restored with the kernel's."""
 
+    def __init__(self, original, language_modules):
+        self.original, self.language_modules = original, language_modules
+        self.depth, self.langs, self.nested = 0, set(), []
+
+    def __call__(self, fn):
+        langs = {id(v) for v in fn.__globals__.values()
+                 if isinstance(v, types.ModuleType) and any(v is m for m in self.language_modules)}
+        if self.depth:
+            if not langs <= self.langs:
+                self.nested.append(self.original(fn))
+                self.langs |= langs
+            return _Restore(self, None)
+        scope = self.original(fn)
+        self.depth, self.langs, self.nested = 1, langs, []
+        return _Restore(self, scope)
+
+
+class _Restore:
+    """What _OncePerKernel returns: the kernel's scope restores every patch of its run; a helper's nothing."""
+
+    def __init__(self, owner: _OncePerKernel, scope):
+        self.owner, self.scope = owner, scope
+
+    def restore(self) -> None:
+        if self.scope is None:
+            return
+        while self.owner.nested:
+            self.owner.nested.pop().restore()
+        self.owner.depth, self.owner.langs = 0, set()
+        self.scope.restore()
+
+
+def _patch_language_once_a_kernel() -> None:
+    """_OncePerKernel in the interpreter; a Triton whose interpreter is laid out otherwise is left as it is."""
+    try:
         import triton.language as tl
         from triton.runtime import interpreter
-        original = interpreter._patch_lang
-        if getattr(original, "accelc_once", False):
-            return
-        state = {"depth": 0, "langs": set(), "nested": []}
-
-        def langs_of(fn) -> set:
-            return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
-
-        class _Scope:
-            def __init__(self, scope=None):
-                self.scope = scope
-
-            def restore(self):
-                if self.scope is None:
-                    return
-                while state["nested"]:
-                    state["nested"].pop().restore()
-                state["depth"], state["langs"] = 0, set()
-                self.scope.restore()
-
-        def patch_lang(fn):
-            langs = langs_of(fn)
-            if state["depth"]:
-                if not langs <= state["langs"]:
-                    state["nested"].append(original(fn))
-                    state["langs"] |= langs
-                return _Scope()
-            scope = original(fn)
-            state["depth"], state["langs"], state["nested"] = 1, langs, []
-            return _Scope(scope)
-        patch_lang.accelc_once = True
-        interpreter._patch_lang = patch_lang
+        if not isinstance(interpreter._patch_lang, _OncePerKernel):
+            interpreter._patch_lang = _OncePerKernel(interpreter._patch_lang, (tl, tl.core))
     except (ImportError, AttributeError):
         pass
 
