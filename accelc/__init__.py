@@ -39,7 +39,7 @@ if not _help_only():
     from accelc import kernels  # noqa: F401,E402  (registers torch.ops.accelc.*)
     from accelc import models
     from accelc.api import optimize
-    from accelc.config import Int8Config, OptimizeConfig, PRESETS
+    from accelc.config import Fp8Config, Int8Config, OptimizeConfig, PRESETS
     from accelc.convert import convert
     from accelc.errors import AccelcError, CaptureError, ModelFileError, PassError, ReportFailedError
     from accelc.generation import OptimizedLM
@@ -60,7 +60,7 @@ if not _help_only():
 
 
 __all__ = [
-    "AccelcError", "CaptureError", "Int8Config", "LayerRecord", "ModelFileError", "OptimizeConfig",
+    "AccelcError", "CaptureError", "Fp8Config", "Int8Config", "LayerRecord", "ModelFileError", "OptimizeConfig",
     "OptimizedModule", "PRESETS", "PassError", "Report", "ReportFailedError", "__version__", "convert", "load",
     "models", "optimize", "report", "save",
 ]

@@ -320,7 +320,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     err = output_error(got, expected)
     originals = [meta.rewrite_of(n).original for n in layers(gm)]
     info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
-                        end_to_end_rel_error=err, int8=config.int8 is not None,
+                        end_to_end_rel_error=err, int8=config.int8 is not None, fp8=config.fp8 is not None,
                         end_to_end_sqnr_db=sqnr_db(err),
                         float_weight_bytes=sum(b[0] for b in weights), int8_weight_bytes=sum(b[1] for b in weights),
                         model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),

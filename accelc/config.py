@@ -107,6 +107,52 @@ class Int8Config:
                              "cannot be combined with it")
 
 
+@dataclass(frozen=True)
+class Fp8Config:
+    """fp8 (e4m3) weights, opt-in through OptimizeConfig(fp8=True or Fp8Config(...)).
+
+    Linear and gated layers the float passes rewrote become accelc::linear_fp8w / accelc::gated_linear_fp8w
+    (kernels/fp8_weight.py): each weight quantized once to float8_e4m3fn with one scale per output channel,
+    the activations left in the model's dtype. What pays in decoding, where a step reads each weight once for a
+    few rows: half of fp16's bytes, as int8 weights (Int8Config(weights_only=True)), with e4m3's floating grid.
+
+    layers / exclude / types / skip_first_last / min_rows: which layers, as Int8Config's.
+    weights_only:   True (the one form built; FP8 activations, W8A8 in e4m3, are not built yet: False is refused).
+    sqnr_floor:     the guard's floor in dB (fp8 vs the float layer); a layer under it goes back to float, said.
+    only_if_faster: on a GPU, each fp8 layer against its float kernel on the example inputs (a generation step's:
+                    a decode step), the faster kept.
+    """
+
+    layers: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    types: tuple[str, ...] | None = None
+    skip_first_last: bool = True
+    sqnr_floor: float = 20.0
+    min_rows: int = 0
+    weights_only: bool = True
+    only_if_faster: bool = True
+
+    def __post_init__(self):
+        for name in ("layers", "exclude", "types"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                object.__setattr__(self, name, (v,))
+            elif v is not None:
+                object.__setattr__(self, name, tuple(v))
+        if not self.weights_only:
+            raise ValueError("Fp8Config(weights_only=False): fp8 activations (W8A8 in e4m3) are not built yet; "
+                             "fp8 weights with the activations in the model's dtype are (weights_only=True)")
+        if not self.sqnr_floor > 0:
+            raise ValueError(f"sqnr_floor must be > 0 dB, not {self.sqnr_floor}")
+        if self.min_rows < 0:
+            raise ValueError(f"min_rows must be >= 0, not {self.min_rows}")
+
+    # (the int8 pass reads these of either config)
+    static = False
+    smoothing = None
+    attention = False
+
+
 KV_CACHES = ("static", "paged")
 
 
@@ -126,6 +172,7 @@ class OptimizeConfig:
                     PyTorch's own error in the same dtype (both against the higher-precision
                     reference).
     int8:           False (float only), True (int8 with Int8Config's defaults) or an Int8Config.
+    fp8:            False, True (fp8 weights with Fp8Config's defaults) or an Fp8Config; not with int8.
     only_if_faster: on a GPU, time every rewritten layer against the original PyTorch layer on the
                     example inputs (the guard, after the numbers check) and keep it only where it is
                     faster; the summary gives both times for the layers put back. Its default
@@ -176,6 +223,7 @@ class OptimizeConfig:
     tolerance: float | None = None
     eager_error_factor: float = 2.0
     int8: bool | Int8Config = False
+    fp8: bool | Fp8Config = False
     only_if_faster: bool = field(default_factory=lambda: os.environ.get("ACCELC_ONLY_IF_FASTER", "1") != "0")
     glue: str = "auto"
     cuda_graphs: bool = True
@@ -195,6 +243,14 @@ class OptimizeConfig:
             object.__setattr__(self, "int8", None)
         elif not isinstance(self.int8, Int8Config):
             raise TypeError(f"int8 must be a bool or an Int8Config, not {type(self.int8).__name__}")
+        if self.fp8 is True:
+            object.__setattr__(self, "fp8", Fp8Config())
+        elif self.fp8 is False or self.fp8 is None:
+            object.__setattr__(self, "fp8", None)
+        elif not isinstance(self.fp8, Fp8Config):
+            raise TypeError(f"fp8 must be a bool or an Fp8Config, not {type(self.fp8).__name__}")
+        if self.int8 is not None and self.fp8 is not None:
+            raise ValueError("int8 and fp8 are both set: a layer's weights take one format; choose one")
         if isinstance(self.dtype, str):
             if self.dtype.lower() not in DTYPES:
                 raise ValueError(f"dtype {self.dtype!r} is not one of {sorted(set(DTYPES))}")
@@ -228,6 +284,11 @@ class OptimizeConfig:
         page = self.kv_page_size
         if not (isinstance(page, int) and not isinstance(page, bool) and page >= 1 and page & (page - 1) == 0):
             raise ValueError(f"kv_page_size must be a power of two, not {page!r}")
+
+    @property
+    def quantized(self) -> "Int8Config | Fp8Config | None":
+        """The quantization asked for (the Int8Config or the Fp8Config), None for float only."""
+        return self.int8 if self.int8 is not None else self.fp8
 
     def tolerance_for(self, dtype: torch.dtype) -> float:
         """The guard's relative-L2 floor for a layer computing in `dtype`."""

@@ -129,7 +129,7 @@ def _choose_int8_or_float(gm, ctx, v: _Verdicts) -> None:
     """Phase 2 (a GPU, Int8Config.only_if_faster): an int8 layer slower than its float kernel on the
     example inputs goes to the float kernel (checked again in phase 3)."""
     config = ctx.config
-    if not (runtime.can_time(ctx.device) and config.int8 is not None and config.int8.only_if_faster):
+    if not (runtime.can_time(ctx.device) and config.quantized is not None and config.quantized.only_if_faster):
         return
     int8 = [n for n in layers(gm) if meta.rewrite_of(n).quantized and meta.rewrite_of(n).fallback is not None]
     inputs, words = race_inputs(ctx)
@@ -137,9 +137,10 @@ def _choose_int8_or_float(gm, ctx, v: _Verdicts) -> None:
         if t8 < tf:
             continue
         check = v.passed.pop(node, None)
-        note = (f"int8 {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on {words}: float kernel kept "
-                "(Int8Config.only_if_faster)")
-        v.recheck.add(_demote(gm, ctx, node, f"int8 SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
+        q, cfg = _format(config), type(config.quantized).__name__
+        note = (f"{q} {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on {words}: float kernel kept "
+                f"({cfg}.only_if_faster)")
+        v.recheck.add(_demote(gm, ctx, node, f"{q} SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
 
 
 def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
@@ -170,7 +171,7 @@ _LIBRARIES = {"linear": "cuBLAS", "gated_linear": "cuBLAS", "conv2d": "cuDNN", "
 
 def library(kind: str) -> str:
     """The library eager PyTorch runs a layer of this kind with (int8 kinds: their float layer's)."""
-    return _LIBRARIES.get(kind.removesuffix("_int8"), "ATen")
+    return _LIBRARIES.get(kind.removesuffix("_int8").removesuffix("_fp8"), "ATen")
 
 
 def race_inputs(ctx) -> tuple[tuple, str]:
@@ -337,11 +338,15 @@ def verdict(rel: float, eager_rel: float, tol: float, config, quantized: bool) -
     """Why a layer with this error fails the guard ("" if it passes): int8 layers against the
     SQNR floor, float layers against max(tol, eager_error_factor x eager's error)."""
     if quantized:
-        sqnr, floor = sqnr_db(rel), config.int8.sqnr_floor
-        return "" if sqnr >= floor else f"int8 SQNR {sqnr:.1f} dB under the floor {floor:g} dB"
+        sqnr, floor = sqnr_db(rel), config.quantized.sqnr_floor
+        return "" if sqnr >= floor else f"{_format(config)} SQNR {sqnr:.1f} dB under the floor {floor:g} dB"
     limit = max(tol, config.eager_error_factor * eager_rel)
     return "" if rel <= limit else (f"error {rel:.2e} over tolerance {limit:.2e} (floor {tol:.1e}, "
                                     f"eager's own error {eager_rel:.2e})")
+
+
+def _format(config) -> str:
+    return "int8" if config.int8 is not None else "fp8"
 
 
 def compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:

@@ -225,19 +225,20 @@ class OptimizedModule(nn.Module):
             f"accelc: {n['rewritten']} layer(s) rewritten, {n['reverted']} reverted, {n['kept']} kept "
             f"as PyTorch  (capture: {self.info.capture_method}; device: {self.info.device})",
         ]
+        quantized = self.info.int8 or getattr(self.info, "fp8", False)
         rows = [("layer", "status", "kernel / op", "in shape", "rel.err", "eager err")
-                + (("SQNR dB",) if self.info.int8 else ()) + ("note",)]
+                + (("SQNR dB",) if quantized else ()) + ("note",)]
         for r in shown:
             rows.append((
                 r.name, r.status, r.kernel or r.kind,
                 "x".join(map(str, r.input_shapes[0])) if r.input_shapes else "",
                 _fmt(r.rel_error), _fmt(r.eager_rel_error),
-            ) + ((_fmt_db(r.sqnr_db),) if self.info.int8 else ()) + (r.reason,))
+            ) + ((_fmt_db(r.sqnr_db),) if quantized else ()) + (r.reason,))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
         for row in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
-        lines.append(LEGEND + ("\nSQNR dB: an int8 layer's signal to quantization noise against its float layer."
-                               if self.info.int8 else ""))
+        lines.append(LEGEND + ("\nSQNR dB: an int8 or fp8 layer's signal to quantization noise against its float "
+                               "layer." if quantized else ""))
         if no_kernel:
             kinds = collections.Counter(r.kind for r in no_kernel)
             lines.append("no accelc kernel for (these run as PyTorch, as in eager): "
@@ -248,7 +249,7 @@ class OptimizedModule(nn.Module):
             lines.append(f"speed on this GPU, a plain call of the example (median): eager PyTorch {eager:.3f} ms, "
                          f"accelc {ours:.3f} ms ({eager / ours:.2f}x)")
         lines.append(f"end-to-end relative L2 error vs eager: {_fmt(self.info.end_to_end_rel_error)}"
-                     + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if self.info.int8 else ""))
+                     + (f" (SQNR {_fmt_db(self.info.end_to_end_sqnr_db)} dB)" if quantized else ""))
         if self.info.shapes:
             lines.append(self.info.shapes)
         fixed = self.call_spec.defaults if self.call_spec is not None else {}
@@ -272,10 +273,11 @@ class OptimizedModule(nn.Module):
                      f"{_mb(self.info.weight_bytes)}"
                      + (f" (+ {_mb(self.info.original_weight_bytes)} held for the original layers the report "
                         "times)" if self.info.original_weight_bytes else ""))
-        if self.info.int8:
-            n8 = sum(r.status == "rewritten" and r.kind.endswith("_int8") for r in self.layers)
-            lines.append(f"int8: {n8} layer(s); their weights {_mb(self.info.float_weight_bytes)} in float, "
-                         f"{_mb(self.info.int8_weight_bytes)} in int8 with scales (saved in accelc.save's file)")
+        if quantized:
+            q = "int8" if self.info.int8 else "fp8"
+            n8 = sum(r.status == "rewritten" and r.kind.endswith(f"_{q}") for r in self.layers)
+            lines.append(f"{q}: {n8} layer(s); their weights {_mb(self.info.float_weight_bytes)} in float, "
+                         f"{_mb(self.info.int8_weight_bytes)} in {q} with scales (saved in accelc.save's file)")
         return "\n".join(line.rstrip() for line in lines)
 
     def coverage_lines(self) -> list[str]:

@@ -46,8 +46,8 @@ class Rewrite:
 
     @property
     def quantized(self) -> bool:
-        """int8 layers: judged by SQNR, not the float tolerance."""
-        return self.kind.endswith("_int8")
+        """int8 and fp8 layers: judged by SQNR, not the float tolerance."""
+        return self.kind.endswith(("_int8", "_fp8"))
 
     def eager(self, model=None) -> fx.GraphModule:
         """The original layer as a module: its own, or, once released, one reading its parameters
@@ -154,9 +154,10 @@ class OptimizeInfo:
     pass_counts: dict = field(default_factory=dict)
     end_to_end_rel_error: float = math.nan     # optimized vs eager model output, relative L2
     int8: bool = False
+    fp8: bool = False                          # (either: the summary's SQNR columns)
     end_to_end_sqnr_db: float = math.nan       # the same comparison in dB
-    float_weight_bytes: int = 0                # of the layers now running in int8 ...
-    int8_weight_bytes: int = 0                 # ... and what their int8 weights + scales take
+    float_weight_bytes: int = 0                # of the layers now running in int8 (or fp8) ...
+    int8_weight_bytes: int = 0                 # ... and what their int8 (fp8) weights + scales take
     model_weight_bytes: int = 0                # parameters + buffers of the captured model
     weight_bytes: int = 0                      # ... of the optimized module's graph
     original_weight_bytes: int = 0             # more held by the original layers kept for reports (folded BN)

@@ -316,7 +316,7 @@ def _header(name, opt, args, interpreted, sides: Sides) -> dict:
         "ort": sides.ort_why_not or ort.provider_note(device),
         "dtype": str(sides.config.dtype or _dtype_of(args) or _dtype_of(opt.graph_module.parameters())
                      or _dtype_of(opt.graph_module.buffers())).replace("torch.", ""),
-        "int8": sides.config.int8 is not None,
+        "int8": sides.config.int8 is not None, "fp8": sides.config.fp8 is not None,
         "input_shapes": [list(t.shape) for t in args if isinstance(t, torch.Tensor)],
         "timer": f"{timer}; ORT called through run_with_iobinding (its own CUDA graph where the session "
                  "allows it)" if device.type == "cuda" else timer,

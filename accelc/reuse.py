@@ -140,7 +140,7 @@ def key(gm: fx.GraphModule, args: tuple, config, device: torch.device, calibrati
             put(f"module[{name}]", code)
         tensors = _graph_tensors(gm)
         put("tensors", [(name, tuple(t.shape), t.dtype, t.stride(), t.device.type) for name, t in tensors])
-        every_value = config.int8 is not None    # int8 scales read the inputs' values
+        every_value = config.int8 is not None    # int8 scales read the inputs' values (fp8 weights' do not)
         leaves = pytree.tree_leaves((args, race[0] if race is not None else (), calibration if every_value else ()))
         put("structure", pytree.tree_structure((args, race[0] if race is not None else ())))
         shown = []

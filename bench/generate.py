@@ -20,7 +20,8 @@ median of --rounds after one warm-up generate):
                     takes the cache blocks of its own tokens, attention reads no padding;
   accelc_int8w      the same as accelc with int8 weights (Int8Config(weights_only=True, skip_first_last=False):
                     every linear and gated layer, lm_head included); its share of the limit counts
-                    the fp16 bytes, as every side's does (so it may pass 100%).
+                    the fp16 bytes, as every side's does (so it may pass 100%);
+  accelc_fp8w       the same with fp8 (e4m3) weights (Fp8Config(skip_first_last=False)).
 First-token logits: each side's generate(max_new_tokens=1, return_dict_in_generate=True,
 output_logits=True), relative L2 error against the model computed in fp32 on the same prompt (fp64 for
 the fp32 smoke), beside HF eager fp16's own error (the JSON row's eager_fp16_first_logits_rel_err_vs_fp32):
@@ -46,7 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
-SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w"]   # accelc_int8w: int8 weights
+SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w", "accelc_fp8w"]   # int8 / fp8 weights
 
 
 def configs(smoke: bool) -> dict:
@@ -185,7 +186,8 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     gen = compiled.generate
                 else:
                     int8 = accelc.Int8Config(weights_only=True, skip_first_last=False) if side == "accelc_int8w" else False
-                    config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8,
+                    fp8 = accelc.Fp8Config(skip_first_last=False) if side == "accelc_fp8w" else False
+                    config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8, fp8=fp8,
                                                    kv_cache="paged" if side == "accelc_paged" else "static")
                     opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
                     gen = opt.generate

@@ -7,8 +7,8 @@ maps each op to its pure-PyTorch reference, what an ONNX export records in its p
 import torch
 
 from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import (conv, conv1d, depthwise_conv, flash_attention, gated_linear, gemm, int8_gemm, int8_weight, layernorm,
-                            paged_attention, quantize, rotary)
+from accelc.kernels import (conv, conv1d, depthwise_conv, flash_attention, fp8_weight, gated_linear, gemm, int8_gemm,
+                            int8_weight, layernorm, paged_attention, quantize, rotary)
 
 LAUNCHERS = {
     torch.ops.accelc.linear.default: gemm.linear_launch,
@@ -24,6 +24,8 @@ LAUNCHERS = {
     torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_launch,
     torch.ops.accelc.linear_w8a16.default: int8_weight.linear_w8a16_launch,
     torch.ops.accelc.gated_linear_w8a16.default: int8_weight.gated_linear_w8a16_launch,
+    torch.ops.accelc.linear_fp8w.default: fp8_weight.linear_fp8w_launch,
+    torch.ops.accelc.gated_linear_fp8w.default: fp8_weight.gated_linear_fp8w_launch,
     torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_launch,
 }
 
@@ -43,9 +45,12 @@ REFERENCES = {
     torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_ref,
     torch.ops.accelc.linear_w8a16.default: int8_weight.linear_w8a16_ref,
     torch.ops.accelc.gated_linear_w8a16.default: int8_weight.gated_linear_w8a16_ref,
+    torch.ops.accelc.linear_fp8w.default: fp8_weight.linear_fp8w_ref,
+    torch.ops.accelc.gated_linear_fp8w.default: fp8_weight.gated_linear_fp8w_ref,
     torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_ref,
 }
 assert set(REFERENCES) == set(LAUNCHERS)
 
-__all__ = ["LAUNCHERS", "REFERENCES", "conv", "conv1d", "depthwise_conv", "flash_attention", "gated_linear", "gemm", "int8_gemm", "int8_weight", "layernorm",
+__all__ = ["LAUNCHERS", "REFERENCES", "conv", "conv1d", "depthwise_conv", "flash_attention", "fp8_weight", "gated_linear", "gemm",
+           "int8_gemm", "int8_weight", "layernorm",
            "paged_attention", "quantize", "rotary"]

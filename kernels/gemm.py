@@ -191,8 +191,9 @@ def weight_f32(b, W_SCALED: tl.constexpr):
     instruction, which an SM issues at an eighth of its FMA rate (sm_90: 16 a clock), where a
     weight-only int8 GEMV converts one a weight: the byte v + 128 (v's bits with the top one
     flipped) as the low mantissa bits of 2^23 is the float 2^23 + v + 128, exactly; one XOR puts
-    it there (0x4B000000: 2^23's bits), one add takes 2^23 + 128 away, exactly."""
-    if W_SCALED:
+    it there (0x4B000000: 2^23's bits), one add takes 2^23 + 128 away, exactly. An fp8 (e4m3) weight
+    (weight-only fp8, kernels/fp8_weight.py) converts as it is."""
+    if W_SCALED and not tl.constexpr(b.dtype.is_fp8()):
         bits = b.to(tl.uint8, bitcast=True).to(tl.uint32) ^ 0x4B000080
         return bits.to(tl.float32, bitcast=True) - 8388736.0
     else:
@@ -349,7 +350,7 @@ class Mode(enum.IntEnum):
     FLOAT = 0          # float x and weight
     W8A8 = 1           # int8 x and weight, the accumulators dequantized (a_scale x w_scale), half or fp32 out
     W8A8_RAW = 2       # int8 x and weight, the raw int32 accumulators stored
-    WEIGHT_INT8 = 3    # float x, an int8 weight scaled per output channel (weight-only int8)
+    WEIGHT_INT8 = 3    # float x, a one-byte weight (int8, or fp8 e4m3) scaled per output channel (weight-only)
 
     @staticmethod
     def of(x2: torch.Tensor, out: torch.Tensor, scales) -> "Mode":

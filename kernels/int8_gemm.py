@@ -101,14 +101,14 @@ def int8_gemm_launch(q, a_scale, w_q, w_scale, bias=None, residual=None, activat
     return out
 
 
-def weight_problem(x, w_q, w_scale) -> str | None:
-    """What is wrong with a quantized weight (w_q (N, K) int8, w_scale (N,) fp32) for x (..., K), or None."""
+def weight_problem(x, w_q, w_scale, dtype=torch.int8) -> str | None:
+    """What is wrong with a quantized weight (w_q (N, K) of `dtype`, w_scale (N,) fp32) for x (..., K), or None."""
     K = x.shape[-1] if x.dim() else -1
     if w_q.dim() != 2 or w_q.shape[1] != K:
         return f"x has K={K} features but w_q is {tuple(w_q.shape)}: expected (N, {K})"
-    if w_q.dtype != torch.int8 or w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (w_q.shape[0],):
-        return (f"w_q must be int8 (N, K) and w_scale fp32 (N,), got {w_q.dtype} {tuple(w_q.shape)} and "
-                f"{w_scale.dtype} {tuple(w_scale.shape)}")
+    if w_q.dtype != dtype or w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (w_q.shape[0],):
+        return (f"w_q must be {str(dtype).removeprefix('torch.')} (N, K) and w_scale fp32 (N,), got {w_q.dtype} "
+                f"{tuple(w_q.shape)} and {w_scale.dtype} {tuple(w_scale.shape)}")
     return None
 
 

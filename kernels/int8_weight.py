@@ -34,9 +34,10 @@ GATED_TUNER = Tuner("gated_linear_w8a16", gemm.linear_kernel, gemm.CONFIGS, prun
 _CHECKED: set = set()
 
 
-def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none") -> str | None:
-    """Why accelc::linear_w8a16 cannot take these operands, or None (meta tensors are fine)."""
-    problem = weight_problem(x, w_q, w_scale)
+def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none", weight_dtype=torch.int8) -> str | None:
+    """Why accelc::linear_w8a16 (weight_dtype int8) or accelc::linear_fp8w (float8_e4m3fn) cannot take these
+    operands, or None (meta tensors are fine)."""
+    problem = weight_problem(x, w_q, w_scale, weight_dtype)
     if problem:
         return problem
     if x.dtype not in gemm.SUPPORTED_DTYPES:
@@ -46,22 +47,29 @@ def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none"
     return gemm.epilogue_problem(x, w_q.shape[0], bias, residual, activation)
 
 
-def _check(x, w_q, w_scale, bias, residual, activation, what):
-    sig = (x.shape, x.dtype, x.device, w_q.shape, w_q.dtype, w_scale.shape, w_scale.dtype,
+def _check(x, w_q, w_scale, bias, residual, activation, what, weight_dtype):
+    sig = (what, x.shape, x.dtype, x.device, w_q.shape, w_q.dtype, w_scale.shape, w_scale.dtype,
            None if bias is None else (bias.shape, bias.dtype), None if residual is None else residual.shape, activation)
-    check_once(_CHECKED, sig, lambda: why_unsupported(x, w_q, w_scale, bias, residual, activation), what)
+    check_once(_CHECKED, sig, lambda: why_unsupported(x, w_q, w_scale, bias, residual, activation, weight_dtype), what)
 
 
 def linear_w8a16_launch(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
     """Checks, allocates, launches. x (..., K), w_q (N, K) int8, w_scale (N,) -> (..., N) in x.dtype."""
-    _check(x, w_q, w_scale, bias, residual, activation, "linear_w8a16")
+    return weight_only_launch(x, w_q, w_scale, bias, residual, activation, residual_first, TUNER, "linear_w8a16")
+
+
+def weight_only_launch(x, w_q, w_scale, bias, residual, activation, residual_first, tuner, what,
+                       weight_dtype=torch.int8):
+    """linear_w8a16_launch with its tuner, name and weight dtype given: a one-byte weight, int8 or fp8 e4m3
+    (kernels/fp8_weight.py)."""
+    _check(x, w_q, w_scale, bias, residual, activation, what, weight_dtype)
     K, N = x.shape[-1], w_q.shape[0]
     residual = residual_as(residual, (*x.shape[:-1], N))
     x2 = x.reshape(-1, K)
     out = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device)
     if x2.shape[0] > 0 and N > 0:
         res2 = residual.reshape(-1, N) if residual is not None else None
-        gemm.launch(x2, w_q, bias, res2, out, activation, residual_first, scales=(None, w_scale), tuner=TUNER)
+        gemm.launch(x2, w_q, bias, res2, out, activation, residual_first, scales=(None, w_scale), tuner=tuner)
     return out.reshape(*x.shape[:-1], N)
 
 
@@ -81,12 +89,17 @@ def linear_w8a16_ref(x, w_q, w_scale, bias=None, residual=None, activation="none
 def gated_linear_w8a16_launch(x, w_q, w_scale, bias, n, activation="silu"):
     """Checks, allocates, launches. x (..., K), w_q (2 Np, K) int8 interleaved as gated_linear.pack
     makes it, w_scale (2 Np,), bias (2 Np,) or None -> act(gate) * up (..., n) in x's dtype."""
-    _check(x, w_q, w_scale, bias, None, activation, "gated_linear_w8a16")
+    return gated_weight_only_launch(x, w_q, w_scale, bias, n, activation, GATED_TUNER, "gated_linear_w8a16")
+
+
+def gated_weight_only_launch(x, w_q, w_scale, bias, n, activation, tuner, what, weight_dtype=torch.int8):
+    """gated_linear_w8a16_launch with its tuner, name and weight dtype given (a one-byte weight, int8 or fp8)."""
+    _check(x, w_q, w_scale, bias, None, activation, what, weight_dtype)
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     if x2.shape[0] > 0 and n > 0:
-        gemm.launch(x2, w_q, bias, None, out, activation, False, scales=(None, w_scale), tuner=GATED_TUNER, gated=True)
+        gemm.launch(x2, w_q, bias, None, out, activation, False, scales=(None, w_scale), tuner=tuner, gated=True)
     return out.reshape(*x.shape[:-1], n)
 
 
@@ -125,5 +138,6 @@ def _(x, w_q, w_scale, bias, n, activation="silu"):
     return x.new_empty((*x.shape[:-1], n))
 
 
-__all__ = ["GATED_TUNER", "TUNER", "gated_linear_w8a16", "gated_linear_w8a16_launch", "gated_linear_w8a16_ref",
-           "linear_w8a16", "linear_w8a16_launch", "linear_w8a16_ref", "why_unsupported"]
+__all__ = ["GATED_TUNER", "TUNER", "dequantized", "gated_linear_w8a16", "gated_linear_w8a16_launch",
+           "gated_linear_w8a16_ref", "gated_weight_only_launch", "linear_w8a16", "linear_w8a16_launch", "linear_w8a16_ref",
+           "weight_only_launch", "why_unsupported"]

@@ -9,7 +9,9 @@ layer's fusion (bias, activation, residual) and the same original subgraph for t
   - with Int8Config.weights_only, instead: accelc::linear -> accelc::linear_w8a16 and
     accelc::gated_linear -> accelc::gated_linear_w8a16 (kernels/int8_weight.py): the weight (the
     gated layer's interleaved one) quantized per output channel, the activations left in float.
-Each int8 layer keeps its float call as a Fallback: the guard judges int8 layers by SQNR and
+With OptimizeConfig.fp8 (an Fp8Config), the same layers the same way, to accelc::linear_fp8w and
+accelc::gated_linear_fp8w (kernels/fp8_weight.py): each weight in float8_e4m3fn per output channel.
+Each int8 or fp8 layer keeps its float call as a Fallback: the guard judges int8 layers by SQNR and
 puts those under Int8Config.sqnr_floor back in float (accelc.rewrite.demote).
 
 SmoothQuant (Xiao et al. 2023, Int8Config.smoothing = alpha): with a_j = max |x[:, j]| over the
@@ -26,6 +28,7 @@ import torch
 from torch import fx
 
 from accelc import meta
+from accelc.kernels import fp8_weight
 from accelc.kernels.int8_gemm import quantize_weight
 from accelc.layer_runner import LayerRunner
 from accelc.meta import attr_value
@@ -38,6 +41,8 @@ FLASH = torch.ops.accelc.flash_attention.default
 GATED = torch.ops.accelc.gated_linear.default
 W8A16 = torch.ops.accelc.linear_w8a16.default
 GATED_W8A16 = torch.ops.accelc.gated_linear_w8a16.default
+FP8W = torch.ops.accelc.linear_fp8w.default
+GATED_FP8W = torch.ops.accelc.gated_linear_fp8w.default
 
 
 def _module_type(rw: Rewrite) -> str:
@@ -64,20 +69,21 @@ def _weight_tensor(gm, w: fx.Node) -> torch.Tensor | None:
 def _why_not(gm, n: fx.Node, index: int, count: int, cfg) -> str | None:
     rw = meta.rewrite_of(n)
     names = [rw.layer, meta.path(n)]
+    name = type(cfg).__name__
     if cfg.skip_first_last and index in (0, count - 1):
-        return f"{'first' if index == 0 else 'last'} linear layer: stays in float (Int8Config.skip_first_last)"
+        return f"{'first' if index == 0 else 'last'} linear layer: stays in float ({name}.skip_first_last)"
     if cfg.layers is not None and not _selected(names, cfg.layers):
-        return "not in Int8Config.layers"
+        return f"not in {name}.layers"
     if cfg.exclude and _selected(names, cfg.exclude):
-        return "in Int8Config.exclude"
+        return f"in {name}.exclude"
     if cfg.types is not None and _module_type(rw) not in cfg.types:
-        return f"type {_module_type(rw)} not in Int8Config.types"
+        return f"type {_module_type(rw)} not in {name}.types"
     if _weight_tensor(gm, n.args[1]) is None:
         return "weight is computed at run time, not a constant: stays in float"
     mx = meta.tensor_meta(n.args[0])
     rows = math.prod(mx.shape[:-1]) if mx is not None else 0
     if rows < cfg.min_rows:
-        return f"{rows} rows < Int8Config.min_rows={cfg.min_rows}: stays in float, where it is faster"
+        return f"{rows} rows < {name}.min_rows={cfg.min_rows}: stays in float, where it is faster"
     return None
 
 
@@ -128,24 +134,31 @@ def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
             weight_bytes=(weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4))
 
 
-def _to_w8a16(gm, n: fx.Node) -> None:
-    """A float linear or gated layer -> its weight-only int8 call (Int8Config.weights_only)."""
+# the weight-only forms: (quantize, linear op, gated op, the ops' names, kind suffix, constant suffix)
+_WEIGHT_ONLY = {"int8": (quantize_weight, W8A16, GATED_W8A16, "w8a16", "int8", "int8w"),
+                "fp8": (fp8_weight.quantize_weight, FP8W, GATED_FP8W, "fp8w", "fp8", "fp8w")}
+
+
+def _to_weight_only(gm, n: fx.Node, form: str) -> None:
+    """A float linear or gated layer -> its weight-only int8 (Int8Config.weights_only) or fp8 (Fp8Config) call."""
+    quantize, linear_op, gated_op, op_name, suffix, constant = _WEIGHT_ONLY[form]
     rw = meta.rewrite_of(n)
     weight = _weight_tensor(gm, n.args[1]).detach()
-    prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_int8w"
-    w_q, w_scale = quantize_weight(weight)     # (a gated layer's: per row of its interleaved weight)
+    prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_" + constant
+    w_q, w_scale = quantize(weight)     # (a gated layer's: per row of its interleaved weight)
     aux = [add_constant(gm, prefix, w_q, before=n), add_constant(gm, prefix + "_scale", w_scale, before=n)]
     sizes = (weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4)
     if n.target is GATED:
         x, _, bias, width = n.args[:4]
-        restack(gm, n, GATED_W8A16, (x, aux[0], aux[1], bias, width), dict(activation=n.kwargs.get("activation", "silu")),
-                kind="gated_linear_int8", kernel=rw.kernel.replace("accelc::gated_linear", "accelc::gated_linear_w8a16"),
-                aux=aux, note="int8 weights", weight_bytes=sizes)
+        restack(gm, n, gated_op, (x, aux[0], aux[1], bias, width), dict(activation=n.kwargs.get("activation", "silu")),
+                kind=f"gated_linear_{suffix}",
+                kernel=rw.kernel.replace("accelc::gated_linear", f"accelc::gated_linear_{op_name}"),
+                aux=aux, note=f"{form} weights", weight_bytes=sizes)
         return
     x, _, bias, residual = n.args[:4]
     kwargs = dict(activation=n.kwargs.get("activation", "none"), residual_first=n.kwargs.get("residual_first", False))
-    restack(gm, n, W8A16, (x, aux[0], aux[1], bias, residual), kwargs, kind="linear_int8",
-            kernel=rw.kernel.replace("accelc::linear", "accelc::linear_w8a16"), aux=aux, note="int8 weights",
+    restack(gm, n, linear_op, (x, aux[0], aux[1], bias, residual), kwargs, kind=f"linear_{suffix}",
+            kernel=rw.kernel.replace("accelc::linear", f"accelc::linear_{op_name}"), aux=aux, note=f"{form} weights",
             weight_bytes=sizes)
 
 
@@ -156,7 +169,7 @@ def _to_int8_attention(gm, n: fx.Node) -> None:
 
 
 def _transform(gm, ctx) -> int:
-    cfg = ctx.config.int8
+    cfg = ctx.config.quantized
     if cfg is None:
         return 0
     linears = [n for n in layers(gm) if n.target is LINEAR or (cfg.weights_only and n.target is GATED)]
@@ -169,7 +182,7 @@ def _transform(gm, ctx) -> int:
             chosen.append(n)
     if cfg.weights_only:
         for n in chosen:
-            _to_w8a16(gm, n)
+            _to_weight_only(gm, n, "int8" if ctx.config.int8 is not None else "fp8")
         return len(chosen)
     needs_stats = chosen and (cfg.static or cfg.smoothing is not None)
     stats = _calibrate(gm, chosen, ctx.calibration) if needs_stats else {}

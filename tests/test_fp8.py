@@ -1,0 +1,152 @@
+"""Weight-only fp8 (kernels/fp8_weight.py, OptimizeConfig(fp8=...)): accelc::linear_fp8w and
+accelc::gated_linear_fp8w against their references (the dequantized e4m3 weight in fp32 / fp64) at a decode
+step's rows (gemv_kernel) and at a prompt's (the tensor-core tiles); the weight's quantization; an LM optimized
+with fp8 weights, judged by SQNR, reverted to float under the floor and said; the configs refused in one line."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accelc
+from accelc.kernels import fp8_weight, gated_linear
+from accelc.numerics import rel_l2, sqnr_db
+from conftest import DEVICE
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}   # rel. L2 vs the fp64 reference
+
+
+def test_a_row_is_scaled_to_e4m3s_range_and_rounded():
+    w = torch.tensor([[0.5, -2.0, 0.125, 1.0], [0.0, 0.0, 0.0, 0.0], [3e-3, -1e-3, 2e-3, 1e-4]])
+    q, s = fp8_weight.quantize_weight(w)
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and s.shape == (3,)
+    assert q.float().abs().amax(1).tolist() == [448.0, 0.0, 448.0]      # each row's largest at e4m3's largest
+    assert s[1] == 1 and torch.equal(q[1].float(), torch.zeros(4))        # a row of zeros stays zeros
+    back = q.float() * s[:, None]
+    assert rel_l2(back, w) < 0.04                                          # 3 mantissa bits: ~2-4% a weight
+    big = torch.randn(256, 512)
+    q, s = fp8_weight.quantize_weight(big)
+    assert sqnr_db(rel_l2(q.float() * s[:, None], big)) > 28
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3, 37])      # gemv_kernel's rows, then tiles
+def test_linear_fp8w_matches_its_reference_with_the_whole_epilogue(dtype, m):
+    torch.manual_seed(m)
+    k, n = 72, 40
+    x = torch.randn(2, m, k, device=DEVICE, dtype=dtype)
+    w = torch.randn(n, k, device=DEVICE) / k ** 0.5
+    w_q, w_scale = fp8_weight.quantize_weight(w)
+    b = torch.randn(n, device=DEVICE, dtype=dtype)
+    r = torch.randn(2, m, n, device=DEVICE, dtype=dtype)
+    out = torch.ops.accelc.linear_fp8w(x, w_q, w_scale, b, r, "gelu")
+    ref = fp8_weight.linear_fp8w_ref(x.double(), w_q, w_scale, b.double(), r.double(), "gelu")
+    assert out.dtype == dtype and out.shape == (2, m, n)
+    assert rel_l2(out, ref) <= TOL[dtype], rel_l2(out, ref)
+    float_out = F.gelu(x.double() @ w.double().t() + b.double()) + r.double()     # the weight's rounding alone
+    assert rel_l2(out, float_out) < 3e-2
+
+
+@pytest.mark.parametrize("m", [1, 24])
+def test_gated_linear_fp8w_matches_its_reference(m):
+    torch.manual_seed(m)
+    k, n = 64, 40                # n not a multiple of the gating group: padded rows
+    x = torch.randn(m, k, device=DEVICE)
+    wg, wu = (torch.randn(n, k, device=DEVICE) / k ** 0.5 for _ in range(2))
+    bg = torch.randn(n, device=DEVICE)
+    packed, bias = gated_linear.pack(wg, wu, bg, None)
+    w_q, w_scale = fp8_weight.quantize_weight(packed)
+    out = torch.ops.accelc.gated_linear_fp8w(x, w_q, w_scale, bias, n, "silu")
+    ref = fp8_weight.gated_linear_fp8w_ref(x.double(), w_q, w_scale, bias, n, "silu")
+    assert out.shape == (m, n) and rel_l2(out, ref) <= 1e-5
+    float_out = F.silu(x.double() @ wg.double().t() + bg.double()) * (x.double() @ wu.double().t())
+    assert rel_l2(out, float_out) < 6e-2
+
+
+def test_an_int8_weight_is_not_taken_for_an_fp8_one():
+    from accelc.kernels.int8_gemm import quantize_weight
+
+    x = torch.randn(2, 8, device=DEVICE)
+    w_q, w_scale = quantize_weight(torch.randn(4, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="w_q must be float8_e4m3fn"):
+        fp8_weight.linear_fp8w_launch(x, w_q, w_scale)
+    q8, s8 = fp8_weight.quantize_weight(torch.randn(4, 8, device=DEVICE))
+    from accelc.kernels import int8_weight
+    with pytest.raises(ValueError, match="w_q must be int8"):
+        int8_weight.linear_w8a16_launch(x, q8, s8)
+
+
+def _tiny_llama():
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                num_key_value_heads=1, intermediate_size=64, vocab_size=100,
+                                                max_position_embeddings=64)).to(DEVICE).eval()
+
+
+def test_fp8_weights_on_every_linear_and_gated_layer_judged_by_sqnr_and_generating(tmp_path):
+    """OptimizeConfig(fp8=Fp8Config(...)) on a tiny Llama: its linear layers and its gated MLP run with fp8
+    weights, each judged by SQNR (the summary's column and its fp8 line), the module holds the fp8 weights
+    instead of the float ones, the decode step too, generate() works, and a saved program reads back."""
+    lm = _tiny_llama()
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    mask = torch.ones_like(ids)
+    config = accelc.OptimizeConfig(fp8=accelc.Fp8Config(skip_first_last=False, only_if_faster=False),
+                                   only_if_faster=False, max_cache_len=24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
+    kernels = [r.kernel for r in opt.layers if r.status == "rewritten"]
+    assert any(k.startswith("accelc::gated_linear_fp8w") for k in kernels), kernels
+    assert sum(k.startswith("accelc::linear_fp8w") for k in kernels) >= 3, kernels     # qkv, o, down, lm_head
+    fp8 = [r for r in opt.layers if "fp8w" in r.kernel]
+    assert fp8 and all(r.sqnr_db > 20 for r in fp8), [(r.name, r.sqnr_db) for r in fp8]
+    text = opt.summary()
+    assert "SQNR dB" in text and f"fp8: {len(fp8)} layer(s)" in text, text
+    assert opt.info.int8_weight_bytes < opt.info.float_weight_bytes / 1.9
+    with torch.no_grad():
+        want = lm(input_ids=ids, attention_mask=mask).logits.double()
+        got = opt(input_ids=ids, attention_mask=mask).logits.double()
+        assert rel_l2(got, want) < 8e-2
+        out = opt.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert out.shape == (2, 14)
+    step = [r.kernel for r in opt.step.layers if r.status == "rewritten"]      # the decode step's too
+    assert any(k.startswith("accelc::gated_linear_fp8w") for k in step), step
+    plain = accelc.optimize(_Logits(lm), (ids,), config=accelc.OptimizeConfig(fp8=True))
+    accelc.save(plain, tmp_path / "fp8.pt2")
+    back = accelc.load(tmp_path / "fp8.pt2")
+    with torch.no_grad():
+        assert torch.equal(back(ids), plain(ids))
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(ids, use_cache=False).logits
+
+
+def test_a_layer_under_the_floor_goes_back_to_its_float_kernel_and_says_so():
+    lm = _tiny_llama()
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    opt = accelc.optimize(_Logits(lm), (ids,), config=accelc.OptimizeConfig(
+        fp8=accelc.Fp8Config(skip_first_last=False, sqnr_floor=90)))
+    demoted = [r for r in opt.layers if "fp8 SQNR" in r.reason]
+    assert demoted and all("under the floor 90 dB" in r.reason and "float kernel instead" in r.reason
+                           for r in demoted), [r.reason for r in opt.layers]
+    assert not any("fp8w" in r.kernel for r in opt.layers if r.status == "rewritten")
+
+
+def test_fp8_configs_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^Fp8Config\(weights_only=False\): fp8 activations .* are not built yet"):
+        accelc.Fp8Config(weights_only=False)
+    with pytest.raises(ValueError, match="int8 and fp8 are both set"):
+        accelc.OptimizeConfig(int8=True, fp8=True)
+    with pytest.raises(TypeError, match="fp8 must be a bool or an Fp8Config, not str"):
+        accelc.OptimizeConfig(fp8="e4m3")
+    assert accelc.OptimizeConfig(fp8=True).quantized == accelc.Fp8Config()
+    assert accelc.OptimizeConfig().quantized is None
