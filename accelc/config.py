@@ -34,6 +34,21 @@ DEFAULT_TOLERANCES = {
 }
 
 
+def _layer_choice(cfg) -> None:
+    """An Int8Config's or Fp8Config's layer patterns as tuples (a string: one pattern), its floor and rows
+    checked."""
+    for name in ("layers", "exclude", "types"):
+        v = getattr(cfg, name)
+        if isinstance(v, str):
+            object.__setattr__(cfg, name, (v,))
+        elif v is not None:
+            object.__setattr__(cfg, name, tuple(v))
+    if not cfg.sqnr_floor > 0:
+        raise ValueError(f"sqnr_floor must be > 0 dB, not {cfg.sqnr_floor}")
+    if cfg.min_rows < 0:
+        raise ValueError(f"min_rows must be >= 0, not {cfg.min_rows}")
+
+
 @dataclass(frozen=True)
 class Int8Config:
     """int8 (W8A8) rewriting, opt-in through OptimizeConfig(int8=True or Int8Config(...)).
@@ -88,18 +103,9 @@ class Int8Config:
     only_if_faster: bool = True
 
     def __post_init__(self):
-        for name in ("layers", "exclude", "types"):
-            v = getattr(self, name)
-            if isinstance(v, str):
-                object.__setattr__(self, name, (v,))
-            elif v is not None:
-                object.__setattr__(self, name, tuple(v))
+        _layer_choice(self)
         if self.smoothing is not None and not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing (SmoothQuant alpha) must be in (0, 1], not {self.smoothing}")
-        if not self.sqnr_floor > 0:
-            raise ValueError(f"sqnr_floor must be > 0 dB, not {self.sqnr_floor}")
-        if self.min_rows < 0:
-            raise ValueError(f"min_rows must be >= 0, not {self.min_rows}")
         w8a8 = [name for name in ("static", "attention") if getattr(self, name)]
         w8a8 += ["smoothing"] if self.smoothing is not None else []
         if self.weights_only and w8a8:
@@ -133,19 +139,10 @@ class Fp8Config:
     only_if_faster: bool = True
 
     def __post_init__(self):
-        for name in ("layers", "exclude", "types"):
-            v = getattr(self, name)
-            if isinstance(v, str):
-                object.__setattr__(self, name, (v,))
-            elif v is not None:
-                object.__setattr__(self, name, tuple(v))
         if not self.weights_only:
             raise ValueError("Fp8Config(weights_only=False): fp8 activations (W8A8 in e4m3) are not built yet; "
                              "fp8 weights with the activations in the model's dtype are (weights_only=True)")
-        if not self.sqnr_floor > 0:
-            raise ValueError(f"sqnr_floor must be > 0 dB, not {self.sqnr_floor}")
-        if self.min_rows < 0:
-            raise ValueError(f"min_rows must be >= 0, not {self.min_rows}")
+        _layer_choice(self)
 
     # (the int8 pass reads these of either config)
     static = False

@@ -59,8 +59,10 @@ def test_gated_linear_fp8w_matches_its_reference(m):
     out = torch.ops.accelc.gated_linear_fp8w(x, w_q, w_scale, bias, n, "silu")
     ref = fp8_weight.gated_linear_fp8w_ref(x.double(), w_q, w_scale, bias, n, "silu")
     assert out.shape == (m, n) and rel_l2(out, ref) <= 1e-5
+    # against the float layer: two rounded projections multiplied, ~3-6% (a GPU's draw of x: 6.2e-2); the
+    # guard's floor, 20 dB, is 1e-1
     float_out = F.silu(x.double() @ wg.double().t() + bg.double()) * (x.double() @ wu.double().t())
-    assert rel_l2(out, float_out) < 6e-2
+    assert rel_l2(out, float_out) < 1e-1
 
 
 def test_an_int8_weight_is_not_taken_for_an_fp8_one():
