@@ -2,9 +2,9 @@
 
     accelc convert IN -o OUT.pt2 [--batch-size 8 | --input-shape 8x3x224x224 | --example-inputs FILE] [--dtype fp16]
     accelc optimize MODEL [--dtype fp16] [--batch-size 64 | --input-shape 8x3x224x224 | --example-inputs FILE]
-                          [--device cuda] [--int8]        (MODEL: built-in name, file, or package.module:name)
+                          [--device cuda] [--int8 | --fp8]  (MODEL: built-in name, file, or package.module:name)
     accelc report MODEL -o DIR [--batch-size 8 | --input-shape ... | --example-inputs FILE] [--dtype fp16]
-                               [--int8] [--format json,csv,md,html] [--no-ort] [--compile auto|yes|no]
+                               [--int8 | --fp8] [--format json,csv,md,html] [--no-ort] [--compile auto|yes|no]
     accelc list-models
     accelc --version
 
@@ -200,7 +200,7 @@ def _runtime_config(args) -> dict:
 
 
 def _int8_args(p) -> None:
-    g = p.add_argument_group("int8 (W8A8)")
+    g = p.add_argument_group("quantization (int8 W8A8 or weight-only; fp8 weight-only)")
     g.add_argument("--int8", action="store_true",
                    help="run linear layers in int8 (weights per channel, activations per token); "
                         "layers under the SQNR floor stay in float")
@@ -210,9 +210,21 @@ def _int8_args(p) -> None:
     g.add_argument("--int8-all-layers", action="store_true",
                    help="with --int8: also the first and last linear layers")
     g.add_argument("--sqnr-floor", type=float, default=None, metavar="DB",
-                   help="with --int8: guard floor in dB (default 20)")
+                   help="with --int8 or --fp8: guard floor in dB (default 20)")
     g.add_argument("--int8-keep-slower", action="store_true",
                    help="with --int8: keep int8 layers that are slower than their float kernel on the GPU")
+    g.add_argument("--fp8", action="store_true",
+                   help="fp8 (e4m3) weights per output channel, activations in the model's dtype (weight-only: "
+                        "decoding); layers under the SQNR floor stay in float; not with --int8")
+
+
+def _fp8_config(args):
+    """The Fp8Config --fp8 asks for (its floor from --sqnr-floor), or False."""
+    from accelc.config import Fp8Config
+
+    if not getattr(args, "fp8", False):
+        return False
+    return Fp8Config(**({"sqnr_floor": args.sqnr_floor} if args.sqnr_floor is not None else {}))
 
 
 def _int8_config(args):
@@ -222,6 +234,9 @@ def _int8_config(args):
     extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers
              or args.sqnr_floor is not None or args.int8_keep_slower)
     if not args.int8:
+        if getattr(args, "fp8", False) and args.sqnr_floor is not None:
+            extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers
+                     or args.int8_keep_slower)
         if extra:
             raise ValueError("--int8-attention / --int8-smoothing / --int8-all-layers / --sqnr-floor / "
                              "--int8-keep-slower need --int8")
@@ -356,7 +371,8 @@ def _optimize(args) -> int:
     from accelc.convert import check_forward, load_model_and_inputs
 
     device = _device(args)
-    config = accelc.OptimizeConfig(dtype=args.dtype, int8=_int8_config(args), **_runtime_config(args))
+    config = accelc.OptimizeConfig(dtype=args.dtype, int8=_int8_config(args), fp8=_fp8_config(args),
+                                   **_runtime_config(args))
     model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                                   args.batch_size)
     if args.model not in accelc.models.names():
@@ -393,7 +409,7 @@ def _convert(args) -> int:
         opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                              example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
                              report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args),
-                             batch_size=args.batch_size)
+                             batch_size=args.batch_size, fp8=_fp8_config(args))
     except ReportFailedError as e:
         if args.verbose:
             raise
@@ -417,7 +433,7 @@ def _report(args) -> int:
     check_output_folder(args.output)    # said now, not after measuring
     model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                                   args.batch_size)
-    config = accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args), **_runtime_config(args))
+    config = accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args), fp8=_fp8_config(args), **_runtime_config(args))
     check_forward(model, inputs, kwargs, config.dtype)
     rep = accelc.report(model, inputs, config, example_kwargs=kwargs,
                         with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model,

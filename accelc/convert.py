@@ -217,7 +217,8 @@ def load_example_inputs(path: str, device: torch.device) -> tuple[tuple, dict]:
 
 def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = None,
             example_inputs: str | None = None, dtype: str | None = None, device: str | None = None,
-            report_dir: str | None = None, int8=False, dynamic=True, batch_size: int | None = None) -> OptimizedModule:
+            report_dir: str | None = None, int8=False, dynamic=True, batch_size: int | None = None,
+            fp8=False) -> OptimizedModule:
     """The `accelc convert` command: load, optimize, write `out` (.pt2) atomically. Its steps go
     to the "accelc" logger at INFO. dynamic: OptimizeConfig.dynamic; the written program takes the
     shapes the optimized model takes (a .pt2 input exported with fixed shapes keeps them: the
@@ -230,7 +231,7 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelFileError("--device cuda was asked for, but no CUDA GPU is available")
-    config = OptimizeConfig(dtype=dtype, int8=int8, dynamic=dynamic)
+    config = OptimizeConfig(dtype=dtype, int8=int8, fp8=fp8, dynamic=dynamic)
 
     log.info(f"accelc: loading {source}")
     model, args, kwargs = load_model_and_inputs(source, dev, input_shapes, example_inputs, batch_size)

@@ -63,7 +63,8 @@ def _header_lines(d: dict) -> list[tuple[str, str]]:
     v = h["versions"]
     return [
         ("model", f"{h['model']} (inputs {', '.join('x'.join(map(str, s)) for s in h['input_shapes'])}"
-                  f"{', ' + h['dtype'] if h['dtype'] else ''}{', int8' if h['int8'] else ''}; capture {h['capture']})"),
+                  f"{', ' + h['dtype'] if h['dtype'] else ''}{', int8' if h['int8'] else ''}"
+                  f"{', fp8 weights' if h.get('fp8') else ''}; capture {h['capture']})"),
         ("device", h["device"]),
         ("date", h["date"]),
         ("versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)),
@@ -85,7 +86,7 @@ def markdown(report) -> str:
                    else "Times in ms (median). Speedup = other's time / accelc's; > 1: accelc faster (vs compile: "
                    "against the faster of its modes). ") + "Errors: relative L2 "
               "vs the layer in fp32 (fp64 for fp32 layers), SQNR in brackets; ok / FAIL against the dtype's "
-              "tolerance (int8 layers: the SQNR floor).", ""]
+              "tolerance (int8 and fp8 layers: the SQNR floor).", ""]
     rows = [_cells(r) for r in d["layers"]] + [_totals_cells(d["totals"]), _cells(d["end_to_end"])]
     keep = filled_columns(rows)
     lines.append("| " + " | ".join(COLUMNS[i] for i in keep) + " |")

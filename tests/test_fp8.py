@@ -152,3 +152,26 @@ def test_fp8_configs_refused_in_one_line():
         accelc.OptimizeConfig(fp8="e4m3")
     assert accelc.OptimizeConfig(fp8=True).quantized == accelc.Fp8Config()
     assert accelc.OptimizeConfig().quantized is None
+
+
+def test_cli_fp8_optimize_convert_and_report(tmp_path, capsys):
+    """--fp8 on each command that optimizes: the summary (and the report) shows fp8 layers with their SQNR;
+    --fp8 with --int8 is one line naming the conflict."""
+    import json
+
+    from accelc.cli import main
+
+    assert main(["optimize", "transformer_mlp", "--fp8", "--batch-size", "2", "--device", DEVICE.type]) == 0
+    out = capsys.readouterr().out
+    assert "accelc::linear_fp8w" in out and "SQNR" in out and "fp8: " in out, out
+    assert main(["convert", "mlp", "-o", str(tmp_path / "m.pt2"), "--fp8", "--sqnr-floor", "25",
+                 "--device", DEVICE.type]) == 0
+    assert "accelc::linear_fp8w" in capsys.readouterr().out and (tmp_path / "m.pt2").exists()
+    assert main(["report", "mlp", "-o", str(tmp_path / "rep"), "--fp8", "--no-ort", "--rep-ms", "1", "--format",
+                 "json", "--device", DEVICE.type]) == 0
+    capsys.readouterr()
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert report["header"]["fp8"] and not report["header"]["int8"], report["header"]
+    assert any("fp8w" in (r.get("kernel") or "") for r in report["layers"]), report["layers"]
+    assert main(["optimize", "mlp", "--fp8", "--int8"]) == 1
+    assert "int8 and fp8 are both set" in capsys.readouterr().err
