@@ -196,7 +196,9 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                 logits_err = first_logits_error(gen, ids, mask, reference)
                 total, out = timed_generate(gen, ids, mask, new, rounds, sync)
                 tokens = out[:, prompt:].cpu()
-                decode = (new - 1) / max(total - first, 1e-9)
+                if total <= first:     # (a stall in the 1-token runs: no rate to tell, not an absurd one)
+                    raise RuntimeError(f"{new} tokens took {total:.3f} s, the first alone {first:.3f} s")
+                decode = (new - 1) / (total - first)
                 r = {"prepare_s": round(prepare_s, 1), "ttft_ms": round(first * 1e3, 2), "total_s": round(total, 3),
                      "decode_tok_s": round(decode, 1), "decode_tok_s_all": round(decode * batch, 1),
                      "bandwidth_share": None if limit is None else round(decode / limit, 3),

@@ -110,7 +110,9 @@ def decode_rate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, flo
     first = timed(lambda: gen(**kw, max_new_tokens=1, min_new_tokens=1), rounds, sync)
     total = timed(lambda: gen(**kw, max_new_tokens=new, min_new_tokens=new), rounds, sync)
     out = gen(**kw, max_new_tokens=new, min_new_tokens=new)
-    return first * 1e3, (new - 1) / max(total - first, 1e-9), out
+    if total <= first:     # (a stall in the 1-token runs: no rate to tell, not an absurd one)
+        raise RuntimeError(f"{new} tokens took {total * 1e3:.1f} ms, the first alone {first * 1e3:.1f} ms")
+    return first * 1e3, (new - 1) / (total - first), out
 
 
 def collective_us_per_step(gen, ids, mask, new: int, layers: int) -> dict:
