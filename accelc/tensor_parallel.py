@@ -216,6 +216,10 @@ def _shard_linear(name: str, module: nn.Linear) -> ShardLinear:
     placement = w.placements[0]
     group = w.device_mesh.get_group()
     rank, world = w.device_mesh.get_local_rank(), w.device_mesh.size()
+    if _hook_args(module) == ((), ()):
+        raise InputError(f"{name}: sharded by a tensor-parallel style whose layouts accelc cannot read (not "
+                         "torch.distributed.tensor.parallel's, as HF's tp_plan styles); shard the model with "
+                         "parallelize_module and ColwiseParallel / RowwiseParallel")
     (inputs, _), (outputs, local_out) = _pair(module)
     bias = module.bias.to_local() if module.bias is not None and _is_dtensor(module.bias) else module.bias
     out_layout = outputs[0] if outputs else None

@@ -111,6 +111,15 @@ for name, style in (("embed", {"model.embed_tokens": RowwiseParallel(input_layou
         refusals.append(f"{name}: taken")
     except InputError as e:
         refusals.append(f"{name}: {e}")
+from torch.distributed.tensor import distribute_tensor
+hand = copy.deepcopy(lm)           # a DTensor weight without parallelize_module's hooks (another library's style)
+up = hand.model.layers[0].mlp.up_proj
+up.weight = nn.Parameter(distribute_tensor(up.weight.detach(), mesh, [Shard(0)]), requires_grad=False)
+try:
+    tensor_parallel.localize(hand)
+    refusals.append("unreadable: taken")
+except InputError as e:
+    refusals.append(f"unreadable: {e}")
 print("RESULT " + json.dumps({
     "rank": rank, "local_vs_ref": (got - ref).abs().max().item(), "exported_vs_ref": (exported - ref).abs().max().item(),
     "all_reduce": sum("all_reduce" in str(n.target) for n in ep.graph.nodes),
@@ -161,7 +170,9 @@ def test_a_sharded_llama_localized_on_two_gloo_ranks(tmp_path):
     with pytest.raises(ModelFileError, match=r"^'.*rank0.pt2' is rank 0 of a 2-rank tensor-parallel program: load it "
                                              r"in that rank of 2 processes with the process group initialized"):
         accelc.load(tmp_path / "rank0.pt2")
-        embed, out_dtensor, seq = r["refusals"]
+        embed, out_dtensor, seq, unreadable = r["refusals"]
+        assert unreadable.startswith("unreadable: model.layers.0.mlp.up_proj: sharded by a tensor-parallel style "
+                                     "whose layouts accelc cannot read"), unreadable
         assert embed.startswith("embed: model.embed_tokens (Embedding) holds DTensor parameters"), embed
         assert out_dtensor.startswith("dtensor out: model.layers.0.mlp.up_proj: its output stays a DTensor"), out_dtensor
         assert seq.startswith("sequence parallel: model.layers.0.mlp.down_proj: RowwiseParallel with its output "
