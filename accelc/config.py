@@ -123,7 +123,10 @@ class Fp8Config:
     few rows: half of fp16's bytes, as int8 weights (Int8Config(weights_only=True)), with e4m3's floating grid.
 
     layers / exclude / types / skip_first_last / min_rows: which layers, as Int8Config's.
-    weights_only:   True (the one form built; FP8 activations, W8A8 in e4m3, are not built yet: False is refused).
+    weights_only:   True: the weights alone (linear and gated layers). False: linear layers on fp8 weights and
+                    activations (accelc::linear_fp8, kernels/fp8_gemm.py: each input row quantized to e4m3 at run
+                    time, one scale a row; the product on fp8 tensor cores, twice fp16's rate on Hopper): what
+                    pays for prompts and whole models; gated layers stay float there.
     sqnr_floor:     the guard's floor in dB (fp8 vs the float layer); a layer under it goes back to float, said.
     only_if_faster: on a GPU, each fp8 layer against its float kernel on the example inputs (a generation step's:
                     a decode step), the faster kept.
@@ -139,9 +142,6 @@ class Fp8Config:
     only_if_faster: bool = True
 
     def __post_init__(self):
-        if not self.weights_only:
-            raise ValueError("Fp8Config(weights_only=False): fp8 activations (W8A8 in e4m3) are not built yet; "
-                             "fp8 weights with the activations in the model's dtype are (weights_only=True)")
         _layer_choice(self)
 
     # (the int8 pass reads these of either config)

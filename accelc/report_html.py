@@ -64,7 +64,7 @@ def _header_lines(d: dict) -> list[tuple[str, str]]:
     return [
         ("model", f"{h['model']} (inputs {', '.join('x'.join(map(str, s)) for s in h['input_shapes'])}"
                   f"{', ' + h['dtype'] if h['dtype'] else ''}{', int8' if h['int8'] else ''}"
-                  f"{', fp8 weights' if h.get('fp8') else ''}; capture {h['capture']})"),
+                  f"{', fp8' if h.get('fp8') else ''}; capture {h['capture']})"),
         ("device", h["device"]),
         ("date", h["date"]),
         ("versions", ", ".join(f"{k} {val}" for k, val in v.items() if val)),

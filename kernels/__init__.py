@@ -7,8 +7,8 @@ maps each op to its pure-PyTorch reference, what an ONNX export records in its p
 import torch
 
 from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import (conv, conv1d, depthwise_conv, flash_attention, fp8_weight, gated_linear, gemm, int8_gemm,
-                            int8_weight, layernorm, paged_attention, quantize, rotary)
+from accelc.kernels import (conv, conv1d, depthwise_conv, flash_attention, fp8_gemm, fp8_weight, gated_linear, gemm,
+                            int8_gemm, int8_weight, layernorm, paged_attention, quantize, rotary)
 
 LAUNCHERS = {
     torch.ops.accelc.linear.default: gemm.linear_launch,
@@ -26,6 +26,7 @@ LAUNCHERS = {
     torch.ops.accelc.gated_linear_w8a16.default: int8_weight.gated_linear_w8a16_launch,
     torch.ops.accelc.linear_fp8w.default: fp8_weight.linear_fp8w_launch,
     torch.ops.accelc.gated_linear_fp8w.default: fp8_weight.gated_linear_fp8w_launch,
+    torch.ops.accelc.linear_fp8.default: fp8_gemm.linear_fp8_launch,
     torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_launch,
 }
 
@@ -47,10 +48,11 @@ REFERENCES = {
     torch.ops.accelc.gated_linear_w8a16.default: int8_weight.gated_linear_w8a16_ref,
     torch.ops.accelc.linear_fp8w.default: fp8_weight.linear_fp8w_ref,
     torch.ops.accelc.gated_linear_fp8w.default: fp8_weight.gated_linear_fp8w_ref,
+    torch.ops.accelc.linear_fp8.default: fp8_gemm.linear_fp8_ref,
     torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_ref,
 }
 assert set(REFERENCES) == set(LAUNCHERS)
 
-__all__ = ["LAUNCHERS", "REFERENCES", "conv", "conv1d", "depthwise_conv", "flash_attention", "fp8_weight", "gated_linear", "gemm",
+__all__ = ["LAUNCHERS", "REFERENCES", "conv", "conv1d", "depthwise_conv", "flash_attention", "fp8_gemm", "fp8_weight", "gated_linear", "gemm",
            "int8_gemm", "int8_weight", "layernorm",
            "paged_attention", "quantize", "rotary"]

@@ -73,7 +73,8 @@ def linear_kernel(
     # QUANT: the call's Mode (below), as its int: 0 float operands; 3 float x and an int8 weight (the
     # weight tile converted to x's dtype before the dot, exact for -127..127, the product scaled by w_scale
     # per output channel); 1 int8 operands, int32 accumulators dequantized by a_scale (per row of x) x
-    # w_scale (per output channel) before the epilogue; 2 int8, raw int32 stored
+    # w_scale (per output channel) before the epilogue; 2 int8, raw int32 stored; 4 fp8 (e4m3) operands,
+    # fp32 accumulators dequantized as 1's
     QUANT: tl.constexpr, FAST_MATH: tl.constexpr,
     # GATED: the weight holds a gated MLP's gate and up rows interleaved in GATE_GROUP blocks
     # (kernels/gated_linear.py); the epilogue writes act(gate) * up, half the tile's columns
@@ -131,10 +132,12 @@ def linear_kernel(
                 b = b.to(a.dtype)
             if QUANT == 1 or QUANT == 2:
                 acc = tl.dot(a, b, acc, out_dtype=tl.int32)   # (triton 3.6 wants out_dtype said)
+            elif QUANT == 4:
+                acc = tl.dot(a, b, acc)
             else:
                 acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
-        if QUANT == 1:
+        if QUANT == 1 or QUANT == 4:
             a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
             w_s = tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
             acc = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
@@ -351,6 +354,7 @@ class Mode(enum.IntEnum):
     W8A8 = 1           # int8 x and weight, the accumulators dequantized (a_scale x w_scale), half or fp32 out
     W8A8_RAW = 2       # int8 x and weight, the raw int32 accumulators stored
     WEIGHT_INT8 = 3    # float x, a one-byte weight (int8, or fp8 e4m3) scaled per output channel (weight-only)
+    FP8 = 4            # fp8 (e4m3) x and weight, the fp32 accumulators dequantized (a_scale x w_scale)
 
     @staticmethod
     def of(x2: torch.Tensor, out: torch.Tensor, scales) -> "Mode":
@@ -359,6 +363,8 @@ class Mode(enum.IntEnum):
             return Mode.FLOAT
         if out.dtype == torch.int32:
             return Mode.W8A8_RAW
+        if x2.dtype == torch.float8_e4m3fn:
+            return Mode.FP8
         return Mode.W8A8 if x2.dtype == torch.int8 else Mode.WEIGHT_INT8
 
 

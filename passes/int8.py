@@ -10,7 +10,9 @@ layer's fusion (bias, activation, residual) and the same original subgraph for t
     accelc::gated_linear -> accelc::gated_linear_w8a16 (kernels/int8_weight.py): the weight (the
     gated layer's interleaved one) quantized per output channel, the activations left in float.
 With OptimizeConfig.fp8 (an Fp8Config), the same layers the same way, to accelc::linear_fp8w and
-accelc::gated_linear_fp8w (kernels/fp8_weight.py): each weight in float8_e4m3fn per output channel.
+accelc::gated_linear_fp8w (kernels/fp8_weight.py): each weight in float8_e4m3fn per output channel; with
+Fp8Config(weights_only=False), linear layers to accelc::linear_fp8 (kernels/fp8_gemm.py), their input's rows
+quantized to e4m3 at run time as well.
 Each int8 or fp8 layer keeps its float call as a Fallback: the guard judges int8 layers by SQNR and
 puts those under Int8Config.sqnr_floor back in float (accelc.rewrite.demote).
 
@@ -42,6 +44,7 @@ GATED = torch.ops.accelc.gated_linear.default
 W8A16 = torch.ops.accelc.linear_w8a16.default
 GATED_W8A16 = torch.ops.accelc.gated_linear_w8a16.default
 FP8W = torch.ops.accelc.linear_fp8w.default
+FP8 = torch.ops.accelc.linear_fp8.default
 GATED_FP8W = torch.ops.accelc.gated_linear_fp8w.default
 
 
@@ -162,6 +165,22 @@ def _to_weight_only(gm, n: fx.Node, form: str) -> None:
             weight_bytes=sizes)
 
 
+def _to_fp8(gm, n: fx.Node) -> None:
+    """A float linear layer -> accelc::linear_fp8: its weight in e4m3 per output channel, its input's rows
+    quantized to e4m3 at run time (Fp8Config(weights_only=False))."""
+    rw = meta.rewrite_of(n)
+    weight = _weight_tensor(gm, n.args[1]).detach()
+    prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_fp8"
+    w_q, w_scale = fp8_weight.quantize_weight(weight)
+    aux = [add_constant(gm, prefix, w_q, before=n), add_constant(gm, prefix + "_scale", w_scale, before=n)]
+    x, _, bias, residual = n.args[:4]
+    kwargs = dict(activation=n.kwargs.get("activation", "none"), residual_first=n.kwargs.get("residual_first", False))
+    restack(gm, n, FP8, (x, aux[0], aux[1], bias, residual), kwargs, kind="linear_fp8",
+            kernel=rw.kernel.replace("accelc::linear", "accelc::linear_fp8"), aux=aux,
+            note="fp8 weights and activations", weight_bytes=(weight.numel() * weight.element_size(),
+                                                             w_q.numel() + w_scale.numel() * 4))
+
+
 def _to_int8_attention(gm, n: fx.Node) -> None:
     rw = meta.rewrite_of(n)
     restack(gm, n, FLASH, n.args, {**n.kwargs, "qk_int8": True}, kind="attention_int8",
@@ -184,6 +203,14 @@ def _transform(gm, ctx) -> int:
         for n in chosen:
             _to_weight_only(gm, n, "int8" if ctx.config.int8 is not None else "fp8")
         return len(chosen)
+    if ctx.config.fp8 is not None:
+        for n in chosen:
+            k = _weight_tensor(gm, n.args[1]).shape[1]
+            if k % 16:
+                meta.explain(n, f"K={k}: the fp8 product takes K in multiples of 16; stays in float")
+            else:
+                _to_fp8(gm, n)
+        return sum(n.target is FP8 for n in layers(gm))
     needs_stats = chosen and (cfg.static or cfg.smoothing is not None)
     stats = _calibrate(gm, chosen, ctx.calibration) if needs_stats else {}
     for n in chosen:

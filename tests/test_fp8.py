@@ -1,7 +1,10 @@
-"""Weight-only fp8 (kernels/fp8_weight.py, OptimizeConfig(fp8=...)): accelc::linear_fp8w and
+"""fp8 (OptimizeConfig(fp8=...)). Weight-only (kernels/fp8_weight.py): accelc::linear_fp8w and
 accelc::gated_linear_fp8w against their references (the dequantized e4m3 weight in fp32 / fp64) at a decode
 step's rows (gemv_kernel) and at a prompt's (the tensor-core tiles); the weight's quantization; an LM optimized
-with fp8 weights, judged by SQNR, reverted to float under the floor and said; the configs refused in one line."""
+with fp8 weights, judged by SQNR, reverted to float under the floor and said. Weights and activations
+(kernels/fp8_gemm.py, Fp8Config(weights_only=False)): the rows' quantization bit for bit against PyTorch's
+(NaN and inf rows NaN), accelc::linear_fp8 against its fp64 reference, a model's linear layers on it. The
+configs refused in one line; the CLI."""
 import warnings
 
 import pytest
@@ -144,8 +147,8 @@ def test_a_layer_under_the_floor_goes_back_to_its_float_kernel_and_says_so():
 
 
 def test_fp8_configs_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^Fp8Config\(weights_only=False\): fp8 activations .* are not built yet"):
-        accelc.Fp8Config(weights_only=False)
+    with pytest.raises(ValueError, match="sqnr_floor must be > 0 dB"):
+        accelc.Fp8Config(sqnr_floor=0)
     with pytest.raises(ValueError, match="int8 and fp8 are both set"):
         accelc.OptimizeConfig(int8=True, fp8=True)
     with pytest.raises(TypeError, match="fp8 must be a bool or an Fp8Config, not str"):
@@ -175,3 +178,60 @@ def test_cli_fp8_optimize_convert_and_report(tmp_path, capsys):
     assert any("fp8w" in (r.get("kernel") or "") for r in report["layers"]), report["layers"]
     assert main(["optimize", "mlp", "--fp8", "--int8"]) == 1
     assert "int8 and fp8 are both set" in capsys.readouterr().err
+
+
+def test_rows_quantized_to_e4m3_as_pytorch_rounds_them():
+    """quantize_rows: each row's scale its largest magnitude over 448, every value rounded to nearest even in
+    e4m3 exactly as PyTorch's conversion does (values on a rounding tie and ones rounding up into the next
+    binade included); a row holding NaN or inf gets a NaN scale."""
+    from accelc.kernels import fp8_gemm
+
+    torch.manual_seed(0)
+    for scale in (1.0, 1e-3, 1e3):
+        x = torch.randn(64, 200, device=DEVICE) * scale
+        x[0, :6] = torch.tensor([0.0, -0.0, 1e-12, 124.3, -124.3, 447.0]) * scale
+        x[0, 6] = 448.0 * scale      # the row's largest: at scale 1 the values above map onto themselves
+        q, s = fp8_gemm.quantize_rows(x)
+        qr, sr = fp8_gemm.quantize_rows_ref(x)
+        assert q.dtype == torch.float8_e4m3fn and torch.equal(q.float(), qr.float()) and torch.equal(s, sr)
+    x = torch.randn(3, 32, device=DEVICE)
+    x[1, 4], x[2, 7] = float("nan"), float("inf")
+    _, s = fp8_gemm.quantize_rows(x)
+    assert s[0].isfinite() and s[1].isnan() and s[2].isnan()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 37])
+def test_linear_fp8_matches_its_reference_with_the_whole_epilogue(dtype, m):
+    from accelc.kernels import fp8_gemm
+
+    torch.manual_seed(m)
+    k, n = 96, 40
+    x = torch.randn(2, m, k, device=DEVICE, dtype=dtype)
+    w = torch.randn(n, k, device=DEVICE) / k ** 0.5
+    w_q, w_scale = fp8_weight.quantize_weight(w)
+    b = torch.randn(n, device=DEVICE, dtype=dtype)
+    r = torch.randn(2, m, n, device=DEVICE, dtype=dtype)
+    out = torch.ops.accelc.linear_fp8(x, w_q, w_scale, b, r, "gelu")
+    ref = fp8_gemm.linear_fp8_ref(x, w_q, w_scale, b, r, "gelu").double()
+    assert out.dtype == dtype and out.shape == (2, m, n)
+    assert rel_l2(out, ref) <= TOL[dtype], rel_l2(out, ref)
+    float_out = F.gelu(x.double() @ w.double().t() + b.double()) + r.double()   # both operands' rounding
+    assert rel_l2(out, float_out) < 5e-2
+    with pytest.raises(ValueError, match="K=40: the fp8 tensor-core product takes K in multiples of 16"):
+        fp8_gemm.linear_fp8_launch(torch.randn(2, 40, device=DEVICE), *fp8_weight.quantize_weight(
+            torch.randn(8, 40, device=DEVICE)))
+
+
+def test_fp8_weights_and_activations_on_a_models_linear_layers():
+    """Fp8Config(weights_only=False) on the built-in transformer_mlp: its linear layers on accelc::linear_fp8,
+    judged by SQNR, the output near the float model's."""
+    model = accelc.models.get("transformer_mlp").to(DEVICE)
+    (x,) = model.example_inputs(2)
+    opt = accelc.optimize(model, (x,), config=accelc.OptimizeConfig(
+        fp8=accelc.Fp8Config(weights_only=False, skip_first_last=False)))
+    fp8 = [r for r in opt.layers if r.kernel.startswith("accelc::linear_fp8") and "fp8w" not in r.kernel]
+    assert fp8 and all(r.status == "rewritten" and r.sqnr_db > 20 for r in fp8), \
+        [(r.name, r.status, r.kernel, r.sqnr_db) for r in opt.layers]
+    with torch.no_grad():
+        assert rel_l2(opt(x).double(), model(x).double()) < 5e-2

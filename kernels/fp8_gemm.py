@@ -1,0 +1,155 @@
+"""accelc::linear_fp8 — fp8 (e4m3) weights and activations (Fp8Config(weights_only=False)).
+
+For x (..., K) in fp16 / bf16 / fp32 and a weight quantized once at optimize time (fp8_weight.quantize_weight:
+w_q (N, K) float8_e4m3fn, w_scale (N,) fp32 per output channel):
+
+    q, a_scale = quantize_rows(x)          each row scaled so that its largest magnitude is e4m3's 448
+    out = act((q @ w_q^T) * a_scale[:, None] * w_scale[None, :] + bias) (+ residual)     in x's dtype
+
+The product runs on fp8 operands with fp32 accumulators (accelc::linear's QUANT=4: tl.dot on e4m3 tiles, which
+Hopper's tensor cores run at twice fp16's rate), the scales applied before the epilogue. Row-wise dynamic scales
+keep e4m3's range on every token, so no calibration is needed. A row holding NaN or inf gets a NaN scale: its
+output row is NaN, as eager's float layer gives NaN or inf there, never finite numbers.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from accelc import runtime
+from accelc.kernels import gemm, int8_gemm
+from accelc.kernels.epilogue import epilogue_ref, residual_as
+from accelc.kernels.fp8_weight import DTYPE, E4M3_MAX
+from accelc.kernels.int8_gemm import weight_problem
+from accelc.tuning import Tuner, check_once
+
+# the int8 tl candidates (the same bytes a stage: one-byte operands); the Gluon GEMM takes no fp8 yet
+CONFIGS = [c for c in int8_gemm.CONFIGS if not c.kwargs.get("GLUON")]
+TUNER = Tuner("linear_fp8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_configs,
+              default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
+_CHECKED: set = set()
+
+
+@triton.jit
+def _to_e4m3(y, ROUND_BY_HAND: tl.constexpr):
+    """y (fp32, |y| <= 448) in e4m3, rounded to nearest even: the hardware's conversion on the GPU; in the
+    interpreter, y first rounded to e4m3's grid in fp32 (3 mantissa bits: the step 2^(exponent - 3), 2^-9 under
+    the smallest normal), since its own conversion loses a value that rounds up into the next binade (124.3 ->
+    64, not 128)."""
+    if ROUND_BY_HAND:
+        step = tl.exp2(tl.floor(tl.log2(tl.maximum(tl.abs(y), 0.015625))) - 3.0)
+        y = ((y / step + 12582912.0) - 12582912.0) * step
+    return y.to(tl.float8e4nv)
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_xm, stride_xk, ROUND_BY_HAND: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    offs = tl.arange(0, BLOCK_K)
+    absmax = tl.zeros((BLOCK_K,), tl.float32)
+    nonfinite = tl.zeros((BLOCK_K,), tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        ok = k0 + offs < K
+        x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        absmax = tl.maximum(absmax, tl.abs(x))
+        nonfinite = tl.maximum(nonfinite, (tl.abs(x) == float("inf")).to(tl.int32) | (x != x).to(tl.int32))
+    amax = tl.max(absmax, 0)
+    scale = tl.div_rn(amax, 448.0)
+    inv = tl.div_rn(448.0, tl.maximum(amax, 1e-30))
+    if tl.max(nonfinite, 0) > 0:
+        scale = float("nan")
+    tl.store(scale_ptr + row, scale)
+    for k0 in range(0, K, BLOCK_K):
+        ok = k0 + offs < K
+        x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
+        tl.store(q_ptr + row * K + k0 + offs, _to_e4m3(y, ROUND_BY_HAND), mask=ok)
+
+
+def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2 (M, K) float -> (q (M, K) float8_e4m3fn, scale (M,) fp32) with x2 ~= q * scale[:, None]."""
+    M, K = x2.shape
+    q = torch.empty((M, K), dtype=DTYPE, device=x2.device)
+    scale = torch.empty((M,), dtype=torch.float32, device=x2.device)
+    if M > 0:
+        block = min(max(triton.next_power_of_2(K), 16), 1024)
+        with runtime.device_guard(x2):
+            _quantize_rows_kernel[(M,)](x2, q, scale, K, x2.stride(0), x2.stride(1),
+                                        ROUND_BY_HAND=runtime.interpreted(), BLOCK_K=block)
+    return q, scale
+
+
+def quantize_rows_ref(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x2.float()
+    amax = x.abs().amax(1)
+    bad = ~torch.isfinite(x).all(1)
+    scale = torch.where(bad, torch.full_like(amax, float("nan")), amax / E4M3_MAX)
+    # (a tensor over a tensor: IEEE division, as the kernel's div_rn; a number over a tensor is a reciprocal
+    # times the number, a last bit apart, which moves a value sitting on a rounding tie)
+    inv = torch.full_like(amax, E4M3_MAX) / amax.clamp_min(1e-30)
+    q = (x * inv[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(DTYPE)
+    return q, scale
+
+
+def why_unsupported(x, w_q, w_scale, bias=None, residual=None, activation="none") -> str | None:
+    """Why accelc::linear_fp8 cannot take these operands, or None (meta tensors are fine)."""
+    problem = weight_problem(x, w_q, w_scale, DTYPE)
+    if problem:
+        return problem
+    if x.dtype not in gemm.SUPPORTED_DTYPES:
+        return f"dtype {x.dtype} is not supported (fp16, bf16, fp32)"
+    if x.shape[-1] % 16:
+        return f"K={x.shape[-1]}: the fp8 tensor-core product takes K in multiples of 16"
+    return gemm.epilogue_problem(x, w_q.shape[0], bias, residual, activation)
+
+
+def linear_fp8_launch(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
+    """Checks, quantizes x's rows, launches. x (..., K), w_q (N, K) float8_e4m3fn, w_scale (N,) -> (..., N) in
+    x's dtype."""
+    sig = (x.shape, x.dtype, x.device, w_q.shape, w_q.dtype, w_scale.shape,
+           None if bias is None else (bias.shape, bias.dtype), None if residual is None else residual.shape, activation)
+    check_once(_CHECKED, sig, lambda: why_unsupported(x, w_q, w_scale, bias, residual, activation), "linear_fp8")
+    K, N = x.shape[-1], w_q.shape[0]
+    out_shape = (*x.shape[:-1], N)
+    q, a_scale = quantize_rows(x.reshape(-1, K))
+    residual = residual_as(residual, out_shape)
+    res2 = residual.reshape(-1, N) if residual is not None else None
+    out = torch.empty((q.shape[0], N), dtype=x.dtype, device=x.device)
+    if q.shape[0] > 0 and N > 0:
+        gemm.launch(q, w_q, bias, res2, out, activation, residual_first, scales=(a_scale, w_scale), tuner=TUNER)
+    return out.reshape(out_shape)
+
+
+def linear_fp8_ref(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
+    """The same math in fp64: x's rows quantized as the kernel does, the fp8 products summed, then the scales."""
+    K, N = x.shape[-1], w_q.shape[0]
+    q, a_scale = quantize_rows_ref(x.reshape(-1, K))
+    acc = (q.double() @ w_q.double().t()) * a_scale.double()[:, None] * w_scale.double()[None, :]
+    res2 = residual.reshape(-1, N).double() if residual is not None else None
+    bias = bias.double() if bias is not None else None
+    out = epilogue_ref(acc, bias, res2, activation, residual_first).to(x.dtype)
+    return out.reshape(*x.shape[:-1], N)
+
+
+@torch.library.custom_op("accelc::linear_fp8", mutates_args=())
+def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               residual: Optional[torch.Tensor] = None, activation: str = "none",
+               residual_first: bool = False) -> torch.Tensor:
+    """act((q @ w_q^T) * a_scale * w_scale + bias) (+ residual), x's rows quantized to fp8: see the module
+    docstring."""
+    return runtime.launch_or_fallback("linear_fp8", x.device, linear_fp8_launch, linear_fp8_ref, x, w_q, w_scale,
+                                      bias, residual, activation, residual_first)
+
+
+@linear_fp8.register_fake
+def _(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
+    return x.new_empty((*x.shape[:-1], w_q.shape[0]))
+
+
+__all__ = ["TUNER", "linear_fp8", "linear_fp8_launch", "linear_fp8_ref", "quantize_rows", "quantize_rows_ref",
+           "why_unsupported"]
