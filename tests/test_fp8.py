@@ -198,6 +198,8 @@ def test_rows_quantized_to_e4m3_as_pytorch_rounds_them():
     x[1, 4], x[2, 7] = float("nan"), float("inf")
     _, s = fp8_gemm.quantize_rows(x)
     assert s[0].isfinite() and s[1].isnan() and s[2].isnan()
+    out = torch.ops.accelc.linear_fp8(x, *fp8_weight.quantize_weight(torch.randn(16, 32, device=DEVICE)))
+    assert out[0].isfinite().all() and out[1:].isnan().all()      # as eager's NaN / inf rows: never finite
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
