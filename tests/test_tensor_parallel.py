@@ -4,7 +4,7 @@ two processes on the gloo backend (torch.distributed.run), a two-layer Llama sha
 the unsharded model's logits and greedy tokens in fp32, holds no DTensor, and exports with its collectives in the
 graph (an all-reduce after each row-wise layer, an all-gather for the head). Layouts accelc does not take are
 refused in one line naming the layer. accelc.optimize takes the sharded model itself (localizing its own copy), each
-rank's optimized module giving the unsharded logits; the sharded causal LM itself optimized, its generation (accelc's
+rank's optimized module giving the unsharded logits (a tiny BERT likewise); the sharded causal LM itself optimized, its generation (accelc's
 step over a cache of the rank's KV heads) giving the unsharded tokens, also where the ranks' verdicts differ."""
 import json
 import os
@@ -111,6 +111,27 @@ for name, style in (("embed", {"model.embed_tokens": RowwiseParallel(input_layou
         refusals.append(f"{name}: taken")
     except InputError as e:
         refusals.append(f"{name}: {e}")
+# an encoder too: a tiny BERT sharded by the same styles (q / k / v / intermediate column-wise, the two output
+# projections row-wise), optimized, against the unsharded model at the example's and another shape
+bert = T.BertModel(T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                vocab_size=100, max_position_embeddings=64), add_pooling_layer=False).eval()
+bert_plan = {}
+for i in range(2):
+    p = f"encoder.layer.{i}."
+    bert_plan.update({p + "attention.self.query": ColwiseParallel(), p + "attention.self.key": ColwiseParallel(),
+                      p + "attention.self.value": ColwiseParallel(), p + "attention.output.dense": RowwiseParallel(),
+                      p + "intermediate.dense": ColwiseParallel(), p + "output.dense": RowwiseParallel()})
+
+class Hidden(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+    def forward(self, ids):
+        return self.m(ids).last_hidden_state
+
+opt_bert = accelc.optimize(Hidden(parallelize_module(copy.deepcopy(bert), mesh, bert_plan)), (ids,))
+with torch.no_grad():
+    bert_diff = max((opt_bert(t) - bert(t).last_hidden_state).abs().max().item() for t in (ids, other))
 from torch.distributed.tensor import distribute_tensor
 hand = copy.deepcopy(lm)           # a DTensor weight without parallelize_module's hooks (another library's style)
 up = hand.model.layers[0].mlp.up_proj
@@ -134,7 +155,7 @@ print("RESULT " + json.dumps({
     "apart_tokens_equal": bool(torch.equal(apart_tokens, want)), "apart_rewritten": len(apart.rewritten),
     "apart_paged": apart.step is not None and "paged" in apart.info.generation,
     "ranks": tensor_parallel.on_every_rank(opt_lm.graph_module, rank), "loaded_vs_ref": loaded_diff,
-    "wrong_rank": wrong_rank}))
+    "wrong_rank": wrong_rank, "bert_vs_ref": bert_diff, "bert_rewritten": len(opt_bert.rewritten)}))
 dist.destroy_process_group()
 """
 
@@ -162,6 +183,7 @@ def test_a_sharded_llama_localized_on_two_gloo_ranks(tmp_path):
         assert r["apart_tokens_equal"] and r["apart_paged"] and r["ranks"] == [0, 1], r
         assert (r["apart_rewritten"] == 0) == (r["rank"] == 1), r         # rank 1 reverted all, rank 0 kept its own
         assert r["loaded_vs_ref"] < 1e-5, r
+        assert r["bert_vs_ref"] < 1e-5 and r["bert_rewritten"] > 0, r
         assert r["wrong_rank"] == (f"'rank{1 - r['rank']}.pt2' is rank {1 - r['rank']} of a 2-rank tensor-parallel "
                                    f"program, and this process is rank {r['rank']} of 2: each rank loads the program it "
                                    "saved (its own shard of the weights)"), r
