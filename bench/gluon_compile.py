@@ -2,7 +2,7 @@
 for sm90 on a machine without a GPU, and read what ptxas made of them: registers, stack (spills),
 shared memory, and the count of wgmma (HGMMA) instructions in the SASS.
 
-    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|w8a8|conv|attention] [--configs 0,1] [--json]
+    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|w8a8|fp8|conv|attention] [--configs 0,1] [--json]
 
 Triton compiles for the target its active driver names; a stand-in driver that names sm90 lets the
 whole pipeline (Gluon -> TTGIR -> LLVM -> PTX -> ptxas -> cubin) run here, with the ptxas and cuobjdump
@@ -53,14 +53,15 @@ CASES = [("gelu", True, False), ("gelu_tanh", False, True)]
 
 
 def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dtype=torch.float16,
-                      quant: bool = False) -> dict:
-    """One GEMM candidate (quant: int8_gemm's Gluon candidates, W8A8 with int8 x and weight, fp16 out)."""
+                      quant: int = 0) -> dict:
+    """One GEMM candidate (quant 1: int8_gemm's Gluon candidates, W8A8 with int8 x and weight, fp16 out; 2: the
+    same with fp8 (e4m3) x and weight)."""
     from accelc.kernels import gemm, gemm_hopper, int8_gemm
     from accelc.kernels.epilogue import activation_code
 
     kw = (int8_gemm.GLUON_CONFIGS if quant else gemm.GLUON_CONFIGS)[index].all_kwargs()
     M, N, K = 4096, 4096, 4096
-    op = torch.int8 if quant else dtype
+    op = {1: torch.int8, 2: torch.float8_e4m3fn}.get(quant, dtype)
     x = torch.empty(M, K, dtype=op)
     w = torch.empty(K, N, dtype=op).t() if w_t else torch.empty(N, K, dtype=op)
     out = torch.empty(M, N, dtype=dtype)
@@ -80,7 +81,7 @@ def compile_candidate(index: int, activation: str, residual: bool, w_t: bool, dt
         quant, w_t, kw["STAGES"], kw["GROUP_M"], kw["CONSUMERS"], 40, 232, num_warps=kw["num_warps"],
         maxnreg=kw.get("maxnreg"), grid=(132,))
     return {"config": index, "activation": activation, "residual": residual, "w_t": w_t,
-            "dtype": "int8 -> " + str(dtype) if quant else str(dtype), **_usage(compiled)}
+            "dtype": f"{str(op).removeprefix('torch.')} -> {dtype}" if quant else str(dtype), **_usage(compiled)}
 
 
 def compile_conv(index: int, activation: str, residual: bool, stride: int = 1, dtype=torch.float16) -> dict:
@@ -122,7 +123,7 @@ def _usage(compiled) -> dict:
     sass, usage = sass_and_usage(compiled)
     found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     return {"registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None,
-            "shared_bytes": compiled.metadata.shared, "hgmma": sass.count("HGMMA") + sass.count("IGMMA"),
+            "shared_bytes": compiled.metadata.shared, "hgmma": sass.count("HGMMA") + sass.count("IGMMA") + sass.count("QGMMA"),
             "spill_stores": sass.count("STL")}
 
 
@@ -150,7 +151,7 @@ def compile_attention(index: int, head_dim: int, mask_kind: int, mask_row: bool,
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=("gemm", "w8a8", "conv", "attention"), default="gemm")
+    ap.add_argument("--kernel", choices=("gemm", "w8a8", "fp8", "conv", "attention"), default="gemm")
     ap.add_argument("--configs", default="", help="indices into the kernel's GLUON_CONFIGS (default: all)")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     args = ap.parse_args()
@@ -162,15 +163,16 @@ def main() -> int:
     if module is None:
         print(json.dumps({"error": reason}) if args.json else reason)
         return 1
-    configs = int8_gemm.GLUON_CONFIGS if args.kernel == "w8a8" else owner.GLUON_CONFIGS
+    configs = int8_gemm.GLUON_CONFIGS if args.kernel in ("w8a8", "fp8") else owner.GLUON_CONFIGS
     indices = [int(i) for i in args.configs.split(",")] if args.configs else range(len(configs))
     if args.kernel == "gemm":
         jobs = [(i, case, compile_candidate) for i in indices for case in CASES]
     elif args.kernel == "conv":
         cases = (("relu", True), ("none", False), ("relu", True, 2))   # the last at stride 2
         jobs = [(i, case, compile_conv) for i in indices for case in cases]
-    elif args.kernel == "w8a8":   # int8 weights are stored (N, K): the int8 MMA reads both operands K-major
-        jobs = [(i, (act, res, False, torch.float16, True), compile_candidate)
+    elif args.kernel in ("w8a8", "fp8"):   # one-byte weights are stored (N, K): their MMA reads both operands K-major
+        quant = 1 if args.kernel == "w8a8" else 2
+        jobs = [(i, (act, res, False, torch.float16, quant), compile_candidate)
                 for i in indices for act, res in (("gelu", True), ("none", False))]
     else:
         jobs = [(i, case, compile_attention) for i in indices for case in ATTENTION_CASES]
@@ -179,7 +181,7 @@ def main() -> int:
         try:
             row = build(i, *case)
         except Exception as e:   # a build failure is the answer here
-            row = {"config": i, "case": case, "error": f"{type(e).__name__}: {str(e)[-300:]}"}
+            row = {"config": i, "case": str(case), "error": f"{type(e).__name__}: {str(e)[-300:]}"}
             failed += 1
         print(json.dumps(row) if args.json else row, flush=True)
     return 1 if failed else 0

@@ -7,7 +7,8 @@ w_q (N, K) float8_e4m3fn, w_scale (N,) fp32 per output channel):
     out = act((q @ w_q^T) * a_scale[:, None] * w_scale[None, :] + bias) (+ residual)     in x's dtype
 
 The product runs on fp8 operands with fp32 accumulators (accelc::linear's QUANT=4: tl.dot on e4m3 tiles, which
-Hopper's tensor cores run at twice fp16's rate), the scales applied before the epilogue. Row-wise dynamic scales
+Hopper's tensor cores run at twice fp16's rate; for half outputs also the warp-specialized Gluon GEMM's W8A8
+candidates on fp8), the scales applied before the epilogue. Row-wise dynamic scales
 keep e4m3's range on every token, so no calibration is needed. A row holding NaN or inf gets a NaN scale: its
 output row is NaN, as eager's float layer gives NaN or inf there, never finite numbers.
 """
@@ -26,8 +27,9 @@ from accelc.kernels.fp8_weight import DTYPE, E4M3_MAX
 from accelc.kernels.int8_gemm import weight_problem
 from accelc.tuning import Tuner, check_once
 
-# the int8 tl candidates (the same bytes a stage: one-byte operands); the Gluon GEMM takes no fp8 yet
-CONFIGS = [c for c in int8_gemm.CONFIGS if not c.kwargs.get("GLUON")]
+# the int8 candidates (the same bytes a stage: one-byte operands), the warp-specialized Gluon ones included
+# (gemm_hopper.linear_ws_kernel with QUANT=2: fp8 wgmma, fp32 accumulators; half outputs)
+CONFIGS = list(int8_gemm.CONFIGS)
 TUNER = Tuner("linear_fp8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_configs,
               default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
 _CHECKED: set = set()

@@ -430,8 +430,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
         )
 
-        # the Gluon kernels: float GEMMs, and W8A8's linear_ws_kernel (int8 (N, K) weight, half output)
-        gluon = (mode is Mode.FLOAT or mode is Mode.W8A8 and not meta["W_T"]) and not gated and use_tma \
+        # the Gluon kernels: float GEMMs, and W8A8's linear_ws_kernel (int8 or fp8 (N, K) weight, half output)
+        gluon = (mode is Mode.FLOAT or mode in (Mode.W8A8, Mode.FP8) and not meta["W_T"]) and not gated and use_tma \
             and gluon_problem(x2, res2, out, mode) is None
         pdl = pdl_enabled(x2.device)
 
@@ -461,7 +461,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             if kw.get("GLUON"):
                 return _hopper().linear_ws_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
-                    ACTIVATION=meta["ACTIVATION"], QUANT=mode is Mode.W8A8, W_T=meta["W_T"], STAGES=kw["STAGES"],
+                    ACTIVATION=meta["ACTIVATION"], QUANT={Mode.W8A8: 1, Mode.FP8: 2}.get(mode, 0), W_T=meta["W_T"],
+                    STAGES=kw["STAGES"],
                     GROUP_M=kw["GROUP_M"], CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232,
                     num_warps=kw["num_warps"],
                     maxnreg=kw.get("maxnreg"))
@@ -507,9 +508,9 @@ def gluon_problem(x2, res2, out, mode: Mode = Mode.FLOAT) -> str | None:
     """Why the warp-specialized Gluon kernel (kernels/gemm_hopper.py) cannot take this call (float, or
     W8A8: then the output's dtype is the one asked about), or None. (Its x and weight loads are those of
     the tl kernel's TMA configs, checked by the caller.)"""
-    if mode not in (Mode.FLOAT, Mode.W8A8):
-        return "the Gluon GEMM takes float or W8A8 (int8 x and weight, half output) calls"
-    problem = runtime.gluon_target_problem(out if mode is Mode.W8A8 else x2, "GEMM")
+    if mode not in (Mode.FLOAT, Mode.W8A8, Mode.FP8):
+        return "the Gluon GEMM takes float or W8A8 (int8 or fp8 x and weight, half output) calls"
+    problem = runtime.gluon_target_problem(out if mode in (Mode.W8A8, Mode.FP8) else x2, "GEMM")
     if problem:
         return problem
     if not tma_ok(out) or (res2 is not None and not tma_ok(res2)):

@@ -47,7 +47,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from accelc.kernels.epilogue import finish
 from accelc.kernels.primitives import tile_coords
 
-GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.int8: gl.int8}
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.int8: gl.int8,
+             torch.float8_e4m3fn: gl.float8e4nv}
 
 # The copy engine's two calls, as Triton 3.6 (the device's) and 3.7+ (renamed: async_load /
 # async_store; the old names raise there) spell them.
@@ -97,11 +98,11 @@ def _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOC
     x_bufs, w_bufs, c_bufs = bufs
     bias_ptr, a_scale_ptr, w_scale_ptr = ptrs
     # the accumulator: wgmma's own register layout, instructions 64 x BLOCK_N x (32 bytes) per
-    # warpgroup; int8 operands (QUANT) sum into int32 on the int8 tensor cores, exactly
-    # (Triton's int8 wgmma goes up to 128 columns an instruction: 256 asserts in its PTX lowering)
+    # warpgroup; int8 operands (QUANT 1) sum into int32 on the int8 tensor cores, exactly, fp8 ones (QUANT 2)
+    # into fp32 (Triton's one-byte wgmma goes up to 128 columns an instruction: 256 asserts in its int8 lowering)
     INSTR_K: gl.constexpr = 32 if QUANT else 16
     INSTR_N: gl.constexpr = 128 if QUANT and BLOCK_N > 128 else BLOCK_N
-    ACC_DTYPE: gl.constexpr = gl.int32 if QUANT else gl.float32
+    ACC_DTYPE: gl.constexpr = gl.int32 if QUANT == 1 else gl.float32
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, INSTR_N, INSTR_K])
     num_pid_m, num_pid_n, k_tiles = _tile_counts(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -146,7 +147,7 @@ def _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOC
         step += (CONSUMERS - 1) * k_tiles     # the other consumers' tiles
 
         if QUANT:
-            # W8A8's dequantization, as the tl kernel's: acc * a_scale[row] * w_scale[column] in fp32
+            # W8A8's (int8 or fp8) dequantization, as the tl kernel's: acc * a_scale[row] * w_scale[column] in fp32
             offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
             offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
             a_s = gl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
@@ -156,7 +157,7 @@ def _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOC
             accf = acc
         # int8 layers with half outputs take GELU in its tanh form on the SFU, as the tl kernel does
         finish_tile(accf, bias_ptr, off_n, N, c_buf, res_bar, done, acc_layout, HAS_BIAS, HAS_RESIDUAL,
-                    RESIDUAL_FIRST, ACTIVATION, QUANT)
+                    RESIDUAL_FIRST, ACTIVATION, QUANT == 1)
         # the copy engine clips the rows and columns past M and N
         tma_store(out_desc, [off_m, off_n], c_buf)
         done += 1
@@ -225,7 +226,8 @@ def linear_ws_kernel(
     x_desc, w_desc, out_desc, res_desc, bias_ptr, a_scale_ptr, w_scale_ptr,
     # sizes
     M, N, K,
-    # epilogue; QUANT: int8 x and weight, the accumulators dequantized by the two scales (W8A8)
+    # epilogue; QUANT: 0 float; 1 int8 x and weight, 2 fp8 (e4m3) ones, the accumulators dequantized by the two
+    # scales (W8A8)
     HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr,
     QUANT: gl.constexpr,
     # meta-parameters (tile sizes come with the descriptors' boxes)

@@ -179,12 +179,14 @@ def test_w8a8_gluon_candidates_only_where_the_kernel_takes_the_call():
                                  elem=1) <= 227 * 1024, kw
 
 
-def test_the_w8a8_gluon_gemm_builds_for_sm90_with_this_triton():
-    """Here, without a GPU: every W8A8 candidate compiles for sm90 with int8 MMAs (IGMMA) in its SASS."""
+@pytest.mark.parametrize("kernel", ["w8a8", "fp8"])
+def test_the_w8a8_gluon_gemm_builds_for_sm90_with_this_triton(kernel):
+    """Here, without a GPU: every W8A8 candidate compiles for sm90 with one-byte MMAs in its SASS (int8: IGMMA;
+    fp8 e4m3 operands, Fp8Config(weights_only=False): QGMMA)."""
     if gemm._hopper_import()[0] is None:
         pytest.skip(gemm._hopper_import()[1])
     script = Path(__file__).parents[1] / "bench" / "gluon_compile.py"
-    done = subprocess.run([sys.executable, str(script), "--kernel", "w8a8", "--json"],
+    done = subprocess.run([sys.executable, str(script), "--kernel", kernel, "--json"],
                           capture_output=True, text=True, timeout=600)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and rows, done.stdout[-2000:] + done.stderr[-2000:]
