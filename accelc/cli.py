@@ -216,6 +216,9 @@ def _int8_args(p) -> None:
     g.add_argument("--fp8", action="store_true",
                    help="fp8 (e4m3) weights per output channel, activations in the model's dtype (weight-only: "
                         "decoding); layers under the SQNR floor stay in float; not with --int8")
+    g.add_argument("--fp8-activations", action="store_true",
+                   help="with --fp8: linear layers' inputs in fp8 too, a scale a row at run time (prompts, whole "
+                        "models: the product on fp8 tensor cores)")
 
 
 def _fp8_config(args):
@@ -223,8 +226,11 @@ def _fp8_config(args):
     from accelc.config import Fp8Config
 
     if not getattr(args, "fp8", False):
+        if getattr(args, "fp8_activations", False):
+            raise ValueError("--fp8-activations needs --fp8")
         return False
-    return Fp8Config(**({"sqnr_floor": args.sqnr_floor} if args.sqnr_floor is not None else {}))
+    return Fp8Config(weights_only=not args.fp8_activations,
+                     **({"sqnr_floor": args.sqnr_floor} if args.sqnr_floor is not None else {}))
 
 
 def _int8_config(args):
