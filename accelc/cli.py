@@ -237,12 +237,9 @@ def _int8_config(args):
     """The Int8Config the int8 flags ask for, or False."""
     from accelc.config import Int8Config
 
-    extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers
-             or args.sqnr_floor is not None or args.int8_keep_slower)
+    extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers or args.int8_keep_slower
+             or (args.sqnr_floor is not None and not getattr(args, "fp8", False)))   # (--fp8 takes a floor too)
     if not args.int8:
-        if getattr(args, "fp8", False) and args.sqnr_floor is not None:
-            extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers
-                     or args.int8_keep_slower)
         if extra:
             raise ValueError("--int8-attention / --int8-smoothing / --int8-all-layers / --sqnr-floor / "
                              "--int8-keep-slower need --int8")

@@ -144,11 +144,6 @@ class Fp8Config:
     def __post_init__(self):
         _layer_choice(self)
 
-    # (the int8 pass reads these of either config)
-    static = False
-    smoothing = None
-    attention = False
-
 
 KV_CACHES = ("static", "paged")
 

@@ -216,11 +216,12 @@ def _shard_linear(name: str, module: nn.Linear) -> ShardLinear:
     placement = w.placements[0]
     group = w.device_mesh.get_group()
     rank, world = w.device_mesh.get_local_rank(), w.device_mesh.size()
-    if _hook_args(module) == ((), ()):
+    layouts = _layouts(module)
+    if layouts is None:
         raise InputError(f"{name}: sharded by a tensor-parallel style whose layouts accelc cannot read (not "
                          "torch.distributed.tensor.parallel's, as HF's tp_plan styles); shard the model with "
                          "parallelize_module and ColwiseParallel / RowwiseParallel")
-    (inputs, _), (outputs, local_out) = _pair(module)
+    inputs, outputs, local_out = layouts
     bias = module.bias.to_local() if module.bias is not None and _is_dtensor(module.bias) else module.bias
     out_layout = outputs[0] if outputs else None
     in_layout = inputs[0] if inputs else None
@@ -250,14 +251,16 @@ def _shard_linear(name: str, module: nn.Linear) -> ShardLinear:
                      "(Shard(0)) and RowwiseParallel (Shard(1))")
 
 
-def _pair(module: nn.Module) -> tuple[tuple, tuple]:
-    """((input_layouts,), (output_layouts, use_local_output)) from the style's hooks, each with its default
-    where the hook is not found."""
+def _layouts(module: nn.Module) -> tuple[tuple, tuple, bool] | None:
+    """(input_layouts, output_layouts, use_local_output) from the style's hooks, each with its default where its
+    hook is not found; None where neither hook is parallelize_module's."""
     ins, outs = _hook_args(module)
+    if not ins and not outs:
+        return None
     input_layouts = ins[0] if ins else None
     output_layouts, use_local = (outs[0], outs[1]) if len(outs) >= 2 else (None, True)
     as_tuple = (lambda v: tuple(v) if isinstance(v, (tuple, list)) else ((v,) if v is not None else ()))
-    return (as_tuple(input_layouts), ()), (as_tuple(output_layouts), use_local)
+    return as_tuple(input_layouts), as_tuple(output_layouts), use_local
 
 
 def localize(model: nn.Module) -> nn.Module:

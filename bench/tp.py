@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
+import generate as generate_bench  # noqa: E402  (its generate timer)
 
 SHAPES = {   # name -> LlamaConfig arguments
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -93,7 +94,7 @@ def build(cfg, device, dtype, init: str, mesh, world: int):
 
 
 def timed(fn, rounds: int, sync) -> float:
-    """Median seconds of fn() over `rounds` after one warm-up call (every rank calls it as often)."""
+    """Median seconds of fn() over `rounds` after one warm-up call (every rank calls it as often): the prefill's."""
     fn()
     times = []
     for _ in range(rounds):
@@ -106,10 +107,9 @@ def timed(fn, rounds: int, sync) -> float:
 
 
 def decode_rate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, float, torch.Tensor]:
-    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0)
-    first = timed(lambda: gen(**kw, max_new_tokens=1, min_new_tokens=1), rounds, sync)
-    total = timed(lambda: gen(**kw, max_new_tokens=new, min_new_tokens=new), rounds, sync)
-    out = gen(**kw, max_new_tokens=new, min_new_tokens=new)
+    """(ms to the first token, decode tokens/s, the tokens) timed as bench/generate.py times them."""
+    first, _ = generate_bench.timed_generate(gen, ids, mask, 1, rounds, sync)
+    total, out = generate_bench.timed_generate(gen, ids, mask, new, rounds, sync)
     if total <= first:     # (a stall in the 1-token runs: no rate to tell, not an absurd one)
         raise RuntimeError(f"{new} tokens took {total * 1e3:.1f} ms, the first alone {first * 1e3:.1f} ms")
     return first * 1e3, (new - 1) / (total - first), out

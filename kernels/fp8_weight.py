@@ -19,9 +19,11 @@ from typing import Optional
 import torch
 
 from accelc import runtime
-from accelc.kernels import gated_linear, gemm
-from accelc.kernels.epilogue import activation_ref, epilogue_ref
-from accelc.kernels.int8_weight import dequantized, gated_weight_only_launch, weight_only_launch
+from accelc.kernels import gemm
+from accelc.kernels.int8_weight import gated_weight_only_launch, weight_only_launch
+# the references are weight-only int8's: the dequantized weight (int8 or fp8 alike) in fp32 / fp64
+from accelc.kernels.int8_weight import gated_linear_w8a16_ref as gated_linear_fp8w_ref
+from accelc.kernels.int8_weight import linear_w8a16_ref as linear_fp8w_ref
 from accelc.tuning import Tuner
 
 DTYPE = torch.float8_e4m3fn
@@ -48,27 +50,10 @@ def linear_fp8w_launch(x, w_q, w_scale, bias=None, residual=None, activation="no
                               DTYPE)
 
 
-def linear_fp8w_ref(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
-    """The same math in fp32 (fp64 for fp64 x): the dequantized weight, result in x's dtype."""
-    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    acc = x.to(acc_dtype) @ dequantized(w_q, w_scale, acc_dtype).t()
-    bias = bias.to(acc_dtype) if bias is not None else None
-    residual = residual.to(acc_dtype) if residual is not None else None
-    return epilogue_ref(acc, bias, residual, activation, residual_first).to(x.dtype)
-
-
 def gated_linear_fp8w_launch(x, w_q, w_scale, bias, n, activation="silu"):
     """Checks, allocates, launches: act(gate) * up (..., n) in x's dtype, w_q (2 Np, K) float8_e4m3fn interleaved
     as gated_linear.pack makes it, w_scale (2 Np,)."""
     return gated_weight_only_launch(x, w_q, w_scale, bias, n, activation, GATED_TUNER, "gated_linear_fp8w", DTYPE)
-
-
-def gated_linear_fp8w_ref(x, w_q, w_scale, bias, n, activation="silu"):
-    w_gate, w_up, b_gate, b_up = gated_linear.unpack(dequantized(w_q, w_scale), bias, n)
-    xf = x.float()
-    gate = xf @ w_gate.t() + (b_gate.float() if b_gate is not None else 0)
-    up = xf @ w_up.t() + (b_up.float() if b_up is not None else 0)
-    return (activation_ref(activation, gate) * up).to(x.dtype)
 
 
 @torch.library.custom_op("accelc::linear_fp8w", mutates_args=())

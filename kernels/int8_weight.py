@@ -78,7 +78,8 @@ def dequantized(w_q, w_scale, dtype=torch.float32) -> torch.Tensor:
 
 
 def linear_w8a16_ref(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
-    """The same math in fp32 (fp64 for fp64 x): the dequantized weight, result in x's dtype."""
+    """The same math in fp32 (fp64 for fp64 x): the dequantized weight (int8, or fp8: accelc::linear_fp8w's
+    reference too), result in x's dtype."""
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     acc = x.to(acc_dtype) @ dequantized(w_q, w_scale, acc_dtype).t()
     bias = bias.to(acc_dtype) if bias is not None else None

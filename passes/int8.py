@@ -112,7 +112,7 @@ def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
     rw = meta.rewrite_of(n)
     x, w_node, bias, residual = n.args[:4]
     weight = _weight_tensor(gm, w_node).detach()
-    prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_int8"
+    prefix = _prefix(rw) + "_int8"
     smooth = None
     s = None
     if cfg.smoothing is not None and amax is not None:
@@ -137,17 +137,28 @@ def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
             weight_bytes=(weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4))
 
 
-# the weight-only forms: (quantize, linear op, gated op, the ops' names, kind suffix, constant suffix)
-_WEIGHT_ONLY = {"int8": (quantize_weight, W8A16, GATED_W8A16, "w8a16", "int8", "int8w"),
-                "fp8": (fp8_weight.quantize_weight, FP8W, GATED_FP8W, "fp8w", "fp8", "fp8w")}
+# the forms with one-byte weights besides W8A8 int8: (quantize, linear op, gated op (None: linear layers only), the
+# ops' names, kind suffix, constant suffix, the summary's note)
+_ONE_BYTE = {
+    "int8 weights": (quantize_weight, W8A16, GATED_W8A16, "w8a16", "int8", "int8w", "int8 weights"),
+    "fp8 weights": (fp8_weight.quantize_weight, FP8W, GATED_FP8W, "fp8w", "fp8", "fp8w", "fp8 weights"),
+    "fp8": (fp8_weight.quantize_weight, FP8, None, "fp8", "fp8", "fp8", "fp8 weights and activations"),
+}
 
 
-def _to_weight_only(gm, n: fx.Node, form: str) -> None:
-    """A float linear or gated layer -> its weight-only int8 (Int8Config.weights_only) or fp8 (Fp8Config) call."""
-    quantize, linear_op, gated_op, op_name, suffix, constant = _WEIGHT_ONLY[form]
+def _prefix(rw: Rewrite) -> str:
+    """The stem of the constants a layer's quantized call reads."""
+    return f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_")
+
+
+def _to_one_byte(gm, n: fx.Node, form: str) -> None:
+    """A float linear or gated layer -> its call of `form` (_ONE_BYTE): weight-only int8
+    (Int8Config.weights_only), weight-only fp8 (Fp8Config), or fp8 weights and activations
+    (Fp8Config(weights_only=False): linear layers, their input's rows quantized to e4m3 at run time)."""
+    quantize, linear_op, gated_op, op_name, suffix, constant, note = _ONE_BYTE[form]
     rw = meta.rewrite_of(n)
     weight = _weight_tensor(gm, n.args[1]).detach()
-    prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_" + constant
+    prefix = _prefix(rw) + "_" + constant
     w_q, w_scale = quantize(weight)     # (a gated layer's: per row of its interleaved weight)
     aux = [add_constant(gm, prefix, w_q, before=n), add_constant(gm, prefix + "_scale", w_scale, before=n)]
     sizes = (weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4)
@@ -156,29 +167,13 @@ def _to_weight_only(gm, n: fx.Node, form: str) -> None:
         restack(gm, n, gated_op, (x, aux[0], aux[1], bias, width), dict(activation=n.kwargs.get("activation", "silu")),
                 kind=f"gated_linear_{suffix}",
                 kernel=rw.kernel.replace("accelc::gated_linear", f"accelc::gated_linear_{op_name}"),
-                aux=aux, note=f"{form} weights", weight_bytes=sizes)
+                aux=aux, note=note, weight_bytes=sizes)
         return
     x, _, bias, residual = n.args[:4]
     kwargs = dict(activation=n.kwargs.get("activation", "none"), residual_first=n.kwargs.get("residual_first", False))
     restack(gm, n, linear_op, (x, aux[0], aux[1], bias, residual), kwargs, kind=f"linear_{suffix}",
-            kernel=rw.kernel.replace("accelc::linear", f"accelc::linear_{op_name}"), aux=aux, note=f"{form} weights",
+            kernel=rw.kernel.replace("accelc::linear", f"accelc::linear_{op_name}"), aux=aux, note=note,
             weight_bytes=sizes)
-
-
-def _to_fp8(gm, n: fx.Node) -> None:
-    """A float linear layer -> accelc::linear_fp8: its weight in e4m3 per output channel, its input's rows
-    quantized to e4m3 at run time (Fp8Config(weights_only=False))."""
-    rw = meta.rewrite_of(n)
-    weight = _weight_tensor(gm, n.args[1]).detach()
-    prefix = f"{rw.layer}".replace(".", "_").replace("+", "_").replace("#", "_") + "_fp8"
-    w_q, w_scale = fp8_weight.quantize_weight(weight)
-    aux = [add_constant(gm, prefix, w_q, before=n), add_constant(gm, prefix + "_scale", w_scale, before=n)]
-    x, _, bias, residual = n.args[:4]
-    kwargs = dict(activation=n.kwargs.get("activation", "none"), residual_first=n.kwargs.get("residual_first", False))
-    restack(gm, n, FP8, (x, aux[0], aux[1], bias, residual), kwargs, kind="linear_fp8",
-            kernel=rw.kernel.replace("accelc::linear", "accelc::linear_fp8"), aux=aux,
-            note="fp8 weights and activations", weight_bytes=(weight.numel() * weight.element_size(),
-                                                             w_q.numel() + w_scale.numel() * 4))
 
 
 def _to_int8_attention(gm, n: fx.Node) -> None:
@@ -201,7 +196,7 @@ def _transform(gm, ctx) -> int:
             chosen.append(n)
     if cfg.weights_only:
         for n in chosen:
-            _to_weight_only(gm, n, "int8" if ctx.config.int8 is not None else "fp8")
+            _to_one_byte(gm, n, "int8 weights" if ctx.config.int8 is not None else "fp8 weights")
         return len(chosen)
     if ctx.config.fp8 is not None:
         for n in chosen:
@@ -209,7 +204,7 @@ def _transform(gm, ctx) -> int:
             if k % 16:
                 meta.explain(n, f"K={k}: the fp8 product takes K in multiples of 16; stays in float")
             else:
-                _to_fp8(gm, n)
+                _to_one_byte(gm, n, "fp8")
         return sum(n.target is FP8 for n in layers(gm))
     needs_stats = chosen and (cfg.static or cfg.smoothing is not None)
     stats = _calibrate(gm, chosen, ctx.calibration) if needs_stats else {}
