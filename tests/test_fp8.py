@@ -243,3 +243,5 @@ def test_fp8_weights_and_activations_on_a_models_linear_layers():
         [(r.name, r.status, r.kernel, r.sqnr_db) for r in opt.layers]
     with torch.no_grad():
         assert rel_l2(opt(x).double(), model(x).double()) < 5e-2
+        (other,) = model.example_inputs(5)           # another batch than the example's: each row its own scale
+        assert rel_l2(opt(other).double(), model(other).double()) < 5e-2
