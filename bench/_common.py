@@ -206,9 +206,10 @@ def gbs_cell(env: dict, gbs: float) -> str:
     return f"{gbs} ({100 * gbs / (peak * 1e3):.0f}%)" if peak else f"{gbs}"
 
 
-# dense tensor-core peaks (no sparsity), TF/s for fp16 / bf16 and TOPS for int8: NVIDIA's H100 SXM
+# dense tensor-core peaks (no sparsity), TF/s for fp16 / bf16 and fp8, TOPS for int8: NVIDIA's H100 SXM
 # and H200 datasheets (the same SXM5 tensor cores and clocks)
-DENSE_PEAK = {"H100 80GB HBM3": {"fp16": 989.4, "int8": 1978.9}, "H200": {"fp16": 989.4, "int8": 1978.9}}
+DENSE_PEAK = {"H100 80GB HBM3": {"fp16": 989.4, "int8": 1978.9, "fp8": 1978.9},
+              "H200": {"fp16": 989.4, "int8": 1978.9, "fp8": 1978.9}}
 
 
 def rate_cell(env: dict, rate: float, kind: str = "fp16") -> str:
