@@ -219,6 +219,8 @@ def _int8_args(p) -> None:
     g.add_argument("--fp8-activations", action="store_true",
                    help="with --fp8: linear layers' inputs in fp8 too, a scale a row at run time (prompts, whole "
                         "models: the product on fp8 tensor cores)")
+    g.add_argument("--fp8-keep-slower", action="store_true",
+                   help="with --fp8: keep fp8 layers that are slower than their float kernel on the GPU")
 
 
 def _fp8_config(args):
@@ -226,10 +228,11 @@ def _fp8_config(args):
     from accelc.config import Fp8Config
 
     if not getattr(args, "fp8", False):
-        if getattr(args, "fp8_activations", False):
-            raise ValueError("--fp8-activations needs --fp8")
+        for flag in ("activations", "keep_slower"):
+            if getattr(args, f"fp8_{flag}", False):
+                raise ValueError(f"--fp8-{flag.replace('_', '-')} needs --fp8")
         return False
-    return Fp8Config(weights_only=not args.fp8_activations,
+    return Fp8Config(weights_only=not args.fp8_activations, only_if_faster=not args.fp8_keep_slower,
                      **({"sqnr_floor": args.sqnr_floor} if args.sqnr_floor is not None else {}))
 
 
@@ -401,7 +404,8 @@ def _device(args, check: bool = True):
 def _gpu_only_flags(args) -> None:
     given = [flag for flag, on in (("--no-cuda-graphs", getattr(args, "no_cuda_graphs", False)),
                                    ("--keep-slower", getattr(args, "keep_slower", False)),
-                                   ("--int8-keep-slower", getattr(args, "int8_keep_slower", False))) if on]
+                                   ("--int8-keep-slower", getattr(args, "int8_keep_slower", False)),
+                                   ("--fp8-keep-slower", getattr(args, "fp8_keep_slower", False))) if on]
     for flag in given:
         print(f"accelc: {flag} changes nothing on a CPU (no CUDA graphs, no speed race there)", file=sys.stderr)
 

@@ -49,28 +49,45 @@ def _to_e4m3(y, ROUND_BY_HAND: tl.constexpr):
 
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_xm, stride_xk, ROUND_BY_HAND: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
+                          BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr):
+    """One row a program. ONE_PASS (the row within one block): the row read once and held in registers;
+    otherwise read twice, its largest magnitude first (the second read mostly from L2)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     offs = tl.arange(0, BLOCK_K)
-    absmax = tl.zeros((BLOCK_K,), tl.float32)
-    nonfinite = tl.zeros((BLOCK_K,), tl.int32)
-    for k0 in range(0, K, BLOCK_K):
-        ok = k0 + offs < K
-        x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
-        absmax = tl.maximum(absmax, tl.abs(x))
-        nonfinite = tl.maximum(nonfinite, (tl.abs(x) == float("inf")).to(tl.int32) | (x != x).to(tl.int32))
-    amax = tl.max(absmax, 0)
+    if ONE_PASS:
+        ok = offs < K
+        x = tl.load(x_row + offs * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), 0)
+        nonfinite = tl.max((tl.abs(x) == float("inf")).to(tl.int32) | (x != x).to(tl.int32), 0)
+    else:
+        absmax = tl.zeros((BLOCK_K,), tl.float32)
+        bad = tl.zeros((BLOCK_K,), tl.int32)
+        for k0 in range(0, K, BLOCK_K):
+            ok = k0 + offs < K
+            x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
+            absmax = tl.maximum(absmax, tl.abs(x))
+            bad = tl.maximum(bad, (tl.abs(x) == float("inf")).to(tl.int32) | (x != x).to(tl.int32))
+        amax = tl.max(absmax, 0)
+        nonfinite = tl.max(bad, 0)
     scale = tl.div_rn(amax, 448.0)
     inv = tl.div_rn(448.0, tl.maximum(amax, 1e-30))
-    if tl.max(nonfinite, 0) > 0:
+    if nonfinite > 0:
         scale = float("nan")
     tl.store(scale_ptr + row, scale)
-    for k0 in range(0, K, BLOCK_K):
-        ok = k0 + offs < K
-        x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
+    if ONE_PASS:
         y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
-        tl.store(q_ptr + row * K + k0 + offs, _to_e4m3(y, ROUND_BY_HAND), mask=ok)
+        tl.store(q_ptr + row * K + offs, _to_e4m3(y, ROUND_BY_HAND), mask=offs < K)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            ok = k0 + offs < K
+            x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
+            y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
+            tl.store(q_ptr + row * K + k0 + offs, _to_e4m3(y, ROUND_BY_HAND), mask=ok)
+
+
+ONE_PASS_MAX_K = 16384   # a row of up to this many values held in one program's registers (64 a thread at 8 warps)
+TWO_PASS_BLOCK = 1024    # a longer row's block
 
 
 def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,10 +96,12 @@ def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((M, K), dtype=DTYPE, device=x2.device)
     scale = torch.empty((M,), dtype=torch.float32, device=x2.device)
     if M > 0:
-        block = min(max(triton.next_power_of_2(K), 16), 1024)
+        one_pass = K <= ONE_PASS_MAX_K
+        block = max(triton.next_power_of_2(K), 16) if one_pass else TWO_PASS_BLOCK
         with runtime.device_guard(x2):
             _quantize_rows_kernel[(M,)](x2, q, scale, K, x2.stride(0), x2.stride(1),
-                                        ROUND_BY_HAND=runtime.interpreted(), BLOCK_K=block)
+                                        ROUND_BY_HAND=runtime.interpreted(), BLOCK_K=block, ONE_PASS=one_pass,
+                                        num_warps=8 if block >= 4096 else 4)
     return q, scale
 
 
@@ -90,10 +109,11 @@ def quantize_rows_ref(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = x2.float()
     amax = x.abs().amax(1)
     bad = ~torch.isfinite(x).all(1)
-    scale = torch.where(bad, torch.full_like(amax, float("nan")), amax / E4M3_MAX)
-    # (a tensor over a tensor: IEEE division, as the kernel's div_rn; a number over a tensor is a reciprocal
-    # times the number, a last bit apart, which moves a value sitting on a rounding tie)
-    inv = torch.full_like(amax, E4M3_MAX) / amax.clamp_min(1e-30)
+    # (a tensor over a tensor: IEEE division, as the kernel's div_rn; a number over a tensor, or on a GPU a tensor
+    # over a number, is a reciprocal times the other, a last bit apart, which moves a value sitting on a tie)
+    e4m3_max = torch.full_like(amax, E4M3_MAX)
+    scale = torch.where(bad, torch.full_like(amax, float("nan")), amax / e4m3_max)
+    inv = e4m3_max / amax.clamp_min(1e-30)
     q = (x * inv[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(DTYPE)
     return q, scale
 
