@@ -146,12 +146,31 @@ def side_accelc(model, inputs, row, key, **config):
     row[f"{key}_ms"] = per_call_ms(lambda: opt(*inputs))
     with torch.no_grad():
         row[f"{key}_rel_err_vs_eager"] = _rel(opt(*inputs), model(*inputs))
+    if config.get("int8") or config.get("fp8"):    # quantized: the error that counts is against the fp32 model
+        _errors_vs_fp32(model, inputs, opt(*inputs), row, key)
     rows = opt.layers
+    row[f"{key}_sqnr_db"] = {r.name: round(r.sqnr_db, 1) for r in rows       # the quantized layers' SQNR
+                             if r.status == "rewritten" and any(q in (r.kernel or "") for q in ("fp8", "w8a"))}
     row[f"{key}_layers"] = {s: sum(r.status == s for r in rows) for s in ("rewritten", "reverted", "kept")}
     row[f"{key}_runtime"] = opt.info.runtime
     row[f"{key}_summary"] = opt.summary()
     # the share of the model's matmul / conv / attention FLOPs that runs in accelc kernels after the race
     row[f"{key}_flop_share"] = round(opt.info.accelc_flops / opt.info.flops, 4) if opt.info.flops else None
+
+
+def _errors_vs_fp32(model, inputs, out, row, key) -> None:
+    """row[key_rel_err_vs_fp32] (the side's output) and row[eager_rel_err_vs_fp32] (eager in the model's dtype),
+    against a copy of the model in fp32 on the same inputs (float inputs in fp32)."""
+    import copy
+
+    m32 = copy.deepcopy(model).float()
+    ins = tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs)
+    with torch.no_grad():
+        ref = m32(*ins)
+        row[f"{key}_rel_err_vs_fp32"] = _rel(out, ref)
+        row["eager_rel_err_vs_fp32"] = _rel(model(*inputs), ref)
+    del m32, ref
+    torch.cuda.empty_cache()
 
 
 def side_ort(model, inputs, row):
@@ -236,7 +255,8 @@ def side_ort_opt(model, inputs, row, max_timed=3):
 # accelc_static: dynamic=False (the example's shapes only: the glue compiled for them, as before the
 # any-shape work), so that accelc / accelc_static is what taking every shape costs at the example's
 SIDES = ("eager", "compile", "compile_ro", "compile_max", "ort", "ort_opt", "accelc", "accelc_nopasses",
-         "accelc_static", "accelc_nograph", "accelc_int8", "accelc_nonorms", "accelc_nogated")
+         "accelc_static", "accelc_nograph", "accelc_int8", "accelc_fp8", "accelc_fp8w", "accelc_nonorms",
+         "accelc_nogated")
 
 
 def run_model(name, sides, out_dir, batches="all"):
@@ -271,6 +291,9 @@ def run_model(name, sides, out_dir, batches="all"):
                     side_accelc(model, inputs, row, "accelc_nograph", cuda_graphs=False)
                 elif side == "accelc_int8":
                     side_accelc(model, inputs, row, "accelc_int8", int8=True)
+                elif side in ("accelc_fp8", "accelc_fp8w"):    # fp8 weights and activations / weights only
+                    import accelc
+                    side_accelc(model, inputs, row, side, fp8=accelc.Fp8Config(weights_only=side == "accelc_fp8w"))
                 elif side == "accelc_nonorms":   # A/B of the norms pass: its LayerNorms left to the glue
                     from accelc.pipeline import PASS_NAMES
                     side_accelc(model, inputs, row, "accelc_nonorms", passes=tuple(p for p in PASS_NAMES if p != "norms"))
@@ -392,7 +415,8 @@ def merge(in_dir, out_dir):
 
     table = []
     head = ["model", "batch", "eager", "compile", "compile_ro", "compile_max", "ORT", "ORT optimizer", "accelc",
-            "accelc no passes", "accelc static", "accelc nograph", "accelc int8", "accelc vs compile_ro", "accelc vs compile_max",
+            "accelc no passes", "accelc static", "accelc nograph", "accelc int8", "accelc fp8", "accelc fp8 weights",
+            "fp8 vs accelc", "err vs fp32: eager / accelc fp8", "accelc vs compile_ro", "accelc vs compile_max",
             "accelc vs faster ORT", "accelc vs eager", "kernels' gain (no passes / accelc)", "FLOPs in accelc kernels",
             "layers"]
     for r in rows:
@@ -400,7 +424,11 @@ def merge(in_dir, out_dir):
         share = r.get("accelc_flop_share")
         table.append([r["model"], r["batch"], ms(r, "eager"), ms(r, "compile"), ms(r, "compile_ro"), ms(r, "compile_max"),
                       ms(r, "ort"), ms(r, "ort_opt"), ms(r, "accelc"), ms(r, "accelc_nopasses"), ms(r, "accelc_static"), ms(r, "accelc_nograph"),
-                      ms(r, "accelc_int8"), _x(r.get("compile_ro_ms"), r.get("accelc_ms")),
+                      ms(r, "accelc_int8"), ms(r, "accelc_fp8"), ms(r, "accelc_fp8w"),
+                      _x(r.get("accelc_ms"), r.get("accelc_fp8_ms")),
+                      (f"{r['eager_rel_err_vs_fp32']:.2e} / {r['accelc_fp8_rel_err_vs_fp32']:.2e}"
+                       if "accelc_fp8_rel_err_vs_fp32" in r else ""),
+                      _x(r.get("compile_ro_ms"), r.get("accelc_ms")),
                       _x(r.get("compile_max_ms"), r.get("accelc_ms")), _x(best_ort, r.get("accelc_ms")),
                       _x(r.get("eager_ms"), r.get("accelc_ms")), _x(r.get("accelc_nopasses_ms"), r.get("accelc_ms")),
                       f"{share:.1%}" if share is not None else "",
@@ -418,7 +446,9 @@ def merge(in_dir, out_dir):
           "it; ORT optimizer: the same with ORT's transformer optimizer and its fp16 converter (the fastest "
           "correct candidate; which one, below). accelc: the default call "
           "(Inductor glue, CUDA graph replay); no passes: passes=() (capture, Inductor glue, CUDA graphs: what is "
-          "left without accelc's kernels); static: dynamic=False (the example's shapes only); nograph: cuda_graphs=False; int8: Int8Config defaults. compile_max: "
+          "left without accelc's kernels); static: dynamic=False (the example's shapes only); nograph: cuda_graphs=False; int8: Int8Config defaults; fp8: "
+          "Fp8Config(weights_only=False) (weights and activations in e4m3), fp8 weights: Fp8Config() (weights only), "
+          "err vs fp32: the relative L2 error of the output against the model in fp32. compile_max: "
           "torch.compile(mode=\"max-autotune\"). FLOPs in accelc kernels: the share of the model's matmul / conv / "
           "attention FLOPs the default call runs in accelc kernels after the guard's speed race. "
           "layers: rewritten / reverted / kept as PyTorch.\n\n"

@@ -212,6 +212,8 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     r["summary"] = opt.summary()    # after generating: the runtime lines say how the steps ran
                     r["runtime"] = [ln.strip() for ln in r["summary"].splitlines() if ln.strip().startswith("runtime:")]
                     step = getattr(opt, "step", None)
+                    if step is not None:    # the decode step's own layers: which kernels a decoded token runs
+                        r["step_summary"] = step.summary()
                     r["optimize_seconds"] = {"program": dict(opt.info.seconds),     # where prepare_s went
                                              "step": dict(step.info.seconds) if step is not None else None}
             except Exception as e:   # a side that cannot run this model: said in its row
