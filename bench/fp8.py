@@ -193,19 +193,26 @@ def markdown(env: dict, data: dict) -> str:
             + (f"\nnot run: {skipped}\n" if skipped else ""))
 
 
+def _shapes(text: str) -> list[tuple[int, int, int]]:
+    return [tuple(int(n) for n in part.split("x")) for part in text.split(",") if part]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quick", action="store_true", help="the first GEMM shape and two decode shapes only")
+    ap.add_argument("--gemm", metavar="MxKxN,...", default=None, help="these GEMM shapes instead ('' for none)")
+    ap.add_argument("--decode", metavar="MxKxN,...", default=None, help="these decode shapes instead ('' for none)")
     args = ap.parse_args()
     env = _common.environment()
     print(_common.env_line(env))
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         raise SystemExit("bench/fp8.py needs a GPU with fp8 tensor cores (sm89 or later)")
     data = {"gemm": [], "decode": []}
-    gemm_shapes = GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES
-    decode_shapes = DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
+    gemm_shapes = _shapes(args.gemm) if args.gemm is not None else GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES
+    decode_shapes = (_shapes(args.decode) if args.decode is not None else DECODE_SHAPES[:2] if args.quick
+                     else DECODE_SHAPES)
     # the decode rows first (short), every row written as it lands: a run cut by a time limit keeps its rows
     for part, shapes, rows_for in (("decode", decode_shapes, decode_rows),
                                    ("gemm", gemm_shapes, lambda sh: gemm_rows(not args.no_compile, sh))):
