@@ -123,10 +123,10 @@ class Fp8Config:
     few rows: half of fp16's bytes, as int8 weights (Int8Config(weights_only=True)), with e4m3's floating grid.
 
     layers / exclude / types / skip_first_last / min_rows: which layers, as Int8Config's.
-    weights_only:   True: the weights alone (linear and gated layers). False: linear layers on fp8 weights and
-                    activations (accelc::linear_fp8, kernels/fp8_gemm.py: each input row quantized to e4m3 at run
-                    time, one scale a row; the product on fp8 tensor cores, twice fp16's rate on Hopper): what
-                    pays for prompts and whole models; gated layers stay float there.
+    weights_only:   True: the weights alone (linear and gated layers). False: linear and gated layers on fp8
+                    weights and activations (accelc::linear_fp8 / accelc::gated_linear_fp8, kernels/fp8_gemm.py:
+                    each input row quantized to e4m3 at run time, one scale a row; the product on fp8 tensor
+                    cores, twice fp16's rate on Hopper): what pays for prompts and whole models.
     sqnr_floor:     the guard's floor in dB (fp8 vs the float layer); a layer under it goes back to float, said.
     only_if_faster: on a GPU, each fp8 layer against its float kernel on the example inputs (a generation step's:
                     a decode step), the faster kept.

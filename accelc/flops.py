@@ -64,7 +64,7 @@ def _register() -> None:
     from accelc import kernels  # noqa: F401  (registers the ops)
     formulas = {"linear": _linear_flops, "linear_w8a8": _linear_flops, "linear_w8a16": _linear_flops,
                 "gated_linear_w8a16": _gated_w8a16_flops, "linear_fp8w": _linear_flops, "linear_fp8": _linear_flops,
-                "gated_linear_fp8w": _gated_w8a16_flops, "conv2d": _conv_flops,
+                "gated_linear_fp8w": _gated_w8a16_flops, "gated_linear_fp8": _gated_w8a16_flops, "conv2d": _conv_flops,
                 "flash_attention": _attention_flops, "gated_linear": _gated_linear_flops,
                 "conv2d_depthwise": _depthwise_flops, "conv1d": _conv1d_flops}
     for name, fn in formulas.items():

@@ -36,13 +36,15 @@ def main() -> None:
     out, bias = torch.empty(M, N, dtype=torch.float16), torch.empty(N, dtype=torch.float16)
     a_scale, w_scale = torch.empty(M), torch.empty(N)
     rows = []
-    for i, cfg in enumerate(fp8_gemm.CONFIGS):
+    # linear_fp8 (GELU epilogue) and gated_linear_fp8 (SiLU(gate) * up): the same candidates
+    for gated, (i, cfg) in [(g, c) for g in (False, True) for c in enumerate(fp8_gemm.CONFIGS)]:
         kw = cfg.all_kwargs()
-        if kw.get("GLUON"):     # (the Gluon candidates: bench/gluon_compile.py --kernel fp8)
+        if kw.get("GLUON"):     # (the Gluon candidates: bench/gluon_compile.py --kernel fp8; none gated)
             continue
-        meta = dict(HAS_BIAS=True, HAS_RESIDUAL=False, RESIDUAL_FIRST=False, ACTIVATION=activation_code("gelu"),
-                    QUANT=4, GATED=False, W_T=False, FAST_MATH=False, INPUT_PRECISION="ieee", DOT_IN_FP32=False)
-        row = {"config": i, **{k: kw[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "USE_TMA")}}
+        meta = dict(HAS_BIAS=True, HAS_RESIDUAL=False, RESIDUAL_FIRST=False,
+                    ACTIVATION=activation_code("silu" if gated else "gelu"), QUANT=4, GATED=gated, W_T=False,
+                    FAST_MATH=False, INPUT_PRECISION="ieee", DOT_IN_FP32=False)
+        row = {"config": i, "gated": gated, **{k: kw[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "USE_TMA")}}
         try:
             compiled = gemm.linear_kernel.warmup(*gemm.kernel_args(kw, (x, w, bias, out, out, a_scale, w_scale)),
                                                  **meta, EVEN_K=True, **kw, grid=(1,))

@@ -27,6 +27,7 @@ LAUNCHERS = {
     torch.ops.accelc.linear_fp8w.default: fp8_weight.linear_fp8w_launch,
     torch.ops.accelc.gated_linear_fp8w.default: fp8_weight.gated_linear_fp8w_launch,
     torch.ops.accelc.linear_fp8.default: fp8_gemm.linear_fp8_launch,
+    torch.ops.accelc.gated_linear_fp8.default: fp8_gemm.gated_linear_fp8_launch,
     torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_launch,
 }
 
@@ -49,6 +50,7 @@ REFERENCES = {
     torch.ops.accelc.linear_fp8w.default: fp8_weight.linear_fp8w_ref,
     torch.ops.accelc.gated_linear_fp8w.default: fp8_weight.gated_linear_fp8w_ref,
     torch.ops.accelc.linear_fp8.default: fp8_gemm.linear_fp8_ref,
+    torch.ops.accelc.gated_linear_fp8.default: fp8_gemm.gated_linear_fp8_ref,
     torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_ref,
 }
 assert set(REFERENCES) == set(LAUNCHERS)

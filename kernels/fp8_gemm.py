@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
-from accelc.kernels import gemm, int8_gemm
-from accelc.kernels.epilogue import epilogue_ref, residual_as
+from accelc.kernels import gated_linear, gemm, int8_gemm
+from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_ref, epilogue_ref, residual_as
 from accelc.kernels.fp8_weight import DTYPE, E4M3_MAX
 from accelc.kernels.int8_gemm import weight_problem
 from accelc.tuning import Tuner, check_once
@@ -32,6 +32,10 @@ from accelc.tuning import Tuner, check_once
 CONFIGS = list(int8_gemm.CONFIGS)
 TUNER = Tuner("linear_fp8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_configs,
               default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
+# the gated MLP's gate / up pair on fp8 weights and activations: the same candidates (tl kernels only: the Gluon
+# GEMM has no gated epilogue)
+GATED_TUNER = Tuner("gated_linear_fp8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_configs,
+                    default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
 _CHECKED: set = set()
 
 
@@ -158,6 +162,59 @@ def linear_fp8_ref(x, w_q, w_scale, bias=None, residual=None, activation="none",
     return out.reshape(*x.shape[:-1], N)
 
 
+def _gated_problem(w_q, n: int, activation: str) -> str | None:
+    G = gated_linear.G
+    if w_q.dim() != 2 or n < 1 or w_q.shape[0] != 2 * triton.cdiv(n, G) * G:
+        return (f"the packed weight must be (2 * {G} * ceil(n / {G}), K) for n={n} output columns, got "
+                f"{tuple(w_q.shape)} (kernels/gated_linear.pack)")
+    if activation not in ACTIVATIONS or activation == "none":
+        return f"activation must be one of {ACTIVATION_NAMES[1:]}, not {activation!r}"
+    return None
+
+
+def gated_linear_fp8_launch(x, w_q, w_scale, bias, n, activation="silu"):
+    """Checks, quantizes x's rows, launches: act(gate) * up (..., n) in x's dtype; w_q (2 Np, K) float8_e4m3fn with
+    the gate and up rows interleaved as gated_linear.pack makes them, w_scale (2 Np,), bias (2 Np,) or None."""
+    sig = (x.shape, x.dtype, x.device, w_q.shape, w_q.dtype, w_scale.shape,
+           None if bias is None else (bias.shape, bias.dtype), n, activation, "gated")
+    check_once(_CHECKED, sig, lambda: _gated_problem(w_q, n, activation)
+               or why_unsupported(x, w_q, w_scale, bias, None, activation), "gated_linear_fp8")
+    K = x.shape[-1]
+    q, a_scale = quantize_rows(x.reshape(-1, K))
+    out = torch.empty((q.shape[0], n), dtype=x.dtype, device=x.device)
+    if q.shape[0] > 0 and n > 0:
+        gemm.launch(q, w_q, bias, None, out, activation, False, scales=(a_scale, w_scale), tuner=GATED_TUNER,
+                    gated=True)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def gated_linear_fp8_ref(x, w_q, w_scale, bias, n, activation="silu"):
+    """The same math in fp64: x's rows quantized as the kernel does, the fp8 products summed, the scales, then
+    act(gate) * up on the unpacked halves."""
+    K = x.shape[-1]
+    q, a_scale = quantize_rows_ref(x.reshape(-1, K))
+    w = w_q.double() * w_scale.double()[:, None]
+    w_gate, w_up, b_gate, b_up = gated_linear.unpack(w, bias, n)
+    xq = q.double() * a_scale.double()[:, None]
+    gate = xq @ w_gate.t() + (b_gate.double() if b_gate is not None else 0)
+    up = xq @ w_up.t() + (b_up.double() if b_up is not None else 0)
+    return (activation_ref(activation, gate) * up).to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+@torch.library.custom_op("accelc::gated_linear_fp8", mutates_args=())
+def gated_linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                     n: int, activation: str = "silu") -> torch.Tensor:
+    """act(gate) * up with the gate and up weights in fp8 and x's rows quantized to fp8: see the module
+    docstring."""
+    return runtime.launch_or_fallback("gated_linear_fp8", x.device, gated_linear_fp8_launch, gated_linear_fp8_ref,
+                                      x, w_q, w_scale, bias, n, activation)
+
+
+@gated_linear_fp8.register_fake
+def _(x, w_q, w_scale, bias, n, activation="silu"):
+    return x.new_empty((*x.shape[:-1], n))
+
+
 @torch.library.custom_op("accelc::linear_fp8", mutates_args=())
 def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
                residual: Optional[torch.Tensor] = None, activation: str = "none",
@@ -173,5 +230,5 @@ def _(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_fir
     return x.new_empty((*x.shape[:-1], w_q.shape[0]))
 
 
-__all__ = ["TUNER", "linear_fp8", "linear_fp8_launch", "linear_fp8_ref", "quantize_rows", "quantize_rows_ref",
+__all__ = ["GATED_TUNER", "TUNER", "gated_linear_fp8", "gated_linear_fp8_launch", "gated_linear_fp8_ref", "linear_fp8", "linear_fp8_launch", "linear_fp8_ref", "quantize_rows", "quantize_rows_ref",
            "why_unsupported"]

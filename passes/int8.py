@@ -11,8 +11,8 @@ layer's fusion (bias, activation, residual) and the same original subgraph for t
     gated layer's interleaved one) quantized per output channel, the activations left in float.
 With OptimizeConfig.fp8 (an Fp8Config), the same layers the same way, to accelc::linear_fp8w and
 accelc::gated_linear_fp8w (kernels/fp8_weight.py): each weight in float8_e4m3fn per output channel; with
-Fp8Config(weights_only=False), linear layers to accelc::linear_fp8 (kernels/fp8_gemm.py), their input's rows
-quantized to e4m3 at run time as well.
+Fp8Config(weights_only=False), linear layers to accelc::linear_fp8 and gated MLPs to accelc::gated_linear_fp8
+(kernels/fp8_gemm.py), their input's rows quantized to e4m3 at run time as well.
 Each int8 or fp8 layer keeps its float call as a Fallback: the guard judges int8 layers by SQNR and
 puts those under Int8Config.sqnr_floor back in float (accelc.rewrite.demote).
 
@@ -46,6 +46,7 @@ GATED_W8A16 = torch.ops.accelc.gated_linear_w8a16.default
 FP8W = torch.ops.accelc.linear_fp8w.default
 FP8 = torch.ops.accelc.linear_fp8.default
 GATED_FP8W = torch.ops.accelc.gated_linear_fp8w.default
+GATED_FP8 = torch.ops.accelc.gated_linear_fp8.default
 
 
 def _module_type(rw: Rewrite) -> str:
@@ -137,12 +138,12 @@ def _to_w8a8(gm, n: fx.Node, amax: torch.Tensor | None, cfg) -> None:
             weight_bytes=(weight.numel() * weight.element_size(), w_q.numel() + w_scale.numel() * 4))
 
 
-# the forms with one-byte weights besides W8A8 int8: (quantize, linear op, gated op (None: linear layers only), the
+# the forms with one-byte weights besides W8A8 int8: (quantize, linear op, gated op, the
 # ops' names, kind suffix, constant suffix, the summary's note)
 _ONE_BYTE = {
     "int8 weights": (quantize_weight, W8A16, GATED_W8A16, "w8a16", "int8", "int8w", "int8 weights"),
     "fp8 weights": (fp8_weight.quantize_weight, FP8W, GATED_FP8W, "fp8w", "fp8", "fp8w", "fp8 weights"),
-    "fp8": (fp8_weight.quantize_weight, FP8, None, "fp8", "fp8", "fp8", "fp8 weights and activations"),
+    "fp8": (fp8_weight.quantize_weight, FP8, GATED_FP8, "fp8", "fp8", "fp8", "fp8 weights and activations"),
 }
 
 
@@ -186,7 +187,9 @@ def _transform(gm, ctx) -> int:
     cfg = ctx.config.quantized
     if cfg is None:
         return 0
-    linears = [n for n in layers(gm) if n.target is LINEAR or (cfg.weights_only and n.target is GATED)]
+    # (W8A8 int8 has no gated form: a gated MLP stays in float there)
+    linears = [n for n in layers(gm)
+               if n.target is LINEAR or (n.target is GATED and (cfg.weights_only or ctx.config.fp8 is not None))]
     chosen = []
     for i, n in enumerate(linears):
         reason = _why_not(gm, n, i, len(linears), cfg)
@@ -205,7 +208,7 @@ def _transform(gm, ctx) -> int:
                 meta.explain(n, f"K={k}: the fp8 product takes K in multiples of 16; stays in float")
             else:
                 _to_one_byte(gm, n, "fp8")
-        return sum(n.target is FP8 for n in layers(gm))
+        return sum(n.target in (FP8, GATED_FP8) for n in layers(gm))
     needs_stats = chosen and (cfg.static or cfg.smoothing is not None)
     stats = _calibrate(gm, chosen, ctx.calibration) if needs_stats else {}
     for n in chosen:
