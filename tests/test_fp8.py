@@ -249,8 +249,10 @@ def test_fp8_weights_and_activations_on_a_models_linear_layers():
     judged by SQNR, the output near the float model's."""
     model = accelc.models.get("transformer_mlp").to(DEVICE)
     (x,) = model.example_inputs(2)
+    # (only_if_faster off: on a GPU these tiny layers' fp8 kernels may lose their race, and this test is about
+    # their numbers)
     opt = accelc.optimize(model, (x,), config=accelc.OptimizeConfig(
-        fp8=accelc.Fp8Config(weights_only=False, skip_first_last=False)))
+        fp8=accelc.Fp8Config(weights_only=False, skip_first_last=False, only_if_faster=False), only_if_faster=False))
     fp8 = [r for r in opt.layers if r.kernel.startswith("accelc::linear_fp8") and "fp8w" not in r.kernel]
     assert fp8 and all(r.status == "rewritten" and r.sqnr_db > 20 for r in fp8), \
         [(r.name, r.status, r.kernel, r.sqnr_db) for r in opt.layers]
