@@ -13,8 +13,11 @@ graph, recorded by CUDA graphs on NCCL; local_collectives has them stand in loca
   - RowwiseParallel (weight Shard(1), bias Replicate()): the input the rank's slice of the last dim (cut here
     where input_layouts=Replicate() says it comes whole), the partial products all-reduced (sum), then the bias.
 
-Anything else holding DTensor parameters (an embedding, sequence parallelism, a layer whose output stays a DTensor)
-is refused in one line naming the layer. The result computes what the sharded model computes, on every rank.
+The same layers sharded by transformers' tp_plan styles (a model loaded with `from_pretrained(tp_plan=...)`:
+colwise, rowwise, colwise_gather_output, rowwise_split_input) are read from the style that replaced the layer's
+forward, their layouts meaning the same. Anything else holding DTensor parameters (an embedding, sequence
+parallelism, transformers' packed styles, a layer whose output stays a DTensor) is refused in one line naming the
+layer. The result computes what the sharded model computes, on every rank.
 """
 from __future__ import annotations
 
@@ -214,13 +217,18 @@ def _shard_linear(name: str, module: nn.Linear) -> ShardLinear:
         raise InputError(f"{name}: sharded over a {w.device_mesh.ndim}-D device mesh; accelc takes one dim of "
                          "tensor parallelism")
     placement = w.placements[0]
+    if isinstance(placement, Shard) and placement.dim < 0:      # (transformers' row-wise style: Shard(-1))
+        placement = Shard(placement.dim % w.ndim)
     group = w.device_mesh.get_group()
     rank, world = w.device_mesh.get_local_rank(), w.device_mesh.size()
     layouts = _layouts(module)
     if layouts is None:
-        raise InputError(f"{name}: sharded by a tensor-parallel style whose layouts accelc cannot read (not "
-                         "torch.distributed.tensor.parallel's, as HF's tp_plan styles); shard the model with "
-                         "parallelize_module and ColwiseParallel / RowwiseParallel")
+        style = _hf_style(module)
+        what = (f"transformers' {type(style).__name__}" if style is not None else
+                "a tensor-parallel style whose layouts accelc cannot read")
+        raise InputError(f"{name}: sharded by {what}; accelc takes torch.distributed.tensor.parallel's "
+                         "ColwiseParallel / RowwiseParallel (parallelize_module) and transformers' tp_plan styles "
+                         "colwise / rowwise / colwise_gather_output / rowwise_split_input")
     inputs, outputs, local_out = layouts
     bias = module.bias.to_local() if module.bias is not None and _is_dtensor(module.bias) else module.bias
     out_layout = outputs[0] if outputs else None
@@ -236,6 +244,9 @@ def _shard_linear(name: str, module: nn.Linear) -> ShardLinear:
         if not gather and not (isinstance(out_layout, Shard) and out_layout.dim in (-1, w.ndim - 1)):
             raise InputError(f"{name}: ColwiseParallel with its output {out_layout}; accelc takes Shard(-1) or "
                              "Replicate()")
+        if gather and w.shape[0] % world:
+            raise InputError(f"{name}: its {w.shape[0]} output features gathered from {world} ranks in unequal "
+                             "shards; accelc gathers equal ones")
         return ShardLinear(w.to_local(), bias, "colwise", group.group_name, rank, world, gather=gather)
     if isinstance(placement, Shard) and placement.dim == 1:
         if not isinstance(out_layout, Replicate):
@@ -244,6 +255,9 @@ def _shard_linear(name: str, module: nn.Linear) -> ShardLinear:
         if bias is not None and _is_dtensor(module.bias) and not isinstance(module.bias.placements[0], Replicate):
             raise InputError(f"{name}: a row-wise layer's bias sharded {module.bias.placements[0]}")
         cut = isinstance(in_layout, Replicate)
+        if cut and w.shape[1] % world:
+            raise InputError(f"{name}: its {w.shape[1]} input features cut for {world} ranks in unequal slices; "
+                             "accelc cuts equal ones")
         if not cut and not (in_layout is None or isinstance(in_layout, Shard)):
             raise InputError(f"{name}: RowwiseParallel with its input {in_layout}")
         return ShardLinear(w.to_local(), bias, "rowwise", group.group_name, rank, world, cut=cut)
@@ -251,15 +265,36 @@ def _shard_linear(name: str, module: nn.Linear) -> ShardLinear:
                      "(Shard(0)) and RowwiseParallel (Shard(1))")
 
 
+# HF transformers' tensor-parallel styles (a model loaded with tp_plan: transformers.integrations.tensor_parallel)
+# whose layouts mean what PyTorch's ColwiseParallel / RowwiseParallel's do; their packed forms shard a fused weight
+# in halves of their own and are refused
+_HF_STYLES = ("ColwiseParallel", "RowwiseParallel")
+
+
+def _hf_style(module: nn.Module):
+    """The transformers tensor-parallel style whose forward replaced `module`'s (its `forward` attribute's closure
+    holds it), or None."""
+    forward = module.__dict__.get("forward")
+    for cell in getattr(forward, "__closure__", None) or ():
+        value = cell.cell_contents
+        if hasattr(value, "install_forward") and type(value).__module__.startswith("transformers."):
+            return value
+    return None
+
+
 def _layouts(module: nn.Module) -> tuple[tuple, tuple, bool] | None:
-    """(input_layouts, output_layouts, use_local_output) from the style's hooks, each with its default where its
-    hook is not found; None where neither hook is parallelize_module's."""
+    """(input_layouts, output_layouts, use_local_output) from the style's hooks (parallelize_module's), each with
+    its default where its hook is not found, or from the transformers style that replaced its forward (tp_plan);
+    None where neither is found, or the transformers style is not one of _HF_STYLES."""
+    as_tuple = (lambda v: tuple(v) if isinstance(v, (tuple, list)) else ((v,) if v is not None else ()))
     ins, outs = _hook_args(module)
     if not ins and not outs:
-        return None
+        style = _hf_style(module)
+        if style is None or type(style).__name__ not in _HF_STYLES:
+            return None
+        return as_tuple(style.input_layouts), as_tuple(style.output_layouts), bool(style.use_local_output)
     input_layouts = ins[0] if ins else None
     output_layouts, use_local = (outs[0], outs[1]) if len(outs) >= 2 else (None, True)
-    as_tuple = (lambda v: tuple(v) if isinstance(v, (tuple, list)) else ((v,) if v is not None else ()))
     return as_tuple(input_layouts), as_tuple(output_layouts), use_local
 
 

@@ -141,6 +141,33 @@ try:
     refusals.append("unreadable: taken")
 except InputError as e:
     refusals.append(f"unreadable: {e}")
+# the same model sharded by transformers' own tp_plan styles (what from_pretrained(tp_plan="auto") applies: Llama's
+# plan, the LM head colwise_gather_output), read from the styles that replaced the layers' forwards
+from transformers.integrations.tensor_parallel import apply_tensor_parallelism
+hf_plan = {"lm_head": "colwise_gather_output"}
+for i in range(2):
+    hf_plan.update({"model." + k.replace("*", str(i)): v for k, v in T.LlamaConfig.base_model_tp_plan.items()})
+# (a module's name installs its style's forward, its weight's name shards the weight: from_pretrained does both)
+hf_plan.update({k + ".weight": v for k, v in hf_plan.items()})
+hf_local = tensor_parallel.localize(apply_tensor_parallelism(copy.deepcopy(lm), mesh, hf_plan))
+opt_hf = accelc.optimize(LogitsOf(apply_tensor_parallelism(copy.deepcopy(lm), mesh, hf_plan)).eval(), (ids,))
+with torch.no_grad():
+    hf_own_diff = (apply_tensor_parallelism(copy.deepcopy(lm), mesh, hf_plan)(ids).logits - ref).abs().max().item()
+    hf_diff = (hf_local(ids).logits - ref).abs().max().item()
+    hf_tokens_equal = bool(torch.equal(hf_local.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0), want))
+    hf_opt_diff = max((opt_hf(t) - lm(t).logits).abs().max().item() for t in (ids, other))
+try:
+    tensor_parallel.localize(apply_tensor_parallelism(copy.deepcopy(lm), mesh, {
+        "model.layers.0.mlp.up_proj": "packed_colwise", "model.layers.0.mlp.up_proj.weight": "packed_colwise"}))
+    refusals.append("hf packed: taken")
+except InputError as e:
+    refusals.append(f"hf packed: {e}")
+try:                                 # 99 output features in unequal shards, gathered: refused (accelc gathers equal)
+    tensor_parallel.localize(parallelize_module(nn.Sequential(nn.Linear(64, 99)), mesh,
+                                                {"0": ColwiseParallel(output_layouts=Replicate())}))
+    refusals.append("uneven: taken")
+except InputError as e:
+    refusals.append(f"uneven: {e}")
 print("RESULT " + json.dumps({
     "rank": rank, "local_vs_ref": (got - ref).abs().max().item(), "exported_vs_ref": (exported - ref).abs().max().item(),
     "all_reduce": sum("all_reduce" in str(n.target) for n in ep.graph.nodes),
@@ -155,7 +182,9 @@ print("RESULT " + json.dumps({
     "apart_tokens_equal": bool(torch.equal(apart_tokens, want)), "apart_rewritten": len(apart.rewritten),
     "apart_paged": apart.step is not None and "paged" in apart.info.generation,
     "ranks": tensor_parallel.on_every_rank(opt_lm.graph_module, rank), "loaded_vs_ref": loaded_diff,
-    "wrong_rank": wrong_rank, "bert_vs_ref": bert_diff, "bert_rewritten": len(opt_bert.rewritten)}))
+    "wrong_rank": wrong_rank, "bert_vs_ref": bert_diff, "bert_rewritten": len(opt_bert.rewritten),
+    "hf_own_vs_ref": hf_own_diff, "hf_vs_ref": hf_diff, "hf_tokens_equal": hf_tokens_equal, "hf_dtensors_left": tensor_parallel.is_sharded(hf_local),
+    "hf_optimized_vs_ref": hf_opt_diff, "hf_rewritten": len(opt_hf.rewritten)}))
 dist.destroy_process_group()
 """
 
@@ -192,13 +221,22 @@ def test_a_sharded_llama_localized_on_two_gloo_ranks(tmp_path):
     with pytest.raises(ModelFileError, match=r"^'.*rank0.pt2' is rank 0 of a 2-rank tensor-parallel program: load it "
                                              r"in that rank of 2 processes with the process group initialized"):
         accelc.load(tmp_path / "rank0.pt2")
-        embed, out_dtensor, seq, unreadable = r["refusals"]
+    for r in results:    # (these checks sat inside the pytest.raises block above, after the raising call: never run)
+        embed, out_dtensor, seq, unreadable, hf_packed, uneven = r["refusals"]
+        assert uneven == ("uneven: 0: its 99 output features gathered from 2 ranks in unequal shards; accelc "
+                          "gathers equal ones"), uneven
         assert unreadable.startswith("unreadable: model.layers.0.mlp.up_proj: sharded by a tensor-parallel style "
                                      "whose layouts accelc cannot read"), unreadable
         assert embed.startswith("embed: model.embed_tokens (Embedding) holds DTensor parameters"), embed
         assert out_dtensor.startswith("dtensor out: model.layers.0.mlp.up_proj: its output stays a DTensor"), out_dtensor
         assert seq.startswith("sequence parallel: model.layers.0.mlp.down_proj: RowwiseParallel with its output "
                               "S(1) (sequence parallelism)"), seq
+        assert hf_packed.startswith("hf packed: model.layers.0.mlp.up_proj: sharded by transformers' "
+                                    "PackedColwiseParallel; accelc takes"), hf_packed
+        # transformers' tp_plan styles (Llama's plan): the unsharded logits and tokens, no DTensor left, optimized
+        assert r["hf_own_vs_ref"] < 1e-5, r                 # (the plan as transformers applies it: its own forward)
+        assert r["hf_vs_ref"] < 1e-5 and r["hf_tokens_equal"] and not r["hf_dtensors_left"], r
+        assert r["hf_optimized_vs_ref"] < 1e-5 and r["hf_rewritten"] > 0, r
 
 
 def _sharded_graph():
