@@ -150,3 +150,16 @@ def test_the_call_contract_is_read_only():
 
     assert InputShapes.__dataclass_params__.frozen
     assert "checked" not in {f.name for f in dataclasses.fields(InputShapes)}
+
+
+def test_no_statement_after_the_raising_call_in_a_pytest_raises_block():
+    """A `with pytest.raises(...)` block holds the one call that raises: a statement after it never runs (a
+    tensor-parallel test's refusal checks sat there, passing without running)."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.With) and len(node.body) > 1 and any(
+                    isinstance(item.context_expr, ast.Call) and isinstance(item.context_expr.func, ast.Attribute)
+                    and item.context_expr.func.attr == "raises" for item in node.items):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found, found
