@@ -6,6 +6,7 @@ reduce-overhead (prefill). The tensor-parallel issue's measure.
     torchrun --nproc-per-node 2 bench/tp.py --shape llama3-8b [--layers N] [--out DIR]
     torchrun --nproc-per-node 1 bench/tp.py --shape llama3-8b          # one GPU, unsharded: the scaling's base
     torchrun --nproc-per-node 2 bench/tp.py --smoke                    # a tiny Llama, gloo on the CPU
+    torchrun --nproc-per-node 2 bench/tp.py --plan hf ...              # sharded by transformers' tp_plan styles
 
 Weights are random at the shape's sizes, fp16 on a GPU. --init full (the default for shapes that fit a rank):
 every rank builds the whole model from one seed and the plan cuts it, and rank 0 compares the greedy tokens with the
@@ -64,8 +65,28 @@ def plan(layers: int) -> dict:
     return out
 
 
-def build(cfg, device, dtype, init: str, mesh, world: int):
-    """(the whole model or None, this rank's model: sharded by the plan where world > 1)."""
+def hf_plan(cfg) -> dict:
+    """transformers' own tp_plan for the model (its base model's styles, the LM head's), as from_pretrained(tp_plan=
+    "auto") applies it: each module's style on the module (its forward) and on its weight (the shard)."""
+    import transformers as tf
+
+    out = {"lm_head": tf.LlamaForCausalLM._tp_plan["lm_head"]}
+    for i in range(cfg.num_hidden_layers):
+        out.update({"model." + k.replace("*", str(i)): v for k, v in tf.LlamaConfig.base_model_tp_plan.items()})
+    return {**out, **{k + ".weight": v for k, v in out.items()}}
+
+
+def shard(model, cfg, mesh, which: str):
+    """`model` sharded by PyTorch's plan (parallelize_module) or transformers' (its tp_plan styles)."""
+    if which == "hf":
+        from transformers.integrations.tensor_parallel import apply_tensor_parallelism
+        return apply_tensor_parallelism(model, mesh, hf_plan(cfg))
+    from torch.distributed.tensor.parallel import parallelize_module
+    return parallelize_module(model, mesh, plan(cfg.num_hidden_layers))
+
+
+def build(cfg, device, dtype, init: str, mesh, world: int, which: str = "torch"):
+    """(the whole model or None, this rank's model: sharded by the plan (`which`: torch or hf) where world > 1)."""
     import transformers as tf
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -73,8 +94,10 @@ def build(cfg, device, dtype, init: str, mesh, world: int):
         torch.manual_seed(0)
         with torch.device(device):
             whole = tf.LlamaForCausalLM(cfg).to(dtype).eval()
-        mine = parallelize_module(copy.deepcopy(whole), mesh, plan(cfg.num_hidden_layers)) if world > 1 else whole
+        mine = shard(copy.deepcopy(whole), cfg, mesh, which) if world > 1 else whole
         return whole, mine
+    if which != "torch":
+        raise SystemExit("--plan hf takes --init full (transformers' styles shard weights that exist)")
     with torch.device("meta"):
         lm = tf.LlamaForCausalLM(cfg).to(dtype).eval()
     if world > 1:
@@ -152,6 +175,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--plan", choices=["torch", "hf"], default="torch",
+                    help="shard by PyTorch's plan (parallelize_module) or transformers' tp_plan styles")
     a = ap.parse_args()
     import torch.distributed as dist
     import transformers as tf
@@ -175,13 +200,14 @@ def main() -> None:
     cfg = tf.LlamaConfig(**args)
     mesh = init_device_mesh(device.type, (world,))
     init = a.init or ("meta" if a.shape == "llama3-70b" else "full")
-    whole, lm = build(cfg, device, dtype, init, mesh, world)
+    whole, lm = build(cfg, device, dtype, init, mesh, world, a.plan)
     if whole is not None and world > 1 and on_gpu:
         whole = whole.cpu() if rank != 0 else whole      # the unsharded reference on rank 0's GPU only
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, cfg.vocab_size, (a.batch, a.prompt), generator=g).to(device)
     mask = torch.ones_like(ids)
-    row = {"shape": a.shape, "layers": cfg.num_hidden_layers, "world": world, "batch": a.batch, "prompt": a.prompt,
+    row = {"shape": a.shape, "layers": cfg.num_hidden_layers, "world": world, "plan": a.plan, "batch": a.batch,
+           "prompt": a.prompt,
            "new_tokens": a.new, "init": init, "dtype": str(dtype).removeprefix("torch."),
            "params_b_per_rank": round(sum((p.to_local() if hasattr(p, "to_local") else p).numel()
                                           for p in lm.parameters()) / 1e9, 3)}
