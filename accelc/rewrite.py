@@ -68,7 +68,7 @@ class PassContext:
 
 
 _READERS = "accelc_readers"   # gm.meta: replace_uses' index (_readers)
-_NAMES = "accelc_layer_names"   # gm.meta: the layer names taken (_unique_name)
+_NAMES = "accelc_layer_names"   # gm.meta: the layer names taken (unique_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def apply_rules(gm: fx.GraphModule, rules, ctx: PassContext) -> int:
 
 def _in_graph_order(gm: fx.GraphModule, nodes: list) -> list:
     """The matched nodes and those a build absorbed (an epilogue after the match, the repeat of a
-    K/V before it), in the order the graph runs them (replace_group's and _extract's order)."""
+    K/V before it), in the order the graph runs them (replace_group's and extract's order)."""
     if len(nodes) < 2:
         return nodes
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -268,13 +268,13 @@ def replace_group(gm: fx.GraphModule, nodes: list, target, args: tuple, kwargs: 
     `target`, inserted where the last one was. `aux`: nodes the pass inserted to feed the op,
     removed again if the layer is reverted. Returns the new node."""
     g = gm.graph
-    original, inputs = _extract(gm, nodes)
+    original, inputs = extract(gm, nodes)
     last = nodes[-1]
     with g.inserting_before(last):
         new = g.call_function(target, args, kwargs)
     new.meta.update({k: v for k, v in last.meta.items() if k in (meta.VALUE, "val", "tensor_meta")})
     new.meta[meta.PATH] = meta.path(nodes[0])
-    _register(gm, new, Rewrite(layer=_unique_name(gm, layer_name(nodes)), kind=kind, kernel=kernel,
+    register_layer(gm, new, Rewrite(layer=unique_name(gm, layer_name(nodes)), kind=kind, kernel=kernel,
                                original=original, inputs=inputs, aux=list(aux)))
     replace_uses(gm, last, new)
     for n in reversed(nodes):
@@ -289,7 +289,7 @@ def restack(gm: fx.GraphModule, node: fx.Node, target, args: tuple, kwargs: dict
     becomes its Fallback."""
     rw: Rewrite = node.meta[meta.REWRITE]
     fallback = Fallback(node.target, node.args, dict(node.kwargs), rw.kind, rw.kernel, rw.aux)
-    return _swap_call(gm, node, target, args, kwargs, Rewrite(
+    return swap_call(gm, node, target, args, kwargs, Rewrite(
         layer=rw.layer, kind=kind, kernel=kernel, original=rw.original, inputs=rw.inputs,
         aux=rw.aux + list(aux), fallback=fallback, note=note, weight_bytes=weight_bytes))
 
@@ -298,19 +298,19 @@ def demote(gm: fx.GraphModule, node: fx.Node, note: str) -> fx.Node:
     """Put a layer's Fallback call back in place of `node`."""
     rw: Rewrite = node.meta[meta.REWRITE]
     fb = rw.fallback
-    new = _swap_call(gm, node, fb.target, fb.args, fb.kwargs, Rewrite(
+    new = swap_call(gm, node, fb.target, fb.args, fb.kwargs, Rewrite(
         layer=rw.layer, kind=fb.kind, kernel=fb.kernel, original=rw.original, inputs=rw.inputs, aux=fb.aux,
         note=note))
     _drop_unused(gm, [a for a in rw.aux if a not in fb.aux])
     return new
 
 
-def _swap_call(gm, node, target, args, kwargs, rw: Rewrite) -> fx.Node:
+def swap_call(gm, node, target, args, kwargs, rw: Rewrite) -> fx.Node:
     g = gm.graph
     with g.inserting_before(node):
         new = g.call_function(target, args, kwargs)
     new.meta.update({k: v for k, v in node.meta.items() if k != meta.REWRITE})
-    _register(gm, new, rw)
+    register_layer(gm, new, rw)
     replace_uses(gm, node, new)
     g.erase_node(node)
     return new
@@ -371,7 +371,7 @@ def replace_uses(gm: fx.GraphModule, old: fx.Node, new: fx.Node) -> None:
 def _readers(gm: fx.GraphModule) -> dict:
     """{node: the Rewrites whose inputs or fallback call read it}: replace_uses' index, made from the graph
     at its first use in a pass (a walk of every node at each replacement made a pass quadratic in the
-    graph's size) and kept up to date by _register."""
+    graph's size) and kept up to date by register_layer."""
     index = gm.meta.get(_READERS)
     if index is None:
         index = gm.meta[_READERS] = {}
@@ -389,8 +389,8 @@ def _index(index: dict, rw: Rewrite) -> None:
         index.setdefault(n, []).append(rw)
 
 
-def _register(gm: fx.GraphModule, node: fx.Node, rw: Rewrite) -> None:
-    """node becomes rw's call: in the index of replace_uses and the names taken (_unique_name)."""
+def register_layer(gm: fx.GraphModule, node: fx.Node, rw: Rewrite) -> None:
+    """node becomes rw's call: in the index of replace_uses and the names taken (unique_name)."""
     node.meta[meta.REWRITE] = rw
     if _READERS in gm.meta:
         _index(gm.meta[_READERS], rw)
@@ -411,7 +411,7 @@ def layers(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if meta.rewrite_of(n) is not None]
 
 
-def _extract(gm: fx.GraphModule, nodes: list) -> tuple[fx.GraphModule, list]:
+def extract(gm: fx.GraphModule, nodes: list) -> tuple[fx.GraphModule, list]:
     """`nodes` as a GraphModule of their own; its placeholders stand for the outside nodes that
     feed them (get_attr inputs become get_attr of the same parameters)."""
     inside = set(nodes)
@@ -460,7 +460,7 @@ def layer_name(nodes: list) -> str:
     return "+".join(labels)
 
 
-def _unique_name(gm: fx.GraphModule, name: str) -> str:
+def unique_name(gm: fx.GraphModule, name: str) -> str:
     taken = gm.meta.get(_NAMES)
     if taken is None:
         taken = gm.meta[_NAMES] = {n.meta[meta.REWRITE].layer for n in layers(gm)}

@@ -38,7 +38,7 @@ def loop_counts(sass_text: str) -> tuple[collections.Counter, int]:
     return collections.Counter(body), len(body)
 
 
-def build(cfg: triton.Config, wdtype, gated: bool, K: int = 4096, N: int = 4096) -> dict:
+def build(cfg: triton.Config, wdtype, gated: bool, K: int = 4096, N: int = 4096, norm: bool = False) -> dict:
     from accelc.kernels import gemm
 
     kw = cfg.all_kwargs()
@@ -49,7 +49,7 @@ def build(cfg: triton.Config, wdtype, gated: bool, K: int = 4096, N: int = 4096)
     res = out
     compiled = gemm.gemv_kernel.warmup(
         x, w, None, res, out, scale, 1, N, K, out.shape[1], K, 1, K, 1, out.shape[1], 1, out.shape[1], 1,
-        HAS_BIAS=False, HAS_RESIDUAL=not gated, RESIDUAL_FIRST=False, ACTIVATION=0, FAST_MATH=False, GATED=gated,
+        torch.empty(K, dtype=torch.float16), 1e-6, NORM=norm, HAS_BIAS=False, HAS_RESIDUAL=not gated, RESIDUAL_FIRST=False, ACTIVATION=0, FAST_MATH=False, GATED=gated,
         EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=wdtype == torch.int8, BLOCK_M=1, BLOCK_N=kw["BLOCK_N"],
         BLOCK_K=kw["BLOCK_K"], FLAT=kw.get("FLAT", False), num_warps=kw["num_warps"], num_stages=1, grid=(1,))
     text, usage = sass_and_usage(compiled)
@@ -73,18 +73,20 @@ def main() -> int:
             kw = cfg.kwargs
             if kw["BLOCK_M"] != 1:
                 continue
-            for gated in (False, True):
+            for gated, norm in ((False, False), (True, False), (False, True), (True, True)):
                 if gated and kw["BLOCK_N"] < 2 * gemm.GATE_GROUP:
                     continue
-                row = build(cfg, wdtype, gated)
+                row = build(cfg, wdtype, gated, norm=norm)
                 name = ("flat " if kw.get("FLAT") else "") + f"1x{kw['BLOCK_N']}x{kw['BLOCK_K']}, {cfg.num_warps} warps"
-                cells = [str(wdtype).split(".")[-1], "gated" if gated else "linear + residual", name,
+                layer = ("gated" if gated else "linear + residual") + (", RMSNorm before" if norm else "")
+                cells = [str(wdtype).split(".")[-1], layer, name,
                          row["registers"], row["loop_instructions"], *(row[k] for k in KINDS)]
                 lines.append("| " + " | ".join(str(c) for c in cells) + " |")
                 print(lines[-1], flush=True)
     text = (f"# gemv_kernel's one-row candidates in SASS (sm90, triton {triton.__version__}, compiled without a GPU)\n\n"
             "K = N = 4096, fp16 x; counts of the K loop's instructions (the longest region a backward branch "
-            "closes) by kind; LDS counts LDS and LDSM.\n\n" + "\n".join(lines) + "\n")
+            "closes) by kind; LDS counts LDS and LDSM. 'RMSNorm before': the norm before the projection in the K loop "
+            "(gemv_kernel's NORM).\n\n" + "\n".join(lines) + "\n")
     if args.out:
         path = Path(args.out) / f"gemv_sass-sm90-triton{triton.__version__}.md"
         path.write_text(text)

@@ -102,24 +102,27 @@ def why_unsupported_packed(x, weight, bias, n: int, activation: str) -> str | No
 _CHECKED: set = set()
 
 
-def gated_linear_launch(x, weight, bias, n, activation="silu", allow_tf32=False):
-    """Checks, allocates, launches. x (..., K), packed weight / bias -> (..., n) in x's dtype."""
+def gated_linear_launch(x, weight, bias, n, activation="silu", allow_tf32=False, norm_weight=None, norm_eps=None):
+    """Checks, allocates, launches. x (..., K), packed weight / bias -> (..., n) in x's dtype; norm_weight /
+    norm_eps: x's rows RMS-normalized first (gemm.normed_rows)."""
     sig = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
-           None if bias is None else (bias.shape, bias.dtype, bias.device), n, activation)
-    check_once(_CHECKED, sig, lambda: why_unsupported_packed(x, weight, bias, n, activation), "gated_linear")
+           None if bias is None else (bias.shape, bias.dtype, bias.device), n, activation, norm_eps is None)
+    check_once(_CHECKED, sig, lambda: why_unsupported_packed(x, weight, bias, n, activation)
+               or gemm.norm_problem(x, norm_weight, norm_eps), "gated_linear")
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     if x2.shape[0] > 0:
-        gemm.launch(x2, weight, bias, None, out, activation, False, allow_tf32, tuner=TUNER, gated=True)
+        x2, norm = gemm.normed_rows(x2, norm_weight, norm_eps)
+        gemm.launch(x2, weight, bias, None, out, activation, False, allow_tf32, tuner=TUNER, gated=True, norm=norm)
     return out.reshape(*x.shape[:-1], n)
 
 
-def gated_linear_ref(x, weight, bias, n, activation="silu", allow_tf32=False):
+def gated_linear_ref(x, weight, bias, n, activation="silu", allow_tf32=False, norm_weight=None, norm_eps=None):
     """Pure-PyTorch reference on the packed operands: fp32 (fp64 for fp64) math, result in x's dtype."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     wg, wu, bg, bu = unpack(weight.to(acc), bias.to(acc) if bias is not None else None, n)
-    xf = x.to(acc)
+    xf = gemm.rms_normed_ref(x, norm_weight, norm_eps, acc)
     g = torch.nn.functional.linear(xf, wg, bg)
     u = torch.nn.functional.linear(xf, wu, bu)
     return (activation_ref(activation, g) * u).to(x.dtype)
@@ -127,17 +130,19 @@ def gated_linear_ref(x, weight, bias, n, activation="silu", allow_tf32=False):
 
 @torch.library.custom_op("accelc::gated_linear", mutates_args=())
 def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], n: int,
-                 activation: str = "silu", allow_tf32: bool = False) -> torch.Tensor:
-    """act(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up) on pack's operands: see the module docstring."""
-    reason = why_unsupported_packed(x, weight, bias, n, activation)
+                 activation: str = "silu", allow_tf32: bool = False, norm_weight: Optional[torch.Tensor] = None,
+                 norm_eps: Optional[float] = None) -> torch.Tensor:
+    """act(x @ w_gate^T + b_gate) * (x @ w_up^T + b_up) on pack's operands, x's rows first RMS-normalized where
+    norm_eps is given: see the module docstring."""
+    reason = why_unsupported_packed(x, weight, bias, n, activation) or gemm.norm_problem(x, norm_weight, norm_eps)
     if reason is not None:
         raise ValueError(f"accelc::gated_linear: {reason}")
     return runtime.launch_or_fallback("gated_linear", x.device, gated_linear_launch, gated_linear_ref, x, weight,
-                                      bias, n, activation, allow_tf32)
+                                      bias, n, activation, allow_tf32, norm_weight, norm_eps)
 
 
 @gated_linear.register_fake
-def _(x, weight, bias, n, activation="silu", allow_tf32=False):
+def _(x, weight, bias, n, activation="silu", allow_tf32=False, norm_weight=None, norm_eps=None):
     return x.new_empty((*x.shape[:-1], n))
 
 

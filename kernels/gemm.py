@@ -206,11 +206,11 @@ def weight_f32(b, W_SCALED: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])  # sizes that follow the batch or length: one binary for every size
 def gemv_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on, norm_ptr, norm_eps,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
     FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-    FLAT: tl.constexpr = False,
+    FLAT: tl.constexpr = False, NORM: tl.constexpr = False,
 ):
     """linear_kernel's op for a few rows (a decode step's M = 1-8): memory-bound, so no tensor
     cores and no tiles of padding rows. One program per BLOCK_N output channels (x BLOCK_M rows)
@@ -220,12 +220,16 @@ def gemv_kernel(
     Same epilogue (bias, activation, residual, gating) and wrapped-index loads as linear_kernel;
     W_SCALED: an int8 weight (weight-only int8), its products scaled by w_scale per channel.
     PDL (kernels/pdl.py): the first weight block is loaded before waiting for the kernel that
-    writes x, the rest after. FLAT (one row, BLOCK_M = 1): see gemv_row."""
+    writes x, the rest after. FLAT (one row, BLOCK_M = 1): see gemv_row. NORM: x's rows first
+    RMS-normalized (weight norm_ptr (K,), eps norm_eps), the norm before the projection as one kernel:
+    each x value times its norm weight on load, the row's sum of squares taken in the same K loop, the
+    products scaled by rsqrt(mean + eps) at the end (linear_launch's norm_weight / norm_eps)."""
     if FLAT:
         gemv_row(x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
                  stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+                 norm_ptr, norm_eps,
                  HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH, GATED, EVEN_K, W_SCALED,
-                 BLOCK_N, BLOCK_K, PDL)
+                 BLOCK_N, BLOCK_K, PDL, NORM)
         return
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -239,18 +243,27 @@ def gemv_kernel(
     # the first K block peeled: its weights read before waiting for x's producer (PDL)
     b = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0)
     wait_for_producers(PDL)
-    a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
-    acc3 = a.to(tl.float32)[:, None, :] * weight_f32(b, W_SCALED)[None, :, :]
+    a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
+    ss = a * a                                                     # (NORM: the rows' squares, summed after)
+    if NORM:
+        a = a * tl.load(norm_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
+    acc3 = a[:, None, :] * weight_f32(b, W_SCALED)[None, :, :]
     x_ptrs += BLOCK_K * stride_xk
     w_ptrs += BLOCK_K * stride_wk
     for k in range(BLOCK_K, K, BLOCK_K):
         a, b = k_block(x_ptrs, w_ptrs, offs_k[None, :] < K - k, EVEN_K)
-        acc3 += a.to(tl.float32)[:, None, :] * weight_f32(b, W_SCALED)[None, :, :]
+        a = a.to(tl.float32)
+        if NORM:
+            ss += a * a
+            a = a * tl.load(norm_ptr + k + offs_k, mask=offs_k < K - k, other=0.0).to(tl.float32)[None, :]
+        acc3 += a[:, None, :] * weight_f32(b, W_SCALED)[None, :, :]
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     acc = tl.sum(acc3, axis=2)
     if W_SCALED:
         acc = acc * tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    if NORM:
+        acc = acc * tl.rsqrt(tl.sum(ss, axis=1) / K + norm_eps)[:, None]
     store_tile(acc, offs_m, offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
                stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
                ACTIVATION, FAST_MATH, GATED, False, BLOCK_M, BLOCK_N)
@@ -259,10 +272,10 @@ def gemv_kernel(
 @triton.jit
 def gemv_row(
     x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, w_scale_ptr, M, N, K, N_OUT,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on, norm_ptr, norm_eps,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
     FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr,
 ):
     """gemv_kernel for one row of x (program (pid_n, row)) in the weight block's own layout: a
     (BLOCK_N, BLOCK_K) accumulator, and x's BLOCK_K values loaded through pointers broadcast over
@@ -283,19 +296,32 @@ def gemv_row(
     w_k = (offs_k // 8) * 8 + offs_k % 8 if W_SCALED else offs_k
     w_ptrs = w_ptr + cols[:, None] * stride_wn + w_k[None, :] * stride_wk
     b = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0)     # before waiting for x's producer (PDL)
+    if NORM:    # (the norm weight, in x's layout as x's values: a constant, read before the wait too)
+        n_ptrs = tl.broadcast_to(norm_ptr + offs_k[None, :], (BLOCK_N, BLOCK_K))
+        nw = tl.load(n_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
     wait_for_producers(PDL)
-    a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0)
-    acc = a.to(tl.float32) * weight_f32(b, W_SCALED)
+    a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
+    ss = a * a                                  # (NORM: every lane's row the same x: the sum is x's, per lane)
+    if NORM:
+        a = a * nw
+    acc = a * weight_f32(b, W_SCALED)
     x_ptrs += BLOCK_K * stride_xk
     w_ptrs += BLOCK_K * stride_wk
     for k in range(BLOCK_K, K, BLOCK_K):
         a, b = k_block(x_ptrs, w_ptrs, offs_k[None, :] < K - k, EVEN_K)
-        acc += a.to(tl.float32) * weight_f32(b, W_SCALED)
+        a = a.to(tl.float32)
+        if NORM:
+            ss += a * a
+            n_ptrs += BLOCK_K
+            a = a * tl.load(n_ptrs, mask=offs_k[None, :] < K - k, other=0.0).to(tl.float32)
+        acc += a * weight_f32(b, W_SCALED)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     out = tl.sum(acc, axis=1)[None, :]
     if W_SCALED:
         out = out * tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    if NORM:
+        out = out * tl.rsqrt(tl.sum(ss, axis=1) / K + norm_eps)[None, :]
     store_tile(out, row + tl.arange(0, 1), offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
                stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
                ACTIVATION, FAST_MATH, GATED, False, 1, BLOCK_N)
@@ -371,14 +397,49 @@ class Mode(enum.IntEnum):
 _CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
 
 
+def norm_problem(x, norm_weight, norm_eps) -> str | None:
+    """What is wrong with the RMSNorm an op takes before its projection (norm_weight (K,) in x's dtype, a number
+    eps), or None; None too where there is no norm (norm_eps None)."""
+    if norm_eps is None:
+        return None if norm_weight is None else "norm_weight given without norm_eps"
+    K = x.shape[-1]
+    if norm_weight is None or tuple(norm_weight.shape) != (K,) or norm_weight.dtype != x.dtype \
+            or norm_weight.device != x.device:
+        got = None if norm_weight is None else (tuple(norm_weight.shape), norm_weight.dtype, norm_weight.device)
+        return f"norm_weight must be ({K},) {x.dtype} on {x.device}, got {got}"
+    return None
+
+
+def normed_rows(x2, norm_weight, norm_eps):
+    """(x2 or its rows RMS-normalized, the norm launch takes in its K loop or None): rows up to GEMV_MAX_M go
+    normalized inside gemv_kernel; more rows through the norm kernel first (kernels/layernorm.py)."""
+    if norm_eps is None:
+        return x2, None
+    if x2.shape[0] <= GEMV_MAX_M:
+        return x2, (norm_weight, float(norm_eps))
+    from accelc.kernels.layernorm import rms_norm_launch
+    return rms_norm_launch(x2, norm_weight, None, float(norm_eps)), None
+
+
+def rms_normed_ref(x, norm_weight, norm_eps, acc_dtype):
+    """x in acc_dtype, RMS-normalized where norm_eps is given (the statistics and the weight in acc_dtype)."""
+    h = x.to(acc_dtype)
+    if norm_eps is None:
+        return h
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm_eps) * norm_weight.to(acc_dtype)
+
+
 def linear_launch(x, weight, bias=None, residual=None, activation="none",
-                  residual_first=False, allow_tf32=False):
+                  residual_first=False, allow_tf32=False, norm_weight=None, norm_eps=None):
     """Checks, allocates, launches. Shapes: x (..., K), weight (N, K) (any strides),
-    bias (N,), residual (..., N). Returns (..., N) in x.dtype."""
+    bias (N,), residual (..., N). Returns (..., N) in x.dtype. norm_weight (K,) and norm_eps: x's rows
+    RMS-normalized first (the norm before a projection: normed_rows)."""
     sig = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
            None if bias is None else (bias.shape, bias.dtype, bias.device),
-           None if residual is None else (residual.shape, residual.dtype, residual.device), activation)
-    check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, residual, activation), "linear")
+           None if residual is None else (residual.shape, residual.dtype, residual.device), activation,
+           norm_eps is None)
+    check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, residual, activation)
+               or norm_problem(x, norm_weight, norm_eps), "linear")
     K, N = x.shape[-1], weight.shape[0]
     residual = residual_as(residual, (*x.shape[:-1], N))
     x2 = x.reshape(-1, K)
@@ -386,20 +447,24 @@ def linear_launch(x, weight, bias=None, residual=None, activation="none",
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M > 0 and N > 0:
         res2 = residual.reshape(M, N) if residual is not None else None
-        launch(x2, weight, bias, res2, out, activation, residual_first, allow_tf32)
+        x2, norm = normed_rows(x2, norm_weight, norm_eps)
+        launch(x2, weight, bias, res2, out, activation, residual_first, allow_tf32, norm=norm)
     return out.reshape(*x.shape[:-1], N)
 
 
 def launch(x2, weight, bias, res2, out, activation="none", residual_first=False, allow_tf32=False,
-           config: triton.Config | None = None, scales=None, tuner: Tuner | None = None, gated: bool = False):
+           config: triton.Config | None = None, scales=None, tuner: Tuner | None = None, gated: bool = False,
+           norm: tuple | None = None):
     """Launch on checked 2-D operands: out (M, N) = epilogue(x2 (M, K) @ weight (N, K)^T).
     `config` overrides the tuner (bench/gemm_sweep.py). For int8 x2 and weight
     (kernels/int8_gemm.py): scales = (a_scale (M,), w_scale (N,)) fp32, and an int32 `out`
     receives the raw accumulators; `tuner` is then the int8 one. For float x2 and an int8 weight
     (weight-only int8, kernels/int8_weight.py): scales = (None, w_scale (N,) fp32). gated: weight (and bias) hold
     gate and up rows interleaved (kernels/gated_linear.py), out (M, N_OUT) = act(gate) * up, and
-    `tuner` is the gated one. A call signature seen before launches its compiled kernel directly
-    (accelc.tuning.CompiledCall)."""
+    `tuner` is the gated one. norm = (norm_weight (K,), eps): x2's rows RMS-normalized first, in
+    gemv_kernel's K loop (rows up to GEMV_MAX_M: its candidates only; linear_launch runs larger ones as
+    the norm kernel and the plain GEMM). A call signature seen before launches its compiled kernel
+    directly (accelc.tuning.CompiledCall)."""
     tuner = tuner or TUNER
     a_scale, w_scale = scales if scales is not None else (out, out)
     a_scale = a_scale if a_scale is not None else out
@@ -407,7 +472,10 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
     tensors = (x2, weight, bias if bias is not None else out, res, out, a_scale, w_scale)
     sig = (x2.shape, x2.stride(), weight.shape, weight.stride(), res.stride(), out.stride(), x2.dtype, out.dtype,
            bias is None, res2 is None, scales is None, activation, bool(residual_first), bool(allow_tf32),
-           bool(gated), x2.device, tuple(t.data_ptr() % 16 for t in tensors))
+           bool(gated), x2.device, tuple(t.data_ptr() % 16 for t in tensors),
+           None if norm is None else (norm[0].data_ptr(), norm[0].dtype, float(norm[1])))
+    if norm is not None:
+        tensors += (norm[0], float(norm[1]))
     known = tuner.calls.get(sig) if config is None else None
     with runtime.device_guard(x2):
         if known is not None:
@@ -432,7 +500,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
 
         # the Gluon kernels: float GEMMs, and W8A8's linear_ws_kernel (int8 or fp8 (N, K) weight, half output)
         gluon = (mode is Mode.FLOAT or mode in (Mode.W8A8, Mode.FP8) and not meta["W_T"]) and not gated and use_tma \
-            and gluon_problem(x2, res2, out, mode) is None
+            and norm is None and gluon_problem(x2, res2, out, mode) is None
         pdl = pdl_enabled(x2.device)
 
         def grid(kw):
@@ -451,7 +519,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                     ACTIVATION=meta["ACTIVATION"], FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
                     EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=mode is Mode.WEIGHT_INT8, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
                     BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
-                    FLAT=kw.get("FLAT", False), **({"PDL": True, "launch_pdl": True} if pdl else {}))
+                    FLAT=kw.get("FLAT", False), NORM=norm is not None,
+                    **({"PDL": True, "launch_pdl": True} if pdl else {}))
             if kw.get("COOP"):
                 return _hopper().linear_coop_kernel, dict(
                     HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
@@ -474,6 +543,8 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
                 raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
             if kw.get("GEMV") and mode not in (Mode.FLOAT, Mode.WEIGHT_INT8):
                 raise ValueError("accelc::linear: gemv_kernel takes float x")
+            if norm is not None and not kw.get("GEMV"):
+                raise ValueError("accelc::linear: the norm before the projection runs in gemv_kernel only")
             kernel, constexprs = plan(kw)
             launch_kernel(kernel, grid(kw), kernel_args(kw, tensors), constexprs)
 
@@ -481,9 +552,10 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             run(config)
             return
         # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
-        key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype) + (("gluon",) if gluon else ())
+        key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype) + (("gluon",) if gluon else ()) \
+            + (("norm",) if norm is not None else ())
         cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon, gemv=mode in (Mode.FLOAT, Mode.WEIGHT_INT8),
-                                   w8=mode is Mode.WEIGHT_INT8, gated=bool(gated)), run)
+                                   w8=mode is Mode.WEIGHT_INT8, gated=bool(gated), norm=norm is not None), run)
         kw = cfg.all_kwargs()
         kernel, constexprs = plan(kw)
         tuner.calls[sig] = (CompiledCall(kernel, grid(kw), kernel_args(kw, tensors), constexprs), kw)
@@ -521,11 +593,12 @@ def gluon_problem(x2, res2, out, mode: Mode = Mode.FLOAT) -> str | None:
 def kernel_args(kw, tensors) -> tuple:
     """linear_kernel's positional arguments for a config's kwargs and the operands: TMA
     descriptors (boxes: the config's tiles) where the config loads by TMA, else the tensors."""
-    x2, weight, bias, res, out, a_scale, w_scale = tensors
-    if kw.get("GEMV"):
+    x2, weight, bias, res, out, a_scale, w_scale = tensors[:7]
+    if kw.get("GEMV"):    # (and the norm's weight and eps: launch's norm; out and 0 stand in without one)
+        norm_w, eps = tensors[7:] if len(tensors) > 7 else (out, 0.0)
         return (x2, weight, bias, res, out, w_scale, x2.shape[0], weight.shape[0], x2.shape[1], out.shape[1],
                 x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
-                res.stride(0), res.stride(1), out.stride(0), out.stride(1))
+                res.stride(0), res.stride(1), out.stride(0), out.stride(1), norm_w, eps)
     if kw.get("COOP"):
         descs = _hopper().coop_descriptors(x2, weight, None if res is out else res, out, kw["BN1"], kw["BN2"],
                                            kw["BLOCK_K"], weight.stride(1) != 1)
@@ -549,10 +622,10 @@ def kernel_args(kw, tensors) -> tuple:
 
 
 def linear_ref(x, weight, bias=None, residual=None, activation="none", residual_first=False,
-               allow_tf32=False):
+               allow_tf32=False, norm_weight=None, norm_eps=None):
     """Pure-PyTorch reference: fp32 (fp64 for fp64 inputs) math, result in x.dtype."""
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    acc = torch.matmul(x.to(acc_dtype), weight.to(acc_dtype).t())
+    acc = torch.matmul(rms_normed_ref(x, norm_weight, norm_eps, acc_dtype), weight.to(acc_dtype).t())
     bias = bias.to(acc_dtype) if bias is not None else None
     residual = residual.to(acc_dtype) if residual is not None else None
     return epilogue_ref(acc, bias, residual, activation, residual_first).to(x.dtype)
@@ -561,15 +634,19 @@ def linear_ref(x, weight, bias=None, residual=None, activation="none", residual_
 @torch.library.custom_op("accelc::linear", mutates_args=())
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            residual: Optional[torch.Tensor] = None, activation: str = "none",
-           residual_first: bool = False, allow_tf32: bool = False) -> torch.Tensor:
-    """act(x @ weight^T + bias) (+ residual): see the module docstring."""
+           residual_first: bool = False, allow_tf32: bool = False, norm_weight: Optional[torch.Tensor] = None,
+           norm_eps: Optional[float] = None) -> torch.Tensor:
+    """act(x @ weight^T + bias) (+ residual), x's rows first RMS-normalized where norm_eps is given: see the
+    module docstring."""
     return runtime.launch_or_fallback("linear", x.device, linear_launch, linear_ref, x, weight, bias, residual,
-                                      activation, residual_first, allow_tf32)
+                                      activation, residual_first, allow_tf32, norm_weight, norm_eps)
 
 
 @linear.register_fake
-def _(x, weight, bias=None, residual=None, activation="none", residual_first=False, allow_tf32=False):
+def _(x, weight, bias=None, residual=None, activation="none", residual_first=False, allow_tf32=False,
+      norm_weight=None, norm_eps=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-__all__ = ["ACTIVATIONS", "linear", "linear_launch", "linear_ref", "why_unsupported"]
+__all__ = ["ACTIVATIONS", "linear", "linear_launch", "linear_ref", "norm_problem", "normed_rows", "rms_normed_ref",
+           "why_unsupported"]

@@ -163,9 +163,12 @@ def prune_configs(configs, sizes):
     configs = [c for c in configs if not c.kwargs.get("GEMV")]
     if m <= GEMV_MAX_M and sizes.get("gemv", True):
         # the rows' own power of two; gated tiles pair GATE_GROUP gate and up columns
-        configs += [c for c in gemv if c.kwargs["BLOCK_M"] == triton.next_power_of_2(max(1, m))
-                    and (not sizes.get("gated") or c.kwargs["BLOCK_N"] >= 2 * GATE_GROUP)
-                    and (id(c) not in _INT8_ONLY or sizes.get("w8"))]
+        gemv = [c for c in gemv if c.kwargs["BLOCK_M"] == triton.next_power_of_2(max(1, m))
+                and (not sizes.get("gated") or c.kwargs["BLOCK_N"] >= 2 * GATE_GROUP)
+                and (id(c) not in _INT8_ONLY or sizes.get("w8"))]
+        if sizes.get("norm"):    # a norm before the projection: gemv_kernel's K loop takes it, no tile does
+            return gemv or [interpreter_config(sizes)]
+        configs += gemv
     if m <= 32:
         keep = [c for c in configs if c.kwargs["BLOCK_M"] <= 32]
     elif m <= 128:
@@ -184,7 +187,9 @@ def prune_configs(configs, sizes):
 
 def default_config(sizes) -> triton.Config:
     """The config used without tuning (ACCELC_AUTOTUNE=0): modest tiles that fit in shared
-    memory for every dtype."""
+    memory for every dtype (gemv_kernel's where a norm comes before the projection: only it takes one)."""
+    if sizes.get("norm"):
+        return interpreter_config(sizes)
     if sizes["M"] <= 32:
         return config(16, 32, 256, 3, 4, tma=False, flatten=False)
     return config(64, 128, 64, 3 if sizes["dtype"] == torch.float32 else 4, 4, tma=sizes["tma"])

@@ -260,7 +260,7 @@ def _cast(g: fx.Graph, n: fx.Node, dtype: torch.dtype) -> fx.Node:
     return cast
 
 
-def _computes_rms_norm(x, weight, eps, out, chain) -> bool:
+def computes_rms_norm(x, weight, eps, out, chain) -> bool:
     """The chain's shape matched; confirm what it computes: run on random x (and weight) in their
     dtypes against F.rms_norm's arithmetic (statistics in fp32), within two roundings of x's dtype."""
     order = {n: i for i, n in enumerate(out.graph.nodes)}
@@ -287,7 +287,7 @@ def fold_written_rms_norms(gm: fx.GraphModule, ctx) -> None:
         if r.graph is not g or meta.op_name(r) != "rsqrt":
             continue
         found = written_rms_norm(r)
-        if found is None or not _computes_rms_norm(*found):
+        if found is None or not computes_rms_norm(*found):
             continue
         x, weight, eps, out, chain = found
         dtype = meta.tensor_meta(x).dtype

@@ -30,6 +30,18 @@ def _seed():
 REL_FLOOR = {**REL_L2_FLOOR, torch.float32: 1e-6}
 
 
+class CausalLogits(torch.nn.Module):
+    """A causal LM called on its ids alone, returning its logits without a cache: what tests optimize as a plain
+    model (tests/test_fp8.py, tests/test_norm_linear.py)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(ids, use_cache=False).logits
+
+
 def assert_close_to_ref(out, ref, eager, dtype, atol, rtol):
     """out / eager: the kernel's and eager PyTorch's results in `dtype`; ref: the same math in
     fp64. The kernel must be within (atol, rtol) of ref elementwise, and its relative L2 error

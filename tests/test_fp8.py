@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import accelc
 from accelc.kernels import fp8_weight, gated_linear
 from accelc.numerics import rel_l2, sqnr_db
-from conftest import DEVICE
+from conftest import DEVICE, CausalLogits
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}   # rel. L2 vs the fp64 reference
 # Hopper's fp8 tensor-core products accumulate with about 14 mantissa bits (fast accumulation, as cuBLAS's
@@ -122,26 +122,19 @@ def test_fp8_weights_on_every_linear_and_gated_layer_judged_by_sqnr_and_generati
     assert out.shape == (2, 14)
     step = [r.kernel for r in opt.step.layers if r.status == "rewritten"]      # the decode step's too
     assert any(k.startswith("accelc::gated_linear_fp8w") for k in step), step
-    plain = accelc.optimize(_Logits(lm), (ids,), config=accelc.OptimizeConfig(fp8=True))
+    plain = accelc.optimize(CausalLogits(lm), (ids,), config=accelc.OptimizeConfig(fp8=True))
     accelc.save(plain, tmp_path / "fp8.pt2")
     back = accelc.load(tmp_path / "fp8.pt2")
     with torch.no_grad():
-        assert torch.equal(back(ids), plain(ids))
-
-
-class _Logits(torch.nn.Module):
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids):
-        return self.lm(ids, use_cache=False).logits
+        # (the same fp8 weights read back; on a GPU the loaded program's glue is not the optimized module's
+        # Inductor code, so the sums may round apart in the last bits)
+        assert rel_l2(back(ids), plain(ids)) < 1e-5
 
 
 def test_a_layer_under_the_floor_goes_back_to_its_float_kernel_and_says_so():
     lm = _tiny_llama()
     ids = torch.randint(1, 100, (2, 8), device=DEVICE)
-    opt = accelc.optimize(_Logits(lm), (ids,), config=accelc.OptimizeConfig(
+    opt = accelc.optimize(CausalLogits(lm), (ids,), config=accelc.OptimizeConfig(
         fp8=accelc.Fp8Config(skip_first_last=False, sqnr_floor=90)))
     demoted = [r for r in opt.layers if "fp8 SQNR" in r.reason]
     assert demoted and all("under the floor 90 dB" in r.reason and "float kernel instead" in r.reason
@@ -305,7 +298,7 @@ def test_fp8_weights_and_activations_on_a_gated_mlp():
                                                         only_if_faster=False), only_if_faster=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        opt = accelc.optimize(_Logits(lm), (ids,), config=config)
+        opt = accelc.optimize(CausalLogits(lm), (ids,), config=config)
     kernels = [r.kernel for r in opt.layers if r.status == "rewritten"]
     assert any(k.startswith("accelc::gated_linear_fp8[") for k in kernels), kernels
     assert any(k.startswith("accelc::linear_fp8") and "fp8w" not in k for k in kernels), kernels
@@ -313,4 +306,4 @@ def test_fp8_weights_and_activations_on_a_gated_mlp():
     assert all(r.sqnr_db > 20 for r in fp8), [(r.name, r.sqnr_db) for r in fp8]
     assert f"fp8: {len(fp8)} layer(s)" in opt.summary(), opt.summary()
     with torch.no_grad():
-        assert rel_l2(opt(ids).double(), _Logits(lm)(ids).double()) < 1e-1
+        assert rel_l2(opt(ids).double(), CausalLogits(lm)(ids).double()) < 1e-1

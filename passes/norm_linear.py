@@ -1,0 +1,171 @@
+"""norm_linear: an RMSNorm read only by one float linear or gated layer, taken into that layer as the norm
+before its projection (accelc::linear / accelc::gated_linear with norm_weight and norm_eps).
+
+A decoder block's two norms (Llama, Mistral, Qwen: `input_layernorm` before q / k / v, `post_attention_layernorm`
+before the gated MLP) each feed one projection. In a decode step each was a kernel of its own between two GEMVs:
+here gemv_kernel multiplies each x value by its norm weight as it loads it and sums the squares in the same K
+loop, scaling the products by rsqrt(mean + eps) at the end, and the norm's kernel and its launch are gone. Rows
+past gemv_kernel's (a prompt) run the norm kernel and the GEMM, as before (kernels/gemm.py: normed_rows).
+
+The norm is found as the norms pass leaves it: written out (HF's `w * (h * rsqrt(h.pow(2).mean(-1) + eps))
+.to(dtype)`, under Inductor glue), as F.rms_norm, or as its accelc::rms_norm layer (eager glue), with a constant
+weight (or none) in x's dtype and no residual add of its own. The new layer's original is the norm's nodes and
+the projection's original together, which the guard checks and races as one layer (reverted, both go back).
+
+Runs last: the float layers the passes before left; an int8 or fp8 layer quantizes its normalized input and keeps
+its norm.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from accelc import meta
+from accelc.capture import erase_dead
+from accelc.meta import attr_value
+from accelc.passes.norms import RMS_NORM, computes_rms_norm, written_rms_norm
+from accelc.records import Rewrite
+from accelc.rewrite import Pass, add_constant, extract, layers, register_layer, replace_uses, unique_name
+
+LINEAR = torch.ops.accelc.linear.default
+GATED = torch.ops.accelc.gated_linear.default
+NOTE = "the RMSNorm before it taken in: a decode step's rows normalized in the GEMV's K loop, no kernel of its own"
+
+
+def _norm_of(x: fx.Node):
+    """(the norm's input, its weight node or None, eps, the nodes that compute it or None, its rewritten layer or
+    None) where `x` is an RMSNorm's output (see the module docstring), else None."""
+    if x.op != "call_function":
+        return None
+    if x.target is RMS_NORM and meta.rewrite_of(x) is not None:       # its layer under eager glue
+        h, weight, residual, eps = (list(x.args) + [None, None, 1e-6])[:4]
+        eps = x.kwargs.get("eps", eps)
+        return None if residual is not None or x.kwargs.get("residual") is not None else (h, weight, eps, None, x)
+    if x.target is F.rms_norm:
+        h, _, weight, eps = (list(x.args) + [None, None])[:4]
+        return h, weight, eps, [x], None
+    rsqrts = [n for n in _ancestors(x, 8) if meta.op_name(n) == "rsqrt"]
+    for r in rsqrts:
+        found = written_rms_norm(r)
+        if found is not None and found[3] is x and computes_rms_norm(*found):
+            h, weight, eps, out, chain = found
+            return h, weight, eps, list(chain), None
+    return None
+
+
+def _ancestors(n: fx.Node, depth: int) -> list:
+    seen, frontier = [], [n]
+    for _ in range(depth):
+        frontier = [a for f in frontier for a in f.all_input_nodes if a not in seen]
+        seen += frontier
+    return seen
+
+
+def _why_not(gm, n: fx.Node, found) -> str | None:
+    h, weight, eps, _, _ = found
+    x = n.args[0]
+    read = [a for a in (*n.args, *n.kwargs.values()) if a is x]
+    if len(x.users) != 1 or len(read) != 1:       # (the layer's own residual is another reader)
+        return "its input's RMSNorm has other readers"
+    if not isinstance(eps, (int, float)):
+        return "its input's RMSNorm has no constant eps"
+    dtype = meta.tensor_meta(h).dtype if meta.tensor_meta(h) is not None else None
+    if dtype is None or dtype != meta.tensor_meta(x).dtype:
+        return "its input's RMSNorm changes the dtype"
+    if weight is not None and (weight.op != "get_attr" or attr_value(gm, weight).dtype != dtype):
+        return "its input's RMSNorm weight is computed or of another dtype"
+    return None
+
+
+def _inline(g: fx.Graph, sub: fx.GraphModule, args: list):
+    """sub's nodes copied into g, its placeholders taking `args` in order; the value it returns."""
+    env, it = {}, iter(args)
+    for node in sub.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(it)
+        elif node.op == "output":
+            return fx.map_arg(node.args[0], env.__getitem__)
+        else:
+            env[node] = g.node_copy(node, env.__getitem__)
+            env[node].meta.update(node.meta)
+    raise AssertionError("a layer's original without an output")
+
+
+def _composed(gm, norm_part, rw: Rewrite, link: fx.Node) -> tuple[fx.GraphModule, list]:
+    """The original of the norm and the projection as one layer: norm_part (the norm's nodes, or its rewritten
+    layer's Rewrite) then rw's original, its input `link` (the norm's output) taken from the first part."""
+    g, inputs, holders = fx.Graph(), [], {}
+
+    def holder(node):
+        if node not in holders:
+            holders[node] = g.placeholder(f"in{len(inputs)}")
+            holders[node].meta.update(node.meta)
+            inputs.append(node)
+        return holders[node]
+    if isinstance(norm_part, Rewrite):
+        first, first_inputs = norm_part.original, norm_part.inputs
+    else:       # (extract takes its nodes in graph order)
+        order = {node: i for i, node in enumerate(gm.graph.nodes)}
+        first, first_inputs = extract(gm, sorted(norm_part, key=order.__getitem__))
+    # (placeholders first: the graph reads its inputs before any node)
+    args = [holder(i) for i in first_inputs]
+    rest = [holder(i) for i in rw.inputs if i is not link]
+    normed = _inline(g, first, args)
+    it = iter(rest)
+    out = _inline(g, rw.original, [normed if i is link else next(it) for i in rw.inputs])
+    g.output(out)
+    return fx.GraphModule(gm, g, class_name="OriginalLayer"), inputs
+
+
+def _take(gm, n: fx.Node, found) -> fx.Node:
+    h, weight, eps, chain, norm_layer = found
+    rw, x = meta.rewrite_of(n), n.args[0]
+    norm_part = meta.rewrite_of(norm_layer) if norm_layer is not None else chain
+    original, inputs = _composed(gm, norm_part, rw, x)
+    aux = list(rw.aux)
+    if weight is None:
+        k = meta.tensor_meta(h).shape[-1]
+        weight = add_constant(gm, rw.layer.replace(".", "_").replace("+", "_") + "_norm_ones",
+                              torch.ones(k, dtype=meta.tensor_meta(h).dtype), before=n)
+        aux.append(weight)
+    g = gm.graph
+    with g.inserting_before(n):
+        new = g.call_function(n.target, (h, *n.args[1:]), {**n.kwargs, "norm_weight": weight, "norm_eps": float(eps)})
+    new.meta.update({k: v for k, v in n.meta.items() if k != meta.REWRITE})
+    norm_name = norm_layer is not None and meta.rewrite_of(norm_layer).layer or meta.path(x) or "rms_norm"
+    register_layer(gm, new, Rewrite(
+        layer=unique_name(gm, _joined(norm_name, rw.layer)), kind=rw.kind, kernel=rw.kernel.replace("accelc::",
+                                                                                                 "accelc::rms_norm+"),
+        original=original, inputs=inputs, aux=aux, note=NOTE, weight_bytes=rw.weight_bytes))
+    replace_uses(gm, n, new)
+    g.erase_node(n)
+    erase_dead([norm_layer] if norm_layer is not None else chain)
+    return new
+
+
+def _joined(norm: str, layer: str) -> str:
+    """The fused layer's name: the norm's, then the projection's past their common parent module
+    (blocks.0.norm1+attn.qkv, not blocks.0.norm1+blocks.0.attn.qkv)."""
+    parent = norm.rpartition(".")[0]
+    return f"{norm}+{layer[len(parent) + 1:] if parent and layer.startswith(parent + '.') else layer}"
+
+
+def _transform(gm: fx.GraphModule, ctx) -> int:
+    count = 0
+    for n in [n for n in layers(gm) if n.target in (LINEAR, GATED)]:
+        if n.kwargs.get("norm_eps") is not None or not isinstance(n.args[0], fx.Node):
+            continue
+        found = _norm_of(n.args[0])
+        if found is None:
+            continue
+        reason = _why_not(gm, n, found)
+        if reason:
+            meta.explain(n, f"norm not taken in: {reason}")
+            continue
+        _take(gm, n, found)
+        count += 1
+    return count
+
+
+PASS = Pass("norm_linear", transform=_transform)

@@ -1,0 +1,153 @@
+"""The RMSNorm before a projection taken into it (passes/norm_linear.py, accelc::linear / gated_linear's
+norm_weight and norm_eps): the kernels against their references (gemv_kernel's K loop for a decode step's rows,
+both of its forms; the norm kernel then the GEMM for more rows), the pass on a tiny Llama (the norm as accelc's
+layer under eager glue, and written out as HF writes it), generation, a wrong fused kernel reverted, and a norm
+with another reader left alone."""
+import warnings
+
+import pytest
+import torch
+
+import accelc
+from accelc.kernels import gated_linear, gemm
+from accelc.numerics import rel_l2
+from conftest import DEVICE, CausalLogits
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3, 13])
+def test_the_norm_before_a_projection_matches_its_reference(dtype, m):
+    """x's rows RMS-normalized (weight, eps) before act(x @ W^T + b) (+ residual), and before a gated pair: as
+    the fp64 reference, K not a multiple of the block; m = 13 past gemv_kernel's rows (the norm kernel first)."""
+    torch.manual_seed(m)
+    k, n = 200, 72
+    x = torch.randn(m, k, device=DEVICE, dtype=dtype) * 3
+    w = (torch.randn(n, k, device=DEVICE) / k ** 0.5).to(dtype)
+    nw = (1 + 0.1 * torch.randn(k, device=DEVICE)).to(dtype)
+    b = torch.randn(n, device=DEVICE, dtype=dtype)
+    r = torch.randn(m, n, device=DEVICE, dtype=dtype)
+    out = torch.ops.accelc.linear(x, w, b, r, "gelu", norm_weight=nw, norm_eps=1e-5)
+    ref = gemm.linear_ref(x.double(), w.double(), b.double(), r.double(), "gelu", norm_weight=nw.double(),
+                          norm_eps=1e-5)
+    assert rel_l2(out, ref) <= TOL[dtype], rel_l2(out, ref)
+    h = x.double()
+    by_hand = torch.nn.functional.gelu((h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double())
+                                       @ w.double().t() + b.double()) + r.double()
+    assert rel_l2(ref, by_hand) < 1e-12
+    packed, pb = gated_linear.pack(w[:36], w[36:], b[:36], None)
+    g = torch.ops.accelc.gated_linear(x, packed, pb, 36, "silu", norm_weight=nw, norm_eps=1e-5)
+    gref = gated_linear.gated_linear_ref(x.double(), packed.double(), pb.double(), 36, "silu",
+                                         norm_weight=nw.double(), norm_eps=1e-5)
+    assert rel_l2(g, gref) <= TOL[dtype], rel_l2(g, gref)
+
+
+def test_both_gemv_forms_take_the_norm_and_only_they_do():
+    """gemv_kernel's one-row form (gemv_row) and its tiled form each take the norm; a tile config is refused
+    one; bad norm operands are refused in one line."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 200, device=DEVICE) * 2
+    w = torch.randn(72, 200, device=DEVICE) / 200 ** 0.5
+    nw = 1 + 0.1 * torch.randn(200, device=DEVICE)
+    ref = gemm.linear_ref(x.double(), w.double(), norm_weight=nw.double(), norm_eps=1e-6)
+    flat = [c for c in gemm.GEMV_FLAT_CONFIGS if c.kwargs["BLOCK_M"] == 1][:1]
+    tiled = [c for c in gemm.GEMV_CONFIGS if c.kwargs["BLOCK_M"] == 1 and not c.kwargs.get("FLAT")][:1]
+    assert flat and tiled
+    for cfg in flat + tiled:
+        out = torch.empty(1, 72, device=DEVICE)
+        gemm.launch(x, w, None, None, out, config=cfg, norm=(nw, 1e-6))
+        assert rel_l2(out, ref) < 1e-5, cfg
+    with pytest.raises(ValueError, match="the norm before the projection runs in gemv_kernel only"):
+        gemm.launch(x, w, None, None, torch.empty(1, 72, device=DEVICE), config=gemm.default_config(
+            dict(M=64, N=72, K=200, dtype=torch.float32, tma=False)), norm=(nw, 1e-6))
+    with pytest.raises(ValueError, match=r"norm_weight must be \(200,\) torch.float32"):
+        gemm.linear_launch(x, w, norm_weight=nw[:10], norm_eps=1e-6)
+    with pytest.raises(ValueError, match="norm_weight given without norm_eps"):
+        gemm.linear_launch(x, w, norm_weight=nw)
+
+
+def _tiny_llama(layers=2):
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                                                num_key_value_heads=1, intermediate_size=64, vocab_size=100,
+                                                max_position_embeddings=64)).to(DEVICE).eval()
+
+
+def _optimize(model, inputs, **config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return accelc.optimize(model, inputs, config=accelc.OptimizeConfig(**config))
+
+
+@pytest.mark.parametrize("norms_pass", [True, False])
+def test_a_llama_blocks_norms_go_into_their_projections(norms_pass):
+    """Each block's two RMSNorms taken into q / k / v and the gated MLP (the norm as accelc's layer under eager
+    glue, or written out as HF writes it where the norms pass is off); the logits as the model's; the final
+    norm, which the head reads through a slice, left as it was; passes without norm_linear: none taken."""
+    lm = _tiny_llama()
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    passes = tuple(p for p in accelc.config.PASS_NAMES if norms_pass or p != "norms")
+    opt = _optimize(CausalLogits(lm), (ids,), passes=passes)
+    fused = [r for r in opt.layers if r.kernel.startswith("accelc::rms_norm+")]
+    assert [r.kernel for r in fused] == ["accelc::rms_norm+linear", "accelc::rms_norm+gated_linear[silu]"] * 2, \
+        [(r.name, r.kernel) for r in opt.layers]
+    assert all(r.status == "rewritten" for r in fused)
+    assert fused[0].name == "lm.model.layers.0.input_layernorm+self_attn.q_proj+k_proj+v_proj", fused[0].name
+    with torch.no_grad():
+        assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-5
+    plain = _optimize(CausalLogits(lm), (ids,), passes=tuple(p for p in passes if p != "norm_linear"))
+    assert not any(r.kernel.startswith("accelc::rms_norm+") for r in plain.layers)
+
+
+def test_generation_runs_the_norms_inside_its_gemvs():
+    """The decode step's projections take their norms (gemv_kernel's rows); greedy tokens as HF's."""
+    lm = _tiny_llama()
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    mask = torch.ones_like(ids)
+    opt = _optimize(lm, {"input_ids": ids, "attention_mask": mask}, max_cache_len=24)
+    step = [r.kernel for r in opt.step.layers if r.status == "rewritten"]
+    assert step.count("accelc::rms_norm+linear") == 2 and step.count("accelc::rms_norm+gated_linear[silu]") == 2, step
+    with torch.no_grad():
+        got = opt.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        want = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+
+def test_a_wrong_fused_kernel_is_reverted_to_the_norm_and_projection(monkeypatch):
+    """The guard checks the fused layer against the norm and the projection together: a kernel that skips the
+    norm is caught, and the reverted layer (both back as PyTorch) gives the model's numbers."""
+    monkeypatch.setenv("ACCELC_REUSE", "0")
+    monkeypatch.setattr(gemm, "normed_rows", lambda x2, w, eps: (x2, None))
+    lm = _tiny_llama(layers=1)
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    opt = _optimize(CausalLogits(lm), (ids,))
+    fused = [r for r in opt.layers if r.kernel.startswith("accelc::rms_norm+")]
+    assert len(fused) == 2 and all(r.status == "reverted" and "over tolerance" in r.reason for r in fused), \
+        [(r.name, r.status, r.reason) for r in opt.layers]
+    with torch.no_grad():
+        assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-5
+
+
+class _NormReadTwice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(32, eps=1e-6)
+        self.proj = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return self.proj(y) + y
+
+
+def test_a_norm_with_another_reader_stays_apart():
+    torch.manual_seed(0)
+    model = _NormReadTwice().to(DEVICE).eval()
+    x = torch.randn(4, 32, device=DEVICE)
+    opt = _optimize(model, (x,))
+    assert not any(r.kernel.startswith("accelc::rms_norm+") for r in opt.layers), [r.kernel for r in opt.layers]
+    with torch.no_grad():
+        assert rel_l2(opt(x), model(x)) < 1e-5
