@@ -22,6 +22,8 @@ median of --rounds after one warm-up generate):
                     every linear and gated layer, lm_head included); its share of the limit counts
                     the fp16 bytes, as every side's does (so it may pass 100%);
   accelc_fp8w       the same with fp8 (e4m3) weights (Fp8Config(skip_first_last=False)).
+  accelc_norms_apart  accelc with the norm_linear pass off: each RMSNorm a kernel of its own, not taken into
+                    the projection after it (what that pass gives: accelc / this side).
 First-token logits: each side's generate(max_new_tokens=1, return_dict_in_generate=True,
 output_logits=True), relative L2 error against the model computed in fp32 on the same prompt (fp64 for
 the fp32 smoke), beside HF eager fp16's own error (the JSON row's eager_fp16_first_logits_rel_err_vs_fp32):
@@ -47,7 +49,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
-SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w", "accelc_fp8w"]   # int8 / fp8 weights
+SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w", "accelc_fp8w",   # int8 / fp8 weights
+         "accelc_norms_apart"]
 
 
 def configs(smoke: bool) -> dict:
@@ -187,7 +190,10 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                 else:
                     int8 = accelc.Int8Config(weights_only=True, skip_first_last=False) if side == "accelc_int8w" else False
                     fp8 = accelc.Fp8Config(skip_first_last=False) if side == "accelc_fp8w" else False
+                    passes = tuple(p for p in accelc.config.PASS_NAMES
+                                   if side != "accelc_norms_apart" or p != "norm_linear")
                     config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8, fp8=fp8,
+                                                   passes=passes,
                                                    kv_cache="paged" if side == "accelc_paged" else "static")
                     opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
                     gen = opt.generate
@@ -286,7 +292,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--sides", default=",".join(s for s in SIDES if s != "accelc_norms_apart"))   # (an A/B side)
     ap.add_argument("--ragged", action="store_true", help="prompts of random real lengths, left-padded")
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU, eager and accelc")
     ap.add_argument("--merge", action="store_true",
