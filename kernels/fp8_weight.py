@@ -44,42 +44,50 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return w_q.contiguous(), w_scale.contiguous()
 
 
-def linear_fp8w_launch(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
+def linear_fp8w_launch(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False,
+                       norm_weight=None, norm_eps=None):
     """Checks, allocates, launches. x (..., K), w_q (N, K) float8_e4m3fn, w_scale (N,) -> (..., N) in x.dtype."""
     return weight_only_launch(x, w_q, w_scale, bias, residual, activation, residual_first, TUNER, "linear_fp8w",
-                              DTYPE)
+                              DTYPE, norm_weight, norm_eps)
 
 
-def gated_linear_fp8w_launch(x, w_q, w_scale, bias, n, activation="silu"):
+def gated_linear_fp8w_launch(x, w_q, w_scale, bias, n, activation="silu", norm_weight=None, norm_eps=None):
     """Checks, allocates, launches: act(gate) * up (..., n) in x's dtype, w_q (2 Np, K) float8_e4m3fn interleaved
     as gated_linear.pack makes it, w_scale (2 Np,)."""
-    return gated_weight_only_launch(x, w_q, w_scale, bias, n, activation, GATED_TUNER, "gated_linear_fp8w", DTYPE)
+    return gated_weight_only_launch(x, w_q, w_scale, bias, n, activation, GATED_TUNER, "gated_linear_fp8w", DTYPE,
+                                    norm_weight, norm_eps)
 
 
 @torch.library.custom_op("accelc::linear_fp8w", mutates_args=())
 def linear_fp8w(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None, activation: str = "none",
-                residual_first: bool = False) -> torch.Tensor:
-    """act((x @ w_q^T) * w_scale + bias) (+ residual) with an fp8 weight: see the module docstring."""
+                residual_first: bool = False, norm_weight: Optional[torch.Tensor] = None,
+                norm_eps: Optional[float] = None) -> torch.Tensor:
+    """act((x @ w_q^T) * w_scale + bias) (+ residual) with an fp8 weight, x's rows first RMS-normalized where
+    norm_eps is given: see the module docstring."""
     return runtime.launch_or_fallback("linear_fp8w", x.device, linear_fp8w_launch, linear_fp8w_ref, x, w_q,
-                                      w_scale, bias, residual, activation, residual_first)
+                                      w_scale, bias, residual, activation, residual_first, norm_weight, norm_eps)
 
 
 @linear_fp8w.register_fake
-def _(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False):
+def _(x, w_q, w_scale, bias=None, residual=None, activation="none", residual_first=False, norm_weight=None,
+      norm_eps=None):
     return x.new_empty((*x.shape[:-1], w_q.shape[0]))
 
 
 @torch.library.custom_op("accelc::gated_linear_fp8w", mutates_args=())
 def gated_linear_fp8w(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
-                      n: int, activation: str = "silu") -> torch.Tensor:
-    """act(gate) * up with the gate and up weights in fp8: see the module docstring."""
+                      n: int, activation: str = "silu", norm_weight: Optional[torch.Tensor] = None,
+                      norm_eps: Optional[float] = None) -> torch.Tensor:
+    """act(gate) * up with the gate and up weights in fp8 (x's rows first RMS-normalized where norm_eps is
+    given): see the module docstring."""
     return runtime.launch_or_fallback("gated_linear_fp8w", x.device, gated_linear_fp8w_launch,
-                                      gated_linear_fp8w_ref, x, w_q, w_scale, bias, n, activation)
+                                      gated_linear_fp8w_ref, x, w_q, w_scale, bias, n, activation, norm_weight,
+                                      norm_eps)
 
 
 @gated_linear_fp8w.register_fake
-def _(x, w_q, w_scale, bias, n, activation="silu"):
+def _(x, w_q, w_scale, bias, n, activation="silu", norm_weight=None, norm_eps=None):
     return x.new_empty((*x.shape[:-1], n))
 
 

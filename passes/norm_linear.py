@@ -1,5 +1,5 @@
-"""norm_linear: an RMSNorm read only by one float linear or gated layer, taken into that layer as the norm
-before its projection (accelc::linear / accelc::gated_linear with norm_weight and norm_eps).
+"""norm_linear: an RMSNorm read only by one linear or gated layer, taken into that layer as the norm before its
+projection (accelc::linear / gated_linear, and their weight-only int8 / fp8 forms, with norm_weight and norm_eps).
 
 A decoder block's two norms (Llama, Mistral, Qwen: `input_layernorm` before q / k / v, `post_attention_layernorm`
 before the gated MLP) each feed one projection. In a decode step each was a kernel of its own between two GEMVs:
@@ -12,8 +12,9 @@ The norm is found as the norms pass leaves it: written out (HF's `w * (h * rsqrt
 weight (or none) in x's dtype and no residual add of its own. The new layer's original is the norm's nodes and
 the projection's original together, which the guard checks and races as one layer (reverted, both go back).
 
-Runs last: the float layers the passes before left; an int8 or fp8 layer quantizes its normalized input and keeps
-its norm.
+Runs last, on the layers the passes before left: float ones and those with one-byte weights and float activations
+(weight-only int8 / fp8: the same gemv_kernel); a layer whose activations are quantized (W8A8 int8, fp8 weights and
+activations) quantizes its normalized input and keeps its norm.
 """
 from __future__ import annotations
 
@@ -25,11 +26,15 @@ from accelc import meta
 from accelc.capture import erase_dead
 from accelc.meta import attr_value
 from accelc.passes.norms import RMS_NORM, computes_rms_norm, written_rms_norm
-from accelc.records import Rewrite
+from accelc.records import Fallback, Rewrite
 from accelc.rewrite import Pass, add_constant, extract, layers, register_layer, replace_uses, unique_name
 
 LINEAR = torch.ops.accelc.linear.default
 GATED = torch.ops.accelc.gated_linear.default
+# the layers that take a norm: float, and one-byte weights with float activations (the same gemv_kernel); a layer
+# whose activations are quantized (W8A8 int8, fp8) quantizes its normalized input and keeps its norm
+TAKES_NORM = (LINEAR, GATED, torch.ops.accelc.linear_w8a16.default, torch.ops.accelc.gated_linear_w8a16.default,
+              torch.ops.accelc.linear_fp8w.default, torch.ops.accelc.gated_linear_fp8w.default)
 NOTE = "the RMSNorm before it taken in: a decode step's rows normalized in the GEMV's K loop, no kernel of its own"
 
 
@@ -134,14 +139,25 @@ def _take(gm, n: fx.Node, found) -> fx.Node:
         new = g.call_function(n.target, (h, *n.args[1:]), {**n.kwargs, "norm_weight": weight, "norm_eps": float(eps)})
     new.meta.update({k: v for k, v in n.meta.items() if k != meta.REWRITE})
     norm_name = norm_layer is not None and meta.rewrite_of(norm_layer).layer or meta.path(x) or "rms_norm"
+    fb = rw.fallback      # (a one-byte weight's float call: takes the norm the same way)
+    if fb is not None:
+        fb = Fallback(fb.target, (h, *fb.args[1:]), {**fb.kwargs, "norm_weight": weight, "norm_eps": float(eps)},
+                      fb.kind, _taken(fb.kernel), fb.aux)
     register_layer(gm, new, Rewrite(
-        layer=unique_name(gm, _joined(norm_name, rw.layer)), kind=rw.kind, kernel=rw.kernel.replace("accelc::",
-                                                                                                 "accelc::rms_norm+"),
-        original=original, inputs=inputs, aux=aux, note=NOTE, weight_bytes=rw.weight_bytes))
+        layer=unique_name(gm, _joined(norm_name, rw.layer)), kind=rw.kind, kernel=_taken(rw.kernel),
+        original=original, inputs=inputs, aux=aux, fallback=fb, note=_note(rw.note), weight_bytes=rw.weight_bytes))
     replace_uses(gm, n, new)
     g.erase_node(n)
     erase_dead([norm_layer] if norm_layer is not None else chain)
     return new
+
+
+def _taken(kernel: str) -> str:
+    return kernel.replace("accelc::", "accelc::rms_norm+", 1)
+
+
+def _note(note: str) -> str:
+    return f"{note}; {NOTE}" if note else NOTE
 
 
 def _joined(norm: str, layer: str) -> str:
@@ -153,7 +169,7 @@ def _joined(norm: str, layer: str) -> str:
 
 def _transform(gm: fx.GraphModule, ctx) -> int:
     count = 0
-    for n in [n for n in layers(gm) if n.target in (LINEAR, GATED)]:
+    for n in [n for n in layers(gm) if n.target in TAKES_NORM]:
         if n.kwargs.get("norm_eps") is not None or not isinstance(n.args[0], fx.Node):
             continue
         found = _norm_of(n.args[0])

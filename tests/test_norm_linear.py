@@ -151,3 +151,42 @@ def test_a_norm_with_another_reader_stays_apart():
     assert not any(r.kernel.startswith("accelc::rms_norm+") for r in opt.layers), [r.kernel for r in opt.layers]
     with torch.no_grad():
         assert rel_l2(opt(x), model(x)) < 1e-5
+
+
+@pytest.mark.parametrize("form", ["int8", "fp8"])
+def test_one_byte_weights_take_the_norm_too(form):
+    """Weight-only int8 / fp8 layers (the same gemv_kernel) take their norms: the kernels as their references at a
+    decode row and past gemv_kernel's rows; on a tiny Llama the fused layers judged by SQNR, and a layer under the
+    floor demoted to its float call with the norm still inside."""
+    from accelc.kernels import fp8_weight, int8_weight
+    from accelc.kernels.int8_gemm import quantize_weight
+
+    torch.manual_seed(0)
+    quantize = quantize_weight if form == "int8" else fp8_weight.quantize_weight
+    op = torch.ops.accelc.linear_w8a16 if form == "int8" else torch.ops.accelc.linear_fp8w
+    w_q, w_s = quantize(torch.randn(72, 200, device=DEVICE) / 200 ** 0.5)
+    nw = 1 + 0.1 * torch.randn(200, device=DEVICE)
+    for m in (1, 13):
+        x = torch.randn(m, 200, device=DEVICE) * 2
+        out = op(x, w_q, w_s, norm_weight=nw, norm_eps=1e-6)
+        ref = int8_weight.linear_w8a16_ref(x.double(), w_q, w_s, norm_weight=nw.double(), norm_eps=1e-6)
+        assert rel_l2(out, ref) < 1e-5, (m, rel_l2(out, ref))
+    lm = _tiny_llama(layers=1)
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    cfg = (dict(int8=accelc.Int8Config(weights_only=True, skip_first_last=False, only_if_faster=False))
+           if form == "int8" else dict(fp8=accelc.Fp8Config(skip_first_last=False, only_if_faster=False)))
+    opt = _optimize(CausalLogits(lm), (ids,), **cfg)
+    suffix = "w8a16" if form == "int8" else "fp8w"
+    kernels = [r.kernel for r in opt.layers if r.status == "rewritten"]
+    assert f"accelc::rms_norm+linear_{suffix}" in kernels and f"accelc::rms_norm+gated_linear_{suffix}[silu]" in \
+        kernels, kernels
+    with torch.no_grad():
+        assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-1
+    floor = dict(int8=accelc.Int8Config(weights_only=True, skip_first_last=False, sqnr_floor=90)) if form == "int8" \
+        else dict(fp8=accelc.Fp8Config(skip_first_last=False, sqnr_floor=90))
+    demoted = _optimize(CausalLogits(lm), (ids,), **floor)
+    fused = [r for r in demoted.layers if r.kernel.startswith("accelc::rms_norm+")]
+    assert fused and all(r.status == "rewritten" and suffix not in r.kernel for r in fused), \
+        [(r.name, r.status, r.kernel) for r in demoted.layers]      # back on the float kernel, the norm inside
+    with torch.no_grad():
+        assert rel_l2(demoted(ids), CausalLogits(lm)(ids)) < 1e-5
