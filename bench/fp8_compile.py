@@ -56,14 +56,16 @@ def main() -> None:
             row.update(built=False, error=f"{type(e).__name__}: {str(e)[:300]}")
         rows.append(row)
         print(json.dumps(row), flush=True)
-    for one_pass in (True, False):      # the row held in registers (K up to ONE_PASS_MAX_K), or read twice
+    # the row held in registers (K up to ONE_PASS_MAX_K), with and without the RMSNorm before it; or read twice
+    for one_pass, norm in ((True, False), (True, True), (False, False)):
         block = triton.next_power_of_2(K) if one_pass else fp8_gemm.TWO_PASS_BLOCK
         compiled = fp8_gemm._quantize_rows_kernel.warmup(torch.empty(M, K, dtype=torch.float16), x, a_scale, K, K, 1,
+                                                         torch.empty(K, dtype=torch.float16), 1e-6,
                                                          ROUND_BY_HAND=False, BLOCK_K=block, ONE_PASS=one_pass,
-                                                         num_warps=8 if block >= 4096 else 4, grid=(M,))
+                                                         NORM=norm, num_warps=8 if block >= 4096 else 4, grid=(M,))
         sass, usage = sass_and_usage(compiled)
         found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-        rows.append({"kernel": "quantize_rows", "one_pass": one_pass, "block_k": block, "built": True,
+        rows.append({"kernel": "quantize_rows", "one_pass": one_pass, "norm": norm, "block_k": block, "built": True,
                      "f2fp_conversions": sass.count("F2FP"), "registers": int(found.group(1)) if found else None,
                      "stack_bytes": int(found.group(2)) if found else None})
         print(json.dumps(rows[-1]))

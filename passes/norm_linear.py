@@ -12,9 +12,9 @@ The norm is found as the norms pass leaves it: written out (HF's `w * (h * rsqrt
 weight (or none) in x's dtype and no residual add of its own. The new layer's original is the norm's nodes and
 the projection's original together, which the guard checks and races as one layer (reverted, both go back).
 
-Runs last, on the layers the passes before left: float ones and those with one-byte weights and float activations
-(weight-only int8 / fp8: the same gemv_kernel); a layer whose activations are quantized (W8A8 int8, fp8 weights and
-activations) quantizes its normalized input and keeps its norm.
+Runs last, on the layers the passes before left: float ones, those with one-byte weights and float activations
+(weight-only int8 / fp8: the same gemv_kernel), and fp8 weights and activations (kernels/fp8_gemm.py: the rows'
+quantization normalizes each row in the same read, at any row count); W8A8 int8 keeps its norm.
 """
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ from accelc.rewrite import Pass, add_constant, extract, layers, register_layer, 
 
 LINEAR = torch.ops.accelc.linear.default
 GATED = torch.ops.accelc.gated_linear.default
-# the layers that take a norm: float, and one-byte weights with float activations (the same gemv_kernel); a layer
-# whose activations are quantized (W8A8 int8, fp8) quantizes its normalized input and keeps its norm
+# the layers that take a norm: float, and one-byte weights with float activations (the same gemv_kernel), and fp8
+# weights and activations (the rows' quantization normalizes them first); W8A8 int8 keeps its norm
 TAKES_NORM = (LINEAR, GATED, torch.ops.accelc.linear_w8a16.default, torch.ops.accelc.gated_linear_w8a16.default,
-              torch.ops.accelc.linear_fp8w.default, torch.ops.accelc.gated_linear_fp8w.default)
+              torch.ops.accelc.linear_fp8w.default, torch.ops.accelc.gated_linear_fp8w.default,
+              # fp8 weights and activations: the norm in the rows' quantization kernel, at every row count
+              torch.ops.accelc.linear_fp8.default, torch.ops.accelc.gated_linear_fp8.default)
 NOTE = "the RMSNorm before it taken in: a decode step's rows normalized in the GEMV's K loop, no kernel of its own"
 
 

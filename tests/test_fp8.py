@@ -300,7 +300,7 @@ def test_fp8_weights_and_activations_on_a_gated_mlp():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         opt = accelc.optimize(CausalLogits(lm), (ids,), config=config)
-    kernels = [r.kernel for r in opt.layers if r.status == "rewritten"]
+    kernels = [r.kernel.replace("rms_norm+", "") for r in opt.layers if r.status == "rewritten"]   # (norm_linear's)
     assert any(k.startswith("accelc::gated_linear_fp8[") for k in kernels), kernels
     assert any(k.startswith("accelc::linear_fp8") and "fp8w" not in k for k in kernels), kernels
     fp8 = [r for r in opt.layers if "fp8" in r.kernel and r.status == "rewritten"]

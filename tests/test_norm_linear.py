@@ -190,3 +190,37 @@ def test_one_byte_weights_take_the_norm_too(form):
         [(r.name, r.status, r.kernel) for r in demoted.layers]      # back on the float kernel, the norm inside
     with torch.no_grad():
         assert rel_l2(demoted(ids), CausalLogits(lm)(ids)) < 1e-5
+
+
+@pytest.mark.parametrize("one_pass_max_k", [16384, 64])
+def test_fp8_activations_take_the_norm_in_their_quantization(one_pass_max_k, monkeypatch):
+    """fp8 weights and activations: the rows RMS-normalized in the quantization's own read (a row held in
+    registers; a longer one through the norm kernel first), the scales and fp8 values as the reference's (a
+    value on a rounding tie may land one e4m3 step apart: rsqrt's last bit), the linear and gated layers as their
+    references; on a tiny Llama both layers take their norms."""
+    from accelc.kernels import fp8_gemm, fp8_weight
+
+    monkeypatch.setattr(fp8_gemm, "ONE_PASS_MAX_K", one_pass_max_k)
+    torch.manual_seed(0)
+    x = torch.randn(13, 96, device=DEVICE) * 3
+    nw = 1 + 0.1 * torch.randn(96, device=DEVICE)
+    q, s = fp8_gemm.quantize_rows(x, (nw, 1e-6))
+    qr, sr = fp8_gemm.quantize_rows_ref(x, (nw, 1e-6))
+    assert rel_l2(s, sr) < 1e-6 and rel_l2(q.float() * s[:, None], qr.float() * sr[:, None]) < 1e-3
+    w_q, w_s = fp8_weight.quantize_weight(torch.randn(80, 96, device=DEVICE) / 96 ** 0.5)
+    out = torch.ops.accelc.linear_fp8(x, w_q, w_s, norm_weight=nw, norm_eps=1e-6)
+    ref = fp8_gemm.linear_fp8_ref(x, w_q, w_s, norm_weight=nw, norm_eps=1e-6)
+    assert rel_l2(out, ref) < 1e-3, rel_l2(out, ref)
+    g = torch.ops.accelc.gated_linear_fp8(x, w_q[:64], w_s[:64], None, 32, "silu", norm_weight=nw, norm_eps=1e-6)
+    gref = fp8_gemm.gated_linear_fp8_ref(x, w_q[:64], w_s[:64], None, 32, "silu", norm_weight=nw, norm_eps=1e-6)
+    assert rel_l2(g, gref) < 1e-3, rel_l2(g, gref)
+    if one_pass_max_k == 64:
+        return
+    lm = _tiny_llama(layers=1)
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    opt = _optimize(CausalLogits(lm), (ids,), only_if_faster=False, fp8=accelc.Fp8Config(
+        weights_only=False, skip_first_last=False, only_if_faster=False))
+    kernels = [r.kernel for r in opt.layers if r.status == "rewritten"]
+    assert "accelc::rms_norm+linear_fp8" in kernels and "accelc::rms_norm+gated_linear_fp8[silu]" in kernels, kernels
+    with torch.no_grad():
+        assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-1
