@@ -322,22 +322,29 @@ def revert(gm: fx.GraphModule, node: fx.Node, reason: str, status: str = "revert
     "kept" (PyTorch was the faster)."""
     rw: Rewrite = node.meta[meta.REWRITE]
     g = gm.graph
-    placeholders = [p for p in rw.original.graph.nodes if p.op == "placeholder"]
-    env = dict(zip(placeholders, rw.inputs))
-    result = None
     with g.inserting_before(node):
-        for n in rw.original.graph.nodes:
-            if n.op == "placeholder":
-                continue
-            if n.op == "output":
-                result = env[n.args[0]]
-                break
-            env[n] = g.get_attr(n.target) if n.op == "get_attr" else g.node_copy(n, env.__getitem__)
-            env[n].meta.update(n.meta)
-            env[n].meta[meta.REVERTED] = (rw, reason, status)
+        result, copied = inline(g, rw.original, rw.inputs)
+    for n in copied:
+        n.meta[meta.REVERTED] = (rw, reason, status)
     replace_uses(gm, node, result)
     g.erase_node(node)
     _drop_unused(gm, rw.aux)
+
+
+def inline(g: fx.Graph, sub: fx.GraphModule, args) -> tuple[object, list]:
+    """sub's nodes copied into g (at its insertion point), its placeholders taking `args` in order: (the value
+    it returns, the nodes copied). A layer's original put back (revert), or composed into another's."""
+    env, it, copied = {}, iter(args), []
+    for n in sub.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = next(it)
+        elif n.op == "output":
+            return fx.map_arg(n.args[0], env.__getitem__), copied
+        else:
+            env[n] = g.get_attr(n.target) if n.op == "get_attr" else g.node_copy(n, env.__getitem__)
+            env[n].meta.update(n.meta)
+            copied.append(env[n])
+    raise ValueError("a layer's original without an output")
 
 
 def _drop_unused(gm: fx.GraphModule, aux: list) -> None:

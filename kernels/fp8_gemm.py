@@ -22,7 +22,7 @@ import triton.language as tl
 
 from accelc import runtime
 from accelc.kernels import gated_linear, gemm, int8_gemm
-from accelc.kernels.epilogue import ACTIVATION_NAMES, ACTIVATIONS, activation_ref, epilogue_ref, residual_as
+from accelc.kernels.epilogue import activation_ref, epilogue_ref, residual_as
 from accelc.kernels.fp8_weight import DTYPE, E4M3_MAX
 from accelc.kernels.int8_gemm import weight_problem
 from accelc.tuning import Tuner, check_once
@@ -182,22 +182,12 @@ def linear_fp8_ref(x, w_q, w_scale, bias=None, residual=None, activation="none",
     return out.reshape(*x.shape[:-1], N)
 
 
-def _gated_problem(w_q, n: int, activation: str) -> str | None:
-    G = gated_linear.G
-    if w_q.dim() != 2 or n < 1 or w_q.shape[0] != 2 * triton.cdiv(n, G) * G:
-        return (f"the packed weight must be (2 * {G} * ceil(n / {G}), K) for n={n} output columns, got "
-                f"{tuple(w_q.shape)} (kernels/gated_linear.pack)")
-    if activation not in ACTIVATIONS or activation == "none":
-        return f"activation must be one of {ACTIVATION_NAMES[1:]}, not {activation!r}"
-    return None
-
-
 def gated_linear_fp8_launch(x, w_q, w_scale, bias, n, activation="silu", norm_weight=None, norm_eps=None):
     """Checks, quantizes x's rows, launches: act(gate) * up (..., n) in x's dtype; w_q (2 Np, K) float8_e4m3fn with
     the gate and up rows interleaved as gated_linear.pack makes them, w_scale (2 Np,), bias (2 Np,) or None."""
     sig = (x.shape, x.dtype, x.device, w_q.shape, w_q.dtype, w_scale.shape,
            None if bias is None else (bias.shape, bias.dtype), n, activation, "gated", norm_eps is None)
-    check_once(_CHECKED, sig, lambda: _gated_problem(w_q, n, activation)
+    check_once(_CHECKED, sig, lambda: gated_linear.packed_problem(w_q, n, activation)
                or why_unsupported(x, w_q, w_scale, bias, None, activation)
                or gemm.norm_problem(x, norm_weight, norm_eps), "gated_linear_fp8")
     K = x.shape[-1]

@@ -88,11 +88,22 @@ def why_unsupported(x, w_gate, w_up, b_gate=None, b_up=None, activation="silu") 
     return None
 
 
-def why_unsupported_packed(x, weight, bias, n: int, activation: str) -> str | None:
-    """The op's own operands: a packed weight (2 Np, K) for n output columns."""
+def packed_problem(weight, n: int, activation: str) -> str | None:
+    """What is wrong with a packed weight (2 Np, K) for n output columns and a gated activation, whatever the
+    weight's dtype (float, or one byte: kernels/fp8_gemm.py), or None."""
     if weight.dim() != 2 or weight.shape[0] != 2 * triton.cdiv(n, G) * G or n < 1:
         return (f"the packed weight must be (2 * {G} * ceil(n / {G}), K) for n={n} output columns, got "
                 f"{tuple(weight.shape)} (kernels/gated_linear.pack)")
+    if activation not in ACTIVATIONS or activation == "none":
+        return f"activation must be one of {ACTIVATION_NAMES[1:]}, not {activation!r}"
+    return None
+
+
+def why_unsupported_packed(x, weight, bias, n: int, activation: str) -> str | None:
+    """The op's own operands: a packed weight (2 Np, K) for n output columns."""
+    problem = packed_problem(weight, n, activation)
+    if problem:
+        return problem
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         return f"the packed bias must be ({weight.shape[0]},), got {tuple(bias.shape)}"
     half = weight[:n]        # stands for either half: same K, dtype and device
@@ -146,4 +157,5 @@ def _(x, weight, bias, n, activation="silu", allow_tf32=False, norm_weight=None,
     return x.new_empty((*x.shape[:-1], n))
 
 
-__all__ = ["gated_linear", "gated_linear_launch", "gated_linear_ref", "pack", "unpack", "why_unsupported"]
+__all__ = ["gated_linear", "gated_linear_launch", "gated_linear_ref", "pack", "packed_problem", "unpack",
+           "why_unsupported"]

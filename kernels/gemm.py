@@ -244,8 +244,8 @@ def gemv_kernel(
     b = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0)
     wait_for_producers(PDL)
     a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
-    ss = a * a                                                     # (NORM: the rows' squares, summed after)
     if NORM:
+        ss = a * a                                                 # (the rows' squares, summed after the loop)
         a = a * tl.load(norm_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
     acc3 = a[:, None, :] * weight_f32(b, W_SCALED)[None, :, :]
     x_ptrs += BLOCK_K * stride_xk
@@ -301,8 +301,8 @@ def gemv_row(
         nw = tl.load(n_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
     wait_for_producers(PDL)
     a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
-    ss = a * a                                  # (NORM: every lane's row the same x: the sum is x's, per lane)
     if NORM:
+        ss = a * a                              # (every lane's row the same x: the sum is x's, per lane)
         a = a * nw
     acc = a * weight_f32(b, W_SCALED)
     x_ptrs += BLOCK_K * stride_xk
@@ -473,7 +473,7 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
     sig = (x2.shape, x2.stride(), weight.shape, weight.stride(), res.stride(), out.stride(), x2.dtype, out.dtype,
            bias is None, res2 is None, scales is None, activation, bool(residual_first), bool(allow_tf32),
            bool(gated), x2.device, tuple(t.data_ptr() % 16 for t in tensors),
-           None if norm is None else (norm[0].data_ptr(), norm[0].dtype, float(norm[1])))
+           None if norm is None else (norm[0].data_ptr() % 16, norm[0].dtype))   # (eps: an argument)
     if norm is not None:
         tensors += (norm[0], float(norm[1]))
     known = tuner.calls.get(sig) if config is None else None

@@ -27,7 +27,8 @@ from accelc.capture import erase_dead
 from accelc.meta import attr_value
 from accelc.passes.norms import RMS_NORM, computes_rms_norm, written_rms_norm
 from accelc.records import Fallback, Rewrite
-from accelc.rewrite import Pass, add_constant, extract, layers, register_layer, replace_uses, unique_name
+from accelc.rewrite import (Pass, add_constant, extract, inline, layers, register_layer, replace_uses,
+                            unique_name)
 
 LINEAR = torch.ops.accelc.linear.default
 GATED = torch.ops.accelc.gated_linear.default
@@ -85,20 +86,6 @@ def _why_not(gm, n: fx.Node, found) -> str | None:
     return None
 
 
-def _inline(g: fx.Graph, sub: fx.GraphModule, args: list):
-    """sub's nodes copied into g, its placeholders taking `args` in order; the value it returns."""
-    env, it = {}, iter(args)
-    for node in sub.graph.nodes:
-        if node.op == "placeholder":
-            env[node] = next(it)
-        elif node.op == "output":
-            return fx.map_arg(node.args[0], env.__getitem__)
-        else:
-            env[node] = g.node_copy(node, env.__getitem__)
-            env[node].meta.update(node.meta)
-    raise AssertionError("a layer's original without an output")
-
-
 def _composed(gm, norm_part, rw: Rewrite, link: fx.Node) -> tuple[fx.GraphModule, list]:
     """The original of the norm and the projection as one layer: norm_part (the norm's nodes, or its rewritten
     layer's Rewrite) then rw's original, its input `link` (the norm's output) taken from the first part."""
@@ -118,9 +105,9 @@ def _composed(gm, norm_part, rw: Rewrite, link: fx.Node) -> tuple[fx.GraphModule
     # (placeholders first: the graph reads its inputs before any node)
     args = [holder(i) for i in first_inputs]
     rest = [holder(i) for i in rw.inputs if i is not link]
-    normed = _inline(g, first, args)
+    normed, _ = inline(g, first, args)
     it = iter(rest)
-    out = _inline(g, rw.original, [normed if i is link else next(it) for i in rw.inputs])
+    out, _ = inline(g, rw.original, [normed if i is link else next(it) for i in rw.inputs])
     g.output(out)
     return fx.GraphModule(gm, g, class_name="OriginalLayer"), inputs
 
