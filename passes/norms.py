@@ -260,9 +260,20 @@ def _cast(g: fx.Graph, n: fx.Node, dtype: torch.dtype) -> fx.Node:
     return cast
 
 
+_CONFIRMED = "accelc_rms_norm_confirmed"    # out.meta: computes_rms_norm's verdict on its chain
+
+
 def computes_rms_norm(x, weight, eps, out, chain) -> bool:
     """The chain's shape matched; confirm what it computes: run on random x (and weight) in their
-    dtypes against F.rms_norm's arithmetic (statistics in fp32), within two roundings of x's dtype."""
+    dtypes against F.rms_norm's arithmetic (statistics in fp32), within two roundings of x's dtype.
+    Once a chain (the verdict kept on its output node: a chain the norms pass leaves written is asked
+    again by norm_linear)."""
+    if _CONFIRMED not in out.meta:
+        out.meta[_CONFIRMED] = _probe_rms_norm(x, weight, eps, out, chain)
+    return out.meta[_CONFIRMED]
+
+
+def _probe_rms_norm(x, weight, eps, out, chain) -> bool:
     order = {n: i for i, n in enumerate(out.graph.nodes)}
     nodes = sorted(set(chain), key=order.__getitem__)
     if nodes[-1] is not out:
