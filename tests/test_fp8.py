@@ -308,3 +308,5 @@ def test_fp8_weights_and_activations_on_a_gated_mlp():
     assert f"fp8: {len(fp8)} layer(s)" in opt.summary(), opt.summary()
     with torch.no_grad():
         assert rel_l2(opt(ids).double(), CausalLogits(lm)(ids).double()) < 1e-1
+        other = torch.randint(1, 100, (3, 5), device=DEVICE)          # another batch and length
+        assert rel_l2(opt(other).double(), CausalLogits(lm)(other).double()) < 1e-1

@@ -99,6 +99,9 @@ def test_a_llama_blocks_norms_go_into_their_projections(norms_pass):
     assert fused[0].name == "lm.model.layers.0.input_layernorm+self_attn.q_proj+k_proj+v_proj", fused[0].name
     with torch.no_grad():
         assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-5
+        for shape in ((3, 5), (1, 1), (1, 12)):      # other batches and lengths: a row count gemv_kernel takes too
+            other = torch.randint(1, 100, shape, device=DEVICE)
+            assert rel_l2(opt(other), CausalLogits(lm)(other)) < 1e-5, shape
     plain = _optimize(CausalLogits(lm), (ids,), passes=tuple(p for p in passes if p != "norm_linear"))
     assert not any(r.kernel.startswith("accelc::rms_norm+") for r in plain.layers)
 
@@ -182,6 +185,8 @@ def test_one_byte_weights_take_the_norm_too(form):
         kernels, kernels
     with torch.no_grad():
         assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-1
+        other = torch.randint(1, 100, (1, 3), device=DEVICE)          # a batch and length of gemv_kernel's rows
+        assert rel_l2(opt(other), CausalLogits(lm)(other)) < 1e-1
     floor = dict(int8=accelc.Int8Config(weights_only=True, skip_first_last=False, sqnr_floor=90)) if form == "int8" \
         else dict(fp8=accelc.Fp8Config(skip_first_last=False, sqnr_floor=90))
     demoted = _optimize(CausalLogits(lm), (ids,), **floor)
@@ -224,3 +229,5 @@ def test_fp8_activations_take_the_norm_in_their_quantization(one_pass_max_k, mon
     assert "accelc::rms_norm+linear_fp8" in kernels and "accelc::rms_norm+gated_linear_fp8[silu]" in kernels, kernels
     with torch.no_grad():
         assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-1
+        other = torch.randint(1, 100, (3, 5), device=DEVICE)          # another batch and length
+        assert rel_l2(opt(other), CausalLogits(lm)(other)) < 1e-1
