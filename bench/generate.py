@@ -23,7 +23,8 @@ median of --rounds after one warm-up generate):
                     the fp16 bytes, as every side's does (so it may pass 100%);
   accelc_fp8w       the same with fp8 (e4m3) weights (Fp8Config(skip_first_last=False)).
   accelc_norms_apart  accelc with the norm_linear pass off: each RMSNorm a kernel of its own, not taken into
-                    the projection after it (what that pass gives: accelc / this side).
+                    the projection after it (what that pass gives: accelc / this side); likewise
+                    accelc_int8w_norms_apart and accelc_fp8w_norms_apart beside the one-byte weights' sides.
 First-token logits: each side's generate(max_new_tokens=1, return_dict_in_generate=True,
 output_logits=True), relative L2 error against the model computed in fp32 on the same prompt (fp64 for
 the fp32 smoke), beside HF eager fp16's own error (the JSON row's eager_fp16_first_logits_rel_err_vs_fp32):
@@ -50,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
 SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w", "accelc_fp8w",   # int8 / fp8 weights
-         "accelc_norms_apart"]
+         "accelc_norms_apart", "accelc_int8w_norms_apart", "accelc_fp8w_norms_apart"]
 
 
 def configs(smoke: bool) -> dict:
@@ -188,10 +189,11 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     # compiling forward as well would stack two CUDA-graph wrappers
                     gen = compiled.generate
                 else:
-                    int8 = accelc.Int8Config(weights_only=True, skip_first_last=False) if side == "accelc_int8w" else False
-                    fp8 = accelc.Fp8Config(skip_first_last=False) if side == "accelc_fp8w" else False
-                    passes = tuple(p for p in accelc.config.PASS_NAMES
-                                   if side != "accelc_norms_apart" or p != "norm_linear")
+                    apart = side.endswith("_norms_apart")
+                    base = side.removesuffix("_norms_apart")
+                    int8 = accelc.Int8Config(weights_only=True, skip_first_last=False) if base == "accelc_int8w" else False
+                    fp8 = accelc.Fp8Config(skip_first_last=False) if base == "accelc_fp8w" else False
+                    passes = tuple(p for p in accelc.config.PASS_NAMES if not apart or p != "norm_linear")
                     config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8, fp8=fp8,
                                                    passes=passes,
                                                    kv_cache="paged" if side == "accelc_paged" else "static")
@@ -292,7 +294,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sides", default=",".join(s for s in SIDES if s != "accelc_norms_apart"))   # (an A/B side)
+    ap.add_argument("--sides", default=",".join(s for s in SIDES if not s.endswith("_norms_apart")))   # (A/B sides)
     ap.add_argument("--ragged", action="store_true", help="prompts of random real lengths, left-padded")
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU, eager and accelc")
     ap.add_argument("--merge", action="store_true",

@@ -17,7 +17,8 @@ generation: optimize also builds the step program). Cold: empty accelc, Triton a
   (each compile and accelc side also times the model it made: call_ms, the median of plain calls)
   load           accelc.save of the warm optimize's module, then in a new process accelc.load and the
                  first call served (the caches left as they are).
---profile adds cProfile's top functions of the cold and the warm optimize (cumulative time) to their rows.
+--profile adds cProfile's top functions of the cold and the warm optimize (cumulative time) to their rows, and
+writes each profile whole to the out folder (profile-MODEL-SIDE.pstats, for pstats' callers and callees).
 Each accelc row holds Inductor's and AOT autograd's counters (cache hits, misses, bypasses).
 """
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _timed(fn, digits: int = 1):
     return out, round(time.perf_counter() - t0, digits)
 
 
-def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
+def run_side(name: str, side: str, workdir: str, profile: bool, pstats_dir: str | None = None) -> dict:
     """One side in this process (its caches are the environment's)."""
     import torch
 
@@ -104,6 +105,8 @@ def run_side(name: str, side: str, workdir: str, profile: bool) -> dict:
     if prof is not None:
         prof.disable()
         row["profile"] = _top(prof)
+        if pstats_dir:
+            prof.dump_stats(os.path.join(pstats_dir, f"profile-{name}-{side}.pstats"))
     row["phases_s"] = opt.info.seconds
     row["verdicts_reused"] = bool(opt.info.reused)
     from torch._dynamo.utils import counters    # Inductor's cache hits / misses / bypasses, AOT autograd's
@@ -150,7 +153,8 @@ def measure(name: str, sides: list, out_dir: Path, profile: bool) -> dict:
                 env["ACCELC_REUSE"] = "0"
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, __file__, "--side", side, "--model", name, "--workdir", shared]
-                                  + (["--profile"] if profile and side.startswith("accelc_") else []),
+                                  + (["--profile", "--pstats", str(out_dir)] if profile and side.startswith("accelc_")
+                                     else []),
                                   env=env, capture_output=True, text=True)
             lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
             row[side] = json.loads(lines[-1]) if lines else {"error": proc.stderr[-1500:]}
@@ -213,12 +217,13 @@ def main() -> None:
     ap.add_argument("--side", default=None)        # (one side, in the process measure() starts)
     ap.add_argument("--model", default=None)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--pstats", default=None)       # (--profile's whole profiles: the folder)
     a = ap.parse_args()
     if a.render:
         print(render(Path(a.render)))
         return
     if a.side:
-        print(json.dumps(run_side(a.model, a.side, a.workdir, a.profile), default=str))
+        print(json.dumps(run_side(a.model, a.side, a.workdir, a.profile, a.pstats), default=str))
         return
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
