@@ -9,7 +9,10 @@ cache under the key the launch's own compile computes. A worker never initialise
 target comes with each job).
 
 Nothing done here is a result: a kernel a worker cannot find or compile, a Triton without the hook, workers that
-do not start, all leave the compile to the threads, as before. ACCELC_COMPILE_PROCS: the workers (default:
+do not start, all leave the compile to the threads, as before. Except a compile that ended its worker (Triton's
+LLVM aborting on one kernel's code, seen with triton 3.6): that specialization is never compiled in this process,
+where the same abort would end the user's program; its launch raises CompilerCrashed instead (the race drops the
+candidate, the guard leaves the layer in PyTorch and says why). ACCELC_COMPILE_PROCS: the workers (default:
 compile_ahead's thread count; 0 or 1: off). An optimize holds them (`hold` / `release`): started at its beginning,
 so that they are up by the time the guard's first tuner asks, and closed at its end.
 """
@@ -21,6 +24,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -33,6 +37,11 @@ _lock = threading.Lock()
 _workers: list = []     # the running worker processes
 _failed: list = []      # workers that could not start: not tried again in this process
 _sent: set = set()      # the specializations handed to the workers in this process
+_crashed: dict = {}     # specialization data -> how its compile ended the worker that ran it
+
+
+class CompilerCrashed(RuntimeError):
+    """A kernel's compile ended the worker process that ran it; this process does not compile it."""
 
 
 def workers() -> int:
@@ -82,6 +91,19 @@ class _Worker:
             raise EOFError("a compile worker ended")
         return answer.strip() == "1"
 
+    def ended(self) -> str:
+        """How the process ended ('' while it runs): its signal or exit status."""
+        try:
+            code = self.proc.wait(timeout=10)
+        except Exception:
+            return ""
+        if code < 0:
+            try:
+                return f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit status {code}"
+
     def close(self) -> None:
         try:
             self.proc.stdin.close()
@@ -115,10 +137,40 @@ _holders: list = []     # the optimizes running now (nested: a causal LM's step 
 
 def hold(on: bool = True) -> None:
     """An optimize begins: the workers started if `on` (their imports take seconds, so they are up by the time the
-    guard asks; not waited for). Each hold is released (release) when its optimize ends."""
+    guard asks; not waited for), and the compiles that ended a worker refused from then on (refuse_crashed). Each
+    hold is released (release) when its optimize ends."""
     _holders.append(on)
     if on and enabled():
+        refuse_crashed()
         _running()
+
+
+def crashed() -> dict:
+    """{specialization data: how its compile ended a worker} in this process."""
+    with _lock:
+        return dict(_crashed)
+
+
+def refuse_crashed() -> None:
+    """Triton's jit_cache_hook (the one in place, if any, called after it) raising CompilerCrashed for a
+    specialization whose compile ended a worker, before this process would compile it. Installed once; stays."""
+    from triton import knobs
+
+    previous = knobs.runtime.jit_cache_hook
+    if getattr(previous, "accelc_refuses_crashed", False):
+        return
+
+    def hook(*, fn, compile, **kwargs):
+        data = compile.get("specialization_data") if isinstance(compile, dict) else None
+        with _lock:
+            how = _crashed.get(data) if data else None
+        if how:
+            raise CompilerCrashed(f"Triton's compiler ended the process compiling {fn.name} at this specialization "
+                                  f"({how}); not compiled in this process")
+        return previous(fn=fn, compile=compile, **kwargs) if previous else None
+
+    hook.accelc_refuses_crashed = True
+    knobs.runtime.jit_cache_hook = hook
 
 
 def release() -> None:
@@ -226,9 +278,16 @@ def compile_jobs(jobs: list) -> int:
                 job = todo.pop()
             try:
                 done.append(worker.compile(job))
-            except Exception as e:   # a worker that died: the threads compile what it would have
-                log.debug("accelc: a compile worker stopped: %s", e)
+            except Exception as e:   # a worker that died: the threads compile what it would have, except a job
+                ended = worker.ended()   # that ended it by a signal (an abort, a crash): refused here (refuse_crashed)
+                if ended.startswith("signal"):
+                    log.warning("accelc: a compile worker ended (%s) compiling %s; that kernel is not compiled in "
+                                "this process", ended, job[0])
+                else:
+                    log.debug("accelc: a compile worker stopped (%s): %s", ended or "running", e)
                 with _lock:
+                    if ended.startswith("signal"):
+                        _crashed[job[1]] = ended
                     if worker in _workers:
                         _workers.remove(worker)
                 return

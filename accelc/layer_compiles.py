@@ -33,11 +33,25 @@ def _each_layer(gm, args, only, call) -> None:
 def sizes_ahead(gm, args, only) -> None:
     """The kernels of the layers in `only` launched on `args` with Triton compiling instead of running
     (compile_ahead.compiling_ahead): their compiles for these sizes (a new specialization for every size Triton
-    tells apart: 1, a multiple of 16, another) in parallel, before the guard's check runs them one by one.
-    Nothing here is checked."""
+    tells apart: 1, a multiple of 16, another) in parallel, before the guard's check runs them one by one;
+    first by the compile workers, as candidates_ahead's (the threads then load them; and a compile that ends a
+    worker is not made in this process: compile_workers.refuse_crashed). Nothing here is checked."""
+    def call(n, a, kw):
+        try:
+            n.target(*a, **kw)
+        except Exception as e:   # (the check says what is wrong, if anything)
+            log.debug("accelc: %s not compiled ahead at these sizes: %s", meta.rewrite_of(n).layer, e)
+
+    if compile_workers.active():
+        try:
+            with compile_workers.handing_over() as launched, compile_ahead.compile_only():
+                _each_layer(gm, args, only, call)
+            compile_workers.compile_jobs(launched)
+        except Exception as e:   # nothing here is a result: the threads compile what they need
+            log.debug("accelc: the layers' kernels at these sizes not compiled by the workers: %s", e)
     with compile_ahead.compiling_ahead() as ahead:
         if ahead:
-            _each_layer(gm, args, only, lambda n, a, kw: n.target(*a, **kw))
+            _each_layer(gm, args, only, call)
 
 
 def candidates_ahead(gm, args, only) -> None:

@@ -83,3 +83,82 @@ def test_collected_compiles_land_where_the_launch_finds_them(tmp_path):
     assert lines[6] == "closed with it True", lines
     assert lines[7] == "launch found them True", lines
     assert lines[8] == "off False 0", lines
+
+
+POISON = r"""
+import os
+import triton
+import triton.language as tl
+
+if os.environ.get("MAIN_PID") and os.getpid() != int(os.environ["MAIN_PID"]):
+    os.abort()      # in a compile worker: as Triton's LLVM aborting on one kernel's code
+
+
+@triton.jit
+def copy_kernel(x, y, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(y + i, tl.load(x + i))
+"""
+
+CRASH_SCRIPT = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+os.environ["MAIN_PID"] = str(os.getpid())
+os.environ["ACCELC_COMPILE_PROCS"] = "2"
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, KDIR)
+from gluon_compile import Sm90Driver
+import torch
+from triton.runtime import driver
+driver.set_active(Sm90Driver())
+import poison
+from accelc import compile_workers
+from accelc.compile_ahead import compile_only, launch_kernel
+from accelc.kernels import layernorm
+
+x = torch.empty(64, 768, dtype=torch.float16); y = torch.empty_like(x); w = torch.empty(768, dtype=torch.float16)
+
+def fine(rows):
+    launch_kernel(layernorm._layer_norm_kernel, (64 // rows,), (x, x, w, w, y, 64, 768, 768, 768, 1e-5),
+                  dict(HAS_RES=False, HAS_W=True, HAS_B=True, RMS=False, ROWS=rows, BLOCK_N=1024, num_warps=4))
+
+def aborting(n):
+    launch_kernel(poison.copy_kernel, (1,), (x, y), dict(N=n))
+
+compile_workers.hold()
+jobs = compile_workers.collect(aborting, [64], compile_only) + compile_workers.collect(fine, [1, 2], compile_only)
+print("jobs", len(jobs), "compiled", compile_workers.compile_jobs(jobs))
+print("crashed", sorted(compile_workers.crashed().values()))
+try:
+    with compile_only():
+        aborting(64)
+    print("refused no")
+except compile_workers.CompilerCrashed as e:
+    print("refused", e)
+with compile_only():
+    aborting(32)        # another specialization of the same kernel: not refused (it never ended a worker)
+    fine(1)
+print("others compile here")
+compile_workers.release()
+"""
+
+
+def test_a_compile_that_ends_its_worker_is_refused_here(tmp_path):
+    """A compile that ends the worker running it (Triton's LLVM aborting on one kernel's code, seen with triton
+    3.6 on a causal LM's step program) would end this process too: its specialization is refused here with a
+    CompilerCrashed naming it (the guard leaves the layer in PyTorch, a race drops the candidate); the other jobs
+    still compile, and so do the kernel's other specializations."""
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    (kdir / "poison.py").write_text(POISON)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
+           "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": os.pathsep.join([str(kdir), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nKDIR = {str(kdir)!r}\n" + CRASH_SCRIPT],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.split(" ")[0] in ("jobs", "crashed", "refused", "others")]
+    assert lines[0] == "jobs 3 compiled 2", lines
+    assert lines[1] == "crashed ['signal SIGABRT']", lines
+    assert lines[2].startswith("refused Triton's compiler ended the process compiling copy_kernel"), lines
+    assert "signal SIGABRT" in lines[2], lines
+    assert lines[3] == "others compile here", lines
