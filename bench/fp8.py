@@ -9,7 +9,11 @@ layer (cuBLAS and accelc::linear). Shapes: 8192 x 8192 x 16384 and the e2e model
 Decode rows (weight-only fp8, batch 1 and 16): accelc::linear_fp8w against fp16 (cuBLAS, accelc::linear) and
 weight-only int8 (accelc::linear_w8a16); GB/s of the weight's bytes.
 
-    python bench/fp8.py [--out bench/results] [--no-compile] [--quick]
+Norm rows (--norm SHAPES): the RMSNorm before a decode projection, per weight (fp16, int8, fp8): the op alone, the
+op with the norm taken in (norm_weight / norm_eps: the norm_linear pass's form) and the norm apart
+(accelc::rms_norm, then the op): what taking the norm in costs or saves at each weight.
+
+    python bench/fp8.py [--out bench/results] [--no-compile] [--quick] [--norm MxKxN,...]
 
 Timing as bench/int8.py: CUDA-graph medians, ROUNDS interleaved rounds with an idle pause before each, speedups
 the median of per-round ratios. Accuracy: SQNR (dB) of each output against the fp32 layer on the float weight.
@@ -146,6 +150,36 @@ def decode_rows(shapes) -> list[dict]:
     return rows
 
 
+NORM_EPS = 1e-5
+
+
+def norm_rows(shapes) -> list[dict]:
+    rows = []
+    for M, K, N in shapes:
+        x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+        g = (1 + 0.1 * torch.randn(K, device="cuda")).half()
+        w = (torch.randn(N, K, device="cuda") / K**0.5).half()
+        w_q, w_s = fp8_weight.quantize_weight(w)
+        w_i8, w_s8 = quantize_weight_int8(w)
+        ops = {"fp16": lambda a, **kw: torch.ops.accelc.linear(a, w, None, **kw),
+               "int8w": lambda a, **kw: torch.ops.accelc.linear_w8a16(a, w_i8, w_s8, **kw),
+               "fp8w": lambda a, **kw: torch.ops.accelc.linear_fp8w(a, w_q, w_s, **kw)}
+        variants = {}
+        for kind, op in ops.items():
+            variants[f"{kind}_alone"] = lambda op=op: op(x)
+            variants[f"{kind}_norm_in"] = lambda op=op: op(x, norm_weight=g, norm_eps=NORM_EPS)
+            variants[f"{kind}_norm_apart"] = lambda op=op: op(torch.ops.accelc.rms_norm(x, g, None, NORM_EPS))
+        xf = x.float()
+        ref = F.linear(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + NORM_EPS) * g.float(), w.float())
+        row = {"M": M, "K": K, "N": N}
+        _timed(row, variants, ref, 2 * M * N * K)
+        for kind in ops:
+            row[f"{kind}_in_vs_apart"] = _common.speedup(row, f"{kind}_norm_in", f"{kind}_norm_apart")
+        print(f"  norm {M}x{K}x{N}: " + ", ".join(f"{n} {row[n]['us']:.1f} us" for n in variants), flush=True)
+        rows.append(row)
+    return rows
+
+
 def markdown(env: dict, data: dict) -> str:
     def t(r, k):
         return f"{r[k]['us']:.1f}" if "us" in r.get(k, {}) else "n/a"
@@ -190,7 +224,21 @@ def markdown(env: dict, data: dict) -> str:
             + _common.md_table(header, table)
             + f"\nfp8 configs chosen: {configs}\n\n## Weight-only fp8, decode rows\n\n"
             + _common.md_table(dec_header, dec)
-            + (f"\nnot run: {skipped}\n" if skipped else ""))
+            + (f"\nnot run: {skipped}\n" if skipped else "")
+            + (norm_markdown(data["norm"]) if data.get("norm") else ""))
+
+
+def norm_markdown(rows) -> str:
+    def t(r, k):
+        return f"{r[k]['us']:.1f}" if "us" in r.get(k, {}) else "n/a"
+
+    header = ["M x K x N"] + [f"{kind} us: alone / norm in / apart (in vs apart)" for kind in ("fp16", "int8w", "fp8w")]
+    table = [[f"{r['M']} x {r['K']} x {r['N']}"] + [
+        f"{t(r, kind + '_alone')} / {t(r, kind + '_norm_in')} / {t(r, kind + '_norm_apart')} "
+        f"({_common.ratio_cell(tuple(r[kind + '_in_vs_apart'])) if kind + '_in_vs_apart' in r else 'n/a'})"
+        for kind in ("fp16", "int8w", "fp8w")] for r in rows]
+    return ("\n## The RMSNorm before a decode projection\n\nEach weight's op alone, with the norm taken in "
+            "(norm_weight), and after accelc::rms_norm; in vs apart: apart's time / in's.\n\n" + _common.md_table(header, table))
 
 
 def _shapes(text: str) -> list[tuple[int, int, int]]:
@@ -204,17 +252,18 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the first GEMM shape and two decode shapes only")
     ap.add_argument("--gemm", metavar="MxKxN,...", default=None, help="these GEMM shapes instead ('' for none)")
     ap.add_argument("--decode", metavar="MxKxN,...", default=None, help="these decode shapes instead ('' for none)")
+    ap.add_argument("--norm", metavar="MxKxN,...", default="", help="norm rows at these shapes (none by default)")
     args = ap.parse_args()
     env = _common.environment()
     print(_common.env_line(env))
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         raise SystemExit("bench/fp8.py needs a GPU with fp8 tensor cores (sm89 or later)")
-    data = {"gemm": [], "decode": []}
+    data = {"gemm": [], "decode": [], "norm": []}
     gemm_shapes = _shapes(args.gemm) if args.gemm is not None else GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES
     decode_shapes = (_shapes(args.decode) if args.decode is not None else DECODE_SHAPES[:2] if args.quick
                      else DECODE_SHAPES)
     # the decode rows first (short), every row written as it lands: a run cut by a time limit keeps its rows
-    for part, shapes, rows_for in (("decode", decode_shapes, decode_rows),
+    for part, shapes, rows_for in (("norm", _shapes(args.norm), norm_rows), ("decode", decode_shapes, decode_rows),
                                    ("gemm", gemm_shapes, lambda sh: gemm_rows(not args.no_compile, sh))):
         for shape in shapes:
             data[part] += rows_for([shape])
