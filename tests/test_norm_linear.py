@@ -231,3 +231,22 @@ def test_fp8_activations_take_the_norm_in_their_quantization(one_pass_max_k, mon
         assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-1
         other = torch.randint(1, 100, (3, 5), device=DEVICE)          # another batch and length
         assert rel_l2(opt(other), CausalLogits(lm)(other)) < 1e-1
+
+
+def test_a_large_weight_keeps_its_norm_apart(monkeypatch):
+    """Above NORM_IN_MOST_WEIGHTS weight elements the norm stays a kernel of its own (its work at every weight
+    element of the GEMV costs more than its launch), said in the layer's note; smaller layers still take it. Here
+    the limit sits between the tiny Llama's q / k / v (64 x 32) and its packed gate / up (128 x 32)."""
+    from accelc.passes import norm_linear
+
+    monkeypatch.setattr(norm_linear, "NORM_IN_MOST_WEIGHTS", 3000)
+    lm = _tiny_llama(layers=1)
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    opt = _optimize(CausalLogits(lm), (ids,))
+    kernels = [r.kernel for r in opt.layers if r.status == "rewritten"]
+    assert "accelc::rms_norm+linear" in kernels and "accelc::gated_linear[silu]" in kernels, kernels
+    assert not any(k.startswith("accelc::rms_norm+gated") for k in kernels), kernels
+    gated = next(r for r in opt.layers if r.kernel == "accelc::gated_linear[silu]")
+    assert "norm not taken in: a weight of 4,096 elements" in gated.reason, gated.reason
+    with torch.no_grad():
+        assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-5
