@@ -299,10 +299,14 @@ def gemv_row(
     if NORM:    # (the norm weight, in x's layout as x's values: a constant, read before the wait too)
         n_ptrs = tl.broadcast_to(norm_ptr + offs_k[None, :], (BLOCK_N, BLOCK_K))
         nw = tl.load(n_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
+        x_row = x_ptr + row * stride_xm + offs_k * stride_xk      # x's row once a block, for its squares
     wait_for_producers(PDL)
     a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
     if NORM:
-        ss = a * a                              # (every lane's row the same x: the sum is x's, per lane)
+        # the squares from one read of the row a block, not from the block's broadcast copy of it (a sum per
+        # output row of the block, each the same)
+        xs = tl.load(x_row, mask=offs_k < K, other=0.0).to(tl.float32)
+        ss = xs * xs
         a = a * nw
     acc = a * weight_f32(b, W_SCALED)
     x_ptrs += BLOCK_K * stride_xk
@@ -311,9 +315,16 @@ def gemv_row(
         a, b = k_block(x_ptrs, w_ptrs, offs_k[None, :] < K - k, EVEN_K)
         a = a.to(tl.float32)
         if NORM:
-            ss += a * a
+            x_row += BLOCK_K * stride_xk
             n_ptrs += BLOCK_K
-            a = a * tl.load(n_ptrs, mask=offs_k[None, :] < K - k, other=0.0).to(tl.float32)
+            if EVEN_K:      # (unmasked, as k_block's: the broadcast norm weight's loads and conversions then
+                xs = tl.load(x_row).to(tl.float32)      # shared by a thread's rows)
+                nwk = tl.load(n_ptrs)
+            else:
+                xs = tl.load(x_row, mask=offs_k < K - k, other=0.0).to(tl.float32)
+                nwk = tl.load(n_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
+            ss += xs * xs
+            a = a * nwk.to(tl.float32)
         acc += a * weight_f32(b, W_SCALED)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
@@ -321,7 +332,7 @@ def gemv_row(
     if W_SCALED:
         out = out * tl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     if NORM:
-        out = out * tl.rsqrt(tl.sum(ss, axis=1) / K + norm_eps)[None, :]
+        out = out * tl.rsqrt(tl.sum(ss, axis=0) / K + norm_eps)
     store_tile(out, row + tl.arange(0, 1), offs_n, pid_n, M, N, N_OUT, bias_ptr, res_ptr, out_ptr,
                stride_rm, stride_rn, stride_om, stride_on, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
                ACTIVATION, FAST_MATH, GATED, False, 1, BLOCK_N)

@@ -67,6 +67,37 @@ def test_both_gemv_forms_take_the_norm_and_only_they_do():
         gemm.linear_launch(x, w, norm_weight=nw)
 
 
+@pytest.mark.parametrize("k", [96, 100])
+@pytest.mark.parametrize("wdtype", ["float", "int8", "fp8"])
+def test_the_one_row_gemv_takes_the_norm_over_several_k_blocks(k, wdtype):
+    """gemv_row's K loop with the norm: three and four K blocks of 32, K a multiple of the block (its unmasked
+    loads) and not; the row's squares from their own read of x, the norm weight on the block's copy; float,
+    int8 and fp8 weights (their scales) against the fp64 reference."""
+    import triton
+    from accelc.kernels import fp8_weight, int8_gemm
+
+    if wdtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("no float8_e4m3fn in this PyTorch")
+    torch.manual_seed(k)
+    x = torch.randn(1, k, device=DEVICE) * 3
+    w = torch.randn(40, k, device=DEVICE) / k ** 0.5
+    nw = 1 + 0.3 * torch.randn(k, device=DEVICE)
+    b = torch.randn(40, device=DEVICE)
+    cfg = triton.Config(dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=32, GROUP_M=8, USE_TMA=False, PROGRAMS_PER_SM=1,
+                             GEMV=True, FLAT=True), num_warps=1, num_stages=1)
+    scales, wq, w_ref = None, w, w.double()
+    if wdtype == "int8":
+        wq, ws = int8_gemm.quantize_weight(w)
+        scales, w_ref = (None, ws), wq.double() * ws.double()[:, None]
+    elif wdtype == "fp8":
+        wq, ws = fp8_weight.quantize_weight(w)
+        scales, w_ref = (None, ws), wq.double() * ws.double()[:, None]
+    out = torch.empty(1, 40, device=DEVICE)
+    gemm.launch(x, wq, b, None, out, config=cfg, scales=scales, norm=(nw, 1e-5))
+    ref = gemm.linear_ref(x.double(), w_ref, b.double(), norm_weight=nw.double(), norm_eps=1e-5)
+    assert rel_l2(out, ref) < 1e-5, rel_l2(out, ref)
+
+
 def _tiny_llama(layers=2):
     T = pytest.importorskip("transformers")
     torch.manual_seed(0)
