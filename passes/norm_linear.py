@@ -46,6 +46,8 @@ NOTE = "the RMSNorm before it taken in: a decode step's rows normalized in the G
 # x value times its norm weight, its square summed, per output row of the block); its own kernel costs a few
 # microseconds once. bench/fp8.py --norm times both: taken in paid up to a 4096 x 6144 weight (25M elements) and
 # lost at 4096 x 28672 (117M), fp16 and one-byte weights alike. Above this many elements the norm stays apart.
+# (Timed with the squares summed per output row of the block; gemv_row sums them once a block since, its loop
+# about half as long: the limit is to be timed again.)
 NORM_IN_MOST_WEIGHTS = 32 * 2**20
 # fp8 weights and activations take the norm in the rows' quantization, once a row: at any size
 QUANTIZED_ROWS = (torch.ops.accelc.linear_fp8.default, torch.ops.accelc.gated_linear_fp8.default)
