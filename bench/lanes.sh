@@ -6,6 +6,8 @@
 #
 # SECONDS: each model's time limit (a model cut by it keeps the sides it finished: e2e.py writes its JSON after
 # every side). One lane argument per GPU (comma-separated models); the command gets --models M --out OUT.
+# LANES_TAR=FILE: OUT packed into FILE at the end (the device brings back at most 8 files from $OUT: a lane
+# per GPU writes more; OUT then lies outside $OUT, FILE inside it).
 set -u
 out=$1; limit=$2; cmd=$3; shift 3
 mkdir -p "$out"
@@ -26,3 +28,6 @@ for lane in "$@"; do
   i=$(( i + 1 ))
 done
 wait
+if [ -n "${LANES_TAR:-}" ]; then
+  tar czf "$LANES_TAR" -C "$out" .
+fi
