@@ -15,7 +15,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import (buckets, compile_workers, generation, guard, meta, reuse, runner, runtime,
+from accelc import (buckets, compile_workers, generation, guard, layer_compiles, meta, reuse, runner, runtime,
                     tensor_parallel, warmup)
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
@@ -348,8 +348,14 @@ def _padding_check(gm: fx.GraphModule, args: tuple, ctx, memo, seconds: dict, ow
         plan.padding, plan.padding_note = memo.padding
         return
     t0 = time.perf_counter()
+    rewritten = set(layers(gm))
+
+    def before(sized: tuple) -> None:
+        # the padded calls tune their layers at new sizes: every candidate compiled first by the workers at once
+        # (a compile that Triton's LLVM aborts on ends a worker, not this process)
+        layer_compiles.candidates_ahead(gm, sized, rewritten)
     with tensor_parallel.local_collectives():
-        plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, ctx.config.tolerance_for, own)
+        plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, ctx.config.tolerance_for, own, before)
     seconds["padding check"] = round(time.perf_counter() - t0, 2)
 
 

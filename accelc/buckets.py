@@ -181,11 +181,13 @@ def call_plan(gm) -> CallPlan:
     return plan
 
 
-def find(fn, args: tuple, shapes: InputShapes | None, tolerance, own_error=None) -> tuple[Padding | None, str]:
+def find(fn, args: tuple, shapes: InputShapes | None, tolerance, own_error=None,
+         before=None) -> tuple[Padding | None, str]:
     """(the padding `fn`'s calls may take, None where none; in words, why a varying dim does not
     pad). fn: the optimized graph; args: the example; tolerance(dtype): the guard's rel-L2 floor;
     own_error(): the model's own error on the example against higher precision (asked for only where
-    a padded call passes the floor; None: the floor alone)."""
+    a padded call passes the floor; None: the floor alone); before(args): called before fn is called
+    on inputs of new sizes (its kernels' compiles for them made ahead)."""
     if shapes is None or not (shapes.free or shapes.varying()):
         return None, ""
     fills, ranges, words, example = _groups(shapes, args)
@@ -193,18 +195,18 @@ def find(fn, args: tuple, shapes: InputShapes | None, tolerance, own_error=None)
         return None, ""
     kept, why, outputs = [], [], None
     for g in ranges:
-        reason, dims = _inert(fn, args, fills, ranges, example, {g}, tolerance, own_error)
+        reason, dims = _inert(fn, args, fills, ranges, example, {g}, tolerance, own_error, before)
         if reason:
             why.append(f"{words[g]} does not pad: {reason}")
         else:
             kept.append(g)
             outputs = dims
     if len(kept) > 1:
-        reason, dims = _inert(fn, args, fills, ranges, example, set(kept), tolerance, own_error)
+        reason, dims = _inert(fn, args, fills, ranges, example, set(kept), tolerance, own_error, before)
         if reason:
             why.append(f"{', '.join(words[g] for g in kept[1:])} does not pad with {words[kept[0]]}: {reason}")
             kept = kept[:1]
-            outputs = _inert(fn, args, fills, ranges, example, set(kept), tolerance, own_error)[1]
+            outputs = _inert(fn, args, fills, ranges, example, set(kept), tolerance, own_error, before)[1]
         else:
             outputs = dims
     if not kept:
@@ -280,7 +282,8 @@ def _trials(ranges: dict, example: dict, groups: set) -> list[tuple[dict, dict]]
     return trials
 
 
-def _inert(fn, args, fills, ranges, example, groups, tolerance, own_error=None) -> tuple[str, tuple | None]:
+def _inert(fn, args, fills, ranges, example, groups, tolerance, own_error=None,
+           before=None) -> tuple[str, tuple | None]:
     """("" and per output leaf the dims that follow the padded ones) where padding the dims of
     `groups` leaves the real part of every output as it is; else (why not, None)."""
     trials = _trials(ranges, example, groups)
@@ -292,6 +295,9 @@ def _inert(fn, args, fills, ranges, example, groups, tolerance, own_error=None) 
         small_args = _cut_args(args, plan.inputs, real)
         try:
             with torch.no_grad():
+                if before is not None:
+                    before(small_args)
+                    before(plan.pad(small_args, padded))
                 small, big = fn(*small_args), fn(*plan.pad(small_args, padded))
                 other = fn(*plan.pad(small_args, padded, first=True))
         except Exception as e:

@@ -427,3 +427,25 @@ def test_the_call_plan_is_its_own_record_beside_the_call_contract():
     assert buckets.call_plan(gm) == buckets.CallPlan("a padding", "why", "2 shapes")
     gm.meta[buckets.CALL_PLAN] = plan = buckets.CallPlan(None, "batch does not pad", "")
     assert buckets.call_plan(gm) is plan and plan.describe() == " (batch does not pad)"
+
+
+def test_the_padding_check_hands_each_new_size_to_before_its_calls():
+    """buckets.find calls `before` with the inputs of every size it is about to call the graph at (optimize
+    compiles their kernels there first, in the compile workers), before the graph's own calls at them."""
+    from accelc.capture import capture
+    from accelc.capture.shapes import SHAPES
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, device=DEVICE)
+    mlp = nn.Sequential(nn.Linear(8, 8), nn.GELU()).to(DEVICE).eval()
+    gm, _, _ = capture(mlp, (x,), {})
+    events = []
+
+    def graph(*args):
+        events.append(("call", tuple(args[0].shape)))
+        return gm(*args)
+
+    plan, _ = buckets.find(graph, (x,), gm.meta[SHAPES], tol,
+                           before=lambda args: events.append(("before", tuple(args[0].shape))))
+    assert plan is not None
+    called = [shape for kind, shape in events if kind == "call"]
+    assert called and all(("before", s) in events[:events.index(("call", s))] for s in called), events
