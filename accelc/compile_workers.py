@@ -153,7 +153,9 @@ def crashed() -> dict:
 
 def refuse_crashed() -> None:
     """Triton's jit_cache_hook (the one in place, if any, called after it) raising CompilerCrashed for a
-    specialization whose compile ended a worker, before this process would compile it. Installed once; stays."""
+    specialization whose compile ended a worker, before this process would compile it; inside an optimize, a
+    compile no worker was handed first (a kernel launched directly at a new size, a key of one candidate) is
+    made by a worker first, this process then loading it. Installed once; stays."""
     from triton import knobs
 
     previous = knobs.runtime.jit_cache_hook
@@ -162,6 +164,10 @@ def refuse_crashed() -> None:
 
     def hook(*, fn, compile, **kwargs):
         data = compile.get("specialization_data") if isinstance(compile, dict) else None
+        with _lock:
+            first = bool(data) and data not in _sent
+        if first and active():
+            compile_jobs([(f"{fn.module}.{fn.name}", data)])
         with _lock:
             how = _crashed.get(data) if data else None
         if how:

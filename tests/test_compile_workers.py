@@ -136,10 +136,23 @@ try:
 except compile_workers.CompilerCrashed as e:
     print("refused", e)
 with compile_only():
-    aborting(32)        # another specialization of the same kernel: not refused (it never ended a worker)
     fine(1)
 print("others compile here")
+# a launch whose compile no worker was handed (a kernel at a new size): a worker makes it first
+try:
+    with compile_only():
+        aborting(32)
+    print("first no")
+except compile_workers.CompilerCrashed as e:
+    print("first", len(compile_workers.crashed()), e)
+before = len(compile_workers._sent)
+with compile_only():
+    fine(4)
+print("fine first", len(compile_workers._sent) - before)
 compile_workers.release()
+with compile_only():
+    aborting(16)        # outside an optimize: compiled here (no worker), as before
+print("outside compiled")
 """
 
 
@@ -147,7 +160,8 @@ def test_a_compile_that_ends_its_worker_is_refused_here(tmp_path):
     """A compile that ends the worker running it (Triton's LLVM aborting on one kernel's code, seen with triton
     3.6 on a causal LM's step program) would end this process too: its specialization is refused here with a
     CompilerCrashed naming it (the guard leaves the layer in PyTorch, a race drops the candidate); the other jobs
-    still compile, and so do the kernel's other specializations."""
+    still compile. Inside an optimize a compile no worker was handed goes to one first (refused the same where
+    it ends the worker; compiled there, then loaded here, where not); outside one, compiles are made here."""
     kdir = tmp_path / "kernels"
     kdir.mkdir()
     (kdir / "poison.py").write_text(POISON)
@@ -156,9 +170,13 @@ def test_a_compile_that_ends_its_worker_is_refused_here(tmp_path):
     out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nKDIR = {str(kdir)!r}\n" + CRASH_SCRIPT],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines() if line.split(" ")[0] in ("jobs", "crashed", "refused", "others")]
+    lines = [line for line in out.stdout.splitlines()
+             if line.split(" ")[0] in ("jobs", "crashed", "refused", "others", "first", "fine", "outside")]
     assert lines[0] == "jobs 3 compiled 2", lines
     assert lines[1] == "crashed ['signal SIGABRT']", lines
     assert lines[2].startswith("refused Triton's compiler ended the process compiling copy_kernel"), lines
     assert "signal SIGABRT" in lines[2], lines
     assert lines[3] == "others compile here", lines
+    assert lines[4].startswith("first 2 Triton's compiler ended the process compiling copy_kernel"), lines
+    assert lines[5] == "fine first 1", lines         # handed to a worker, then loaded here
+    assert lines[6] == "outside compiled", lines
