@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.language.core import _aggregate as aggregate   # (Gluon's tutorials' spelling, Triton 3.6 and later)
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -62,41 +63,79 @@ def _tile_counts(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K:
 
 
 @gluon.jit
-def _load_partition(descs, bars, bufs, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, W_T: gl.constexpr):
+def ring_slot(step, STAGES: gl.constexpr):
+    """(slot, phase) of the ring's step-th fill: its slot, and the phase its `ready` barrier completes (its
+    `empty` barrier's, for the producer's wait, is the other one: a slot starts empty)."""
+    return step % STAGES, (step // STAGES) & 1
+
+
+@gluon.jit
+def ring_release(empty, step, STAGES: gl.constexpr, pred):
+    """A consumer gives back the slot of the fill before its step-th (its MMA has read it), where pred."""
+    mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=pred)
+
+
+@aggregate
+class WsArgs:
+    """What linear_ws_kernel's partitions share: the TMA descriptors, the ring (allocate_ring), the epilogue's
+    pointers, the sizes and the kernel's constants."""
+    x_desc: tma.tensor_descriptor
+    w_desc: tma.tensor_descriptor
+    out_desc: tma.tensor_descriptor
+    res_desc: tma.tensor_descriptor
+    x_bufs: gl.shared_memory_descriptor
+    w_bufs: gl.shared_memory_descriptor
+    c_bufs: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    res_ready: gl.shared_memory_descriptor
+    turn: gl.shared_memory_descriptor
+    bias_ptr: gl.tensor
+    a_scale_ptr: gl.tensor
+    w_scale_ptr: gl.tensor
+    M: gl.tensor
+    N: gl.tensor
+    K: gl.tensor
+    BLOCK_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    BLOCK_K: gl.constexpr
+    STAGES: gl.constexpr
+    GROUP_M: gl.constexpr
+    HAS_BIAS: gl.constexpr
+    HAS_RESIDUAL: gl.constexpr
+    RESIDUAL_FIRST: gl.constexpr
+    ACTIVATION: gl.constexpr
+    QUANT: gl.constexpr
+    W_T: gl.constexpr
+
+
+@gluon.jit
+def _load_partition(p):
     """The producer: TMA loads of every K-slice of every tile of this CTA into the ring, in order."""
-    x_desc, w_desc, _, _ = descs
-    ready, empty, _, _ = bars
-    x_bufs, w_bufs, _ = bufs
-    num_pid_m, num_pid_n, k_tiles = _tile_counts(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+    num_pid_m, num_pid_n, k_tiles = _tile_counts(p.M, p.N, p.K, p.BLOCK_M, p.BLOCK_N, p.BLOCK_K)
     step = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, p.GROUP_M)
         for kk in range(k_tiles):
-            slot = step % STAGES
+            slot, phase = ring_slot(step, p.STAGES)
             # a slot starts empty: the first wait of each (phase 1) passes at once
-            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma_load(x_desc, [pid_m * BLOCK_M, kk * BLOCK_K], bar, x_bufs.index(slot))
-            if W_T:
-                tma_load(w_desc, [kk * BLOCK_K, pid_n * BLOCK_N], bar, w_bufs.index(slot))
+            mbarrier.wait(p.empty.index(slot), phase ^ 1)
+            bar = p.ready.index(slot)
+            mbarrier.expect(bar, p.x_desc.block_type.nbytes + p.w_desc.block_type.nbytes)
+            tma_load(p.x_desc, [pid_m * p.BLOCK_M, kk * p.BLOCK_K], bar, p.x_bufs.index(slot))
+            if p.W_T:
+                tma_load(p.w_desc, [kk * p.BLOCK_K, pid_n * p.BLOCK_N], bar, p.w_bufs.index(slot))
             else:
-                tma_load(w_desc, [pid_n * BLOCK_N, kk * BLOCK_K], bar, w_bufs.index(slot))
+                tma_load(p.w_desc, [pid_n * p.BLOCK_N, kk * p.BLOCK_K], bar, p.w_bufs.index(slot))
             step += 1
 
 
 @gluon.jit
-def _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                   CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr,
-                   HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr,
-                   ACTIVATION: gl.constexpr, QUANT: gl.constexpr, W_T: gl.constexpr):
+def _mma_partition(p, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """A consumer: wgmma over the ring for its tiles, then the epilogue and the TMA store."""
-    _, _, out_desc, res_desc = descs
-    ready, empty, res_ready, turn = bars
-    x_bufs, w_bufs, c_bufs = bufs
-    bias_ptr, a_scale_ptr, w_scale_ptr = ptrs
+    BLOCK_M: gl.constexpr = p.BLOCK_M
+    BLOCK_N: gl.constexpr = p.BLOCK_N
+    QUANT: gl.constexpr = p.QUANT
     # the accumulator: wgmma's own register layout, instructions 64 x BLOCK_N x (32 bytes) per
     # warpgroup; int8 operands (QUANT 1) sum into int32 on the int8 tensor cores, exactly, fp8 ones (QUANT 2)
     # into fp32 (Triton's one-byte wgmma goes up to 128 columns an instruction: 256 asserts in its int8 lowering)
@@ -105,61 +144,61 @@ def _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOC
     ACC_DTYPE: gl.constexpr = gl.int32 if QUANT == 1 else gl.float32
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, INSTR_N, INSTR_K])
-    num_pid_m, num_pid_n, k_tiles = _tile_counts(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
-    c_buf = c_bufs.index(CONSUMER)
-    res_bar = res_ready.index(CONSUMER)
+    num_pid_m, num_pid_n, k_tiles = _tile_counts(p.M, p.N, p.K, BLOCK_M, BLOCK_N, p.BLOCK_K)
+    c_buf = p.c_bufs.index(CONSUMER)
+    res_bar = p.res_ready.index(CONSUMER)
     step = CONSUMER * k_tiles      # the ring position of this consumer's first tile
     done = 0
     for tile in range(gl.program_id(0) + CONSUMER * gl.num_programs(0), num_pid_m * num_pid_n,
                       CONSUMERS * gl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, p.GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if HAS_RESIDUAL:
+        if p.HAS_RESIDUAL:
             # the residual tile lands in the output buffer while the MMAs run (the last tile's
             # store must have left it first)
             tma.store_wait(0)
-            mbarrier.expect(res_bar, res_desc.block_type.nbytes)
-            tma_load(res_desc, [off_m, off_n], res_bar, c_buf)
+            mbarrier.expect(res_bar, p.res_desc.block_type.nbytes)
+            tma_load(p.res_desc, [off_m, off_n], res_bar, c_buf)
 
         if CONSUMERS == 2:
             # Take turns on the ring: a barrier's phase says only "odd" or "even", so a consumer
             # that waited on slots two fills ahead of the other would take that one's data for
             # its own. This consumer starts its K loop only once the other has waited for all of
             # its previous tile's slots; the other's MMAs and epilogue still overlap this one.
-            mbarrier.wait(turn.index(CONSUMER), (done + CONSUMER + 1) & 1, pred=done + CONSUMER > 0)
+            mbarrier.wait(p.turn.index(CONSUMER), (done + CONSUMER + 1) & 1, pred=done + CONSUMER > 0)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE, layout=acc_layout)
         for kk in range(k_tiles):
-            slot = step % STAGES
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            if W_T:
-                acc = warpgroup_mma(x_bufs.index(slot), w_bufs.index(slot), acc, is_async=True)
+            slot, phase = ring_slot(step, p.STAGES)
+            mbarrier.wait(p.ready.index(slot), phase)
+            if p.W_T:
+                acc = warpgroup_mma(p.x_bufs.index(slot), p.w_bufs.index(slot), acc, is_async=True)
             else:
-                acc = warpgroup_mma(x_bufs.index(slot), w_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma(p.x_bufs.index(slot), p.w_bufs.index(slot).permute((1, 0)), acc, is_async=True)
             # at most this MMA in flight: the previous one has read its slot, which goes back
             acc = warpgroup_mma_wait(1, deps=(acc, ))
-            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=kk > 0)
+            ring_release(p.empty, step, p.STAGES, kk > 0)
             step += 1
         if CONSUMERS == 2:
-            mbarrier.arrive(turn.index(1 - CONSUMER))    # the other consumer's turn
+            mbarrier.arrive(p.turn.index(1 - CONSUMER))    # the other consumer's turn
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k_tiles > 0)
+        ring_release(p.empty, step, p.STAGES, k_tiles > 0)
         step += (CONSUMERS - 1) * k_tiles     # the other consumers' tiles
 
         if QUANT:
             # W8A8's (int8 or fp8) dequantization, as the tl kernel's: acc * a_scale[row] * w_scale[column] in fp32
             offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
             offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-            a_s = gl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
-            w_s = gl.load(w_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
+            a_s = gl.load(p.a_scale_ptr + offs_m, mask=offs_m < p.M, other=0.0)
+            w_s = gl.load(p.w_scale_ptr + offs_n, mask=offs_n < p.N, other=0.0)
             accf = acc.to(gl.float32) * gl.expand_dims(a_s, 1) * gl.expand_dims(w_s, 0)
         else:
             accf = acc
         # int8 layers with half outputs take GELU in its tanh form on the SFU, as the tl kernel does
-        finish_tile(accf, bias_ptr, off_n, N, c_buf, res_bar, done, acc_layout, HAS_BIAS, HAS_RESIDUAL,
-                    RESIDUAL_FIRST, ACTIVATION, QUANT == 1)
+        finish_tile(accf, p.bias_ptr, off_n, p.N, c_buf, res_bar, done, acc_layout, p.HAS_BIAS, p.HAS_RESIDUAL,
+                    p.RESIDUAL_FIRST, p.ACTIVATION, QUANT == 1)
         # the copy engine clips the rows and columns past M and N
-        tma_store(out_desc, [off_m, off_n], c_buf)
+        tma_store(p.out_desc, [off_m, off_n], c_buf)
         done += 1
     tma.store_wait(0)
 
@@ -189,12 +228,8 @@ def finish_tile(acc, bias_ptr, n0, N, c_buf, res_bar, done, acc_layout: gl.const
 
 
 @gluon.jit
-def _consumer_1(descs, bars, bufs, ptrs, M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr,
-                ACTIVATION: gl.constexpr, QUANT: gl.constexpr, W_T: gl.constexpr):
-    _mma_partition(descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, 1, 2, 4,
-                   HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)
+def _consumer_1(p):
+    _mma_partition(p, 1, 2, 4)
 
 
 @gluon.jit
@@ -237,24 +272,16 @@ def linear_ws_kernel(
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = out_desc.block_type.shape[1]
-    bufs, bars = allocate_ring(x_desc, w_desc, out_desc, STAGES, CONSUMERS)
-    descs = (x_desc, w_desc, out_desc, res_desc)
-    ptrs = (bias_ptr, a_scale_ptr, w_scale_ptr)
-    # (the argument tuples are written out: a tuple built with + passes its constexprs as values)
+    (x_bufs, w_bufs, c_bufs), (ready, empty, res_ready, turn) = allocate_ring(x_desc, w_desc, out_desc, STAGES,
+                                                                              CONSUMERS)
+    p = WsArgs(x_desc, w_desc, out_desc, res_desc, x_bufs, w_bufs, c_bufs, ready, empty, res_ready, turn,
+               bias_ptr, a_scale_ptr, w_scale_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
+               HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)
     if CONSUMERS == 1:
-        gl.warp_specialize([
-            (_mma_partition, (descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
-                              0, 1, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)),
-            (_load_partition, (descs, bars, bufs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, W_T)),
-        ], [1], [LOAD_REGS])
+        gl.warp_specialize([(_mma_partition, (p, 0, 1, num_warps)), (_load_partition, (p, ))], [1], [LOAD_REGS])
     else:
-        gl.warp_specialize([
-            (_mma_partition, (descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
-                              0, 2, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)),
-            (_consumer_1, (descs, bars, bufs, ptrs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
-                           HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)),
-            (_load_partition, (descs, bars, bufs, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M, W_T)),
-        ], [4, 4], [MMA_REGS, LOAD_REGS])
+        gl.warp_specialize([(_mma_partition, (p, 0, 2, num_warps)), (_consumer_1, (p, )), (_load_partition, (p, ))],
+                           [4, 4], [MMA_REGS, LOAD_REGS])
 
 
 def smem_bytes(bm: int, bn: int, bk: int, stages: int, consumers: int, elem: int = 2) -> int:
@@ -288,33 +315,69 @@ def descriptors(x2, weight, res2, out, bm: int, bn: int, bk: int, w_t: bool):
 # ---------------------------------------------------------------------------------------------------
 
 
+@aggregate
+class CoopArgs:
+    """What linear_coop_kernel's partitions share: its seven TMA descriptors, its ring (WGS x boxes and the two
+    weight boxes a slot, the output's two boxes a warpgroup) and barriers, the bias pointer, the sizes and the
+    kernel's constants."""
+    x_desc: tma.tensor_descriptor
+    w1_desc: tma.tensor_descriptor
+    w2_desc: tma.tensor_descriptor
+    out1_desc: tma.tensor_descriptor
+    out2_desc: tma.tensor_descriptor
+    res1_desc: tma.tensor_descriptor
+    res2_desc: tma.tensor_descriptor
+    x_bufs: gl.shared_memory_descriptor
+    w1_bufs: gl.shared_memory_descriptor
+    w2_bufs: gl.shared_memory_descriptor
+    c1_bufs: gl.shared_memory_descriptor
+    c2_bufs: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    res_ready: gl.shared_memory_descriptor
+    bias_ptr: gl.tensor
+    M: gl.tensor
+    N: gl.tensor
+    K: gl.tensor
+    BLOCK_K: gl.constexpr
+    BN1: gl.constexpr
+    BN2: gl.constexpr
+    WGS: gl.constexpr
+    STAGES: gl.constexpr
+    GROUP_M: gl.constexpr
+    HAS_BIAS: gl.constexpr
+    HAS_RESIDUAL: gl.constexpr
+    RESIDUAL_FIRST: gl.constexpr
+    ACTIVATION: gl.constexpr
+    W_T: gl.constexpr
+
+
 @gluon.jit
-def _coop_load(descs, bars, bufs, M, N, K, BLOCK_K: gl.constexpr, BN1: gl.constexpr, BN2: gl.constexpr,
-               WGS: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, W_T: gl.constexpr):
-    x_desc, w1_desc, w2_desc = descs[0], descs[1], descs[2]
-    ready, empty = bars[0], bars[1]
-    x_bufs, w1_bufs, w2_bufs = bufs[0], bufs[1], bufs[2]
-    BLOCK_M: gl.constexpr = 64 * WGS
-    num_pid_m, num_pid_n, k_tiles = _tile_counts(M, N, K, BLOCK_M, BN1 + BN2, BLOCK_K)
-    nbytes: gl.constexpr = WGS * x_desc.block_type.nbytes + w1_desc.block_type.nbytes + w2_desc.block_type.nbytes
+def _coop_load(p):
+    BLOCK_M: gl.constexpr = 64 * p.WGS
+    BN1: gl.constexpr = p.BN1
+    BLOCK_K: gl.constexpr = p.BLOCK_K
+    num_pid_m, num_pid_n, k_tiles = _tile_counts(p.M, p.N, p.K, BLOCK_M, BN1 + p.BN2, BLOCK_K)
+    nbytes: gl.constexpr = (p.WGS * p.x_desc.block_type.nbytes + p.w1_desc.block_type.nbytes
+                            + p.w2_desc.block_type.nbytes)
     step = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_n = pid_n * (BN1 + BN2)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, p.GROUP_M)
+        off_n = pid_n * (BN1 + p.BN2)
         for kk in range(k_tiles):
-            slot = step % STAGES
-            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
+            slot, phase = ring_slot(step, p.STAGES)
+            mbarrier.wait(p.empty.index(slot), phase ^ 1)
+            bar = p.ready.index(slot)
             mbarrier.expect(bar, nbytes)
             # (boxes wholly past M or N are filled with zeros and still count their bytes)
-            for g in gl.static_range(WGS):
-                tma_load(x_desc, [pid_m * BLOCK_M + 64 * g, kk * BLOCK_K], bar, x_bufs.index(slot * WGS + g))
-            if W_T:
-                tma_load(w1_desc, [kk * BLOCK_K, off_n], bar, w1_bufs.index(slot))
-                tma_load(w2_desc, [kk * BLOCK_K, off_n + BN1], bar, w2_bufs.index(slot))
+            for g in gl.static_range(p.WGS):
+                tma_load(p.x_desc, [pid_m * BLOCK_M + 64 * g, kk * BLOCK_K], bar, p.x_bufs.index(slot * p.WGS + g))
+            if p.W_T:
+                tma_load(p.w1_desc, [kk * BLOCK_K, off_n], bar, p.w1_bufs.index(slot))
+                tma_load(p.w2_desc, [kk * BLOCK_K, off_n + BN1], bar, p.w2_bufs.index(slot))
             else:
-                tma_load(w1_desc, [off_n, kk * BLOCK_K], bar, w1_bufs.index(slot))
-                tma_load(w2_desc, [off_n + BN1, kk * BLOCK_K], bar, w2_bufs.index(slot))
+                tma_load(p.w1_desc, [off_n, kk * BLOCK_K], bar, p.w1_bufs.index(slot))
+                tma_load(p.w2_desc, [off_n + BN1, kk * BLOCK_K], bar, p.w2_bufs.index(slot))
             step += 1
 
 
@@ -350,57 +413,53 @@ def _coop_epilogue(acc, out_desc, c_buf, bias_ptr, row, col, N, WIDTH: gl.conste
 
 
 @gluon.jit
-def _coop_mma(descs, bars, bufs, bias_ptr, M, N, K, G: gl.constexpr, BLOCK_K: gl.constexpr, BN1: gl.constexpr,
-              BN2: gl.constexpr, WGS: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr,
-              ACTIVATION: gl.constexpr, W_T: gl.constexpr):
+def _coop_mma(p, G: gl.constexpr):
     """MMA warpgroup G: rows 64 G .. 64 G + 63 of every tile of this CTA, both accumulators, then their
     epilogues."""
-    out1_desc, out2_desc, res1_desc, res2_desc = descs[3], descs[4], descs[5], descs[6]
-    ready, empty, res_ready = bars[0], bars[1], bars[2]
-    x_bufs, w1_bufs, w2_bufs, c1_bufs, c2_bufs = bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]
-    BLOCK_M: gl.constexpr = 64 * WGS
+    BLOCK_M: gl.constexpr = 64 * p.WGS
+    BN1: gl.constexpr = p.BN1
+    BN2: gl.constexpr = p.BN2
     l1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN1, 16])
     l2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                  instr_shape=[16, BN2, 16])
-    num_pid_m, num_pid_n, k_tiles = _tile_counts(M, N, K, BLOCK_M, BN1 + BN2, BLOCK_K)
-    c1 = c1_bufs.index(G)
-    c2 = c2_bufs.index(G)
-    res_bar = res_ready.index(G)
+    num_pid_m, num_pid_n, k_tiles = _tile_counts(p.M, p.N, p.K, BLOCK_M, BN1 + BN2, p.BLOCK_K)
+    c1 = p.c1_bufs.index(G)
+    c2 = p.c2_bufs.index(G)
+    res_bar = p.res_ready.index(G)
     step = 0
     done = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, p.GROUP_M)
         row = pid_m * BLOCK_M + 64 * G
         col = pid_n * (BN1 + BN2)
-        if HAS_RESIDUAL:
+        if p.HAS_RESIDUAL:
             # the residual lands in c1 / c2 while the MMAs run (the last tile's stores must have left them)
             tma.store_wait(0)
-            mbarrier.expect(res_bar, res1_desc.block_type.nbytes + res2_desc.block_type.nbytes)
-            tma_load(res1_desc, [row, col], res_bar, c1)
-            tma_load(res2_desc, [row, col + BN1], res_bar, c2)
+            mbarrier.expect(res_bar, p.res1_desc.block_type.nbytes + p.res2_desc.block_type.nbytes)
+            tma_load(p.res1_desc, [row, col], res_bar, c1)
+            tma_load(p.res2_desc, [row, col + BN1], res_bar, c2)
         acc1 = gl.zeros((64, BN1), dtype=gl.float32, layout=l1)
         acc2 = gl.zeros((64, BN2), dtype=gl.float32, layout=l2)
         for kk in range(k_tiles):
-            slot = step % STAGES
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            a = x_bufs.index(slot * WGS + G)
-            acc1 = warpgroup_mma(a, _coop_b(w1_bufs.index(slot), W_T), acc1, is_async=True)
-            acc2 = warpgroup_mma(a, _coop_b(w2_bufs.index(slot), W_T), acc2, is_async=True)
+            slot, phase = ring_slot(step, p.STAGES)
+            mbarrier.wait(p.ready.index(slot), phase)
+            a = p.x_bufs.index(slot * p.WGS + G)
+            acc1 = warpgroup_mma(a, _coop_b(p.w1_bufs.index(slot), p.W_T), acc1, is_async=True)
+            acc2 = warpgroup_mma(a, _coop_b(p.w2_bufs.index(slot), p.W_T), acc2, is_async=True)
             # this K-slice's two MMAs in flight: the last slice's have read their slot
             acc1, acc2 = warpgroup_mma_wait(2, deps=(acc1, acc2))
-            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=kk > 0)
+            ring_release(p.empty, step, p.STAGES, kk > 0)
             step += 1
         acc1, acc2 = warpgroup_mma_wait(0, deps=(acc1, acc2))
-        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k_tiles > 0)
-        if HAS_RESIDUAL:
+        ring_release(p.empty, step, p.STAGES, k_tiles > 0)
+        if p.HAS_RESIDUAL:
             mbarrier.wait(res_bar, done & 1)
         else:
             tma.store_wait(0)
-        _coop_epilogue(acc1, out1_desc, c1, bias_ptr, row, col, N, BN1, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
-                       ACTIVATION)
-        _coop_epilogue(acc2, out2_desc, c2, bias_ptr, row, col + BN1, N, BN2, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
-                       ACTIVATION)
+        _coop_epilogue(acc1, p.out1_desc, c1, p.bias_ptr, row, col, p.N, BN1, p.HAS_BIAS, p.HAS_RESIDUAL,
+                       p.RESIDUAL_FIRST, p.ACTIVATION)
+        _coop_epilogue(acc2, p.out2_desc, c2, p.bias_ptr, row, col + BN1, p.N, BN2, p.HAS_BIAS, p.HAS_RESIDUAL,
+                       p.RESIDUAL_FIRST, p.ACTIVATION)
         done += 1
     tma.store_wait(0)
 
@@ -433,27 +492,15 @@ def linear_coop_kernel(
         mbarrier.init(empty.index(i), count=WGS)      # every MMA warpgroup gives the slot back
     for i in gl.static_range(WGS):
         mbarrier.init(res_ready.index(i), count=1)
-    descs = (x_desc, w1_desc, w2_desc, out1_desc, out2_desc, res1_desc, res2_desc)
-    bars = (ready, empty, res_ready)
-    bufs = (x_bufs, w1_bufs, w2_bufs, c1_bufs, c2_bufs)
+    p = CoopArgs(x_desc, w1_desc, w2_desc, out1_desc, out2_desc, res1_desc, res2_desc, x_bufs, w1_bufs, w2_bufs,
+                 c1_bufs, c2_bufs, ready, empty, res_ready, bias_ptr, M, N, K, BLOCK_K, BN1, BN2, WGS, STAGES, GROUP_M,
+                 HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)
     if WGS == 2:
-        gl.warp_specialize([
-            (_coop_mma, (descs, bars, bufs, bias_ptr, M, N, K, 0, BLOCK_K, BN1, BN2, WGS, STAGES, GROUP_M, HAS_BIAS,
-                         HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)),
-            (_coop_mma, (descs, bars, bufs, bias_ptr, M, N, K, 1, BLOCK_K, BN1, BN2, WGS, STAGES, GROUP_M, HAS_BIAS,
-                         HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)),
-            (_coop_load, (descs, bars, bufs, M, N, K, BLOCK_K, BN1, BN2, WGS, STAGES, GROUP_M, W_T)),
-        ], [4, 4], [MMA_REGS, LOAD_REGS])
+        gl.warp_specialize([(_coop_mma, (p, 0)), (_coop_mma, (p, 1)), (_coop_load, (p, ))], [4, 4],
+                           [MMA_REGS, LOAD_REGS])
     else:
-        gl.warp_specialize([
-            (_coop_mma, (descs, bars, bufs, bias_ptr, M, N, K, 0, BLOCK_K, BN1, BN2, WGS, STAGES, GROUP_M, HAS_BIAS,
-                         HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)),
-            (_coop_mma, (descs, bars, bufs, bias_ptr, M, N, K, 1, BLOCK_K, BN1, BN2, WGS, STAGES, GROUP_M, HAS_BIAS,
-                         HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)),
-            (_coop_mma, (descs, bars, bufs, bias_ptr, M, N, K, 2, BLOCK_K, BN1, BN2, WGS, STAGES, GROUP_M, HAS_BIAS,
-                         HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, W_T)),
-            (_coop_load, (descs, bars, bufs, M, N, K, BLOCK_K, BN1, BN2, WGS, STAGES, GROUP_M, W_T)),
-        ], [4, 4, 4], [MMA_REGS, MMA_REGS, LOAD_REGS])
+        gl.warp_specialize([(_coop_mma, (p, 0)), (_coop_mma, (p, 1)), (_coop_mma, (p, 2)), (_coop_load, (p, ))],
+                           [4, 4, 4], [MMA_REGS, MMA_REGS, LOAD_REGS])
 
 
 def coop_smem_bytes(wgs: int, bn1: int, bn2: int, bk: int, stages: int, elem: int = 2) -> int:
