@@ -31,7 +31,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from accelc.kernels.primitives import tile_coords
-from accelc.kernels.gemm_hopper import GL_DTYPES, allocate_ring, finish_tile, tma_load, tma_store
+from accelc.kernels.gemm_hopper import (GL_DTYPES, allocate_ring, finish_tile, ring_release, ring_slot, tma_load,
+                                        tma_store)
+from accelc.kernels.hopper_args import ConvArgs
 from accelc.kernels.gemm_hopper import smem_bytes as gemm_smem_bytes
 
 
@@ -52,95 +54,86 @@ def _num_tiles(N_IMG, OH, OW, K, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr, B
 
 
 @gluon.jit
-def _conv_load(descs, bars, bufs, geo, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr, BLOCK_N: gl.constexpr,
-               BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, STRIDE: gl.constexpr):
+def _conv_load(p):
     """The producer: for every tile of this CTA, every (tap, channel block)'s input box and weight box
     (STRIDE 2: from the 5-D view, at the tap's phase)."""
-    x_desc, w_desc = descs[0], descs[1]
-    ready, empty = bars[0], bars[1]
-    x_bufs, w_bufs = bufs[0], bufs[1]
-    N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w = geo
+    BLOCK_K: gl.constexpr = p.BLOCK_K
+    C = p.C
+    S = p.S
     n_c = C // BLOCK_K
     step = 0
-    for tile in range(gl.program_id(0), _num_tiles(N_IMG, OH, OW, K, BLOCK_H, BLOCK_W, BLOCK_N), gl.num_programs(0)):
-        image, oh0, ow0, n0 = _tile_origin(tile, N_IMG, OH, OW, K, BLOCK_H, BLOCK_W, BLOCK_N, GROUP_M)
-        for it in range(R * S * n_c):
+    for tile in range(gl.program_id(0), _num_tiles(p.N_IMG, p.OH, p.OW, p.K, p.BLOCK_H, p.BLOCK_W, p.BLOCK_N),
+                      gl.num_programs(0)):
+        image, oh0, ow0, n0 = _tile_origin(tile, p.N_IMG, p.OH, p.OW, p.K, p.BLOCK_H, p.BLOCK_W, p.BLOCK_N,
+                                           p.GROUP_M)
+        for it in range(p.R * S * n_c):
             tap = it // n_c
             c0 = (it - tap * n_c) * BLOCK_K
-            slot = step % STAGES
-            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)   # the first wait of a slot passes
-            bar = ready.index(slot)
-            mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            off_h = (tap // S) * dil_h - pad_h
-            off_w = (tap % S) * dil_w - pad_w
-            if STRIDE == 1:
-                tma_load(x_desc, [image, oh0 + off_h, ow0 + off_w, c0], bar, x_bufs.index(slot))
+            slot, phase = ring_slot(step, p.STAGES)
+            mbarrier.wait(p.empty.index(slot), phase ^ 1)   # the first wait of a slot passes
+            bar = p.ready.index(slot)
+            mbarrier.expect(bar, p.x_desc.block_type.nbytes + p.w_desc.block_type.nbytes)
+            off_h = (tap // S) * p.dil_h - p.pad_h
+            off_w = (tap % S) * p.dil_w - p.pad_w
+            if p.STRIDE == 1:
+                tma_load(p.x_desc, [image, oh0 + off_h, ow0 + off_w, c0], bar, p.x_bufs.index(slot))
             else:   # off = 2 * q + p, p = off & 1 (also for negative off): box at (h2, hp, w2, wp * C + c)
-                tma_load(x_desc, [image, oh0 + (off_h >> 1), off_h & 1, ow0 + (off_w >> 1), (off_w & 1) * C + c0],
-                         bar, x_bufs.index(slot))
-            tma_load(w_desc, [n0, tap * C + c0], bar, w_bufs.index(slot))
+                tma_load(p.x_desc, [image, oh0 + (off_h >> 1), off_h & 1, ow0 + (off_w >> 1), (off_w & 1) * C + c0],
+                         bar, p.x_bufs.index(slot))
+            tma_load(p.w_desc, [n0, tap * C + c0], bar, p.w_bufs.index(slot))
             step += 1
 
 
 @gluon.jit
-def _conv_mma(descs, bars, bufs, bias_ptr, geo, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr, HAS_BIAS: gl.constexpr,
-              HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr, ACTIVATION: gl.constexpr):
+def _conv_mma(p, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """A consumer: wgmma over the ring for its tiles (the input box read as the (pixels, channels) operand),
     then the epilogue and the output box's TMA store. The ring's order is gemm_hopper._mma_partition's."""
-    out_desc, res_desc = descs[2], descs[3]
-    ready, empty, res_ready, turn = bars
-    x_bufs, w_bufs, c_bufs = bufs
-    N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w = geo
-    BLOCK_M: gl.constexpr = BLOCK_H * BLOCK_W
+    BLOCK_M: gl.constexpr = p.BLOCK_H * p.BLOCK_W
+    BLOCK_N: gl.constexpr = p.BLOCK_N
+    BLOCK_K: gl.constexpr = p.BLOCK_K
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-    k_tiles = R * S * (C // BLOCK_K)
-    c_box = c_bufs.index(CONSUMER)                    # (1, BLOCK_H, BLOCK_W, BLOCK_N): the output's box
+    k_tiles = p.R * p.S * (p.C // BLOCK_K)
+    c_box = p.c_bufs.index(CONSUMER)                  # (1, BLOCK_H, BLOCK_W, BLOCK_N): the output's box
     c_buf = c_box.reshape([BLOCK_M, BLOCK_N])         # the same bytes as the accumulator's rows
-    res_bar = res_ready.index(CONSUMER)
+    res_bar = p.res_ready.index(CONSUMER)
     step = CONSUMER * k_tiles
     done = 0
     for tile in range(gl.program_id(0) + CONSUMER * gl.num_programs(0),
-                      _num_tiles(N_IMG, OH, OW, K, BLOCK_H, BLOCK_W, BLOCK_N), CONSUMERS * gl.num_programs(0)):
-        image, oh0, ow0, n0 = _tile_origin(tile, N_IMG, OH, OW, K, BLOCK_H, BLOCK_W, BLOCK_N, GROUP_M)
-        if HAS_RESIDUAL:
+                      _num_tiles(p.N_IMG, p.OH, p.OW, p.K, p.BLOCK_H, p.BLOCK_W, BLOCK_N), CONSUMERS * gl.num_programs(0)):
+        image, oh0, ow0, n0 = _tile_origin(tile, p.N_IMG, p.OH, p.OW, p.K, p.BLOCK_H, p.BLOCK_W, BLOCK_N, p.GROUP_M)
+        if p.HAS_RESIDUAL:
             tma.store_wait(0)
-            mbarrier.expect(res_bar, res_desc.block_type.nbytes)
-            tma_load(res_desc, [image, oh0, ow0, n0], res_bar, c_box)
+            mbarrier.expect(res_bar, p.res_desc.block_type.nbytes)
+            tma_load(p.res_desc, [image, oh0, ow0, n0], res_bar, c_box)
         if CONSUMERS == 2:
             # turns on the ring, as in gemm_hopper (a barrier's phase says only odd or even)
-            mbarrier.wait(turn.index(CONSUMER), (done + CONSUMER + 1) & 1, pred=done + CONSUMER > 0)
+            mbarrier.wait(p.turn.index(CONSUMER), (done + CONSUMER + 1) & 1, pred=done + CONSUMER > 0)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
         for kk in range(k_tiles):
-            slot = step % STAGES
-            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
-            a = x_bufs.index(slot).reshape([BLOCK_M, BLOCK_K])
-            acc = warpgroup_mma(a, w_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+            slot, phase = ring_slot(step, p.STAGES)
+            mbarrier.wait(p.ready.index(slot), phase)
+            a = p.x_bufs.index(slot).reshape([BLOCK_M, BLOCK_K])
+            acc = warpgroup_mma(a, p.w_bufs.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(1, deps=(acc, ))
-            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=kk > 0)
+            ring_release(p.empty, step, p.STAGES, kk > 0)
             step += 1
         if CONSUMERS == 2:
-            mbarrier.arrive(turn.index(1 - CONSUMER))
+            mbarrier.arrive(p.turn.index(1 - CONSUMER))
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=k_tiles > 0)
+        ring_release(p.empty, step, p.STAGES, k_tiles > 0)
         step += (CONSUMERS - 1) * k_tiles
 
-        finish_tile(acc, bias_ptr, n0, K, c_buf, res_bar, done, acc_layout, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST,
-                    ACTIVATION, False)
-        tma_store(out_desc, [image, oh0, ow0, n0], c_box)    # clipped at the image's edge
+        finish_tile(acc, p.bias_ptr, n0, p.K, c_buf, res_bar, done, acc_layout, p.HAS_BIAS, p.HAS_RESIDUAL,
+                    p.RESIDUAL_FIRST, p.ACTIVATION, False)
+        tma_store(p.out_desc, [image, oh0, ow0, n0], c_box)    # clipped at the image's edge
         done += 1
     tma.store_wait(0)
 
 
 @gluon.jit
-def _conv_consumer_1(descs, bars, bufs, bias_ptr, geo, BLOCK_H: gl.constexpr, BLOCK_W: gl.constexpr,
-                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                     HAS_BIAS: gl.constexpr, HAS_RESIDUAL: gl.constexpr, RESIDUAL_FIRST: gl.constexpr,
-                     ACTIVATION: gl.constexpr):
-    _conv_mma(descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M, 1, 2, 4,
-              HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)
+def _conv_consumer_1(p):
+    _conv_mma(p, 1, 2, 4)
 
 
 @gluon.jit(do_not_specialize=["N_IMG"])  # sizes that follow the batch or length: one binary for every size
@@ -161,23 +154,16 @@ def conv_ws_kernel(
     BLOCK_W: gl.constexpr = out_desc.block_type.shape[2]
     BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    bufs, bars = allocate_ring(x_desc, w_desc, out_desc, STAGES, CONSUMERS)
-    descs = (x_desc, w_desc, out_desc, res_desc)
-    geo = (N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w)
+    (x_bufs, w_bufs, c_bufs), (ready, empty, res_ready, turn) = allocate_ring(x_desc, w_desc, out_desc, STAGES,
+                                                                              CONSUMERS)
+    p = ConvArgs(x_desc, w_desc, out_desc, res_desc, x_bufs, w_bufs, c_bufs, ready, empty, res_ready, turn, bias_ptr,
+                 N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES,
+                 GROUP_M, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, STRIDE)
     if CONSUMERS == 1:
-        gl.warp_specialize([
-            (_conv_mma, (descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
-                         0, 1, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
-            (_conv_load, (descs, bars, bufs, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M, STRIDE)),
-        ], [1], [LOAD_REGS])
+        gl.warp_specialize([(_conv_mma, (p, 0, 1, num_warps)), (_conv_load, (p, ))], [1], [LOAD_REGS])
     else:
-        gl.warp_specialize([
-            (_conv_mma, (descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
-                         0, 2, num_warps, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
-            (_conv_consumer_1, (descs, bars, bufs, bias_ptr, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES,
-                                GROUP_M, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION)),
-            (_conv_load, (descs, bars, bufs, geo, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES, GROUP_M, STRIDE)),
-        ], [4, 4], [MMA_REGS, LOAD_REGS])
+        gl.warp_specialize([(_conv_mma, (p, 0, 2, num_warps)), (_conv_consumer_1, (p, )), (_conv_load, (p, ))],
+                           [4, 4], [MMA_REGS, LOAD_REGS])
 
 
 def smem_bytes(bh: int, bw: int, bn: int, bk: int, stages: int, consumers: int) -> int:

@@ -40,12 +40,12 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.language.core import _aggregate as aggregate   # (Gluon's tutorials' spelling, Triton 3.6 and later)
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from accelc.kernels.epilogue import finish
+from accelc.kernels.hopper_args import CoopArgs, WsArgs
 from accelc.kernels.primitives import tile_coords
 
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.int8: gl.int8,
@@ -73,40 +73,6 @@ def ring_slot(step, STAGES: gl.constexpr):
 def ring_release(empty, step, STAGES: gl.constexpr, pred):
     """A consumer gives back the slot of the fill before its step-th (its MMA has read it), where pred."""
     mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), pred=pred)
-
-
-@aggregate
-class WsArgs:
-    """What linear_ws_kernel's partitions share: the TMA descriptors, the ring (allocate_ring), the epilogue's
-    pointers, the sizes and the kernel's constants."""
-    x_desc: tma.tensor_descriptor
-    w_desc: tma.tensor_descriptor
-    out_desc: tma.tensor_descriptor
-    res_desc: tma.tensor_descriptor
-    x_bufs: gl.shared_memory_descriptor
-    w_bufs: gl.shared_memory_descriptor
-    c_bufs: gl.shared_memory_descriptor
-    ready: gl.shared_memory_descriptor
-    empty: gl.shared_memory_descriptor
-    res_ready: gl.shared_memory_descriptor
-    turn: gl.shared_memory_descriptor
-    bias_ptr: gl.tensor
-    a_scale_ptr: gl.tensor
-    w_scale_ptr: gl.tensor
-    M: gl.tensor
-    N: gl.tensor
-    K: gl.tensor
-    BLOCK_M: gl.constexpr
-    BLOCK_N: gl.constexpr
-    BLOCK_K: gl.constexpr
-    STAGES: gl.constexpr
-    GROUP_M: gl.constexpr
-    HAS_BIAS: gl.constexpr
-    HAS_RESIDUAL: gl.constexpr
-    RESIDUAL_FIRST: gl.constexpr
-    ACTIVATION: gl.constexpr
-    QUANT: gl.constexpr
-    W_T: gl.constexpr
 
 
 @gluon.jit
@@ -313,43 +279,6 @@ def descriptors(x2, weight, res2, out, bm: int, bn: int, bk: int, w_t: bool):
 # boxes of those sizes. One load warpgroup feeds a ring of STAGES slots: WGS row boxes of x and the
 # two column boxes of the weight; a slot goes back once all WGS warpgroups' MMAs have read it.
 # ---------------------------------------------------------------------------------------------------
-
-
-@aggregate
-class CoopArgs:
-    """What linear_coop_kernel's partitions share: its seven TMA descriptors, its ring (WGS x boxes and the two
-    weight boxes a slot, the output's two boxes a warpgroup) and barriers, the bias pointer, the sizes and the
-    kernel's constants."""
-    x_desc: tma.tensor_descriptor
-    w1_desc: tma.tensor_descriptor
-    w2_desc: tma.tensor_descriptor
-    out1_desc: tma.tensor_descriptor
-    out2_desc: tma.tensor_descriptor
-    res1_desc: tma.tensor_descriptor
-    res2_desc: tma.tensor_descriptor
-    x_bufs: gl.shared_memory_descriptor
-    w1_bufs: gl.shared_memory_descriptor
-    w2_bufs: gl.shared_memory_descriptor
-    c1_bufs: gl.shared_memory_descriptor
-    c2_bufs: gl.shared_memory_descriptor
-    ready: gl.shared_memory_descriptor
-    empty: gl.shared_memory_descriptor
-    res_ready: gl.shared_memory_descriptor
-    bias_ptr: gl.tensor
-    M: gl.tensor
-    N: gl.tensor
-    K: gl.tensor
-    BLOCK_K: gl.constexpr
-    BN1: gl.constexpr
-    BN2: gl.constexpr
-    WGS: gl.constexpr
-    STAGES: gl.constexpr
-    GROUP_M: gl.constexpr
-    HAS_BIAS: gl.constexpr
-    HAS_RESIDUAL: gl.constexpr
-    RESIDUAL_FIRST: gl.constexpr
-    ACTIVATION: gl.constexpr
-    W_T: gl.constexpr
 
 
 @gluon.jit
