@@ -40,7 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from accelc.kernels.primitives import log2_units, tma_view
-from accelc.kernels.gemm_hopper import GL_DTYPES, tma_load
+from accelc.kernels.gemm_hopper import GL_DTYPES, ring_slot, tma_load
+from accelc.kernels.hopper_args import AttnArgs
 
 HEAD_DIMS = (32, 64, 128)
 
@@ -66,28 +67,25 @@ def _key_blocks(start_m, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAU
 
 
 @gluon.jit
-def _load_partition(descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMERS: gl.constexpr):
+def _load_partition(p):
     """The producer: the q tile's 64-row parts once, then K and V of every key block into the ring."""
-    q_desc, k_desc, v_desc = descs
-    q_bufs, k_bufs, v_bufs = bufs
-    q_ready, k_ready, v_ready, kv_empty, _ = bars
-    PART: gl.constexpr = q_desc.block_type.shape[2]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    start_m, b, h = _tile(H, IS_CAUSAL)
-    hk = h // GROUP
-    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+    CONSUMERS: gl.constexpr = p.CONSUMERS
+    PART: gl.constexpr = p.q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = p.k_desc.block_type.shape[2]
+    start_m, b, h = _tile(p.H, p.IS_CAUSAL)
+    hk = h // p.GROUP
+    mbarrier.expect(p.q_ready, CONSUMERS * p.q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
-        tma_load(q_desc, [b, h, (start_m * CONSUMERS + c) * PART, 0], q_ready, q_bufs.index(c))
-    for j in range(_key_blocks(start_m, S, CONSUMERS * PART, BLOCK_N, IS_CAUSAL)):
-        slot = j % STAGES
+        tma_load(p.q_desc, [b, h, (start_m * CONSUMERS + c) * PART, 0], p.q_ready, p.q_bufs.index(c))
+    for j in range(_key_blocks(start_m, p.S, CONSUMERS * PART, BLOCK_N, p.IS_CAUSAL)):
+        slot, phase = ring_slot(j, p.STAGES)
         # a slot starts empty: the first wait of each (phase 1) passes at once; every softmax
         # partition releases it before it is filled again
-        mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma_load(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma_load(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
+        mbarrier.wait(p.kv_empty.index(slot), phase ^ 1)
+        mbarrier.expect(p.k_ready.index(slot), p.k_desc.block_type.nbytes)
+        tma_load(p.k_desc, [b, hk, j * BLOCK_N, 0], p.k_ready.index(slot), p.k_bufs.index(slot))
+        mbarrier.expect(p.v_ready.index(slot), p.v_desc.block_type.nbytes)
+        tma_load(p.v_desc, [b, hk, j * BLOCK_N, 0], p.v_ready.index(slot), p.v_bufs.index(slot))
 
 
 @gluon.jit
@@ -160,19 +158,22 @@ def _pass_turn(turn, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, PINGPONG: 
 
 
 @gluon.jit
-def _softmax_partition(args, CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MASK_ROW: gl.constexpr,
-                       IS_CAUSAL: gl.constexpr, EMPTY_NAN: gl.constexpr, STAGES: gl.constexpr,
-                       PINGPONG: gl.constexpr, FOLD: gl.constexpr, CONSUMERS: gl.constexpr):
+def _softmax_partition(a, CONSUMER: gl.constexpr):
     """One warpgroup: 64 query rows (part CONSUMER of the tile) against every key block."""
-    (descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
-     stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn) = args
-    q_desc, k_desc, v_desc = descs
-    q_bufs, k_bufs, v_bufs = bufs
-    q_ready, k_ready, v_ready, kv_empty, turn = bars
-    dtype: gl.constexpr = q_desc.dtype
-    HALF: gl.constexpr = q_desc.block_type.shape[2]
-    HEAD_D: gl.constexpr = q_desc.block_type.shape[3]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    q_bufs, k_bufs, v_bufs = a.q_bufs, a.k_bufs, a.v_bufs
+    k_ready, v_ready, kv_empty, turn = a.k_ready, a.v_ready, a.kv_empty, a.turn
+    H, L, S, qk_scale, stride_mm, stride_mn = a.H, a.L, a.S, a.qk_scale, a.stride_mm, a.stride_mn
+    MASK_KIND: gl.constexpr = a.MASK_KIND
+    MASK_ROW: gl.constexpr = a.MASK_ROW
+    IS_CAUSAL: gl.constexpr = a.IS_CAUSAL
+    STAGES: gl.constexpr = a.STAGES
+    PINGPONG: gl.constexpr = a.PINGPONG
+    FOLD: gl.constexpr = a.FOLD
+    CONSUMERS: gl.constexpr = a.CONSUMERS
+    dtype: gl.constexpr = a.q_desc.dtype
+    HALF: gl.constexpr = a.q_desc.block_type.shape[2]
+    HEAD_D: gl.constexpr = a.q_desc.block_type.shape[3]
+    BLOCK_N: gl.constexpr = a.k_desc.block_type.shape[2]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -184,14 +185,14 @@ def _softmax_partition(args, CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MA
     start_m, b, h = _tile(H, IS_CAUSAL)
     row0 = (start_m * CONSUMERS + CONSUMER) * HALF
     offs_m = row0 + gl.arange(0, HALF, layout=row_s)
-    mask_base = mask_ptr + b * stride_mb + h * stride_mh
+    mask_base = a.mask_ptr + b * a.stride_mb + h * a.stride_mh
     n_blocks = _key_blocks(start_m, S, CONSUMERS * HALF, BLOCK_N, IS_CAUSAL)
     m_i = gl.full([HALF], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([HALF], gl.float32, row_s)
     acc = gl.zeros([HALF, HEAD_D], gl.float32, o_layout)
     s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
 
-    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(a.q_ready, 0)
     q = q_bufs.index(CONSUMER).reshape([HALF, HEAD_D])
     # block 0's scores and softmax; then per block j: q @ k_j^T and p_{j-1} @ v_{j-1} issued
     # together (in this warpgroup's turn), the softmax of j, the rescale once p @ v retired.
@@ -207,10 +208,10 @@ def _softmax_partition(args, CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MA
                                        BLOCK_N, s_layout, MASK_KIND, MASK_ROW, IS_CAUSAL, FOLD)
     p = _operand(p, dtype, p_layout)
     for j in range(1, n_blocks):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        slot, phase = ring_slot(j, STAGES)
+        prev, prev_phase = ring_slot(j - 1, STAGES)
+        mbarrier.wait(k_ready.index(slot), phase)
+        mbarrier.wait(v_ready.index(prev), prev_phase)
         _take_turn(turn, j, CONSUMER, PINGPONG)
         s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_D]).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
@@ -224,8 +225,8 @@ def _softmax_partition(args, CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MA
         mbarrier.arrive(kv_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p = _operand(p_next, dtype, p_layout)
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    last, last_phase = ring_slot(n_blocks - 1, STAGES)
+    mbarrier.wait(v_ready.index(last), last_phase)
     _take_turn(turn, n_blocks, CONSUMER, PINGPONG)
     acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
     _pass_turn(turn, CONSUMER, CONSUMERS, PINGPONG)
@@ -235,13 +236,13 @@ def _softmax_partition(args, CONSUMER: gl.constexpr, MASK_KIND: gl.constexpr, MA
     # a row with no visible key (l == 0, acc == 0) gives 0, as SDPA does, or NaN (0 / 0) with
     # EMPTY_NAN; a NaN l stays NaN
     l_o = gl.convert_layout(l_i, row_o)
-    if EMPTY_NAN:
+    if a.EMPTY_NAN:
         out = acc / l_o[:, None]
     else:
         out = gl.where(l_o[:, None] == 0.0, 0.0, acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None])
     offs_mo = row0 + gl.arange(0, HALF, layout=row_o)
     offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
-    gl.store(out_ptr + b * stride_ob + h * stride_oh + offs_mo[:, None] * stride_om + offs_d[None, :],
+    gl.store(a.out_ptr + b * a.stride_ob + h * a.stride_oh + offs_mo[:, None] * a.stride_om + offs_d[None, :],
              out.to(dtype), mask=(offs_mo[:, None] < L) & (offs_d[None, :] < HEAD_D))
 
 
@@ -278,31 +279,15 @@ def attention_ws_kernel(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=CONSUMERS)     # every softmax warpgroup releases a slot
 
-    descs = (q_desc, k_desc, v_desc)
-    bufs = (q_bufs, k_bufs, v_bufs)
-    bars = (q_ready, k_ready, v_ready, kv_empty, turn)
-    args = (descs, bufs, bars, out_ptr, mask_ptr, H, GROUP, L, S, qk_scale,
-            stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm, stride_mn)
-    # (the constexprs are written out, the warpgroup's index as a literal: a tuple built with + or *
-    # passes them as values)
+    p = AttnArgs(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, out_ptr,
+                 mask_ptr, H, GROUP, L, S, qk_scale, stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mm,
+                 stride_mn, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG, FOLD, CONSUMERS)
     if CONSUMERS == 2:
-        gl.warp_specialize([
-            (_softmax_partition, (args, 0, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
-                                  FOLD, CONSUMERS)),
-            (_softmax_partition, (args, 1, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
-                                  FOLD, CONSUMERS)),
-            (_load_partition, (descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL, STAGES, CONSUMERS)),
-        ], [4, 4], [SOFTMAX_REGS, LOAD_REGS])
+        gl.warp_specialize([(_softmax_partition, (p, 0)), (_softmax_partition, (p, 1)), (_load_partition, (p, ))],
+                           [4, 4], [SOFTMAX_REGS, LOAD_REGS])
     else:
-        gl.warp_specialize([
-            (_softmax_partition, (args, 0, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
-                                  FOLD, CONSUMERS)),
-            (_softmax_partition, (args, 1, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
-                                  FOLD, CONSUMERS)),
-            (_softmax_partition, (args, 2, MASK_KIND, MASK_ROW, IS_CAUSAL, EMPTY_NAN, STAGES, PINGPONG,
-                                  FOLD, CONSUMERS)),
-            (_load_partition, (descs, bufs, bars, H, GROUP, L, S, IS_CAUSAL, STAGES, CONSUMERS)),
-        ], [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, LOAD_REGS])
+        gl.warp_specialize([(_softmax_partition, (p, 0)), (_softmax_partition, (p, 1)), (_softmax_partition, (p, 2)),
+                            (_load_partition, (p, ))], [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, LOAD_REGS])
 
 
 def smem_bytes(block_n: int, head_d: int, stages: int, consumers: int = 2, elem: int = 2) -> int:

@@ -140,3 +140,44 @@ class ConvArgs:
     RESIDUAL_FIRST: gl.constexpr
     ACTIVATION: gl.constexpr
     STRIDE: gl.constexpr
+
+
+@aggregate
+@positional_init
+class AttnArgs:
+    """What attention_ws_kernel's partitions share: q's, k's and v's TMA descriptors, their buffers (q's parts,
+    the K / V ring) and barriers, the output and mask pointers, the sizes, the softmax scale, the strides and the
+    kernel's constants."""
+    q_desc: tma.tensor_descriptor
+    k_desc: tma.tensor_descriptor
+    v_desc: tma.tensor_descriptor
+    q_bufs: gl.shared_memory_descriptor
+    k_bufs: gl.shared_memory_descriptor
+    v_bufs: gl.shared_memory_descriptor
+    q_ready: gl.shared_memory_descriptor
+    k_ready: gl.shared_memory_descriptor
+    v_ready: gl.shared_memory_descriptor
+    kv_empty: gl.shared_memory_descriptor
+    turn: gl.shared_memory_descriptor
+    out_ptr: SCALAR
+    mask_ptr: SCALAR
+    H: SCALAR
+    GROUP: SCALAR
+    L: SCALAR
+    S: SCALAR
+    qk_scale: SCALAR
+    stride_ob: SCALAR
+    stride_oh: SCALAR
+    stride_om: SCALAR
+    stride_mb: SCALAR
+    stride_mh: SCALAR
+    stride_mm: SCALAR
+    stride_mn: SCALAR
+    MASK_KIND: gl.constexpr
+    MASK_ROW: gl.constexpr
+    IS_CAUSAL: gl.constexpr
+    EMPTY_NAN: gl.constexpr
+    STAGES: gl.constexpr
+    PINGPONG: gl.constexpr
+    FOLD: gl.constexpr
+    CONSUMERS: gl.constexpr
