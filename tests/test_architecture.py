@@ -163,3 +163,21 @@ def test_no_statement_after_the_raising_call_in_a_pytest_raises_block():
                     and item.context_expr.func.attr == "raises" for item in node.items):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found, found
+
+
+def test_gluon_partitions_take_one_aggregate():
+    """Every function a Gluon kernel hands to gl.warp_specialize takes its kernel's one aggregate of shared
+    arguments (kernels/hopper_args.py) and at most three constants (its index, counts), not a positional
+    bundle of descriptors, buffers, sizes and flags."""
+    found = {}
+    for path in sorted((ROOT / "kernels").glob("*_hopper.py")):
+        tree = ast.parse(path.read_text())
+        defs = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+        for call in ast.walk(tree):
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "warp_specialize":
+                for pair in call.args[0].elts:
+                    name = pair.elts[0].id
+                    found[f"{path.name}:{name}"] = len(defs[name].args.args)
+    assert len(found) >= 8, found     # the GEMM's, the cooperative GEMM's, the conv's and the attention's
+    too_many = {k: n for k, n in found.items() if n > 4}
+    assert not too_many, too_many
