@@ -38,6 +38,9 @@ _workers: list = []     # the running worker processes
 _failed: list = []      # workers that could not start: not tried again in this process
 _sent: set = set()      # the specializations handed to the workers in this process
 _crashed: dict = {}     # specialization data -> how its compile ended the worker that ran it
+# the kernels whose compiles met inside an optimize go to a worker first (refuse_crashed): accelc's own (a model's
+# kernels from modules of its own are compiled as they always were: a worker would import those modules)
+FIRST_BY_A_WORKER: tuple = ("accelc.",)
 
 
 class CompilerCrashed(RuntimeError):
@@ -165,7 +168,7 @@ def refuse_crashed() -> None:
     def hook(*, fn, compile, **kwargs):
         data = compile.get("specialization_data") if isinstance(compile, dict) else None
         with _lock:
-            first = bool(data) and data not in _sent
+            first = bool(data) and data not in _sent and str(fn.module).startswith(FIRST_BY_A_WORKER)
         if first and active():
             compile_jobs([(f"{fn.module}.{fn.name}", data)])
         with _lock:
