@@ -157,8 +157,8 @@ def crashed() -> dict:
 def refuse_crashed() -> None:
     """Triton's jit_cache_hook (the one in place, if any, called after it) raising CompilerCrashed for a
     specialization whose compile ended a worker, before this process would compile it; inside an optimize, a
-    compile no worker was handed first (a kernel launched directly at a new size, a key of one candidate) is
-    made by a worker first, this process then loading it. Installed once; stays."""
+    compile of one of accelc's kernels that no worker was handed first (a kernel launched directly at a new size,
+    a key of one candidate) is made by a worker first, this process then loading it. Installed once; stays."""
     from triton import knobs
 
     previous = knobs.runtime.jit_cache_hook
