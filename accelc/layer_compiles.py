@@ -44,7 +44,9 @@ def sizes_ahead(gm, args, only) -> None:
 
     if compile_workers.active():
         try:
-            with compile_workers.handing_over() as launched, compile_ahead.compile_only():
+            # (tuning.collecting: the tuners' choices and remembered calls as before the pass when it ends: a call
+            # remembered here, its kernel handed over and not compiled, would launch through Triton from then on)
+            with tuning.collecting(), compile_workers.handing_over() as launched, compile_ahead.compile_only():
                 _each_layer(gm, args, only, call)
             compile_workers.compile_jobs(launched)
         except Exception as e:   # nothing here is a result: the threads compile what they need

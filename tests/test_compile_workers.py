@@ -181,3 +181,33 @@ def test_a_compile_that_ends_its_worker_is_refused_here(tmp_path):
     assert lines[4].startswith("first 2 Triton's compiler ended the process compiling copy_kernel"), lines
     assert lines[5] == "fine first 1", lines         # handed to a worker, then loaded here
     assert lines[6] == "outside compiled", lines
+
+
+def test_handing_the_guards_other_sizes_to_the_workers_leaves_the_tuners_as_they_were(monkeypatch):
+    """sizes_ahead's pass that hands a layer's kernels at new sizes to the workers launches nothing and compiles
+    nothing in this process: what the tuners remember from it (a call whose kernel was not compiled would launch
+    through Triton from then on) is dropped when it ends."""
+    import contextlib
+    import warnings
+
+    import torch
+
+    import accelc
+    from accelc import compile_ahead, compile_workers, layer_compiles
+    from accelc.kernels import gemm
+    from accelc.rewrite import layers
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(model, (torch.randn(4, 16),))
+    gm = opt.graph_module
+    handed = []
+    monkeypatch.setattr(compile_workers, "active", lambda: True)
+    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs: handed.append(jobs) or 0)
+    monkeypatch.setattr(compile_ahead, "compiling_ahead", lambda most=None: contextlib.nullcontext(False))
+    before = dict(gemm.TUNER.calls)
+    layer_compiles.sizes_ahead(gm, (torch.randn(7, 16),), set(layers(gm)))
+    assert handed, "the pass ran"
+    assert gemm.TUNER.calls == before
