@@ -173,6 +173,38 @@ def _errors_vs_fp32(model, inputs, out, row, key) -> None:
     torch.cuda.empty_cache()
 
 
+def side_torchao_fp8(model, inputs, row):
+    """torchao's float8 (Float8DynamicActivationFloat8WeightConfig with row-wise scales: each activation row and each
+    weight channel scaled to e4m3, cuBLAS's fp8 GEMM) on a copy of the model, then torch.compile(mode="max-autotune"),
+    as torchao's float8 inference recipe runs it; its error against the model in fp32 beside accelc_fp8's. Where
+    torchao does not install or import, the row says why. (The device image has no torchao: its wheel travels,
+    `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform
+    manylinux_2_28_x86_64 -d .whl torchao==0.18.0`, installed there with --target and PYTHONPATH; 0.18.0 imports
+    beside torch 2.13 here, its C++ extension aside, which the float8 path does not use.)"""
+    import copy
+
+    try:
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    except Exception as e:   # (the row says so)
+        row["torchao_fp8_error"] = f"torchao not available: {type(e).__name__}: {str(e)[:200]}"
+        return
+    import torchao
+
+    q = copy.deepcopy(model)
+    quantize_(q, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    compiled = torch.compile(q, mode="max-autotune")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = compiled(*inputs)
+        torch.cuda.synchronize()
+    row["torchao_fp8_first_call_s"] = round(time.perf_counter() - t0, 1)
+    row["torchao_fp8_version"] = torchao.__version__
+    row["torchao_fp8_ms"] = per_call_ms(lambda: compiled(*inputs))
+    with torch.no_grad():
+        row["torchao_fp8_rel_err_vs_eager"] = _rel(out, model(*inputs))
+    _errors_vs_fp32(model, inputs, out, row, "torchao_fp8")
+
+
 def side_ort(model, inputs, row):
     """Plain ORT: the model exported as the report exports a layer (accelc.baselines.ort.export:
     dynamo first, weights beside the file for models over 2 GB), run with IO binding and ORT's own
@@ -256,7 +288,7 @@ def side_ort_opt(model, inputs, row, max_timed=3):
 # any-shape work), so that accelc / accelc_static is what taking every shape costs at the example's
 SIDES = ("eager", "compile", "compile_ro", "compile_max", "ort", "ort_opt", "accelc", "accelc_nopasses",
          "accelc_static", "accelc_nograph", "accelc_int8", "accelc_fp8", "accelc_fp8w", "accelc_nonorms",
-         "accelc_nogated")
+         "accelc_nogated", "torchao_fp8")
 
 
 def run_model(name, sides, out_dir, batches="all"):
@@ -294,6 +326,8 @@ def run_model(name, sides, out_dir, batches="all"):
                 elif side in ("accelc_fp8", "accelc_fp8w"):    # fp8 weights and activations / weights only
                     import accelc
                     side_accelc(model, inputs, row, side, fp8=accelc.Fp8Config(weights_only=side == "accelc_fp8w"))
+                elif side == "torchao_fp8":      # the fp8 peer: torchao's float8 dynamic quantization + compile
+                    side_torchao_fp8(model, inputs, row)
                 elif side == "accelc_nonorms":   # A/B of the norms pass: its LayerNorms left to the glue
                     from accelc.pipeline import PASS_NAMES
                     side_accelc(model, inputs, row, "accelc_nonorms", passes=tuple(p for p in PASS_NAMES if p != "norms"))
@@ -416,7 +450,8 @@ def merge(in_dir, out_dir):
     table = []
     head = ["model", "batch", "eager", "compile", "compile_ro", "compile_max", "ORT", "ORT optimizer", "accelc",
             "accelc no passes", "accelc static", "accelc nograph", "accelc int8", "accelc fp8", "accelc fp8 weights",
-            "fp8 vs accelc", "err vs fp32: eager / accelc fp8", "accelc vs compile_ro", "accelc vs compile_max",
+            "fp8 vs accelc", "err vs fp32: eager / accelc fp8", "torchao fp8", "accelc fp8 vs torchao fp8",
+            "err vs fp32: torchao fp8", "accelc vs compile_ro", "accelc vs compile_max",
             "accelc vs faster ORT", "accelc vs eager", "kernels' gain (no passes / accelc)", "FLOPs in accelc kernels",
             "layers"]
     for r in rows:
@@ -428,6 +463,8 @@ def merge(in_dir, out_dir):
                       _x(r.get("accelc_ms"), r.get("accelc_fp8_ms")),
                       (f"{r['eager_rel_err_vs_fp32']:.2e} / {r['accelc_fp8_rel_err_vs_fp32']:.2e}"
                        if "accelc_fp8_rel_err_vs_fp32" in r else ""),
+                      ms(r, "torchao_fp8"), _x(r.get("torchao_fp8_ms"), r.get("accelc_fp8_ms")),
+                      (f"{r['torchao_fp8_rel_err_vs_fp32']:.2e}" if "torchao_fp8_rel_err_vs_fp32" in r else ""),
                       _x(r.get("compile_ro_ms"), r.get("accelc_ms")),
                       _x(r.get("compile_max_ms"), r.get("accelc_ms")), _x(best_ort, r.get("accelc_ms")),
                       _x(r.get("eager_ms"), r.get("accelc_ms")), _x(r.get("accelc_nopasses_ms"), r.get("accelc_ms")),
@@ -448,7 +485,8 @@ def merge(in_dir, out_dir):
           "(Inductor glue, CUDA graph replay); no passes: passes=() (capture, Inductor glue, CUDA graphs: what is "
           "left without accelc's kernels); static: dynamic=False (the example's shapes only); nograph: cuda_graphs=False; int8: Int8Config defaults; fp8: "
           "Fp8Config(weights_only=False) (weights and activations in e4m3), fp8 weights: Fp8Config() (weights only), "
-          "err vs fp32: the relative L2 error of the output against the model in fp32. compile_max: "
+          "err vs fp32: the relative L2 error of the output against the model in fp32; torchao fp8: torchao's "
+          "Float8DynamicActivationFloat8WeightConfig (row-wise scales) under torch.compile(mode=\"max-autotune\"). compile_max: "
           "torch.compile(mode=\"max-autotune\"). FLOPs in accelc kernels: the share of the model's matmul / conv / "
           "attention FLOPs the default call runs in accelc kernels after the guard's speed race. "
           "layers: rewritten / reverted / kept as PyTorch.\n\n"

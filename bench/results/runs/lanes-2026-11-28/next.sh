@@ -25,7 +25,11 @@ lane0() {   # the triton 3.6 check of the Gluon aggregates and the new NORM loop
 lane1() { step $(( 1 % n )) gen8b python bench/generate.py --batches 1 --models llama3-8b \
             --sides accelc,accelc_fp8w,accelc_fp8w_norms_apart,accelc_int8w --out $O/gen8b; }
 lane2() { step $(( 2 % n )) gensmall python bench/generate.py --batches 1 --models tinyllama,qwen2-0.5b \
-            --sides accelc,accelc_norms_apart --out $O/gensmall; }
+            --sides accelc,accelc_norms_apart --out $O/gensmall
+          # the fp8 peer (#61): torchao's float8 where its wheel came in .whl (carry it; see bench/e2e.py)
+          ls .whl/torchao-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps --target /tmp/tao .whl/torchao-*.whl \
+            && step $(( 2 % n )) fp8peer env PYTHONPATH=/tmp/tao python bench/e2e.py --models vit_base,bert,llama \
+                 --sides accelc,accelc_fp8,torchao_fp8 --batches first --out $O/fp8peer; }
 lane3() { step $(( 3 % n )) opt python bench/optimize_time.py --models bert,tinyllama-lm \
             --sides compile_ro,accelc_cold,accelc_warm --out $O/opt; }
 if [ "$n" -ge 4 ]; then lane0 & lane1 & lane2 & lane3 & wait
