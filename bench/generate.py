@@ -22,6 +22,8 @@ median of --rounds after one warm-up generate):
                     every linear and gated layer, lm_head included); its share of the limit counts
                     the fp16 bytes, as every side's does (so it may pass 100%);
   accelc_fp8w       the same with fp8 (e4m3) weights (Fp8Config(skip_first_last=False)).
+  torchao_fp8w      torchao's fp8 weight-only (Float8WeightOnlyConfig) on HF's static cache + torch.compile path
+                    (the fp8 weight-only peer; torchao's wheel travels to the device: bench/e2e.py's torchao_fp8);
   accelc_norms_apart  accelc with the norm_linear pass off: each RMSNorm a kernel of its own, not taken into
                     the projection after it (what that pass gives: accelc / this side); likewise
                     accelc_int8w_norms_apart and accelc_fp8w_norms_apart beside the one-byte weights' sides.
@@ -51,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
 SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w", "accelc_fp8w",   # int8 / fp8 weights
-         "accelc_norms_apart", "accelc_int8w_norms_apart", "accelc_fp8w_norms_apart"]
+         "accelc_norms_apart", "accelc_int8w_norms_apart", "accelc_fp8w_norms_apart", "torchao_fp8w"]
 
 
 def configs(smoke: bool) -> dict:
@@ -188,6 +190,13 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     # else generate compiles the decode step itself (CompileConfig: reduce-overhead, fullgraph);
                     # compiling forward as well would stack two CUDA-graph wrappers
                     gen = compiled.generate
+                elif side == "torchao_fp8w":    # the fp8 weight-only peer: torchao's, on HF's compiled static path
+                    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+                    compiled = build(cfg, device, dtype)
+                    compiled.load_state_dict(lm.state_dict())
+                    quantize_(compiled, Float8WeightOnlyConfig())
+                    compiled.generation_config.cache_implementation = "static"
+                    gen = compiled.generate
                 else:
                     apart = side.endswith("_norms_apart")
                     base = side.removesuffix("_norms_apart")
@@ -294,7 +303,8 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sides", default=",".join(s for s in SIDES if not s.endswith("_norms_apart")))   # (A/B sides)
+    ap.add_argument("--sides", default=",".join(s for s in SIDES if not s.endswith("_norms_apart")   # (A/B sides,
+                                                 and s != "torchao_fp8w"))          # and a peer that may not install)
     ap.add_argument("--ragged", action="store_true", help="prompts of random real lengths, left-padded")
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU, eager and accelc")
     ap.add_argument("--merge", action="store_true",

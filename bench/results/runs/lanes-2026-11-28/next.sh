@@ -23,7 +23,10 @@ lane0() {   # the triton 3.6 check of the Gluon aggregates and the new NORM loop
   step 0 norm python bench/fp8.py --gemm '' --decode '' --norm 1x4096x6144,1x4096x28672,1x2048x2560 --out $O/norm
 }
 lane1() { step $(( 1 % n )) gen8b python bench/generate.py --batches 1 --models llama3-8b \
-            --sides accelc,accelc_fp8w,accelc_fp8w_norms_apart,accelc_int8w --out $O/gen8b; }
+            --sides accelc,accelc_fp8w,accelc_fp8w_norms_apart,accelc_int8w --out $O/gen8b
+          ls .whl/torchao-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps --target /tmp/tao1 .whl/torchao-*.whl \
+            && step $(( 1 % n )) gen8b-peer env PYTHONPATH=/tmp/tao1 python bench/generate.py --batches 1 \
+                 --models llama3-8b --sides accelc_fp8w,torchao_fp8w --out $O/gen8b-peer; }
 lane2() { step $(( 2 % n )) gensmall python bench/generate.py --batches 1 --models tinyllama,qwen2-0.5b \
             --sides accelc,accelc_norms_apart --out $O/gensmall
           # the fp8 peer (#61): torchao's float8 where its wheel came in .whl (carry it; see bench/e2e.py)
