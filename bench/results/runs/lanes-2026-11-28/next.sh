@@ -29,6 +29,9 @@ lane1() { step $(( 1 % n )) gen8b python bench/generate.py --batches 1 --models 
                  --models llama3-8b --sides accelc_fp8w,torchao_fp8w --out $O/gen8b-peer; }
 lane2() { step $(( 2 % n )) gensmall python bench/generate.py --batches 1 --models tinyllama,qwen2-0.5b \
             --sides accelc,accelc_norms_apart --out $O/gensmall
+          # TinyLlama's decode step by kernel: the fused norm + q/k/v GEMV's own time there (the guard's race said
+          # 20.5 us where bench/fp8.py --norm times it at 5.5)
+          step $(( 2 % n )) profile python bench/decode.py --profile --model tinyllama --layers 4 --out $O/profile
           # the fp8 peer (#61): torchao's float8 where its wheel came in .whl (carry it; see bench/e2e.py)
           ls .whl/torchao-*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps --target /tmp/tao .whl/torchao-*.whl \
             && step $(( 2 % n )) fp8peer env PYTHONPATH=/tmp/tao python bench/e2e.py --models vit_base,bert,llama \
