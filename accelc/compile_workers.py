@@ -166,7 +166,7 @@ def refuse_crashed() -> None:
         return
 
     def hook(*, fn, compile, **kwargs):
-        data = compile.get("specialization_data") if isinstance(compile, dict) else None
+        data = _specialization(compile)
         with _lock:
             first = bool(data) and data not in _sent and str(fn.module).startswith(FIRST_BY_A_WORKER)
         if first and active():
@@ -242,7 +242,7 @@ def handing_over():
     saved = knobs.runtime.jit_cache_hook
 
     def hook(*, fn, compile, **_):
-        data = compile.get("specialization_data") if isinstance(compile, dict) else None
+        data = _specialization(compile)
         if data:
             found.append((f"{fn.module}.{fn.name}", data))
         return True
@@ -252,6 +252,12 @@ def handing_over():
         yield found
     finally:
         knobs.runtime.jit_cache_hook = saved
+
+
+def _specialization(compile) -> str | None:
+    """The specialization data (JSON) a jit_cache_hook call carries: what a worker compiles from, and the key of
+    what ended one."""
+    return compile.get("specialization_data") if isinstance(compile, dict) else None
 
 
 def compile_jobs(jobs: list) -> int:

@@ -30,50 +30,38 @@ def _each_layer(gm, args, only, call) -> None:
         LayerRunner(gm, at_layer).run(*args)
 
 
+def _launch_quietly(n, a, kw) -> None:
+    """A layer's op called on its inputs, for what it compiles; a failure is the check's to say."""
+    try:
+        n.target(*a, **kw)
+    except Exception as e:   # (the check says what is wrong, if anything)
+        log.debug("accelc: %s not compiled ahead: %s", meta.rewrite_of(n).layer, e)
+
+
 def sizes_ahead(gm, args, only) -> None:
     """The kernels of the layers in `only` launched on `args` with Triton compiling instead of running
     (compile_ahead.compiling_ahead): their compiles for these sizes (a new specialization for every size Triton
     tells apart: 1, a multiple of 16, another) in parallel, before the guard's check runs them one by one;
-    first by the compile workers, as candidates_ahead's (the threads then load them; and a compile that ends a
-    worker is not made in this process: compile_workers.refuse_crashed). Nothing here is checked."""
-    def call(n, a, kw):
-        try:
-            n.target(*a, **kw)
-        except Exception as e:   # (the check says what is wrong, if anything)
-            log.debug("accelc: %s not compiled ahead at these sizes: %s", meta.rewrite_of(n).layer, e)
-
-    if compile_workers.active():
-        try:
-            # (tuning.collecting: the tuners' choices and remembered calls as before the pass when it ends: a call
-            # remembered here, its kernel handed over and not compiled, would launch through Triton from then on)
-            with tuning.collecting(), compile_workers.handing_over() as launched, compile_ahead.compile_only():
-                _each_layer(gm, args, only, call)
-            compile_workers.compile_jobs(launched)
-        except Exception as e:   # nothing here is a result: the threads compile what they need
-            log.debug("accelc: the layers' kernels at these sizes not compiled by the workers: %s", e)
+    first by the compile workers (candidates_ahead on these sizes: the threads then load them, and a compile that
+    ends a worker is not made in this process: compile_workers.refuse_crashed). Nothing here is checked."""
+    candidates_ahead(gm, args, only)
     with compile_ahead.compiling_ahead() as ahead:
         if ahead:
-            _each_layer(gm, args, only, call)
+            _each_layer(gm, args, only, _launch_quietly)
 
 
 def candidates_ahead(gm, args, only) -> None:
-    """Every layer's tuning candidates at the example's sizes compiled at once by the compile workers
-    (accelc.compile_workers), before the guard's first check tunes the layers one race at a time (each race then
-    loads its candidates from Triton's disk cache): the layers in `only` launched on `args` once with each tuner
-    handing over its candidates' compiles (tuning.collecting) and Triton compiling nothing (handing_over).
-    Nothing here is checked, chosen or kept."""
+    """Every layer's kernels on `args` compiled at once by the compile workers (accelc.compile_workers): the
+    tuning candidates of a key not tuned yet, and the kernels of keys tuned or borrowed (tuning.serving), before
+    the guard's checks or races run the layers one at a time (which then load them from Triton's disk cache): the
+    layers in `only` launched on `args` once with each tuner handing over its candidates' compiles
+    (tuning.collecting, which also leaves every tuner's choices and remembered calls as they were) and Triton
+    compiling nothing (handing_over). Nothing here is checked, chosen or kept."""
     if not compile_workers.active():
         return
-
-    def call(n, a, kw):
-        try:
-            n.target(*a, **kw)
-        except Exception as e:   # (the check says what is wrong, if anything)
-            log.debug("accelc: %s's candidates not collected: %s", meta.rewrite_of(n).layer, e)
-
     try:
         with tuning.collecting() as jobs, compile_workers.handing_over() as launched:
-            _each_layer(gm, args, only, call)
+            _each_layer(gm, args, only, _launch_quietly)
         compile_workers.compile_jobs(jobs + launched)
     except Exception as e:   # nothing here is a result: the races compile what they need
-        log.debug("accelc: the layers' candidates not compiled ahead: %s", e)
+        log.debug("accelc: the layers' kernels not compiled ahead: %s", e)
