@@ -281,3 +281,6 @@ def test_a_large_weight_keeps_its_norm_apart(monkeypatch):
     assert "norm not taken in: a weight of 4,096 elements" in gated.reason, gated.reason
     with torch.no_grad():
         assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-5
+        for shape in ((3, 5), (1, 1)):     # other batches and lengths: the norm apart and the one taken in alike
+            other = torch.randint(1, 100, shape, device=DEVICE)
+            assert rel_l2(opt(other), CausalLogits(lm)(other)) < 1e-5, shape
