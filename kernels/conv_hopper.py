@@ -154,8 +154,9 @@ def conv_ws_kernel(
     BLOCK_W: gl.constexpr = out_desc.block_type.shape[2]
     BLOCK_K: gl.constexpr = w_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    (x_bufs, w_bufs, c_bufs), (ready, empty, res_ready, turn) = allocate_ring(x_desc, w_desc, out_desc, STAGES,
-                                                                              CONSUMERS)
+    bufs, bars = allocate_ring(x_desc, w_desc, out_desc, STAGES, CONSUMERS)   # (one level a line: triton 3.6's
+    x_bufs, w_bufs, c_bufs = bufs                                             # cache key fails on nested targets)
+    ready, empty, res_ready, turn = bars
     p = ConvArgs(x_desc, w_desc, out_desc, res_desc, x_bufs, w_bufs, c_bufs, ready, empty, res_ready, turn, bias_ptr,
                  N_IMG, OH, OW, K, C, R, S, pad_h, pad_w, dil_h, dil_w, BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, STAGES,
                  GROUP_M, HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, STRIDE)

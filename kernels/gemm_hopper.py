@@ -238,8 +238,9 @@ def linear_ws_kernel(
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = out_desc.block_type.shape[1]
-    (x_bufs, w_bufs, c_bufs), (ready, empty, res_ready, turn) = allocate_ring(x_desc, w_desc, out_desc, STAGES,
-                                                                              CONSUMERS)
+    bufs, bars = allocate_ring(x_desc, w_desc, out_desc, STAGES, CONSUMERS)   # (one level a line: triton 3.6's
+    x_bufs, w_bufs, c_bufs = bufs                                             # cache key fails on nested targets)
+    ready, empty, res_ready, turn = bars
     p = WsArgs(x_desc, w_desc, out_desc, res_desc, x_bufs, w_bufs, c_bufs, ready, empty, res_ready, turn,
                bias_ptr, a_scale_ptr, w_scale_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M,
                HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, QUANT, W_T)

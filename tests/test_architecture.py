@@ -181,3 +181,30 @@ def test_gluon_partitions_take_one_aggregate():
     assert len(found) >= 8, found     # the GEMM's, the cooperative GEMM's, the conv's and the attention's
     too_many = {k: n for k, n in found.items() if n > 4}
     assert not too_many, too_many
+
+
+def _nested_targets(tree) -> list:
+    """Assignment and loop targets of a tuple inside a tuple (`(a, b), c = ...`)."""
+    out = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.For) else []
+        for t in targets:
+            if isinstance(t, (ast.Tuple, ast.List)) and any(isinstance(e, (ast.Tuple, ast.List)) for e in t.elts):
+                out.append(node.lineno)
+    return out
+
+
+def test_no_nested_unpacking_in_kernels():
+    """Triton 3.6 (the device's) computes a kernel's cache key by walking its source and every function it calls, and
+    that walk fails (`unhashable type: 'list'`) on a tuple target inside a tuple: `(a, b), c = f()` in a jit
+    function failed every first compile of the Hopper GEMM and conv there, where Triton 3.9 compiles it. Kernel
+    functions unpack one level a statement."""
+    found = {}
+    for path in sorted((ROOT / "kernels").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for f in ast.walk(tree):
+            if isinstance(f, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in f.decorator_list):
+                if lines := _nested_targets(f):
+                    found[f"{path.name}:{f.name}"] = lines
+    assert not found, found
+    assert _nested_targets(ast.parse("(a, b), c = f()\nfor x, (y, z) in g(): pass")) == [1, 2]
