@@ -8,21 +8,23 @@
 # every side). One lane argument per GPU (comma-separated models); the command gets --models M --out OUT.
 # LANES_TAR=FILE: OUT packed into FILE at the end (the device brings back at most 8 files from $OUT: a lane
 # per GPU writes more; OUT then lies outside $OUT, FILE inside it).
+# LANES_GPU0=G: the lanes take GPUs G, G+1, ... (another command holds the ones before); LANES_CORES=C: cores a lane.
 set -u
 out=$1; limit=$2; cmd=$3; shift 3
 mkdir -p "$out"
 lanes=$#
 cores=$(nproc)
-per=$(( cores / lanes ))
+per=${LANES_CORES:-$(( cores / lanes ))}
+g0=${LANES_GPU0:-0}
 i=0
 for lane in "$@"; do
   (
-    lo=$(( i * per )); hi=$(( lo + per - 1 ))
+    gpu=$(( g0 + i )); lo=$(( gpu * per )); hi=$(( lo + per - 1 ))
     for m in ${lane//,/ }; do
-      echo "lane$i (GPU $i): $(date -u +%H:%M:%S) start $m" >> "$out/progress.txt"
-      CUDA_VISIBLE_DEVICES=$i TORCHINDUCTOR_COMPILE_THREADS=$per timeout "$limit" \
+      echo "lane$i (GPU $gpu): $(date -u +%H:%M:%S) start $m" >> "$out/progress.txt"
+      CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$per timeout "$limit" \
         taskset -c "$lo-$hi" python $cmd --models "$m" --out "$out" > "$out/log-$m.txt" 2>&1
-      echo "lane$i (GPU $i): $(date -u +%H:%M:%S) done $m (rc $?)" >> "$out/progress.txt"
+      echo "lane$i (GPU $gpu): $(date -u +%H:%M:%S) done $m (rc $?)" >> "$out/progress.txt"
     done
   ) &
   i=$(( i + 1 ))
