@@ -46,7 +46,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import layer_compiles, meta, progress, runtime, tuning
 from accelc.capture.shapes import memory_layout, repeated_to
-from accelc.latency import layer_ms
+from accelc.latency import layer_ms, median_ms
 from accelc.layer_runner import LayerRunner
 from accelc.numerics import error_stats, higher_precision, same_values, sqnr_db
 from accelc.records import LayerCheck
@@ -399,11 +399,16 @@ def layer_inputs(gm: fx.GraphModule, args: tuple, model=None) -> dict:
 
 def _race(gm, args, nodes, against: str) -> dict:
     """{node: (ms of its accelc call, ms of the other side)} on the inputs the guard checked it on,
-    timed like the report (over a CUDA graph). against: "fallback" (an int8 layer's float kernel)
+    timed like the report (over a CUDA graph; both sides in plain calls where one cannot be captured). against: "fallback" (an int8 layer's float kernel)
     or "original" (the PyTorch layer it replaced). A conv layer is timed on channels-last inputs,
     as a run of accelc convs hands them on, both sides alike."""
     nodes = set(nodes)
     calls = {}
+    # each kernel races on the config tuned for these sizes: a key the checks at other sizes ran on a borrowed
+    # config (tuning.serving) tunes at its first launch here. A generation step races at one row a sequence,
+    # a size those checks meet first; a race on a borrowed config (or the default) judges a kernel by a config it
+    # will not serve with (warm-up tunes those sizes later)
+    tuning.forget_borrowed()
 
     def at_layer(runner, n, rw):
         if n in nodes:
@@ -428,7 +433,12 @@ def _race(gm, args, nodes, against: str) -> dict:
             LayerRunner(gm, at_layer).run(*args)
         for n, (ours, theirs) in calls.items():
             device = meta.tensor_meta(n).device
-            times[n] = (layer_ms(ours, device, rep_ms=20)[0], layer_ms(theirs, device, rep_ms=20)[0])
+            (ta, graph_a), (tb, graph_b) = layer_ms(ours, device, rep_ms=20), layer_ms(theirs, device, rep_ms=20)
+            if graph_a != graph_b:    # one side refused capture: its time holds the host's launch cost, the
+                ta, tb = median_ms(ours, device, rep_ms=20), median_ms(theirs, device, rep_ms=20)   # both so
+                log.info("accelc: %s raced in plain calls (one side cannot be captured in a CUDA graph)",
+                         meta.rewrite_of(n).layer)
+            times[n] = (ta, tb)
     return times
 
 

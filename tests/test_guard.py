@@ -155,3 +155,42 @@ def test_other_inputs_keep_shapes_ranges_and_masks():
     assert x2.shape == (3, 3, 8, 8) and ids2.shape == (3, 7) and torch.equal(m2, mask[:3])
     # no shared leading dim: no other batch
     assert len(accelc.guard.other_inputs((x, torch.randn(5, 2)))) == 1
+
+
+def test_the_speed_race_times_tuned_configs_not_borrowed_ones():
+    """The checks at other sizes run under tuning.serving (numbers, not speed): a kernel size they meet first runs
+    on a config borrowed from the nearest tuned size, or the default. A generation step's race times its layers
+    at one row a sequence, a size only those checks had met: raced on the borrowed config, a kernel is judged by
+    a config it will not serve with. The race forgets borrowed configs first, so that each kernel tunes at its
+    first launch there."""
+    from accelc import guard, tuning
+
+    t = tuning.Tuner("race-borrow", gemm.linear_kernel, gemm.CONFIGS, default=lambda sizes: gemm.CONFIGS[0],
+                     interpreter=lambda sizes: gemm.CONFIGS[0])
+    t.chosen[(512, 64, 64)] = gemm.CONFIGS[1]         # tuned at the example's rows
+    t.chosen[(1, 64, 64)] = gemm.CONFIGS[0]           # borrowed by a check at one row
+    t.borrowed[(1, 64, 64)] = None
+    t.calls["a launch at one row"] = object()
+    assert guard._race(None, (), [], "original") == {}
+    assert t.borrowed == {} and set(t.chosen) == {(512, 64, 64)} and t.calls == {}
+
+
+def test_a_race_times_both_sides_alike_where_one_cannot_be_captured(monkeypatch, caplog):
+    """The race's timer captures each side in a CUDA graph and falls back to plain calls where capture fails:
+    a side timed in plain calls carries the host's launch cost, the other's does not. Where the two differ,
+    both sides are timed again in plain calls, and the log says so."""
+    from accelc import guard, runtime
+
+    graphed = iter([(0.001, True), (0.05, False)] * 8)      # accelc's side first, then PyTorch's
+    plain = iter([0.02, 0.01] * 8)
+    monkeypatch.setattr(runtime, "can_time", lambda device: True)
+    monkeypatch.setattr(guard, "layer_ms", lambda fn, device, rep_ms: next(graphed))
+    monkeypatch.setattr(guard, "median_ms", lambda fn, device, rep_ms: next(plain))
+    model = _model("mlp")
+    (x,) = model.example_inputs()
+    with caplog.at_level("INFO", logger="accelc"):
+        opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=True, glue="eager", cuda_graphs=False))
+    kept = [r for r in opt.layers if r.status == "kept" and r.kernel]
+    assert len(kept) == 4 and not opt.rewritten, opt.summary()
+    assert all("20.0 us vs PyTorch (cuBLAS) 10.0 us" in r.reason for r in kept)
+    assert "raced in plain calls (one side cannot be captured in a CUDA graph)" in caplog.text
