@@ -379,13 +379,29 @@ def _optimize(args) -> int:
     device = _device(args)
     config = accelc.OptimizeConfig(dtype=args.dtype, int8=_int8_config(args), fp8=_fp8_config(args),
                                    **_runtime_config(args))
-    model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
-                                                  args.batch_size)
-    if args.model not in accelc.models.names():
-        check_forward(model, inputs, kwargs, config.dtype)
-    opt = accelc.optimize(model, inputs, config=config, example_kwargs=kwargs)
-    print(opt.summary())
+    from accelc import tensor_parallel
+
+    with tensor_parallel.launcher_group(device):
+        model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
+                                                      args.batch_size)
+        if args.model not in accelc.models.names():
+            check_forward(model, inputs, kwargs, config.dtype)
+        opt = accelc.optimize(model, inputs, config=config, example_kwargs=kwargs)
+        _print_summary(opt)
+        opt.release_graphs()    # (a sharded program's graphs hold the communicator the group's destroy waits on)
     return 0
+
+
+def _print_summary(opt) -> None:
+    """The summary; under torchrun rank 0's alone (every rank optimized its own shard), the others one line."""
+    from accelc import tensor_parallel
+
+    where = tensor_parallel.launched()
+    if where is None or where[0] == 0:
+        print(opt.summary())
+    else:
+        print(f"accelc: rank {where[0]} of {where[1]}: {len(opt.rewritten)} layer(s) rewritten (rank 0 prints its "
+              "summary)")
 
 
 def _device(args, check: bool = True):
@@ -411,21 +427,27 @@ def _gpu_only_flags(args) -> None:
 
 
 def _convert(args) -> int:
-    _device(args, check=False)     # (accelc.convert says a missing GPU in its own words)
-    try:
-        opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
-                             example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
-                             report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args),
-                             batch_size=args.batch_size, fp8=_fp8_config(args))
-    except ReportFailedError as e:
-        if args.verbose:
-            raise
-        print(e.optimized.summary())
-        print(f"wrote {args.output}")
-        print(f"accelc: error: {e}", file=sys.stderr)
-        return 1
-    print(opt.summary())
-    print(f"wrote {args.output}")
+    from accelc import tensor_parallel
+
+    device = _device(args, check=False)     # (accelc.convert says a missing GPU in its own words)
+    with tensor_parallel.launcher_group(device):
+        try:
+            opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
+                                 example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
+                                 report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args),
+                                 batch_size=args.batch_size, fp8=_fp8_config(args))
+        except ReportFailedError as e:
+            if args.verbose:
+                raise
+            print(e.optimized.summary())
+            print(f"wrote {args.output}")
+            print(f"accelc: error: {e}", file=sys.stderr)
+            return 1
+        _print_summary(opt)
+        written, where = tensor_parallel.program_file(args.output, opt.graph_module), tensor_parallel.launched()
+        if where is None or where[0] == 0 or str(written) != str(args.output):
+            print(f"wrote {written}")
+        opt.release_graphs()
     return 0
 
 

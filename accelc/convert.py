@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from accelc import models
+from accelc import models, tensor_parallel
 from accelc.api import make_job, optimize_job
 from accelc.capture import program_module
 from accelc.config import OptimizeConfig
@@ -220,11 +220,15 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
             report_dir: str | None = None, int8=False, dynamic=True, batch_size: int | None = None,
             fp8=False) -> OptimizedModule:
     """The `accelc convert` command: load, optimize, write `out` (.pt2) atomically. Its steps go
-    to the "accelc" logger at INFO. dynamic: OptimizeConfig.dynamic; the written program takes the
+    to the "accelc" logger at INFO. A model sharded with tensor parallelism (one process a rank under
+    torchrun) writes each rank's program beside `out`, named by its rank (tensor_parallel.program_file). dynamic: OptimizeConfig.dynamic; the written program takes the
     shapes the optimized model takes (a .pt2 input exported with fixed shapes keeps them: the
     summary says which dims are fixed)."""
     out = check_output_file(out, ".pt2", "a torch.export program")
     if report_dir:
+        if tensor_parallel.launched() is not None:
+            raise ModelFileError("--report times one process's model layer by layer: under torchrun, convert without "
+                                 "it (each rank writes its shard's program), and report the unsharded model alone")
         check_output_folder(report_dir)
     if input_shapes and example_inputs:
         raise ModelFileError("give --input-shape or --example-inputs, not both")
@@ -242,8 +246,13 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
 
     job = make_job(model, args, config, copy_model=False, example_kwargs=kwargs)   # loaded here: nobody else holds it
     opt = optimize_job(job)
-    log.info(f"accelc: writing {out}")
-    save(opt, out, strict=isinstance(config.dynamic, dict) and program is not None)
+    written, launched = tensor_parallel.program_file(out, opt.graph_module), tensor_parallel.launched()
+    if written == out and launched is not None and launched[0] != 0:
+        log.info(f"accelc: rank {launched[0]} of {launched[1]}: the model holds no shard (no collectives in its "
+                 f"program): every rank optimized all of it, rank 0 writes {out}")
+    else:
+        log.info(f"accelc: writing {written}")
+        save(opt, written, strict=isinstance(config.dynamic, dict) and program is not None)
     if report_dir:
         try:
             write_summary(opt, report_dir)
@@ -320,7 +329,10 @@ def check_forward(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtyp
     check_kwargs = _to(kwargs, dtype) if dtype is not None else kwargs
     try:
         with torch.no_grad():
-            (model.to(dtype) if dtype is not None else model)(*check_args, **check_kwargs)
+            out = (model.to(dtype) if dtype is not None else model)(*check_args, **check_kwargs)
+        for t in pytree.tree_leaves(out):    # a sharded model's output: its collective waited for, not left in flight
+            if isinstance(t, torch.Tensor) and callable(getattr(t, "wait", None)):
+                t.wait()
     except Exception as e:
         shapes = ", ".join("x".join(map(str, a.shape)) for a in pytree.tree_leaves((args, kwargs))
                            if isinstance(a, torch.Tensor))

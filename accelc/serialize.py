@@ -210,14 +210,19 @@ def read_export(path: Path, extra_files: dict | None = None):
 
 def load(path: str | os.PathLike) -> nn.Module:
     """Read a program accelc.save or `accelc convert` wrote; returns a callable module. Its
-    `accelc_summary` attribute holds the per-layer summary saved with it."""
+    `accelc_summary` attribute holds the per-layer summary saved with it. In a process group of several (a
+    tensor-parallel program), a name `accelc convert` wrote rank files for reads this rank's
+    (model.pt2 -> model.rank0-of-2.pt2)."""
     path = Path(path)
     if path.is_dir():
         inside = sorted(p.name for p in path.glob("*.pt2"))[:3]
         raise ModelFileError(f"{str(path)!r} is a folder: give the program file accelc.save or accelc convert wrote"
                              + (f" (here: {', '.join(inside)})" if inside else " (it holds no .pt2 file)"))
     if not path.is_file():
-        raise ModelFileError(f"no such file: {str(path)!r}")
+        ranks = tensor_parallel.this_ranks_file(path)     # (a sharded program: each rank's file beside the name)
+        if ranks is None or not ranks.is_file():
+            raise ModelFileError(f"no such file: {str(path)!r}" + (f" (nor this rank's {str(ranks)!r})" if ranks else ""))
+        path = ranks
     extra = {SUMMARY_FILE: "", CHECKSUM_FILE: ""}
     ep = read_export(path, extra)
     if extra[CHECKSUM_FILE] and json.loads(extra[CHECKSUM_FILE]) != weights_checksum(ep):

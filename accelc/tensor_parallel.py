@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +112,53 @@ def shard_note(gm: fx.GraphModule) -> dict:
     import torch.distributed as dist
     group = _group(name)
     return {"tensor_parallel": {"rank": dist.get_rank(group), "world": dist.get_world_size(group), "group": name}}
+
+
+def program_file(out: str | os.PathLike, gm: fx.GraphModule) -> Path:
+    """Where a program is written: a rank's shard (a graph with collectives) beside `out`, named by its rank
+    (model.pt2 -> model.rank0-of-2.pt2: every rank writes its own), a program without collectives to `out`."""
+    out = Path(out)
+    note = shard_note(gm).get("tensor_parallel")
+    return out if note is None else rank_file(out, note["rank"], note["world"])
+
+
+def rank_file(out: Path, rank: int, world: int) -> Path:
+    return out.with_name(f"{out.stem}.rank{rank}-of-{world}{out.suffix}")
+
+
+def this_ranks_file(path: Path) -> Path | None:
+    """The file this process's rank reads for `path` where `path` itself is not there: its rank file
+    (program_file's name, the default group's rank and size), None outside a process group of several."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    return rank_file(path, dist.get_rank(), dist.get_world_size())
+
+
+def launched() -> tuple[int, int] | None:
+    """(rank, world) where a launcher (torchrun) started this process as one of several, from its environment
+    (RANK, WORLD_SIZE), else None."""
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    return (int(os.environ.get("RANK") or 0), world) if world > 1 else None
+
+
+@contextlib.contextmanager
+def launcher_group(device: torch.device):
+    """For the command line under torchrun: the default process group of the launcher's processes, created on
+    entry where none exists (NCCL on a GPU, the rank's GPU its LOCAL_RANK; gloo on the CPU) and destroyed on exit;
+    a model builder (`package.module:name`) then shards the model on it (init_device_mesh). Nothing outside a
+    launcher of several processes."""
+    import torch.distributed as dist
+    if launched() is None or dist.is_initialized():
+        yield
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK") or 0))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def check_loaded(gm: fx.GraphModule, summary: dict | None, where: str) -> None:

@@ -294,3 +294,71 @@ def test_a_counted_timer_calls_exactly_so_often():
     seen = []
     ms = median_ms(lambda: seen.append(1), "cpu", calls=7)
     assert len(seen) == 10 and ms >= 0
+
+
+BUILDER = r"""
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).eval()
+
+
+def build():       # what a user's builder does under torchrun: the model, sharded by PyTorch's plan
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    return parallelize_module(mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+"""
+
+LOAD = r"""
+import json, torch, torch.distributed as dist
+import accelc
+from tpmodel import mlp
+
+dist.init_process_group("gloo")
+x = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
+prog = accelc.load("out.pt2")         # this rank's file, found by its rank
+with torch.no_grad():
+    diff = (prog(x) - mlp()(x)).abs().max().item()
+print("RESULT " + json.dumps({"rank": dist.get_rank(), "diff": diff,
+                              "shard": prog.accelc_summary.get("tensor_parallel")}))
+dist.destroy_process_group()
+"""
+
+
+def test_the_command_line_converts_a_sharded_model_rank_by_rank(tmp_path):
+    """`torchrun --nproc-per-node 2 -m accelc convert pkg:build -o out.pt2`: the command creates the launcher's
+    process group (gloo here) before the builder shards the model on it; each rank optimizes its shard and
+    writes its own program beside the name (out.rank0-of-2.pt2, out.rank1-of-2.pt2), rank 0 printing the
+    summary; accelc.load("out.pt2") in each rank of two processes reads its rank's file and gives the unsharded
+    model's output. `accelc optimize` likewise prints rank 0's summary. --report under torchrun is refused in
+    one line, before any work."""
+    (tmp_path / "tpmodel.py").write_text(BUILDER)
+    (tmp_path / "load.py").write_text(LOAD)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    out = subprocess.run(run + ["-m", "accelc", "convert", "tpmodel:build", "-o", "out.pt2", "--input-shape", "3x16",
+                                "--device", "cpu"], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "unwaited collective" not in out.stderr     # (the sharded model's own check call: its output waited for)
+    assert sorted(p.name for p in tmp_path.glob("out*.pt2")) == ["out.rank0-of-2.pt2", "out.rank1-of-2.pt2"]
+    assert "wrote out.rank0-of-2.pt2" in out.stdout and "wrote out.rank1-of-2.pt2" in out.stdout, out.stdout
+    assert out.stdout.count("layer(s) rewritten") == 2 and "rank 1 of 2:" in out.stdout, out.stdout
+    loaded = subprocess.run(run + ["load.py"], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    results = [json.JSONDecoder().raw_decode(p)[0] for p in loaded.stdout.split("RESULT ")[1:]]
+    assert loaded.returncode == 0 and len(results) == 2, loaded.stderr[-4000:]
+    for r in results:
+        assert r["diff"] < 1e-5 and r["shard"]["rank"] == r["rank"] and r["shard"]["world"] == 2, r
+    optimized = subprocess.run(run + ["-m", "accelc", "optimize", "tpmodel:build", "--input-shape", "3x16", "--device",
+                                      "cpu"], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert optimized.returncode == 0 and optimized.stdout.count("end-to-end relative L2 error vs eager") == 1, \
+        optimized.stderr[-4000:]
+    assert "accelc: rank 1 of 2: 2 layer(s) rewritten (rank 0 prints its summary)" in optimized.stdout
+    refused = subprocess.run(run + ["-m", "accelc", "convert", "tpmodel:build", "-o", "o2.pt2", "--input-shape",
+                                    "3x16", "--device", "cpu", "--report", "rep"], env=env, capture_output=True,
+                             text=True, timeout=600, cwd=tmp_path)
+    assert refused.returncode != 0 and not (tmp_path / "rep").exists() and not list(tmp_path.glob("o2*"))
+    assert "accelc: error: --report times one process's model layer by layer: under torchrun" in refused.stderr
