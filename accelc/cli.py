@@ -459,6 +459,10 @@ def _report(args) -> int:
     if not formats or any(f not in _FORMATS for f in formats):   # said now, not after measuring
         raise ValueError(f"--format takes {', '.join(_FORMATS)} (comma-separated), not {args.format!r}")
     dtype = args.dtype
+    from accelc import tensor_parallel
+    if tensor_parallel.launched() is not None:    # (every rank would time its shard into one folder)
+        raise ValueError("accelc report times one process's model layer by layer: run it without torchrun, on the "
+                         "unsharded model (accelc convert and optimize take a sharded one under torchrun)")
     check_output_folder(args.output)    # said now, not after measuring
     model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                                   args.batch_size)

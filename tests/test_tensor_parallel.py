@@ -334,8 +334,8 @@ def test_the_command_line_converts_a_sharded_model_rank_by_rank(tmp_path):
     process group (gloo here) before the builder shards the model on it; each rank optimizes its shard and
     writes its own program beside the name (out.rank0-of-2.pt2, out.rank1-of-2.pt2), rank 0 printing the
     summary; accelc.load("out.pt2") in each rank of two processes reads its rank's file and gives the unsharded
-    model's output. `accelc optimize` likewise prints rank 0's summary. --report under torchrun is refused in
-    one line, before any work."""
+    model's output. `accelc optimize` likewise prints rank 0's summary. --report and `accelc report` under torchrun
+    are refused in one line, before any work."""
     (tmp_path / "tpmodel.py").write_text(BUILDER)
     (tmp_path / "load.py").write_text(LOAD)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
@@ -362,3 +362,8 @@ def test_the_command_line_converts_a_sharded_model_rank_by_rank(tmp_path):
                              text=True, timeout=600, cwd=tmp_path)
     assert refused.returncode != 0 and not (tmp_path / "rep").exists() and not list(tmp_path.glob("o2*"))
     assert "accelc: error: --report times one process's model layer by layer: under torchrun" in refused.stderr
+    report = subprocess.run(run + ["-m", "accelc", "report", "tpmodel:build", "-o", "rep", "--input-shape", "3x16",
+                                   "--device", "cpu"], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert report.returncode != 0 and not (tmp_path / "rep").exists()
+    assert "accelc: error: accelc report times one process's model layer by layer: run it without torchrun" \
+        in report.stderr, report.stderr[-2000:]
