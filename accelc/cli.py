@@ -20,7 +20,7 @@ import sys
 import warnings
 
 import accelc
-from accelc import progress
+from accelc import cli_quantization, progress
 from accelc.errors import CaptureError, ReportFailedError
 from accelc.files import check_output_folder
 
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when a GPU is present")
     _runtime_args(o)
-    _int8_args(o)
+    cli_quantization.add_args(o)
 
     c = sub.add_parser(
         "convert", parents=[common], help="optimize a saved model and write it as a .pt2 program",
@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--report", metavar="DIR",
                    help="also write summary.txt, layers.json and the per-layer latency report "
                         "(report.json / .csv / .md / .html, as `accelc report`) to DIR")
-    _int8_args(c)
+    cli_quantization.add_args(c)
     _shape_args(c)
 
     r = sub.add_parser(
@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="also time torch.compile (default and reduce-overhead for the whole model): auto = on a GPU")
     r.add_argument("--rep-ms", type=_positive(float), default=100, help="timing budget per measurement, ms (default 100)")
     _runtime_args(r)
-    _int8_args(r)
+    cli_quantization.add_args(r)
 
     sub.add_parser("list-models", parents=[common], help="list the built-in example models")
     return p
@@ -197,61 +197,6 @@ def _runtime_config(args) -> dict:
     accelc.convert's) unless --keep-slower turns it off."""
     out = dict(glue=args.glue, cuda_graphs=not args.no_cuda_graphs, dynamic=_dynamic(args))
     return {**out, "only_if_faster": False} if args.keep_slower else out
-
-
-def _int8_args(p) -> None:
-    g = p.add_argument_group("quantization (int8 W8A8 or weight-only; fp8 weight-only)")
-    g.add_argument("--int8", action="store_true",
-                   help="run linear layers in int8 (weights per channel, activations per token); "
-                        "layers under the SQNR floor stay in float")
-    g.add_argument("--int8-attention", action="store_true", help="with --int8: also q @ k^T in int8")
-    g.add_argument("--int8-smoothing", type=float, metavar="ALPHA", default=None,
-                   help="with --int8: SmoothQuant migration strength (e.g. 0.5), calibrated on the example inputs")
-    g.add_argument("--int8-all-layers", action="store_true",
-                   help="with --int8: also the first and last linear layers")
-    g.add_argument("--sqnr-floor", type=float, default=None, metavar="DB",
-                   help="with --int8 or --fp8: guard floor in dB (default 20)")
-    g.add_argument("--int8-keep-slower", action="store_true",
-                   help="with --int8: keep int8 layers that are slower than their float kernel on the GPU")
-    g.add_argument("--fp8", action="store_true",
-                   help="fp8 (e4m3) weights per output channel, activations in the model's dtype (weight-only: "
-                        "decoding); layers under the SQNR floor stay in float; not with --int8")
-    g.add_argument("--fp8-activations", action="store_true",
-                   help="with --fp8: linear layers' inputs in fp8 too, a scale a row at run time (prompts, whole "
-                        "models: the product on fp8 tensor cores)")
-    g.add_argument("--fp8-keep-slower", action="store_true",
-                   help="with --fp8: keep fp8 layers that are slower than their float kernel on the GPU")
-
-
-def _fp8_config(args):
-    """The Fp8Config --fp8 asks for (its floor from --sqnr-floor), or False."""
-    from accelc.config import Fp8Config
-
-    if not getattr(args, "fp8", False):
-        for flag in ("activations", "keep_slower"):
-            if getattr(args, f"fp8_{flag}", False):
-                raise ValueError(f"--fp8-{flag.replace('_', '-')} needs --fp8")
-        return False
-    return Fp8Config(weights_only=not args.fp8_activations, only_if_faster=not args.fp8_keep_slower,
-                     **({"sqnr_floor": args.sqnr_floor} if args.sqnr_floor is not None else {}))
-
-
-def _int8_config(args):
-    """The Int8Config the int8 flags ask for, or False."""
-    from accelc.config import Int8Config
-
-    extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers or args.int8_keep_slower
-             or (args.sqnr_floor is not None and not getattr(args, "fp8", False)))   # (--fp8 takes a floor too)
-    if not args.int8:
-        if extra:
-            raise ValueError("--int8-attention / --int8-smoothing / --int8-all-layers / --sqnr-floor / "
-                             "--int8-keep-slower need --int8")
-        return False
-    kw = dict(attention=args.int8_attention, smoothing=args.int8_smoothing,
-              skip_first_last=not args.int8_all_layers, only_if_faster=not args.int8_keep_slower)
-    if args.sqnr_floor is not None:
-        kw["sqnr_floor"] = args.sqnr_floor
-    return Int8Config(**kw)
 
 
 def _one_line_warning(message, category, filename, lineno, line=None):
@@ -377,7 +322,7 @@ def _optimize(args) -> int:
     from accelc.convert import check_forward, load_model_and_inputs
 
     device = _device(args)
-    config = accelc.OptimizeConfig(dtype=args.dtype, int8=_int8_config(args), fp8=_fp8_config(args),
+    config = accelc.OptimizeConfig(dtype=args.dtype, int8=cli_quantization.int8_config(args), fp8=cli_quantization.fp8_config(args),
                                    **_runtime_config(args))
     from accelc import tensor_parallel
 
@@ -434,8 +379,9 @@ def _convert(args) -> int:
         try:
             opt = accelc.convert(args.input, args.output, input_shapes=args.input_shape,
                                  example_inputs=args.example_inputs, dtype=args.dtype, device=args.device,
-                                 report_dir=args.report, int8=_int8_config(args), dynamic=_dynamic(args),
-                                 batch_size=args.batch_size, fp8=_fp8_config(args))
+                                 report_dir=args.report, int8=cli_quantization.int8_config(args),
+                                 dynamic=_dynamic(args),
+                                 batch_size=args.batch_size, fp8=cli_quantization.fp8_config(args))
         except ReportFailedError as e:
             if args.verbose:
                 raise
@@ -466,7 +412,8 @@ def _report(args) -> int:
     check_output_folder(args.output)    # said now, not after measuring
     model, inputs, kwargs = load_model_and_inputs(args.model, device, args.input_shape, args.example_inputs,
                                                   args.batch_size)
-    config = accelc.OptimizeConfig(dtype=dtype, int8=_int8_config(args), fp8=_fp8_config(args), **_runtime_config(args))
+    config = accelc.OptimizeConfig(dtype=dtype, int8=cli_quantization.int8_config(args),
+                                   fp8=cli_quantization.fp8_config(args), **_runtime_config(args))
     check_forward(model, inputs, kwargs, config.dtype)
     rep = accelc.report(model, inputs, config, example_kwargs=kwargs,
                         with_ort=not args.no_ort, rep_ms=args.rep_ms, model_name=args.model,

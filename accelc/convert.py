@@ -222,8 +222,8 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     """The `accelc convert` command: load, optimize, write `out` (.pt2) atomically. Its steps go
     to the "accelc" logger at INFO. A model sharded with tensor parallelism (one process a rank under
     torchrun) writes each rank's program beside `out`, named by its rank (tensor_parallel.program_file).
-    dynamic: OptimizeConfig.dynamic; the written program takes the shapes the optimized model takes (a .pt2 input exported with fixed shapes keeps them: the
-    summary says which dims are fixed)."""
+    dynamic: OptimizeConfig.dynamic; the written program takes the shapes the optimized model takes (a .pt2 input
+    exported with fixed shapes keeps them: the summary says which dims are fixed)."""
     out = check_output_file(out, ".pt2", "a torch.export program")
     if report_dir:
         if tensor_parallel.launched() is not None:

@@ -398,10 +398,10 @@ def layer_inputs(gm: fx.GraphModule, args: tuple, model=None) -> dict:
 # int8 or float
 
 def _race(gm, args, nodes, against: str) -> dict:
-    """{node: (ms of its accelc call, ms of the other side)} on the inputs the guard checked it on,
-    timed like the report (over a CUDA graph; both sides in plain calls where one cannot be captured). against: "fallback" (an int8 layer's float kernel)
-    or "original" (the PyTorch layer it replaced). A conv layer is timed on channels-last inputs,
-    as a run of accelc convs hands them on, both sides alike."""
+    """{node: (ms of its accelc call, ms of the other side)} on the inputs the guard checked it on, timed like the
+    report (over a CUDA graph; both sides in plain calls where one cannot be captured). against: "fallback" (an
+    int8 layer's float kernel) or "original" (the PyTorch layer it replaced). A conv layer is timed on
+    channels-last inputs, as a run of accelc convs hands them on, both sides alike."""
     nodes = set(nodes)
     calls = {}
     # each kernel races on the config tuned for these sizes: a key the checks at other sizes ran on a borrowed

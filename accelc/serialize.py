@@ -221,7 +221,8 @@ def load(path: str | os.PathLike) -> nn.Module:
     if not path.is_file():
         ranks = tensor_parallel.this_ranks_file(path)     # (a sharded program: each rank's file beside the name)
         if ranks is None or not ranks.is_file():
-            raise ModelFileError(f"no such file: {str(path)!r}" + (f" (nor this rank's {str(ranks)!r})" if ranks else ""))
+            raise ModelFileError(f"no such file: {str(path)!r}"
+                                 + (f" (nor this rank's {str(ranks)!r})" if ranks else ""))
         path = ranks
     extra = {SUMMARY_FILE: "", CHECKSUM_FILE: ""}
     ep = read_export(path, extra)
