@@ -78,11 +78,12 @@ def stats() -> dict:
 def forget_borrowed() -> None:
     """The keys that borrowed a config are chosen again at their next launch (tuned, outside
     serving()); their remembered launches go with them."""
-    for tuner in _TUNERS:
-        if tuner.borrowed:
-            for key in tuner.borrowed:
-                tuner.chosen.pop(key, None)
-            tuner.borrowed.clear()
+    for tuner in list(_TUNERS):
+        keys = list(tuner.borrowed)    # (a snapshot: a model served in another thread may borrow meanwhile)
+        for key in keys:
+            tuner.chosen.pop(key, None)
+            tuner.borrowed.pop(key, None)
+        if keys:
             tuner.calls.clear()
 
 
