@@ -14,8 +14,8 @@ the projection's original together, which the guard checks and races as one laye
 
 Runs last, on the layers the passes before left: float ones, those with one-byte weights and float activations
 (weight-only int8 / fp8: the same gemv_kernel), and fp8 weights and activations (kernels/fp8_gemm.py: the rows'
-quantization normalizes each row in the same read, at any row count); W8A8 int8 keeps its norm. A float or
-weight-only layer of more than NORM_IN_MOST_WEIGHTS weight elements keeps its norm apart (said in its note).
+quantization normalizes each row in the same read, at any row count); W8A8 int8 keeps its norm. A float layer
+of more than NORM_IN_MOST_WEIGHTS weight elements keeps its norm apart (said in its note).
 """
 from __future__ import annotations
 
@@ -42,13 +42,13 @@ TAKES_NORM = (LINEAR, GATED, torch.ops.accelc.linear_w8a16.default, torch.ops.ac
               # fp8 weights and activations: the norm in the rows' quantization kernel, at every row count
               torch.ops.accelc.linear_fp8.default, torch.ops.accelc.gated_linear_fp8.default)
 NOTE = "the RMSNorm before it taken in: a decode step's rows normalized in the GEMV's K loop, no kernel of its own"
-# the float and weight-only layers: the norm in gemv_kernel's one-row K loop costs work at every weight element (each
-# x value times its norm weight, its square summed, per output row of the block); its own kernel costs a few
-# microseconds once. bench/fp8.py --norm times both: taken in paid up to a 4096 x 6144 weight (25M elements) and
-# lost at 4096 x 28672 (117M), fp16 and one-byte weights alike. Above this many elements the norm stays apart.
-# (Timed with the squares summed per output row of the block; gemv_row sums them once a block since, its loop
-# about half as long: the limit is to be timed again.)
+# the float layers: the norm in gemv_kernel's one-row K loop costs work at every weight element (each x value times
+# its norm weight), its own kernel a few microseconds once. bench/fp8.py --norm times both: with the squares summed
+# once a block, taken in paid 1.3x at a 4096 x 6144 weight and tied (1.00x) at 4096 x 28672 in fp16, where one-byte
+# weights (int8 / fp8, half the bytes a weight element for the same work) still gained 1.04-1.10x: above this many
+# elements a float layer's norm stays apart, a weight-only layer's is taken in at any size.
 NORM_IN_MOST_WEIGHTS = 32 * 2**20
+FLOAT_LAYERS = (LINEAR, GATED)
 # fp8 weights and activations take the norm in the rows' quantization, once a row: at any size
 QUANTIZED_ROWS = (torch.ops.accelc.linear_fp8.default, torch.ops.accelc.gated_linear_fp8.default)
 
@@ -97,7 +97,7 @@ def _why_not(gm, n: fx.Node, found) -> str | None:
         return "its input's RMSNorm weight is computed or of another dtype"
     w = meta.tensor_meta(n.args[1]) if isinstance(n.args[1], fx.Node) else None
     elements = math.prod(w.shape) if w is not None else 0
-    if n.target not in QUANTIZED_ROWS and elements > NORM_IN_MOST_WEIGHTS:
+    if n.target in FLOAT_LAYERS and elements > NORM_IN_MOST_WEIGHTS:
         return (f"a weight of {elements:,} elements: the norm's own kernel costs less than its work at every weight "
                 "element of the GEMV")
     return None

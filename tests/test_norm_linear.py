@@ -284,3 +284,25 @@ def test_a_large_weight_keeps_its_norm_apart(monkeypatch):
         for shape in ((3, 5), (1, 1)):     # other batches and lengths: the norm apart and the one taken in alike
             other = torch.randint(1, 100, shape, device=DEVICE)
             assert rel_l2(opt(other), CausalLogits(lm)(other)) < 1e-5, shape
+
+
+def test_a_large_one_byte_weight_takes_its_norm(monkeypatch):
+    """The size rule is the float layers' alone: a weight-only fp8 layer above NORM_IN_MOST_WEIGHTS takes its norm
+    in (one-byte weights read half the bytes a weight element for the norm's same work there: it paid at every
+    width timed), and where the guard sends it back to its float kernel (under the SQNR floor) the norm stays in."""
+    from accelc.passes import norm_linear
+
+    monkeypatch.setattr(norm_linear, "NORM_IN_MOST_WEIGHTS", 3000)
+    lm = _tiny_llama(layers=1)
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    opt = _optimize(CausalLogits(lm), (ids,), fp8=accelc.Fp8Config(skip_first_last=False, only_if_faster=False))
+    kernels = [r.kernel for r in opt.layers if r.status == "rewritten"]
+    assert "accelc::rms_norm+linear_fp8w" in kernels and "accelc::rms_norm+gated_linear_fp8w[silu]" in kernels, \
+        kernels
+    assert not any("norm not taken in" in r.reason for r in opt.layers), [r.reason for r in opt.layers]
+    demoted = _optimize(CausalLogits(lm), (ids,), fp8=accelc.Fp8Config(skip_first_last=False, sqnr_floor=90))
+    assert "accelc::rms_norm+gated_linear[silu]" in [r.kernel for r in demoted.layers if r.status == "rewritten"]
+    with torch.no_grad():
+        assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-1
+        assert rel_l2(demoted(ids), CausalLogits(lm)(ids)) < 1e-5
+
