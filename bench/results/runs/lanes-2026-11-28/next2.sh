@@ -18,9 +18,10 @@ step() { local gpu=$1 name=$2; shift 2
 lane0() { step 0 gensmall python bench/generate.py --batches 1 --models tinyllama,qwen2-0.5b \
             --sides accelc,accelc_norms_apart --out $O/gensmall
           step 0 probe python bench/race_probe.py --shapes 2048x2048,2048x11264,5632x2048 --out $O/probe; }
-# 2. the 8B shape's fp16, fp8 and int8 weights in one process after it (one A/B; run34's fp16 side is before it)
+# 2. the 8B shape's fp16 and fp8 weights in one process after it (one A/B; run34's fp16 side is before it), and the
+#    fp8 weights with every norm apart: eaa169e takes the gate/up norm in for one-byte weights (the rule's A/B)
 lane1() { step $(( 1 % n )) gen8b python bench/generate.py --batches 1 --models llama3-8b \
-            --sides accelc,accelc_fp8w,accelc_int8w --out $O/gen8b; }
+            --sides accelc,accelc_fp8w,accelc_fp8w_norms_apart --out $O/gen8b; }
 # 3. the attention's Hopper GPU tests (e.sh ran 36 of 137), then the fp8 peers where torchao's wheel came
 lane2() { step $(( 2 % n )) pytest env ACCELC_AUTOTUNE=0 python -m pytest -v -n 4 -p no:cacheprovider \
             tests/test_attention_hopper.py tests/test_norm_linear.py tests/test_fp8.py
@@ -29,7 +30,9 @@ lane2() { step $(( 2 % n )) pytest env ACCELC_AUTOTUNE=0 python -m pytest -v -n 
                  --sides accelc,accelc_fp8,torchao_fp8 --batches first --out $O/fp8peer; }
 # 4. optimize time with the warm sides (run11 cut them)
 lane3() { step $(( 3 % n )) opt python bench/optimize_time.py --models bert,tinyllama-lm \
-            --sides compile_ro,accelc_cold,accelc_warm --out $O/opt; }
+            --sides compile_ro,accelc_cold,accelc_warm --out $O/opt
+          step $(( 3 % n )) gen8b-int8w python bench/generate.py --batches 1 --models llama3-8b \
+            --sides accelc_int8w,accelc_int8w_norms_apart --out $O/gen8b-int8w; }
 if [ "$n" -ge 4 ]; then lane0 & lane1 & lane2 & lane3 & wait
 elif [ "$n" -ge 2 ]; then (lane0; lane2) & (lane1; lane3) & wait
 else lane0; lane1; lane2; lane3
