@@ -24,6 +24,9 @@ def add_args(p) -> None:
     g.add_argument("--fp8-activations", action="store_true",
                    help="with --fp8: linear layers' inputs in fp8 too, a scale a row at run time (prompts, whole "
                         "models: the product on fp8 tensor cores)")
+    g.add_argument("--fp8-attention", action="store_true",
+                   help="with --fp8: attention's two products on fp8 operands too (fp16 / bf16 models, head dims in "
+                        "multiples of 32)")
     g.add_argument("--fp8-keep-slower", action="store_true",
                    help="with --fp8: keep fp8 layers that are slower than their float kernel on the GPU")
 
@@ -33,11 +36,12 @@ def fp8_config(args):
     from accelc.config import Fp8Config
 
     if not getattr(args, "fp8", False):
-        for flag in ("activations", "keep_slower"):
+        for flag in ("activations", "keep_slower", "attention"):
             if getattr(args, f"fp8_{flag}", False):
                 raise ValueError(f"--fp8-{flag.replace('_', '-')} needs --fp8")
         return False
     return Fp8Config(weights_only=not args.fp8_activations, only_if_faster=not args.fp8_keep_slower,
+                     attention=args.fp8_attention,
                      **({"sqnr_floor": args.sqnr_floor} if args.sqnr_floor is not None else {}))
 
 

@@ -130,6 +130,9 @@ class Fp8Config:
     sqnr_floor:     the guard's floor in dB (fp8 vs the float layer); a layer under it goes back to float, said.
     only_if_faster: on a GPU, each fp8 layer against its float kernel on the example inputs (a generation step's:
                     a decode step), the faster kept.
+    attention:      the attention layers' two products on e4m3 operands too (accelc::flash_attention with fp8=True:
+                    q, K, V and the softmax's p quantized in registers; fp16 / bf16, head dims in multiples of 32),
+                    judged by SQNR and raced against the float kernel as the linear layers are.
     """
 
     layers: tuple[str, ...] | None = None
@@ -140,6 +143,7 @@ class Fp8Config:
     min_rows: int = 0
     weights_only: bool = True
     only_if_faster: bool = True
+    attention: bool = False
 
     def __post_init__(self):
         _layer_choice(self)

@@ -26,6 +26,12 @@ qk_int8=True (Int8Config.attention): q and k are quantized per token to int8 in 
 they are loaded (symmetric, absmax over the head dim, the rounding of kernels/quantize.py), and
 q @ k^T runs on the int8 tensor cores with an int32 accumulator, dequantized by the two row
 scales (the softmax scale folded into q's). Softmax and p @ v stay in fp32 / fp16 / bf16.
+
+fp8=True (Fp8Config(attention=True); fp16 / bf16 inputs, head dims in multiples of 32): both products on e4m3
+operands with fp32 accumulators, as FlashAttention-3's fp8 forward: q quantized a row at a time as it is loaded
+(its scale folded into the softmax scale), each K block a key at a time, each V block a head-dim column at a time
+over its keys, and p (in [0, 1]) scaled by 448; the row sums from the unquantized p. Quantized in registers, as
+qk_int8 is (no fp8 copy of q, K, V in memory); about 27-28 dB SQNR against the exact attention on random inputs.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from accelc import runtime
 from accelc.kernels import flash_decoding
 from accelc.kernels.flash_decoding import LOG2E, softmax_scale
-from accelc.kernels.primitives import log2_units, softmax_update, tma_view
+from accelc.kernels.primitives import log2_units, softmax_update, tma_view, to_e4m3
 from accelc.kernels.quantize import quantize_ref, rint
 from accelc.tuning import CompiledCall, Tuner, check_once
 from accelc.compile_ahead import launch_kernel
@@ -57,9 +63,10 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
                  MASK_KIND: tl.constexpr, MASK_ROW: tl.constexpr, CAUSAL: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
                  FMA_SOFTMAX: tl.constexpr, TMA: tl.constexpr,
                  DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
-                 INPUT_PRECISION: tl.constexpr):
+                 INPUT_PRECISION: tl.constexpr, FP8: tl.constexpr):
     """Key blocks [lo, hi): online-softmax update of (acc, l_i, m_i). With QK_INT8, q is the
-    int8 tile and qk_scale the (BLOCK_M,) vector of its row scales x softmax scale. With TMA the
+    int8 tile and qk_scale the (BLOCK_M,) vector of its row scales x softmax scale; with FP8 likewise in e4m3,
+    and each K / V block quantized to e4m3 as it is loaded (_fp8_block). With TMA the
     K / V blocks are (1, 1, BLOCK_N, BLOCK_D) boxes of the (B, Hkv, S, D) tensors, the copy engine
     zero-filling rows past S and columns past D; else pointer loads, masked the same way."""
     d_ok = offs_d < HEAD_DIM
@@ -67,7 +74,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
     # no mask, no causal or bounds mask in these blocks, a scale >= 0: the scale multiplies the
     # row max (max(s * x) = s * max(x) for s >= 0) and then folds into one fma with the max's
     # subtraction, one float op an element fewer in the softmax
-    PLAIN: tl.constexpr = FMA_SOFTMAX and MASK_KIND == 0 and not CAUSAL and not CHECK_BOUNDS and not QK_INT8
+    PLAIN: tl.constexpr = FMA_SOFTMAX and MASK_KIND == 0 and not CAUSAL and not CHECK_BOUNDS and not QK_INT8 and not FP8
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < S
@@ -85,6 +92,9 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
             kt8 = rint(kt.to(tl.float32) * k_inv[None, :], USE_LIBDEVICE).to(tl.int8)
             k_scale = tl.div_rn(k_amax, 127.0)
             qk = tl.dot(q, kt8, out_dtype=tl.int32).to(tl.float32) * qk_scale[:, None] * k_scale[None, :]
+        elif FP8:
+            kt8, k_scale = _fp8_block(kt, 0, USE_LIBDEVICE)                     # a scale a key
+            qk = tl.dot(q, kt8, out_dtype=tl.float32) * qk_scale[:, None] * k_scale[None, :]
         elif DOT_IN_FP32:
             qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
         else:
@@ -95,7 +105,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
         else:
-            if not QK_INT8:
+            if not QK_INT8 and not FP8:
                 qk = qk * qk_scale                          # log2 units: exp2 below
             if MASK_KIND == 1:   # additive float mask, natural-log units
                 if MASK_ROW:     # the same for every query row (a key padding mask): one row read
@@ -120,8 +130,38 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(qk - m_sub[:, None])
-        acc, l_i, m_i = softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32, INPUT_PRECISION)
+        if FP8:
+            acc, l_i, m_i = _pv_fp8(acc, l_i, m_i, m_new, m_sub, p, v, USE_LIBDEVICE)
+        else:
+            acc, l_i, m_i = softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32, INPUT_PRECISION)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _fp8_block(t, AXIS: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+    """A tile in e4m3, scaled along AXIS to e4m3's largest magnitude (a scale per column for AXIS 0, per row
+    for 1), and those scales (largest magnitude / 448; 0 for a column of zeros; NaN for one holding NaN or inf,
+    which max ignores and the clamp would make finite: its products NaN, as eager's)."""
+    ROUND_BY_HAND: tl.constexpr = not USE_LIBDEVICE
+    t = t.to(tl.float32)
+    amax = tl.max(tl.abs(t), AXIS)
+    bad = tl.max(((tl.abs(t) == float("inf")) | (t != t)).to(tl.int32), AXIS)
+    inv = tl.div_rn(448.0, tl.maximum(amax, 1e-30))
+    y = tl.minimum(tl.maximum(t * tl.expand_dims(inv, AXIS), -448.0), 448.0)
+    return to_e4m3(y, ROUND_BY_HAND), tl.where(bad > 0, float("nan"), tl.div_rn(amax, 448.0))
+
+
+@triton.jit
+def _pv_fp8(acc, l_i, m_i, m_new, m_sub, p, v, USE_LIBDEVICE: tl.constexpr):
+    """softmax_update with p @ v on e4m3 operands: p (in [0, 1]) scaled by 448, the V block a scale per head-dim
+    column over its keys; the sum l_i of the unquantized p, as FlashAttention-3's fp8 forward keeps it."""
+    ROUND_BY_HAND: tl.constexpr = not USE_LIBDEVICE
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v8, v_scale = _fp8_block(v, 0, USE_LIBDEVICE)
+    p8 = to_e4m3(p * 448.0, ROUND_BY_HAND)
+    acc = acc * alpha[:, None] + tl.dot(p8, v8, out_dtype=tl.float32) * (v_scale * (1.0 / 448.0))[None, :]
+    return acc, l_i, m_new
 
 
 # the lengths, and the mask strides that follow them (a row of S keys): one binary for every length
@@ -143,6 +183,7 @@ def _flash_fwd_kernel(
     IS_CAUSAL: tl.constexpr, FMA_SOFTMAX: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, QK_INT8: tl.constexpr, USE_LIBDEVICE: tl.constexpr, EMPTY_NAN: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    FP8: tl.constexpr = False,
 ):
     start_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -161,6 +202,9 @@ def _flash_fwd_kernel(
         q = rint(q.to(tl.float32) * tl.div_rn(127.0, tl.maximum(q_amax, 1e-30))[:, None],
                   USE_LIBDEVICE).to(tl.int8)
         qk_scale = tl.div_rn(q_amax, 127.0) * qk_scale
+    if FP8:
+        q, q_scale = _fp8_block(q, 1, USE_LIBDEVICE)                          # a scale a query row
+        qk_scale = q_scale * qk_scale
     k_base = k_ptr + b * stride_kb + (h // GROUP) * stride_kh
     v_base = v_ptr + b * stride_vb + (h // GROUP) * stride_vh
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
@@ -176,14 +220,14 @@ def _flash_fwd_kernel(
                                  offs_m, offs_d, 0, full, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, MASK_ROW, False, False, FMA_SOFTMAX, TMA,
-                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE, INPUT_PRECISION)
+                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE, INPUT_PRECISION, FP8)
     # the rest: the causal diagonal and the ragged end of S
     tail_end = tl.minimum((start_m + 1) * BLOCK_M, S) if IS_CAUSAL else S
     acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, h // GROUP, mask_base,
                                  offs_m, offs_d, full, tail_end, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, MASK_ROW, IS_CAUSAL, True, FMA_SOFTMAX, TMA,
-                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE, INPUT_PRECISION)
+                                 DOT_IN_FP32, QK_INT8, USE_LIBDEVICE, INPUT_PRECISION, FP8)
 
     # a row with no visible key (l_i == 0, acc == 0) gives 0, as SDPA does, or NaN (0 / 0) as a
     # written-out softmax does (EMPTY_NAN); a NaN l_i stays NaN
@@ -345,36 +389,48 @@ def why_unsupported(q, k, v, mask=None) -> Optional[str]:
     return None
 
 
+def fp8_problem(q, qk_int8=False) -> str | None:
+    """Why q, k and v cannot run in e4m3 (fp8=True), or None: half inputs, a head dim the fp8 products take."""
+    if qk_int8:
+        return "fp8 and qk_int8 together"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"fp8 attention takes fp16 / bf16 inputs, not {q.dtype}"
+    if q.shape[-1] % 32:
+        return f"head dim {q.shape[-1]}: fp8 attention takes multiples of 32"
+    return None
+
+
 _CHECKED: set = set()   # call signatures whose operands why_unsupported accepted
 
 
 def flash_attention_launch(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False,
-                           allow_tf32=False):
+                           allow_tf32=False, fp8=False):
     """Checks, allocates, launches. A call signature seen before launches its compiled kernel
     directly (accelc.tuning.CompiledCall). 3-D q, k, v (batch * heads, length, head_dim) run as
     one batch of that many heads, into a contiguous (batch * heads, length, head_dim) result, as
     torch.bmm gives it."""
     out = _empty_out(q)
     if q.dim() == k.dim() == v.dim() == 3:
-        _launch(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan, out[None], allow_tf32)
+        _launch(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan, out[None], allow_tf32, fp8)
     else:
-        _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32)
+        _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32, fp8)
     return out
 
 
-def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32=False):
+def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32=False, fp8=False):
     tensors = (q, k, v) if mask is None else (q, k, v, mask)
     fp32 = q.dtype == torch.float32
     tf32 = bool(allow_tf32) and fp32
     sig = (tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors),
-           bool(is_causal), scale, bool(qk_int8), bool(empty_nan), tf32)
-    check_once(_CHECKED, sig, lambda: why_unsupported(q, k, v, mask), "flash_attention")
+           bool(is_causal), scale, bool(qk_int8), bool(empty_nan), tf32, bool(fp8))
+    check_once(_CHECKED, sig, lambda: why_unsupported(q, k, v, mask) or (fp8_problem(q, qk_int8) if fp8 else None),
+               "flash_attention")
     B, H, L, D = q.shape
     S = k.shape[2]
     if out.numel() == 0:
         return
     if B * H > MAX_GRID_Y:
-        _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32)
+        _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32, fp8)
         return
     mask_t = q if mask is None else mask.expand(B, H, L, S)  # a view: broadcast dims get stride 0
     with runtime.device_guard(q):
@@ -383,18 +439,18 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
             call, kw = known
             call(_args(kw, q, k, v, mask_t, out, mask is not None, scale), q.device.index or 0)
             return
-        if flash_decoding.takes(q, k, is_causal, qk_int8):    # a decode step: split over the keys
+        if flash_decoding.takes(q, k, is_causal, qk_int8 or fp8):    # a decode step: split over the keys
             flash_decoding.launch(q, k, v, mask_t, mask is not None, softmax_scale(q, scale) * LOG2E,
                                   empty_nan, out)
             return
         use_tma = D <= 128 and not fp32 and qkv_tma_ok(q, k, v)
-        gluon = use_tma and gluon_problem(q, k, v, qk_int8) is None
+        gluon = use_tma and not fp8 and gluon_problem(q, k, v, qk_int8) is None
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
                     MASK_ROW=mask is not None and mask_t.stride(2) == 0,
                     IS_CAUSAL=bool(is_causal), FMA_SOFTMAX=softmax_scale(q, scale) >= 0, DOT_IN_FP32=flash_decoding.dot_in_fp32(q),
                     QK_INT8=bool(qk_int8), USE_LIBDEVICE=not runtime.interpreted(), EMPTY_NAN=bool(empty_nan),
-                    INPUT_PRECISION="tf32" if tf32 else "ieee")
+                    INPUT_PRECISION="tf32" if tf32 else "ieee", FP8=bool(fp8))
 
         def plan(kw):
             """(kernel, its constexprs and launch options) for a config's kwargs."""
@@ -418,7 +474,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
         # the tuning key: lengths by their next power of two
         key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], meta["MASK_ROW"],
                bool(is_causal), bool(qk_int8), use_tma, q.dtype, *(("tf32",) if tf32 else ()),
-               *(("gluon",) if gluon else ()))
+               *(("gluon",) if gluon else ()), *(("fp8",) if fp8 else ()))
         cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D, tma=use_tma, fp32=fp32, gluon=gluon), run)
         kw = cfg.all_kwargs()
         kernel, constexprs = plan(kw)
@@ -427,7 +483,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
     return
 
 
-def _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32):
+def _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32, fp8=False):
     """A call whose batch x heads exceeds the grid's second dimension (MAX_GRID_Y: a launch past it
     fails), run as slices of the batch, or, where the heads alone exceed it (attention written with
     bmm: batch x heads as one dim), of the heads in whole query groups: views of the same tensors,
@@ -440,7 +496,7 @@ def _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, 
         for b0 in range(0, B, step):
             rows = slice(b0, b0 + step)
             _launch(q[rows], k[rows], v[rows], None if m is None else m[rows], is_causal, scale, qk_int8, empty_nan,
-                    out[rows], allow_tf32)
+                    out[rows], allow_tf32, fp8)
         return
     step = max(MAX_GRID_Y // group, 1) * group
     for b in range(B):
@@ -448,7 +504,7 @@ def _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, 
             heads, kv_heads = slice(h0, h0 + step), slice(h0 // group, (h0 + step) // group)
             _launch(q[b:b + 1, heads], k[b:b + 1, kv_heads], v[b:b + 1, kv_heads],
                     None if m is None else m[b:b + 1, heads], is_causal, scale, qk_int8, empty_nan,
-                    out[b:b + 1, heads], allow_tf32)
+                    out[b:b + 1, heads], allow_tf32, fp8)
 
 
 def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
@@ -476,11 +532,11 @@ def _quantize_rows(t):
 
 
 def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False,
-                        allow_tf32=False):
+                        allow_tf32=False, fp8=False):
     """Pure-PyTorch reference in fp32 (fp64 for fp64 inputs), result in q's dtype. qk_int8:
     q and k quantized per token first, as the kernel does. empty_nan: a row with no visible key
     gives NaN (softmax's 0 / 0) instead of SDPA's 0. allow_tf32 (the op's argument) changes nothing
-    here: the reference stays true fp32."""
+    here: the reference stays true fp32; nor does fp8 (the guard judges the fp8 kernel by SQNR against it)."""
     if q.dim() == k.dim() == v.dim() == 3:
         return flash_attention_ref(q[None], k[None], v[None], mask, is_causal, scale, qk_int8, empty_nan)[0]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -504,13 +560,13 @@ def flash_attention_ref(q, k, v, mask=None, is_causal=False, scale=None, qk_int8
 @torch.library.custom_op("accelc::flash_attention", mutates_args=())
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
                     is_causal: bool = False, scale: Optional[float] = None, qk_int8: bool = False,
-                    empty_nan: bool = False, allow_tf32: bool = False) -> torch.Tensor:
+                    empty_nan: bool = False, allow_tf32: bool = False, fp8: bool = False) -> torch.Tensor:
     """softmax(q @ k^T * scale + mask) @ v: see the module docstring."""
     return runtime.launch_or_fallback("flash_attention", q.device, flash_attention_launch, _ref_in_out_layout,
-                                      q, k, v, mask, is_causal, scale, qk_int8, empty_nan, allow_tf32)
+                                      q, k, v, mask, is_causal, scale, qk_int8, empty_nan, allow_tf32, fp8)
 
 
-def _ref_in_out_layout(q, k, v, mask, is_causal, scale, qk_int8, empty_nan=False, allow_tf32=False):
+def _ref_in_out_layout(q, k, v, mask, is_causal, scale, qk_int8, empty_nan=False, allow_tf32=False, fp8=False):
     return _empty_out(q).copy_(flash_attention_ref(q, k, v, mask, is_causal, scale, qk_int8, empty_nan))
 
 
@@ -522,5 +578,6 @@ def _empty_out(q):
 
 
 @flash_attention.register_fake
-def _(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False, allow_tf32=False):
+def _(q, k, v, mask=None, is_causal=False, scale=None, qk_int8=False, empty_nan=False, allow_tf32=False,
+      fp8=False):
     return _empty_out(q)

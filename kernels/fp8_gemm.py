@@ -25,6 +25,7 @@ from accelc.kernels import gated_linear, gemm, int8_gemm
 from accelc.kernels.epilogue import activation_ref, epilogue_ref, residual_as
 from accelc.kernels.fp8_weight import DTYPE, E4M3_MAX
 from accelc.kernels.int8_gemm import weight_problem
+from accelc.kernels.primitives import to_e4m3
 from accelc.tuning import Tuner, check_once
 
 # the int8 candidates (the same bytes a stage: one-byte operands), the warp-specialized Gluon ones included
@@ -37,18 +38,6 @@ TUNER = Tuner("linear_fp8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_config
 GATED_TUNER = Tuner("gated_linear_fp8", gemm.linear_kernel, CONFIGS, prune=gemm.prune_configs,
                     default=gemm.default_config, interpreter=gemm.interpreter_config, other_kernels=gemm.other_kernels)
 _CHECKED: set = set()
-
-
-@triton.jit
-def _to_e4m3(y, ROUND_BY_HAND: tl.constexpr):
-    """y (fp32, |y| <= 448) in e4m3, rounded to nearest even: the hardware's conversion on the GPU; in the
-    interpreter, y first rounded to e4m3's grid in fp32 (3 mantissa bits: the step 2^(exponent - 3), 2^-9 under
-    the smallest normal), since its own conversion loses a value that rounds up into the next binade (124.3 ->
-    64, not 128)."""
-    if ROUND_BY_HAND:
-        step = tl.exp2(tl.floor(tl.log2(tl.maximum(tl.abs(y), 0.015625))) - 3.0)
-        y = ((y / step + 12582912.0) - 12582912.0) * step
-    return y.to(tl.float8e4nv)
 
 
 @triton.jit
@@ -87,13 +76,13 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_xm, stride_xk, norm
     tl.store(scale_ptr + row, scale)
     if ONE_PASS:
         y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
-        tl.store(q_ptr + row * K + offs, _to_e4m3(y, ROUND_BY_HAND), mask=offs < K)
+        tl.store(q_ptr + row * K + offs, to_e4m3(y, ROUND_BY_HAND), mask=offs < K)
     else:
         for k0 in range(0, K, BLOCK_K):
             ok = k0 + offs < K
             x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
             y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
-            tl.store(q_ptr + row * K + k0 + offs, _to_e4m3(y, ROUND_BY_HAND), mask=ok)
+            tl.store(q_ptr + row * K + k0 + offs, to_e4m3(y, ROUND_BY_HAND), mask=ok)
 
 
 ONE_PASS_MAX_K = 16384   # a row of up to this many values held in one program's registers (64 a thread at 8 warps)

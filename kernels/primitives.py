@@ -70,3 +70,15 @@ def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr,
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     return acc, l_i, m_new
+
+
+@triton.jit
+def to_e4m3(y, ROUND_BY_HAND: tl.constexpr):
+    """y (fp32, |y| <= 448) in e4m3, rounded to nearest even: the hardware's conversion on the GPU; in the
+    interpreter, y first rounded to e4m3's grid in fp32 (3 mantissa bits: the step 2^(exponent - 3), 2^-9 under
+    the smallest normal), since its own conversion loses a value that rounds up into the next binade (124.3 ->
+    64, not 128)."""
+    if ROUND_BY_HAND:
+        step = tl.exp2(tl.floor(tl.log2(tl.maximum(tl.abs(y), 0.015625))) - 3.0)
+        y = ((y / step + 12582912.0) - 12582912.0) * step
+    return y.to(tl.float8e4nv)

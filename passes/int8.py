@@ -12,7 +12,8 @@ layer's fusion (bias, activation, residual) and the same original subgraph for t
 With OptimizeConfig.fp8 (an Fp8Config), the same layers the same way, to accelc::linear_fp8w and
 accelc::gated_linear_fp8w (kernels/fp8_weight.py): each weight in float8_e4m3fn per output channel; with
 Fp8Config(weights_only=False), linear layers to accelc::linear_fp8 and gated MLPs to accelc::gated_linear_fp8
-(kernels/fp8_gemm.py), their input's rows quantized to e4m3 at run time as well.
+(kernels/fp8_gemm.py), their input's rows quantized to e4m3 at run time as well; with Fp8Config(attention=True),
+accelc::flash_attention -> the same op with fp8=True (both products on e4m3 operands).
 Each int8 or fp8 layer keeps its float call as a Fallback: the guard judges int8 layers by SQNR and
 puts those under Int8Config.sqnr_floor back in float (accelc.rewrite.demote).
 
@@ -31,6 +32,7 @@ from torch import fx
 
 from accelc import meta
 from accelc.kernels import fp8_weight
+from accelc.kernels.flash_attention import fp8_problem
 from accelc.kernels.int8_gemm import quantize_weight
 from accelc.layer_runner import LayerRunner
 from accelc.meta import attr_value
@@ -183,10 +185,28 @@ def _to_int8_attention(gm, n: fx.Node) -> None:
             kernel=rw.kernel.replace("accelc::flash_attention", "accelc::flash_attention[qk_int8]"))
 
 
+def _to_fp8_attention(gm) -> int:
+    """Fp8Config(attention=True): each attention layer's products on e4m3 operands (accelc::flash_attention's
+    fp8), where its inputs take them (else said in the layer's note); how many moved."""
+    moved = 0
+    for n in [n for n in layers(gm) if n.target is FLASH]:
+        q = meta.tensor_meta(n.args[0])
+        why = fp8_problem(q, n.kwargs.get("qk_int8", False)) if q is not None else "its query's shape is unknown"
+        if why:
+            meta.explain(n, f"{why}; attention stays in float")
+            continue
+        rw = meta.rewrite_of(n)
+        restack(gm, n, FLASH, n.args, {**n.kwargs, "fp8": True}, kind="attention_fp8",
+                kernel=rw.kernel.replace("accelc::flash_attention", "accelc::flash_attention[fp8]"))
+        moved += 1
+    return moved
+
+
 def _transform(gm, ctx) -> int:
     cfg = ctx.config.quantized
     if cfg is None:
         return 0
+    attention = _to_fp8_attention(gm) if ctx.config.fp8 is not None and cfg.attention else 0
     # (W8A8 int8 has no gated form: a gated MLP stays in float there)
     linears = [n for n in layers(gm)
                if n.target is LINEAR or (n.target is GATED and (cfg.weights_only or ctx.config.fp8 is not None))]
@@ -200,7 +220,7 @@ def _transform(gm, ctx) -> int:
     if cfg.weights_only:
         for n in chosen:
             _to_one_byte(gm, n, "int8 weights" if ctx.config.int8 is not None else "fp8 weights")
-        return len(chosen)
+        return len(chosen) + attention
     if ctx.config.fp8 is not None:
         for n in chosen:
             k = _weight_tensor(gm, n.args[1]).shape[1]
@@ -208,7 +228,7 @@ def _transform(gm, ctx) -> int:
                 meta.explain(n, f"K={k}: the fp8 product takes K in multiples of 16; stays in float")
             else:
                 _to_one_byte(gm, n, "fp8")
-        return sum(n.target in (FP8, GATED_FP8) for n in layers(gm))
+        return sum(n.target in (FP8, GATED_FP8) for n in layers(gm)) + attention
     needs_stats = chosen and (cfg.static or cfg.smoothing is not None)
     stats = _calibrate(gm, chosen, ctx.calibration) if needs_stats else {}
     for n in chosen:

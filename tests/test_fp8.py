@@ -310,3 +310,69 @@ def test_fp8_weights_and_activations_on_a_gated_mlp():
         assert rel_l2(opt(ids).double(), CausalLogits(lm)(ids).double()) < 1e-1
         other = torch.randint(1, 100, (3, 5), device=DEVICE)          # another batch and length
         assert rel_l2(opt(other).double(), CausalLogits(lm)(other).double()) < 1e-1
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8 attention (Fp8Config(attention=True))
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["plain", "bool mask", "float mask", "causal gqa"])
+def test_fp8_attention_against_the_exact_attention(dtype, case):
+    """accelc::flash_attention with fp8=True: both products on e4m3 operands (q a row, K a key, V a column a block,
+    p scaled by 448): within 25 dB SQNR of the attention computed in fp64, and quantized indeed (below the fp16
+    kernel's ~70 dB). NaN in a query row gives that row NaN, as eager; fp32 inputs and head dims off 32 refused in
+    one line."""
+    from accelc.kernels.flash_attention import flash_attention_ref
+
+    torch.manual_seed(0)
+    B, H, Hk, L, S, D = (1, 4, 2, 24, 24, 64) if case == "causal gqa" else (2, 2, 2, 9, 40, 32)
+    q, k, v = (torch.randn(B, h, n, D, device=DEVICE, dtype=dtype) for h, n in ((H, L), (Hk, S), (Hk, S)))
+    mask = {"bool mask": torch.rand(B, 1, L, S, device=DEVICE) > 0.3,
+            "float mask": (torch.randn(B, H, L, S, device=DEVICE) * 2).to(dtype)}.get(case)
+    causal = case == "causal gqa"
+    ref = flash_attention_ref(q.double(), k.double(), v.double(), None if mask is None else
+                              (mask if mask.dtype == torch.bool else mask.double()), causal)
+    out = torch.ops.accelc.flash_attention(q, k, v, mask, causal, fp8=True)
+    exact = torch.ops.accelc.flash_attention(q, k, v, mask, causal)
+    assert 25 < sqnr_db(rel_l2(out.double(), ref)) < 45 < sqnr_db(rel_l2(exact.double(), ref)), \
+        (sqnr_db(rel_l2(out.double(), ref)), sqnr_db(rel_l2(exact.double(), ref)))
+    q[0, 1, 3, 5] = float("nan")
+    nan = torch.ops.accelc.flash_attention(q, k, v, mask, causal, fp8=True)
+    assert nan[0, 1, 3].isnan().all() and not nan[0, 0].isnan().any() and not nan[0, 1, 2].isnan().any()
+    with pytest.raises(ValueError, match=r"^accelc::flash_attention: fp8 attention takes fp16 / bf16 inputs, not "
+                                         r"torch.float32$"):
+        torch.ops.accelc.flash_attention(q.float(), k.float(), v.float(), fp8=True)
+    with pytest.raises(ValueError, match=r"head dim 16: fp8 attention takes multiples of 32$"):
+        torch.ops.accelc.flash_attention(q[..., :16], k[..., :16], v[..., :16], fp8=True)
+
+
+def test_fp8_attention_on_models_judged_by_sqnr_and_demoted_under_the_floor():
+    """Fp8Config(attention=True) moves ViT's and BERT's attention layers (head dim 32) to the fp8 kernel, each
+    judged by SQNR against its float layer; under a floor they go back to the float attention, said; a head dim
+    the fp8 products do not take stays float, said in the layer's note. --fp8-attention without --fp8 refused."""
+    from accelc import cli, cli_quantization
+
+    for name in ("vit", "bert"):
+        model = accelc.models.get(name, depth=1).to(DEVICE)
+        x = model.example_inputs(2)
+        cfg = dict(weights_only=False, skip_first_last=False, only_if_faster=False, attention=True)
+        opt = accelc.optimize(model, x, accelc.OptimizeConfig(dtype="fp16", fp8=accelc.Fp8Config(**cfg)))
+        att = [r for r in opt.layers if r.kind == "attention_fp8"]
+        assert att and all(r.status == "rewritten" and r.kernel.startswith("accelc::flash_attention[fp8]") and
+                           20 < r.sqnr_db < 45 for r in att), opt.summary()
+        floor = accelc.optimize(model, x, accelc.OptimizeConfig(dtype="fp16", fp8=accelc.Fp8Config(
+            **cfg, sqnr_floor=90)))
+        back = [r for r in floor.layers if r.name == att[0].name][0]
+        assert back.kind == "attention" and back.status == "rewritten" and "float kernel instead" in back.reason, \
+            floor.summary()
+    narrow = accelc.models.get("bert", depth=1, heads=4).to(DEVICE)      # head dim 16
+    opt = accelc.optimize(narrow, narrow.example_inputs(2), accelc.OptimizeConfig(dtype="fp16", fp8=accelc.Fp8Config(
+        weights_only=False, only_if_faster=False, attention=True)))
+    att = [r for r in opt.layers if r.kind.startswith("attention")]
+    assert att and all(r.kind == "attention" and "head dim 16: fp8 attention takes multiples of 32; attention "
+                       "stays in float" in r.reason for r in att), opt.summary()
+    args = cli._parser().parse_args(["optimize", "vit", "--fp8-attention"])
+    with pytest.raises(ValueError, match="^--fp8-attention needs --fp8$"):
+        cli_quantization.fp8_config(args)
+    args = cli._parser().parse_args(["optimize", "vit", "--fp8", "--fp8-attention"])
+    assert cli_quantization.fp8_config(args).attention
