@@ -118,6 +118,8 @@ def main():
             "sdpa_efficient": sdpa_with(SDPBackend.EFFICIENT_ATTENTION, q, k, v, causal, mask),
             "naive_eager": naive(q, k, v, causal, mask),
             "accelc": lambda: torch.ops.accelc.flash_attention(q, k, v, mask, causal),
+            # Fp8Config(attention=True)'s kernel: both products on e4m3 operands (fp16 / bf16, D a multiple of 32)
+            "accelc_fp8": lambda: torch.ops.accelc.flash_attention(q, k, v, mask, causal, fp8=True),
         }
         ref = fa.flash_attention_ref(q, k, v, mask, causal)
         flops = 4 * B * H * S * S * D / (2 if causal else 1)
@@ -134,11 +136,12 @@ def main():
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             row[name] = {"rel_l2_vs_fp32": float(f"{err:.2e}")}
         _common.time_rounds(variants, row, ROUNDS, flops)
-        cfg, row["spread"] = _common.tuned(fa.TUNER, lambda key: key not in keys_before)
+        new = [key for key in fa.TUNER.chosen if key not in keys_before and "fp8" not in key]   # (the fp16 race's)
+        cfg, row["spread"] = _common.tuned(fa.TUNER, lambda key: key in new)
         row["config"] = config_dict(cfg) if cfg else None
         # the fastest tl and Gluon candidates by tuning time, forced, in the same rounds as the race's pick
         family = {}
-        for key in [k for k in fa.TUNER.chosen if k not in keys_before]:
+        for key in new:
             row["candidates_us"] = fa.TUNER.timings.get(key, [])
             for cand, us in fa.TUNER.timings.get(key, []):
                 kind = "accelc_gluon" if cand.get("GLUON") else "accelc_tl"
@@ -161,6 +164,8 @@ def main():
         for base in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive_eager"):
             if base in variants:
                 row[f"speedup_vs_{base}"] = _common.speedup(row, "accelc", base)[0]
+        if "accelc_fp8" in variants:
+            row["fp8_vs_accelc"] = _common.speedup(row, "accelc_fp8", "accelc")[0]
         print(f"  {B}x{H}x{S}x{D} causal={causal} {what}: " + ", ".join(
             f"{n} {row[n]['us']:.0f} us {row[n]['tflops']:.0f} TF/s" for n in variants)
             + f" | {row['config']} | {_common.spread_cell(row['spread'])}", flush=True)
@@ -185,14 +190,17 @@ def main():
     header = ["B, H, S, D", "case", "causal", "SDPA flash", "SDPA cuDNN", "SDPA efficient", "naive eager", "accelc",
               "accelc / SDPA flash", "accelc / cuDNN", "accelc / SDPA efficient", "accelc / naive", "accelc config",
               "autotune spread",
-              "accelc tl", "accelc Gluon", "tl / cuDNN", "Gluon / cuDNN", "Gluon config"]
+              "accelc tl", "accelc Gluon", "tl / cuDNN", "Gluon / cuDNN", "Gluon config", "accelc fp8 (err vs fp32)",
+              "fp8 / accelc"]
     table = [[f"{r['B']}, {r['H']}, {r['S']}, {r['D']}", r["case"] + (" + padding mask" if r["mask"] else ""),
               r["causal"], cell(r, "sdpa_flash"), cell(r, "sdpa_cudnn"), cell(r, "sdpa_efficient"),
               cell(r, "naive_eager"), cell(r, "accelc")]
              + [f"{r[f'speedup_vs_{b}']:.2f}x" if f"speedup_vs_{b}" in r else "n/a"
                 for b in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive_eager")]
              + [cfg(r), _common.spread_cell(r.get("spread")), cell(r, "accelc_tl"), cell(r, "accelc_gluon"),
-                x(r.get("accelc_tl_vs_cudnn")), x(r.get("accelc_gluon_vs_cudnn")), gluon_cfg(r)] for r in rows]
+                x(r.get("accelc_tl_vs_cudnn")), x(r.get("accelc_gluon_vs_cudnn")), gluon_cfg(r),
+                cell(r, "accelc_fp8") + (f" ({r['accelc_fp8']['rel_l2_vs_fp32']})" if "accelc_fp8" in r else ""),
+                x(r.get("fp8_vs_accelc"))] for r in rows]
     md = (f"# accelc::flash_attention forward, {args.dtype}\n\n{_common.env_line(env)}\n\n"
           f"Median over captured CUDA graphs, {ROUNDS} interleaved rounds; speedup = other / accelc, median "
           "of per-round ratios (> 1: accelc faster). FLOPs 4*B*H*S*S*D, halved when causal; % of the "
@@ -202,7 +210,9 @@ def main():
           "fastest - slowest candidate as the tuner timed them. accelc tl / accelc Gluon: the fastest candidate "
           "of each kernel by tuning time, forced, timed in the same rounds (Gluon: the warp-specialized "
           "kernels/attention_hopper.py: rows a CTA (64 a softmax warpgroup), keys a step, K / V ring slots; "
-          "turns: the softmax warpgroups issue their MMAs in turns, FA3's ping-pong)."
+          "turns: the softmax warpgroups issue their MMAs in turns, FA3's ping-pong). accelc fp8: "
+          "Fp8Config(attention=True)'s kernel (both products on e4m3 operands, quantized in registers; the % of the "
+          "fp16 peak as the others'), its relative error against fp32 beside it; fp8 / accelc: accelc's time over its."
           + ("" if args.dtype == "fp16" else f" The inputs are {args.dtype}; the % is still of the fp16 peak.")
           + "\n\n" + _common.md_table(header, table))
     _common.write(args.out, "attention" if args.dtype == "fp16" else f"attention-{args.dtype}", env, rows, md)

@@ -17,7 +17,9 @@ step() { local gpu=$1 name=$2; shift 2
 # 1. the small models' decode after cbbf947 (the step's race on tuned configs): run34's next-small is before it
 lane0() { step 0 gensmall python bench/generate.py --batches 1 --models tinyllama,qwen2-0.5b \
             --sides accelc,accelc_norms_apart --out $O/gensmall
-          step 0 probe python bench/race_probe.py --shapes 2048x2048,2048x11264,5632x2048 --out $O/probe; }
+          step 0 probe python bench/race_probe.py --shapes 2048x2048,2048x11264,5632x2048 --out $O/probe
+          # fp8 attention's first GPU run (cd46828): its rows beside the fp16 kernel and SDPA
+          step 0 attention python bench/attention.py --only random,vit,bert --out $O/attention; }
 # 2. the 8B shape's fp16 and fp8 weights in one process after it (one A/B; run34's fp16 side is before it), and the
 #    fp8 weights with every norm apart: eaa169e takes the gate/up norm in for one-byte weights (the rule's A/B)
 lane1() { step $(( 1 % n )) gen8b python bench/generate.py --batches 1 --models llama3-8b \
