@@ -74,7 +74,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
     # no mask, no causal or bounds mask in these blocks, a scale >= 0: the scale multiplies the
     # row max (max(s * x) = s * max(x) for s >= 0) and then folds into one fma with the max's
     # subtraction, one float op an element fewer in the softmax
-    PLAIN: tl.constexpr = FMA_SOFTMAX and MASK_KIND == 0 and not CAUSAL and not CHECK_BOUNDS and not QK_INT8 and not FP8
+    PLAIN: tl.constexpr = (FMA_SOFTMAX and MASK_KIND == 0 and not CAUSAL and not CHECK_BOUNDS and not QK_INT8
+                           and not FP8)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < S
