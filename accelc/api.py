@@ -26,7 +26,7 @@ from accelc.config import OptimizeConfig, PRESETS
 from accelc.flops import node_flops
 from accelc.latency import layer_ms, median_ms
 from accelc.errors import AccelcError, InputError, short_error
-from accelc.numerics import rel_l2, sqnr_db
+from accelc.numerics import output_error, sqnr_db
 from accelc.optimized import OptimizedModule, collect_layers
 from accelc.step_module import StepModule
 from accelc.records import OptimizeInfo
@@ -266,7 +266,8 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     `expected`. race: (inputs, in words) the guard's speed race times layers on, where not `args`. reference: the
     model's output on `args` in higher precision, called where the padding check needs the model's own error."""
     ctx = PassContext(config, args, calibration if calibration is not None else [args], device,
-                      shapes=gm.meta.get(SHAPES), race=race)
+                      shapes=gm.meta.get(SHAPES), race=race,
+                      output_budget=(expected, reference) if reference is not None else None)
     model_bytes = tensor_bytes([gm])
     t0 = time.perf_counter()
     digest = reuse.key(gm, args, config, device, ctx.calibration, race, ctx.shapes)
@@ -421,8 +422,3 @@ def tensor_bytes(modules) -> int:
     return total
 
 
-def output_error(got, expected) -> float:
-    """The worst relative L2 error over the floating-point tensors of an output."""
-    errs = [rel_l2(g, e) for g, e in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected))
-            if isinstance(e, torch.Tensor) and e.is_floating_point()]
-    return max(errs) if errs else 0.0

@@ -47,6 +47,8 @@ def _layer_choice(cfg) -> None:
         raise ValueError(f"sqnr_floor must be > 0 dB, not {cfg.sqnr_floor}")
     if cfg.min_rows < 0:
         raise ValueError(f"min_rows must be >= 0, not {cfg.min_rows}")
+    if cfg.output_error is not None and not cfg.output_error >= 1:
+        raise ValueError(f"output_error is a multiple of eager's own error (>= 1), not {cfg.output_error}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ class Int8Config:
                     inputs and keep the faster (the summary says which and by how much): the int8
                     path pays an extra quantization kernel and wins only on large GEMMs
                     (about 0.5-1.1x eager at BERT-base widths, 1.1-1.3x at 4096-wide layers).
+    output_error:   the whole output's error budget, a multiple of eager's own (each against the model run in
+                    higher precision on the example inputs; 3.0: within three times eager's error), or None
+                    (each layer's SQNR floor alone): past it, the quantized layers go back to float, the lowest
+                    SQNR first, until the output is within it (each said in its note).
     """
 
     layers: tuple[str, ...] | None = None
@@ -101,6 +107,7 @@ class Int8Config:
     min_rows: int = 0
     weights_only: bool = False
     only_if_faster: bool = True
+    output_error: float | None = None
 
     def __post_init__(self):
         _layer_choice(self)
@@ -133,6 +140,8 @@ class Fp8Config:
     attention:      the attention layers' two products on e4m3 operands too (accelc::flash_attention with fp8=True:
                     q, K, V and the softmax's p quantized in registers; fp16 / bf16, head dims in multiples of 32),
                     judged by SQNR and raced against the float kernel as the linear layers are.
+    output_error:   the whole output's error budget, as Int8Config's: past it, fp8 layers back to float, the
+                    lowest SQNR first.
     """
 
     layers: tuple[str, ...] | None = None
@@ -144,6 +153,7 @@ class Fp8Config:
     weights_only: bool = True
     only_if_faster: bool = True
     attention: bool = False
+    output_error: float | None = None
 
     def __post_init__(self):
         _layer_choice(self)

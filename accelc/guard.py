@@ -11,7 +11,10 @@ final check of every layer, by name:
   4. on a GPU, with OptimizeConfig.only_if_faster, each layer is timed against its original
      PyTorch subgraph the same way, and where PyTorch is not slower it stays PyTorch ("kept",
      with both times);
-  5. an int8 layer that stays lets go of its float weights (accelc.rewrite.Rewrite.release_original),
+  5. with Int8Config / Fp8Config.output_error, the whole output's error against the model in higher
+     precision held within that multiple of eager's own: past it, quantized layers go back to float,
+     the lowest SQNR first, each said (each layer's floor alone does not bound their sum);
+  6. an int8 layer that stays lets go of its float weights (accelc.rewrite.Rewrite.release_original),
      and so does any layer whose original subgraph holds tensors the optimized module does not (a
      packed gate / up weight, a folded BN): the report reads them from the model instead.
 
@@ -45,10 +48,10 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import layer_compiles, meta, progress, runtime, tuning
-from accelc.capture.shapes import memory_layout, repeated_to
+from accelc.other_inputs import sized_other_inputs
 from accelc.latency import layer_ms, median_ms
 from accelc.layer_runner import LayerRunner
-from accelc.numerics import error_stats, higher_precision, same_values, sqnr_db
+from accelc.numerics import error_stats, higher_precision, output_error, same_values, sqnr_db
 from accelc.records import LayerCheck
 from accelc.rewrite import demote, forget_replacements, layers, revert
 
@@ -75,6 +78,7 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
     if v.recheck and ctx.config.guard:
         _judge(gm, ctx, v, check_layers(gm, ctx, only=v.recheck), may_demote=False)
     _keep_the_faster(gm, ctx, v)
+    _fit_the_error_budget(gm, ctx, v)
     _finish(gm)
     return {**{meta.rewrite_of(n).layer: c for n, c in v.passed.items()}, **v.put_back}
 
@@ -164,6 +168,47 @@ def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
                          f"{words}: PyTorch kept (OptimizeConfig.only_if_faster)", status="kept")
 
 
+def _fit_the_error_budget(gm, ctx, v: _Verdicts) -> None:
+    """Phase 5 (Int8Config / Fp8Config.output_error): each quantized layer passed its SQNR floor, but their errors
+    add up through the model. The whole output's error against the model in higher precision is held within
+    output_error times eager's own: past it, quantized layers go back to their float kernel (to PyTorch, without
+    one), the lowest SQNR first, in doubling steps (1, 1, 2, 4, ... layers: one forward each) until the output is
+    within it or none is left; each said in its note, the float kernels checked again."""
+    q = ctx.config.quantized
+    budget = getattr(q, "output_error", None) if q is not None else None
+    quantized = [n for n in v.passed if meta.rewrite_of(n).quantized]
+    if budget is None or ctx.output_budget is None or not quantized:
+        return
+    expected, reference = ctx.output_budget
+    ref = reference()
+    own = output_error(expected, ref)
+
+    def error() -> float:
+        gm.recompile()
+        with torch.no_grad():
+            return output_error(gm(*ctx.example_inputs), ref)
+
+    err, order, moved, step = error(), sorted(quantized, key=lambda n: v.passed[n].sqnr_db), [], 1
+    while err > budget * own and order:
+        batch, order = order[:step], order[step:]
+        for n in batch:
+            check, rw = v.passed.pop(n), meta.rewrite_of(n)
+            note = (f"{_format(ctx.config)} SQNR {check.sqnr_db:.1f} dB; back to float: the output's error against "
+                    f"the model in higher precision was {err:.2g}, past {budget:g}x eager's {own:.2g} "
+                    f"({type(q).__name__}.output_error)")
+            if rw.fallback is not None:
+                moved.append(_demote(gm, ctx, n, note))
+            else:
+                v.put_back[rw.layer] = check
+                _revert(gm, ctx, n, note)
+        step = max(1, len(moved))
+        err = error()
+    if moved:
+        log.info("accelc: %d quantized layer(s) back to float for the output's error budget (%.2g, %g x eager's %.2g)",
+                 len(moved), err, budget, own)
+        _judge(gm, ctx, v, check_layers(gm, ctx, only=set(moved)), may_demote=False)
+
+
 # what eager PyTorch runs a layer of each kind with on an NVIDIA GPU (the library accelc's kernel lost to)
 _LIBRARIES = {"linear": "cuBLAS", "gated_linear": "cuBLAS", "conv2d": "cuDNN", "conv2d_depthwise": "cuDNN", "conv1d": "cuDNN",
               "attention": "SDPA: cuDNN / flash", "layer_norm": "ATen", "rms_norm": "ATen", "rotary": "ATen"}
@@ -203,7 +248,7 @@ def check_layers(gm: fx.GraphModule, ctx, only=None) -> dict[fx.Node, LayerCheck
                                                              else ""), len(todo))
     checks = _check_pass(gm, args, config, only, repeat=repeat_runs())
     t0 = time.perf_counter()
-    for label, more_args, sizes in _other_inputs(args, shapes):
+    for label, more_args, sizes in sized_other_inputs(args, shapes):
         passing = {n for n, c in checks.items() if c.passed}
         if not passing:
             break
@@ -235,58 +280,6 @@ def repeat_runs() -> bool:
     """Whether the guard runs each kernel twice: on a GPU (the CPU interpreter runs a program's
     operations one after another, so it cannot race)."""
     return not runtime.interpreted()
-
-
-def other_inputs(args: tuple, shapes=None) -> list[tuple[str, tuple]]:
-    """Inputs the guard checks the layers on besides the example, as (label, inputs)."""
-    return [(label, inputs) for label, inputs, _ in _other_inputs(args, shapes)]
-
-
-def _other_inputs(args: tuple, shapes=None) -> list[tuple[str, tuple, dict | None]]:
-    """Inputs the guard checks the layers on besides the example, as (label, inputs, sizes): ("on a
-    second draw of the inputs", same shapes, drawn independently); where `shapes` (the graph's
-    InputShapes) has dims that vary, the ends of their ranges and an odd size in between
-    (InputShapes.other_shapes, `sizes` the varying dims' sizes); else, where every tensor input has
-    the same leading dim b, ("at batch b2", b2 != b). Floating-point tensors are drawn normal with
-    each example tensor's mean and std; integer ones (token ids, masks) uniform over the example's
-    range; bool ones and everything else are the example's, repeated or cut to size."""
-    gen = torch.Generator().manual_seed(12345)
-    tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
-    out = [("on a second draw of the inputs", _draw(args, gen, [None] * len(args)), None)]
-    if shapes is not None and not shapes.free and shapes.varying():
-        for label, sizes in shapes.other_shapes(args):
-            out.append((label, _draw(args, gen, shapes.shaped(args, sizes)), sizes))
-        return out
-    batches = {t.shape[0] if t.dim() else None for t in tensors}
-    if len(batches) == 1 and None not in batches:
-        b = batches.pop()
-        # one row fewer: a tail the example did not have, in the same tuning bucket (next power of
-        # two of the rows) as the example, so the check tunes nothing new
-        b2 = b + 2 if b <= 2 else b - 1
-        out.append((f"at batch {b2}", _draw(args, gen, [(b2, *a.shape[1:]) if isinstance(a, torch.Tensor) and a.dim()
-                                                        else None for a in args]), None))
-    return out
-
-
-def _draw(args, gen, shapes: list):
-    """args drawn anew (see other_inputs), each tensor at its shape in `shapes` (None: its own)."""
-    def one(t, shape):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
-            return t
-        shape = tuple(t.shape) if shape is None else tuple(shape)
-        if t.is_floating_point() and t.numel() > 1:
-            x = torch.randn(shape, generator=gen, dtype=torch.float32)
-            x = x * t.float().std().item() + t.float().mean().item()
-        elif t.dtype in (torch.int32, torch.int64) and t.numel() > 0:
-            lo, hi = int(t.min()), int(t.max())
-            x = torch.randint(lo, hi + 1, shape, generator=gen, dtype=t.dtype)
-        elif shape == tuple(t.shape):
-            return t
-        else:   # repeated along each dim, then cut to size
-            return repeated_to(t, shape)
-        return x.to(device=t.device, dtype=t.dtype).contiguous(memory_format=memory_layout(t))
-    return tuple(one(a, s) if isinstance(a, torch.Tensor) else pytree.tree_map(lambda t: one(t, None), a)
-                 for a, s in zip(args, shapes))
 
 
 def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerCheck]:

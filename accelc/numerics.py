@@ -39,6 +39,13 @@ def rel_l2(out, ref) -> float:
     return num / denom if denom > 0 else num
 
 
+def output_error(got, expected) -> float:
+    """The worst relative L2 error over the floating-point tensors of an output."""
+    errs = [rel_l2(g, e) for g, e in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected))
+            if isinstance(e, torch.Tensor) and e.is_floating_point()]
+    return max(errs) if errs else 0.0
+
+
 def sqnr_db(rel_error: float) -> float:
     """Signal-to-quantization-noise ratio in dB from a relative L2 error."""
     if math.isnan(rel_error):

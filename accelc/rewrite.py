@@ -58,6 +58,9 @@ class PassContext:
     race: tuple | None = None
     # what the guard decided, in order: ("demote" | "revert", layer, reason, status) (accelc.reuse replays it)
     decisions: list = field(default_factory=list)
+    # (eager's output on the example, a callable giving the model's output in higher precision): what the quantized
+    # layers' whole-output budget is measured with (Int8Config / Fp8Config.output_error, accelc.guard)
+    output_budget: tuple | None = None
 
     @property
     def inductor_glue(self) -> bool:

@@ -376,3 +376,36 @@ def test_fp8_attention_on_models_judged_by_sqnr_and_demoted_under_the_floor():
         cli_quantization.fp8_config(args)
     args = cli._parser().parse_args(["optimize", "vit", "--fp8", "--fp8-attention"])
     assert cli_quantization.fp8_config(args).attention
+
+
+def test_an_output_error_budget_sends_the_lowest_sqnr_layers_back_to_float():
+    """Fp8Config(output_error=N): each layer within its SQNR floor, their errors add up through the model; past N
+    times eager's own error (both against the model in higher precision), fp8 layers go back to their float kernel,
+    the lowest SQNR first, in doubling steps, until the output is within it, each said in its note. None: the
+    floor alone. Here the four fc1 layers (about 29 dB) go back and the four fc2 layers (about 43 dB) stay."""
+    import copy
+
+    model = accelc.models.get("transformer_mlp").to(DEVICE)
+    (x,) = model.example_inputs(2)
+
+    def run(budget):
+        return accelc.optimize(model, (x,), accelc.OptimizeConfig(dtype="fp16", fp8=accelc.Fp8Config(
+            weights_only=False, skip_first_last=False, only_if_faster=False, output_error=budget)))
+
+    free, budgeted = run(None), run(32.0)
+    fp8 = [r for r in free.layers if r.kind == "linear_fp8"]
+    assert len(fp8) == 8 and all(r.status == "rewritten" for r in fp8)
+    back = [r for r in budgeted.layers if "Fp8Config.output_error" in r.reason]
+    kept = [r for r in budgeted.layers if r.kind == "linear_fp8"]
+    assert back and kept and len(back) + len(kept) == 8, budgeted.summary()
+    assert all(r.kind == "linear" and r.status == "rewritten" and "back to float" in r.reason for r in back)
+    sqnr = {r.name: r.sqnr_db for r in fp8}
+    assert max(sqnr[r.name] for r in back) <= min(sqnr[r.name] for r in kept)       # the lowest SQNR went first
+    with torch.no_grad():
+        x16 = x.half()
+        ref = copy.deepcopy(model).double()(x.double())
+        own = rel_l2(copy.deepcopy(model).half()(x16).double(), ref)
+        assert rel_l2(budgeted(x16).double(), ref) <= 32.0 * own * 1.05 < rel_l2(free(x16).double(), ref)
+    with pytest.raises(ValueError, match=r"^output_error is a multiple of eager's own error \(>= 1\), not 0.5$"):
+        accelc.Fp8Config(output_error=0.5)
+    assert accelc.Int8Config(output_error=3.0).output_error == 3.0

@@ -147,14 +147,14 @@ def test_other_inputs_keep_shapes_ranges_and_masks():
     x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last) * 5 + 2
     ids = torch.randint(3, 9, (4, 7))
     mask = torch.rand(4, 7) > 0.5
-    (label1, (x1, ids1, m1)), (label2, (x2, ids2, m2)) = accelc.guard.other_inputs((x, ids, mask))
+    (label1, (x1, ids1, m1)), (label2, (x2, ids2, m2)) = accelc.other_inputs.other_inputs((x, ids, mask))
     assert "second draw" in label1 and label2 == "at batch 3"
     assert x1.shape == x.shape and not torch.equal(x1, x) and x1.is_contiguous(memory_format=torch.channels_last)
     assert abs(x1.mean() - x.mean()) < 0.5 and abs(x1.std() - x.std()) < 0.5
     assert ids1.dtype == ids.dtype and 3 <= ids1.min() and ids1.max() <= 8 and torch.equal(m1, mask)
     assert x2.shape == (3, 3, 8, 8) and ids2.shape == (3, 7) and torch.equal(m2, mask[:3])
     # no shared leading dim: no other batch
-    assert len(accelc.guard.other_inputs((x, torch.randn(5, 2)))) == 1
+    assert len(accelc.other_inputs.other_inputs((x, torch.randn(5, 2)))) == 1
 
 
 def test_the_speed_race_times_tuned_configs_not_borrowed_ones():
