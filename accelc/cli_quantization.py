@@ -14,6 +14,9 @@ def add_args(p) -> None:
                    help="with --int8: SmoothQuant migration strength (e.g. 0.5), calibrated on the example inputs")
     g.add_argument("--int8-all-layers", action="store_true",
                    help="with --int8: also the first and last linear layers")
+    g.add_argument("--output-error", type=float, default=None, metavar="X",
+                   help="with --int8 or --fp8: the whole output's error budget, X times eager's own against the model "
+                        "in higher precision; past it the lowest-SQNR layers go back to float")
     g.add_argument("--sqnr-floor", type=float, default=None, metavar="DB",
                    help="with --int8 or --fp8: guard floor in dB (default 20)")
     g.add_argument("--int8-keep-slower", action="store_true",
@@ -42,6 +45,7 @@ def fp8_config(args):
         return False
     return Fp8Config(weights_only=not args.fp8_activations, only_if_faster=not args.fp8_keep_slower,
                      attention=args.fp8_attention,
+                     output_error=args.output_error,
                      **({"sqnr_floor": args.sqnr_floor} if args.sqnr_floor is not None else {}))
 
 
@@ -50,14 +54,15 @@ def int8_config(args):
     from accelc.config import Int8Config
 
     extra = (args.int8_attention or args.int8_smoothing is not None or args.int8_all_layers or args.int8_keep_slower
-             or (args.sqnr_floor is not None and not getattr(args, "fp8", False)))   # (--fp8 takes a floor too)
+             or ((args.sqnr_floor is not None or args.output_error is not None)
+                 and not getattr(args, "fp8", False)))   # (--fp8 takes a floor and a budget too)
     if not args.int8:
         if extra:
-            raise ValueError("--int8-attention / --int8-smoothing / --int8-all-layers / --sqnr-floor / "
-                             "--int8-keep-slower need --int8")
+            raise ValueError("--int8-attention / --int8-smoothing / --int8-all-layers / --int8-keep-slower need "
+                             "--int8 (--sqnr-floor / --output-error: --int8 or --fp8)")
         return False
     kw = dict(attention=args.int8_attention, smoothing=args.int8_smoothing,
               skip_first_last=not args.int8_all_layers, only_if_faster=not args.int8_keep_slower)
     if args.sqnr_floor is not None:
         kw["sqnr_floor"] = args.sqnr_floor
-    return Int8Config(**kw)
+    return Int8Config(**kw, output_error=args.output_error)

@@ -409,3 +409,10 @@ def test_an_output_error_budget_sends_the_lowest_sqnr_layers_back_to_float():
     with pytest.raises(ValueError, match=r"^output_error is a multiple of eager's own error \(>= 1\), not 0.5$"):
         accelc.Fp8Config(output_error=0.5)
     assert accelc.Int8Config(output_error=3.0).output_error == 3.0
+    from accelc import cli, cli_quantization          # --output-error on the command line, with --int8 or --fp8
+    assert cli_quantization.fp8_config(cli._parser().parse_args(["optimize", "mlp", "--fp8", "--output-error", "3"])
+                                       ).output_error == 3.0
+    assert cli_quantization.int8_config(cli._parser().parse_args(["optimize", "mlp", "--int8", "--output-error", "4"])
+                                        ).output_error == 4.0
+    with pytest.raises(ValueError, match=r"--sqnr-floor / --output-error: --int8 or --fp8\)$"):
+        cli_quantization.int8_config(cli._parser().parse_args(["optimize", "mlp", "--output-error", "3"]))
