@@ -180,7 +180,12 @@ def _fit_the_error_budget(gm, ctx, v: _Verdicts) -> None:
     if budget is None or ctx.output_budget is None or not quantized:
         return
     expected, reference = ctx.output_budget
-    ref = reference()
+    try:
+        ref = reference()
+    except Exception as e:     # the model does not run in higher precision: the budget cannot be measured, said
+        runtime.warn_once(f"output-error-{type(q).__name__}", f"accelc: {type(q).__name__}.output_error not applied: "
+                          f"the model does not run in higher precision to measure it ({type(e).__name__}: {e})")
+        return
     own = output_error(expected, ref)
 
     def error() -> float:

@@ -416,3 +416,20 @@ def test_an_output_error_budget_sends_the_lowest_sqnr_layers_back_to_float():
                                         ).output_error == 4.0
     with pytest.raises(ValueError, match=r"--sqnr-floor / --output-error: --int8 or --fp8\)$"):
         cli_quantization.int8_config(cli._parser().parse_args(["optimize", "mlp", "--output-error", "3"]))
+
+
+def test_an_output_error_budget_that_cannot_be_measured_is_said(monkeypatch):
+    """Where the model does not run in higher precision (its reference fails), output_error is not applied and a
+    warning says why; the fp8 layers stay as their floors judged them."""
+    from accelc import api
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no fp32 path")
+    monkeypatch.setattr(api, "capture_reference", fails)
+    model = accelc.models.get("transformer_mlp").to(DEVICE)
+    (x,) = model.example_inputs(2)
+    with pytest.warns(UserWarning, match=r"Fp8Config.output_error not applied: the model does not run in higher "
+                                         r"precision to measure it \(RuntimeError: no fp32 path\)"):
+        opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(dtype="fp16", fp8=accelc.Fp8Config(
+            weights_only=False, skip_first_last=False, only_if_faster=False, output_error=3.0)))
+    assert sum(r.kind == "linear_fp8" for r in opt.layers) == 8
