@@ -246,10 +246,11 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
 
     job = make_job(model, args, config, copy_model=False, example_kwargs=kwargs)   # loaded here: nobody else holds it
     opt = optimize_job(job)
-    written, launched = tensor_parallel.program_file(out, opt.graph_module), tensor_parallel.launched()
-    if written == out and launched is not None and launched[0] != 0:
-        log.info(f"accelc: rank {launched[0]} of {launched[1]}: the model holds no shard (no collectives in its "
-                 f"program): every rank optimized all of it, rank 0 writes {out}")
+    written = tensor_parallel.program_file(out, opt.graph_module)
+    if written is None:
+        rank, world = tensor_parallel.launched()
+        log.info(f"accelc: rank {rank} of {world}: the model holds no shard (no collectives in its program): every "
+                 f"rank optimized all of it, rank 0 writes {out}")
     else:
         log.info(f"accelc: writing {written}")
         save(opt, written, strict=isinstance(config.dynamic, dict) and program is not None)

@@ -114,12 +114,17 @@ def shard_note(gm: fx.GraphModule) -> dict:
     return {"tensor_parallel": {"rank": dist.get_rank(group), "world": dist.get_world_size(group), "group": name}}
 
 
-def program_file(out: str | os.PathLike, gm: fx.GraphModule) -> Path:
-    """Where a program is written: a rank's shard (a graph with collectives) beside `out`, named by its rank
-    (model.pt2 -> model.rank0-of-2.pt2: every rank writes its own), a program without collectives to `out`."""
+def program_file(out: str | os.PathLike, gm: fx.GraphModule) -> Path | None:
+    """Where this process writes a program: a rank's shard (a graph with collectives) beside `out`, named by its
+    rank (model.pt2 -> model.rank0-of-2.pt2: every rank writes its own); a program without collectives to `out`, or,
+    under a launcher of several processes, by rank 0 alone (None here on the others: every rank optimized all of
+    it)."""
     out = Path(out)
     note = shard_note(gm).get("tensor_parallel")
-    return out if note is None else rank_file(out, note["rank"], note["world"])
+    if note is not None:
+        return rank_file(out, note["rank"], note["world"])
+    where = launched()
+    return out if where is None or where[0] == 0 else None
 
 
 def rank_file(out: Path, rank: int, world: int) -> Path:
