@@ -35,8 +35,8 @@ DEFAULT_TOLERANCES = {
 
 
 def _layer_choice(cfg) -> None:
-    """An Int8Config's or Fp8Config's layer patterns as tuples (a string: one pattern), its floor and rows
-    checked."""
+    """An Int8Config's or Fp8Config's layer patterns as tuples (a string: one pattern), its floor, rows and output
+    error budget checked."""
     for name in ("layers", "exclude", "types"):
         v = getattr(cfg, name)
         if isinstance(v, str):

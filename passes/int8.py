@@ -179,10 +179,11 @@ def _to_one_byte(gm, n: fx.Node, form: str) -> None:
             weight_bytes=sizes)
 
 
-def _to_int8_attention(gm, n: fx.Node) -> None:
+def _quantized_attention(gm, n: fx.Node, flag: str, kind: str) -> None:
+    """An attention layer moved to the same op with `flag` (qk_int8, fp8) set, its kind `attention_<kind>`."""
     rw = meta.rewrite_of(n)
-    restack(gm, n, FLASH, n.args, {**n.kwargs, "qk_int8": True}, kind="attention_int8",
-            kernel=rw.kernel.replace("accelc::flash_attention", "accelc::flash_attention[qk_int8]"))
+    restack(gm, n, FLASH, n.args, {**n.kwargs, flag: True}, kind=f"attention_{kind}",
+            kernel=rw.kernel.replace("accelc::flash_attention", f"accelc::flash_attention[{flag}]"))
 
 
 def _to_fp8_attention(gm) -> int:
@@ -195,9 +196,7 @@ def _to_fp8_attention(gm) -> int:
         if why:
             meta.explain(n, f"{why}; attention stays in float")
             continue
-        rw = meta.rewrite_of(n)
-        restack(gm, n, FLASH, n.args, {**n.kwargs, "fp8": True}, kind="attention_fp8",
-                kernel=rw.kernel.replace("accelc::flash_attention", "accelc::flash_attention[fp8]"))
+        _quantized_attention(gm, n, "fp8", "fp8")
         moved += 1
     return moved
 
@@ -236,7 +235,7 @@ def _transform(gm, ctx) -> int:
     count = len(chosen)
     if cfg.attention:
         for n in [n for n in layers(gm) if n.target is FLASH]:
-            _to_int8_attention(gm, n)
+            _quantized_attention(gm, n, "qk_int8", "int8")
             count += 1
     return count
 
