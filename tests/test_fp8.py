@@ -360,6 +360,13 @@ def test_fp8_attention_on_models_judged_by_sqnr_and_demoted_under_the_floor():
         att = [r for r in opt.layers if r.kind == "attention_fp8"]
         assert att and all(r.status == "rewritten" and r.kernel.startswith("accelc::flash_attention[fp8]") and
                            20 < r.sqnr_db < 45 for r in att), opt.summary()
+        with torch.no_grad():      # another batch than the example's: each row and key block its own scale,
+            errs = []              # the output as far from the float model's as at the example's batch
+            for batch in (2, 3):
+                other = model.example_inputs(batch)
+                half = [t.half() if t.is_floating_point() else t for t in other]
+                errs.append(rel_l2(opt(*half).double(), model(*other).double()))
+            assert errs[1] < 1.5 * errs[0] + 1e-3, errs
         floor = accelc.optimize(model, x, accelc.OptimizeConfig(dtype="fp16", fp8=accelc.Fp8Config(
             **cfg, sqnr_floor=90)))
         back = [r for r in floor.layers if r.name == att[0].name][0]
@@ -406,6 +413,8 @@ def test_an_output_error_budget_sends_the_lowest_sqnr_layers_back_to_float():
         ref = copy.deepcopy(model).double()(x.double())
         own = rel_l2(copy.deepcopy(model).half()(x16).double(), ref)
         assert rel_l2(budgeted(x16).double(), ref) <= 32.0 * own * 1.05 < rel_l2(free(x16).double(), ref)
+        (other,) = model.example_inputs(5)        # another batch: the layers sent back stay float there too
+        assert rel_l2(budgeted(other.half()).double(), model(other).double()) < 5e-2
     with pytest.raises(ValueError, match=r"^output_error is a multiple of eager's own error \(>= 1\), not 0.5$"):
         accelc.Fp8Config(output_error=0.5)
     assert accelc.Int8Config(output_error=3.0).output_error == 3.0
