@@ -319,10 +319,11 @@ import accelc
 from tpmodel import mlp
 
 dist.init_process_group("gloo")
-x = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
+gen = torch.Generator().manual_seed(1)
 prog = accelc.load("out.pt2")         # this rank's file, found by its rank
-with torch.no_grad():
-    diff = (prog(x) - mlp()(x)).abs().max().item()
+with torch.no_grad():                 # the example's batch (3) and another (5)
+    diff = max((prog(x) - mlp()(x)).abs().max().item() for x in (torch.randn(3, 16, generator=gen),
+                                                                  torch.randn(5, 16, generator=gen)))
 print("RESULT " + json.dumps({"rank": dist.get_rank(), "diff": diff,
                               "shard": prog.accelc_summary.get("tensor_parallel")}))
 dist.destroy_process_group()
