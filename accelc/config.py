@@ -138,7 +138,7 @@ class Fp8Config:
     only_if_faster: on a GPU, each fp8 layer against its float kernel on the example inputs (a generation step's:
                     a decode step), the faster kept.
     attention:      the attention layers' two products on e4m3 operands too (accelc::flash_attention with fp8=True:
-                    q, K, V and the softmax's p quantized in registers; fp16 / bf16, head dims in multiples of 32),
+                    q, K, V quantized once before the kernel, p in it; fp16 / bf16, head dims in multiples of 32),
                     judged by SQNR and raced against the float kernel as the linear layers are.
     output_error:   the whole output's error budget, as Int8Config's: past it, fp8 layers back to float, the
                     lowest SQNR first.

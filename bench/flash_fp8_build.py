@@ -1,6 +1,6 @@
 """The tl FlashAttention kernel's candidates built for sm90 on a machine without a GPU (bench/gluon_compile.py's
 stand-in driver, the ptxas inside the triton wheel), fp16 and fp8 (Fp8Config(attention=True): both products on
-e4m3 operands): registers, spill stores, and the wgmma instructions by kind (HGMMA fp16, QGMMA fp8). Whether the
+e4m3 operands, q, K and V read as e4m3 copies): registers, spill stores, and the wgmma instructions by kind (HGMMA fp16, QGMMA fp8). Whether the
 fp8 products reach fp8 tensor cores, and at what register cost, before any device time.
 
     TRITON_INTERPRET=0 python bench/flash_fp8_build.py [--out DIR]
@@ -24,8 +24,13 @@ def build(cfg: triton.Config, D: int, causal: bool, fp8: bool) -> dict:
     kw = cfg.all_kwargs()
     B, H, L, S = 2, 8, 1024, 1024
     q, k, v, out = (torch.empty(B, H, n, D, dtype=torch.float16) for n in (L, S, S, L))
+    scales = (torch.empty(B, H, L), torch.empty(B, H, S), torch.empty(B, H, D))
+    if fp8:   # the e4m3 copies the kernel reads (kernels/attention_fp8.py): V with its keys contiguous
+        q, k = (t.to(torch.float8_e4m3fn) for t in (q, k))
+        v = torch.empty(B, H, D, S, dtype=torch.float8_e4m3fn).transpose(2, 3)
     compiled = fa._flash_fwd_kernel.warmup(
-        q, k, v, q, out, q, k, v, H, 1, L, S, 0.125, *q.stride(), *k.stride(), *v.stride(), 0, 0, 0, 0, *out.stride(),
+        q, k, v, q, out, *scales, q, k, v, H, 1, L, S, 0.125, *q.stride(), *k.stride(), *v.stride(), 0, 0, 0, 0,
+        *out.stride(),
         HEAD_DIM=D, BLOCK_D=D, MASK_KIND=0, MASK_ROW=False, IS_CAUSAL=causal, FMA_SOFTMAX=True, DOT_IN_FP32=False,
         QK_INT8=False, USE_LIBDEVICE=True, EMPTY_NAN=False, INPUT_PRECISION="ieee", FP8=fp8,
         BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"], TMA=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -28,10 +28,11 @@ q @ k^T runs on the int8 tensor cores with an int32 accumulator, dequantized by 
 scales (the softmax scale folded into q's). Softmax and p @ v stay in fp32 / fp16 / bf16.
 
 fp8=True (Fp8Config(attention=True); fp16 / bf16 inputs, head dims in multiples of 32): both products on e4m3
-operands with fp32 accumulators, as FlashAttention-3's fp8 forward: q quantized a row at a time as it is loaded
-(its scale folded into the softmax scale), each K block a key at a time, each V block a head-dim column at a time
-over its keys, and p (in [0, 1]) scaled by 448; the row sums from the unquantized p. Quantized in registers, as
-qk_int8 is (no fp8 copy of q, K, V in memory); about 27-28 dB SQNR against the exact attention on random inputs.
+operands with fp32 accumulators, as FlashAttention-3's fp8 forward: q, K and V quantized once before the kernel
+(kernels/attention_fp8.py: q and K a token at a time, V a head-dim column at a time over its keys, stored with the
+keys contiguous), the kernel reading the e4m3 copies by pointer loads; q's row scales fold into the softmax scale,
+K's multiply q @ K^T's columns, V's the output's columns once at the end; p (in [0, 1]) scaled by 448, the row
+sums from the unquantized p. About 27-28 dB SQNR against the exact attention on random inputs.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from accelc import runtime
-from accelc.kernels import flash_decoding
+from accelc.kernels import attention_fp8, flash_decoding
 from accelc.kernels.flash_decoding import LOG2E, softmax_scale
 from accelc.kernels.primitives import log2_units, softmax_update, tma_view, to_e4m3
 from accelc.kernels.quantize import quantize_ref, rint
@@ -57,7 +58,8 @@ HEAD_DIMS = tuple(range(16, 257, 8))   # multiples of 8, 16 to 256
 
 
 @triton.jit
-def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_base, offs_m, offs_d, lo, hi, L, S,
+def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, ks_base, b, hk, mask_base, offs_m, offs_d, lo, hi,
+                 L, S,
                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  MASK_KIND: tl.constexpr, MASK_ROW: tl.constexpr, CAUSAL: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
@@ -66,7 +68,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
                  INPUT_PRECISION: tl.constexpr, FP8: tl.constexpr):
     """Key blocks [lo, hi): online-softmax update of (acc, l_i, m_i). With QK_INT8, q is the
     int8 tile and qk_scale the (BLOCK_M,) vector of its row scales x softmax scale; with FP8 likewise in e4m3,
-    and each K / V block quantized to e4m3 as it is loaded (_fp8_block). With TMA the
+    K and V e4m3 too (V's keys contiguous), ks_base K's scale a key. With TMA the
     K / V blocks are (1, 1, BLOCK_N, BLOCK_D) boxes of the (B, Hkv, S, D) tensors, the copy engine
     zero-filling rows past S and columns past D; else pointer loads, masked the same way."""
     d_ok = offs_d < HEAD_DIM
@@ -94,8 +96,8 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
             k_scale = tl.div_rn(k_amax, 127.0)
             qk = tl.dot(q, kt8, out_dtype=tl.int32).to(tl.float32) * qk_scale[:, None] * k_scale[None, :]
         elif FP8:
-            kt8, k_scale = _fp8_block(kt, 0, USE_LIBDEVICE)                     # a scale a key
-            qk = tl.dot(q, kt8, out_dtype=tl.float32) * qk_scale[:, None] * k_scale[None, :]
+            k_scale = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
+            qk = tl.dot(q, kt, out_dtype=tl.float32) * qk_scale[:, None] * k_scale[None, :]
         elif DOT_IN_FP32:
             qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
         else:
@@ -139,29 +141,13 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, hk, mask_b
 
 
 @triton.jit
-def _fp8_block(t, AXIS: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
-    """A tile in e4m3, scaled along AXIS to e4m3's largest magnitude (a scale per column for AXIS 0, per row
-    for 1), and those scales (largest magnitude / 448; 0 for a column of zeros; NaN for one holding NaN or inf,
-    which max ignores and the clamp would make finite: its products NaN, as eager's)."""
-    ROUND_BY_HAND: tl.constexpr = not USE_LIBDEVICE
-    t = t.to(tl.float32)
-    amax = tl.max(tl.abs(t), AXIS)
-    bad = tl.max(((tl.abs(t) == float("inf")) | (t != t)).to(tl.int32), AXIS)
-    inv = tl.div_rn(448.0, tl.maximum(amax, 1e-30))
-    y = tl.minimum(tl.maximum(t * tl.expand_dims(inv, AXIS), -448.0), 448.0)
-    return to_e4m3(y, ROUND_BY_HAND), tl.where(bad > 0, float("nan"), tl.div_rn(amax, 448.0))
-
-
-@triton.jit
 def _pv_fp8(acc, l_i, m_i, m_new, m_sub, p, v, USE_LIBDEVICE: tl.constexpr):
-    """softmax_update with p @ v on e4m3 operands: p (in [0, 1]) scaled by 448, the V block a scale per head-dim
-    column over its keys; the sum l_i of the unquantized p, as FlashAttention-3's fp8 forward keeps it."""
-    ROUND_BY_HAND: tl.constexpr = not USE_LIBDEVICE
+    """softmax_update with p @ V on e4m3 operands: p (in [0, 1]) scaled by 448 (the kernel's end divides it out
+    with V's column scales); the sum l_i of the unquantized p, as FlashAttention-3's fp8 forward keeps it."""
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v8, v_scale = _fp8_block(v, 0, USE_LIBDEVICE)
-    p8 = to_e4m3(p * 448.0, ROUND_BY_HAND)
-    acc = acc * alpha[:, None] + tl.dot(p8, v8, out_dtype=tl.float32) * (v_scale * (1.0 / 448.0))[None, :]
+    p8 = to_e4m3(p * 448.0, not USE_LIBDEVICE)
+    acc = acc * alpha[:, None] + tl.dot(p8, v, out_dtype=tl.float32)
     return acc, l_i, m_new
 
 
@@ -170,6 +156,8 @@ def _pv_fp8(acc, l_i, m_i, m_new, m_sub, p, v, USE_LIBDEVICE: tl.constexpr):
 def _flash_fwd_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
+    # with FP8: q's scale a row (B, H, L), K's a key (B, Hkv, S), V's a head-dim column (B, Hkv, D), fp32
+    qs_ptr, ks_ptr, vs_ptr,
     # TMA descriptors of q, k, v as (B, H, L, D) / (B, Hkv, S, D) with (1, 1, rows, BLOCK_D) boxes
     # (placeholders unless TMA)
     q_desc, k_desc, v_desc,
@@ -203,12 +191,13 @@ def _flash_fwd_kernel(
         q = rint(q.to(tl.float32) * tl.div_rn(127.0, tl.maximum(q_amax, 1e-30))[:, None],
                   USE_LIBDEVICE).to(tl.int8)
         qk_scale = tl.div_rn(q_amax, 127.0) * qk_scale
+    HKV = H // GROUP
     if FP8:
-        q, q_scale = _fp8_block(q, 1, USE_LIBDEVICE)                          # a scale a query row
-        qk_scale = q_scale * qk_scale
+        qk_scale = tl.load(qs_ptr + bh * L + offs_m, mask=m_ok, other=0.0) * qk_scale   # a scale a query row
     k_base = k_ptr + b * stride_kb + (h // GROUP) * stride_kh
     v_base = v_ptr + b * stride_vb + (h // GROUP) * stride_vh
     mask_base = mask_ptr + b * stride_mb + h * stride_mh
+    ks_base = ks_ptr + (b * HKV + h // GROUP) * S
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -217,19 +206,22 @@ def _flash_fwd_kernel(
     # keys every query row of this block may see, in whole blocks: no causal or bounds mask
     end = tl.minimum(start_m * BLOCK_M, S) if IS_CAUSAL else S
     full = (end // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, h // GROUP, mask_base,
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, ks_base, b, h // GROUP, mask_base,
                                  offs_m, offs_d, 0, full, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, MASK_ROW, False, False, FMA_SOFTMAX, TMA,
                                  DOT_IN_FP32, QK_INT8, USE_LIBDEVICE, INPUT_PRECISION, FP8)
     # the rest: the causal diagonal and the ragged end of S
     tail_end = tl.minimum((start_m + 1) * BLOCK_M, S) if IS_CAUSAL else S
-    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, b, h // GROUP, mask_base,
+    acc, l_i, m_i = _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, ks_base, b, h // GROUP, mask_base,
                                  offs_m, offs_d, full, tail_end, L, S,
                                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, qk_scale,
                                  HEAD_DIM, BLOCK_D, BLOCK_N, MASK_KIND, MASK_ROW, IS_CAUSAL, True, FMA_SOFTMAX, TMA,
                                  DOT_IN_FP32, QK_INT8, USE_LIBDEVICE, INPUT_PRECISION, FP8)
 
+    if FP8:   # V's column scales, p's 448 out
+        acc = acc * (tl.load(vs_ptr + (b * HKV + h // GROUP) * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM,
+                             other=0.0) * (1.0 / 448.0))[None, :]
     # a row with no visible key (l_i == 0, acc == 0) gives 0, as SDPA does, or NaN (0 / 0) as a
     # written-out softmax does (EMPTY_NAN); a NaN l_i stays NaN
     if EMPTY_NAN:
@@ -435,16 +427,18 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
         return
     mask_t = q if mask is None else mask.expand(B, H, L, S)  # a view: broadcast dims get stride 0
     with runtime.device_guard(q):
+        fp8_ops = _fp8_operands(q, k, v) if fp8 else None
         known = TUNER.calls.get(sig)
         if known is not None:
             call, kw = known
-            call(_args(kw, q, k, v, mask_t, out, mask is not None, scale), q.device.index or 0)
+            call(_args(kw, q, k, v, mask_t, out, mask is not None, scale, fp8_ops), q.device.index or 0)
             return
         if flash_decoding.takes(q, k, is_causal, qk_int8 or fp8):    # a decode step: split over the keys
             flash_decoding.launch(q, k, v, mask_t, mask is not None, softmax_scale(q, scale) * LOG2E,
                                   empty_nan, out)
             return
-        use_tma = D <= 128 and not fp32 and qkv_tma_ok(q, k, v)
+        # fp8: pointer loads of the e4m3 copies
+        use_tma = D <= 128 and not fp32 and not fp8 and qkv_tma_ok(q, k, v)
         gluon = use_tma and not fp8 and gluon_problem(q, k, v, qk_int8) is None
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
@@ -470,7 +464,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
                 raise ValueError("accelc::flash_attention: a Gluon config for a call the Gluon kernel cannot take")
             kernel, constexprs = plan(kw)
             launch_kernel(kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
-                          _args(kw, q, k, v, mask_t, out, mask is not None, scale), constexprs)
+                          _args(kw, q, k, v, mask_t, out, mask is not None, scale, fp8_ops), constexprs)
 
         # the tuning key: lengths by their next power of two
         key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], meta["MASK_ROW"],
@@ -480,7 +474,8 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
         kw = cfg.all_kwargs()
         kernel, constexprs = plan(kw)
         TUNER.calls[sig] = (CompiledCall(kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
-                                         _args(kw, q, k, v, mask_t, out, mask is not None, scale), constexprs), kw)
+                                         _args(kw, q, k, v, mask_t, out, mask is not None, scale, fp8_ops),
+                                         constexprs), kw)
     return
 
 
@@ -508,10 +503,22 @@ def _launch_in_slices(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, 
                     out[b:b + 1, heads], allow_tf32, fp8)
 
 
-def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
+def _fp8_operands(q, k, v) -> tuple:
+    """(q, K, V in e4m3, their scales): kernels/attention_fp8.py."""
+    q8, qs = attention_fp8.quantize_rows(q)
+    k8, ks = attention_fp8.quantize_rows(k)
+    v8, vs = attention_fp8.quantize_columns_transposed(v)
+    return (q8, k8, v8), (qs, ks, vs)
+
+
+def _args(kw, q, k, v, mask_t, out, has_mask, scale, fp8_ops=None) -> tuple:
     """_flash_fwd_kernel's positional arguments for a config's kwargs: TMA descriptors (boxes
-    of the config's rows and the padded head dim) where the config loads by TMA, else the tensors."""
+    of the config's rows and the padded head dim) where the config loads by TMA, else the tensors;
+    with fp8_ops (_fp8_operands) the e4m3 copies and their scales in place of q, k, v."""
     B, H, L, D = q.shape
+    scales = (q, q, q)          # placeholders, read only with FP8
+    if fp8_ops is not None:
+        (q, k, v), scales = fp8_ops
     if kw.get("GLUON"):
         return (*_hopper().descriptors(q, k, v, kw["BLOCK_N"]), out, mask_t, H, H // k.shape[1], L, k.shape[2],
                 softmax_scale(q, scale) * LOG2E, *out.stride()[:3],
@@ -522,7 +529,7 @@ def _args(kw, q, k, v, mask_t, out, has_mask, scale) -> tuple:
                  for t, rows in ((q, kw["BLOCK_M"]), (k, kw["BLOCK_N"]), (v, kw["BLOCK_N"]))]
     else:
         descs = [q, k, v]
-    return (q, k, v, mask_t, out, *descs, H, H // k.shape[1], L, k.shape[2], softmax_scale(q, scale) * LOG2E,
+    return (q, k, v, mask_t, out, *scales, *descs, H, H // k.shape[1], L, k.shape[2], softmax_scale(q, scale) * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *(mask_t.stride() if has_mask else (0, 0, 0, 0)), *out.stride())
 
 

@@ -318,10 +318,10 @@ def test_fp8_weights_and_activations_on_a_gated_mlp():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", ["plain", "bool mask", "float mask", "causal gqa"])
 def test_fp8_attention_against_the_exact_attention(dtype, case):
-    """accelc::flash_attention with fp8=True: both products on e4m3 operands (q a row, K a key, V a column a block,
-    p scaled by 448): within 25 dB SQNR of the attention computed in fp64, and quantized indeed (below the fp16
-    kernel's ~70 dB). NaN in a query row gives that row NaN, as eager; fp32 inputs and head dims off 32 refused in
-    one line."""
+    """accelc::flash_attention with fp8=True: both products on e4m3 operands (q a row, K a key, V a column, p
+    scaled by 448): within 25 dB SQNR of the attention computed in fp64, and quantized indeed (below the fp16
+    kernel's ~70 dB). NaN in a query row gives that row NaN, in a key every row NaN, in a value its column NaN,
+    as eager; fp32 inputs and head dims off 32 refused in one line."""
     from accelc.kernels.flash_attention import flash_attention_ref
 
     torch.manual_seed(0)
@@ -339,11 +339,67 @@ def test_fp8_attention_against_the_exact_attention(dtype, case):
     q[0, 1, 3, 5] = float("nan")
     nan = torch.ops.accelc.flash_attention(q, k, v, mask, causal, fp8=True)
     assert nan[0, 1, 3].isnan().all() and not nan[0, 0].isnan().any() and not nan[0, 1, 2].isnan().any()
+    q[0, 1, 3, 5] = 1.0
+    if case == "bool mask":     # the first key visible to every query row (causal too): a masked NaN key gives NaN
+        mask[..., 0] = True     # in eager's math SDPA (NaN + -inf), none in its flash kernels, nor here
+    k2, v2 = k.clone(), v.clone()
+    k2[-1, 0, 0, 3] = float("nan")
+    v2[0, 0, 0, 7] = float("nan")
+    for kk, vv in ((k2, v), (k, v2)):
+        eager = F.scaled_dot_product_attention(q.float(), kk.float().repeat_interleave(H // Hk, 1),
+                                               vv.float().repeat_interleave(H // Hk, 1), None if mask is None else
+                                               mask if mask.dtype == torch.bool else mask.float(), is_causal=causal)
+        got = torch.ops.accelc.flash_attention(q, kk, vv, mask, causal, fp8=True)
+        assert torch.equal(got.isnan(), eager.isnan()) and got.isnan().any(), case
     with pytest.raises(ValueError, match=r"^accelc::flash_attention: fp8 attention takes fp16 / bf16 inputs, not "
                                          r"torch.float32$"):
         torch.ops.accelc.flash_attention(q.float(), k.float(), v.float(), fp8=True)
     with pytest.raises(ValueError, match=r"head dim 16: fp8 attention takes multiples of 32$"):
         torch.ops.accelc.flash_attention(q[..., :16], k[..., :16], v[..., :16], fp8=True)
+
+
+def test_fp8_attention_operands_quantized_once_as_pytorch_converts():
+    """kernels/attention_fp8: q / K a row, V a column over its keys (stored keys contiguous, each column's keys
+    padded to 16 bytes), each value the e4m3 PyTorch converts the same scaled fp32 value to; strided inputs (heads
+    sliced out of a projection's output); the scale the slice's largest magnitude / 448, 0 for a slice of zeros
+    (its values 0), NaN for one holding NaN or inf."""
+    from accelc.kernels import attention_fp8
+
+    torch.manual_seed(1)
+    x = (torch.randn(2, 40, 3, 32, device=DEVICE) * 3).to(torch.float16).transpose(1, 2)   # (2, 3, 40, 32) strided
+    x[0, 1, 5] = 0.0                    # a zero row
+    x[1, 2, :, 4] = 0.0                 # a zero column
+    x[1, 0, 7, 9] = float("inf")
+    x[0, 2, 11, 30] = float("nan")
+    x32 = x.float()
+
+    def expect(amax):
+        inv = (448.0 / amax.clamp_min(1e-30).double()).float()   # fp32 division, rounded once (PyTorch's
+        #                                                          scalar / CPU tensor takes a reciprocal: an ulp off)
+        return inv, torch.where((x32.isinf() | x32.isnan()).any(-1 if amax.shape[-1] == 40 else -2),
+                                float("nan"), amax / 448.0)
+
+    rows, row_scale = attention_fp8.quantize_rows(x)
+    amax = x32.abs().nan_to_num(0.0).amax(-1)
+    amax = torch.where(x32.isinf().any(-1), float("inf"), amax)
+    inv, scale = expect(amax)
+    want = (x32 * inv[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert rows.dtype == torch.float8_e4m3fn and rows.is_contiguous()
+    finite = ~(x32.isinf() | x32.isnan()).any(-1)
+    assert torch.equal(rows.float()[finite], want.float()[finite]) and (rows.float()[0, 1, 5] == 0).all()
+    assert torch.equal(row_scale.isnan(), scale.isnan()) and torch.equal(row_scale[finite], scale[finite])
+
+    cols, col_scale = attention_fp8.quantize_columns_transposed(x)
+    amax = x32.abs().nan_to_num(0.0).amax(-2)
+    amax = torch.where(x32.isinf().any(-2), float("inf"), amax)
+    inv, scale = expect(amax)
+    want = (x32 * inv[..., None, :]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert cols.shape == x.shape and cols.stride(2) == 1 and cols.stride(3) == 48        # keys contiguous, padded
+    finite = ~(x32.isinf() | x32.isnan()).any(-2)
+    assert torch.equal(cols.float().transpose(2, 3)[finite], want.float().transpose(2, 3)[finite])
+    assert (cols.float()[1, 2, :, 4] == 0).all() and col_scale[1, 2, 4] == 0
+    assert torch.equal(col_scale.isnan(), scale.isnan()) and torch.equal(col_scale[finite], scale[finite])
+    assert col_scale[1, 0, 9].isnan() and col_scale[0, 2, 30].isnan() and row_scale[1, 0, 7].isnan()
 
 
 def test_fp8_attention_on_models_judged_by_sqnr_and_demoted_under_the_floor():
