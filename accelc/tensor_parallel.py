@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from accelc import fast_all_reduce
 from accelc.errors import InputError, ModelFileError
 
 
@@ -58,10 +59,14 @@ def _local() -> bool:
 
 @torch.library.custom_op("accelc::tp_all_reduce", mutates_args=())
 def all_reduce(t: torch.Tensor, group_name: str) -> torch.Tensor:
-    """The ranks' tensors summed (torch's functional all-reduce; local_collectives: the rank's own). One op in a
-    captured graph: the runner's glue calls it as it is, CUDA graphs record its NCCL kernel."""
+    """The ranks' tensors summed (torch's functional all-reduce, or for a small one on a GPU symmetric memory's
+    one-shot kernel: accelc/fast_all_reduce.py; local_collectives: the rank's own). One op in a captured graph: the
+    runner's glue calls it as it is, CUDA graphs record its kernel."""
     if _local():
         return t.clone()
+    fast = fast_all_reduce.all_reduce(t, group_name)      # a small one: symmetric memory's one-shot kernel
+    if fast is not None:
+        return fast
     ops = torch.ops._c10d_functional
     return ops.wait_tensor(ops.all_reduce(t, "sum", group_name))
 
@@ -163,6 +168,7 @@ def launcher_group(device: torch.device):
     try:
         yield
     finally:
+        fast_all_reduce.forget()
         dist.destroy_process_group()
 
 

@@ -16,6 +16,8 @@ rank builds only its shard on the meta device and fills it with random values (n
 Sides, every rank running each the same number of times (their collectives pair up), timed on rank 0 with the GPU
 synchronised:
   accelc        accelc.optimize(sharded model, prompt) then opt.generate (its static cache holds the rank's KV heads);
+  accelc_nccl   the same with every all-reduce on NCCL (ACCELC_TP_ALL_REDUCE=nccl; accelc takes the small ones, a
+                decode step's, by symmetric memory's one-shot kernel: accelc/fast_all_reduce.py);
   hf_compiled   the sharded model's generate with cache_implementation="static" (HF compiles its decode step);
   eager         the sharded model's own generate (dynamic cache).
 Decode tokens/s: (new - 1) tokens over (generate(new) - generate(1)); prefill ms: a forward of --prefill rows x
@@ -224,7 +226,9 @@ def main() -> None:
         try:
             torch._dynamo.reset()
             t0 = time.perf_counter()
-            if side == "accelc":
+            if side == "accelc_nccl":      # every all-reduce on NCCL's ring (accelc's small ones by symmetric memory)
+                os.environ["ACCELC_TP_ALL_REDUCE"] = "nccl"
+            if side in ("accelc", "accelc_nccl"):
                 config = accelc.OptimizeConfig(max_cache_len=a.prompt + a.new, max_batch_size=a.batch)
                 opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
                 gen, forward = opt.generate, opt
@@ -241,15 +245,17 @@ def main() -> None:
                 if want is not None:
                     r["same_tokens_as_unsharded"] = round((out.cpu() == want).float().mean().item(), 3)
                 if pre_ids is not None:
-                    kw = {"input_ids": pre_ids} if side == "accelc" else {"input_ids": pre_ids, "use_cache": False}
+                    kw = ({"input_ids": pre_ids} if side.startswith("accelc") else
+                          {"input_ids": pre_ids, "use_cache": False})
                     r["prefill_ms"] = round(timed(lambda: forward(**kw), a.rounds * 3, sync) * 1e3, 2)
                 if on_gpu:
                     r.update(collective_us_per_step(gen, ids, mask, 16, cfg.num_hidden_layers))
-            if side == "accelc":
+            if opt is not None:
                 r["summary"] = opt.summary()
                 r["optimize_seconds"] = dict(opt.info.seconds)
         except Exception as e:     # a side that cannot run: said in its row, the other ranks likewise
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        os.environ.pop("ACCELC_TP_ALL_REDUCE", None)
         if opt is not None:
             opt.release_graphs()        # (its NCCL communicator's destroy waits for graphs that hold it)
         if side == "hf_compiled":

@@ -368,3 +368,77 @@ def test_the_command_line_converts_a_sharded_model_rank_by_rank(tmp_path):
     assert report.returncode != 0 and not (tmp_path / "rep").exists()
     assert "accelc: error: accelc report times one process's model layer by layer: run it without torchrun" \
         in report.stderr, report.stderr[-2000:]
+
+
+SYMM_SCRIPT = r"""
+import json, os
+import torch, torch.distributed as dist
+from accelc import fast_all_reduce, tensor_parallel
+
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+name = dist.group.WORLD.group_name
+torch.manual_seed(rank)
+x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+big = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)           # 2 MB: past MAX_BYTES, NCCL's
+def nccl(t):
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+got = tensor_parallel.all_reduce(x, name)
+used = isinstance(fast_all_reduce._buffers.get((name, torch.float16, x.device)), torch.Tensor)
+static = x.clone()
+g = torch.cuda.CUDAGraph()
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    tensor_parallel.all_reduce(static, name)
+torch.cuda.current_stream().wait_stream(s)
+with torch.cuda.graph(g):
+    out = tensor_parallel.all_reduce(static, name)
+static.copy_(x * 3)
+g.replay()
+torch.cuda.synchronize()
+os.environ["ACCELC_TP_ALL_REDUCE"] = "nccl"
+forced = tensor_parallel.all_reduce(x, name)
+print("RESULT " + json.dumps({"rank": rank, "used": used, "equal": torch.equal(got, nccl(x)),
+      "graph_equal": torch.equal(out, nccl(x * 3)), "big_equal": torch.equal(tensor_parallel.all_reduce(big, name),
+      nccl(big)), "forced_equal": torch.equal(forced, nccl(x))}), flush=True)
+g = None
+fast_all_reduce.forget()
+dist.destroy_process_group()
+"""
+
+
+def test_small_all_reduces_by_symmetric_memory_on_two_gpus(tmp_path):
+    """On two GPUs (NCCL): a one-row all-reduce goes to symmetric memory's one-shot kernel and sums as NCCL does
+    (two fp16 addends: one rounding either way), also replayed from a CUDA graph with new inputs; a 2 MB one, and
+    every one under ACCELC_TP_ALL_REDUCE=nccl, NCCL's."""
+    import torch
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    script = tmp_path / "symm.py"
+    script.write_text(SYMM_SCRIPT)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    decoder = json.JSONDecoder()
+    results = [decoder.raw_decode(p)[0] for p in out.stdout.split("RESULT ")[1:]]
+    assert out.returncode == 0 and len(results) == 2, out.stderr[-4000:]
+    for r in results:
+        assert r == {"rank": r["rank"], "used": True, "equal": True, "graph_equal": True, "big_equal": True,
+                     "forced_equal": True}, r
+
+
+def test_all_reduces_off_the_gpu_or_switched_off_are_not_one_shot(monkeypatch):
+    """fast_all_reduce takes CUDA tensors only (a CPU / gloo tensor: None, the caller's NCCL or gloo all-reduce),
+    and none under ACCELC_TP_ALL_REDUCE=nccl; nothing is rendezvoused for them."""
+    import torch
+
+    from accelc import fast_all_reduce
+
+    assert fast_all_reduce.all_reduce(torch.randn(1, 4096), "group0") is None
+    assert fast_all_reduce.wanted()
+    monkeypatch.setenv("ACCELC_TP_ALL_REDUCE", "NCCL")
+    assert not fast_all_reduce.wanted()
+    assert not fast_all_reduce._buffers
