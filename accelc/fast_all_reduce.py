@@ -6,8 +6,8 @@ memory, rendezvoused once), waits for the others at a barrier in the kernel, and
 it as they record NCCL's.
 
 Taken for CUDA tensors up to MAX_BYTES whose group's buffer exists; everything else, and every call while the
-buffer cannot be had (a PyTorch without symmetric memory, a GPU pair without peer access: said once in the log),
-goes to NCCL's all-reduce. The buffer is made at the first all-reduce of a group and dtype outside a CUDA graph's
+buffer cannot be had (a PyTorch without symmetric memory, a GPU pair without peer access, a dtype the kernel does
+not take: PyTorch 2.11's takes fp32 and bf16, not fp16; said once in the log), goes to NCCL's all-reduce. The buffer is made at the first all-reduce of a group and dtype outside a CUDA graph's
 capture: every rank of a group calls its collectives in the same order, so every rank makes it at the same call
 (the rendezvous is itself a collective). ACCELC_TP_ALL_REDUCE=nccl keeps every all-reduce on NCCL (the A/B of
 bench/tp.py)."""
@@ -63,6 +63,10 @@ def _make(group_name: str, dtype: torch.dtype, device: torch.device):
         elements = _BUFFER_BYTES // torch.tensor([], dtype=dtype).element_size()
         buf = symm_mem.empty(elements, dtype=dtype, device=device)
         symm_mem.rendezvous(buf, group_name)
+        # one call, every rank at once: a dtype the kernel does not take (PyTorch 2.11's: fp32 and bf16, not fp16)
+        # is refused before anything runs on the GPU
+        probe = torch.zeros(16, dtype=dtype, device=device)
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf[:16], probe, "sum", group_name, torch.empty_like(probe))
     except Exception as e:      # any refusal: the group stays on NCCL, said
         buf, why = False, (str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
     # every rank the same way: one rank on the one-shot kernel and another on NCCL would wait on each other for ever

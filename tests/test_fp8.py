@@ -374,10 +374,11 @@ def test_fp8_attention_operands_quantized_once_as_pytorch_converts():
     x32 = x.float()
 
     def expect(amax):
-        inv = (448.0 / amax.clamp_min(1e-30).double()).float()   # fp32 division, rounded once (PyTorch's
-        #                                                          scalar / CPU tensor takes a reciprocal: an ulp off)
+        # fp32 divisions rounded once, as the kernel's div_rn (PyTorch's scalar / CPU tensor and GPU tensor /
+        # scalar multiply by a reciprocal: an ulp off)
+        inv = (448.0 / amax.clamp_min(1e-30).double()).float()
         return inv, torch.where((x32.isinf() | x32.isnan()).any(-1 if amax.shape[-1] == 40 else -2),
-                                float("nan"), amax / 448.0)
+                                float("nan"), (amax.double() / 448.0).float())
 
     rows, row_scale = attention_fp8.quantize_rows(x)
     amax = x32.abs().nan_to_num(0.0).amax(-1)
