@@ -84,11 +84,17 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, ks_base, b, h
         if TMA:
             kt = tl.reshape(k_desc.load([b, hk, start_n, 0]), [BLOCK_N, BLOCK_D]).T   # (BLOCK_D, BLOCK_N)
             v = tl.reshape(v_desc.load([b, hk, start_n, 0]), [BLOCK_N, BLOCK_D])
-        else:
+        elif CHECK_BOUNDS:
             kt = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                          mask=d_ok[:, None] & n_ok[None, :], other=0.0)           # (BLOCK_D, BLOCK_N)
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                         mask=n_ok[:, None] & d_ok[None, :], other=0.0)            # (BLOCK_N, BLOCK_D)
+        else:   # whole blocks below S: no key mask (one along fp8 V's contiguous keys keeps its load from the
+            #     asynchronous copies that pipeline the loop: bytes masked one by one)
+            kt = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                         mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                        mask=d_ok[None, :], other=0.0)
         if QK_INT8:
             k_amax = tl.max(tl.abs(kt.to(tl.float32)), 0)                      # (BLOCK_N,)
             k_inv = tl.div_rn(127.0, tl.maximum(k_amax, 1e-30))
@@ -96,7 +102,7 @@ def _attn_blocks(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, ks_base, b, h
             k_scale = tl.div_rn(k_amax, 127.0)
             qk = tl.dot(q, kt8, out_dtype=tl.int32).to(tl.float32) * qk_scale[:, None] * k_scale[None, :]
         elif FP8:
-            k_scale = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
+            k_scale = tl.load(ks_base + offs_n, mask=n_ok, other=0.0) if CHECK_BOUNDS else tl.load(ks_base + offs_n)
             qk = tl.dot(q, kt, out_dtype=tl.float32) * qk_scale[:, None] * k_scale[None, :]
         elif DOT_IN_FP32:
             qk = tl.dot(q.to(tl.float32), kt.to(tl.float32))
