@@ -2,7 +2,7 @@
 for sm90 on a machine without a GPU, and read what ptxas made of them: registers, stack (spills),
 shared memory, and the count of wgmma (HGMMA) instructions in the SASS.
 
-    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|w8a8|fp8|conv|attention] [--configs 0,1] [--json]
+    TRITON_INTERPRET=0 python bench/gluon_compile.py [--kernel gemm|w8a8|fp8|conv|attention|attention_fp8] [--configs 0,1] [--json]
 
 Triton compiles for the target its active driver names; a stand-in driver that names sm90 lets the
 whole pipeline (Gluon -> TTGIR -> LLVM -> PTX -> ptxas -> cubin) run here, with the ptxas and cuobjdump
@@ -106,6 +106,8 @@ def compile_conv(index: int, activation: str, residual: bool, stride: int = 1, d
 # attention cases: (head dim, mask kind (0 none, 1 additive, 2 boolean), mask one row for every query
 # (a key padding mask), causal)
 ATTENTION_CASES = [(128, 0, False, False), (64, 1, True, False), (128, 2, False, True), (64, 0, False, True)]
+# fp8 (Fp8Config(attention=True)): e4m3 operands, the kernel's FP8 path
+ATTENTION_FP8_CASES = [(128, 0, False, False, torch.float16, True), (64, 2, False, True, torch.float16, True)]
 
 
 def sass_and_usage(compiled) -> tuple[str, str]:
@@ -124,41 +126,47 @@ def _usage(compiled) -> dict:
     found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     return {"registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None,
             "shared_bytes": compiled.metadata.shared, "hgmma": sass.count("HGMMA") + sass.count("IGMMA") + sass.count("QGMMA"),
-            "spill_stores": sass.count("STL")}
+            "qgmma": sass.count("QGMMA"), "spill_stores": sass.count("STL")}
 
 
 def compile_attention(index: int, head_dim: int, mask_kind: int, mask_row: bool, causal: bool,
-                      dtype=torch.float16) -> dict:
-    """One attention candidate built for (B, S, H, D) memory viewed as (B, H, S, D), as the head split gives it."""
+                      dtype=torch.float16, fp8: bool = False) -> dict:
+    """One attention candidate built for (B, S, H, D) memory viewed as (B, H, S, D), as the head split gives it;
+    fp8: on the e4m3 copies kernels/attention_fp8.py makes (V keys-contiguous)."""
     from accelc.kernels import flash_attention
     from accelc.kernels import attention_hopper as ah
 
     kw = flash_attention.GLUON_CONFIGS[index].all_kwargs()
     B, H, L = 2, 4, 1024
     q, k, v, out = (torch.empty(B, L, H, head_dim, dtype=dtype).transpose(1, 2) for _ in range(4))
-    mask = q
+    scales = (q, q, q)
+    if fp8:
+        q, k = (torch.empty(B, H, L, head_dim, dtype=torch.float8_e4m3fn) for _ in range(2))
+        v = torch.empty(B, H, head_dim, L, dtype=torch.float8_e4m3fn).transpose(2, 3)
+        scales = (torch.empty(B, H, L), torch.empty(B, H, L), torch.empty(B, H, head_dim))
+    mask = out
     if mask_kind:
         mask = torch.empty((B, 1, 1, L) if mask_row else (B, 1, L, L), dtype=dtype if mask_kind == 1 else torch.bool)
         mask = mask.expand(B, H, L, L)
     compiled = ah.attention_ws_kernel.warmup(
-        *ah.descriptors(q, k, v, kw["BLOCK_N"]), out, mask, H, 1, L, L, 0.18, *out.stride()[:3],
+        *ah.descriptors(q, k, v, kw["BLOCK_N"]), out, mask, *scales, H, 1, L, L, 0.18, *out.stride()[:3],
         *(mask.stride() if mask_kind else (0, 0, 0, 0)), mask_kind, mask_row, causal, False, kw["STAGES"],
-        kw["PINGPONG"], mask_kind == 0, kw["CONSUMERS"], kw["SOFTMAX_REGS"], kw["LOAD_REGS"],
+        kw["PINGPONG"], mask_kind == 0 and not fp8, kw["CONSUMERS"], kw["SOFTMAX_REGS"], kw["LOAD_REGS"], fp8,
         num_warps=kw["num_warps"], maxnreg=kw["maxnreg"], grid=(8, B * H))
     return {"config": index, "head_dim": head_dim, "mask_kind": mask_kind, "mask_row": mask_row, "causal": causal,
-            "dtype": str(dtype), **_usage(compiled)}
+            "dtype": "fp8" if fp8 else str(dtype), **_usage(compiled)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=("gemm", "w8a8", "fp8", "conv", "attention"), default="gemm")
+    ap.add_argument("--kernel", choices=("gemm", "w8a8", "fp8", "conv", "attention", "attention_fp8"), default="gemm")
     ap.add_argument("--configs", default="", help="indices into the kernel's GLUON_CONFIGS (default: all)")
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     args = ap.parse_args()
     triton.runtime.driver.set_active(Sm90Driver())
     from accelc.kernels import conv, flash_attention, gemm, int8_gemm
 
-    owner = {"attention": flash_attention, "conv": conv}.get(args.kernel, gemm)
+    owner = {"attention": flash_attention, "attention_fp8": flash_attention, "conv": conv}.get(args.kernel, gemm)
     module, reason = owner._hopper_import()
     if module is None:
         print(json.dumps({"error": reason}) if args.json else reason)
@@ -175,7 +183,8 @@ def main() -> int:
         jobs = [(i, (act, res, False, torch.float16, quant), compile_candidate)
                 for i in indices for act, res in (("gelu", True), ("none", False))]
     else:
-        jobs = [(i, case, compile_attention) for i in indices for case in ATTENTION_CASES]
+        cases = ATTENTION_FP8_CASES if args.kernel == "attention_fp8" else ATTENTION_CASES
+        jobs = [(i, case, compile_attention) for i in indices for case in cases]
     failed = 0
     for i, case, build in jobs:
         try:

@@ -32,7 +32,9 @@ operands with fp32 accumulators, as FlashAttention-3's fp8 forward: q, K and V q
 (kernels/attention_fp8.py: q and K a token at a time, V a head-dim column at a time over its keys, stored with the
 keys contiguous), the kernel reading the e4m3 copies by pointer loads; q's row scales fold into the softmax scale,
 K's multiply q @ K^T's columns, V's the output's columns once at the end; p (in [0, 1]) scaled by 448, the row
-sums from the unquantized p. About 27-28 dB SQNR against the exact attention on random inputs.
+sums from the unquantized p. About 27-28 dB SQNR against the exact attention on random inputs. On sm90 the Gluon
+kernel's two-warpgroup candidates take the same copies by TMA (kernels/attention_hopper.py, FP8) and race the tl
+ones.
 """
 from __future__ import annotations
 
@@ -289,9 +291,11 @@ def _prune(configs, sizes):
     keep = [c for c in configs if c not in _WIDE and c not in _FP32 and not c.kwargs.get("GLUON")
             and (sizes["tma"] or not c.kwargs["TMA"])]
     if sizes.get("gluon"):
-        keep += [c for c in configs if c.kwargs.get("GLUON") and (c.kwargs["CONSUMERS"] == 2 or sizes["D"] <= 64)
-                 and _hopper().smem_bytes(c.kwargs["BLOCK_N"], sizes["D"], c.kwargs["STAGES"],
-                                          c.kwargs["CONSUMERS"]) <= 227 * 1024]
+        # three softmax warpgroups (head dims <= 64) in 128 registers a thread: fp8's scales and e4m3 p spill there
+        keep += [c for c in configs if c.kwargs.get("GLUON")
+                 and (c.kwargs["CONSUMERS"] == 2 or sizes["D"] <= 64 and not sizes.get("fp8"))
+                 and _hopper().smem_bytes(c.kwargs["BLOCK_N"], sizes["D"], c.kwargs["STAGES"], c.kwargs["CONSUMERS"],
+                                          1 if sizes.get("fp8") else 2) <= 227 * 1024]
     return keep
 
 
@@ -320,8 +324,9 @@ def _hopper():
     return _hopper_import()[0]
 
 
-def gluon_problem(q, k, v, qk_int8=False) -> str | None:
-    """Why the warp-specialized Gluon kernel (kernels/attention_hopper.py) cannot take this call, or None."""
+def gluon_problem(q, k, v, qk_int8=False, fp8=False) -> str | None:
+    """Why the warp-specialized Gluon kernel (kernels/attention_hopper.py) cannot take this call, or None. fp8: it
+    reads the e4m3 copies (kernels/attention_fp8.py), laid out for the copy engine whatever q, k, v's strides."""
     problem = runtime.gluon_target_problem(q, "attention kernel")
     if problem:
         return problem
@@ -334,7 +339,7 @@ def gluon_problem(q, k, v, qk_int8=False) -> str | None:
         return f"head dim {q.shape[3]} (the Gluon kernel takes {', '.join(map(str, module.HEAD_DIMS))})"
     if k.shape[2] == 0:
         return "no keys"
-    if not qkv_tma_ok(q, k, v):
+    if not fp8 and not qkv_tma_ok(q, k, v):
         return "q, k or v rows are not 16-byte aligned for the copy engine"
     return None
 
@@ -445,7 +450,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
             return
         # fp8: pointer loads of the e4m3 copies
         use_tma = D <= 128 and not fp32 and not fp8 and qkv_tma_ok(q, k, v)
-        gluon = use_tma and not fp8 and gluon_problem(q, k, v, qk_int8) is None
+        gluon = (use_tma or fp8) and gluon_problem(q, k, v, qk_int8, fp8) is None
         meta = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
                     MASK_KIND=0 if mask is None else 2 if mask.dtype == torch.bool else 1,
                     MASK_ROW=mask is not None and mask_t.stride(2) == 0,
@@ -459,9 +464,9 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
                 return _hopper().attention_ws_kernel, dict(
                     MASK_KIND=meta["MASK_KIND"], MASK_ROW=meta["MASK_ROW"], IS_CAUSAL=meta["IS_CAUSAL"],
                     EMPTY_NAN=meta["EMPTY_NAN"], STAGES=kw["STAGES"], PINGPONG=kw["PINGPONG"],
-                    FOLD=meta["MASK_KIND"] == 0 and softmax_scale(q, scale) > 0,
+                    FOLD=meta["MASK_KIND"] == 0 and softmax_scale(q, scale) > 0 and not fp8,
                     CONSUMERS=kw["CONSUMERS"], SOFTMAX_REGS=kw["SOFTMAX_REGS"], LOAD_REGS=kw["LOAD_REGS"],
-                    num_warps=kw["num_warps"], maxnreg=kw["maxnreg"])
+                    FP8=bool(fp8), num_warps=kw["num_warps"], maxnreg=kw["maxnreg"])
             return _flash_fwd_kernel, dict(meta, **kw)
 
         def run(cfg):
@@ -476,7 +481,7 @@ def _launch(q, k, v, mask, is_causal, scale, qk_int8, empty_nan, out, allow_tf32
         key = (triton.next_power_of_2(L), triton.next_power_of_2(S), D, meta["MASK_KIND"], meta["MASK_ROW"],
                bool(is_causal), bool(qk_int8), use_tma, q.dtype, *(("tf32",) if tf32 else ()),
                *(("gluon",) if gluon else ()), *(("fp8",) if fp8 else ()))
-        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D, tma=use_tma, fp32=fp32, gluon=gluon), run)
+        cfg = TUNER.pick(key, dict(B=B, H=H, L=L, S=S, D=D, tma=use_tma, fp32=fp32, gluon=gluon, fp8=bool(fp8)), run)
         kw = cfg.all_kwargs()
         kernel, constexprs = plan(kw)
         TUNER.calls[sig] = (CompiledCall(kernel, (triton.cdiv(L, kw["BLOCK_M"]), B * H),
@@ -526,7 +531,7 @@ def _args(kw, q, k, v, mask_t, out, has_mask, scale, fp8_ops=None) -> tuple:
     if fp8_ops is not None:
         (q, k, v), scales = fp8_ops
     if kw.get("GLUON"):
-        return (*_hopper().descriptors(q, k, v, kw["BLOCK_N"]), out, mask_t, H, H // k.shape[1], L, k.shape[2],
+        return (*_hopper().descriptors(q, k, v, kw["BLOCK_N"]), out, mask_t, *scales, H, H // k.shape[1], L, k.shape[2],
                 softmax_scale(q, scale) * LOG2E, *out.stride()[:3],
                 *(mask_t.stride() if has_mask else (0, 0, 0, 0)))
     if kw["TMA"]:

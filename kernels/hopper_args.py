@@ -146,8 +146,8 @@ class ConvArgs:
 @positional_init
 class AttnArgs:
     """What attention_ws_kernel's partitions share: q's, k's and v's TMA descriptors, their buffers (q's parts,
-    the K / V ring) and barriers, the output and mask pointers, the sizes, the softmax scale, the strides and the
-    kernel's constants."""
+    the K / V ring) and barriers, the output and mask pointers, the sizes, the softmax scale, the strides, the
+    e4m3 operands' scales (FP8) and the kernel's constants."""
     q_desc: tma.tensor_descriptor
     k_desc: tma.tensor_descriptor
     v_desc: tma.tensor_descriptor
@@ -173,6 +173,9 @@ class AttnArgs:
     stride_mh: SCALAR
     stride_mm: SCALAR
     stride_mn: SCALAR
+    qs_ptr: SCALAR
+    ks_ptr: SCALAR
+    vs_ptr: SCALAR
     MASK_KIND: gl.constexpr
     MASK_ROW: gl.constexpr
     IS_CAUSAL: gl.constexpr
@@ -181,3 +184,4 @@ class AttnArgs:
     PINGPONG: gl.constexpr
     FOLD: gl.constexpr
     CONSUMERS: gl.constexpr
+    FP8: gl.constexpr
