@@ -22,7 +22,8 @@ synchronised:
   eager         the sharded model's own generate (dynamic cache).
 Decode tokens/s: (new - 1) tokens over (generate(new) - generate(1)); prefill ms: a forward of --prefill rows x
 --prefill-len tokens (accelc's optimized forward; torch.compile reduce-overhead of the sharded model's forward).
-The decode step's collectives: a profile of one decode step (torch.profiler), the GPU time in NCCL kernels per layer.
+The decode step's GPU time by kernel (torch.profiler: a generate of 16 tokens less one of 1, the prefill out), its
+collectives' per layer.
 """
 from __future__ import annotations
 
@@ -141,27 +142,33 @@ def decode_rate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, flo
 
 
 def collective_us_per_step(gen, ids, mask, new: int, layers: int) -> dict:
-    """GPU time of NCCL / all-reduce kernels over a decode of `new` tokens, per token and per layer (us)."""
+    """GPU time a decode step takes, by kernel, and in NCCL / all-reduce kernels per token and per layer (us): two
+    profiled generates, of `new` tokens and of one, subtracted kernel by kernel, so that the prompt's prefill (in
+    both) drops out and `new - 1` decode steps remain, as decode_rate counts them."""
     from torch.profiler import ProfilerActivity, profile
 
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        gen(**kw, max_new_tokens=new, min_new_tokens=new)
-        torch.cuda.synchronize()
-    total = comm = 0.0
-    by_name: dict = {}
-    for e in prof.events():
-        if e.device_type.name != "CUDA":
-            continue
-        us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-        total += us
-        by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + us
-        if "nccl" in e.name.lower() or "allreduce" in e.name.lower() or "all_reduce" in e.name.lower():
-            comm += us
+
+    def kernels(n: int) -> dict:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            gen(**kw, max_new_tokens=n, min_new_tokens=n)
+            torch.cuda.synchronize()
+        by_name: dict = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                us = e.device_time if hasattr(e, "device_time") else e.cuda_time
+                by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + us
+        return by_name
+
+    one, many = kernels(1), kernels(new)
+    steps = max(new - 1, 1)
+    by_name = {k: v - one.get(k, 0.0) for k, v in many.items()}
+    comm = sum(v for k, v in by_name.items() if "nccl" in k.lower() or "allreduce" in k.lower()
+               or "all_reduce" in k.lower() or "one_shot" in k.lower())
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
-    return {"collective_us_per_token": round(comm / new, 1), "collective_us_per_layer": round(comm / new / layers, 2),
-            "gpu_us_per_token": round(total / new, 1),
-            "top_kernels_us_per_token": {k: round(v / new, 1) for k, v in top}}
+    return {"collective_us_per_token": round(comm / steps, 1), "collective_us_per_layer": round(comm / steps / layers, 2),
+            "gpu_us_per_token": round(sum(by_name.values()) / steps, 1),
+            "top_kernels_us_per_token": {k: round(v / steps, 1) for k, v in top}}
 
 
 def main() -> None:
