@@ -3,7 +3,8 @@
 sizes (one to 16 rows of a 2048-8192-wide model) and up to the one-shot's limit, fp16 and bf16. Each side is 32
 all-reduces captured in one CUDA graph, replayed; microseconds a call, the median of rounds, every rank in step
 (a barrier before each round). The decode A/B (bench/tp.py --sides accelc,accelc_nccl) says what it is worth in a
-step; this says what each call costs, waits for the other rank included. (Sums equal to NCCL's: exactly on two
+step; this says what each call costs, waits for the other rank included; accelc's kernel both ways its senders
+signal (compare-and-swap, the default, and exchange: kernels/all_reduce.py's SIGNAL_BY_STORE). (Sums equal to NCCL's: exactly on two
 ranks; over more, the one-shot kernels add in another order.)
 
     torchrun --nproc-per-node 2 bench/all_reduce.py [--out DIR]
@@ -63,6 +64,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from accelc import fast_all_reduce, tensor_parallel
+    from accelc.kernels import all_reduce as kernel
 
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -82,8 +84,9 @@ def main() -> int:
                 continue
             row = {"dtype": str(dtype)[6:], "shape": f"{rows_}x{width}", "kb": x.numel() * x.element_size() / 1024,
                    "world": world}
-            for side in ("nccl", "one_shot"):
+            for side in ("nccl", "one_shot", "one_shot_store"):
                 os.environ["ACCELC_TP_ALL_REDUCE"] = "nccl" if side == "nccl" else "symm"
+                kernel.SIGNAL_BY_STORE = side == "one_shot_store"   # (accelc's kernel only: fp16 on PyTorch 2.11)
                 fn = (lambda t: tensor_parallel.all_reduce(t, name))
                 got = fn(x)
                 row[side + "_equal_nccl"] = bool(torch.equal(got, nccl(x)))
@@ -99,9 +102,11 @@ def main() -> int:
     if rank == 0:
         env = _common.environment()
         md = [f"# All-reduce alone, {world} GPUs\n", _common.env_line(env) + "\n",
-              _common.md_table(["dtype", "shape", "KB", "NCCL us", "one-shot us", "one-shot kernel", "sums as NCCL"],
-                               [[r["dtype"], r["shape"], r["kb"], r["nccl_us"], r["one_shot_us"], r["one_shot_kernel"],
-                                 r["one_shot_equal_nccl"]] for r in rows])]
+              _common.md_table(["dtype", "shape", "KB", "NCCL us", "one-shot us", "one-shot, signals by exchange us",
+                                "one-shot kernel", "sums as NCCL"],
+                               [[r["dtype"], r["shape"], r["kb"], r["nccl_us"], r["one_shot_us"], r["one_shot_store_us"],
+                                 r["one_shot_kernel"], r["one_shot_equal_nccl"] and r["one_shot_store_equal_nccl"]]
+                                for r in rows])]
         _common.write(a.out, f"all_reduce-x{world}", env, rows, "\n".join(md))
     fast_all_reduce.forget()
     dist.destroy_process_group()

@@ -4,60 +4,74 @@ every rank's address space (symm_mem.rendezvous); `buf_ptrs` and `flag_ptrs` are
 buffer and flag addresses. Program p of each rank:
 
   1. copies its slice of the input into its own buffer;
-  2. meets program p of every other rank at a barrier: a flag a (program, sending rank) in each receiver's flag
-     array, set 0 -> 1 by the sender (release, system scope; it waits while the flag is still 1, unconsumed) and
-     taken back 1 -> 0 by the receiver (acquire): the peers' copies are then visible;
+  2. meets program p of every other rank at a barrier: a flag a (barrier, program, sending rank) in each
+     receiver's flag array, set 0 -> 1 by the sender (release, system scope; by compare-and-swap, waiting while the
+     flag is still 1, unconsumed, or with SIGNAL_BY_STORE by a plain exchange, no round trip) and taken back
+     1 -> 0 by the receiver (acquire): the peers' copies are then visible;
   3. sums the slice over every rank's buffer in fp32 (volatile loads: the peers' memory, written this launch) and
      writes it in the input's dtype;
   4. meets them again, so that no rank overwrites its buffer (the next all-reduce) while a peer still reads it.
 
 The flags go back to 0 at every barrier, so the kernel is the same in every replay of a CUDA graph. Programs only
-wait on their namesakes on other GPUs, never on programs of their own launch."""
+wait on their namesakes on other GPUs, never on programs of their own launch. The two barriers have flags of their
+own, which is what lets a sender signal without checking: a flag is never set twice unconsumed, since setting a
+rank's start flag again takes that rank's end signal of the call before (sent after it consumed the start flag),
+and setting its end flag again takes its start signal of the next call (sent after it consumed the end flag).
+SIGNAL_BY_STORE (off by default, bench/all_reduce.py's A/B) signals so."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
 BLOCK = 2048
+SIGNAL_BY_STORE = False     # the senders' signal by exchange (no round trip to the peer) instead of compare-and-swap
 
 
 @triton.jit
-def _barrier(flag_ptrs, rank, pid, WORLD: tl.constexpr):
+def _barrier(flag_ptrs, base, rank, WORLD: tl.constexpr, BY_STORE: tl.constexpr):
+    """base: this barrier's and program's first flag (a flag a sending rank follows)."""
     tl.debug_barrier()          # this program's memory operations before the signal (the release orders them)
     for p in tl.static_range(WORLD):
         peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32))
-        while tl.atomic_cas(peer + pid * WORLD + rank, 0, 1, sem="release", scope="sys") != 0:
-            pass
+        if BY_STORE:
+            tl.atomic_xchg(peer + base + rank, 1, sem="release", scope="sys")
+        else:
+            while tl.atomic_cas(peer + base + rank, 0, 1, sem="release", scope="sys") != 0:
+                pass
     own = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
     for p in tl.static_range(WORLD):
-        while tl.atomic_cas(own + pid * WORLD + p, 1, 0, sem="acquire", scope="sys") != 1:
+        while tl.atomic_cas(own + base + p, 1, 0, sem="acquire", scope="sys") != 1:
             pass
     tl.debug_barrier()
 
 
 @triton.jit
-def one_shot_kernel(x_ptr, out_ptr, buf_ptrs, flag_ptrs, rank, N, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def one_shot_kernel(x_ptr, out_ptr, buf_ptrs, flag_ptrs, rank, N, END, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                    BY_STORE: tl.constexpr):
+    """END: the end barrier's first flag, past the start barrier's flags of the largest launch (the same in every
+    launch, whatever its size: a program's flags are its own in every call)."""
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     mine = tl.load(buf_ptrs + rank).to(tl.pointer_type(x_ptr.dtype.element_ty))
     tl.store(mine + offs, tl.load(x_ptr + offs, mask=ok), mask=ok)
-    _barrier(flag_ptrs, rank, pid, WORLD)
+    _barrier(flag_ptrs, pid * WORLD, rank, WORLD, BY_STORE)                    # the start barrier's flags
     acc = tl.zeros((BLOCK,), tl.float32)
     for p in tl.static_range(WORLD):
         theirs = tl.load(buf_ptrs + p).to(tl.pointer_type(x_ptr.dtype.element_ty))
         acc += tl.load(theirs + offs, mask=ok, other=0.0, volatile=True).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
-    _barrier(flag_ptrs, rank, pid, WORLD)
+    _barrier(flag_ptrs, END + pid * WORLD, rank, WORLD, BY_STORE)              # the end barrier's
 
 
 def flags_needed(max_elements: int, world: int) -> int:
-    """int32 flags a rank's array holds: one a (program, rank)."""
-    return triton.cdiv(max_elements, BLOCK) * world
+    """int32 flags a rank's array holds: one a (barrier, program, rank), for a launch of up to max_elements."""
+    return 2 * triton.cdiv(max_elements, BLOCK) * world
 
 
-def launch(x, out, buf_ptrs, flag_ptrs, rank: int, world: int) -> None:
-    """out = the sum of x over the group's ranks (x contiguous, at most the buffers' size)."""
+def launch(x, out, buf_ptrs, flag_ptrs, rank: int, world: int, flags: int) -> None:
+    """out = the sum of x over the group's ranks (x contiguous, at most the buffers' size; `flags` the flag array's
+    length, flags_needed's)."""
     n = x.numel()
-    one_shot_kernel[(triton.cdiv(n, BLOCK),)](x, out, buf_ptrs, flag_ptrs, rank, n, WORLD=world, BLOCK=BLOCK,
-                                               num_warps=8)
+    one_shot_kernel[(triton.cdiv(n, BLOCK),)](x, out, buf_ptrs, flag_ptrs, rank, n, flags // 2, WORLD=world,
+                                               BLOCK=BLOCK, BY_STORE=SIGNAL_BY_STORE, num_warps=8)

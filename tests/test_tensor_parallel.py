@@ -384,12 +384,14 @@ def nccl(t):
     t = t.clone()
     dist.all_reduce(t)
     return t
+from accelc.kernels import all_reduce as kernel
 r = {"rank": rank}
-for dtype in (torch.float16, torch.bfloat16):       # accelc's Triton kernel (fp16), PyTorch's (bf16, on 2.11)
-    k = str(dtype)[6:]
+for dtype, by_store in ((torch.float16, False), (torch.bfloat16, False), (torch.float16, True)):
+    kernel.SIGNAL_BY_STORE = by_store     # (accelc's kernel: fp16 on 2.11; PyTorch's takes bf16)
+    k = str(dtype)[6:] + (" by store" if by_store else "")
     x = torch.randn(3, 4096, device="cuda", dtype=dtype)
     r[k + " equal"] = torch.equal(tensor_parallel.all_reduce(x, name), nccl(x))
-    r[k + " kernel"] = type(fast_all_reduce._buffers.get((name, dtype, x.device))).__name__
+    r[str(dtype)[6:] + " kernel"] = type(fast_all_reduce._buffers.get((name, dtype, x.device))).__name__
     static = x.clone()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -419,8 +421,9 @@ dist.destroy_process_group()
 def test_small_all_reduces_by_symmetric_memory_on_two_gpus(tmp_path):
     """On two GPUs (NCCL): one-row-sized all-reduces go to a one-shot kernel over symmetric memory (fp16 to
     accelc's Triton kernel, PyTorch 2.11's taking fp32 and bf16 only; bf16 to PyTorch's) and sum as NCCL does (two
-    addends: one rounding either way), also two in a row replayed twice from a CUDA graph with new inputs; a 2 MB
-    one, and every one under ACCELC_TP_ALL_REDUCE=nccl, NCCL's."""
+    addends: one rounding either way), also two in a row replayed twice from a CUDA graph with new inputs, accelc's
+    with its senders signalling by compare-and-swap and by exchange (SIGNAL_BY_STORE); a 2 MB one, and every one
+    under ACCELC_TP_ALL_REDUCE=nccl, NCCL's."""
     import torch
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
@@ -448,3 +451,22 @@ def test_all_reduces_off_the_gpu_or_switched_off_are_not_one_shot(monkeypatch):
     monkeypatch.setenv("ACCELC_TP_ALL_REDUCE", "NCCL")
     assert not fast_all_reduce.wanted()
     assert not fast_all_reduce._buffers
+
+
+def test_the_one_shot_kernel_on_one_rank_in_the_interpreter(monkeypatch):
+    """kernels/all_reduce.py over a group of one (the interpreter runs one process): the input back, for launches
+    of several sizes on one flag array, its senders signalling either way, every flag back to 0 after each."""
+    import torch
+
+    from accelc.kernels import all_reduce as kernel
+
+    buf = torch.empty(8192, dtype=torch.float16)
+    flags = torch.zeros(kernel.flags_needed(buf.numel(), 1), dtype=torch.int32)
+    buf_ptrs, flag_ptrs = (torch.tensor([t.data_ptr()], dtype=torch.int64) for t in (buf, flags))
+    for by_store in (False, True):
+        monkeypatch.setattr(kernel, "SIGNAL_BY_STORE", by_store)
+        for n in (5000, 64, 8192):
+            x = torch.randn(n, dtype=torch.float16)
+            out = torch.empty_like(x)
+            kernel.launch(x, out, buf_ptrs, flag_ptrs, 0, 1, flags.numel())
+            assert torch.equal(out, x) and not flags.any(), (by_store, n)
