@@ -13,7 +13,9 @@ end=$(( $(date +%s) + ${1:-560} - 20 ))
 left() { local l=$(( end - $(date +%s) )); [ $l -gt 5 ] && echo $l || echo 5; }
 step() { local gpu=$1 name=$2 cap=$3; shift 3; local t=$(left); [ $t -gt $cap ] && t=$cap
   ( export CUDA_VISIBLE_DEVICES=$gpu; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $(date -u +%T)" >> $O/$name.log ); }
-# 1. both GPUs: the all-reduce alone (NCCL vs the one-shot kernels), then the two-GPU test
+# 1. both GPUs: the two-GPU test of the one-shot kernels (d9cb687: the barriers on flag sets of their own, senders by
+#    compare-and-swap and by exchange), then the all-reduce alone (NCCL vs the one-shot kernels, both ways)
+step 0,1 symm-test 60 python -m pytest -v -p no:cacheprovider -n 0 tests/test_tensor_parallel.py -k symmetric
 step 0,1 all-reduce 60 torchrun --nproc-per-node 2 bench/all_reduce.py --out $O/all-reduce
 # 2. GPU 0: the fp8 Gluon attention's first GPU tests (c5d48a1), then its timing beside the tl fp8 and fp16 kernels;
 #    GPU 1: Qwen2-0.5B's decode and TinyLlama's norms-apart side (run35 cut them)
