@@ -60,15 +60,20 @@ class _TorchOneShot:
 
 
 class _TritonOneShot:
-    """kernels/all_reduce.py's one-shot kernel over the group's buffer and flags."""
+    """kernels/all_reduce.py's one-shot kernel over the group's buffer and flags (both rendezvoused: their handles
+    give every rank's addresses), what its launches need worked out once."""
 
-    def __init__(self, buf_ptrs, flag_ptrs, keep, rank, world):
-        self.buf_ptrs, self.flag_ptrs, self.keep, self.rank, self.world = buf_ptrs, flag_ptrs, keep, rank, world
+    def __init__(self, buf, flags, buf_handle, flag_handle):
+        from accelc.kernels import all_reduce as kernel
+
+        as_array = (lambda ptrs: torch.tensor(list(ptrs), dtype=torch.int64, device=buf.device))
+        self.buf, self.flags, self.kernel = buf, flags, kernel        # (the buffers stay alive with their user)
+        self.buf_ptrs, self.flag_ptrs = as_array(buf_handle.buffer_ptrs), as_array(flag_handle.buffer_ptrs)
+        self.rank, self.world, self.n_flags = buf_handle.rank, buf_handle.world_size, flags.numel()
 
     def __call__(self, t):
-        from accelc.kernels import all_reduce as kernel
         out = torch.empty_like(t)
-        kernel.launch(t, out, self.buf_ptrs, self.flag_ptrs, self.rank, self.world, self.keep[1].numel())
+        self.kernel.launch(t, out, self.buf_ptrs, self.flag_ptrs, self.rank, self.world, self.n_flags)
         return out
 
 
@@ -94,10 +99,7 @@ def _make(group_name: str, dtype: torch.dtype, device: torch.device):
             from accelc.kernels import all_reduce as kernel
             flags = symm_mem.empty(kernel.flags_needed(elements, handle.world_size), dtype=torch.int32, device=device)
             flags.zero_()
-            flag_handle = symm_mem.rendezvous(flags, group_name)
-            as_array = (lambda ptrs: torch.tensor(list(ptrs), dtype=torch.int64, device=device))
-            fast = _TritonOneShot(as_array(handle.buffer_ptrs), as_array(flag_handle.buffer_ptrs), (buf, flags),
-                                  handle.rank, handle.world_size)
+            fast = _TritonOneShot(buf, flags, handle, symm_mem.rendezvous(flags, group_name))
     except Exception as e:      # any refusal: the group stays on NCCL, said
         fast, why = False, (str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
     # every rank the same way: one rank on a one-shot kernel and another on NCCL would wait on each other for ever;

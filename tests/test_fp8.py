@@ -363,7 +363,7 @@ def test_fp8_attention_operands_quantized_once_as_pytorch_converts():
     padded to 16 bytes), each value the e4m3 PyTorch converts the same scaled fp32 value to; strided inputs (heads
     sliced out of a projection's output); the scale the slice's largest magnitude / 448, 0 for a slice of zeros
     (its values 0), NaN for one holding NaN or inf."""
-    from accelc.kernels import attention_fp8
+    from accelc.kernels import attention_fp8, fp8_gemm
 
     torch.manual_seed(1)
     x = (torch.randn(2, 40, 3, 32, device=DEVICE) * 3).to(torch.float16).transpose(1, 2)   # (2, 3, 40, 32) strided
@@ -373,31 +373,22 @@ def test_fp8_attention_operands_quantized_once_as_pytorch_converts():
     x[0, 2, 11, 30] = float("nan")
     x32 = x.float()
 
-    def expect(amax):
-        # fp32 divisions rounded once, as the kernel's div_rn (PyTorch's scalar / CPU tensor and GPU tensor /
-        # scalar multiply by a reciprocal: an ulp off)
-        inv = (448.0 / amax.clamp_min(1e-30).double()).float()
-        return inv, torch.where((x32.isinf() | x32.isnan()).any(-1 if amax.shape[-1] == 40 else -2),
-                                float("nan"), (amax.double() / 448.0).float())
-
+    # the reference: fp8_gemm.quantize_rows_ref, the project's row quantization (the activations' of linear_fp8),
+    # over q / K's rows and over V's columns as the rows of its transpose
     rows, row_scale = attention_fp8.quantize_rows(x)
-    amax = x32.abs().nan_to_num(0.0).amax(-1)
-    amax = torch.where(x32.isinf().any(-1), float("inf"), amax)
-    inv, scale = expect(amax)
-    want = (x32 * inv[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    want, scale = fp8_gemm.quantize_rows_ref(x32.reshape(-1, 32))
+    want, scale = want.view(2, 3, 40, 32), scale.view(2, 3, 40)
     assert rows.dtype == torch.float8_e4m3fn and rows.is_contiguous()
     finite = ~(x32.isinf() | x32.isnan()).any(-1)
     assert torch.equal(rows.float()[finite], want.float()[finite]) and (rows.float()[0, 1, 5] == 0).all()
     assert torch.equal(row_scale.isnan(), scale.isnan()) and torch.equal(row_scale[finite], scale[finite])
 
     cols, col_scale = attention_fp8.quantize_columns_transposed(x)
-    amax = x32.abs().nan_to_num(0.0).amax(-2)
-    amax = torch.where(x32.isinf().any(-2), float("inf"), amax)
-    inv, scale = expect(amax)
-    want = (x32 * inv[..., None, :]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    want, scale = fp8_gemm.quantize_rows_ref(x32.transpose(2, 3).reshape(-1, 40))
+    want, scale = want.view(2, 3, 32, 40), scale.view(2, 3, 32)
     assert cols.shape == x.shape and cols.stride(2) == 1 and cols.stride(3) == 48        # keys contiguous, padded
     finite = ~(x32.isinf() | x32.isnan()).any(-2)
-    assert torch.equal(cols.float().transpose(2, 3)[finite], want.float().transpose(2, 3)[finite])
+    assert torch.equal(cols.float().transpose(2, 3)[finite], want.float()[finite])
     assert (cols.float()[1, 2, :, 4] == 0).all() and col_scale[1, 2, 4] == 0
     assert torch.equal(col_scale.isnan(), scale.isnan()) and torch.equal(col_scale[finite], scale[finite])
     assert col_scale[1, 0, 9].isnan() and col_scale[0, 2, 30].isnan() and row_scale[1, 0, 7].isnan()
