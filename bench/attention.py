@@ -83,17 +83,17 @@ def inputs(B, H, S, D, what, dtype=torch.float16):
     return q, k, v, None
 
 
-def _forced(cfg: triton.Config, q, k, v, mask, causal):
+def _forced(cfg: triton.Config, q, k, v, mask, causal, fp8=False):
     """The op with one candidate forced (its compiled call kept: the timing replays a CUDA graph)."""
     with fa.TUNER.force(cfg):
-        torch.ops.accelc.flash_attention(q, k, v, mask, causal)
+        torch.ops.accelc.flash_attention(q, k, v, mask, causal, fp8=fp8)
         calls = dict(fa.TUNER.calls)
 
     def fn():
         saved = fa.TUNER.calls
         fa.TUNER.calls = calls
         try:
-            return torch.ops.accelc.flash_attention(q, k, v, mask, causal)
+            return torch.ops.accelc.flash_attention(q, k, v, mask, causal, fp8=fp8)
         finally:
             fa.TUNER.calls = saved
     return fn
@@ -136,22 +136,25 @@ def main():
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             row[name] = {"rel_l2_vs_fp32": float(f"{err:.2e}")}
         _common.time_rounds(variants, row, ROUNDS, flops)
-        new = [key for key in fa.TUNER.chosen if key not in keys_before and "fp8" not in key]   # (the fp16 race's)
+        added = [key for key in fa.TUNER.chosen if key not in keys_before]
+        new = [key for key in added if "fp8" not in key]   # (the fp16 race's)
         cfg, row["spread"] = _common.tuned(fa.TUNER, lambda key: key in new)
         row["config"] = config_dict(cfg) if cfg else None
-        # the fastest tl and Gluon candidates by tuning time, forced, in the same rounds as the race's pick
+        # the fastest tl and Gluon candidates by tuning time, of the fp16 race and of the fp8 one, forced, in the
+        # same rounds as the races' picks
         family = {}
-        for key in new:
-            row["candidates_us"] = fa.TUNER.timings.get(key, [])
+        for key in added:
+            fp8 = "fp8" in key
+            row["fp8_candidates_us" if fp8 else "candidates_us"] = fa.TUNER.timings.get(key, [])
             for cand, us in fa.TUNER.timings.get(key, []):
-                kind = "accelc_gluon" if cand.get("GLUON") else "accelc_tl"
+                kind = ("accelc_fp8_" if fp8 else "accelc_") + ("gluon" if cand.get("GLUON") else "tl")
                 if us is not None and (kind not in family or us < family[kind][1]):
                     family[kind] = (cand, us)
         forced = {}
         for kind, (cand, _) in family.items():
             match = [c for c in fa.CONFIGS if config_dict(c) == cand]
             if match:
-                forced[kind] = _forced(match[0], q, k, v, mask, causal)
+                forced[kind] = _forced(match[0], q, k, v, mask, causal, fp8="fp8" in kind)
                 row[kind] = {"config": cand, "tuning_us": family[kind][1]}
         if forced:
             _common.time_rounds(forced, row, ROUNDS, flops)
@@ -179,8 +182,8 @@ def main():
         return (f"{c.get('BLOCK_M')}x{c.get('BLOCK_N')}, {c.get('num_stages')} st, {c.get('num_warps')} w"
                 + (", TMA" if c.get("TMA") else "")) if c else "n/a"
 
-    def gluon_cfg(r):
-        c = r.get("accelc_gluon", {}).get("config")
+    def gluon_cfg(r, kind="accelc_gluon"):
+        c = r.get(kind, {}).get("config")
         return (f"{c['BLOCK_M']} rows, {c['BLOCK_N']} keys, {c['STAGES']} st"
                 f"{', turns' if c.get('PINGPONG') else ''}") if c else "n/a"
 
@@ -191,7 +194,7 @@ def main():
               "accelc / SDPA flash", "accelc / cuDNN", "accelc / SDPA efficient", "accelc / naive", "accelc config",
               "autotune spread",
               "accelc tl", "accelc Gluon", "tl / cuDNN", "Gluon / cuDNN", "Gluon config", "accelc fp8 (err vs fp32)",
-              "fp8 / accelc"]
+              "fp8 / accelc", "fp8 tl", "fp8 Gluon", "fp8 Gluon config"]
     table = [[f"{r['B']}, {r['H']}, {r['S']}, {r['D']}", r["case"] + (" + padding mask" if r["mask"] else ""),
               r["causal"], cell(r, "sdpa_flash"), cell(r, "sdpa_cudnn"), cell(r, "sdpa_efficient"),
               cell(r, "naive_eager"), cell(r, "accelc")]
@@ -200,7 +203,8 @@ def main():
              + [cfg(r), _common.spread_cell(r.get("spread")), cell(r, "accelc_tl"), cell(r, "accelc_gluon"),
                 x(r.get("accelc_tl_vs_cudnn")), x(r.get("accelc_gluon_vs_cudnn")), gluon_cfg(r),
                 cell(r, "accelc_fp8") + (f" ({r['accelc_fp8']['rel_l2_vs_fp32']})" if "accelc_fp8" in r else ""),
-                x(r.get("fp8_vs_accelc"))] for r in rows]
+                x(r.get("fp8_vs_accelc")), cell(r, "accelc_fp8_tl"), cell(r, "accelc_fp8_gluon"),
+                gluon_cfg(r, "accelc_fp8_gluon")] for r in rows]
     md = (f"# accelc::flash_attention forward, {args.dtype}\n\n{_common.env_line(env)}\n\n"
           f"Median over captured CUDA graphs, {ROUNDS} interleaved rounds; speedup = other / accelc, median "
           "of per-round ratios (> 1: accelc faster). FLOPs 4*B*H*S*S*D, halved when causal; % of the "
@@ -211,8 +215,10 @@ def main():
           "of each kernel by tuning time, forced, timed in the same rounds (Gluon: the warp-specialized "
           "kernels/attention_hopper.py: rows a CTA (64 a softmax warpgroup), keys a step, K / V ring slots; "
           "turns: the softmax warpgroups issue their MMAs in turns, FA3's ping-pong). accelc fp8: "
-          "Fp8Config(attention=True)'s kernel (both products on e4m3 operands, quantized in registers; the % of the "
-          "fp16 peak as the others'), its relative error against fp32 beside it; fp8 / accelc: accelc's time over its."
+          "Fp8Config(attention=True)'s race's pick (both products on e4m3 operands, q, K and V quantized once before the "
+          "kernel, the quantization timed with it; the % of the fp16 peak as the others'), its relative error against "
+          "fp32 beside it; fp8 / accelc: accelc's time over its; fp8 tl / fp8 Gluon: the fp8 race's fastest candidate "
+          "of each kernel, forced, as for fp16."
           + ("" if args.dtype == "fp16" else f" The inputs are {args.dtype}; the % is still of the fp16 peak.")
           + "\n\n" + _common.md_table(header, table))
     _common.write(args.out, "attention" if args.dtype == "fp16" else f"attention-{args.dtype}", env, rows, md)

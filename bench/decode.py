@@ -58,6 +58,17 @@ LAYERS = [
     ("Llama-3-8B b1", "down_proj + residual", 1, 14336, 4096, "none", True, "linear"),
     ("Llama-3-8B b1", "lm_head", 1, 4096, 128256, "none", False, "linear"),
     ("Llama-3-8B b4", "gate+up_proj, SiLU gating", 4, 4096, 14336, "silu", False, "gated"),
+    # a rank's share under tensor parallelism (bench/tp.py's plan: q/k/v and gate/up by output columns, o/down by
+    # input columns, their partial sums all-reduced before the residual add; the LM head by columns)
+    ("Llama-3-8B b1, a rank of 2", "q+k+v_proj", 1, 4096, 3072, "none", False, "linear"),
+    ("Llama-3-8B b1, a rank of 2", "o_proj", 1, 2048, 4096, "none", False, "linear"),
+    ("Llama-3-8B b1, a rank of 2", "gate+up_proj, SiLU gating", 1, 4096, 7168, "silu", False, "gated"),
+    ("Llama-3-8B b1, a rank of 2", "down_proj", 1, 7168, 4096, "none", False, "linear"),
+    ("Llama-3-8B b1, a rank of 2", "lm_head", 1, 4096, 64128, "none", False, "linear"),
+    ("Llama-3-70B b1, a rank of 4", "q+k+v_proj", 1, 8192, 2560, "none", False, "linear"),
+    ("Llama-3-70B b1, a rank of 4", "o_proj", 1, 2048, 8192, "none", False, "linear"),
+    ("Llama-3-70B b1, a rank of 4", "gate+up_proj, SiLU gating", 1, 8192, 7168, "silu", False, "gated"),
+    ("Llama-3-70B b1, a rank of 4", "down_proj", 1, 7168, 8192, "none", False, "linear"),
     ("GPT-2 b1", "attn.c_attn (Conv1D)", 1, 768, 2304, "none", False, "conv1d"),
     ("GPT-2 b1", "mlp.c_fc (Conv1D) + GELU tanh", 1, 768, 3072, "gelu_tanh", False, "conv1d"),
 ]
