@@ -310,8 +310,7 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
         got = gm(*args)
     padded = ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]
     if padded:
-        _padding_check(gm, args, ctx, memo, seconds,
-                       None if reference is None else functools.cache(lambda: output_error(expected, reference())))
+        _padding_check(gm, args, ctx, memo, seconds, None if reference is None else own_error_of(expected, reference))
     if memo is None and digest is not None:
         padding = (plan.padding, plan.padding_note) if "padding check" in seconds else None
         reuse.keep(digest, reuse.record(before, ctx, checks, eager_ms, seconds, picked, padding))
@@ -336,6 +335,20 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
         info.eager_gpu_ms = eager_ms
         info.accelc_eager_gpu_ms = sum(ctx.eager_ms.get(r.name, 0.0) for r in records if r.status == "rewritten")
     return cls(gm, records, info, example_inputs=args, config=config, call_spec=spec)
+
+
+def own_error_of(expected, reference):
+    """The model's own error on the example against its run in higher precision (reference()), computed once, or
+    None where the model does not run in higher precision (a padded call then meets the dtype's floor alone, as
+    the guard's output_error budget is then not applied, and says so)."""
+    @functools.cache
+    def own() -> float | None:
+        try:
+            ref = reference()
+        except Exception:
+            return None
+        return output_error(expected, ref)
+    return own
 
 
 def _padding_check(gm: fx.GraphModule, args: tuple, ctx, memo, seconds: dict, own) -> None:

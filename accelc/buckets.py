@@ -186,8 +186,8 @@ def find(fn, args: tuple, shapes: InputShapes | None, tolerance, own_error=None,
     """(the padding `fn`'s calls may take, None where none; in words, why a varying dim does not
     pad). fn: the optimized graph; args: the example; tolerance(dtype): the guard's rel-L2 floor;
     own_error(): the model's own error on the example against higher precision (asked for only where
-    a padded call passes the floor; None: the floor alone); before(args): called before fn is called
-    on inputs of new sizes (its kernels' compiles for them made ahead)."""
+    a padded call misses the floor; None, or returning None: the floor alone); before(args): called
+    before fn is called on inputs of new sizes (its kernels' compiles for them made ahead)."""
     if shapes is None or not (shapes.free or shapes.varying()):
         return None, ""
     fills, ranges, words, example = _groups(shapes, args)
@@ -311,9 +311,10 @@ def _inert(fn, args, fills, ranges, example, groups, tolerance, own_error=None,
         if bad:
             return f"the real part of an output depends on what the padding holds ({shown}: {bad})", None
         bad = _mismatch(cut(big, real), small, tolerance)
-        if bad and own_error is not None and bad.startswith("relative L2 error"):
-            bad = _mismatch(cut(big, real), small, lambda dtype: whole_model_limit(tolerance(dtype), own_error()))
-            bad += f" over the model's own error {own_error():.1e} x {EAGER_ERROR_FACTOR:g}" if bad else ""
+        own = own_error() if bad and own_error is not None and bad.startswith("relative L2 error") else None
+        if own is not None:      # (None: the model's own error unknown, the floor alone)
+            bad = _mismatch(cut(big, real), small, lambda dtype: whole_model_limit(tolerance(dtype), own))
+            bad += f" over the model's own error {own:.1e} x {EAGER_ERROR_FACTOR:g}" if bad else ""
         if bad:
             return f"the real part of an output changes when padded ({shown}: {bad})", None
     return "", dims

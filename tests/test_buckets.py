@@ -112,6 +112,50 @@ def test_a_model_that_mixes_rows_does_not_pad_its_batch():
     assert plan is not None and list(plan.words.values()) == ["batch"] and plan.outputs == (((0, plan.inputs[0][0][1]),),)
 
 
+def test_a_padded_call_off_the_floor_is_refused_where_the_models_own_error_is_unknown():
+    """own_error() returning None (the model does not run in higher precision): the floor alone decides, a
+    padded call that misses it is refused in words, and nothing raises."""
+    class Rowwise(nn.Module):       # each row's output independent of the others', but not bit-equal when padded
+        def forward(self, x):
+            return x * 2 + 2e-5 * x.shape[0]
+
+    from accelc.capture import capture
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, device=DEVICE)
+    gm, _, _ = capture(Rowwise().eval(), (x,), {})
+    asked = []
+    plan, note = buckets.find(gm, (x,), gm.meta[SHAPES], tol, lambda: asked.append(1))
+    assert asked and plan is None, note
+    assert "batch does not pad: the real part of an output changes when padded" in note
+    assert "own error" not in note
+    # and with the model's own error known, the floor widens by it
+    plan, note = buckets.find(gm, (x,), gm.meta[SHAPES], tol, lambda: 1e-4)
+    assert plan is not None, note
+
+
+def test_optimize_where_the_model_does_not_run_in_higher_precision_pads_by_the_floor(monkeypatch):
+    """The padding check asks for the model's own error (a tensor-parallel graph always, any other where a padded
+    call misses the floor); a model without a higher-precision run gives None there, not an exception out of
+    optimize (a GPU-only path: the check runs where CUDA graphs do, stood in for here)."""
+    from accelc import api
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no fp32 path")
+    monkeypatch.setattr(api, "capture_reference", fails)
+    monkeypatch.setattr(runner, "plan", lambda config, device, gm=None: ("eager", True, "test: CUDA graphs"))
+    real, owns = buckets.find, []
+
+    def find(fn, args, shapes, tolerance, own_error=None, before=None):
+        owns.append(own_error())
+        return real(fn, args, shapes, tolerance, own_error, before)
+    monkeypatch.setattr(buckets, "find", find)
+    torch.manual_seed(0)
+    model = _bert()
+    opt = accelc.optimize(model, _ids(2, 16), config=accelc.OptimizeConfig(passes=()))
+    assert owns == [None]
+    assert "padded to buckets for CUDA graphs (checked inert): batch to 1, 2, 4, 8" in opt.summary()
+
+
 def test_padded_calls_replay_a_buckets_graph_and_give_the_unpadded_outputs():
     torch.manual_seed(0)
     (plan, _), gm, flat = _plan(_bert(), _ids(2, 16))
