@@ -17,14 +17,15 @@ wait on their namesakes on other GPUs, never on programs of their own launch. Th
 own, which is what lets a sender signal without checking: a flag is never set twice unconsumed, since setting a
 rank's start flag again takes that rank's end signal of the call before (sent after it consumed the start flag),
 and setting its end flag again takes its start signal of the next call (sent after it consumed the end flag).
-SIGNAL_BY_STORE (off by default, bench/all_reduce.py's A/B) signals so."""
+SIGNAL_BY_STORE signals so (bench/all_reduce.py's A/B: 1.2-1.9 us faster a call than compare-and-swap on 2 H200s,
+every sum as NCCL's)."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
 BLOCK = 2048
-SIGNAL_BY_STORE = False     # the senders' signal by exchange (no round trip to the peer) instead of compare-and-swap
+SIGNAL_BY_STORE = True      # the senders' signal by exchange instead of compare-and-swap (no wait for it to be free)
 
 
 @triton.jit

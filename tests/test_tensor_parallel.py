@@ -455,6 +455,39 @@ def test_all_reduces_off_the_gpu_or_switched_off_are_not_one_shot(monkeypatch):
     assert not fast_all_reduce._buffers
 
 
+def test_each_one_shot_kernel_takes_the_sizes_it_is_faster_at(monkeypatch):
+    """A group's one-shot kernel takes all-reduces up to its own size (accelc's Triton kernel 64 KB, PyTorch's
+    256 KB: where each beat NCCL); larger ones, or a tensor of another dtype or alignment, go to NCCL (None)."""
+    import torch
+
+    from accelc import fast_all_reduce
+
+    class Fake:
+        def __init__(self, max_bytes):
+            self.max_bytes, self.calls = max_bytes, []
+
+        def __call__(self, t):
+            self.calls.append(t.numel() * t.element_size())
+            return t * 2
+
+    monkeypatch.setattr(fast_all_reduce, "on_gpu", lambda t: True)
+    monkeypatch.setattr(fast_all_reduce, "_buffers", {})
+    triton_like, torch_like = (Fake(k.max_bytes) for k in (fast_all_reduce._TritonOneShot,
+                                                               fast_all_reduce._TorchOneShot))
+    fast_all_reduce._buffers[("g", torch.float16, torch.device("cpu"))] = triton_like
+    fast_all_reduce._buffers[("g", torch.bfloat16, torch.device("cpu"))] = torch_like
+    for dtype, fake in ((torch.float16, triton_like), (torch.bfloat16, torch_like)):
+        for rows in (1, 8, 16, 32):               # 8, 64, 128, 256 KB of a 4096-wide row
+            x = torch.randn(rows, 4096).to(dtype)
+            got = fast_all_reduce.all_reduce(x, "g")
+            assert (got is not None) == (rows * 4096 * 2 <= fake.max_bytes), (dtype, rows)
+            if got is not None:
+                assert torch.equal(got, x * 2)
+    assert triton_like.calls == [8192, 65536] and torch_like.calls == [8192, 65536, 131072, 262144]
+    assert fast_all_reduce.all_reduce(torch.randn(1, 4097).to(torch.float16), "g") is None     # not 16-byte rows
+    assert fast_all_reduce.all_reduce(torch.randn(1, 4096, dtype=torch.float64), "g") is None
+
+
 def test_the_one_shot_kernel_on_one_rank_in_the_interpreter(monkeypatch):
     """kernels/all_reduce.py over a group of one (the interpreter runs one process): the input back, for launches
     of several sizes on one flag array, its senders signalling either way, every flag back to 0 after each."""
