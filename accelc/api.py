@@ -186,7 +186,7 @@ def optimize_job(job: Job) -> OptimizedModule:
                              cls=generation.OptimizedLM if lm else OptimizedModule, race=race,
                              reference=lambda: capture_reference(job.model, spec, flat, spec.flat_output(expected)))
         opt.info.seconds["capture"] = round(t1 - t0, 2)
-        warmup.run(opt, flat, race, job.config.warmup_shapes, job.device, lambda: call_times(job, opt))
+        warmup.run(opt, flat, race, job.config.warmup_shapes, job.device, lambda: call_times(job, opt), generates=lm)
         if lm:
             attach_generation(opt, job)
     finally:

@@ -4,7 +4,8 @@ calls do not wait for it.
 In: the optimized module, the example's graph inputs, the call a program serves most (a generation step's decode
 step, or None), OptimizeConfig.warmup_shapes. Out, on a GPU: the glue compiled and the CUDA graphs of the example
 and that call captured (the summary's "warmup"), the dynamic glue for the shapes not warmed compiled ("glue for
-other shapes"), the plain call timed (info.call_ms), the warm-up shapes captured ("warm-up shapes") and said in the
+other shapes"; a causal LM's forward's left to its first call at another shape, said: generate() does not run it),
+the plain call timed (info.call_ms), the warm-up shapes captured ("warm-up shapes") and said in the
 call plan; on a CPU only the shapes asked for, checked and said.
 """
 from __future__ import annotations
@@ -23,9 +24,15 @@ from accelc.errors import InputError
 from accelc.optimized import OptimizedModule
 
 
+FORWARD_GLUE_LATER = ("the forward's glue for other shapes compiled at its first call at one (generate() runs the "
+                      "generation step, which has its own; warmup_shapes compiles it at optimize)")
+
+
 def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, device: torch.device,
-        call_times: Callable[[], tuple]) -> None:
-    """The stage (module docstring); call_times: (eager, accelc) ms a plain call of the example, or ()."""
+        call_times: Callable[[], tuple], generates: bool = False) -> None:
+    """The stage (module docstring); call_times: (eager, accelc) ms a plain call of the example, or ().
+    generates: a causal LM's forward, whose generate() runs a step program of its own: the forward's dynamic glue
+    is left to its first call at another shape unless warmup_shapes asks for shapes (said in the shapes line)."""
     warm = inputs_for(opt, warmup_shapes)
     if not runtime.can_time(device):
         if warm:
@@ -39,11 +46,16 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
         opt.warm_up(race[0])
     opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
-    progress_bar.phase("glue for other shapes")
-    if opt.compile_other_shapes(flat):    # the dynamic glue: compiled here, not at a first request
-        for inputs in apart_inputs(opt, flat):    # and its variants Dynamo compiles apart (a batch of one)
-            opt.compile_other_shapes(inputs)
-        opt.info.seconds["glue for other shapes"] = round(time.perf_counter() - t0, 2)
+    shapes = opt.graph_module.meta.get(SHAPES)
+    if generates and not warm:
+        if shapes is not None and (shapes.free or shapes.varying()):
+            note(opt, FORWARD_GLUE_LATER)
+    else:
+        progress_bar.phase("glue for other shapes")
+        if opt.compile_other_shapes(flat):    # the dynamic glue: compiled here, not at a first request
+            for inputs in apart_inputs(opt, flat):    # and its variants Dynamo compiles apart (a batch of one)
+                opt.compile_other_shapes(inputs)
+            opt.info.seconds["glue for other shapes"] = round(time.perf_counter() - t0, 2)
     opt.info.call_ms = call_times()
     if warm:
         t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 computes what the whole graph computes (outputs and in-place cache writes, bit for bit, uncompiled), blocks of
 one kind share their compiles (dynamic, and static per warmed shape), and where the cut does not pay, or is
 switched off, the glue compiles whole as before."""
+import dataclasses
 import warnings
 
 import pytest
@@ -214,6 +215,24 @@ def test_generation_through_compiled_regions_gives_the_models_tokens():
     assert torch.equal(got, want)
 
 
+def _gpu_warmup_recorded(monkeypatch) -> list:
+    """optimize's warm-up stage takes the GPU's branch on the CPU: no capture, each compile of the glue for other
+    shapes recorded (the inputs' shapes) in the list returned."""
+    import types
+
+    from accelc import runtime, warmup
+    from accelc.optimized import OptimizedModule
+
+    made = []
+    shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
+    shim.can_time = lambda device: True
+    monkeypatch.setattr(warmup, "runtime", shim)
+    monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)
+    monkeypatch.setattr(OptimizedModule, "compile_other_shapes",
+                        lambda self, inputs: made.append([tuple(t.shape) for t in inputs]) or True)
+    return made
+
+
 def test_the_glue_for_other_shapes_compiles_at_optimize_not_at_a_first_request(optimized, monkeypatch):
     """A dynamic glue's compile for the shapes not warmed up is made by one call at optimize (its own phase in
     the summary's times), not at the first call of such a shape: by region, each kind's dynamic compile runs
@@ -243,18 +262,7 @@ def test_the_glue_for_other_shapes_compiles_at_optimize_not_at_a_first_request(o
     assert not static.compile_dynamic(*opt.example_inputs)
     assert not runner.Runner(gm, cuda_graphs=True).compile_other_shapes(*opt.example_inputs)
     # optimize on a GPU makes it after the warm-up (here the GPU's branch taken with both recorded)
-    import types
-
-    from accelc import runtime, warmup
-    from accelc.optimized import OptimizedModule
-
-    made = []
-    shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
-    shim.can_time = lambda device: True
-    monkeypatch.setattr(warmup, "runtime", shim)
-    monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)
-    monkeypatch.setattr(OptimizedModule, "compile_other_shapes",
-                        lambda self, inputs: made.append([tuple(t.shape) for t in inputs]) or True)
+    made = _gpu_warmup_recorded(monkeypatch)
     mlp = accelc.models.get("mlp").to(DEVICE).eval()
     x = mlp.example_inputs()
     x = tuple(t.to(DEVICE) for t in x) if isinstance(x, tuple) else x.to(DEVICE)
@@ -263,6 +271,36 @@ def test_the_glue_for_other_shapes_compiles_at_optimize_not_at_a_first_request(o
     shape = tuple((x[0] if isinstance(x, tuple) else x).shape)
     assert made == [[shape]], made
     assert "glue for other shapes" in out.info.seconds
+
+
+def test_a_causal_lms_forward_leaves_its_glue_for_other_shapes_to_a_first_call(monkeypatch):
+    """A causal LM's generate() runs its generation step (a program with its own dynamic glue, compiled at optimize);
+    the forward's dynamic glue is left to the forward's first call at another shape, which the shapes line says,
+    unless warmup_shapes asks for forward shapes (then compiled at optimize as for any model). The GPU's branch
+    taken on the CPU, the compiles recorded."""
+    from accelc import warmup
+
+    made = _gpu_warmup_recorded(monkeypatch)
+    lm = _lm(layers=1)
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    config = accelc.OptimizeConfig(passes=(), only_if_faster=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(lm, dict(input_ids=ids, attention_mask=torch.ones_like(ids)), config)
+    assert opt.step is not None
+    forward = [(2, 8), (2, 8)]          # the forward's graph inputs (the step's: tokens, mask, positions, a length)
+    assert forward not in made and len(made) == 1, made       # the step's dynamic glue alone
+    assert warmup.FORWARD_GLUE_LATER in opt.info.shapes
+    assert "glue for other shapes" not in opt.info.seconds
+    # forward shapes asked for: the forward's dynamic glue compiled at optimize
+    made.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        asked = accelc.optimize(lm, dict(input_ids=ids, attention_mask=torch.ones_like(ids)),
+                                dataclasses.replace(config, warmup_shapes=[{"input_ids": (1, 8),
+                                                                             "attention_mask": (1, 8)}]))
+    assert forward in made and "glue for other shapes" in asked.info.seconds, made
+    assert warmup.FORWARD_GLUE_LATER not in asked.info.shapes
 
 
 @pytest.mark.parametrize("example,lo,want", [
