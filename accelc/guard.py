@@ -51,6 +51,7 @@ from accelc import layer_compiles, meta, progress, runtime, tuning
 from accelc.other_inputs import sized_other_inputs
 from accelc.latency import layer_ms, median_ms
 from accelc.layer_runner import LayerRunner
+from accelc.layer_signature import signature, value as _value
 from accelc.numerics import error_stats, higher_precision, output_error, same_values, sqnr_db
 from accelc.records import LayerCheck
 from accelc.rewrite import demote, forget_replacements, layers, revert
@@ -415,28 +416,33 @@ def _race(gm, args, nodes, against: str) -> dict:
                 fb = rw.fallback
                 fa, fkw = runner.map_nodes_to_values(fb.args, n), runner.map_nodes_to_values(fb.kwargs, n)
                 calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
-                            lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw))
+                            lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw),
+                            signature(n, a, kw, None, (against, fb.target, _value((fa, sorted(fkw.items()))))))
             else:
                 ins = runner.layer_inputs(rw)
                 if rw.kind in ("conv2d", "conv1d"):   # x and the residual; the packed weight stays as it is
                     a = tuple(_channels_last(v) if i in (0, 3) else v for i, v in enumerate(a))
                     ins = [_channels_last(v) for v in ins]
                 calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
-                            lambda orig=rw.original, ins=ins: orig(*ins))
+                            lambda orig=rw.original, ins=ins: orig(*ins),
+                            signature(n, a, kw, rw.original, (against, _value(ins))))
         return runner.run_as_graph(n)
 
-    times = {}
+    times, timed = {}, {}     # one layer timed for its twins (accelc.layer_signature)
     with torch.no_grad():
         if nodes:
             LayerRunner(gm, at_layer).run(*args)
-        for n, (ours, theirs) in calls.items():
+        for n, (ours, theirs, same) in calls.items():
+            if same in timed:
+                times[n] = timed[same]
+                continue
             device = meta.tensor_meta(n).device
             (ta, graph_a), (tb, graph_b) = layer_ms(ours, device, rep_ms=20), layer_ms(theirs, device, rep_ms=20)
             if graph_a != graph_b:    # one side refused capture: its time holds the host's launch cost, the
                 ta, tb = median_ms(ours, device, rep_ms=20), median_ms(theirs, device, rep_ms=20)   # both so
                 log.info("accelc: %s raced in plain calls (one side cannot be captured in a CUDA graph)",
                          meta.rewrite_of(n).layer)
-            times[n] = (ta, tb)
+            times[n] = timed[same] = (ta, tb)
     return times
 
 

@@ -175,6 +175,30 @@ def test_the_speed_race_times_tuned_configs_not_borrowed_ones():
     assert t.borrowed == {} and set(t.chosen) == {(512, 64, 64)} and t.calls == {}
 
 
+def test_a_race_times_one_of_twin_layers_for_all_of_them(monkeypatch):
+    """Layers doing the same work (the op, its inputs' sizes, dtypes and strides, the PyTorch subgraph replaced, the
+    weights' names aside: a model's repeated blocks) are timed once, and every twin gets that timing and so the same
+    verdict; a layer of other sizes, or replacing another subgraph, is timed on its own."""
+    from accelc import guard, runtime
+
+    timed = []
+
+    def layer_ms(fn, device, rep_ms):
+        timed.append(fn)
+        return (0.001 if len(timed) % 2 else 0.002), True       # accelc's side first: faster
+    monkeypatch.setattr(runtime, "can_time", lambda device: True)
+    monkeypatch.setattr(guard, "layer_ms", layer_ms)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).to(DEVICE).eval()
+    x = torch.randn(8, 64, device=DEVICE)
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(only_if_faster=True, glue="eager", cuda_graphs=False))
+    linear = [r for r in opt.layers if r.kind == "linear"]
+    assert len(linear) == 5 and all(r.status == "rewritten" for r in linear), opt.summary()
+    # three GELU twins, the ReLU one, the narrower last one: three timings of two sides
+    assert len(timed) == 6, [r.name for r in linear]
+
+
 def test_a_race_times_both_sides_alike_where_one_cannot_be_captured(monkeypatch, caplog):
     """The race's timer captures each side in a CUDA graph and falls back to plain calls where capture fails:
     a side timed in plain calls carries the host's launch cost, the other's does not. Where the two differ,

@@ -1,0 +1,48 @@
+"""What makes two rewritten layers the same work for a timer: the op, the sizes, dtypes and strides of what it
+reads, its other arguments, and the PyTorch subgraph it replaced, its weights' names aside. The repeated blocks
+of a model (a transformer's layers) are so, and the guard's speed race times one such layer for all of them
+(accelc.guard's _race): their times differ by noise alone, and a verdict one way for one block and the other for
+its twin is noise too."""
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+
+def signature(node: fx.Node, args: tuple, kwargs: dict, original: fx.GraphModule | None, extra=()) -> tuple:
+    """node's call on args / kwargs (its values at the race's inputs), with `original`'s structure; `extra`: what
+    else the caller times by (hashable)."""
+    return (node.target, value(args), value(sorted(kwargs.items())), _structure(original), extra)
+
+
+def value(v):
+    """v as a key: a tensor by its sizes, dtype, strides and device; a container by its items."""
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), v.dtype, tuple(v.stride()), str(v.device))
+    if isinstance(v, (list, tuple)):
+        return tuple(value(x) for x in v)
+    if v is None or v is Ellipsis or isinstance(v, (bool, int, float, str, torch.dtype, torch.device,
+                                                    torch.memory_format, torch.layout)):
+        return v
+    if isinstance(v, slice):
+        return ("slice", value(v.start), value(v.stop), value(v.step))
+    return ("object", id(v))      # anything else: only the same object is the same
+
+
+def _structure(gm: fx.GraphModule | None) -> tuple:
+    """The subgraph's ops in order, their arguments as positions of earlier nodes or values; a weight (get_attr)
+    by its size, not its name; a submodule by its type."""
+    if gm is None:
+        return ()
+    index = {n: i for i, n in enumerate(gm.graph.nodes)}
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            attr = getattr(gm, n.target, None)
+            out.append(("attr", value(attr) if isinstance(attr, torch.Tensor) else type(attr).__name__))
+            continue
+        target = type(gm.get_submodule(n.target)).__name__ if n.op == "call_module" else n.target
+        as_args = fx.node.map_arg((n.args, n.kwargs), lambda m: ("node", index[m]))
+        out.append((n.op, target if n.op != "placeholder" else "input", value(as_args[0]),
+                    value(sorted(as_args[1].items()))))
+    return tuple(out)
