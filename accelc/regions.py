@@ -291,7 +291,12 @@ class Glue:
 
     def __call__(self, *args, **kwargs):
         if not self.failed:
-            out = self._run(bool(self.static) and self.key_of(args, kwargs) in self.static, args, kwargs)
+            static = bool(self.static) and self.key_of(args, kwargs) in self.static
+            if not static and self.dynamic and not self.dynamic_done:    # (a causal LM's forward leaves it here)
+                log.info("accelc: compiling the glue for other shapes at this call, once (OptimizeConfig."
+                         "warmup_shapes compiles it at optimize)")
+                self.dynamic_done.add(self.key_of(args, kwargs))
+            out = self._run(static, args, kwargs)
             if not self.failed:
                 return out
         return self.plain(*args, **kwargs)

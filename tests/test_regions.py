@@ -215,6 +215,25 @@ def test_generation_through_compiled_regions_gives_the_models_tokens():
     assert torch.equal(got, want)
 
 
+def test_a_first_call_that_compiles_the_glue_for_other_shapes_says_so_once(optimized, caplog):
+    """Where optimize left the dynamic glue to a first call (a causal LM's forward), that call's compile is said in
+    the log, once; a glue compiled at optimize says nothing at its calls."""
+    _, opt = optimized
+    gm = opt.graph_module
+    said = "compiling the glue for other shapes at this call, once"
+    for at_optimize in (False, True):
+        glue = regions.RegionalGlue(gm, gm, True, regions.plan(gm), Recorded(), runner.STATIC_GLUE,
+                                    runner.signature_or_none)
+        caplog.clear()
+        with torch.no_grad(), caplog.at_level("INFO", logger="accelc"):
+            if at_optimize:
+                glue.compile_dynamic(*opt.example_inputs)
+            want = gm(*opt.example_inputs)
+            for _ in range(2):
+                assert all(torch.equal(a, b) for a, b in zip(_leaves(glue(*opt.example_inputs)), _leaves(want)))
+        assert caplog.text.count(said) == (0 if at_optimize else 1), caplog.text
+
+
 def _gpu_warmup_recorded(monkeypatch) -> list:
     """optimize's warm-up stage takes the GPU's branch on the CPU: no capture, each compile of the glue for other
     shapes recorded (the inputs' shapes) in the list returned."""
