@@ -16,9 +16,9 @@ def signature(node: fx.Node, args: tuple, kwargs: dict, original: fx.GraphModule
 
 
 def value(v):
-    """v as a key: a tensor by its sizes, dtype, strides and device; a container by its items."""
+    """v as a key: a tensor by its sizes, dtype, strides, device and alignment; a container by its items."""
     if isinstance(v, torch.Tensor):
-        return ("tensor", tuple(v.shape), v.dtype, tuple(v.stride()), str(v.device))
+        return ("tensor", tuple(v.shape), v.dtype, tuple(v.stride()), str(v.device), v.data_ptr() % 16)   # (TMA)
     if isinstance(v, (list, tuple)):
         return tuple(value(x) for x in v)
     if v is None or v is Ellipsis or isinstance(v, (bool, int, float, str, torch.dtype, torch.device,
