@@ -35,7 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 SIDES = ("compile_ro", "accelc_cold", "accelc_warm_checked", "accelc_warm", "load", "compile_max")
-LM_CONFIGS = {   # causal LMs with generation (bench/generate.py's shapes), prompt 2 x 128
+LM_CONFIGS = {   # causal LMs with generation (bench/generate.py's shapes), prompt 2 x 128 (NAME-b1: 1 x 128, a batch-1
+                 # generation's decode keys: one row)
     "qwen2-0.5b-lm": "qwen2-0.5b", "tinyllama-lm": "tinyllama", "llama3-8b-lm": "llama3-8b", "gpt2-lm": "gpt2",
 }
 
@@ -44,12 +45,13 @@ def build(name):
     """(model, args, kwargs) on the GPU in fp16."""
     import torch
 
-    if name in LM_CONFIGS:
+    lm_name, batch = (name[:-3], 1) if name.endswith("-b1") else (name, 2)
+    if lm_name in LM_CONFIGS:
         import generate
 
-        cfg = generate.configs(False)[LM_CONFIGS[name]]
+        cfg = generate.configs(False)[LM_CONFIGS[lm_name]]
         lm = generate.build(cfg, "cuda", torch.float16)
-        ids = torch.randint(1, cfg.vocab_size, (2, 128), device="cuda")
+        ids = torch.randint(1, cfg.vocab_size, (batch, 128), device="cuda")
         return lm, (), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     import e2e
 

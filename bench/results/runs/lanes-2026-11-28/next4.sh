@@ -35,6 +35,9 @@ tar czf $OUT/next4.tgz -C $O .
 # Then, each its own command:
 #   H200 x 2: bench/generate.py --batches 1 --models qwen2-0.5b,tinyllama --sides accelc (prepare and decode after
 #             92c05ab / e3bbe87: run36's Qwen2-0.5B 164.7 s cold, 1341.1 tok/s); the 8B shape accelc,accelc_fp8w,accelc_int8w
+#   H200 (one lane each): python bench/tuning_table.py collect --models qwen2-0.5b-lm-b1,tinyllama-lm-b1 --out $OUT/tt-b1
+#             (the batch-1 generations' races: the shipped table has no one-row decode key), then on the CPU
+#             python bench/tuning_table.py build bench/results/runs/tuning_table/run1-h200 <its folder>
 #   H200 x 4: LANES_TAR=$OUT/e2e.tgz bash bench/lanes.sh /tmp/e2e 275 "bench/e2e.py --sides eager,compile_ro,ort,ort_opt,accelc
 #             --batches first" resnet50,mobilenetv2,convnext_tiny regnety_016,vit_base bert,gpt2 llama,whisper_base
 #             (carry the ONNX Runtime CUDA provider, ../shared/tools/README.md)
