@@ -193,11 +193,11 @@ class Pass:
 
 
 def run_pass(gm: fx.GraphModule, p: Pass, ctx: PassContext) -> int:
-    """Run one pass on gm; returns the number of rewrites it made."""
+    """Run one pass on gm (its graph; gm's code is left to the caller's recompile); returns the number of
+    rewrites it made."""
     if p.before_rules is not None:
         p.before_rules(gm, ctx)
         gm.graph.lint()
-        gm.recompile()
     count = apply_rules(gm, p.rules, ctx)
     if p.transform is not None:
         count += p.transform(gm, ctx)
