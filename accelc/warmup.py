@@ -24,8 +24,8 @@ from accelc.errors import InputError
 from accelc.optimized import OptimizedModule
 
 
-FORWARD_GLUE_LATER = ("the forward's glue for other shapes compiled at its first call at one (generate() runs the "
-                      "generation step, which has its own; warmup_shapes compiles it at optimize)")
+FORWARD_GLUE_LATER = ("the forward's glue for other shapes compiles at its first call at another shape (generate() "
+                      "runs the generation step, whose own is compiled; warmup_shapes compiles the forward's too)")
 
 
 def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, device: torch.device,
