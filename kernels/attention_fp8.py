@@ -16,20 +16,14 @@ import triton
 import triton.language as tl
 
 from accelc import runtime
-from accelc.kernels.primitives import to_e4m3
+from accelc.kernels.primitives import e4m3_inverse, e4m3_scale, nonfinite, scaled_e4m3
 
 E4M3 = torch.float8_e4m3fn
 
 
 @triton.jit
-def _scale_of(amax, bad):
-    return tl.where(bad > 0, float("nan"), tl.div_rn(amax, 448.0))
-
-
-@triton.jit
 def _e4m3(t, amax, AXIS: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
-    inv = tl.div_rn(448.0, tl.maximum(amax, 1e-30))
-    return to_e4m3(tl.minimum(tl.maximum(t * tl.expand_dims(inv, AXIS), -448.0), 448.0), ROUND_BY_HAND)
+    return scaled_e4m3(t, tl.expand_dims(e4m3_inverse(amax), AXIS), ROUND_BY_HAND)
 
 
 @triton.jit
@@ -43,9 +37,9 @@ def _rows_kernel(x_ptr, out_ptr, scale_ptr, HN, N, stride_b, stride_h, stride_n,
     x = tl.load(x_ptr + (bh // HN) * stride_b + (bh % HN) * stride_h + offs_r[:, None] * stride_n
                 + offs_d[None, :] * stride_d, mask=ok, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), 1)
-    bad = tl.max(((tl.abs(x) == float("inf")) | (x != x)).to(tl.int32), 1)
+    bad = nonfinite(x, 1)
     tl.store(out_ptr + (bh * N + offs_r[:, None]) * D + offs_d[None, :], _e4m3(x, amax, 1, ROUND_BY_HAND), mask=ok)
-    tl.store(scale_ptr + bh * N + offs_r, _scale_of(amax, bad), mask=offs_r < N)
+    tl.store(scale_ptr + bh * N + offs_r, e4m3_scale(amax, bad), mask=offs_r < N)
 
 
 @triton.jit
@@ -64,14 +58,14 @@ def _columns_kernel(x_ptr, out_ptr, scale_ptr, HN, N, N_PAD, stride_b, stride_h,
         x = tl.load(base + offs_r[:, None] * stride_n, mask=(offs_r < N)[:, None] & c_ok[None, :],
                     other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x), 0))
-        bad = tl.maximum(bad, tl.max(((tl.abs(x) == float("inf")) | (x != x)).to(tl.int32), 0))
+        bad = tl.maximum(bad, nonfinite(x, 0))
     for start in range(0, N, BLOCK_R):
         offs_r = start + tl.arange(0, BLOCK_R)
         ok = (offs_r < N)[:, None] & c_ok[None, :]
         x = tl.load(base + offs_r[:, None] * stride_n, mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + (bh * D + offs_c[None, :]) * N_PAD + offs_r[:, None], _e4m3(x, amax, 0, ROUND_BY_HAND),
                  mask=ok)
-    tl.store(scale_ptr + bh * D + offs_c, _scale_of(amax, bad), mask=c_ok)
+    tl.store(scale_ptr + bh * D + offs_c, e4m3_scale(amax, bad), mask=c_ok)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

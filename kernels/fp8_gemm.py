@@ -25,7 +25,7 @@ from accelc.kernels import gated_linear, gemm, int8_gemm
 from accelc.kernels.epilogue import activation_ref, epilogue_ref, residual_as
 from accelc.kernels.fp8_weight import DTYPE, E4M3_MAX
 from accelc.kernels.int8_gemm import weight_problem
-from accelc.kernels.primitives import to_e4m3
+from accelc.kernels.primitives import e4m3_inverse, e4m3_scale, nonfinite, nonfinite_each, scaled_e4m3
 from accelc.tuning import Tuner, check_once
 
 # the int8 candidates (the same bytes a stage: one-byte operands), the warp-specialized Gluon ones included
@@ -58,31 +58,26 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_xm, stride_xk, norm
             rstd = tl.rsqrt(tl.sum(x * x, 0) / K + norm_eps)
             x = x * rstd * tl.load(norm_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         amax = tl.max(tl.abs(x), 0)
-        nonfinite = tl.max((tl.abs(x) == float("inf")).to(tl.int32) | (x != x).to(tl.int32), 0)
+        bad = nonfinite(x, 0)
     else:
         absmax = tl.zeros((BLOCK_K,), tl.float32)
-        bad = tl.zeros((BLOCK_K,), tl.int32)
+        bad_each = tl.zeros((BLOCK_K,), tl.int32)
         for k0 in range(0, K, BLOCK_K):
             ok = k0 + offs < K
             x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
             absmax = tl.maximum(absmax, tl.abs(x))
-            bad = tl.maximum(bad, (tl.abs(x) == float("inf")).to(tl.int32) | (x != x).to(tl.int32))
+            bad_each = tl.maximum(bad_each, nonfinite_each(x))
         amax = tl.max(absmax, 0)
-        nonfinite = tl.max(bad, 0)
-    scale = tl.div_rn(amax, 448.0)
-    inv = tl.div_rn(448.0, tl.maximum(amax, 1e-30))
-    if nonfinite > 0:
-        scale = float("nan")
-    tl.store(scale_ptr + row, scale)
+        bad = tl.max(bad_each, 0)
+    inv = e4m3_inverse(amax)
+    tl.store(scale_ptr + row, e4m3_scale(amax, bad))
     if ONE_PASS:
-        y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
-        tl.store(q_ptr + row * K + offs, to_e4m3(y, ROUND_BY_HAND), mask=offs < K)
+        tl.store(q_ptr + row * K + offs, scaled_e4m3(x, inv, ROUND_BY_HAND), mask=offs < K)
     else:
         for k0 in range(0, K, BLOCK_K):
             ok = k0 + offs < K
             x = tl.load(x_row + (k0 + offs) * stride_xk, mask=ok, other=0.0).to(tl.float32)
-            y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
-            tl.store(q_ptr + row * K + k0 + offs, to_e4m3(y, ROUND_BY_HAND), mask=ok)
+            tl.store(q_ptr + row * K + k0 + offs, scaled_e4m3(x, inv, ROUND_BY_HAND), mask=ok)
 
 
 ONE_PASS_MAX_K = 16384   # a row of up to this many values held in one program's registers (64 a thread at 8 warps)

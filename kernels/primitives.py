@@ -73,6 +73,37 @@ def softmax_update(acc, l_i, m_i, m_new, m_sub, p, v, DOT_IN_FP32: tl.constexpr,
 
 
 @triton.jit
+def nonfinite_each(x):
+    """1 where x is NaN or inf, else 0 (int32)."""
+    return ((tl.abs(x) == float("inf")) | (x != x)).to(tl.int32)
+
+
+@triton.jit
+def nonfinite(x, AXIS: tl.constexpr):
+    """1 where a slice of x along AXIS holds NaN or inf, else 0 (int32): its scale is then NaN (a max ignores NaN,
+    and the clamp would make inf finite: the products stay NaN, as eager's)."""
+    return tl.max(nonfinite_each(x), AXIS)
+
+
+@triton.jit
+def e4m3_scale(amax, bad):
+    """A slice's e4m3 scale: its largest magnitude / 448 (e4m3's largest; 0 for zeros), NaN where bad."""
+    return tl.where(bad > 0, float("nan"), tl.div_rn(amax, 448.0))
+
+
+@triton.jit
+def e4m3_inverse(amax):
+    """What a slice is multiplied by before its conversion: 448 / its largest magnitude."""
+    return tl.div_rn(448.0, tl.maximum(amax, 1e-30))
+
+
+@triton.jit
+def scaled_e4m3(x, inv, ROUND_BY_HAND: tl.constexpr):
+    """x * inv (inv broadcast to x) clamped to e4m3's range and converted."""
+    return to_e4m3(tl.minimum(tl.maximum(x * inv, -448.0), 448.0), ROUND_BY_HAND)
+
+
+@triton.jit
 def to_e4m3(y, ROUND_BY_HAND: tl.constexpr):
     """y (fp32, |y| <= 448) in e4m3, rounded to nearest even: the hardware's conversion on the GPU; in the
     interpreter, y first rounded to e4m3's grid in fp32 (3 mantissa bits: the step 2^(exponent - 3), 2^-9 under
