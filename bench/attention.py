@@ -31,7 +31,7 @@ import _common  # noqa: E402
 
 _common.fresh_tuning_cache()   # tune every case here
 import accelc  # noqa: E402,F401
-from accelc.kernels import flash_attention as fa  # noqa: E402
+from accelc.kernels import attention_fp8, flash_attention as fa  # noqa: E402
 from accelc.tuning import config_dict  # noqa: E402
 
 import triton  # noqa: E402
@@ -121,6 +121,8 @@ def main():
             # Fp8Config(attention=True)'s kernel: both products on e4m3 operands (fp16 / bf16, D a multiple of 32)
             "accelc_fp8": lambda: torch.ops.accelc.flash_attention(q, k, v, mask, causal, fp8=True),
         }
+        quantize = (lambda: attention_fp8.quantize_rows(q)[0], lambda: attention_fp8.quantize_rows(k)[0],
+                    lambda: attention_fp8.quantize_columns_transposed(v)[0])
         ref = fa.flash_attention_ref(q, k, v, mask, causal)
         flops = 4 * B * H * S * S * D / (2 if causal else 1)
         row = dict(B=B, H=H, S=S, D=D, causal=causal, case=what or "random", mask=mask is not None)
@@ -169,6 +171,10 @@ def main():
                 row[f"speedup_vs_{base}"] = _common.speedup(row, "accelc", base)[0]
         if "accelc_fp8" in variants:
             row["fp8_vs_accelc"] = _common.speedup(row, "accelc_fp8", "accelc")[0]
+            # what of the fp8 call is the operands' quantization (q, K, V to e4m3, before the kernel)
+            parts = {"fp8_quantize_q": quantize[0], "fp8_quantize_k": quantize[1], "fp8_quantize_v": quantize[2]}
+            _common.time_rounds(parts, row, ROUNDS, flops)
+            row["fp8_quantize_us"] = round(sum(row[p]["us"] for p in parts), 1)
         print(f"  {B}x{H}x{S}x{D} causal={causal} {what}: " + ", ".join(
             f"{n} {row[n]['us']:.0f} us {row[n]['tflops']:.0f} TF/s" for n in variants)
             + f" | {row['config']} | {_common.spread_cell(row['spread'])}", flush=True)
@@ -194,7 +200,7 @@ def main():
               "accelc / SDPA flash", "accelc / cuDNN", "accelc / SDPA efficient", "accelc / naive", "accelc config",
               "autotune spread",
               "accelc tl", "accelc Gluon", "tl / cuDNN", "Gluon / cuDNN", "Gluon config", "accelc fp8 (err vs fp32)",
-              "fp8 / accelc", "fp8 tl", "fp8 Gluon", "fp8 Gluon config"]
+              "fp8 / accelc", "fp8 tl", "fp8 Gluon", "fp8 Gluon config", "fp8: q, K, V quantized us"]
     table = [[f"{r['B']}, {r['H']}, {r['S']}, {r['D']}", r["case"] + (" + padding mask" if r["mask"] else ""),
               r["causal"], cell(r, "sdpa_flash"), cell(r, "sdpa_cudnn"), cell(r, "sdpa_efficient"),
               cell(r, "naive_eager"), cell(r, "accelc")]
@@ -204,7 +210,7 @@ def main():
                 x(r.get("accelc_tl_vs_cudnn")), x(r.get("accelc_gluon_vs_cudnn")), gluon_cfg(r),
                 cell(r, "accelc_fp8") + (f" ({r['accelc_fp8']['rel_l2_vs_fp32']})" if "accelc_fp8" in r else ""),
                 x(r.get("fp8_vs_accelc")), cell(r, "accelc_fp8_tl"), cell(r, "accelc_fp8_gluon"),
-                gluon_cfg(r, "accelc_fp8_gluon")] for r in rows]
+                gluon_cfg(r, "accelc_fp8_gluon"), r.get("fp8_quantize_us", "n/a")] for r in rows]
     md = (f"# accelc::flash_attention forward, {args.dtype}\n\n{_common.env_line(env)}\n\n"
           f"Median over captured CUDA graphs, {ROUNDS} interleaved rounds; speedup = other / accelc, median "
           "of per-round ratios (> 1: accelc faster). FLOPs 4*B*H*S*S*D, halved when causal; % of the "
@@ -218,7 +224,8 @@ def main():
           "Fp8Config(attention=True)'s race's pick (both products on e4m3 operands, q, K and V quantized once before the "
           "kernel, the quantization timed with it; the % of the fp16 peak as the others'), its relative error against "
           "fp32 beside it; fp8 / accelc: accelc's time over its; fp8 tl / fp8 Gluon: the fp8 race's fastest candidate "
-          "of each kernel, forced, as for fp16."
+          "of each kernel, forced, as for fp16; q, K, V quantized: the three quantization kernels alone, each timed as the "
+          "others (in every fp8 time above)."
           + ("" if args.dtype == "fp16" else f" The inputs are {args.dtype}; the % is still of the fp16 peak.")
           + "\n\n" + _common.md_table(header, table))
     _common.write(args.out, "attention" if args.dtype == "fp16" else f"attention-{args.dtype}", env, rows, md)
