@@ -29,7 +29,8 @@ step 0,1 tp8b 260 torchrun --nproc-per-node 2 bench/tp.py --shape llama3-8b --si
   step 1 ot-bert-old 90 env PYTHONPATH=/tmp/old python bench/optimize_time.py --models bert --sides accelc_cold \
       --out $O/ot-bert-old
   step 1 fp8-budget 100 env ACCELC_AUTOTUNE=0 python -m pytest -q -p no:cacheprovider -n 0 --tb=short \
-      tests/test_fp8.py -k cannot_be_measured ) &
+      tests/test_fp8.py -k cannot_be_measured
+  step 1 attention 100 python bench/attention.py --only random --out $O/attention ) &   # fp8: its quantization apart
 wait
 tar czf $OUT/next4.tgz -C $O .
 # Then, each its own command:
