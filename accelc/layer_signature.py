@@ -5,6 +5,8 @@ of a model (a transformer's layers) are so, and the guard's speed race times one
 its twin is noise too."""
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx
 
@@ -38,7 +40,10 @@ def _structure(gm: fx.GraphModule | None) -> tuple:
     out = []
     for n in gm.graph.nodes:
         if n.op == "get_attr":
-            attr = getattr(gm, n.target, None)
+            try:
+                attr = operator.attrgetter(n.target)(gm)      # (a dotted path: a submodule's tensor)
+            except AttributeError:
+                attr = None
             out.append(("attr", value(attr) if isinstance(attr, torch.Tensor) else type(attr).__name__))
             continue
         target = type(gm.get_submodule(n.target)).__name__ if n.op == "call_module" else n.target
