@@ -78,11 +78,11 @@ class _TritonOneShot:
         as_array = (lambda ptrs: torch.tensor(list(ptrs), dtype=torch.int64, device=buf.device))
         self.buf, self.flags, self.kernel = buf, flags, kernel        # (the buffers stay alive with their user)
         self.buf_ptrs, self.flag_ptrs = as_array(buf_handle.buffer_ptrs), as_array(flag_handle.buffer_ptrs)
-        self.rank, self.world, self.n_flags = buf_handle.rank, buf_handle.world_size, flags.numel()
+        self.rank, self.world, self.capacity = buf_handle.rank, buf_handle.world_size, buf.numel()
 
     def __call__(self, t):
         out = torch.empty_like(t)
-        self.kernel.launch(t, out, self.buf_ptrs, self.flag_ptrs, self.rank, self.world, self.n_flags)
+        self.kernel.launch(t, out, self.buf_ptrs, self.flag_ptrs, self.rank, self.world, self.capacity)
         return out
 
 

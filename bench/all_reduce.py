@@ -3,9 +3,10 @@
 sizes (one to 16 rows of a 2048-8192-wide model) and up to the one-shot's limit, fp16 and bf16. Each side is 32
 all-reduces captured in one CUDA graph, replayed; microseconds a call, the median of rounds, every rank in step
 (a barrier before each round). The decode A/B (bench/tp.py --sides accelc,accelc_nccl) says what it is worth in a
-step; this says what each call costs, waits for the other rank included; accelc's kernel both ways its senders
-signal (compare-and-swap, the default, and exchange: kernels/all_reduce.py's SIGNAL_BY_STORE). (Sums equal to NCCL's: exactly on two
-ranks; over more, the one-shot kernels add in another order.)
+step; this says what each call costs, waits for the other rank included; accelc's kernel each way its senders
+signal (compare-and-swap; exchange, kernels/all_reduce.py's SIGNAL_BY_STORE; counted adds, its COUNTED_SIGNALS),
+at every size up to MAX_BYTES (its own limit, where it beat NCCL, lifted here). (Sums equal to NCCL's: exactly on
+two ranks; over more, the one-shot kernels add in another order.)
 
     torchrun --nproc-per-node 2 bench/all_reduce.py [--out DIR]
 """
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
 CALLS = 32
+SIDES = ("nccl", "one_shot", "one_shot_store", "one_shot_counted")   # (the kernel's three ways to signal)
 
 
 def graph_of(fn, x, scale: float):
@@ -76,6 +78,7 @@ def main() -> int:
         dist.all_reduce(t)
         return t
 
+    fast_all_reduce._TritonOneShot.max_bytes = fast_all_reduce.MAX_BYTES     # (the kernel at every size)
     rows = []
     for dtype in (torch.float16, torch.bfloat16):
         for rows_, width in ((1, 2048), (1, 4096), (1, 8192), (16, 4096), (16, 8192)):
@@ -84,9 +87,10 @@ def main() -> int:
                 continue
             row = {"dtype": str(dtype)[6:], "shape": f"{rows_}x{width}", "kb": x.numel() * x.element_size() / 1024,
                    "world": world}
-            for side in ("nccl", "one_shot", "one_shot_store"):
+            for side in SIDES:
                 os.environ["ACCELC_TP_ALL_REDUCE"] = "nccl" if side == "nccl" else "symm"
                 kernel.SIGNAL_BY_STORE = side == "one_shot_store"   # (accelc's kernel only: fp16 on PyTorch 2.11)
+                kernel.COUNTED_SIGNALS = side == "one_shot_counted"
                 fn = (lambda t: tensor_parallel.all_reduce(t, name))
                 got = fn(x)
                 row[side + "_equal_nccl"] = bool(torch.equal(got, nccl(x)))
@@ -103,10 +107,10 @@ def main() -> int:
         env = _common.environment()
         md = [f"# All-reduce alone, {world} GPUs\n", _common.env_line(env) + "\n",
               _common.md_table(["dtype", "shape", "KB", "NCCL us", "one-shot us", "one-shot, signals by exchange us",
-                                "one-shot kernel", "sums as NCCL"],
+                                "one-shot, counted signals us", "one-shot kernel", "sums as NCCL"],
                                [[r["dtype"], r["shape"], r["kb"], r["nccl_us"], r["one_shot_us"], r["one_shot_store_us"],
-                                 r["one_shot_kernel"], r["one_shot_equal_nccl"] and r["one_shot_store_equal_nccl"]]
-                                for r in rows])]
+                                 r["one_shot_counted_us"], r["one_shot_kernel"],
+                                 all(r[s + "_equal_nccl"] for s in SIDES)] for r in rows])]
         _common.write(a.out, f"all_reduce-x{world}", env, rows, "\n".join(md))
     fast_all_reduce.forget()
     dist.destroy_process_group()

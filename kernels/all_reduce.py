@@ -18,7 +18,14 @@ own, which is what lets a sender signal without checking: a flag is never set tw
 rank's start flag again takes that rank's end signal of the call before (sent after it consumed the start flag),
 and setting its end flag again takes its start signal of the next call (sent after it consumed the end flag).
 SIGNAL_BY_STORE signals so (bench/all_reduce.py's A/B: 1.2-1.9 us faster a call than compare-and-swap on 2 H200s,
-every sum as NCCL's)."""
+every sum as NCCL's).
+
+COUNTED_SIGNALS (off until bench/all_reduce.py has timed it on the GPU): the exchange still waits for the peer's
+reply (atom.exch returns the old value). Instead each sender adds 1 to its flag in the receiver (an atomic add whose
+result is not read: `red`, posted, no round trip), and each receiver waits until that flag reaches this call's count,
+the program's own counter of its calls (kept beside the flags, one more each call; int32 arithmetic that wraps, the
+flag compared by its difference). Nothing is reset, and these flags are their own (past the others), so the modes
+can follow one another on one array."""
 from __future__ import annotations
 
 import triton
@@ -26,6 +33,7 @@ import triton.language as tl
 
 BLOCK = 2048
 SIGNAL_BY_STORE = True      # the senders' signal by exchange instead of compare-and-swap (no wait for it to be free)
+COUNTED_SIGNALS = False     # the senders' signal by a counted add, no reply awaited (above)
 
 
 @triton.jit
@@ -47,32 +55,64 @@ def _barrier(flag_ptrs, base, rank, WORLD: tl.constexpr, BY_STORE: tl.constexpr)
 
 
 @triton.jit
-def one_shot_kernel(x_ptr, out_ptr, buf_ptrs, flag_ptrs, rank, N, END, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                    BY_STORE: tl.constexpr):
+def _counted_barrier(flag_ptrs, base, rank, count, WORLD: tl.constexpr):
+    """COUNTED_SIGNALS' barrier: base as _barrier's; count: this call's, the flags' value once every sender
+    signalled it."""
+    tl.debug_barrier()
+    for p in tl.static_range(WORLD):
+        peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32))
+        tl.atomic_add(peer + base + rank, 1, sem="release", scope="sys")        # (result unread: red, posted)
+    own = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
+    for p in tl.static_range(WORLD):
+        while tl.atomic_add(own + base + p, 0, sem="acquire", scope="sys") - count < 0:
+            pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def one_shot_kernel(x_ptr, out_ptr, buf_ptrs, flag_ptrs, rank, N, END, COUNTED, WORLD: tl.constexpr,
+                    BLOCK: tl.constexpr, BY_STORE: tl.constexpr, COUNT: tl.constexpr):
     """END: the end barrier's first flag, past the start barrier's flags of the largest launch (the same in every
-    launch, whatever its size: a program's flags are its own in every call)."""
+    launch, whatever its size: a program's flags are its own in every call). COUNT (COUNTED_SIGNALS): the barriers'
+    flags from COUNTED on (start, then end at COUNTED + END), each program's count of its calls at COUNTED + 2 END."""
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     mine = tl.load(buf_ptrs + rank).to(tl.pointer_type(x_ptr.dtype.element_ty))
     tl.store(mine + offs, tl.load(x_ptr + offs, mask=ok), mask=ok)
-    _barrier(flag_ptrs, pid * WORLD, rank, WORLD, BY_STORE)                    # the start barrier's flags
+    own = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
+    count = tl.load(own + COUNTED + 2 * END + pid) + 1
+    if COUNT:
+        _counted_barrier(flag_ptrs, COUNTED + pid * WORLD, rank, count, WORLD)   # the start barrier's flags
+    else:
+        _barrier(flag_ptrs, pid * WORLD, rank, WORLD, BY_STORE)
     acc = tl.zeros((BLOCK,), tl.float32)
     for p in tl.static_range(WORLD):
         theirs = tl.load(buf_ptrs + p).to(tl.pointer_type(x_ptr.dtype.element_ty))
         acc += tl.load(theirs + offs, mask=ok, other=0.0, volatile=True).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
-    _barrier(flag_ptrs, END + pid * WORLD, rank, WORLD, BY_STORE)              # the end barrier's
+    if COUNT:
+        _counted_barrier(flag_ptrs, COUNTED + END + pid * WORLD, rank, count, WORLD)   # the end barrier's
+        tl.store(own + COUNTED + 2 * END + pid, count)
+    else:
+        _barrier(flag_ptrs, END + pid * WORLD, rank, WORLD, BY_STORE)
+
+
+def _programs(max_elements: int) -> int:
+    return triton.cdiv(max_elements, BLOCK)
 
 
 def flags_needed(max_elements: int, world: int) -> int:
-    """int32 flags a rank's array holds: one a (barrier, program, rank), for a launch of up to max_elements."""
-    return 2 * triton.cdiv(max_elements, BLOCK) * world
+    """int32 flags a rank's array holds, for a launch of up to max_elements: one a (barrier, program, rank) for the
+    flags reset each call, as many for the counted ones, and a count a program."""
+    return 4 * _programs(max_elements) * world + _programs(max_elements)
 
 
-def launch(x, out, buf_ptrs, flag_ptrs, rank: int, world: int, flags: int) -> None:
-    """out = the sum of x over the group's ranks (x contiguous, at most the buffers' size; `flags` the flag array's
-    length, flags_needed's)."""
+def launch(x, out, buf_ptrs, flag_ptrs, rank: int, world: int, max_elements: int) -> None:
+    """out = the sum of x over the group's ranks (x contiguous, at most the buffers' max_elements; the flag array
+    flags_needed(max_elements, world) long)."""
     n = x.numel()
-    one_shot_kernel[(triton.cdiv(n, BLOCK),)](x, out, buf_ptrs, flag_ptrs, rank, n, flags // 2, WORLD=world,
-                                               BLOCK=BLOCK, BY_STORE=SIGNAL_BY_STORE, num_warps=8)
+    end = _programs(max_elements) * world
+    one_shot_kernel[(triton.cdiv(n, BLOCK),)](x, out, buf_ptrs, flag_ptrs, rank, n, end, 2 * end, WORLD=world,
+                                               BLOCK=BLOCK, BY_STORE=SIGNAL_BY_STORE, COUNT=COUNTED_SIGNALS,
+                                               num_warps=8)

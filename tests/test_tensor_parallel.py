@@ -388,9 +388,10 @@ def nccl(t):
     return t
 from accelc.kernels import all_reduce as kernel
 r = {"rank": rank}
-for dtype, by_store in ((torch.float16, False), (torch.bfloat16, False), (torch.float16, True)):
-    kernel.SIGNAL_BY_STORE = by_store     # (accelc's kernel: fp16 on 2.11; PyTorch's takes bf16)
-    k = str(dtype)[6:] + (" by store" if by_store else "")
+for dtype, by_store, counted in ((torch.float16, False, False), (torch.bfloat16, False, False),
+                                 (torch.float16, True, False), (torch.float16, True, True)):
+    kernel.SIGNAL_BY_STORE, kernel.COUNTED_SIGNALS = by_store, counted   # (accelc's kernel: fp16 on 2.11)
+    k = str(dtype)[6:] + (" counted" if counted else " by store" if by_store else "")
     x = torch.randn(3, 4096, device="cuda", dtype=dtype)
     r[k + " equal"] = torch.equal(tensor_parallel.all_reduce(x, name), nccl(x))
     r[str(dtype)[6:] + " kernel"] = type(fast_all_reduce._buffers.get((name, dtype, x.device))).__name__
@@ -424,7 +425,8 @@ def test_small_all_reduces_by_symmetric_memory_on_two_gpus(tmp_path):
     """On two GPUs (NCCL): one-row-sized all-reduces go to a one-shot kernel over symmetric memory (fp16 to
     accelc's Triton kernel, PyTorch 2.11's taking fp32 and bf16 only; bf16 to PyTorch's) and sum as NCCL does (two
     addends: one rounding either way), also two in a row replayed twice from a CUDA graph with new inputs, accelc's
-    with its senders signalling by compare-and-swap and by exchange (SIGNAL_BY_STORE); a 2 MB one, and every one
+    with its senders signalling by compare-and-swap, by exchange (SIGNAL_BY_STORE) and by counted adds
+    (COUNTED_SIGNALS); a 2 MB one, and every one
     under ACCELC_TP_ALL_REDUCE=nccl, NCCL's."""
     import torch
     if torch.cuda.device_count() < 2:
@@ -490,18 +492,35 @@ def test_each_one_shot_kernel_takes_the_sizes_it_is_faster_at(monkeypatch):
 
 def test_the_one_shot_kernel_on_one_rank_in_the_interpreter(monkeypatch):
     """kernels/all_reduce.py over a group of one (the interpreter runs one process): the input back, for launches
-    of several sizes on one flag array, its senders signalling either way, every flag back to 0 after each."""
+    of several sizes on one flag array, its senders signalling each way. The reset flags back to 0 after each call;
+    the counted ones at each program's count of its calls, the counts one more a call, and from a count about to
+    wrap past int32's largest the calls still meet (the flags compared by their difference)."""
     import torch
 
     from accelc.kernels import all_reduce as kernel
 
     buf = torch.empty(8192, dtype=torch.float16)
     flags = torch.zeros(kernel.flags_needed(buf.numel(), 1), dtype=torch.int32)
+    programs = kernel._programs(buf.numel())
+    reset, counted, counts = flags[: 2 * programs], flags[2 * programs: 4 * programs], flags[4 * programs:]
     buf_ptrs, flag_ptrs = (torch.tensor([t.data_ptr()], dtype=torch.int64) for t in (buf, flags))
-    for by_store in (False, True):
-        monkeypatch.setattr(kernel, "SIGNAL_BY_STORE", by_store)
+    calls = torch.zeros(programs, dtype=torch.int32)
+    for mode in ("compare-and-swap", "exchange", "counted", "counted past int32"):
+        monkeypatch.setattr(kernel, "SIGNAL_BY_STORE", mode == "exchange")
+        monkeypatch.setattr(kernel, "COUNTED_SIGNALS", mode.startswith("counted"))
+        if mode == "counted past int32":
+            start = 2 ** 31 - 2
+            counts.fill_(start)
+            counted.fill_(start)
+            calls.fill_(start)
         for n in (5000, 64, 8192):
             x = torch.randn(n, dtype=torch.float16)
             out = torch.empty_like(x)
-            kernel.launch(x, out, buf_ptrs, flag_ptrs, 0, 1, flags.numel())
-            assert torch.equal(out, x) and not flags.any(), (by_store, n)
+            kernel.launch(x, out, buf_ptrs, flag_ptrs, 0, 1, buf.numel())
+            assert torch.equal(out, x) and not reset.any(), (mode, n)
+            if mode.startswith("counted"):
+                ran = (torch.arange(programs) < -(-n // kernel.BLOCK)).int()
+                calls = (calls.long() + ran).to(torch.int32)          # (int64 to int32: wraps, as the kernel's)
+                assert torch.equal(counts, calls), (mode, n, counts, calls)
+                assert torch.equal(counted.view(2, programs), torch.stack([calls, calls])), (mode, n)
+    assert (counts < 0).any(), counts          # the last mode's counts did wrap
