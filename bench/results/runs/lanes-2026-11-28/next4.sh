@@ -16,7 +16,8 @@ left() { local l=$(( end - $(date +%s) )); [ $l -gt 5 ] && echo $l || echo 5; }
 step() { local gpu=$1 name=$2 cap=$3; shift 3; local t=$(left); [ $t -gt $cap ] && t=$cap
   ( export CUDA_VISIBLE_DEVICES=$gpu; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $(date -u +%T)" >> $O/$name.log ); }
 # 1. both GPUs: the one-shot kernels' two-GPU test (6e8418f: accelc's kernel up to 64 KB, signalling by exchange by
-#    default), the all-reduce alone, then the sharded 8B shape on both sides
+#    default; 5068bb8: counted signals, off by default, run by the test and timed as bench/all_reduce.py's fourth
+#    side: where they win, flip COUNTED_SIGNALS and run tp8b again), the all-reduce alone, then the sharded 8B shape
 step 0,1 symm-test 60 python -m pytest -v -p no:cacheprovider -n 0 tests/test_tensor_parallel.py -k symmetric
 step 0,1 all-reduce 60 torchrun --nproc-per-node 2 bench/all_reduce.py --out $O/all-reduce
 step 0,1 tp8b 260 torchrun --nproc-per-node 2 bench/tp.py --shape llama3-8b --sides accelc,accelc_nccl --out $O/tp8b
