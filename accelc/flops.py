@@ -17,6 +17,7 @@ from torch import fx
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
 from accelc import meta
+from accelc.layer_signature import value
 from accelc.meta import attr_value
 
 accelc_ops = torch.ops.accelc
@@ -80,6 +81,7 @@ def node_flops(gm: fx.GraphModule) -> dict:
     called with its weights on the meta device; nodes whose input shapes are unknown count 0)."""
     _register()
     out = {}
+    counted: dict = {}     # the same op on the same sizes (a model's repeated blocks): counted once
     for n in gm.graph.nodes:
         if n.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -87,6 +89,12 @@ def node_flops(gm: fx.GraphModule) -> dict:
             args = fx.node.map_arg((n.args, n.kwargs), lambda a: _meta_value(gm, a))
         except _Unknown:
             continue
+        key = (n.op, n.target, value(args)) if n.op != "call_module" else n     # (a module: its own)
+        if key in counted:
+            if counted[key] is not None:
+                out[n] = counted[key]
+            continue
+        counted[key] = None        # (None: no FLOPs known)
         counter = FlopCounterMode(display=False)
         try:
             with counter, torch.no_grad():
@@ -100,7 +108,7 @@ def node_flops(gm: fx.GraphModule) -> dict:
                     n.target(*args[0], **args[1])
         except Exception:   # an op without a meta kernel: no FLOPs known
             continue
-        out[n] = counter.get_total_flops()
+        out[n] = counted[key] = counter.get_total_flops()
     return out
 
 

@@ -23,6 +23,8 @@ def value(v):
         return ("tensor", tuple(v.shape), v.dtype, tuple(v.stride()), str(v.device), v.data_ptr() % 16)   # (TMA)
     if isinstance(v, (list, tuple)):
         return tuple(value(x) for x in v)
+    if isinstance(v, dict):
+        return ("dict", tuple((k, value(x)) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))))
     if v is None or v is Ellipsis or isinstance(v, (bool, int, float, str, torch.dtype, torch.device,
                                                     torch.memory_format, torch.layout)):
         return v

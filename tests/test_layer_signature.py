@@ -37,3 +37,25 @@ def test_values_as_keys():
     assert value((1, 2.0, "s", None, slice(1, None), ...)) == (1, 2.0, "s", None, ("slice", 1, None, None), ...)
     thing = object()
     assert value(thing) == value(thing) and value(thing) != value(object())   # an unknown object: itself only
+
+
+def test_flops_of_twin_nodes_counted_once_and_the_same(monkeypatch):
+    """accelc.flops.node_flops counts an op on the same sizes once (a model's repeated blocks) and gives every node
+    the FLOPs it gave when each was counted alone."""
+    from accelc import flops
+    from accelc.capture.trace import capture
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)) for _ in range(4))).eval()
+    gm, _, _ = capture(model, (torch.randn(3, 16),))
+    counters = []
+    real = flops.FlopCounterMode
+    monkeypatch.setattr(flops, "FlopCounterMode", lambda *a, **k: counters.append(1) or real(*a, **k))
+    shared = flops.node_flops(gm)
+    once = len(counters)
+    counters.clear()
+    unique = iter(range(10 ** 6))
+    monkeypatch.setattr(flops, "value", lambda v: next(unique))     # every node a key of its own: counted alone
+    alone = flops.node_flops(gm)
+    assert shared == alone and sum(shared.values()) == 4 * 2 * 3 * (16 * 32 + 32 * 16)
+    assert once * 3 < len(counters), (once, len(counters))
