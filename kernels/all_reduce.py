@@ -55,14 +55,13 @@ def _barrier(flag_ptrs, base, rank, WORLD: tl.constexpr, BY_STORE: tl.constexpr)
 
 
 @triton.jit
-def _counted_barrier(flag_ptrs, base, rank, count, WORLD: tl.constexpr):
-    """COUNTED_SIGNALS' barrier: base as _barrier's; count: this call's, the flags' value once every sender
-    signalled it."""
+def _counted_barrier(flag_ptrs, own, base, rank, count, WORLD: tl.constexpr):
+    """COUNTED_SIGNALS' barrier: base as _barrier's; own: this rank's flags; count: this call's, the flags' value
+    once every sender signalled it."""
     tl.debug_barrier()
     for p in tl.static_range(WORLD):
         peer = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32))
         tl.atomic_add(peer + base + rank, 1, sem="release", scope="sys")        # (result unread: red, posted)
-    own = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
     for p in tl.static_range(WORLD):
         while tl.atomic_add(own + base + p, 0, sem="acquire", scope="sys") - count < 0:
             pass
@@ -70,20 +69,20 @@ def _counted_barrier(flag_ptrs, base, rank, count, WORLD: tl.constexpr):
 
 
 @triton.jit
-def one_shot_kernel(x_ptr, out_ptr, buf_ptrs, flag_ptrs, rank, N, END, COUNTED, WORLD: tl.constexpr,
+def one_shot_kernel(x_ptr, out_ptr, buf_ptrs, flag_ptrs, rank, N, END, WORLD: tl.constexpr,
                     BLOCK: tl.constexpr, BY_STORE: tl.constexpr, COUNT: tl.constexpr):
     """END: the end barrier's first flag, past the start barrier's flags of the largest launch (the same in every
     launch, whatever its size: a program's flags are its own in every call). COUNT (COUNTED_SIGNALS): the barriers'
-    flags from COUNTED on (start, then end at COUNTED + END), each program's count of its calls at COUNTED + 2 END."""
+    flags past those, from 2 END on (start, then end at 3 END), each program's count of its calls at 4 END."""
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     mine = tl.load(buf_ptrs + rank).to(tl.pointer_type(x_ptr.dtype.element_ty))
     tl.store(mine + offs, tl.load(x_ptr + offs, mask=ok), mask=ok)
-    own = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
-    count = tl.load(own + COUNTED + 2 * END + pid) + 1
     if COUNT:
-        _counted_barrier(flag_ptrs, COUNTED + pid * WORLD, rank, count, WORLD)   # the start barrier's flags
+        own = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32))
+        count = tl.load(own + 4 * END + pid) + 1
+        _counted_barrier(flag_ptrs, own, 2 * END + pid * WORLD, rank, count, WORLD)   # the start barrier's flags
     else:
         _barrier(flag_ptrs, pid * WORLD, rank, WORLD, BY_STORE)
     acc = tl.zeros((BLOCK,), tl.float32)
@@ -92,8 +91,8 @@ def one_shot_kernel(x_ptr, out_ptr, buf_ptrs, flag_ptrs, rank, N, END, COUNTED, 
         acc += tl.load(theirs + offs, mask=ok, other=0.0, volatile=True).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
     if COUNT:
-        _counted_barrier(flag_ptrs, COUNTED + END + pid * WORLD, rank, count, WORLD)   # the end barrier's
-        tl.store(own + COUNTED + 2 * END + pid, count)
+        _counted_barrier(flag_ptrs, own, 3 * END + pid * WORLD, rank, count, WORLD)   # the end barrier's
+        tl.store(own + 4 * END + pid, count)
     else:
         _barrier(flag_ptrs, END + pid * WORLD, rank, WORLD, BY_STORE)
 
@@ -112,7 +111,6 @@ def launch(x, out, buf_ptrs, flag_ptrs, rank: int, world: int, max_elements: int
     """out = the sum of x over the group's ranks (x contiguous, at most the buffers' max_elements; the flag array
     flags_needed(max_elements, world) long)."""
     n = x.numel()
-    end = _programs(max_elements) * world
-    one_shot_kernel[(triton.cdiv(n, BLOCK),)](x, out, buf_ptrs, flag_ptrs, rank, n, end, 2 * end, WORLD=world,
-                                               BLOCK=BLOCK, BY_STORE=SIGNAL_BY_STORE, COUNT=COUNTED_SIGNALS,
-                                               num_warps=8)
+    one_shot_kernel[(triton.cdiv(n, BLOCK),)](x, out, buf_ptrs, flag_ptrs, rank, n, _programs(max_elements) * world,
+                                               WORLD=world, BLOCK=BLOCK, BY_STORE=SIGNAL_BY_STORE,
+                                               COUNT=COUNTED_SIGNALS, num_warps=8)
