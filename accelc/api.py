@@ -264,7 +264,9 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
                    race: tuple | None = None, reference=None) -> OptimizedModule:
     """Passes and guard on a captured graph in canonical form (accelc.capture.make_canonical) whose output on `args` is
     `expected`. race: (inputs, in words) the guard's speed race times layers on, where not `args`. reference: the
-    model's output on `args` in higher precision, called where the padding check needs the model's own error."""
+    model's output on `args` in higher precision, called where the padding check or the guard's output budget
+    needs the model's own error: run once for both (a whole model in fp32)."""
+    reference = _run_once(reference) if reference is not None else None
     ctx = PassContext(config, args, calibration if calibration is not None else [args], device,
                       shapes=gm.meta.get(SHAPES), race=race,
                       output_budget=(expected, reference) if reference is not None else None)
@@ -337,10 +339,27 @@ def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, meth
     return cls(gm, records, info, example_inputs=args, config=config, call_spec=spec)
 
 
+def _run_once(fn):
+    """fn() run at the first call only: its result, or its exception raised again, at every call."""
+    memo: list = []
+
+    def once():
+        if not memo:
+            try:
+                memo.append((fn(), None))
+            except Exception as e:
+                memo.append((None, e))
+        out, err = memo[0]
+        if err is not None:
+            raise err
+        return out
+    return once
+
+
 def own_error_of(expected, reference):
-    """The model's own error on the example against its run in higher precision (reference()), computed once, or
-    None where the model does not run in higher precision (a padded call then meets the dtype's floor alone, as
-    the guard's output_error budget is then not applied, and says so)."""
+    """The model's own error on the example against its run in higher precision (reference()), or None where the
+    model does not run in higher precision (a padded call then meets the dtype's floor alone, as the guard's
+    output_error budget is then not applied, and says so)."""
     @functools.cache
     def own() -> float | None:
         try:

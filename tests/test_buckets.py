@@ -133,6 +133,19 @@ def test_a_padded_call_off_the_floor_is_refused_where_the_models_own_error_is_un
     assert plan is not None, note
 
 
+def _padding_check_asking_own_error(monkeypatch) -> list:
+    """optimize's padding check run on the CPU (the plan stood in for a GPU's: CUDA graphs), and asking for the
+    model's own error at once, as a tensor-parallel graph's does; what each ask gave, in the list returned."""
+    monkeypatch.setattr(runner, "plan", lambda config, device, gm=None: ("eager", True, "test: CUDA graphs"))
+    real, owns = buckets.find, []
+
+    def find(fn, args, shapes, tolerance, own_error=None, before=None):
+        owns.append(own_error())
+        return real(fn, args, shapes, tolerance, own_error, before)
+    monkeypatch.setattr(buckets, "find", find)
+    return owns
+
+
 def test_optimize_where_the_model_does_not_run_in_higher_precision_pads_by_the_floor(monkeypatch):
     """The padding check asks for the model's own error (a tensor-parallel graph always, any other where a padded
     call misses the floor); a model without a higher-precision run gives None there, not an exception out of
@@ -142,18 +155,33 @@ def test_optimize_where_the_model_does_not_run_in_higher_precision_pads_by_the_f
     def fails(*args, **kwargs):
         raise RuntimeError("no fp32 path")
     monkeypatch.setattr(api, "capture_reference", fails)
-    monkeypatch.setattr(runner, "plan", lambda config, device, gm=None: ("eager", True, "test: CUDA graphs"))
-    real, owns = buckets.find, []
-
-    def find(fn, args, shapes, tolerance, own_error=None, before=None):
-        owns.append(own_error())
-        return real(fn, args, shapes, tolerance, own_error, before)
-    monkeypatch.setattr(buckets, "find", find)
+    owns = _padding_check_asking_own_error(monkeypatch)
     torch.manual_seed(0)
     model = _bert()
     opt = accelc.optimize(model, _ids(2, 16), config=accelc.OptimizeConfig(passes=()))
     assert owns == [None]
     assert "padded to buckets for CUDA graphs (checked inert): batch to 1, 2, 4, 8" in opt.summary()
+
+
+def test_the_padding_check_and_the_output_budget_share_one_higher_precision_run(monkeypatch):
+    """The model's run in higher precision (a whole model in fp32) serves both the padding check's own error and
+    the guard's output_error budget: it runs once (the check stood in on the CPU, as above)."""
+    from accelc import api
+
+    runs = []
+    real = api.capture_reference
+
+    def counted(*args, **kwargs):
+        runs.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(api, "capture_reference", counted)
+    owns = _padding_check_asking_own_error(monkeypatch)
+    torch.manual_seed(0)
+    model = accelc.models.get("transformer_mlp").to(DEVICE)
+    (x,) = model.example_inputs(2)
+    accelc.optimize(model, (x,), accelc.OptimizeConfig(dtype="fp16", fp8=accelc.Fp8Config(
+        weights_only=False, skip_first_last=False, only_if_faster=False, output_error=1e6)))
+    assert owns and owns[0] is not None and len(runs) == 1, (owns, runs)
 
 
 def test_padded_calls_replay_a_buckets_graph_and_give_the_unpadded_outputs():
