@@ -11,10 +11,7 @@ tar xzf .whl/accelc-78e7a48.tar.gz -C /tmp/old-src && python -m pip install --no
     --target /tmp/old /tmp/old-src >> $O/install.log 2>&1
 nvidia-smi -L > $O/gpus.txt 2>&1
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=8
-end=$(( $(date +%s) + ${1:-560} - 20 ))
-left() { local l=$(( end - $(date +%s) )); [ $l -gt 5 ] && echo $l || echo 5; }
-step() { local gpu=$1 name=$2 cap=$3; shift 3; local t=$(left); [ $t -gt $cap ] && t=$cap
-  ( export CUDA_VISIBLE_DEVICES=$gpu; timeout $t "$@" > $O/$name.log 2>&1; echo "rc=$? $(date -u +%T)" >> $O/$name.log ); }
+. bench/steps.sh; steps_budget "${1:-560}"
 # 1. both GPUs: the one-shot kernels' two-GPU test (6e8418f: accelc's kernel up to 64 KB, signalling by exchange by
 #    default; 5068bb8: counted signals, off by default, run by the test and timed as bench/all_reduce.py's fourth
 #    side: where they win, flip COUNTED_SIGNALS and run tp8b again), the all-reduce alone, then the sharded 8B shape

@@ -1,0 +1,9 @@
+# Steps of one device command, each with its own time limit within the command's: sourced by a lanes script
+# (bench/results/runs/lanes-*/), after it sets O (the folder each step's log goes to) and calls steps_budget.
+#   . bench/steps.sh; O=/tmp/x; steps_budget 560
+#   step GPUS NAME CAP COMMAND...   # COMMAND on GPUS (CUDA_VISIBLE_DEVICES), its output and exit status in
+#                                   # $O/NAME.log, cut at CAP seconds or at what is left of the budget
+steps_budget() { steps_end=$(( $(date +%s) + ${1:-560} - 20 )); }      # (20 s kept for the packing)
+steps_left() { local l=$(( steps_end - $(date +%s) )); [ $l -gt 5 ] && echo $l || echo 5; }
+step() { local gpu=$1 name=$2 cap=$3; shift 3; local t; t=$(steps_left); [ "$t" -gt "$cap" ] && t=$cap
+  ( export CUDA_VISIBLE_DEVICES=$gpu; timeout "$t" "$@" > "$O/$name.log" 2>&1; echo "rc=$? $(date -u +%T)" >> "$O/$name.log" ); }
