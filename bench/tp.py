@@ -18,6 +18,8 @@ synchronised:
   accelc        accelc.optimize(sharded model, prompt) then opt.generate (its static cache holds the rank's KV heads);
   accelc_nccl   the same with every all-reduce on NCCL (ACCELC_TP_ALL_REDUCE=nccl; accelc takes the small ones, a
                 decode step's, by symmetric memory's one-shot kernel: accelc/fast_all_reduce.py);
+  accelc_counted  accelc with the one-shot kernel's senders signalling by counted adds (kernels/all_reduce.py's
+                COUNTED_SIGNALS, off by default: this side is its end-to-end A/B);
   hf_compiled   the sharded model's generate with cache_implementation="static" (HF compiles its decode step);
   eager         the sharded model's own generate (dynamic cache).
 Decode tokens/s: (new - 1) tokens over (generate(new) - generate(1)); prefill ms: a forward of --prefill rows x
@@ -192,7 +194,9 @@ def main() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     import accelc
+    from accelc.kernels import all_reduce as one_shot
 
+    counted_default = one_shot.COUNTED_SIGNALS
     if a.smoke:
         a.shape, a.prompt, a.new, a.prefill, a.rounds = "tiny", 8, 6, "2x16", 1
     on_gpu = torch.cuda.is_available() and not a.smoke
@@ -235,7 +239,8 @@ def main() -> None:
             t0 = time.perf_counter()
             if side == "accelc_nccl":      # every all-reduce on NCCL's ring (accelc's small ones by symmetric memory)
                 os.environ["ACCELC_TP_ALL_REDUCE"] = "nccl"
-            if side in ("accelc", "accelc_nccl"):
+            one_shot.COUNTED_SIGNALS = side == "accelc_counted"
+            if side in ("accelc", "accelc_nccl", "accelc_counted"):
                 config = accelc.OptimizeConfig(max_cache_len=a.prompt + a.new, max_batch_size=a.batch)
                 opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
                 gen, forward = opt.generate, opt
@@ -263,6 +268,7 @@ def main() -> None:
         except Exception as e:     # a side that cannot run: said in its row, the other ranks likewise
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         os.environ.pop("ACCELC_TP_ALL_REDUCE", None)
+        one_shot.COUNTED_SIGNALS = counted_default
         if opt is not None:
             opt.release_graphs()        # (its NCCL communicator's destroy waits for graphs that hold it)
         if side == "hf_compiled":
