@@ -312,8 +312,10 @@ def _inert(fn, args, fills, ranges, example, groups, tolerance, own_error=None,
             return f"the real part of an output depends on what the padding holds ({shown}: {bad})", None
         bad = _mismatch(cut(big, real), small, tolerance)
         own = own_error() if bad and own_error is not None and bad.startswith("relative L2 error") else None
-        if own is not None:      # (None: the model's own error unknown, the floor alone)
-            bad = _mismatch(cut(big, real), small, lambda dtype: whole_model_limit(tolerance(dtype), own))
+        if own is not None:      # (None: the model's own error unknown, the floor alone; `other` gave `big` again
+            # within the floor, so the model is deterministic: its own error is rounding, the limit uncapped)
+            bad = _mismatch(cut(big, real), small,
+                            lambda dtype: whole_model_limit(tolerance(dtype), own, deterministic=True))
             bad += f" over the model's own error {own:.1e} x {EAGER_ERROR_FACTOR:g}" if bad else ""
         if bad:
             return f"the real part of an output changes when padded ({shown}: {bad})", None

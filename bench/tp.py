@@ -108,16 +108,20 @@ def build(cfg, device, dtype, init: str, mesh, world: int, which: str = "torch")
     if world > 1:
         lm = parallelize_module(lm, mesh, plan(cfg.num_hidden_layers))
     lm = lm.to_empty(device=device)
+    # a shard's values from its rank's seed; a weight every rank holds whole (the embedding) from one seed for all,
+    # as a checkpoint gives every rank the same
     gen = torch.Generator(device=device).manual_seed(1234 + (mesh.get_local_rank() if world > 1 else 0))
+    same = torch.Generator(device=device).manual_seed(1233)
     with torch.no_grad():
         for name, p in lm.named_parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
             if "norm" in name:
                 local.fill_(1.0)
             else:
-                local.normal_(0.0, 0.02, generator=gen)
+                local.normal_(0.0, 0.02, generator=gen if hasattr(p, "to_local") else same)
         rotary = lm.model.rotary_emb                 # its inverse frequencies are computed, not parameters
-        lm.model.rotary_emb = type(rotary)(config=cfg, device=device)
+        with torch.device(device):
+            lm.model.rotary_emb = type(rotary)(config=cfg)
     return None, lm
 
 
@@ -267,6 +271,8 @@ def main() -> None:
                 r["optimize_seconds"] = dict(opt.info.seconds)
         except Exception as e:     # a side that cannot run: said in its row, the other ranks likewise
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            if rank == 0:
+                print(f"{side}: {type(e).__name__}: {e}", flush=True)      # (the whole message, in the log)
         os.environ.pop("ACCELC_TP_ALL_REDUCE", None)
         one_shot.COUNTED_SIGNALS = counted_default
         if opt is not None:

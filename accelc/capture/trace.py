@@ -129,7 +129,7 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
             gm.meta[CALL_SPEC] = spec
             gm.meta.setdefault(SHAPES, InputShapes.traced(spec.names, spec.positions(dynamic), flat))
             check_same(spec.flat_output(expected), make_canonical(gm, flat),
-                        lambda: reference(model, spec, flat, expected, state))
+                       lambda: reference(model, spec, flat, expected, state), lambda: rerun(model, spec, flat, state))
             if method == "torch.export":
                 settle_lower_ends(model, spec, gm, flat)
             return gm, method, expected
@@ -162,7 +162,8 @@ def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:
                 restore_buffers(model, state)
                 why = "the model computes another way at 1 than at 2, where it was captured (a branch on the size?)"
                 got = gm(*ins)
-            check_same(expected, got, lambda: reference(model, spec, ins, expected, state))
+            check_same(expected, got, lambda: reference(model, spec, ins, expected, state),
+                       lambda: rerun(model, spec, ins, state))
         except Exception as e:   # the range keeps its 2
             log.debug("accelc: capture: %s stay at 2 or more: %s (%s)", ", ".join(group), why, _first_line(e))
             shapes = gm.meta[SHAPES] = shapes.with_lower_ends({sym: why for sym in group})
@@ -172,6 +173,16 @@ def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:
         # (a group of several that failed before may have named them in lower_ends: lowered drops them)
         shapes = gm.meta[SHAPES] = shapes.lowered(group)
         twos = [sym for sym in twos if sym not in group]
+
+
+def rerun(model, spec, flat, state):
+    """The model's flat output on `flat` once more, as it ran to give the output a graph is checked against (its
+    buffers put back after, to `state`)."""
+    try:
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            return flat_module(model, spec)(*flat)
+    finally:
+        restore_buffers(model, state)
 
 
 def reference(model, spec, flat, expected, state=None):
