@@ -502,9 +502,12 @@ def test_the_call_plan_is_its_own_record_beside_the_call_contract():
     assert buckets.call_plan(gm) is plan and plan.describe() == " (batch does not pad)"
 
 
-def test_the_padding_check_hands_each_new_size_to_before_its_calls():
-    """buckets.find calls `before` with the inputs of every size it is about to call the graph at (optimize
-    compiles their kernels there first, in the compile workers), before the graph's own calls at them."""
+def test_the_padding_check_tunes_at_padded_sizes_only():
+    """buckets.find calls `before` with the inputs of every padded size it is about to call the graph at
+    (optimize compiles their kernels there first, in the compile workers), before the graph's own calls at them;
+    a real size called unpadded (the example less one: no call runs at it once padding holds) runs inside
+    tuning.serving, its kernels borrowing a tuned config instead of racing, and is handed to no `before`."""
+    from accelc import tuning
     from accelc.capture import capture
     from accelc.capture.shapes import SHAPES
     torch.manual_seed(0)
@@ -514,11 +517,14 @@ def test_the_padding_check_hands_each_new_size_to_before_its_calls():
     events = []
 
     def graph(*args):
-        events.append(("call", tuple(args[0].shape)))
+        events.append(("call", tuple(args[0].shape), bool(tuning._serving.get())))
         return gm(*args)
 
     plan, _ = buckets.find(graph, (x,), gm.meta[SHAPES], tol,
                            before=lambda args: events.append(("before", tuple(args[0].shape))))
     assert plan is not None
-    called = [shape for kind, shape in events if kind == "call"]
-    assert called and all(("before", s) in events[:events.index(("call", s))] for s in called), events
+    tuned = [e[1] for e in events if e[0] == "call" and not e[2]]
+    borrowed = [e[1] for e in events if e[0] == "call" and e[2]]
+    assert tuned and all(("before", s) in events[:events.index(("call", s, False))] for s in tuned), events
+    assert (3, 8) in borrowed and ("before", (3, 8)) not in events, events     # the example less one row
+    assert all(s[0] > 3 for s in tuned), events

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# What the session of 17:43 leaves owed, as one command for an H200 x 4 host (each lane's logs under /tmp/next6/<name>,
+# everything packed into $OUT/next6.tgz). Carry `.whl` (accelc-78e7a48.tar.gz is not needed here).
+#   bash bench/results/runs/lanes-2026-11-28/next6.sh [SECONDS]       # SECONDS: the whole command's budget (570)
+set -u
+O=/tmp/next6; mkdir -p $O
+python -m pip install --no-deps --no-build-isolation -q -e . > $O/install.log 2>&1
+nvidia-smi -L > $O/gpus.txt 2>&1
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=8
+. bench/steps.sh; steps_budget "${1:-570}"
+# GPUs 0, 1: the 8B shape on two GPUs and its one-GPU base in one command (run5's 324.7 tok/s against run4's 229.2
+# came from two hosts), HF's compiled path beside it (the prefill target: 1.3x reduce-overhead on the sharded model)
+( step 0,1 tp8b 330 torchrun --nproc-per-node 2 bench/tp.py --shape llama3-8b --sides accelc,hf_compiled --rounds 2 \
+      --out $O/tp8b
+  step 0 tp8b-x1 200 torchrun --nproc-per-node 1 bench/tp.py --shape llama3-8b --sides accelc --rounds 2 --out $O/tp8b ) &
+# GPU 2: the padding check's n-1 call borrowing configs (this tree) — the TinyLlama LM's and BERT's cold optimize
+( step 2 ot 280 python bench/optimize_time.py --models tinyllama-lm,bert --sides accelc_cold --out $O/ot ) &
+# GPU 3: batch-16 generation (prepare and decode after the table's decode keys)
+( step 3 gen 280 python bench/generate.py --batches 16 --models tinyllama --sides accelc --out $O/gen ) &
+wait
+tar czf $OUT/next6.tgz -C $O .
+# Then, each its own command on the H200 x 4 host:
+#   torchrun --nproc-per-node 4 bench/tp.py --shape llama3-70b --init meta --sides hf_compiled --rounds 2 --out $OUT/tp70
+#             (the 70B target's 1.3x over HF's static-cache compile path: run5 gave accelc 71.0 tok/s)
+#   torchrun --nproc-per-node 4 bench/tp.py --shape llama3-8b --sides accelc,hf_compiled --rounds 2 --out $OUT/tp8b4
+#   LANES_TAR=$OUT/e2e.tgz bash bench/lanes.sh /tmp/e2e 275 "bench/e2e.py --sides eager,compile_ro,ort,ort_opt,accelc
+#             --batches first" resnet50,mobilenetv2 regnety_016,vit_base bert,gpt2 llama,whisper_base
+#             (carry the ONNX Runtime CUDA provider, ../shared/tools/README.md)
