@@ -358,8 +358,8 @@ class CompiledGlue(regions.Glue):
     compiled for exactly those inputs' shapes (static: Inductor's kernels and their launch sizes
     fixed, as a one-shape model gets them; GPT-2 at 4 x 1024 tokens ran 7% slower on the dynamic
     glue alone, H100), which calls with that signature then run. The Runner specializes the
-    shapes it warms up (at optimize time: the example's, a decode step's, the warm-up shapes) and
-    the first one it captures at a call, at most STATIC_GLUE."""
+    shapes it warms up (at optimize time: the example's, or a generation step's decode call instead
+    of its example; the warm-up shapes) and the first one it captures at a call, at most STATIC_GLUE."""
 
     def __init__(self, gm: fx.GraphModule, plain: Callable, dynamic: bool = False):
         whole = regions.Region(gm, dynamic, _inductor, STATIC_GLUE, signature_or_none)

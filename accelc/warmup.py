@@ -3,7 +3,9 @@ calls do not wait for it.
 
 In: the optimized module, the example's graph inputs, the call a program serves most (a generation step's decode
 step, or None), OptimizeConfig.warmup_shapes. Out, on a GPU: the glue compiled and the CUDA graphs of the example
-and that call captured (the summary's "warmup"), the dynamic glue for the shapes not warmed compiled ("glue for
+and that call captured (the summary's "warmup"; a generation step's example, a prefill at the example prompt's
+length, only that call's: prompts come at every length, and its first call captures it on the dynamic glue),
+the dynamic glue for the shapes not warmed compiled ("glue for
 other shapes"; a causal LM's forward's left to its first call at another shape, said: generate() does not run it),
 the plain call timed (info.call_ms), the warm-up shapes captured ("warm-up shapes") and said in the
 call plan; on a CPU only the shapes asked for, checked and said.
@@ -41,9 +43,10 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
     t0 = time.perf_counter()
     progress_bar.phase("warm-up (glue compiled, CUDA graphs captured)")
     flat = _own(flat)     # (an example passed as a view of the caller's tensor: see _own)
-    opt.warm_up(flat)     # compile the glue and capture the example's CUDA graph now, not at the user's first call
-    if race is not None:  # and the call it serves most (a decode step): its graph, its glue compiled static
-        opt.warm_up(race[0])
+    if race is None:      # compile the glue and capture the example's CUDA graph now, not at the user's first call
+        opt.warm_up(flat)
+    else:                 # the call a generation step serves most (decode): its graph, its glue compiled static; the
+        opt.warm_up(race[0])    # example (a prefill at one prompt length) takes the dynamic glue below, as others
     opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
     shapes = opt.graph_module.meta.get(SHAPES)

@@ -370,10 +370,12 @@ def test_the_summary_states_greedy_decodings_speed_where_optimize_measured_it():
 
 
 def test_optimize_warms_up_the_decode_step_too(monkeypatch):
-    """On a GPU optimize captures the step program's graphs for the prompt (its example) and for a
-    decode step (the call a generation makes all but once), so that the decode step's glue is the
-    one compiled for its shapes (runner.CompiledGlue.specialize), not the dynamic one; the model's
-    own program warms up its example only. Here the GPU's branch is taken with warm_up recorded."""
+    """On a GPU optimize captures the step program's graph for a decode step (the call a generation makes
+    all but once), so that its glue is the one compiled for its shapes (regions.Glue.specialize), not the
+    dynamic one; the step's example, a prefill at the example prompt's length (one length of many), is not
+    warmed up: no static compile only prompts of exactly that length would use, its first call captures it on
+    the dynamic glue. The model's own program warms up its example. Here the GPU's branch is taken with
+    warm_up recorded."""
     import types
 
     from accelc import generation, warmup
@@ -388,8 +390,7 @@ def test_optimize_warms_up_the_decode_step_too(monkeypatch):
     monkeypatch.setattr(generation.OptimizedLM, "note_speed", lambda self, ids, mask: None)
     _optimize(_lm("llama"), max_cache_len=32)
     assert warmed == [((2, 6), (2, 6)),                           # the model's program: its example
-                      ((2, 6), (2, 32), (2, 6), ()),              # the step: the prompt,
-                      ((2, 1), (2, 32), (2, 1), ())]              # and a decode step
+                      ((2, 1), (2, 32), (2, 1), ())]              # the step: a decode step alone
 
 
 def test_the_lms_summary_folds_the_step_program_into_its_differences():
