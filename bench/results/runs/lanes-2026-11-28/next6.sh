@@ -13,10 +13,12 @@ export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=8
 ( step 0,1 tp8b 330 torchrun --nproc-per-node 2 bench/tp.py --shape llama3-8b --sides accelc,hf_compiled --rounds 2 \
       --out $O/tp8b
   step 0 tp8b-x1 200 torchrun --nproc-per-node 1 bench/tp.py --shape llama3-8b --sides accelc --rounds 2 --out $O/tp8b ) &
-# GPU 2: the padding check's n-1 call borrowing configs (this tree) — the TinyLlama LM's and BERT's cold optimize
+# GPU 2: cold optimize after f3dbefd (the padding check's unpadded call borrows configs) and 6b411b9 (a generation
+# step warms its decode call alone): the TinyLlama LM and BERT, against run12 (93.9 s / 41.7 s)
 ( step 2 ot 280 python bench/optimize_time.py --models tinyllama-lm,bert --sides accelc_cold --out $O/ot ) &
-# GPU 3: batch-16 generation (prepare and decode after the table's decode keys)
-( step 3 gen 280 python bench/generate.py --batches 16 --models tinyllama --sides accelc --out $O/gen ) &
+# GPU 3: batch-1 generation as run37 ran it (Qwen2-0.5B prepare 104.3 s, TTFT 2.82 ms, 1341.6 tok/s; TinyLlama 72.1 s,
+# 3.75 ms, 1009.2): the step's prefill at the example length now on the dynamic glue, TTFT the figure to watch
+( step 3 gen 280 python bench/generate.py --batches 1 --models qwen2-0.5b,tinyllama --sides accelc --out $O/gen ) &
 wait
 tar czf $OUT/next6.tgz -C $O .
 # Then, each its own command on the H200 x 4 host:
