@@ -42,14 +42,18 @@ def winners(timings: list) -> list:
     return [timings[i][0] for n, (us, i) in enumerate(ran) if us <= best * (1 + MARGIN) or n < LEAST]
 
 
-def build(runs: list) -> dict:
+def build(runs: list, offered: dict | None = None) -> dict:
     """The table from bench/tuning_table.py's collected runs ({device, capability, races: [{kernel, key,
-    timings_us}]})."""
+    timings_us}]}). offered: per kernel, the configs (dicts) its tuner offers today: a raced config no longer among
+    them (a config list changed since the races ran) is left out of the race, as if it had not run."""
     kernels: dict = {}
     for run in runs:
         for race in run["races"]:
-            won = winners(race["timings_us"])
-            if not won or len(race["timings_us"]) < 2:
+            timings = race["timings_us"]
+            if offered is not None and race["kernel"] in offered:
+                timings = [(c, us) for c, us in timings if c in offered[race["kernel"]]]
+            won = winners(timings)
+            if not won or len(timings) < 2:
                 continue
             entry = kernels.setdefault(race["kernel"], {}).setdefault(run["device"], {"capability": run["capability"],
                                                                                       "keys": {}})

@@ -75,6 +75,19 @@ def collect(models: list, out: Path) -> None:
             print(f"{name}: optimize {data['optimize_s']} s, {len(data['races'])} races", flush=True)
 
 
+def offered_today() -> dict:
+    """Per kernel, the configs (dicts) its tuner offers in this tree: what the shipped table may keep (a race run
+    before a config list changed holds configs no longer offered)."""
+    import accelc.kernels.conv  # noqa: F401  (every kernel module: their tuners)
+    import accelc.kernels.depthwise_conv  # noqa: F401
+    import accelc.kernels.flash_attention  # noqa: F401
+    import accelc.kernels.gated_linear  # noqa: F401
+    import accelc.kernels.gemm  # noqa: F401
+    from accelc import tuning
+
+    return {t.name: [tuning.config_dict(c) for c in t.configs] for t in tuning.all_tuners()}
+
+
 def load_races(folders: list) -> list:
     runs = []
     for folder in folders:
@@ -140,7 +153,8 @@ def main() -> None:
         print(table_md)
         if a.eval:
             Path(a.eval).write_text(table_md)
-        Path(a.table).write_text(json.dumps(tuning_table.build(runs), sort_keys=True, separators=(",", ":")) + "\n")
+        table = tuning_table.build(runs, offered_today())
+        Path(a.table).write_text(json.dumps(table, sort_keys=True, separators=(",", ":")) + "\n")
         print(f"wrote {a.table}")
 
 

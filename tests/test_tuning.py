@@ -424,3 +424,21 @@ def test_collecting_hands_over_the_candidates_and_keeps_no_choice(fake_gpu, monk
     assert len(kernel.warmed) == len(CONFIGS) and kernel.ran == []   # compiled only, nothing timed
     assert _chosen(first) == _chosen(CONFIGS[0]) and tuner.chosen == {} and tuner.timings == {}
     assert _chosen(tuner.pick((1024, "fp16"), {"M": 1024}, launch)) == FAST
+
+
+def test_the_table_is_built_from_the_configs_offered_today():
+    """tuning_table.build with the tuners' configs of today leaves a raced config no longer offered out of its race,
+    as if it had not run (a config taken out after the races ran came back when the table was rebuilt from them,
+    and the shipped table then named a config its kernel no longer offers): the race's winners are chosen among
+    the others, and a race left with one config keeps nothing."""
+    from accelc import tuning_table
+
+    a, b, c = ({"BLOCK": 16}, {"BLOCK": 32}, {"BLOCK": 64})
+    runs = [{"device": "GPU", "capability": "9.0", "races": [
+        {"kernel": "k", "key": ["1"], "timings_us": [[a, 1.0], [b, 5.0], [c, 9.0]]},
+        {"kernel": "k", "key": ["2"], "timings_us": [[a, 1.0], [b, 2.0]]}]}]
+    keys = tuning_table.build(runs)["kernels"]["k"]["GPU"]["keys"]
+    assert keys['["1"]'] == [a, b, c] and keys['["2"]'] == [a, b]      # (at least LEAST kept)
+    keys = tuning_table.build(runs, {"k": [b, c]})["kernels"]["k"]["GPU"]["keys"]
+    assert keys == {'["1"]': [b, c]}, keys
+    assert tuning_table.build(runs, {"other": [a]})["kernels"]["k"]["GPU"]["keys"]['["1"]'] == [a, b, c]
