@@ -524,3 +524,64 @@ def test_the_one_shot_kernel_on_one_rank_in_the_interpreter(monkeypatch):
                 assert torch.equal(counts, calls), (mode, n, counts, calls)
                 assert torch.equal(counted.view(2, programs), torch.stack([calls, calls])), (mode, n)
     assert (counts < 0).any(), counts          # the last mode's counts did wrap
+
+
+RANK_ALONE = r"""
+import json, warnings
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+import accelc
+from accelc import numerics
+from accelc.capture import check
+
+warnings.simplefilter("ignore")
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+mesh = init_device_mesh("cpu", (2,))
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.Linear(16, 8)).eval()
+sharded = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(), "3": ColwiseParallel()})
+asked = []
+if rank == 1:      # this rank alone sees the captured graph's output past the floor, once
+    def rel_l2(out, ref, calls=[]):
+        calls.append(1)
+        return 1.0 if len(calls) == 1 else numerics.rel_l2(out, ref)
+    check.rel_l2 = rel_l2
+real_upcast = numerics.upcast_run
+import accelc.capture.trace as trace
+trace.upcast_run = lambda *a, **k: asked.append("reference") or real_upcast(*a, **k)
+x = torch.randn(4, 16)
+with torch.no_grad():
+    want = sharded(x)
+try:
+    opt = accelc.optimize(sharded, (x,), accelc.OptimizeConfig(passes=(), only_if_faster=False))
+    with torch.no_grad():
+        outcome = f"optimized, max diff {float((opt(x) - want).abs().max()):.1e}"
+except Exception as e:
+    outcome = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+print("RESULT " + json.dumps({"rank": rank, "outcome": outcome, "asked": asked, "shard": list(want.shape)}))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_alone_past_the_floor_does_not_run_collectives_the_others_do_not(tmp_path):
+    """The capture check asks for the model in higher precision (and a rerun) by its own outputs; a tensor-parallel
+    model's output can be the rank's shard (a colwise last layer, no gather), so one rank may ask and another not,
+    and the collectives of that run would pair with nothing on the other rank. Every rank asks both and refuses alike
+    (check.checked): here rank 1 alone sees the graph's output past the floor, and both ranks capture, with the
+    same numbers as the sharded model, the reference asked on both."""
+    script = tmp_path / "alone.py"
+    script.write_text(RANK_ALONE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    decoder, results = json.JSONDecoder(), []
+    for part in out.stdout.split("RESULT ")[1:]:
+        results.append(decoder.raw_decode(part)[0])
+    assert out.returncode == 0 and len(results) == 2, out.stderr[-3000:]
+    for r in results:
+        assert r["shard"] == [4, 4] and r["outcome"].startswith("optimized, max diff "), r
+        assert float(r["outcome"].split()[-1]) < 1e-5 and "reference" in r["asked"], r

@@ -3,8 +3,10 @@ passes before accelc takes it (accelc.capture.trace)."""
 from __future__ import annotations
 
 import torch
+from torch import fx
 from torch.utils import _pytree as pytree
 
+from accelc import tensor_parallel
 from accelc.numerics import EAGER_ERROR_FACTOR, OWN_ERROR_CAP, REL_L2_FLOOR, rel_l2, whole_model_limit
 
 # How far a correct captured graph may differ from the model (the same ops, possibly regrouped,
@@ -97,3 +99,32 @@ def _gives_again(exp_leaves, again) -> bool:
         if not torch.equal(finite, torch.isfinite(e)) or rel_l2(a[finite], e[finite]) > REL_L2_FLOOR.get(e.dtype, 1e-5):
             return False
     return True
+
+
+def checked(gm: fx.GraphModule, expected, got, reference, again) -> None:
+    """check_same(expected, got, reference, again), alike on every rank of a tensor-parallel graph: what a rank
+    asks for (the model in higher precision, a rerun: both run the collectives) depends on its own outputs, which
+    differ between ranks where the output is the rank's shard, and a collective one rank runs alone never pairs.
+    So every rank runs both, and a graph any rank refuses is refused on every rank (one rank taking a tracer's
+    graph and another the next tracer's would pair their collectives wrongly from then on)."""
+    if tensor_parallel.group_of(gm) is None:
+        check_same(expected, got, reference, again)
+        return
+    ref, more = _asked(reference), _asked(again)
+    why = None
+    try:
+        check_same(expected, got, lambda: ref, lambda: more)
+    except RuntimeError as e:
+        why = str(e)
+    refused = [w for w in tensor_parallel.on_every_rank(gm, why) if w is not None]
+    if refused:
+        raise RuntimeError(why or f"another rank refused the graph: {refused[0]}")
+
+
+def _asked(fn):
+    """fn(), or None where it cannot run (a model holding a kernel that takes no float64 has no higher-precision run):
+    check_same then judges by the floor alone, as where nothing is asked."""
+    try:
+        return fn()
+    except Exception:
+        return None

@@ -38,7 +38,7 @@ from accelc.capture.paths import annotate_paths, keep_module_stacks
 from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes, export_dims, position_limits, within_limits
 from accelc.errors import CaptureError, InputError
-from accelc.capture.check import check_same
+from accelc.capture.check import check_same, checked
 from accelc.numerics import same_values, upcast_run
 
 log = logging.getLogger("accelc")
@@ -128,8 +128,8 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
             restore_buffers(gm, state)
             gm.meta[CALL_SPEC] = spec
             gm.meta.setdefault(SHAPES, InputShapes.traced(spec.names, spec.positions(dynamic), flat))
-            check_same(spec.flat_output(expected), make_canonical(gm, flat),
-                       lambda: reference(model, spec, flat, expected, state), lambda: rerun(model, spec, flat, state))
+            checked(gm, spec.flat_output(expected), make_canonical(gm, flat),
+                    lambda: reference(model, spec, flat, expected, state), lambda: rerun(model, spec, flat, state))
             if method == "torch.export":
                 settle_lower_ends(model, spec, gm, flat)
             return gm, method, expected
@@ -162,8 +162,8 @@ def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:
                 restore_buffers(model, state)
                 why = "the model computes another way at 1 than at 2, where it was captured (a branch on the size?)"
                 got = gm(*ins)
-            check_same(expected, got, lambda: reference(model, spec, ins, expected, state),
-                       lambda: rerun(model, spec, ins, state))
+            checked(gm, expected, got, lambda: reference(model, spec, ins, expected, state),
+                    lambda: rerun(model, spec, ins, state))
         except Exception as e:   # the range keeps its 2
             log.debug("accelc: capture: %s stay at 2 or more: %s (%s)", ", ".join(group), why, _first_line(e))
             shapes = gm.meta[SHAPES] = shapes.with_lower_ends({sym: why for sym in group})
