@@ -1,9 +1,16 @@
 # Steps of one device command, each with its own time limit within the command's: sourced by a lanes script
-# (bench/results/runs/lanes-*/), after it sets O (the folder each step's log goes to) and calls steps_budget.
+# (bench/results/runs/lanes-*/), after it sets O (the folder each step's log goes to) and calls steps_budget, or
+# calls steps_start, which also installs this tree and records the GPUs:
 #   . bench/steps.sh; O=/tmp/x; steps_budget 560
+#   . bench/steps.sh; steps_start /tmp/x 560      # O=/tmp/x, install.log and gpus.txt in it, the budget set
 #   step GPUS NAME CAP COMMAND...   # COMMAND on GPUS (CUDA_VISIBLE_DEVICES), its output and exit status in
 #                                   # $O/NAME.log, cut at CAP seconds or at what is left of the budget
 steps_budget() { steps_end=$(( $(date +%s) + ${1:-560} - 20 )); }      # (20 s kept for the packing)
 steps_left() { local l=$(( steps_end - $(date +%s) )); [ $l -gt 5 ] && echo $l || echo 5; }
 step() { local gpu=$1 name=$2 cap=$3; shift 3; local t; t=$(steps_left); [ "$t" -gt "$cap" ] && t=$cap
   ( export CUDA_VISIBLE_DEVICES=$gpu; timeout "$t" "$@" > "$O/$name.log" 2>&1; echo "rc=$? $(date -u +%T)" >> "$O/$name.log" ); }
+steps_start() { O=$1; mkdir -p "$O"
+  python -m pip install --no-deps --no-build-isolation -q -e . > "$O/install.log" 2>&1
+  nvidia-smi -L > "$O/gpus.txt" 2>&1
+  export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=8
+  steps_budget "$2"; }

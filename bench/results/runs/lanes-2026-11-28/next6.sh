@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
 # What the session of 17:43 leaves owed, as one command for an H200 x 4 host (each lane's logs under /tmp/next6/<name>,
-# everything packed into $OUT/next6.tgz). Carry `.whl` (accelc-78e7a48.tar.gz is not needed here).
+# everything packed into $OUT/next6.tgz). Nothing to carry.
 #   bash bench/results/runs/lanes-2026-11-28/next6.sh [SECONDS]       # SECONDS: the whole command's budget (570)
 set -u
-O=/tmp/next6; mkdir -p $O
-python -m pip install --no-deps --no-build-isolation -q -e . > $O/install.log 2>&1
-nvidia-smi -L > $O/gpus.txt 2>&1
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=8
-. bench/steps.sh; steps_budget "${1:-570}"
+. bench/steps.sh; steps_start /tmp/next6 "${1:-570}"
 # GPUs 0, 1: the 8B shape on two GPUs and its one-GPU base in one command (run5's 324.7 tok/s against run4's 229.2
 # came from two hosts), HF's compiled path beside it (the prefill target: 1.3x reduce-overhead on the sharded model)
 ( step 0,1 tp8b 330 torchrun --nproc-per-node 2 bench/tp.py --shape llama3-8b --sides accelc,hf_compiled --rounds 2 \
