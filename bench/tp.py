@@ -190,6 +190,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-profile", action="store_true", help="leave out the decode step's kernel profile")
     ap.add_argument("--plan", choices=["torch", "hf"], default="torch",
                     help="shard by PyTorch's plan (parallelize_module) or transformers' tp_plan styles")
     a = ap.parse_args()
@@ -201,6 +202,7 @@ def main() -> None:
     from accelc.kernels import all_reduce as one_shot
 
     counted_default = one_shot.COUNTED_SIGNALS
+    say = lambda line: print(line, flush=True) if int(os.environ.get("RANK", 0)) == 0 else None
     if a.smoke:
         a.shape, a.prompt, a.new, a.prefill, a.rounds = "tiny", 8, 6, "2x16", 1
     on_gpu = torch.cuda.is_available() and not a.smoke
@@ -258,13 +260,15 @@ def main() -> None:
             with torch.no_grad():
                 ttft, rate, out = decode_rate(gen, ids, mask, a.new, a.rounds, sync)
                 r.update(ttft_ms=round(ttft, 2), decode_tok_s=round(rate, 1))
+                say(f"{side}: {r} ({time.perf_counter() - t0:.0f} s)")     # (a run cut later keeps these)
                 if want is not None:
                     r["same_tokens_as_unsharded"] = round((out.cpu() == want).float().mean().item(), 3)
                 if pre_ids is not None:
                     kw = ({"input_ids": pre_ids} if side.startswith("accelc") else
                           {"input_ids": pre_ids, "use_cache": False})
                     r["prefill_ms"] = round(timed(lambda: forward(**kw), a.rounds * 3, sync) * 1e3, 2)
-                if on_gpu:
+                    say(f"{side}: prefill {r['prefill_ms']} ms ({time.perf_counter() - t0:.0f} s)")
+                if on_gpu and not a.no_profile:
                     r.update(collective_us_per_step(gen, ids, mask, 16, cfg.num_hidden_layers))
             if opt is not None:
                 r["summary"] = opt.summary()
