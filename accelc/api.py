@@ -1,4 +1,6 @@
-"""accelc.optimize: capture -> passes -> guard -> OptimizedModule."""
+"""accelc.optimize, stage by stage: the job (make_job: the model's copy and inputs, checked) -> capture ->
+accelc.stages (passes and guard, the final module and its calls' plan, the OptimizedModule) -> warm-up
+(accelc.warmup) -> a causal LM's generation step (attach_generation, the same stages over the step program)."""
 from __future__ import annotations
 
 import copy
@@ -15,23 +17,16 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import (buckets, compile_workers, generation, guard, layer_compiles, meta, reuse, runner, runtime,
-                    tensor_parallel, warmup)
+from accelc import compile_workers, generation, runner, runtime, stages, tensor_parallel, warmup
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
-from accelc.capture.shapes import CHECKED_AT, SHAPES
 from accelc.examples import carried_dims, check_calibration, check_example_inputs, separate_aliases
 from accelc.config import OptimizeConfig, PRESETS
-from accelc.flops import node_flops
-from accelc.latency import layer_ms, median_ms
+from accelc.latency import median_ms
 from accelc.errors import AccelcError, InputError, short_error
-from accelc.numerics import output_error, sqnr_db
-from accelc.optimized import OptimizedModule, collect_layers
+from accelc.optimized import OptimizedModule
 from accelc.step_module import StepModule
-from accelc.records import OptimizeInfo
-from accelc.pipeline import run_passes
-from accelc.rewrite import PassContext, layers
 
 
 log = logging.getLogger("accelc")
@@ -176,10 +171,10 @@ def optimize_job(job: Job) -> OptimizedModule:
         flat = spec.flat(job.args, job.kwargs)
         calibration = [spec.flat(b, job.kwargs) for b in job.calibration]
         lm = generation.is_causal_lm(job.model)
-        if getattr(job.model, "replayable_state", False):    # before optimize_graph's calls make the runner
-            gm.meta[runner.REPLAYABLE_STATE] = True
         race = None
         if isinstance(job.model, StepModule):     # the call the program serves most (a generation step: decode)
+            if job.model.replayable_state:         # before optimize_graph's calls make the runner
+                gm.meta[runner.REPLAYABLE_STATE] = True
             inputs, words = job.model.race_inputs(*job.args, **job.kwargs)
             race = (tuple(spec.flat(inputs, {})), words)
         opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,
@@ -200,7 +195,7 @@ def call_times(job: Job, opt: OptimizedModule) -> tuple:
     """(eager, accelc) ms a plain call of the example, as the user calls them (the summary's speed line), or ()
     where either fails: a measurement, not a verdict. Not for a graph that updates state (its calls would
     count), such as a generation step's cache writes."""
-    if getattr(job.model, "replayable_state", False) or mutated_state(opt.graph_module):
+    if (isinstance(job.model, StepModule) and job.model.replayable_state) or mutated_state(opt.graph_module):
         return ()
     try:
         # (a tensor-parallel program: as many calls on every rank, each pairing its collectives)
@@ -262,146 +257,11 @@ def build_step(model: nn.Module, args: tuple, kwargs: dict, config: OptimizeConf
 def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,
                    device: torch.device, calibration: list | None = None, cls=OptimizedModule,
                    race: tuple | None = None, reference=None) -> OptimizedModule:
-    """Passes and guard on a captured graph in canonical form (accelc.capture.make_canonical) whose output on `args` is
-    `expected`. race: (inputs, in words) the guard's speed race times layers on, where not `args`. reference: the
-    model's output on `args` in higher precision, called where the padding check or the guard's output budget
-    needs the model's own error: run once for both (a whole model in fp32)."""
-    reference = _run_once(reference) if reference is not None else None
-    ctx = PassContext(config, args, calibration if calibration is not None else [args], device,
-                      shapes=gm.meta.get(SHAPES), race=race,
-                      output_budget=(expected, reference) if reference is not None else None)
-    model_bytes = tensor_bytes([gm])
-    t0 = time.perf_counter()
-    digest = reuse.key(gm, args, config, device, ctx.calibration, race, ctx.shapes)
-    memo = reuse.lookup(digest)
-    reuse_s = time.perf_counter() - t0
-    # each rank decides alone: a tensor-parallel graph's collectives stand in locally (tensor_parallel)
-    with tensor_parallel.local_collectives():
-        eager_ms = memo.eager_gpu_ms if memo is not None else _eager_gpu_ms(gm, args, config, device)
-        t0 = time.perf_counter()
-        progress_bar.phase("rewriting (passes)")
-        counts = run_passes(gm, ctx)
-        t1 = time.perf_counter()
-        if memo is not None and memo.fits(gm):
-            progress_bar.phase("the guard's verdicts of an identical optimize, reused")
-            checks = memo.replay(gm, ctx)
-            log.info("accelc: %d layer(s) rewritten; the guard's verdicts of an identical optimize (%s) reused",
-                     len(layers(gm)), memo.made)
-            seconds = {"passes": round(t1 - t0, 2),
-                       "guard: verdicts reused": round(time.perf_counter() - t1 + reuse_s, 2)}
-        else:
-            memo = None
-            before, picked = reuse.layer_list(gm), reuse.picks()
-            log.info("accelc: %d layer(s) rewritten; checking each against PyTorch%s", len(layers(gm)),
-                     " (first calls tune the kernels)" if runtime.can_time(device) else "")
-            checks = guard.settle(gm, ctx)
-            seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
-                       **ctx.seconds}
-    weights = [rw.weight_bytes for rw in map(meta.rewrite_of, layers(gm)) if rw.weight_bytes]
-    # a module over the final graph holds exactly what the graph reads: not the float weights of
-    # layers now in int8
-    spec = gm.meta.get(CALL_SPEC)
-    replayable = gm.meta.get(runner.REPLAYABLE_STATE, False)
-    gm = fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)
-    gm.meta[SHAPES] = ctx.shapes
-    gm.meta[CHECKED_AT] = list(ctx.checked_at)
-    plan = gm.meta[buckets.CALL_PLAN] = buckets.CallPlan()
-    if replayable:
-        gm.meta[runner.REPLAYABLE_STATE] = True
-    with torch.no_grad():
-        got = gm(*args)
-    padded = ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]
-    if padded:
-        _padding_check(gm, args, ctx, memo, seconds, None if reference is None else own_error_of(expected, reference))
-    if memo is None and digest is not None:
-        padding = (plan.padding, plan.padding_note) if "padding check" in seconds else None
-        reuse.keep(digest, reuse.record(before, ctx, checks, eager_ms, seconds, picked, padding))
-    if padded and len(set(tensor_parallel.on_every_rank(gm, repr(plan.padding)))) > 1:
-        plan.padding, plan.padding_note = None, ("no padding: the ranks' padding checks differ (a tensor-parallel "
-                                                 "program's calls take the same shapes on every rank)")
-    err = output_error(got, expected)
-    originals = [meta.rewrite_of(n).original for n in layers(gm)]
-    info = OptimizeInfo(capture_method=method, device=runtime.backend_name(device), pass_counts=counts,
-                        end_to_end_rel_error=err, int8=config.int8 is not None, fp8=config.fp8 is not None,
-                        end_to_end_sqnr_db=sqnr_db(err),
-                        float_weight_bytes=sum(b[0] for b in weights), int8_weight_bytes=sum(b[1] for b in weights),
-                        model_weight_bytes=model_bytes, weight_bytes=tensor_bytes([gm]),
-                        original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
-                        runtime=runner.plan(config, device, gm)[2], seconds=seconds,
-                        shapes=ctx.shapes.describe(ctx.checked_at) + plan.describe() if ctx.shapes is not None else "",
-                        reused=memo.made if memo is not None else "")
-    records = collect_layers(gm, checks, node_flops(gm))
-    info.flops = sum(r.flops for r in records)
-    info.accelc_flops = sum(r.flops for r in records if r.status == "rewritten")
-    if eager_ms is not None and race is None:    # (layers raced on other inputs: no eager times on the example's)
-        info.eager_gpu_ms = eager_ms
-        info.accelc_eager_gpu_ms = sum(ctx.eager_ms.get(r.name, 0.0) for r in records if r.status == "rewritten")
-    return cls(gm, records, info, example_inputs=args, config=config, call_spec=spec)
-
-
-def _run_once(fn):
-    """fn() run at the first call only: its result, or its exception raised again, at every call."""
-    memo: list = []
-
-    def once():
-        if not memo:
-            try:
-                memo.append((fn(), None))
-            except Exception as e:
-                memo.append((None, e))
-        out, err = memo[0]
-        if err is not None:
-            raise err
-        return out
-    return once
-
-
-def own_error_of(expected, reference):
-    """The model's own error on the example against its run in higher precision (reference()), or None where the
-    model does not run in higher precision (a padded call then meets the dtype's floor alone, as the guard's
-    output_error budget is then not applied, and says so)."""
-    @functools.cache
-    def own() -> float | None:
-        try:
-            ref = reference()
-        except Exception:
-            return None
-        return output_error(expected, ref)
-    return own
-
-
-def _padding_check(gm: fx.GraphModule, args: tuple, ctx, memo, seconds: dict, own) -> None:
-    """The calls' padding into gm's CallPlan: the memo's, or buckets.find's (its time into `seconds`). own(): the
-    model's own error, None where unknown; a tensor-parallel graph takes it first, with its real collectives, on
-    every rank alike (the check runs them locally, and asks for it only where a padded call passes)."""
-    plan = buckets.call_plan(gm)
-    if own is not None and tensor_parallel.group_of(gm) is not None:
-        own()
-    if memo is not None and memo.padding is not None:
-        plan.padding, plan.padding_note = memo.padding
-        return
-    t0 = time.perf_counter()
-    rewritten = set(layers(gm))
-
-    def before(sized: tuple) -> None:
-        # the padded calls tune their layers at new sizes: every candidate compiled first by the workers at once
-        # (a compile that Triton's LLVM aborts on ends a worker, not this process)
-        layer_compiles.candidates_ahead(gm, sized, rewritten)
-    with tensor_parallel.local_collectives():
-        plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, ctx.config.tolerance_for, own, before)
-    seconds["padding check"] = round(time.perf_counter() - t0, 2)
-
-
-def _eager_gpu_ms(gm: fx.GraphModule, args: tuple, config, device: torch.device) -> float | None:
-    """The eager model's GPU time a call on the example inputs, over a CUDA graph as the guard
-    times each layer (OptimizeConfig.only_if_faster, on a GPU): the denominator of the summary's
-    share of eager time now in accelc kernels. None where not timed or the model cannot be
-    captured in a CUDA graph (a plain-call time would count host overhead the layers' exclude)."""
-    if not (runtime.can_time(device) and config.only_if_faster):
-        return None
-    with torch.no_grad():
-        ms, graphed = layer_ms(lambda: gm(*args), device, rep_ms=50)
-    return ms if graphed else None
+    """accelc.stages' settle -> finish -> module on a captured graph in canonical form
+    (accelc.capture.make_canonical) whose output on `args` is `expected` (see stages.settle for race and
+    reference)."""
+    settled = stages.settle(gm, args, config, device, expected, calibration, race, reference)
+    return stages.module(stages.finish(settled), method, cls)
 
 
 def resolve_config(config) -> OptimizeConfig:
@@ -437,20 +297,3 @@ def device_of(model, args) -> torch.device:
             return t.device
     p = next(iter(model.parameters()), None)
     return p.device if p is not None else torch.device("cpu")
-
-
-def tensor_bytes(modules) -> int:
-    """Bytes of the parameters and buffers the modules hold, each storage counted once (tensors
-    shared between modules, or views of one another, are one)."""
-    seen, total = set(), 0
-    for m in modules:
-        for t in list(m.parameters()) + list(m.buffers()):
-            if t.device.type == "meta":
-                continue
-            key = (t.device, t.untyped_storage().data_ptr())
-            if key not in seen:
-                seen.add(key)
-                total += t.untyped_storage().nbytes()
-    return total
-
-

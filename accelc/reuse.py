@@ -13,7 +13,7 @@ shapes only), the example inputs' structure, shapes and dtypes (and the values o
 their integer tensors, which a branch or a mask may read; of every input and calibration batch with int8,
 whose scales read them), the input shape contract, the config, accelc's own source, the versions of
 Python, PyTorch and Triton, the GPU, accelc's environment switches and PyTorch's precision flags.
-optimize_graph keeps the record under that key in accelc's cache folder (`verdicts/`, beside the tuning
+stages.finish keeps the record under that key in accelc's cache folder (`verdicts/`, beside the tuning
 cache) and, where a later optimize's key finds one, replays it on the graph its passes made again instead
 of checking, racing and timing. The graph itself is never read from the cache: capture, the passes and the
 warm-up run as always, and the replay refuses (the guard runs) unless the passes made the same layers.

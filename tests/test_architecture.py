@@ -122,6 +122,33 @@ def test_generation_declares_its_contract_instead_of_attribute_hooks():
         assert not missing, (name, missing)
 
 
+def test_optimize_stages_read_no_attribute_hooks():
+    """optimize's route (accelc/api.py, accelc/stages.py, accelc/warmup.py) reads what a stage hands it through
+    declared records and types, never an attribute looked up by name (hasattr / getattr with a string): the
+    hooks the issue found (a step's replayable_state, warm-up hooks on the model) stay gone."""
+    found = []
+    for name in ("api.py", "stages.py", "warmup.py"):
+        path = ROOT / "accelc" / name
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("hasattr", "getattr") and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant)):
+                found.append(f"accelc/{name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
+
+
+def test_optimize_stages_hand_on_records():
+    """accelc.stages' settle -> finish -> module each take the record the stage before returns."""
+    import inspect
+
+    from accelc import stages
+
+    assert list(inspect.signature(stages.finish).parameters) == ["s"]
+    assert list(inspect.signature(stages.module).parameters)[0] == "f"
+    assert inspect.signature(stages.settle).return_annotation in ("Settled", stages.Settled)
+    assert inspect.signature(stages.finish).return_annotation in ("Finished", stages.Finished)
+
+
 def test_kernel_primitives_have_one_home():
     """What the kernel families share (tile order, SM count, TMA views, the online softmax's steps) is defined in
     kernels/primitives.py and nowhere else; a family's candidate tables live beside its kernels, not in them

@@ -159,7 +159,7 @@ def test_a_packed_layer_holds_its_weights_once_and_the_report_reads_the_original
     """The packed gate / up weight is the optimized module's; the layer's original subgraph (what
     the report times and ORT exports) let go of the two it replaced (they stayed alive beside the
     packed one: 924 MiB on a 1.1B Llama) and reads them from the model: same numbers."""
-    from accelc import api, guard, meta
+    from accelc import guard, meta, stages
     from accelc.rewrite import layers
 
     torch.manual_seed(0)
@@ -171,7 +171,7 @@ def test_a_packed_layer_holds_its_weights_once_and_the_report_reads_the_original
     linear = [meta.rewrite_of(n) for n in layers(gm) if meta.rewrite_of(n).kind == "linear"]
     assert len(gated) == 1 and gated[0].released and linear and not any(rw.released for rw in linear)
     assert opt.info.original_weight_bytes == 0
-    assert api.tensor_bytes([opt]) <= api.tensor_bytes([model]) + 2 * 48 * 4 * 16    # the pack's 16-row padding
+    assert stages.tensor_bytes([opt]) <= stages.tensor_bytes([model]) + 2 * 48 * 4 * 16    # the pack's 16-row padding
     ins, _ = guard.layer_inputs(gm, (x,), model)[next(n for n in layers(gm) if meta.rewrite_of(n) is gated[0])]
     with torch.no_grad():
         want = F.silu(model.gate_proj(x)) * model.up_proj(x)
@@ -187,7 +187,7 @@ def test_optimize_leaves_a_gated_models_weights_allocated_once_on_the_gpu():
     alive beside the packed one (on a 1.1B Llama: 924 MiB, H100)."""
     import gc
 
-    from accelc import api
+    from accelc import stages
     from accelc.latency import layer_ms
 
     torch.manual_seed(0)
@@ -209,8 +209,8 @@ def test_optimize_leaves_a_gated_models_weights_allocated_once_on_the_gpu():
     after, with_workspaces = allocated()
     assert "accelc::gated_linear[silu]" in _kernels(opt).values(), opt.summary()
     grown = after - before
-    assert grown < api.tensor_bytes([model]) + 4 * 2**20, \
-        f"optimize left {grown / 2**20:.1f} MiB allocated for {api.tensor_bytes([model]) / 2**20:.0f} MiB of weights " \
+    assert grown < stages.tensor_bytes([model]) + 4 * 2**20, \
+        f"optimize left {grown / 2**20:.1f} MiB allocated for {stages.tensor_bytes([model]) / 2**20:.0f} MiB of weights " \
         f"({(with_workspaces - after) / 2**20:.1f} MiB more in cuBLAS workspaces)"
     print(f"grown {grown / 2**20:.1f} MiB; cuBLAS workspaces {(with_workspaces - after) / 2**20:.1f} MiB")
     assert opt(x).shape == x.shape
