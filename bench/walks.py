@@ -10,7 +10,10 @@ business). Read per entry point:
           room it has not left: a hub, or a circle through files)
   hub     of the stays, the ones into accelc/api.py
 and, for optimize and generate, the user's model followed (the issue's reading of a walk: one argument followed
-through the calls): the library functions called with it (model stays), their files, those in accelc/api.py.
+through the calls): the library functions called with it (model stays), their files, those in accelc/api.py; and the
+user's example input tensor followed the same way (input stays / rooms / api.py entries), found among a function's
+arguments or inside a tuple, list or dict argument (two levels): the model is captured early and travels as a
+graph, the example's tensors travel the whole route (the checks, the races, the warm-up)
 
     python bench/walks.py [--json]              # in a checkout whose accelc is installed (pip install -e .)
 
@@ -46,11 +49,21 @@ def _library_of(filename: str) -> str | None:
     return None
 
 
-def walk(fn, follow=None) -> dict:
+def _carries(value, obj, depth: int = 2) -> bool:
+    if value is obj:
+        return True
+    if depth and isinstance(value, (tuple, list)):
+        return any(_carries(v, obj, depth - 1) for v in value[:64])
+    if depth and isinstance(value, dict):
+        return any(_carries(v, obj, depth - 1) for v in list(value.values())[:64])
+    return False
+
+
+def walk(fn, follow=None, tensor=None) -> dict:
     """fn's walk (the module docstring's counts); follow: an object (the user's model) whose own route is also
     read: the library functions called with it among their arguments (`model stays`), their files, and how
     often that route enters accelc/api.py's functions."""
-    stays, rooms, returns, route = set(), set(), set(), []
+    stays, rooms, returns, route, carried = set(), set(), set(), [], []
 
     def profile(frame, event, arg):
         if event != "call":
@@ -62,6 +75,9 @@ def walk(fn, follow=None) -> dict:
         if follow is not None and any(v is follow for v in list(frame.f_locals.values())[:frame.f_code.co_argcount
                                                                                    + frame.f_code.co_kwonlyargcount]):
             route.append(f"{callee}:{frame.f_code.co_name}")
+        if tensor is not None and any(_carries(v, tensor) for v in list(frame.f_locals.values())[
+                :frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount]):
+            carried.append(f"{callee}:{frame.f_code.co_name}")
         caller, up = None, frame.f_back
         while up is not None:
             caller = _library_of(up.f_code.co_filename)
@@ -91,6 +107,11 @@ def walk(fn, follow=None) -> dict:
         out.update({"model stays": len(distinct), "model rooms": len({r.split(":")[0] for r in distinct}),
                     "model api.py entries": sum(1 for r in distinct if r.startswith("accelc/api.py:")),
                     "model route": distinct})
+    if tensor is not None:
+        distinct = list(dict.fromkeys(carried))
+        out.update({"input stays": len(distinct), "input rooms": len({r.split(":")[0] for r in distinct}),
+                    "input api.py entries": sum(1 for r in distinct if r.startswith("accelc/api.py:")),
+                    "input route": distinct})
     return out
 
 
@@ -106,9 +127,10 @@ def entry_points(tmp: Path) -> dict:
 
     from accelc import models
     mlp = models.get("mlp")
+    example = mlp.example_inputs()
 
     def optimize():
-        accelc.optimize(mlp, mlp.example_inputs())
+        accelc.optimize(mlp, example)
 
     def report():
         cli.main(["report", "mlp", "-o", str(tmp / "report"), "--no-ort", "--compile", "no", "--device", "cpu",
@@ -123,13 +145,15 @@ def entry_points(tmp: Path) -> dict:
                                           intermediate_size=64, vocab_size=100, max_position_embeddings=96,
                                           num_key_value_heads=1)).eval()
 
+    ids = torch.randint(0, 100, (1, 8))
+
     def generate():
-        ids = torch.randint(0, 100, (1, 8))
         opt = accelc.optimize(lm, (ids,))
         opt.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
 
-    return {"optimize": (optimize, mlp), "report": (report, None), "convert": (convert, None),
-            "generate": (generate, lm)}
+    first = example[0] if isinstance(example, (tuple, list)) else example
+    return {"optimize": (optimize, mlp, first), "report": (report, None, None), "convert": (convert, None, None),
+            "generate": (generate, lm, ids)}
 
 
 def main() -> None:
@@ -139,18 +163,18 @@ def main() -> None:
     a = ap.parse_args()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (fn, follow) in entry_points(Path(tmp)).items():
+        for name, (fn, follow, tensor) in entry_points(Path(tmp)).items():
             if a.only and name not in a.only.split(","):
                 continue
             try:
-                out[name] = walk(_quiet(fn), follow)
+                out[name] = walk(_quiet(fn), follow, tensor)
             except Exception as e:   # an entry point this tree does not have in this form
                 out[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
     if a.json:
         print(json.dumps(out, indent=1))
     else:
         for name, r in out.items():
-            print(name, {k: v for k, v in r.items() if k not in ("files", "model route")})
+            print(name, {k: v for k, v in r.items() if k not in ("files", "model route", "input route")})
 
 
 if __name__ == "__main__":
