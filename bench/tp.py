@@ -49,6 +49,8 @@ import generate as generate_bench  # noqa: E402  (its generate timer)
 SHAPES = {   # name -> LlamaConfig arguments
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=512),
+    "tinyllama": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048),   # (one GPU's profile)
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
     "llama3-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
@@ -171,7 +173,7 @@ def collective_us_per_step(gen, ids, mask, new: int, layers: int) -> dict:
     by_name = {k: v - one.get(k, 0.0) for k, v in many.items()}
     comm = sum(v for k, v in by_name.items() if "nccl" in k.lower() or "allreduce" in k.lower()
                or "all_reduce" in k.lower() or "one_shot" in k.lower())
-    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:20]
     return {"collective_us_per_token": round(comm / steps, 1), "collective_us_per_layer": round(comm / steps / layers, 2),
             "gpu_us_per_token": round(sum(by_name.values()) / steps, 1),
             "top_kernels_us_per_token": {k: round(v / steps, 1) for k, v in top}}

@@ -22,7 +22,9 @@ cold() { local d; d=$(mktemp -d); env ACCELC_CACHE_DIR=$d/accelc TRITON_CACHE_DI
       --sides accelc,accelc_fp8,torchao_fp8 --batches first --out $O/fp8 ) &
 # GPU 3: the 8B shape's one-GPU HF compiled path and accelc (run6's 2-GPU HF side 93.8 tok/s: its 1-GPU base)
 ( step 3 tp8b-x1 400 torchrun --nproc-per-node 1 bench/tp.py --shape llama3-8b --sides hf_compiled,accelc --rounds 2 \
-      --no-profile --out $O/tp8b-x1 ) &
+      --no-profile --out $O/tp8b-x1
+  step 3 tinyllama-profile 150 torchrun --nproc-per-node 1 bench/tp.py --shape tinyllama --sides accelc --rounds 2 \
+      --prefill '' --out $O/tinyllama ) &     # (#60: TinyLlama's decode step by kernel, batch 1, at 50% of the limit)
 wait
 tar czf $OUT/next7.tgz -C $O .
 # Then, each its own command on the H200 x 4 host:
