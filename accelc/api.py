@@ -171,10 +171,10 @@ def optimize_job(job: Job) -> OptimizedModule:
         flat = spec.flat(job.args, job.kwargs)
         calibration = [spec.flat(b, job.kwargs) for b in job.calibration]
         lm = generation.is_causal_lm(job.model)
+        if runner.declares_replayable_state(job.model):    # before optimize_graph's calls make the runner
+            gm.meta[runner.REPLAYABLE_STATE] = True
         race = None
         if isinstance(job.model, StepModule):     # the call the program serves most (a generation step: decode)
-            if job.model.replayable_state:         # before optimize_graph's calls make the runner
-                gm.meta[runner.REPLAYABLE_STATE] = True
             inputs, words = job.model.race_inputs(*job.args, **job.kwargs)
             race = (tuple(spec.flat(inputs, {})), words)
         opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,
@@ -195,7 +195,7 @@ def call_times(job: Job, opt: OptimizedModule) -> tuple:
     """(eager, accelc) ms a plain call of the example, as the user calls them (the summary's speed line), or ()
     where either fails: a measurement, not a verdict. Not for a graph that updates state (its calls would
     count), such as a generation step's cache writes."""
-    if (isinstance(job.model, StepModule) and job.model.replayable_state) or mutated_state(opt.graph_module):
+    if runner.declares_replayable_state(job.model) or mutated_state(opt.graph_module):
         return ()
     try:
         # (a tensor-parallel program: as many calls on every rank, each pairing its collectives)

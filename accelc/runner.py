@@ -67,6 +67,12 @@ STATIC_GLUE = 4    # shapes a dynamic glue is also compiled for with static shap
 REPLAYABLE_STATE = "accelc_replayable_state"
 
 
+def declares_replayable_state(model) -> bool:
+    """Whether a model declares `replayable_state = True` (its in-place updates set, not accumulate: a generation
+    step's cache writes, or a model of the user's so declared): the one place optimize reads that declaration."""
+    return bool(getattr(model, "replayable_state", False))
+
+
 def direct_calls(gm: fx.GraphModule, table: dict | None = None) -> fx.GraphModule:
     """A copy of gm whose accelc op nodes call their launchers directly (same arguments), or what
     `table` maps each op to (kernels.REFERENCES: the ops' PyTorch references)."""

@@ -125,7 +125,8 @@ def test_generation_declares_its_contract_instead_of_attribute_hooks():
 def test_optimize_stages_read_no_attribute_hooks():
     """optimize's route (accelc/api.py, accelc/stages.py, accelc/warmup.py) reads what a stage hands it through
     declared records and types, never an attribute looked up by name (hasattr / getattr with a string): the
-    hooks the issue found (a step's replayable_state, warm-up hooks on the model) stay gone."""
+    hooks the issue found (warm-up hooks on the model) stay gone, and a model's one documented declaration
+    (`replayable_state = True`) is read by runner.declares_replayable_state alone."""
     found = []
     for name in ("api.py", "stages.py", "warmup.py"):
         path = ROOT / "accelc" / name
