@@ -124,6 +124,58 @@ class GenerationParts:
     build_step: object = None      # (model, args, kwargs, config) -> (step program, cache step): api.build_step
 
 
+@dataclasses.dataclass
+class GreedyPicks:
+    """What greedy decoding keeps from step to step: the tokens picked (out), the rows finished, whether every
+    row had finished at each step (all_done), the stop tokens and pad, and the stop tokens' ban until
+    min_new tokens."""
+    out: torch.Tensor
+    finished: torch.Tensor
+    all_done: torch.Tensor
+    eos: torch.Tensor | None
+    pad: int
+    min_new: int
+    banned: torch.Tensor | None = None
+
+    @classmethod
+    def start(cls, gen, input_ids, new: int) -> GreedyPicks:
+        batch, n = input_ids.shape
+        device = input_ids.device
+        eos = gen.eos_token_id
+        eos = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=device)
+        pad = gen.pad_token_id if gen.pad_token_id is not None else (int(eos[0]) if eos is not None else 0)
+        return cls(out=torch.empty(batch, new, dtype=torch.long, device=device),
+                   finished=torch.zeros(batch, dtype=torch.bool, device=device),
+                   all_done=torch.zeros(new, dtype=torch.bool, device=device), eos=eos, pad=pad,
+                   min_new=max(gen.min_new_tokens or 0, (gen.min_length or 0) - n))
+
+    def pick(self, logits, i: int) -> torch.Tensor:
+        """Token i of each row: the argmax of its logits (the stop tokens banned before min_new), recorded."""
+        if self.banned is None and self.eos is not None:
+            # the stop tokens banned until min_new_tokens, as HF's processor bans them: the vocabulary's
+            # entries among them (a stop id past the vocabulary, which a config may name, is never produced;
+            # indexing the scores with it was a device-side assert on a GPU)
+            self.banned = torch.isin(torch.arange(logits.shape[-1], device=logits.device), self.eos)
+        # argmax of the logits as they are: widening to fp32 changes no value or order (the first of tied
+        # maxima either way), and the copy cost a kernel a token; accelc's own argmax (kernels/argmax.py:
+        # torch's reduced a 128k vocabulary in 28 us a token)
+        scores = logits
+        if self.banned is not None and i < self.min_new:
+            scores = scores.masked_fill(self.banned, float("-inf"))
+        token = argmax_rows(scores)
+        greedy.pick(token, self.finished, self.eos, self.pad, self.out, self.all_done, i)   # one kernel for six
+        return token
+
+    def stopped(self, i: int) -> bool:
+        """Whether every row had stopped by token i, read (a host sync) every STOP_CHECK_EVERY tokens only."""
+        return self.eos is not None and (i + 1) % STOP_CHECK_EVERY == 0 and bool(self.all_done[i])
+
+    def length(self, new: int) -> int:
+        """The tokens kept: up to the first step where every row had stopped, else all `new`."""
+        done = self.all_done.nonzero()
+        return int(done[0, 0]) + 1 if done.numel() else new
+
+
 class OptimizedLM(OptimizedModule):
     """An OptimizedModule of a causal LM that also generates (see the module docstring). `step`:
     the optimized step program (an OptimizedModule; its summary is in this one's), None where there
@@ -277,39 +329,31 @@ class OptimizedLM(OptimizedModule):
                    for k, v in _GREEDY_FIELDS.items())
 
     def _greedy(self, input_ids, mask, gen, new: int) -> torch.Tensor:
-        """HF's greedy decoding over the step program, without HF's loop: argmax of each step's
-        logits fed back on the device; stop tokens end a row (pad after it, as HF pads), the
-        stop condition read every STOP_CHECK_EVERY tokens and the tokens past it cut off."""
-        cache, step = self.cache_step, self.step
-        batch, n = input_ids.shape
-        device = input_ids.device
-        eos = gen.eos_token_id
-        eos = None if eos is None else torch.tensor([eos] if isinstance(eos, int) else list(eos), device=device)
-        pad = gen.pad_token_id if gen.pad_token_id is not None else (int(eos[0]) if eos is not None else 0)
-        min_new = max(gen.min_new_tokens or 0, (gen.min_length or 0) - n)
-        out = torch.empty(batch, new, dtype=torch.long, device=device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        all_done = torch.zeros(new, dtype=torch.bool, device=device)
-        logits = step(*cache.prefill_inputs(input_ids, mask))
-        # the stop tokens banned until min_new_tokens, as HF's processor bans them: the vocabulary's
-        # entries among them (a stop id past the vocabulary, which a config may name, is never produced;
-        # indexing the scores with it was a device-side assert on a GPU)
-        banned = None if eos is None else torch.isin(torch.arange(logits.shape[-1], device=device), eos)
+        """HF's greedy decoding over the step program, without HF's loop (gpt-fast's steps: prefill,
+        decode one token, decode n tokens): argmax of each step's logits fed back on the device; stop
+        tokens end a row (pad after it, as HF pads), the stop condition read every STOP_CHECK_EVERY
+        tokens and the tokens past it cut off."""
+        picks = GreedyPicks.start(gen, input_ids, new)
+        length = self._decode_n(self._prefill(input_ids, mask), picks, new)
+        return torch.cat([input_ids, picks.out[:, :length]], dim=1)
+
+    def _prefill(self, input_ids, mask) -> torch.Tensor:
+        """The prompt's keys and values into the cache: the logits of its last position, a row each."""
+        return self.step(*self.cache_step.prefill_inputs(input_ids, mask))
+
+    def _decode_one(self, token, i: int) -> torch.Tensor:
+        """Token i of each row into the cache: the logits that pick the next one."""
+        return self.step(*self.cache_step.decode_inputs(token, i))
+
+    def _decode_n(self, logits, picks: GreedyPicks, new: int) -> int:
+        """Up to `new` tokens picked from the prefill's logits on: how many were kept (up to the step
+        where every row stopped, read every STOP_CHECK_EVERY tokens)."""
         for i in range(new):
-            # argmax of the logits as they are: widening to fp32 changes no value or order (the
-            # first of tied maxima either way), and the copy cost a kernel a token; accelc's own
-            # argmax (kernels/argmax.py: torch's reduced a 128k vocabulary in 28 us a token)
-            scores = logits
-            if banned is not None and i < min_new:
-                scores = scores.masked_fill(banned, float("-inf"))
-            token = argmax_rows(scores)
-            greedy.pick(token, finished, eos, pad, out, all_done, i)     # one kernel for six of PyTorch's
-            if i == new - 1 or (eos is not None and (i + 1) % STOP_CHECK_EVERY == 0 and bool(all_done[i])):
+            token = picks.pick(logits, i)
+            if i == new - 1 or picks.stopped(i):
                 break
-            logits = step(*cache.decode_inputs(token, i))
-        done = all_done.nonzero()
-        length = int(done[0, 0]) + 1 if done.numel() else new
-        return torch.cat([input_ids, out[:, :length]], dim=1)
+            logits = self._decode_one(token, i)
+        return picks.length(new)
 
     def _fallback_reason(self, gen, kwargs) -> str:
         for key, default in _UNSUPPORTED.items():
