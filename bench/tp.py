@@ -153,30 +153,50 @@ def collective_us_per_step(gen, ids, mask, new: int, layers: int) -> dict:
     """GPU time a decode step takes, by kernel, and in NCCL / all-reduce kernels per token and per layer (us): two
     profiled generates, of `new` tokens and of one, subtracted kernel by kernel, so that the prompt's prefill (in
     both) drops out and `new - 1` decode steps remain, as decode_rate counts them."""
-    from torch.profiler import ProfilerActivity, profile
-
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0)
 
     def kernels(n: int) -> dict:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            gen(**kw, max_new_tokens=n, min_new_tokens=n)
-            torch.cuda.synchronize()
-        by_name: dict = {}
-        for e in prof.events():
-            if e.device_type.name == "CUDA":
-                us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-                by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + us
-        return by_name
+        return kernel_times(lambda: gen(**kw, max_new_tokens=n, min_new_tokens=n))
 
     one, many = kernels(1), kernels(new)
     steps = max(new - 1, 1)
     by_name = {k: v - one.get(k, 0.0) for k, v in many.items()}
-    comm = sum(v for k, v in by_name.items() if "nccl" in k.lower() or "allreduce" in k.lower()
-               or "all_reduce" in k.lower() or "one_shot" in k.lower())
+    comm = sum(v for k, v in by_name.items() if collective(k))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:20]
     return {"collective_us_per_token": round(comm / steps, 1), "collective_us_per_layer": round(comm / steps / layers, 2),
             "gpu_us_per_token": round(sum(by_name.values()) / steps, 1),
             "top_kernels_us_per_token": {k: round(v / steps, 1) for k, v in top}}
+
+
+def collective(kernel: str) -> bool:
+    """Whether a kernel's name is a collective's: NCCL's, or an all-reduce's (accelc's one-shot kernel, PyTorch's)."""
+    k = kernel.lower()
+    return "nccl" in k or "allreduce" in k or "all_reduce" in k or "one_shot" in k
+
+
+def kernel_times(fn) -> dict:
+    """GPU us by kernel name (its first 90 characters) of one fn() call (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    by_name: dict = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            us = e.device_time if hasattr(e, "device_time") else e.cuda_time
+            by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + us
+    return by_name
+
+
+def prefill_kernels(fn) -> dict:
+    """Where one prefill call's GPU time goes: its total, the collectives' (NCCL and all-reduce kernels), and the
+    top 20 kernels, us."""
+    by_name = kernel_times(fn)
+    comm = sum(v for k, v in by_name.items() if collective(k))
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:20]
+    return {"total": round(sum(by_name.values()), 1), "collectives": round(comm, 1),
+            "top": {k: round(v, 1) for k, v in top}}
 
 
 def main() -> None:
@@ -272,6 +292,8 @@ def main() -> None:
                     say(f"{side}: prefill {r['prefill_ms']} ms ({time.perf_counter() - t0:.0f} s)")
                 if on_gpu and not a.no_profile:
                     r.update(collective_us_per_step(gen, ids, mask, 16, cfg.num_hidden_layers))
+                    if pre_ids is not None:
+                        r["prefill_kernels_us"] = prefill_kernels(lambda: forward(**kw))
             if opt is not None:
                 r["summary"] = opt.summary()
                 r["optimize_seconds"] = dict(opt.info.seconds)

@@ -30,5 +30,5 @@ tar czf $OUT/next7.tgz -C $O .
 # Then, each its own command on the H200 x 4 host:
 #   torchrun --nproc-per-node 4 bench/tp.py --shape llama3-70b --init meta --sides hf_compiled --rounds 2 \
 #             --prefill '' --no-profile --out $OUT/tp70        (the 70B target's 1.3x; run5 gave accelc 71.0 tok/s)
-#   torchrun --nproc-per-node 4 bench/tp.py --shape llama3-8b --sides hf_compiled,accelc --rounds 2 --no-profile \
-#             --out $OUT/tp8b4                                  (the prefill target on 4 GPUs)
+#   torchrun --nproc-per-node 4 bench/tp.py --shape llama3-8b --sides hf_compiled,accelc --rounds 2 --out $OUT/tp8b4
+#             (the prefill target on 4 GPUs; the profile: where a decode step's and a prefill's GPU time goes)
