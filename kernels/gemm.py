@@ -21,6 +21,7 @@ with conv and attention (tile order, SM count, TMA views) in kernels/primitives.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from typing import Optional
@@ -493,12 +494,48 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             call, kw = known
             call(kernel_args(kw, tensors), x2.device.index or 0)
             return
+        lp = LaunchPlan.of(x2, weight, bias, res2, out, activation, residual_first, allow_tf32, scales, gated, norm)
+
+        def run(cfg):
+            kw = cfg.all_kwargs()
+            lp.refuse(kw)
+            kernel, constexprs = lp.kernel(kw)
+            launch_kernel(kernel, lp.grid(kw), kernel_args(kw, tensors), constexprs)
+
+        if config is not None:
+            run(config)
+            return
+        cfg = tuner.pick(lp.tuning_key(), lp.problem(), run)
+        kw = cfg.all_kwargs()
+        kernel, constexprs = lp.kernel(kw)
+        tuner.calls[sig] = (CompiledCall(kernel, lp.grid(kw), kernel_args(kw, tensors), constexprs), kw)
+
+
+@dataclasses.dataclass
+class LaunchPlan:
+    """What a linear call's operands decide for every config of it: the problem's sizes, its call mode, whether TMA
+    and the Gluon kernels can take it, the epilogue's constexprs (meta); per config, the kernel and grid."""
+    M: int
+    N: int
+    K: int
+    dtype: torch.dtype
+    out_dtype: torch.dtype
+    mode: Mode
+    use_tma: bool
+    gluon: bool
+    gated: bool
+    norm: bool
+    pdl: bool
+    sms: int | None
+    meta: dict
+
+    @classmethod
+    def of(cls, x2, weight, bias, res2, out, activation, residual_first, allow_tf32, scales, gated,
+           norm) -> LaunchPlan:
         M, K = x2.shape
-        N = weight.shape[0]
         mode = Mode.of(x2, out, scales)
         w_t = weight_by_columns(weight)
         use_tma = K > 0 and tma_ok(x2) and (tma_ok(weight) or w_t)
-        sms = sm_count(x2.device.index or 0) if x2.is_cuda else None
         meta = dict(
             HAS_BIAS=bias is not None, HAS_RESIDUAL=res2 is not None,
             RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), QUANT=int(mode),
@@ -508,68 +545,62 @@ def launch(x2, weight, bias, res2, out, activation="none", residual_first=False,
             INPUT_PRECISION="tf32" if (allow_tf32 and x2.dtype == torch.float32) else "ieee",
             DOT_IN_FP32=runtime.interpreted() and x2.dtype == torch.bfloat16,
         )
-
         # the Gluon kernels: float GEMMs, and W8A8's linear_ws_kernel (int8 or fp8 (N, K) weight, half output)
         gluon = (mode is Mode.FLOAT or mode in (Mode.W8A8, Mode.FP8) and not meta["W_T"]) and not gated and use_tma \
             and norm is None and gluon_problem(x2, res2, out, mode) is None
-        pdl = pdl_enabled(x2.device)
+        return cls(M, weight.shape[0], K, x2.dtype, out.dtype, mode, use_tma, gluon, bool(gated), norm is not None,
+                   pdl_enabled(x2.device), sm_count(x2.device.index or 0) if x2.is_cuda else None, meta)
 
-        def grid(kw):
-            # TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer
-            # programs (and every program in the interpreter) take one tile each
-            if kw.get("GEMV"):
-                return (triton.cdiv(N, kw["BLOCK_N"]), triton.cdiv(M, kw["BLOCK_M"]))
-            tiles = triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"])
-            return (min(tiles, sms * kw["PROGRAMS_PER_SM"]) if (sms and kw["USE_TMA"]) else tiles,)
+    def tuning_key(self) -> tuple:
+        """Every batch size of a bucket (next power of two of M) shares one tuning run."""
+        return (triton.next_power_of_2(self.M), self.N, self.K, self.use_tma, self.meta["W_T"], self.dtype,
+                self.out_dtype) + (("gluon",) if self.gluon else ()) + (("norm",) if self.norm else ())
 
-        def plan(kw):
-            """(kernel, its constexprs and launch options) for a config's kwargs."""
-            if kw.get("GEMV"):
-                return gemv_kernel, dict(
-                    HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
-                    ACTIVATION=meta["ACTIVATION"], FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
-                    EVEN_K=K % kw["BLOCK_K"] == 0, W_SCALED=mode is Mode.WEIGHT_INT8, BLOCK_M=kw["BLOCK_M"], BLOCK_N=kw["BLOCK_N"],
-                    BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
-                    FLAT=kw.get("FLAT", False), NORM=norm is not None,
-                    **({"PDL": True, "launch_pdl": True} if pdl else {}))
-            if kw.get("COOP"):
-                return _hopper().linear_coop_kernel, dict(
-                    HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
-                    ACTIVATION=meta["ACTIVATION"], W_T=meta["W_T"], BN2=kw["BN2"], WGS=kw["WGS"], STAGES=kw["STAGES"],
-                    GROUP_M=kw["GROUP_M"], LOAD_REGS=kw["LOAD_REGS"], MMA_REGS=kw["MMA_REGS"],
-                    num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"))
-            if kw.get("GLUON"):
-                return _hopper().linear_ws_kernel, dict(
-                    HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"], RESIDUAL_FIRST=meta["RESIDUAL_FIRST"],
-                    ACTIVATION=meta["ACTIVATION"], QUANT={Mode.W8A8: 1, Mode.FP8: 2}.get(mode, 0), W_T=meta["W_T"],
-                    STAGES=kw["STAGES"],
-                    GROUP_M=kw["GROUP_M"], CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232,
-                    num_warps=kw["num_warps"],
-                    maxnreg=kw.get("maxnreg"))
-            return linear_kernel, dict(meta, EVEN_K=K % kw["BLOCK_K"] == 0, **kw)
+    def problem(self) -> dict:
+        """What the configs' prune reads (kernels/gemm_configs.py)."""
+        return dict(M=self.M, N=self.N, K=self.K, tma=self.use_tma, dtype=self.dtype, gluon=self.gluon,
+                    gemv=self.mode in (Mode.FLOAT, Mode.WEIGHT_INT8), w8=self.mode is Mode.WEIGHT_INT8,
+                    gated=self.gated, norm=self.norm)
 
-        def run(cfg):
-            kw = cfg.all_kwargs()
-            if kw["USE_TMA"] and not use_tma or kw.get("GLUON") and not gluon:
-                raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
-            if kw.get("GEMV") and mode not in (Mode.FLOAT, Mode.WEIGHT_INT8):
-                raise ValueError("accelc::linear: gemv_kernel takes float x")
-            if norm is not None and not kw.get("GEMV"):
-                raise ValueError("accelc::linear: the norm before the projection runs in gemv_kernel only")
-            kernel, constexprs = plan(kw)
-            launch_kernel(kernel, grid(kw), kernel_args(kw, tensors), constexprs)
+    def refuse(self, kw) -> None:
+        """A config this call cannot run, refused with its reason (the tuner skips it)."""
+        if kw["USE_TMA"] and not self.use_tma or kw.get("GLUON") and not self.gluon:
+            raise ValueError("accelc::linear: a TMA config for operands TMA cannot load")
+        if kw.get("GEMV") and self.mode not in (Mode.FLOAT, Mode.WEIGHT_INT8):
+            raise ValueError("accelc::linear: gemv_kernel takes float x")
+        if self.norm and not kw.get("GEMV"):
+            raise ValueError("accelc::linear: the norm before the projection runs in gemv_kernel only")
 
-        if config is not None:
-            run(config)
-            return
-        # the tuning key: every batch size of a bucket (next power of two of M) shares one tuning run
-        key = (triton.next_power_of_2(M), N, K, use_tma, meta["W_T"], x2.dtype, out.dtype) + (("gluon",) if gluon else ()) \
-            + (("norm",) if norm is not None else ())
-        cfg = tuner.pick(key, dict(M=M, N=N, K=K, tma=use_tma, dtype=x2.dtype, gluon=gluon, gemv=mode in (Mode.FLOAT, Mode.WEIGHT_INT8),
-                                   w8=mode is Mode.WEIGHT_INT8, gated=bool(gated), norm=norm is not None), run)
-        kw = cfg.all_kwargs()
-        kernel, constexprs = plan(kw)
-        tuner.calls[sig] = (CompiledCall(kernel, grid(kw), kernel_args(kw, tensors), constexprs), kw)
+    def grid(self, kw) -> tuple:
+        """TMA programs are persistent (PROGRAMS_PER_SM per SM, looping over tiles); pointer programs (and every
+        program in the interpreter) take one tile each."""
+        if kw.get("GEMV"):
+            return (triton.cdiv(self.N, kw["BLOCK_N"]), triton.cdiv(self.M, kw["BLOCK_M"]))
+        tiles = triton.cdiv(self.M, kw["BLOCK_M"]) * triton.cdiv(self.N, kw["BLOCK_N"])
+        return (min(tiles, self.sms * kw["PROGRAMS_PER_SM"]) if (self.sms and kw["USE_TMA"]) else tiles,)
+
+    def kernel(self, kw) -> tuple:
+        """(kernel, its constexprs and launch options) for a config's kwargs."""
+        meta = self.meta
+        epilogue = dict(HAS_BIAS=meta["HAS_BIAS"], HAS_RESIDUAL=meta["HAS_RESIDUAL"],
+                        RESIDUAL_FIRST=meta["RESIDUAL_FIRST"], ACTIVATION=meta["ACTIVATION"])
+        if kw.get("GEMV"):
+            return gemv_kernel, dict(
+                epilogue, FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
+                EVEN_K=self.K % kw["BLOCK_K"] == 0, W_SCALED=self.mode is Mode.WEIGHT_INT8, BLOCK_M=kw["BLOCK_M"],
+                BLOCK_N=kw["BLOCK_N"], BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
+                FLAT=kw.get("FLAT", False), NORM=self.norm, **({"PDL": True, "launch_pdl": True} if self.pdl else {}))
+        if kw.get("COOP"):
+            return _hopper().linear_coop_kernel, dict(
+                epilogue, W_T=meta["W_T"], BN2=kw["BN2"], WGS=kw["WGS"], STAGES=kw["STAGES"],
+                GROUP_M=kw["GROUP_M"], LOAD_REGS=kw["LOAD_REGS"], MMA_REGS=kw["MMA_REGS"],
+                num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"))
+        if kw.get("GLUON"):
+            return _hopper().linear_ws_kernel, dict(
+                epilogue, QUANT={Mode.W8A8: 1, Mode.FP8: 2}.get(self.mode, 0), W_T=meta["W_T"], STAGES=kw["STAGES"],
+                GROUP_M=kw["GROUP_M"], CONSUMERS=kw["CONSUMERS"], LOAD_REGS=40, MMA_REGS=232,
+                num_warps=kw["num_warps"], maxnreg=kw.get("maxnreg"))
+        return linear_kernel, dict(meta, EVEN_K=self.K % kw["BLOCK_K"] == 0, **kw)
 
 
 # (kernels.gemm_hopper, None), or (None, why this Triton cannot build it)
