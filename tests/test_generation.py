@@ -414,8 +414,9 @@ def test_the_lms_summary_folds_the_step_program_into_its_differences():
 
 def test_the_summary_speed_is_a_rate_or_not_given():
     """OptimizedLM.measure (the summary's decode speed at optimize): each count of tokens warmed up before it is
-    timed, and a `new`-token generate no slower than a 1-token one (a stall at the first) gives no rate, not an
-    absurd one (a sharded 8B shape's summary once said 32000000000 tokens/s)."""
+    timed, each timed twice and the faster kept (a 200 ms stall of one 1-token run, another process taking the
+    CPU, once left a CPU test's summary without its rate), and a `new`-token generate no slower than a 1-token one
+    gives no rate, not an absurd one (a sharded 8B shape's summary once said 32000000000 tokens/s)."""
     import time
     import types
 
@@ -432,9 +433,10 @@ def test_the_summary_speed_is_a_rate_or_not_given():
         return types.SimpleNamespace(generate=types.MethodType(generate, object())), calls
 
     ids = torch.ones(1, 4, dtype=torch.long)
-    lm, calls = fake([0.05, 0.05, 0.01, 0.03])      # each count's first call stalls; then 10 ms and 30 ms
+    # each count's first call stalls; then 10 ms and 30 ms, one 1-token run stalled 200 ms
+    lm, calls = fake([0.05, 0.05, 0.01, 0.03, 0.2, 0.03])
     ttft, rate = OptimizedLM.measure(lm, ids, torch.ones_like(ids), new=5)
-    assert calls == [1, 5, 1, 5] and 8 < ttft < 30 and 4 / 0.05 < rate < 4 / 0.01
-    lm, _ = fake([0.0, 0.0, 0.03, 0.01])
+    assert calls == [1, 5, 1, 5, 1, 5] and 8 < ttft < 30 and 4 / 0.05 < rate < 4 / 0.01
+    lm, _ = fake([0.0, 0.0, 0.03, 0.01, 0.03, 0.01])
     with pytest.raises(ValueError, match="5 tokens took"):
         OptimizedLM.measure(lm, ids, torch.ones_like(ids), new=5)
