@@ -341,18 +341,20 @@ class OptimizedLM(OptimizedModule):
         """The prompt's keys and values into the cache: the logits of its last position, a row each."""
         return self.step(*self.cache_step.prefill_inputs(input_ids, mask))
 
-    def _decode_one(self, token, i: int) -> torch.Tensor:
+    @staticmethod
+    def _decode_one(step, cache: StepModule, token, i: int) -> torch.Tensor:
         """Token i of each row into the cache: the logits that pick the next one."""
-        return self.step(*self.cache_step.decode_inputs(token, i))
+        return step(*cache.decode_inputs(token, i))
 
     def _decode_n(self, logits, picks: GreedyPicks, new: int) -> int:
         """Up to `new` tokens picked from the prefill's logits on: how many were kept (up to the step
         where every row stopped, read every STOP_CHECK_EVERY tokens)."""
+        step, cache = self.step, self.cache_step     # (once: a submodule's lookup is host time every token)
         for i in range(new):
             token = picks.pick(logits, i)
             if i == new - 1 or picks.stopped(i):
                 break
-            logits = self._decode_one(token, i)
+            logits = self._decode_one(step, cache, token, i)
         return picks.length(new)
 
     def _fallback_reason(self, gen, kwargs) -> str:

@@ -59,7 +59,6 @@ class Finished:
     gm: fx.GraphModule
     got: object                   # its output on the example
     plan: buckets.CallPlan
-    call_spec: object             # the captured graph's call contract (accelc.capture.CALL_SPEC)
     settled: Settled = field(repr=False)
 
 
@@ -128,7 +127,7 @@ def finish(s: Settled) -> Finished:
     if padded and len(set(tensor_parallel.on_every_rank(gm, repr(plan.padding)))) > 1:
         plan.padding, plan.padding_note = None, ("no padding: the ranks' padding checks differ (a tensor-parallel "
                                                  "program's calls take the same shapes on every rank)")
-    return Finished(gm, got, plan, old.meta.get(CALL_SPEC), s)
+    return Finished(gm, got, plan, s)
 
 
 def module(f: Finished, method: str, cls=OptimizedModule) -> OptimizedModule:
@@ -154,7 +153,7 @@ def module(f: Finished, method: str, cls=OptimizedModule) -> OptimizedModule:
         info.eager_gpu_ms = s.eager_ms
         info.accelc_eager_gpu_ms = sum(ctx.eager_ms.get(r.name, 0.0) for r in records if r.status == "rewritten")
     return cls(gm, records, info, example_inputs=ctx.example_inputs, config=config,
-               call_spec=f.call_spec)
+               call_spec=s.gm.meta.get(CALL_SPEC))
 
 
 def run_once(fn):
