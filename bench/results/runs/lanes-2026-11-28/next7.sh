@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the session of 20:21 leaves owed, as one command for an H200 x 4 host (each lane's logs under /tmp/next7/<name>,
-# everything packed into $OUT/next7.tgz). Carry `.whl` (py-spy's and torchao's wheels).
+# everything packed into $OUT/next7.tgz). Carry `.whl` (py-spy's and torchao's wheels) and `.ort` (ONNX Runtime's
+# CUDA provider: `cp -r ../shared/tools/ort-gpu .ort`, 45 MB).
 #   bash bench/results/runs/lanes-2026-11-28/next7.sh [SECONDS]       # SECONDS: the whole command's budget (570)
 set -u
 . bench/steps.sh; steps_start /tmp/next7 "${1:-570}"
@@ -9,9 +10,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 PYSPY=$(find /tmp/site -name py-spy -type f | head -1); chmod +x "$PYSPY"
 cold() { local d; d=$(mktemp -d); env ACCELC_CACHE_DIR=$d/accelc TRITON_CACHE_DIR=$d/triton \
     TORCHINDUCTOR_CACHE_DIR=$d/inductor "$@"; }
-# GPU 0: the regression check after be7845b (optimize's stages in accelc/stages.py): three e2e models against
-# reduce-overhead, as run46 ran them
-( step 0 e2e 540 python bench/e2e.py --models bert,resnet50,llama --sides compile_ro,accelc --batches first \
+# GPU 0: the regression check after be7845b..cb57165 (optimize's stages, the greedy loop's steps, the linear launch
+# plan): three e2e models against reduce-overhead and ONNX Runtime at its best, as run46 ran them
+[ -f .ort/install.sh ] && source .ort/install.sh > $O/ort-install.log 2>&1
+( step 0 e2e 540 python bench/e2e.py --models bert,resnet50,llama --sides compile_ro,ort_opt,accelc --batches first \
       --out $O/e2e ) &
 # GPU 1: where Qwen2-0.5B's batch-1 prepare goes (104-120 s; its step's guard 36-43 s with the shipped table's keys
 # for every projection: not the races), py-spy over a cold bench/generate.py
