@@ -174,8 +174,10 @@ def _errors_vs_fp32(model, inputs, out, row, key) -> None:
 
 
 def side_torchao_fp8(model, inputs, row):
-    """torchao's float8 (Float8DynamicActivationFloat8WeightConfig with row-wise scales: each activation row and each
-    weight channel scaled to e4m3, cuBLAS's fp8 GEMM) on a copy of the model, then torch.compile(mode="max-autotune"),
+    """torchao's float8 (Float8DynamicActivationFloat8WeightConfig: each activation row and each weight channel scaled
+    to e4m3, cuBLAS's fp8 GEMM, where the weights are bf16; torchao 0.18 takes row-wise scales from bf16 weights only,
+    so an fp16 model gets one scale per tensor, and the row names which) on a copy of the model, then
+    torch.compile(mode="max-autotune"),
     as torchao's float8 inference recipe runs it; its error against the model in fp32 beside accelc_fp8's. Where
     torchao does not install or import, the row says why. (The device image has no torchao: its wheel travels,
     `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform
@@ -184,14 +186,16 @@ def side_torchao_fp8(model, inputs, row):
     import copy
 
     try:
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
     except Exception as e:   # (the row says so)
         row["torchao_fp8_error"] = f"torchao not available: {type(e).__name__}: {str(e)[:200]}"
         return
     import torchao
 
     q = copy.deepcopy(model)
-    quantize_(q, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    per_row = next(model.parameters()).dtype == torch.bfloat16
+    row["torchao_fp8_granularity"] = "row" if per_row else "tensor"
+    quantize_(q, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if per_row else PerTensor()))
     compiled = torch.compile(q, mode="max-autotune")
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -486,7 +490,9 @@ def merge(in_dir, out_dir):
           "left without accelc's kernels); static: dynamic=False (the example's shapes only); nograph: cuda_graphs=False; int8: Int8Config defaults; fp8: "
           "Fp8Config(weights_only=False) (weights and activations in e4m3), fp8 weights: Fp8Config() (weights only), "
           "err vs fp32: the relative L2 error of the output against the model in fp32; torchao fp8: torchao's "
-          "Float8DynamicActivationFloat8WeightConfig (row-wise scales) under torch.compile(mode=\"max-autotune\"). compile_max: "
+          "Float8DynamicActivationFloat8WeightConfig (row-wise scales where the weights are bf16, one scale a "
+          "tensor for fp16: the json row's torchao_fp8_granularity) under torch.compile(mode=\"max-autotune\"). "
+          "compile_max: "
           "torch.compile(mode=\"max-autotune\"). FLOPs in accelc kernels: the share of the model's matmul / conv / "
           "attention FLOPs the default call runs in accelc kernels after the guard's speed race. "
           "layers: rewritten / reverted / kept as PyTorch.\n\n"

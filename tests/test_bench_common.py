@@ -142,3 +142,18 @@ def test_ncu_groups_read_the_benches_own_lists():
     shapes = ncu_profile._bench_list("conv.py", "SHAPES")
     assert len(ncu_profile.GROUPS["resnet"]) == len(shapes) + 2 * sum(s[3] == 3 for s in shapes)
     assert "conv:1,512,7,512,3,1" in ncu_profile.GROUPS["resnet"]
+
+
+def test_pyspy_tree_sums_the_main_threads_kept_frames_by_prefix(tmp_path):
+    import gzip
+
+    import pyspy_tree
+
+    raw = ("thread (1): MainThread;main (x.py:1);optimize (accelc/api.py:77);capture (accelc/trace.py:5);f (torch/a.py:2) 40\n"
+           "thread (1): MainThread;main (x.py:1);optimize (accelc/api.py:77);guard (accelc/guard.py:9) 80\n"
+           "thread (2): worker;optimize (accelc/api.py:77) 400\n")
+    path = tmp_path / "p.txt.gz"
+    path.write_bytes(gzip.compress(raw.encode()))
+    counts = pyspy_tree.tree(pyspy_tree.read(str(path)), ("accelc/",), depth=5)
+    assert pyspy_tree.lines(counts, rate=40, min_s=0.5) == [
+        "3.0s optimize (accelc/api.py:77)", "  1.0s capture (accelc/trace.py:5)", "  2.0s guard (accelc/guard.py:9)"]
