@@ -38,6 +38,7 @@ The candidates the tuner races and their pruning are kernels/conv_configs.py (al
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import List, Optional
 
@@ -476,68 +477,120 @@ def conv2d_launch(x, weight, bias, residual, stride, padding, dilation, activati
     check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, residual, stride, padding, dilation,
                                                        activation), "conv2d")
     N, C, H, W = x.shape
-    K, R, S, Cg = weight.shape
-    groups = groups_of(x, weight)
+    K, R, S, _ = weight.shape
     OH, OW = output_size(H, W, R, S, stride, padding, dilation)
     out = torch.empty((N, K, OH, OW), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if out.numel() == 0:
         return out
     residual = residual_as(residual, out.shape, memory_format=torch.channels_last)
-    if groups == 1 and is_patchify(weight.shape, stride, padding, dilation):
-        # a GEMM, (N*OH*OW, R*S*C) @ (K, R*S*C)^T: rows = patches in (r, s, c) order, as the packed
-        # weight. A 1x1 stride-1 conv on channels-last input gathers nothing (the NHWC view); a
-        # patch embedding's one copy gathers its patches
-        patches = x[:, :, :OH * R, :OW * S].reshape(N, C, OH, R, OW, S).permute(0, 2, 4, 3, 5, 1)
-        res2 = residual.permute(0, 2, 3, 1).reshape(-1, K) if residual is not None else None
-        gemm.launch(patches.reshape(N * OH * OW, R * S * C), weight.view(K, R * S * C), bias, res2,
-                    out.permute(0, 2, 3, 1).view(-1, K), activation, residual_first, allow_tf32)
+    if groups_of(x, weight) == 1 and is_patchify(weight.shape, stride, padding, dilation):
+        _patchify_gemm(x, weight, bias, residual, out, activation, residual_first, allow_tf32)
         return out
     x = x.contiguous(memory_format=torch.channels_last)  # a no-op inside a run of rewritten convs
-
-    rows = rows_geometry(x, weight, stride, dilation, (OH, OW))
-    res = residual if residual is not None else out
-    tensors = (x, weight, bias if bias is not None else out, res, out)
+    tensors = (x, weight, bias if bias is not None else out, residual if residual is not None else out, out)
     key_here = (sig, tuple(t.data_ptr() % 16 for t in tensors))
-    M = N * OH * OW
     with runtime.device_guard(x):
         known = TUNER.calls.get(key_here)
         if known is not None:
             calls, kw = known
             calls(kw, tensors, stride, padding, dilation, x.device.index or 0)
             return out
+        plan = ConvPlan.of(x, weight, bias, residual, out, stride, dilation, activation, residual_first, allow_tf32)
+        run_tensors = _Pad(plan.rows, x, weight, padding).tensors(tensors) if plan.rows else tensors
+
+        def run(cfg):   # through Triton: tuning times this
+            kw = cfg.all_kwargs()
+            plan.refuse(kw)
+            part = _Calls.partials(kw, out)
+            kernel, grid, args, constexprs = _launch(kw, run_tensors, stride, padding, dilation, plan.meta,
+                                                     plan.groups, part)
+            launch_kernel(kernel, grid, args, constexprs)
+            if part is not None:
+                launch_kernel(_splitk_reduce, _Calls.reduce_grid(out), _reduce_args(part, tensors),
+                              _reduce_meta(kw, plan.meta))
+
+        kw = TUNER.pick(plan.tuning_key(), plan.problem(), run).all_kwargs()
+        TUNER.calls[key_here] = (_Calls(kw, tensors, stride, padding, dilation, plan.meta, plan.rows), kw)
+    return out
+
+
+def _patchify_gemm(x, weight, bias, residual, out, activation, residual_first, allow_tf32) -> None:
+    """A conv over non-overlapping patches as the GEMM it is, (N*OH*OW, R*S*C) @ (K, R*S*C)^T: rows = patches in
+    (r, s, c) order, as the packed weight. A 1x1 stride-1 conv on channels-last input gathers nothing (the NHWC
+    view); a patch embedding's one copy gathers its patches."""
+    N, C, _, _ = x.shape
+    K, R, S, _ = weight.shape
+    OH, OW = out.shape[2:]
+    patches = x[:, :, :OH * R, :OW * S].reshape(N, C, OH, R, OW, S).permute(0, 2, 4, 3, 5, 1)
+    res2 = residual.permute(0, 2, 3, 1).reshape(-1, K) if residual is not None else None
+    gemm.launch(patches.reshape(N * OH * OW, R * S * C), weight.view(K, R * S * C), bias, res2,
+                out.permute(0, 2, 3, 1).view(-1, K), activation, residual_first, allow_tf32)
+
+
+@dataclasses.dataclass
+class ConvPlan:
+    """What a conv call's operands decide for every config of it (the implicit-GEMM paths; patch convs are GEMMs):
+    the problem's sizes, its gather (ROWS geometry, whether TMA rectangles and the Gluon conv can take it), the
+    epilogue's and gathers' constexprs (meta); the tuning key and the configs' prune problem."""
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int
+    S: int
+    Cg: int
+    OH: int
+    OW: int
+    stride: tuple
+    groups: int
+    rows: tuple | None
+    rect: bool
+    gluon: bool
+    dtype: torch.dtype
+    meta: dict
+
+    @classmethod
+    def of(cls, x, weight, bias, residual, out, stride, dilation, activation, residual_first, allow_tf32) -> ConvPlan:
+        """x channels-last; residual None or shaped as `out`."""
+        N, C, H, W = x.shape
+        K, R, S, Cg = weight.shape
+        OH, OW = out.shape[2:]
+        groups = groups_of(x, weight)
+        rows = rows_geometry(x, weight, stride, dilation, (OH, OW))
         x_nhwc, ungrouped = nhwc_view(x), rows is None and groups == 1
-        use_rect = ungrouped and rect_ok(x_nhwc, weight, stride)
-        use_gluon = (ungrouped and gluon_geometry_ok(x_nhwc, weight, stride)
-                     and gluon_problem(x_nhwc, nhwc_view(residual) if residual is not None else None,
-                                       nhwc_view(out)) is None)
+        rect = ungrouped and rect_ok(x_nhwc, weight, stride)
+        gluon = (ungrouped and gluon_geometry_ok(x_nhwc, weight, stride)
+                 and gluon_problem(x_nhwc, nhwc_view(residual) if residual is not None else None,
+                                   nhwc_view(out)) is None)
         cp, sp, _, _, align = rows or (0, 0, 0, 0, 0)
         meta = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
                     RESIDUAL_FIRST=bool(residual_first), ACTIVATION=activation_code(activation), S=S, TAPS=R * S,
                     FLAT_K=Cg < 16 and rows is None, ROW_CP=cp, ROW_SP=sp, ROW_ALIGN=align,
                     INPUT_PRECISION="tf32" if (allow_tf32 and x.dtype == torch.float32) else "ieee",
                     DOT_IN_FP32=runtime.interpreted() and x.dtype == torch.bfloat16)
-        run_tensors = _Pad(rows, x, weight, padding).tensors(tensors) if rows else tensors
+        return cls(N, C, H, W, K, R, S, Cg, OH, OW, tuple(stride), groups, rows, rect, gluon, x.dtype, meta)
 
-        def run(cfg):   # through Triton: tuning times this
-            kw = cfg.all_kwargs()
-            if kw.get("GLUON") and not use_gluon:
-                raise ValueError("accelc::conv2d: a Gluon config for a call the Gluon conv cannot take")
-            part = _Calls.partials(kw, out)
-            kernel, grid, args, constexprs = _launch(kw, run_tensors, stride, padding, dilation, meta, groups, part)
-            launch_kernel(kernel, grid, args, constexprs)
-            if part is not None:
-                launch_kernel(_splitk_reduce, _Calls.reduce_grid(out), _reduce_args(part, tensors),
-                              _reduce_meta(kw, meta))
+    @property
+    def M(self) -> int:
+        return self.N * self.OH * self.OW
 
-        # the tuning key: every batch size of a bucket (next power of two of the pixel count) shares one run
-        key = (triton.next_power_of_2(M), K, C, R * S, Cg < 16, rows is not None, stride[0], use_rect, x.dtype,
-               *((groups,) if groups > 1 else ()), *(("gluon",) if use_gluon else ()))
-        cfg = TUNER.pick(key, dict(N=N, C=Cg, H=H, W=W, K=K // groups, R=R, S=S, OH=OH, OW=OW, M=M,
-                                   stride=stride[0], rect=use_rect, rows=rows is not None, groups=groups,
-                                   gluon=use_gluon), run)
-        kw = cfg.all_kwargs()
-        TUNER.calls[key_here] = (_Calls(kw, tensors, stride, padding, dilation, meta, rows), kw)
-    return out
+    def tuning_key(self) -> tuple:
+        """Every batch size of a bucket (next power of two of the pixel count) shares one tuning run."""
+        return (triton.next_power_of_2(self.M), self.K, self.C, self.R * self.S, self.Cg < 16, self.rows is not None,
+                self.stride[0], self.rect, self.dtype, *((self.groups,) if self.groups > 1 else ()),
+                *(("gluon",) if self.gluon else ()))
+
+    def problem(self) -> dict:
+        """What the configs' prune reads (kernels/conv_configs.py)."""
+        return dict(N=self.N, C=self.Cg, H=self.H, W=self.W, K=self.K // self.groups, R=self.R, S=self.S,
+                    OH=self.OH, OW=self.OW, M=self.M, stride=self.stride[0], rect=self.rect,
+                    rows=self.rows is not None, groups=self.groups, gluon=self.gluon)
+
+    def refuse(self, kw) -> None:
+        """A config this call cannot run, refused with its reason (the tuner skips it)."""
+        if kw.get("GLUON") and not self.gluon:
+            raise ValueError("accelc::conv2d: a Gluon config for a call the Gluon conv cannot take")
 
 
 class _Pad:

@@ -282,3 +282,23 @@ def test_rgb_stem_with_residual_repeated_calls():
         out = _run(x, wt, b, res, 2, 3, 1, "relu", True)
         ref = _eager(x.double(), wt.double(), b.double(), res.double(), 2, 3, 1, "relu", True)
         assert_close_to_ref(out, ref, _eager(x, wt, b, res, 2, 3, 1, "relu", True), torch.float16, 1e-2, 1e-2)
+
+
+def test_the_conv_plans_tuning_key_is_the_shipped_tables():
+    """ConvPlan's tuning key is what accelc/tuning_table.json is keyed by: ResNet-50's stem (7x7 stride 2 over
+    RGB, the ROWS path) at batch 32 finds its H200 row (a key format that drifted would leave every shipped
+    conv row unread, silently: the race runs instead)."""
+    import json
+
+    from accelc import tuning_table
+
+    x = torch.empty(32, 3, 224, 224, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    weight = torch.empty(64, 7, 7, 3, dtype=torch.float16)
+    out = torch.empty(32, 64, 112, 112, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    plan = conv.ConvPlan.of(x, weight, torch.empty(64, dtype=torch.float16), None, out, (2, 2), (1, 1), "none",
+                            False, False)
+    assert plan.rows is not None and not plan.rect and not plan.gluon and plan.M == 32 * 112 * 112
+    assert plan.problem() == dict(N=32, C=3, H=224, W=224, K=64, R=7, S=7, OH=112, OW=112, M=32 * 112 * 112,
+                                  stride=2, rect=False, rows=True, groups=1, gluon=False)
+    own = tuning_table.shipped()["kernels"]["conv2d"]["NVIDIA H200"]["keys"]
+    assert json.dumps([str(k) for k in plan.tuning_key()]) in own
