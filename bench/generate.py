@@ -9,7 +9,8 @@ greedy tokens compared with HF eager's. The generation issue's measure.
 
 Models: random weights at real shapes, fp16 (TinyLlama-1.1B, Qwen2-0.5B, GPT-2 small, a Llama-3-8B
 shape). Sides, each timed the same way (host clock around generate(), the GPU synchronised, the
-median of --rounds after one warm-up generate):
+lower median of --rounds after one warm-up generate: with an even count the faster middle one,
+so that one stalled round of two does not become half the figure):
   hf_eager          HF's generate, its default dynamic cache;
   hf_static_compile HF's documented fast path: cache_implementation="static", with which
                     generate compiles the decode step (mode="reduce-overhead", fullgraph=True;
@@ -105,7 +106,8 @@ def step_bytes(lm, batch: int, context: float) -> float:
 
 
 def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, torch.Tensor]:
-    """(median seconds, the tokens of the last round) of gen(...) generating `new` tokens."""
+    """(lower median seconds, the tokens of the last round) of gen(...) generating `new` tokens: of two rounds the
+    faster (a median of two is their mean, and one stalled round of two made half a TTFT figure)."""
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
     out = gen(input_ids=ids, attention_mask=mask, **kwargs)      # warm-up: compiles, captures, tunes
     times = []
@@ -115,7 +117,7 @@ def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, 
         out = gen(input_ids=ids, attention_mask=mask, **kwargs)
         sync()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    return statistics.median_low(times), out
 
 
 def fp32_first_logits(lm, ids, mask) -> torch.Tensor:

@@ -128,7 +128,8 @@ def build(cfg, device, dtype, init: str, mesh, world: int, which: str = "torch")
 
 
 def timed(fn, rounds: int, sync) -> float:
-    """Median seconds of fn() over `rounds` after one warm-up call (every rank calls it as often): the prefill's."""
+    """Lower median seconds of fn() over `rounds` after one warm-up call (every rank calls it as often): the
+    prefill's, counted as bench/generate.py counts a generate (timed_generate)."""
     fn()
     times = []
     for _ in range(rounds):
@@ -137,7 +138,7 @@ def timed(fn, rounds: int, sync) -> float:
         fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median_low(times)
 
 
 def decode_rate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, float, torch.Tensor]:

@@ -157,3 +157,14 @@ def test_pyspy_tree_sums_the_main_threads_kept_frames_by_prefix(tmp_path):
     counts = pyspy_tree.tree(pyspy_tree.read(str(path)), ("accelc/",), depth=5)
     assert pyspy_tree.lines(counts, rate=40, min_s=0.5) == [
         "3.0s optimize (accelc/api.py:77)", "  1.0s capture (accelc/trace.py:5)", "  2.0s guard (accelc/guard.py:9)"]
+
+
+def test_a_generates_timing_takes_the_lower_median_so_one_stalled_round_of_two_is_not_half_the_figure(monkeypatch):
+    import generate
+
+    clock = iter([0.0, 0.015, 10.0, 10.170])       # round one 15 ms, round two stalled: 170 ms
+    monkeypatch.setattr(generate.time, "perf_counter", lambda: next(clock))
+    seconds, out = generate.timed_generate(lambda **kw: "tokens", None, None, 1, 2, lambda: None)
+    assert (round(seconds, 6), out) == (0.015, "tokens")
+    clock = iter([0.0, 0.020, 1.0, 1.015, 2.0, 2.170])    # three rounds: the median as before
+    assert round(generate.timed_generate(lambda **kw: "tokens", None, None, 1, 3, lambda: None)[0], 6) == 0.020
