@@ -8,8 +8,8 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > $O/whl.log 2>&1
 PYSPY=$(find /tmp/site -name py-spy -type f | head -1); chmod +x "$PYSPY"
-cold() { local d; d=$(mktemp -d); env ACCELC_CACHE_DIR=$d/accelc TRITON_CACHE_DIR=$d/triton \
-    TORCHINDUCTOR_CACHE_DIR=$d/inductor "$@"; }
+C=$(mktemp -d)     # empty caches for a cold run (`step ... env $COLD cmd`: a shell function would not pass `timeout`)
+COLD="ACCELC_CACHE_DIR=$C/accelc TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor"
 # GPU 0: the regression check after be7845b..cb57165 (optimize's stages, the greedy loop's steps, the linear launch
 # plan): three e2e models against reduce-overhead and ONNX Runtime at its best, as run46 ran them
 [ -f .ort/install.sh ] && source .ort/install.sh > $O/ort-install.log 2>&1
@@ -17,7 +17,7 @@ cold() { local d; d=$(mktemp -d); env ACCELC_CACHE_DIR=$d/accelc TRITON_CACHE_DI
       --out $O/e2e ) &
 # GPU 1: where Qwen2-0.5B's batch-1 prepare goes (104-120 s; its step's guard 36-43 s with the shipped table's keys
 # for every projection: not the races), py-spy over a cold bench/generate.py
-( step 1 qwen-pyspy 330 cold "$PYSPY" record --idle --threads --nonblocking --rate 40 -f raw -o $O/qwen2-b1-cold.txt -- \
+( step 1 qwen-pyspy 330 env $COLD "$PYSPY" record --idle --threads --nonblocking --rate 40 -f raw -o $O/qwen2-b1-cold.txt -- \
       python bench/generate.py --batches 1 --models qwen2-0.5b --sides accelc --out $O/qwen ; gzip -f $O/qwen2-b1-cold.txt ) &
 # GPU 2: torchao's float8 beside accelc's fp8 (#61's peer, never run): the Llama prefill shape and ViT-B
 ( step 2 fp8 540 env PYTHONPATH=/tmp/site python bench/e2e.py --models llama,vit_base \
