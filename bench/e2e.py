@@ -173,12 +173,14 @@ def _errors_vs_fp32(model, inputs, out, row, key) -> None:
     torch.cuda.empty_cache()
 
 
-def side_torchao_fp8(model, inputs, row):
+def side_torchao_fp8(model, inputs, row, name="torchao_fp8", mode="max-autotune"):
     """torchao's float8 (Float8DynamicActivationFloat8WeightConfig: each activation row and each weight channel scaled
     to e4m3, cuBLAS's fp8 GEMM, where the weights are bf16; torchao 0.18 takes row-wise scales from bf16 weights only,
     so an fp16 model gets one scale per tensor, and the row names which) on a copy of the model, then
     torch.compile(mode="max-autotune"),
-    as torchao's float8 inference recipe runs it; its error against the model in fp32 beside accelc_fp8's. Where
+    as torchao's float8 inference recipe runs it (torchao_fp8_ro: mode="reduce-overhead", no GEMM autotuning, for
+    where max-autotune's does not finish: one fp8 scaled_mm's took 161 s on an H200); its error against the model in
+    fp32 beside accelc_fp8's. Where
     torchao does not install or import, the row says why. (The device image has no torchao: its wheel travels,
     `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform
     manylinux_2_28_x86_64 -d .whl torchao==0.18.0`, installed there with --target and PYTHONPATH; 0.18.0 imports
@@ -188,25 +190,25 @@ def side_torchao_fp8(model, inputs, row):
     try:
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
     except Exception as e:   # (the row says so)
-        row["torchao_fp8_error"] = f"torchao not available: {type(e).__name__}: {str(e)[:200]}"
+        row[f"{name}_error"] = f"torchao not available: {type(e).__name__}: {str(e)[:200]}"
         return
     import torchao
 
     q = copy.deepcopy(model)
     per_row = next(model.parameters()).dtype == torch.bfloat16
-    row["torchao_fp8_granularity"] = "row" if per_row else "tensor"
+    row[f"{name}_granularity"] = "row" if per_row else "tensor"
     quantize_(q, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if per_row else PerTensor()))
-    compiled = torch.compile(q, mode="max-autotune")
+    compiled = torch.compile(q, mode=mode)
     t0 = time.perf_counter()
     with torch.no_grad():
         out = compiled(*inputs)
         torch.cuda.synchronize()
-    row["torchao_fp8_first_call_s"] = round(time.perf_counter() - t0, 1)
-    row["torchao_fp8_version"] = torchao.__version__
-    row["torchao_fp8_ms"] = per_call_ms(lambda: compiled(*inputs))
+    row[f"{name}_first_call_s"] = round(time.perf_counter() - t0, 1)
+    row[f"{name}_version"] = torchao.__version__
+    row[f"{name}_ms"] = per_call_ms(lambda: compiled(*inputs))
     with torch.no_grad():
-        row["torchao_fp8_rel_err_vs_eager"] = _rel(out, model(*inputs))
-    _errors_vs_fp32(model, inputs, out, row, "torchao_fp8")
+        row[f"{name}_rel_err_vs_eager"] = _rel(out, model(*inputs))
+    _errors_vs_fp32(model, inputs, out, row, name)
 
 
 def side_ort(model, inputs, row):
@@ -292,7 +294,7 @@ def side_ort_opt(model, inputs, row, max_timed=3):
 # any-shape work), so that accelc / accelc_static is what taking every shape costs at the example's
 SIDES = ("eager", "compile", "compile_ro", "compile_max", "ort", "ort_opt", "accelc", "accelc_nopasses",
          "accelc_static", "accelc_nograph", "accelc_int8", "accelc_fp8", "accelc_fp8w", "accelc_nonorms",
-         "accelc_nogated", "torchao_fp8")
+         "accelc_nogated", "torchao_fp8", "torchao_fp8_ro")
 
 
 def run_model(name, sides, out_dir, batches="all"):
@@ -332,6 +334,8 @@ def run_model(name, sides, out_dir, batches="all"):
                     side_accelc(model, inputs, row, side, fp8=accelc.Fp8Config(weights_only=side == "accelc_fp8w"))
                 elif side == "torchao_fp8":      # the fp8 peer: torchao's float8 dynamic quantization + compile
                     side_torchao_fp8(model, inputs, row)
+                elif side == "torchao_fp8_ro":   # the same under reduce-overhead (no GEMM autotuning)
+                    side_torchao_fp8(model, inputs, row, side, mode="reduce-overhead")
                 elif side == "accelc_nonorms":   # A/B of the norms pass: its LayerNorms left to the glue
                     from accelc.pipeline import PASS_NAMES
                     side_accelc(model, inputs, row, "accelc_nonorms", passes=tuple(p for p in PASS_NAMES if p != "norms"))
@@ -455,7 +459,7 @@ def merge(in_dir, out_dir):
     head = ["model", "batch", "eager", "compile", "compile_ro", "compile_max", "ORT", "ORT optimizer", "accelc",
             "accelc no passes", "accelc static", "accelc nograph", "accelc int8", "accelc fp8", "accelc fp8 weights",
             "fp8 vs accelc", "err vs fp32: eager / accelc fp8", "torchao fp8", "accelc fp8 vs torchao fp8",
-            "err vs fp32: torchao fp8", "accelc vs compile_ro", "accelc vs compile_max",
+            "err vs fp32: torchao fp8", "torchao fp8 reduce-overhead", "accelc vs compile_ro", "accelc vs compile_max",
             "accelc vs faster ORT", "accelc vs eager", "kernels' gain (no passes / accelc)", "FLOPs in accelc kernels",
             "layers"]
     for r in rows:
@@ -469,6 +473,7 @@ def merge(in_dir, out_dir):
                        if "accelc_fp8_rel_err_vs_fp32" in r else ""),
                       ms(r, "torchao_fp8"), _x(r.get("torchao_fp8_ms"), r.get("accelc_fp8_ms")),
                       (f"{r['torchao_fp8_rel_err_vs_fp32']:.2e}" if "torchao_fp8_rel_err_vs_fp32" in r else ""),
+                      ms(r, "torchao_fp8_ro"),
                       _x(r.get("compile_ro_ms"), r.get("accelc_ms")),
                       _x(r.get("compile_max_ms"), r.get("accelc_ms")), _x(best_ort, r.get("accelc_ms")),
                       _x(r.get("eager_ms"), r.get("accelc_ms")), _x(r.get("accelc_nopasses_ms"), r.get("accelc_ms")),

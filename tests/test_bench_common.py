@@ -168,3 +168,15 @@ def test_a_generates_timing_takes_the_lower_median_so_one_stalled_round_of_two_i
     assert (round(seconds, 6), out) == (0.015, "tokens")
     clock = iter([0.0, 0.020, 1.0, 1.015, 2.0, 2.170])    # three rounds: the median as before
     assert round(generate.timed_generate(lambda **kw: "tokens", None, None, 1, 3, lambda: None)[0], 6) == 0.020
+
+
+def test_the_torchao_sides_name_their_rows_and_say_when_torchao_is_missing(monkeypatch):
+    import e2e
+
+    monkeypatch.setitem(sys.modules, "torchao", None)         # an import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
+    for side, kw in (("torchao_fp8", {}), ("torchao_fp8_ro", dict(name="torchao_fp8_ro", mode="reduce-overhead"))):
+        row = {}
+        e2e.side_torchao_fp8(torch.nn.Linear(4, 4), (torch.randn(2, 4),), row, **kw)
+        assert list(row) == [f"{side}_error"] and row[f"{side}_error"].startswith("torchao not available"), row
+    assert "torchao_fp8_ro" in e2e.SIDES

@@ -12,12 +12,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 ( step 0 e2e 540 python bench/e2e.py --models bert,resnet50,llama --sides compile_ro,ort_opt,accelc --batches first \
       --out $O/e2e ) &
 # GPU 1: torchao's float8 on the Llama prefill shape, the whole lane (its max-autotune compile ran past 7.7 minutes
-# in fp8/run5 beside accelc's two sides; accelc_fp8 beside it for the same-run ratio)
+# in fp8/run5 beside accelc's two sides; accelc_fp8 beside it for the same-run ratio, and torchao under
+# reduce-overhead first, without GEMM autotuning, so that a figure comes whatever max-autotune does)
 ( step 1 torchao-llama 540 env PYTHONPATH=/tmp/site python bench/e2e.py --models llama \
-      --sides accelc_fp8,torchao_fp8 --batches first --out $O/fp8-llama ) &
+      --sides accelc_fp8,torchao_fp8_ro,torchao_fp8 --batches first --out $O/fp8-llama ) &
 # GPU 2: the same for ViT-B
 ( step 2 torchao-vit 540 env PYTHONPATH=/tmp/site python bench/e2e.py --models vit_base \
-      --sides accelc_fp8,torchao_fp8 --batches first --out $O/fp8-vit ) &
+      --sides accelc_fp8,torchao_fp8_ro,torchao_fp8 --batches first --out $O/fp8-vit ) &
 # GPU 3: the 8B shape's one-GPU HF compiled path and accelc (run6's 2-GPU HF side 93.8 tok/s: its 1-GPU base)
 ( step 3 tp8b-x1 540 torchrun --nproc-per-node 1 bench/tp.py --shape llama3-8b --sides hf_compiled,accelc --rounds 3 \
       --no-profile --out $O/tp8b-x1 ) &
