@@ -21,6 +21,7 @@ layer. The result computes what the sharded model computes, on every rank.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -36,6 +37,18 @@ from accelc.errors import InputError, ModelFileError
 
 
 _state = threading.local()
+# the last CPU collectives' tensors (gloo's), referenced here until the interpreter clears this module: _kept
+_KEPT: collections.deque = collections.deque(maxlen=4)
+
+
+def _kept(*tensors: torch.Tensor) -> None:
+    """A CPU (gloo) collective's tensors kept referenced past the caller's use. gloo's worker thread drops its
+    reference to a finished collective's tensors after the caller's wait has returned; where that reference is the
+    last and the interpreter is already exiting, freeing the tensor's Python object takes the GIL from a finalizing
+    interpreter and the process aborts ("terminate called without an active exception", after the program's last
+    line ran). Here the main thread frees them, at exit. A few tensors, CPU only (a GPU's may be a CUDA graph's)."""
+    if tensors[0].device.type == "cpu":
+        _KEPT.append(tensors)
 
 
 @contextlib.contextmanager
@@ -68,7 +81,9 @@ def all_reduce(t: torch.Tensor, group_name: str) -> torch.Tensor:
     if fast is not None:
         return fast
     ops = torch.ops._c10d_functional
-    return ops.wait_tensor(ops.all_reduce(t, "sum", group_name))
+    out = ops.wait_tensor(ops.all_reduce(t, "sum", group_name))
+    _kept(out)
+    return out
 
 
 @all_reduce.register_fake
@@ -83,7 +98,9 @@ def all_gather_last(t: torch.Tensor, world: int, group_name: str) -> torch.Tenso
     if _local():
         return t.repeat(*([1] * (t.dim() - 1)), world)
     ops = torch.ops._c10d_functional
-    g = ops.wait_tensor(ops.all_gather_into_tensor(t.contiguous(), world, group_name))
+    t = t.contiguous()
+    g = ops.wait_tensor(ops.all_gather_into_tensor(t, world, group_name))
+    _kept(t, g)
     return g.view(world, *t.shape).movedim(0, -2).reshape(*t.shape[:-1], world * t.shape[-1])
 
 

@@ -585,3 +585,30 @@ def test_a_rank_alone_past_the_floor_does_not_run_collectives_the_others_do_not(
     for r in results:
         assert r["shard"] == [4, 4] and r["outcome"].startswith("optimized, max diff "), r
         assert float(r["outcome"].split()[-1]) < 1e-5 and "reference" in r["asked"], r
+
+
+def test_a_cpu_collectives_tensors_stay_referenced_until_exit():
+    """gloo's worker thread drops a finished collective's tensors after the caller's wait; were that the last
+    reference while the interpreter exits, freeing needs the GIL and the process aborts after its last line ("terminate
+    called without an active exception": two ranks' scripts here, about one run in ten beside a loaded CPU). The last
+    CPU collectives' tensors stay referenced by the module, freed by the main thread at exit."""
+    import torch
+    import torch.distributed as dist
+
+    from accelc import tensor_parallel
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        name = dist.group.WORLD.group_name
+        x = torch.randn(3, 4)
+        summed = torch.ops.accelc.tp_all_reduce(x, name)
+        kept = [t for ts in tensor_parallel._KEPT for t in ts]
+        assert torch.equal(summed, x) and any(t.data_ptr() == summed.data_ptr() for t in kept)
+        gathered = torch.ops.accelc.tp_all_gather(x, 1, name)
+        kept = [t for ts in tensor_parallel._KEPT for t in ts]
+        assert torch.equal(gathered, x) and len(kept) == 3     # the gather's input and output beside the sum's
+        for _ in range(8):
+            torch.ops.accelc.tp_all_reduce(x, name)
+        assert len(tensor_parallel._KEPT) == tensor_parallel._KEPT.maxlen     # a few, not every one
+    finally:
+        dist.destroy_process_group()
