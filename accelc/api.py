@@ -154,10 +154,11 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
     return Job(model, args, config, batches, device_of(model, (args, kwargs)), kwargs)
 
 
-def optimize_job(job: Job) -> OptimizedModule:
+def optimize_job(job: Job, release: bool = True) -> OptimizedModule:
     """Capture, passes, guard and warm-up of a prepared model. Optimizing runs the model's
     forward many times; buffers that forward updates in place get back the values they had
-    before, so the optimized module starts from the model's state."""
+    before, so the optimized module starts from the model's state. release=False: the device memory its checks
+    used is left to the caller's release (a generation step's, inside its forward's optimize_job)."""
     state = buffer_state(job.model)
     compile_workers.hold(job.device.type == "cuda")    # (up by the time the guard's tuners ask)
     try:
@@ -186,7 +187,8 @@ def optimize_job(job: Job) -> OptimizedModule:
             attach_generation(opt, job)
     finally:
         restore_buffers(job.model, state)
-        release_cached_memory(job.device)
+        if release:
+            release_cached_memory(job.device)
         compile_workers.release()
     return opt
 
@@ -226,7 +228,8 @@ def attach_generation(opt, job: Job) -> None:
     failed = None
     try:
         with progress_bar.showing("accelc", False, part="generation step: "):
-            program, step = build(job.model, job.args, job.kwargs, job.config)
+            # (the forward's optimize_job releases the memory once, after this: a collection of the heap took 0.6-0.7 s)
+            program, step = build(job.model, job.args, job.kwargs, job.config, release=False)
     except AccelcError as e:
         failed = str(e)
     except Exception as e:   # a family the step cannot take: said, and generate() stays HF's
@@ -245,13 +248,14 @@ def attach_generation(opt, job: Job) -> None:
     opt.info.seconds["generation step"] = round(time.perf_counter() - t0, 2)
 
 
-def build_step(model: nn.Module, args: tuple, kwargs: dict, config: OptimizeConfig, device: torch.device):
+def build_step(model: nn.Module, args: tuple, kwargs: dict, config: OptimizeConfig, device: torch.device,
+               release: bool = True):
     """(step program, cache step) of a causal LM (accelc.generation): the cache sized by `config` and the
-    example call (args, kwargs), the step optimized over it."""
+    example call (args, kwargs), the step optimized over it (release: as optimize_job's)."""
     step, step_args = generation.make_step(model, args, kwargs, config)
     length = {1: (1, step.max_len)}     # the tokens of a step vary; the cache fixes the rest
     config = dataclasses.replace(config, dynamic={"input_ids": length, "position_ids": length}, warmup_shapes=())
-    return optimize_job(Job(step, step_args, config, [step_args], device)), step
+    return optimize_job(Job(step, step_args, config, [step_args], device), release=release), step
 
 
 def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,

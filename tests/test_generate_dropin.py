@@ -117,19 +117,25 @@ def test_two_threads_generating_at_once_get_their_own_tokens(lm_and_opt):
     assert not errors and all(torch.equal(o, r) for o, r in zip(outs, refs))
 
 
-def test_more_sequences_than_the_cache_holds_grow_it_with_one_warning():
+def test_more_sequences_than_the_cache_holds_grow_it_with_one_warning(monkeypatch):
+    from accelc import api
+
+    released = []    # optimize gives the device memory its checks used back once (the step's inside the forward's)
+    monkeypatch.setattr(api, "release_cached_memory", lambda device: released.append(device))
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lm = T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100,
                                             n_positions=32)).to(DEVICE).eval()
         opt = accelc.optimize(lm, _ids(1))
+    assert opt.step is not None and len(released) == 1
     p = _ids(3, seed=4)
     with pytest.warns(UserWarning, match=r"generate\(\) of 3 sequences, past the 1 the cache held: the step program "
                                          r"was optimized again for 3 \(\d+\.\d s\)"):
         out = opt.generate(**p, max_new_tokens=5)
     assert torch.equal(out, _quiet(lm.generate, **p, max_new_tokens=5))
     assert "static KV cache for 3 sequence(s)" in opt.summary()
+    assert len(released) == 2       # the step optimized again, alone: its own release
 
 
 def test_an_optimized_inner_model_under_hfs_generate_points_to_opt_generate():
