@@ -177,10 +177,9 @@ def side_torchao_fp8(model, inputs, row, name="torchao_fp8", mode="max-autotune"
     """torchao's float8 (Float8DynamicActivationFloat8WeightConfig: each activation row and each weight channel scaled
     to e4m3, cuBLAS's fp8 GEMM, where the weights are bf16; torchao 0.18 takes row-wise scales from bf16 weights only,
     so an fp16 model gets one scale per tensor, and the row names which) on a copy of the model, then
-    torch.compile(mode="max-autotune"),
-    as torchao's float8 inference recipe runs it (torchao_fp8_ro: mode="reduce-overhead", no GEMM autotuning, for
-    where max-autotune's does not finish: one fp8 scaled_mm's took 161 s on an H200); its error against the model in
-    fp32 beside accelc_fp8's. Where
+    torch.compile(mode="max-autotune") as torchao's float8 inference recipe runs it (torchao_fp8_ro:
+    mode="reduce-overhead", no GEMM autotuning, for where max-autotune's does not finish: one fp8 scaled_mm's took
+    161 s on an H200); its error against the model in fp32 beside accelc_fp8's. Where
     torchao does not install or import, the row says why. (The device image has no torchao: its wheel travels,
     `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform
     manylinux_2_28_x86_64 -d .whl torchao==0.18.0`, installed there with --target and PYTHONPATH; 0.18.0 imports
@@ -496,8 +495,8 @@ def merge(in_dir, out_dir):
           "Fp8Config(weights_only=False) (weights and activations in e4m3), fp8 weights: Fp8Config() (weights only), "
           "err vs fp32: the relative L2 error of the output against the model in fp32; torchao fp8: torchao's "
           "Float8DynamicActivationFloat8WeightConfig (row-wise scales where the weights are bf16, one scale a "
-          "tensor for fp16: the json row's torchao_fp8_granularity) under torch.compile(mode=\"max-autotune\"). "
-          "compile_max: "
+          "tensor for fp16: the json row's torchao_fp8_granularity) under torch.compile(mode=\"max-autotune\"); "
+          "torchao fp8 reduce-overhead: the same under mode=\"reduce-overhead\" (no GEMM autotuning). compile_max: "
           "torch.compile(mode=\"max-autotune\"). FLOPs in accelc kernels: the share of the model's matmul / conv / "
           "attention FLOPs the default call runs in accelc kernels after the guard's speed race. "
           "layers: rewritten / reverted / kept as PyTorch.\n\n"

@@ -105,19 +105,25 @@ def step_bytes(lm, batch: int, context: float) -> float:
     return weights + kv
 
 
-def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, torch.Tensor]:
-    """(lower median seconds, the tokens of the last round) of gen(...) generating `new` tokens: of two rounds the
-    faster (a median of two is their mean, and one stalled round of two made half a TTFT figure)."""
-    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-    out = gen(input_ids=ids, attention_mask=mask, **kwargs)      # warm-up: compiles, captures, tunes
+def timed_call(fn, rounds: int, sync) -> tuple[float, object]:
+    """(lower median seconds, the last round's result) of fn() over `rounds` after one warm-up call (compiles,
+    captures, tunes): of two rounds the faster (a median of two is their mean, and one stalled round of two made half
+    a TTFT figure). bench/tp.py times its prefill with it too."""
+    out = fn()
     times = []
     for _ in range(rounds):
         sync()
         t0 = time.perf_counter()
-        out = gen(input_ids=ids, attention_mask=mask, **kwargs)
+        out = fn()
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median_low(times), out
+
+
+def timed_generate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, torch.Tensor]:
+    """(lower median seconds, the tokens of the last round) of gen(...) generating `new` tokens (timed_call)."""
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    return timed_call(lambda: gen(input_ids=ids, attention_mask=mask, **kwargs), rounds, sync)
 
 
 def fp32_first_logits(lm, ids, mask) -> torch.Tensor:

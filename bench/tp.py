@@ -34,7 +34,6 @@ import copy
 import gc
 import json
 import os
-import statistics
 import sys
 import threading
 import time
@@ -128,17 +127,8 @@ def build(cfg, device, dtype, init: str, mesh, world: int, which: str = "torch")
 
 
 def timed(fn, rounds: int, sync) -> float:
-    """Lower median seconds of fn() over `rounds` after one warm-up call (every rank calls it as often): the
-    prefill's, counted as bench/generate.py counts a generate (timed_generate)."""
-    fn()
-    times = []
-    for _ in range(rounds):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median_low(times)
+    """Seconds of fn() (every rank calls it as often): the prefill's, counted as bench/generate.py counts a generate."""
+    return generate_bench.timed_call(fn, rounds, sync)[0]
 
 
 def decode_rate(gen, ids, mask, new: int, rounds: int, sync) -> tuple[float, float, torch.Tensor]:
