@@ -180,3 +180,38 @@ def test_the_torchao_sides_name_their_rows_and_say_when_torchao_is_missing(monke
         e2e.side_torchao_fp8(torch.nn.Linear(4, 4), (torch.randn(2, 4),), row, **kw)
         assert list(row) == [f"{side}_error"] and row[f"{side}_error"].startswith("torchao not available"), row
     assert "torchao_fp8_ro" in e2e.SIDES
+
+
+def test_the_torchao_side_measures_its_error_on_its_first_output_not_on_a_buffer_later_calls_overwrote(monkeypatch):
+    import types
+
+    import e2e
+
+    quantization = types.ModuleType("torchao.quantization")
+    quantization.quantize_ = lambda model, config: None
+    quantization.Float8DynamicActivationFloat8WeightConfig = lambda granularity: None
+    quantization.PerRow = quantization.PerTensor = lambda: None
+    torchao = types.ModuleType("torchao")
+    torchao.__version__, torchao.quantization = "fake", quantization
+    monkeypatch.setitem(sys.modules, "torchao", torchao)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", quantization)
+
+    def graph_compile(model, mode):          # as CUDA graphs do: a call's output is invalid once the next call ran
+        given = []
+
+        def call(*inputs):
+            for old in given:
+                old.fill_(float("nan"))
+            given.append(model(*inputs).detach())
+            return given[-1]
+        return call
+    monkeypatch.setattr(e2e.torch, "compile", graph_compile)
+    monkeypatch.setattr(e2e.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(e2e, "per_call_ms", lambda fn: [fn() for _ in range(2)] and 1.0)
+    model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    seen = []
+    monkeypatch.setattr(e2e, "_rel", lambda out, ref: seen.append((out.clone(), ref)) or 0.0)
+    row = {}
+    e2e.side_torchao_fp8(model, (x,), row, name="torchao_fp8_ro", mode="reduce-overhead")
+    out, ref = seen[0]
+    assert "torchao_fp8_ro_error" not in row and torch.equal(out, ref.detach()), row
