@@ -38,6 +38,7 @@ _workers: list = []     # the running worker processes
 _failed: list = []      # workers that could not start: not tried again in this process
 _sent: set = set()      # the specializations handed to the workers in this process
 _crashed: dict = {}     # specialization data -> how its compile ended the worker that ran it
+_inflight: dict = {}    # specialization data -> threading.Event, set when a worker's compile of it has ended
 # the kernels whose compiles met inside an optimize go to a worker first (refuse_crashed): accelc's own (a model's
 # kernels from modules of its own are compiled as they always were: a worker would import those modules)
 FIRST_BY_A_WORKER: tuple = ("accelc.",)
@@ -85,11 +86,13 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-c", "from accelc.compile_workers import serve; serve()"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, text=True, bufsize=1)
+        self.lock = threading.Lock()
 
     def compile(self, job) -> bool:
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
+        with self.lock:      # one job at a time: two batches (submit) may feed the same worker
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
         if not answer:
             raise EOFError("a compile worker ended")
         return answer.strip() == "1"
@@ -169,8 +172,11 @@ def refuse_crashed() -> None:
         data = _specialization(compile)
         with _lock:
             first = bool(data) and data not in _sent and str(fn.module).startswith(FIRST_BY_A_WORKER)
+            handed = _inflight.get(data) if data else None
         if first and active():
             compile_jobs([(f"{fn.module}.{fn.name}", data)])
+        elif handed is not None:     # a worker compiles it now (submit): its outcome first
+            handed.wait(timeout=300)
         with _lock:
             how = _crashed.get(data) if data else None
         if how:
@@ -263,14 +269,21 @@ def _specialization(compile) -> str | None:
 def compile_jobs(jobs: list) -> int:
     """Collected compiles (collect, handing_over) done by the workers, each once a process, all at once; how many
     compiled."""
+    return submit(jobs).wait()
+
+
+def submit(jobs: list) -> "Pending":
+    """compile_jobs without waiting: the workers compile while the caller goes on (the guard's checks at the
+    example's sizes run while the other sizes' kernels compile); Pending.wait() for the count. A launch in this
+    process that meets one of these specializations before its compile ended waits for it (refuse_crashed)."""
     if not active():
-        return 0
+        return Pending([], [])
     try:
         from triton.runtime import driver
         target = dict(vars(driver.active.get_current_target()))
     except Exception as e:
         log.debug("accelc: no target for the compile workers: %s", e)
-        return 0
+        return Pending([], [])
     with _lock:
         todo = []
         for name, data in jobs:
@@ -282,37 +295,68 @@ def compile_jobs(jobs: list) -> int:
     if not running:
         with _lock:
             _sent.difference_update(data for _, data, _ in todo)
-        return 0
-    done: list = []
+        return Pending([], [])
+    return Pending(todo, running)
 
-    def feed(worker):
-        while True:
-            with _lock:
-                if not todo:
-                    return
-                job = todo.pop()
-            try:
-                done.append(worker.compile(job))
-            except Exception as e:   # a worker that died: the threads compile what it would have, except a job
-                ended = worker.ended()   # that ended it by a signal (an abort, a crash): refused here (refuse_crashed)
-                if ended.startswith("signal"):
-                    log.warning("accelc: a compile worker ended (%s) compiling %s; that kernel is not compiled in "
-                                "this process", ended, job[0])
-                else:
-                    log.debug("accelc: a compile worker stopped (%s): %s", ended or "running", e)
+
+class Pending:
+    """Compiles handed to the workers (submit), one thread a worker feeding it the jobs; each job's specialization
+    in _inflight until its compile ended (or no worker is left to make it)."""
+
+    def __init__(self, todo: list, running: list):
+        self._todo, self._done = todo, []
+        self._events = {data: threading.Event() for _, data, _ in todo}
+        with _lock:
+            _inflight.update(self._events)
+            self._alive = len(running)
+        self._threads = [threading.Thread(target=self._feed, args=(w,), daemon=True) for w in running]
+        for t in self._threads:
+            t.start()
+
+    def wait(self, timeout: float = 300) -> int:
+        """How many compiled, once every job ended."""
+        for t in self._threads:
+            t.join(timeout=timeout)
+        return sum(self._done)
+
+    def _feed(self, worker) -> None:
+        try:
+            while True:
                 with _lock:
+                    if not self._todo:
+                        return
+                    job = self._todo.pop()
+                try:
+                    self._done.append(worker.compile(job))
+                except Exception as e:   # a worker that died: the threads compile what it would have, except a job
+                    ended = worker.ended()   # that ended it by a signal (an abort, a crash): refused (refuse_crashed)
                     if ended.startswith("signal"):
-                        _crashed[job[1]] = ended
-                    if worker in _workers:
-                        _workers.remove(worker)
-                return
+                        log.warning("accelc: a compile worker ended (%s) compiling %s; that kernel is not compiled in "
+                                    "this process", ended, job[0])
+                    else:
+                        log.debug("accelc: a compile worker stopped (%s): %s", ended or "running", e)
+                    with _lock:
+                        if ended.startswith("signal"):
+                            _crashed[job[1]] = ended
+                        if worker in _workers:
+                            _workers.remove(worker)
+                    return
+                finally:
+                    self._ended(job[1])
+        finally:
+            with _lock:
+                self._alive -= 1
+                left = [] if self._alive else list(self._todo)
+                if not self._alive:
+                    self._todo.clear()
+            for _, data, _ in left:      # no worker left to make them: this process compiles them, as before
+                self._ended(data)
 
-    threads = [threading.Thread(target=feed, args=(w,), daemon=True) for w in running]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    return sum(done)
+    def _ended(self, data) -> None:
+        with _lock:
+            if _inflight.get(data) is self._events[data]:
+                del _inflight[data]
+        self._events[data].set()
 
 
 def compile_one(full_name: str, specialization: str, target: dict | None = None) -> bool:

@@ -36,10 +36,8 @@ not leak into the next one's verdict.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -50,9 +48,10 @@ from torch.utils import _pytree as pytree
 from accelc import layer_compiles, meta, progress, runtime, tuning
 from accelc.other_inputs import sized_other_inputs
 from accelc.latency import layer_ms, median_ms
+from accelc.layer_check import compare, failed, quantized_format, reference
 from accelc.layer_runner import LayerRunner
 from accelc.layer_signature import signature, value as _value
-from accelc.numerics import error_stats, higher_precision, output_error, same_values, sqnr_db
+from accelc.numerics import output_error, same_values
 from accelc.records import LayerCheck
 from accelc.rewrite import demote, forget_replacements, layers, revert
 
@@ -142,7 +141,7 @@ def _choose_int8_or_float(gm, ctx, v: _Verdicts) -> None:
         if t8 < tf:
             continue
         check = v.passed.pop(node, None)
-        q, cfg = _format(config), type(config.quantized).__name__
+        q, cfg = quantized_format(config), type(config.quantized).__name__
         note = (f"{q} {t8 * 1e3:.1f} us vs float {tf * 1e3:.1f} us on {words}: float kernel kept "
                 f"({cfg}.only_if_faster)")
         v.recheck.add(_demote(gm, ctx, node, f"{q} SQNR {check.sqnr_db:.1f} dB; {note}" if check else note))
@@ -199,8 +198,8 @@ def _fit_the_error_budget(gm, ctx, v: _Verdicts) -> None:
         batch, order = order[:step], order[step:]
         for n in batch:
             check, rw = v.passed.pop(n), meta.rewrite_of(n)
-            note = (f"{_format(ctx.config)} SQNR {check.sqnr_db:.1f} dB; back to float: the output's error against "
-                    f"the model in higher precision was {err:.2g}, past {budget:g}x eager's {own:.2g} "
+            note = (f"{quantized_format(ctx.config)} SQNR {check.sqnr_db:.1f} dB; back to float: the output's error "
+                    f"against the model in higher precision was {err:.2g}, past {budget:g}x eager's {own:.2g} "
                     f"({type(q).__name__}.output_error)")
             if rw.fallback is not None:
                 moved.append(_demote(gm, ctx, n, note))
@@ -254,7 +253,26 @@ def check_layers(gm: fx.GraphModule, ctx, only=None) -> dict[fx.Node, LayerCheck
                                                              else ""), len(todo))
     checks = _check_pass(gm, args, config, only, repeat=repeat_runs())
     t0 = time.perf_counter()
-    for label, more_args, sizes in sized_other_inputs(args, shapes):
+    others = sized_other_inputs(args, shapes)
+    passing = {n for n, c in checks.items() if c.passed}
+    # every other size's kernels handed to the workers at once, as the checks there serve them (the configs just
+    # tuned on the example): each size's check runs while the later sizes' compile
+    ahead = layer_compiles.others_ahead(gm, others, passing) if passing else None
+    try:
+        checks = _check_others(gm, ctx, checks, others, ahead is not None, only)
+    finally:
+        if ahead is not None:
+            ahead.wait()
+    key = "guard: other inputs"
+    ctx.seconds[key] = round(ctx.seconds.get(key, 0.0) + time.perf_counter() - t0, 2)
+    return checks
+
+
+def _check_others(gm, ctx, checks: dict, others: list, handed: bool, only) -> dict:
+    """check_layers' checks on the other inputs, each size's after the example's (`checks`); handed: their
+    kernels' compiles handed to the workers (layer_compiles.others_ahead)."""
+    args, config, shapes = ctx.example_inputs, ctx.config, ctx.shapes
+    for label, more_args, sizes in others:
         passing = {n for n, c in checks.items() if c.passed}
         if not passing:
             break
@@ -264,7 +282,7 @@ def check_layers(gm: fx.GraphModule, ctx, only=None) -> dict[fx.Node, LayerCheck
             # call of a size not tuned does (tuning every size the checks meet took 62 of 216 s of a
             # cold BERT optimize, H100); warm_up and warmup_shapes tune the sizes asked for
             with tuning.serving(say=False):
-                layer_compiles.sizes_ahead(gm, more_args, passing)
+                layer_compiles.sizes_ahead(gm, more_args, passing, handed=handed)
                 more = _check_pass(gm, more_args, config, passing, repeat=False)
         except Exception as e:   # the model itself does not run on them (a shape it fixes): nothing to check
             log.debug("accelc: guard: no check %s (%s: %s)", label, type(e).__name__, e)
@@ -277,8 +295,6 @@ def check_layers(gm: fx.GraphModule, ctx, only=None) -> dict[fx.Node, LayerCheck
         for n, c in more.items():
             if not c.passed:
                 checks[n] = dataclasses.replace(c, reason=f"{c.reason} ({label})")
-    key = "guard: other inputs"
-    ctx.seconds[key] = round(ctx.seconds.get(key, 0.0) + time.perf_counter() - t0, 2)
     return checks
 
 
@@ -309,7 +325,7 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
                 again = n.target(*a, **kw) if repeat else out
         except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
             cause = (runtime.interpreted() and runtime.interpreter_problem()) or f"{type(e).__name__}: {e}"
-            checks[n] = _failed(ins, eager, config, f"kernel failed: {cause}")
+            checks[n] = failed(ins, eager, config, f"kernel failed: {cause}")
             return eager
         checks[n] = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
         if checks[n].passed and not all(same_values(x, y) for x, y in zip(pytree.tree_leaves(out), pytree.tree_leaves(again))):
@@ -320,60 +336,6 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
     with torch.no_grad():
         LayerRunner(gm, at_layer).run(*args)
     return checks
-
-
-def reference(original: fx.GraphModule, ins: list):
-    """A layer's original subgraph evaluated in higher precision (fp32 for half inputs, fp64 for
-    fp32 ones): what the guard and the report measure every side against."""
-    leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    low = leaves[0].dtype if leaves else torch.float32
-    ref_dtype = higher_precision(low)
-    module = copy.deepcopy(original).to(ref_dtype)
-    up = [t.to(ref_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ins]
-    return module(*up)
-
-
-def verdict(rel: float, eager_rel: float, tol: float, config, quantized: bool) -> str:
-    """Why a layer with this error fails the guard ("" if it passes): int8 layers against the
-    SQNR floor, float layers against max(tol, eager_error_factor x eager's error)."""
-    if quantized:
-        sqnr, floor = sqnr_db(rel), config.quantized.sqnr_floor
-        return "" if sqnr >= floor else f"{_format(config)} SQNR {sqnr:.1f} dB under the floor {floor:g} dB"
-    limit = max(tol, config.eager_error_factor * eager_rel)
-    return "" if rel <= limit else (f"error {rel:.2e} over tolerance {limit:.2e} (floor {tol:.1e}, "
-                                    f"eager's own error {eager_rel:.2e})")
-
-
-def _format(config) -> str:
-    return "int8" if config.int8 is not None else "fp8"
-
-
-def compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:
-    """The check of one layer's output `out` (eager's `eager`, the reference `ref`, both on the
-    inputs `ins`)."""
-    outs, eagers, refs = pytree.tree_leaves(out), pytree.tree_leaves(eager), pytree.tree_leaves(ref)
-    dtype = eagers[0].dtype
-    tol = config.tolerance_for(dtype)
-    for o, e in zip(outs, eagers):
-        if o.shape != e.shape or o.dtype != e.dtype:
-            return LayerCheck(False, math.nan, math.nan, math.nan, tol, _shapes(ins), dtype,
-                              f"output {tuple(o.shape)} {o.dtype} != eager {tuple(e.shape)} {e.dtype}")
-    finite_ok = all(torch.isfinite(o[torch.isfinite(r)]).all() for o, r in zip(outs, refs))
-    rel, max_abs = error_stats(out, ref)
-    eager_rel = error_stats(eager, ref)[0]
-    reason = ("non-finite output where the reference is finite" if not finite_ok
-              else verdict(rel, eager_rel, tol, config, quantized))
-    return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr_db(rel))
-
-
-def _shapes(ins):
-    return tuple(tuple(t.shape) for t in ins if isinstance(t, torch.Tensor))
-
-
-def _failed(ins, eager, config, reason):
-    dtype = eager.dtype if isinstance(eager, torch.Tensor) else None
-    return LayerCheck(False, math.nan, math.nan, math.nan,
-                      config.tolerance_for(dtype) if dtype else math.nan, _shapes(ins), dtype, reason)
 
 
 def layer_inputs(gm: fx.GraphModule, args: tuple, model=None) -> dict:

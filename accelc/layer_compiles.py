@@ -1,7 +1,8 @@
 """The guard's compiles ahead, over the layers of a graph: every layer's tuning candidates at the example's sizes
-by the compile workers at once (candidates_ahead), and every layer's kernels at other sizes in compile_ahead's
-threads (sizes_ahead), each before the guard's check runs the layers one by one. Nothing here is checked, chosen
-or kept: what fails is left to the check, which says so."""
+by the compile workers at once (candidates_ahead); every layer's kernels at all the other sizes handed to the
+workers in one batch once the example's are tuned, not waited for (others_ahead); and at each other size what is
+left in compile_ahead's threads (sizes_ahead), each before the guard's check runs the layers one by one. Nothing
+here is checked, chosen or kept: what fails is left to the check, which says so."""
 from __future__ import annotations
 
 import logging
@@ -38,13 +39,15 @@ def _launch_quietly(n, a, kw) -> None:
         log.debug("accelc: %s not compiled ahead: %s", meta.rewrite_of(n).layer, e)
 
 
-def sizes_ahead(gm, args, only) -> None:
+def sizes_ahead(gm, args, only, handed: bool = False) -> None:
     """The kernels of the layers in `only` launched on `args` with Triton compiling instead of running
     (compile_ahead.compiling_ahead): their compiles for these sizes (a new specialization for every size Triton
     tells apart: 1, a multiple of 16, another) in parallel, before the guard's check runs them one by one;
     first by the compile workers (candidates_ahead on these sizes: the threads then load them, and a compile that
-    ends a worker is not made in this process: compile_workers.refuse_crashed). Nothing here is checked."""
-    candidates_ahead(gm, args, only)
+    ends a worker is not made in this process: compile_workers.refuse_crashed; `handed`: others_ahead handed them
+    over already). Nothing here is checked."""
+    if not handed:
+        candidates_ahead(gm, args, only)
     with compile_ahead.compiling_ahead() as ahead:
         if ahead:
             _each_layer(gm, args, only, _launch_quietly)
@@ -60,8 +63,31 @@ def candidates_ahead(gm, args, only) -> None:
     if not compile_workers.active():
         return
     try:
-        with tuning.collecting() as jobs, compile_workers.handing_over() as launched:
-            _each_layer(gm, args, only, _launch_quietly)
-        compile_workers.compile_jobs(jobs + launched)
+        compile_workers.compile_jobs(_collected(gm, args, only))
     except Exception as e:   # nothing here is a result: the races compile what they need
         log.debug("accelc: the layers' kernels not compiled ahead: %s", e)
+
+
+def others_ahead(gm, others, only) -> "compile_workers.Pending | None":
+    """candidates_ahead on each of `others` ((label, inputs, sizes): the guard's other inputs) at once, without
+    waiting: the workers compile the layers' kernels at those sizes, as the guard's checks there will serve them
+    (tuning.serving), while the checks on the example run; None where there are no workers. A size the model does
+    not run at hands over nothing (its check says so)."""
+    if not compile_workers.active():
+        return None
+    jobs: list = []
+    with tuning.serving(say=False):
+        for label, args, _ in others:
+            try:
+                jobs += _collected(gm, args, only)
+            except Exception as e:   # (the check at that size says what is wrong)
+                log.debug("accelc: the layers' kernels %s not compiled ahead: %s", label, e)
+    return compile_workers.submit(jobs)
+
+
+def _collected(gm, args, only) -> list:
+    """What launching the layers in `only` on `args` would compile: each tuner's candidates (tuning.collecting)
+    and the kernels launched (handing_over); nothing compiled or launched."""
+    with tuning.collecting() as jobs, compile_workers.handing_over() as launched:
+        _each_layer(gm, args, only, _launch_quietly)
+    return jobs + launched

@@ -28,13 +28,12 @@ import torch
 from torch import fx
 import triton
 
-from accelc import guard, meta, runtime
+from accelc import guard, layer_check, meta, runtime
 from accelc import progress as progress_bar
 from accelc.api import Job, make_job, optimize_job
 from accelc.baselines import ort
 from accelc.capture import flat_module
 from accelc.errors import InputError, short_error
-from accelc.guard import verdict
 from accelc.latency import side_method, side_ms
 from accelc.numerics import error_stats, sqnr_db
 from accelc.records import LayerRecord
@@ -188,7 +187,7 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
             row.eager_ms, row.eager_spread = _with_spread(side_ms(lambda: original(*ins), device, rep_ms))
             row.accelc_ms, row.accelc_spread = _with_spread(side_ms(lambda: node.target(*a, **kw), device, rep_ms))
             row.timer = "per layer: GPU time per call" if device.type == "cuda" else sides.timer
-            _fill_ort(row, original, ins, lambda: guard.reference(original, ins), rec.name, sides)
+            _fill_ort(row, original, ins, lambda: layer_check.reference(original, ins), rec.name, sides)
             if with_compile:
                 row.compile_ms, _, row.compile_error = _compile_measure(original, ins, sides, modes=("default",))
 
@@ -236,7 +235,7 @@ def _whole_model(model, opt, args, sides: Sides) -> LayerRow:
     device, rep_ms = sides.device, sides.rep_ms
     ref = _upcast(model)(*[t.to(torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else torch.float64)
                            if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args])
-    check = guard.compare(opt(*args), model(*args), ref, list(args), sides.config)
+    check = layer_check.compare(opt(*args), model(*args), ref, list(args), sides.config)
     row = LayerRow(LayerRecord("end-to-end (whole model)", "model", "", "accelc.optimize", check=check),
                    timer="whole model: per call as a user calls it" if device.type == "cuda" else sides.timer)
     row.eager_ms, row.eager_spread = _with_spread(side_ms(lambda: model(*args), device, rep_ms, whole_model=True))
@@ -261,7 +260,7 @@ def _fill_ort_optimized(row, model, args, ref, sides: Sides) -> None:
 
     def judge(outs):
         rel = _errors(outs[0] if len(outs) == 1 else outs, ref)[0]
-        return rel, verdict(rel, row.eager_rel_error or 0.0, tol, sides.config, False)
+        return rel, layer_check.verdict(rel, row.eager_rel_error or 0.0, tol, sides.config, False)
 
     def timer(runner):
         return side_ms(runner.run, sides.device if runner.on_gpu else torch.device("cpu"), sides.rep_ms,
@@ -292,7 +291,8 @@ def _fill_ort(row, module, ins, ref, name, sides: Sides, whole_model: bool = Fal
         row.ort_rel_error, row.ort_max_abs_error, row.ort_sqnr_db = _errors(outs[0] if len(outs) == 1 else outs, ref())
         if row.status:
             tol = row.tolerance if not math.isnan(row.tolerance) else sides.config.tolerance_for(torch.float32)
-            row.ort_pass = not verdict(row.ort_rel_error, row.eager_rel_error or 0.0, tol, sides.config, False)
+            row.ort_pass = not layer_check.verdict(row.ort_rel_error, row.eager_rel_error or 0.0, tol, sides.config,
+                                                   False)
 
 
 def _upcast(model):

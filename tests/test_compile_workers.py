@@ -100,7 +100,8 @@ def copy_kernel(x, y, N: tl.constexpr):
     tl.store(y + i, tl.load(x + i))
 """
 
-CRASH_SCRIPT = r"""
+# a process with the stand-in sm90 driver, two compile workers, poison.copy_kernel aborting in a worker
+POISONED = r"""
 import os, sys
 os.environ["TRITON_INTERPRET"] = "0"
 os.environ["MAIN_PID"] = str(os.getpid())
@@ -114,6 +115,9 @@ driver.set_active(Sm90Driver())
 import poison
 from accelc import compile_workers
 compile_workers.FIRST_BY_A_WORKER += ("poison",)     # (this test's kernel stands for one of accelc's)
+"""
+
+CRASH_SCRIPT = POISONED + r"""
 from accelc.compile_ahead import compile_only, launch_kernel
 from accelc.kernels import layernorm
 
@@ -211,3 +215,85 @@ def test_handing_the_guards_other_sizes_to_the_workers_leaves_the_tuners_as_they
     layer_compiles.sizes_ahead(gm, (torch.randn(7, 16),), set(layers(gm)))
     assert handed, "the pass ran"
     assert gemm.TUNER.calls == before
+
+
+SUBMIT_SCRIPT = POISONED + r"""
+from accelc.compile_ahead import compile_only, launch_kernel
+
+x = torch.empty(64, dtype=torch.float16); y = torch.empty_like(x)
+
+def aborting(n):
+    launch_kernel(poison.copy_kernel, (1,), (x, y), dict(N=n))
+
+compile_workers.hold()
+pending = compile_workers.submit(compile_workers.collect(aborting, [8, 16], compile_only))
+print("in flight", len(compile_workers._inflight))      # (the workers are still importing: seconds)
+for n in (8, 16):
+    try:
+        with compile_only():
+            aborting(n)
+        print("refused no")
+    except compile_workers.CompilerCrashed as e:
+        print("refused", n, "SIGABRT" in str(e))
+print("waited", pending.wait(), "in flight", len(compile_workers._inflight))
+compile_workers.release()
+"""
+
+
+def test_a_launch_meeting_a_compile_handed_over_without_waiting_waits_for_its_outcome(tmp_path):
+    """compile_workers.submit returns while the workers compile (the guard's other sizes, layer_compiles.
+    others_ahead): a launch here that meets one of those specializations first waits for the worker's compile, so
+    that one that ends its worker is still never compiled in this process (it would end this process too)."""
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    (kdir / "poison.py").write_text(POISON)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
+           "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": os.pathsep.join([str(kdir), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nKDIR = {str(kdir)!r}\n" + SUBMIT_SCRIPT],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.split(" ")[0] in ("in", "refused", "waited")]
+    assert lines == ["in flight 2", "refused 8 True", "refused 16 True", "waited 0 in flight 0"], lines
+
+
+def test_the_guard_hands_every_other_sizes_kernels_over_at_once_after_the_examples_checks(monkeypatch):
+    """check_layers: the other sizes' kernels go to the workers in one batch, collected once the example's check
+    pass has tuned its kernels (the configs the checks at other sizes serve), without waiting; each size's own
+    pass then collects nothing again, and the batch is waited for before the guard goes on."""
+    import warnings
+
+    import torch
+
+    import accelc
+    from accelc import guard, layer_compiles
+
+    events = []
+
+    class Batch:
+        def wait(self):
+            events.append("waited")
+            return 0
+
+    def others_ahead(gm, others, only):
+        events.append(("handed", tuple(label for label, _, _ in others), len(only)))
+        return Batch()
+    check_pass = guard._check_pass
+
+    def recorded_pass(gm, args, config, only, repeat):
+        events.append(("checked", tuple(args[0].shape)))
+        return check_pass(gm, args, config, only, repeat)
+    monkeypatch.setattr(layer_compiles, "others_ahead", others_ahead)
+    monkeypatch.setattr(layer_compiles, "sizes_ahead", lambda gm, args, only, handed: events.append(("ahead", handed)))
+    monkeypatch.setattr(guard, "_check_pass", recorded_pass)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accelc.optimize(model, (torch.randn(4, 16),), accelc.OptimizeConfig(only_if_faster=False))
+    first = events.index(("checked", (4, 16)))
+    handed = events[first + 1]
+    assert handed[0] == "handed" and handed[1][0] == "on a second draw of the inputs" and handed[2] == 2, events
+    sizes = len(handed[1])
+    others = events[first + 2:first + 2 + 2 * sizes]
+    assert others[0::2] == [("ahead", True)] * sizes and all(e[0] == "checked" for e in others[1::2]), events
+    assert events[first + 2 + 2 * sizes] == "waited", events

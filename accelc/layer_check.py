@@ -1,0 +1,69 @@
+"""One layer's output judged (the guard's and the report's check): against eager PyTorch's output and its original
+subgraph in higher precision, on the same inputs; float layers by relative L2 error, quantized ones by SQNR
+(accelc.guard's docstring has the rule)."""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from accelc.numerics import error_stats, higher_precision, sqnr_db
+from accelc.records import LayerCheck
+
+
+def reference(original: fx.GraphModule, ins: list):
+    """A layer's original subgraph evaluated in higher precision (fp32 for half inputs, fp64 for
+    fp32 ones): what the guard and the report measure every side against."""
+    leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    low = leaves[0].dtype if leaves else torch.float32
+    ref_dtype = higher_precision(low)
+    module = copy.deepcopy(original).to(ref_dtype)
+    up = [t.to(ref_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ins]
+    return module(*up)
+
+
+def verdict(rel: float, eager_rel: float, tol: float, config, quantized: bool) -> str:
+    """Why a layer with this error fails the guard ("" if it passes): int8 layers against the
+    SQNR floor, float layers against max(tol, eager_error_factor x eager's error)."""
+    if quantized:
+        sqnr, floor = sqnr_db(rel), config.quantized.sqnr_floor
+        return "" if sqnr >= floor else f"{quantized_format(config)} SQNR {sqnr:.1f} dB under the floor {floor:g} dB"
+    limit = max(tol, config.eager_error_factor * eager_rel)
+    return "" if rel <= limit else (f"error {rel:.2e} over tolerance {limit:.2e} (floor {tol:.1e}, "
+                                    f"eager's own error {eager_rel:.2e})")
+
+
+def quantized_format(config) -> str:
+    return "int8" if config.int8 is not None else "fp8"
+
+
+def compare(out, eager, ref, ins, config, quantized=False) -> LayerCheck:
+    """The check of one layer's output `out` (eager's `eager`, the reference `ref`, both on the
+    inputs `ins`)."""
+    outs, eagers, refs = pytree.tree_leaves(out), pytree.tree_leaves(eager), pytree.tree_leaves(ref)
+    dtype = eagers[0].dtype
+    tol = config.tolerance_for(dtype)
+    for o, e in zip(outs, eagers):
+        if o.shape != e.shape or o.dtype != e.dtype:
+            return LayerCheck(False, math.nan, math.nan, math.nan, tol, _shapes(ins), dtype,
+                              f"output {tuple(o.shape)} {o.dtype} != eager {tuple(e.shape)} {e.dtype}")
+    finite_ok = all(torch.isfinite(o[torch.isfinite(r)]).all() for o, r in zip(outs, refs))
+    rel, max_abs = error_stats(out, ref)
+    eager_rel = error_stats(eager, ref)[0]
+    reason = ("non-finite output where the reference is finite" if not finite_ok
+              else verdict(rel, eager_rel, tol, config, quantized))
+    return LayerCheck(not reason, rel, eager_rel, max_abs, tol, _shapes(ins), dtype, reason, sqnr_db(rel))
+
+
+def _shapes(ins):
+    return tuple(tuple(t.shape) for t in ins if isinstance(t, torch.Tensor))
+
+
+def failed(ins, eager, config, reason) -> LayerCheck:
+    """The check of a layer whose kernel did not run (`reason`)."""
+    dtype = eager.dtype if isinstance(eager, torch.Tensor) else None
+    return LayerCheck(False, math.nan, math.nan, math.nan,
+                      config.tolerance_for(dtype) if dtype else math.nan, _shapes(ins), dtype, reason)
