@@ -12,7 +12,9 @@ Nothing done here is a result: a kernel a worker cannot find or compile, a Trito
 do not start, all leave the compile to the threads, as before. Except a compile that ended its worker (Triton's
 LLVM aborting on one kernel's code, seen with triton 3.6): that specialization is never compiled in this process,
 where the same abort would end the user's program; its launch raises CompilerCrashed instead (the race drops the
-candidate, the guard leaves the layer in PyTorch and says why). ACCELC_COMPILE_PROCS: the workers (default:
+candidate, the guard leaves the layer in PyTorch and says why). What a worker compiled is recorded in the Triton
+cache folder (compiled()): a later process loads those kernels from there without a worker's round trip (a warm
+optimize). ACCELC_COMPILE_PROCS: the workers (default:
 compile_ahead's thread count; 0 or 1: off). An optimize holds them (`hold` / `release`): started at its beginning,
 so that they are up by the time the guard's first tuner asks, and closed at its end.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import importlib
 import json
 import logging
@@ -28,6 +31,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 from accelc import runtime
 
@@ -39,6 +43,8 @@ _failed: list = []      # workers that could not start: not tried again in this 
 _sent: set = set()      # the specializations handed to the workers in this process
 _crashed: dict = {}     # specialization data -> how its compile ended the worker that ran it
 _inflight: dict = {}    # specialization data -> threading.Event, set when a worker's compile of it has ended
+_compiled: dict = {}    # Triton cache folder -> digests of the specializations a worker compiled into it (compiled())
+COMPILED_RECORD = "accelc/worker-compiled.txt"   # their record in that folder, a digest a line
 # the kernels whose compiles met inside an optimize go to a worker first (refuse_crashed): accelc's own (a model's
 # kernels from modules of its own are compiled as they always were: a worker would import those modules)
 FIRST_BY_A_WORKER: tuple = ("accelc.",)
@@ -170,8 +176,10 @@ def refuse_crashed() -> None:
 
     def hook(*, fn, compile, **kwargs):
         data = _specialization(compile)
+        known = compiled() if data else set()
         with _lock:
-            first = bool(data) and data not in _sent and str(fn.module).startswith(FIRST_BY_A_WORKER)
+            first = (bool(data) and data not in _sent and str(fn.module).startswith(FIRST_BY_A_WORKER)
+                     and _digest(data) not in known)
             handed = _inflight.get(data) if data else None
         if first and active():
             compile_jobs([(f"{fn.module}.{fn.name}", data)])
@@ -284,10 +292,11 @@ def submit(jobs: list) -> "Pending":
     except Exception as e:
         log.debug("accelc: no target for the compile workers: %s", e)
         return Pending([], [])
+    done_before = compiled()
     with _lock:
         todo = []
         for name, data in jobs:
-            if data not in _sent:
+            if data not in _sent and _digest(data) not in done_before:
                 _sent.add(data)
                 todo.append((name, data, target))
         todo.reverse()
@@ -297,6 +306,52 @@ def submit(jobs: list) -> "Pending":
             _sent.difference_update(data for _, data, _ in todo)
         return Pending([], [])
     return Pending(todo, running)
+
+
+def compiled() -> set:
+    """Digests of the specializations a worker compiled into the Triton cache folder in use, by any process (its
+    record there, read once a process): a launch here loads those from the cache, handed to no worker (a compile
+    that once succeeded in a worker does not end this process; one that ended a worker is never recorded). An
+    empty cache folder has no record."""
+    try:
+        from triton import knobs
+        folder = str(knobs.cache.dir)
+    except Exception:   # (no Triton cache folder: nothing recorded)
+        return set()
+    with _lock:
+        if folder not in _compiled:
+            try:
+                text = (Path(folder) / COMPILED_RECORD).read_text()
+            except OSError:
+                text = ""
+            _compiled[folder] = set(text.split())
+        return _compiled[folder]
+
+
+def _record_compiled(data: str) -> None:
+    """A worker compiled `data` into the cache folder: said in its record (one short line appended, whole)."""
+    try:
+        from triton import knobs
+        folder = str(knobs.cache.dir)
+        digest = _digest(data)
+        known = compiled()
+        if digest in known:
+            return
+        with _lock:
+            known.add(digest)
+            path = Path(folder) / COMPILED_RECORD
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(digest + "\n")
+    except Exception as e:   # a record not written: a later process hands the kernel to a worker again
+        log.debug("accelc: the worker compiles' record not written: %s", e)
+
+
+def _digest(data: str) -> str:
+    """A specialization's digest in the record, this Triton's (another version's compiler may end a worker where
+    this one did not)."""
+    import triton
+    return hashlib.sha256(f"{triton.__version__}\n{data}".encode()).hexdigest()[:32]
 
 
 class Pending:
@@ -328,6 +383,8 @@ class Pending:
                     job = self._todo.pop()
                 try:
                     self._done.append(worker.compile(job))
+                    if self._done[-1]:
+                        _record_compiled(job[1])
                 except Exception as e:   # a worker that died: the threads compile what it would have, except a job
                     ended = worker.ended()   # that ended it by a signal (an abort, a crash): refused (refuse_crashed)
                     if ended.startswith("signal"):

@@ -117,7 +117,8 @@ from accelc import compile_workers
 compile_workers.FIRST_BY_A_WORKER += ("poison",)     # (this test's kernel stands for one of accelc's)
 """
 
-CRASH_SCRIPT = POISONED + r"""
+# a kernel of accelc's that compiles (fine) and one that ends the worker compiling it (aborting)
+LAUNCHES = r"""
 from accelc.compile_ahead import compile_only, launch_kernel
 from accelc.kernels import layernorm
 
@@ -129,7 +130,9 @@ def fine(rows):
 
 def aborting(n):
     launch_kernel(poison.copy_kernel, (1,), (x, y), dict(N=n))
+"""
 
+CRASH_SCRIPT = POISONED + LAUNCHES + r"""
 compile_workers.hold()
 jobs = compile_workers.collect(aborting, [64], compile_only) + compile_workers.collect(fine, [1, 2], compile_only)
 print("jobs", len(jobs), "compiled", compile_workers.compile_jobs(jobs))
@@ -297,3 +300,42 @@ def test_the_guard_hands_every_other_sizes_kernels_over_at_once_after_the_exampl
     others = events[first + 2:first + 2 + 2 * sizes]
     assert others[0::2] == [("ahead", True)] * sizes and all(e[0] == "checked" for e in others[1::2]), events
     assert events[first + 2 + 2 * sizes] == "waited", events
+
+
+RECORD_SCRIPT = POISONED + LAUNCHES + r"""
+compile_workers.hold()
+if FIRST:
+    jobs = compile_workers.collect(fine, [1, 2], compile_only) + compile_workers.collect(aborting, [64], compile_only)
+    print("first compiled", compile_workers.compile_jobs(jobs))
+else:
+    with compile_only():
+        fine(1)
+        fine(2)
+    print("again handed", len(compile_workers._sent))
+    try:
+        with compile_only():
+            aborting(64)
+        print("again refused no")
+    except compile_workers.CompilerCrashed:
+        print("again refused", len(compile_workers._sent))
+compile_workers.release()
+"""
+
+
+def test_a_later_process_loads_what_a_worker_compiled_without_handing_it_to_a_worker_again(tmp_path):
+    """The workers' successful compiles are recorded in the Triton cache folder: a second process (a warm optimize)
+    launching those kernels loads them from there, no worker's round trip; a compile that ended a worker is never
+    recorded, so it still goes to a worker first and is refused again."""
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    (kdir / "poison.py").write_text(POISON)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
+           "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": os.pathsep.join([str(kdir), os.environ.get("PYTHONPATH", "")])}
+    lines = []
+    for first in (True, False):
+        out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nKDIR = {str(kdir)!r}\nFIRST = {first}\n"
+                              + RECORD_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines += [line for line in out.stdout.splitlines() if line.split(" ")[0] in ("first", "again")]
+    assert lines == ["first compiled 2", "again handed 0", "again refused 1"], lines
+    assert len((tmp_path / "cache" / "accelc" / "worker-compiled.txt").read_text().split()) == 2
