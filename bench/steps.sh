@@ -13,4 +13,16 @@ steps_start() { O=$1; mkdir -p "$O"
   python -m pip install --no-deps --no-build-isolation -q -e . > "$O/install.log" 2>&1
   nvidia-smi -L > "$O/gpus.txt" 2>&1
   export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=8
+  steps_bytecode
   steps_budget "$2"; }
+# Python's bytecode kept for every process of the command, as an install that compiled it (pip's default) has it:
+# the device image's site-packages keeps none, so each process compiled torch's, transformers' and triton's sources
+# again (2.6-2.9 s of a warm optimize in runs/optimize_time/run17-h200-warm-profile, every side alike). The heavy
+# modules are imported once first, so that no side's process is the one that pays it; bytecode.log says whether the
+# cache took (the second import's seconds against the first's).
+steps_bytecode() { unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
+  local prime='import sys, time; t = time.time()
+import torch, torch._dynamo, torch._inductor.compile_fx, torch.export, triton, transformers, accelc, accelc.api
+from transformers.models import bert, gpt2, llama, qwen2
+print("imports", round(time.time() - t, 1), "s; bytecode written:", not sys.dont_write_bytecode, sys.pycache_prefix)'
+  { python -c "$prime"; python -c "$prime"; } > "$O/bytecode.log" 2>&1; }
