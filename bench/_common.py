@@ -7,6 +7,7 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +41,10 @@ def environment() -> dict:
             pass
     else:
         env["device"] = "cpu"
+    # where the processes' Python bytecode goes (bench/steps.sh keeps it: without it each process compiles the
+    # heavy modules' sources again, seconds of every side's first call or optimize)
+    env["bytecode"] = ("not written" if sys.dont_write_bytecode
+                       else f"under {sys.pycache_prefix}" if sys.pycache_prefix else "beside the sources")
     return env
 
 

@@ -98,6 +98,11 @@ def test_the_driver_of_a_host_of_several_gpus_is_one_line(monkeypatch):
     monkeypatch.setattr(_common.subprocess, "run", lambda *a, **k: smi)
     env = _common.environment()
     assert env["driver"] == "580.1" and env["gpus_on_host"] == 3
+    monkeypatch.setattr(_common.sys, "pycache_prefix", "/tmp/pycache")
+    monkeypatch.setattr(_common.sys, "dont_write_bytecode", False)
+    assert _common.environment()["bytecode"] == "under /tmp/pycache"     # (bench/steps.sh's)
+    monkeypatch.setattr(_common.sys, "dont_write_bytecode", True)
+    assert _common.environment()["bytecode"] == "not written"
     line = _common.env_line({"device": "GPU", "driver": "580.1\n580.1\n580.1"})
     assert line == "device GPU, driver 580.1" and "\n" not in line
 
