@@ -13,8 +13,8 @@ steps_start() { O=$1; mkdir -p "$O"
   python -m pip install --no-deps --no-build-isolation -q -e . > "$O/install.log" 2>&1
   nvidia-smi -L > "$O/gpus.txt" 2>&1
   export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=8
-  steps_bytecode
-  steps_budget "$2"; }
+  steps_budget "$2"      # (before the bytecode prime: its seconds are the command's too)
+  steps_bytecode; }
 # Python's bytecode kept for every process of the command, as an install that compiled it (pip's default) has it:
 # the device image's site-packages keeps none, so each process compiled torch's, transformers' and triton's sources
 # again (2.6-2.9 s of a warm optimize in runs/optimize_time/run17-h200-warm-profile, every side alike). The heavy
