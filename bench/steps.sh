@@ -34,4 +34,4 @@ if len(sys.argv) > 1 and torch.cuda.is_available():   # what a first compile imp
     torch.compile(lambda a: (a.sin() + 1).sum(-1))(x)
     accelc.optimize(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()).cuda().half(), (x,))
     print("a compile and an optimize", round(time.time() - t, 1), "s")'
-  { python -c "$prime" compile; python -c "$prime"; } > "$O/bytecode.log" 2>&1; }
+  { timeout 120 python -c "$prime" compile; timeout 60 python -c "$prime"; } > "$O/bytecode.log" 2>&1; }
