@@ -370,6 +370,8 @@ def _race(gm, args, nodes, against: str) -> dict:
     # a size those checks meet first; a race on a borrowed config (or the default) judges a kernel by a config it
     # will not serve with (warm-up tunes those sizes later)
     tuning.forget_borrowed()
+    if nodes:    # those keys' candidates compiled by the workers in one batch, not a key's batch at each first launch
+        layer_compiles.candidates_ahead(gm, args, nodes)
 
     def at_layer(runner, n, rw):
         if n in nodes:

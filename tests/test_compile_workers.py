@@ -339,3 +339,28 @@ def test_a_later_process_loads_what_a_worker_compiled_without_handing_it_to_a_wo
         lines += [line for line in out.stdout.splitlines() if line.split(" ")[0] in ("first", "again")]
     assert lines == ["first compiled 2", "again handed 0", "again refused 1"], lines
     assert len((tmp_path / "cache" / "accelc" / "worker-compiled.txt").read_text().split()) == 2
+
+
+def test_a_speed_race_hands_its_keys_candidates_over_in_one_batch_before_timing(monkeypatch):
+    """guard._race: the raced layers' kernels on the race's inputs go to the workers at once (their keys tune at
+    the race's first launches: a generation step's decode rows), before any layer is timed."""
+    import warnings
+
+    import torch
+
+    import accelc
+    from accelc import guard, layer_compiles
+    from accelc.rewrite import layers
+
+    events = []
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = accelc.optimize(model, (torch.randn(4, 16),)).graph_module
+    monkeypatch.setattr(layer_compiles, "candidates_ahead",
+                        lambda g, args, only: events.append(("handed", tuple(args[0].shape), len(only))))
+    monkeypatch.setattr(guard, "layer_ms", lambda fn, device, rep_ms: events.append("timed") or (1.0, True))
+    times = guard._race(gm, (torch.randn(1, 16),), layers(gm), "original")
+    assert len(times) == len(layers(gm)) > 0
+    assert events[0] == ("handed", (1, 16), len(layers(gm))) and "handed" not in str(events[1:]), events
