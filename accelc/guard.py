@@ -137,7 +137,7 @@ def _choose_int8_or_float(gm, ctx, v: _Verdicts) -> None:
         return
     int8 = [n for n in layers(gm) if meta.rewrite_of(n).quantized and meta.rewrite_of(n).fallback is not None]
     inputs, words = race_inputs(ctx)
-    for node, (t8, tf) in _race(gm, inputs, int8, "fallback").items():
+    for node, (t8, tf) in _race(gm, inputs, int8, "fallback", ahead=ctx.race is not None).items():
         if t8 < tf:
             continue
         check = v.passed.pop(node, None)
@@ -154,7 +154,7 @@ def _keep_the_faster(gm, ctx, v: _Verdicts) -> None:
         return
     t0 = time.perf_counter()
     inputs, words = race_inputs(ctx)
-    race = _race(gm, inputs, layers(gm), "original")
+    race = _race(gm, inputs, layers(gm), "original", ahead=ctx.race is not None)
     ctx.seconds["timing layers"] = round(time.perf_counter() - t0, 2)
     for node, (ta, to) in race.items():
         rw = meta.rewrite_of(node)
@@ -358,11 +358,12 @@ def layer_inputs(gm: fx.GraphModule, args: tuple, model=None) -> dict:
 # ---------------------------------------------------------------------------------------------
 # int8 or float
 
-def _race(gm, args, nodes, against: str) -> dict:
+def _race(gm, args, nodes, against: str, ahead: bool = False) -> dict:
     """{node: (ms of its accelc call, ms of the other side)} on the inputs the guard checked it on, timed like the
     report (over a CUDA graph; both sides in plain calls where one cannot be captured). against: "fallback" (an
     int8 layer's float kernel) or "original" (the PyTorch layer it replaced). A conv layer is timed on
-    channels-last inputs, as a run of accelc convs hands them on, both sides alike."""
+    channels-last inputs, as a run of accelc convs hands them on, both sides alike. ahead: inputs of sizes the
+    checks did not tune (a generation step's decode rows): the raced kernels' compiles handed over first."""
     nodes = set(nodes)
     calls = {}
     # each kernel races on the config tuned for these sizes: a key the checks at other sizes ran on a borrowed
@@ -370,7 +371,7 @@ def _race(gm, args, nodes, against: str) -> dict:
     # a size those checks meet first; a race on a borrowed config (or the default) judges a kernel by a config it
     # will not serve with (warm-up tunes those sizes later)
     tuning.forget_borrowed()
-    if nodes:    # those keys' candidates compiled by the workers in one batch, not a key's batch at each first launch
+    if nodes and ahead:   # their keys' candidates compiled by the workers in one batch, not one at each first launch
         layer_compiles.candidates_ahead(gm, args, nodes)
 
     def at_layer(runner, n, rw):

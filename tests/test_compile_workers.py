@@ -342,8 +342,8 @@ def test_a_later_process_loads_what_a_worker_compiled_without_handing_it_to_a_wo
 
 
 def test_a_speed_race_hands_its_keys_candidates_over_in_one_batch_before_timing(monkeypatch):
-    """guard._race: the raced layers' kernels on the race's inputs go to the workers at once (their keys tune at
-    the race's first launches: a generation step's decode rows), before any layer is timed."""
+    """guard._race on inputs the checks did not tune (a generation step's decode rows: ahead): the raced layers'
+    kernels on them go to the workers at once, before any layer is timed; on the example's, nothing is."""
     import warnings
 
     import torch
@@ -361,6 +361,9 @@ def test_a_speed_race_hands_its_keys_candidates_over_in_one_batch_before_timing(
     monkeypatch.setattr(layer_compiles, "candidates_ahead",
                         lambda g, args, only: events.append(("handed", tuple(args[0].shape), len(only))))
     monkeypatch.setattr(guard, "layer_ms", lambda fn, device, rep_ms: events.append("timed") or (1.0, True))
-    times = guard._race(gm, (torch.randn(1, 16),), layers(gm), "original")
+    times = guard._race(gm, (torch.randn(1, 16),), layers(gm), "original", ahead=True)
     assert len(times) == len(layers(gm)) > 0
     assert events[0] == ("handed", (1, 16), len(layers(gm))) and "handed" not in str(events[1:]), events
+    events.clear()     # the example's sizes, tuned by the checks: nothing to hand over, no pass over the layers for it
+    guard._race(gm, (torch.randn(4, 16),), layers(gm), "original")
+    assert "handed" not in str(events), events

@@ -81,7 +81,7 @@ def test_a_layer_slower_than_pytorch_stays_pytorch(monkeypatch):
     stood in for here.)"""
     from accelc import guard, runtime
 
-    def race(gm, args, nodes, against):
+    def race(gm, args, nodes, against, ahead=False):
         # the first layer's kernel is the slower one, the others the faster
         return {n: ((0.02, 0.01) if i == 0 else (0.01, 0.02)) for i, n in enumerate(sorted(nodes, key=str))}
 

@@ -49,7 +49,7 @@ def test_a_second_optimize_replays_the_verdicts_and_computes_the_same(reusing, m
 
     races = []
 
-    def race(gm, args, nodes, against):
+    def race(gm, args, nodes, against, ahead=False):
         races.append(1)
         return {n: ((0.02, 0.01) if i == 0 else (0.01, 0.02)) for i, n in enumerate(sorted(nodes, key=str))}
     from accelc import runtime
