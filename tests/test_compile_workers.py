@@ -164,21 +164,28 @@ print("outside compiled")
 """
 
 
+def _poisoned_run(tmp_path, script: str) -> str:
+    """`script` (POISONED's process, ROOT and KDIR set) run with poison.py in tmp_path's kernels/ and Triton's cache
+    in tmp_path's cache/: its stdout."""
+    kdir = tmp_path / "kernels"
+    kdir.mkdir(exist_ok=True)
+    (kdir / "poison.py").write_text(POISON)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
+           "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": os.pathsep.join([str(kdir), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nKDIR = {str(kdir)!r}\n" + script],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
 def test_a_compile_that_ends_its_worker_is_refused_here(tmp_path):
     """A compile that ends the worker running it (Triton's LLVM aborting on one kernel's code, seen with triton
     3.6 on a causal LM's step program) would end this process too: its specialization is refused here with a
     CompilerCrashed naming it (the guard leaves the layer in PyTorch, a race drops the candidate); the other jobs
     still compile. Inside an optimize a compile no worker was handed goes to one first (refused the same where
     it ends the worker; compiled there, then loaded here, where not); outside one, compiles are made here."""
-    kdir = tmp_path / "kernels"
-    kdir.mkdir()
-    (kdir / "poison.py").write_text(POISON)
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
-           "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": os.pathsep.join([str(kdir), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nKDIR = {str(kdir)!r}\n" + CRASH_SCRIPT],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines()
+    out = _poisoned_run(tmp_path, CRASH_SCRIPT)
+    lines = [line for line in out.splitlines()
              if line.split(" ")[0] in ("jobs", "crashed", "refused", "others", "first", "fine", "outside")]
     assert lines[0] == "jobs 3 compiled 2", lines
     assert lines[1] == "crashed ['signal SIGABRT']", lines
@@ -247,15 +254,7 @@ def test_a_launch_meeting_a_compile_handed_over_without_waiting_waits_for_its_ou
     """compile_workers.submit returns while the workers compile (the guard's other sizes, layer_compiles.
     others_ahead): a launch here that meets one of those specializations first waits for the worker's compile, so
     that one that ends its worker is still never compiled in this process (it would end this process too)."""
-    kdir = tmp_path / "kernels"
-    kdir.mkdir()
-    (kdir / "poison.py").write_text(POISON)
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
-           "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": os.pathsep.join([str(kdir), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nKDIR = {str(kdir)!r}\n" + SUBMIT_SCRIPT],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines() if line.split(" ")[0] in ("in", "refused", "waited")]
+    lines = [line for line in _poisoned_run(tmp_path, SUBMIT_SCRIPT).splitlines() if line.split(" ")[0] in ("in", "refused", "waited")]
     assert lines == ["in flight 2", "refused 8 True", "refused 16 True", "waited 0 in flight 0"], lines
 
 
@@ -326,17 +325,10 @@ def test_a_later_process_loads_what_a_worker_compiled_without_handing_it_to_a_wo
     """The workers' successful compiles are recorded in the Triton cache folder: a second process (a warm optimize)
     launching those kernels loads them from there, no worker's round trip; a compile that ended a worker is never
     recorded, so it still goes to a worker first and is refused again."""
-    kdir = tmp_path / "kernels"
-    kdir.mkdir()
-    (kdir / "poison.py").write_text(POISON)
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_INTERPRET": "0",
-           "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": os.pathsep.join([str(kdir), os.environ.get("PYTHONPATH", "")])}
     lines = []
     for first in (True, False):
-        out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\nKDIR = {str(kdir)!r}\nFIRST = {first}\n"
-                              + RECORD_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        lines += [line for line in out.stdout.splitlines() if line.split(" ")[0] in ("first", "again")]
+        lines += [line for line in _poisoned_run(tmp_path, f"FIRST = {first}\n" + RECORD_SCRIPT).splitlines()
+                  if line.split(" ")[0] in ("first", "again")]
     assert lines == ["first compiled 2", "again handed 0", "again refused 1"], lines
     assert len((tmp_path / "cache" / "accelc" / "worker-compiled.txt").read_text().split()) == 2
 
