@@ -17,10 +17,11 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import compile_workers, generation, runner, runtime, stages, tensor_parallel, warmup
+from accelc import compile_workers, generation, reuse, runner, runtime, stages, tensor_parallel, warmup
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
+from accelc.capture import stored
 from accelc.examples import carried_dims, check_calibration, check_example_inputs, separate_aliases
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.latency import median_ms
@@ -165,7 +166,8 @@ def optimize_job(job: Job, release: bool = True) -> OptimizedModule:
         t0 = time.perf_counter()
         log.info("accelc: capturing %s", type(job.model).__name__)
         progress_bar.phase(f"capturing {type(job.model).__name__}")
-        gm, method, expected = capture(job.model, job.args, job.kwargs, dynamic=job.config.dynamic)
+        gm, method, expected = capture(job.model, job.args, job.kwargs, dynamic=job.config.dynamic,
+                                       kept=reuse.captures())
         t1 = time.perf_counter()
         log.info("accelc: captured with %s (%d graph nodes, %.1f s)", method, len(gm.graph.nodes), t1 - t0)
         spec = gm.meta[CALL_SPEC]
@@ -182,6 +184,7 @@ def optimize_job(job: Job, release: bool = True) -> OptimizedModule:
                              cls=generation.OptimizedLM if lm else OptimizedModule, race=race,
                              reference=lambda: capture_reference(job.model, spec, flat, spec.flat_output(expected)))
         opt.info.seconds["capture"] = round(t1 - t0, 2)
+        opt.info.capture_kept = bool(gm.meta.get(stored.KEPT))
         warmup.run(opt, flat, race, job.config.warmup_shapes, job.device, lambda: call_times(job, opt), generates=lm)
         if lm:
             attach_generation(opt, job)

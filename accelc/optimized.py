@@ -223,7 +223,9 @@ class OptimizedModule(nn.Module):
         n = {s: sum(r.status == s for r in shown) for s in ("rewritten", "reverted", "kept")}
         lines = [
             f"accelc: {n['rewritten']} layer(s) rewritten, {n['reverted']} reverted, {n['kept']} kept "
-            f"as PyTorch  (capture: {self.info.capture_method}; device: {self.info.device})",
+            f"as PyTorch  (capture: {self.info.capture_method}"
+            f"{', the graph an earlier optimize kept' if getattr(self.info, 'capture_kept', False) else ''}; "
+            f"device: {self.info.device})",
         ]
         quantized = self.info.int8 or getattr(self.info, "fp8", False)
         rows = [("layer", "status", "kernel / op", "in shape", "rel.err", "eager err")

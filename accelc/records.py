@@ -170,5 +170,6 @@ class OptimizeInfo:
     shapes: str = ""                           # the input shapes the optimized model takes, in words
     generation: str = ""                       # a causal LM's generate(): its cache and step program, in words
     reused: str = ""                           # when the optimize whose guard verdicts this one reused ran (accelc.reuse)
+    capture_kept: bool = False                 # the captured graph was one an earlier optimize kept (capture.stored)
     seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
     #                                               included), warmup (glue compile, CUDA graph capture)

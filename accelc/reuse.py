@@ -15,15 +15,15 @@ whose scales read them), the input shape contract, the config, accelc's own sour
 Python, PyTorch and Triton, the GPU, accelc's environment switches and PyTorch's precision flags.
 stages.finish keeps the record under that key in accelc's cache folder (`verdicts/`, beside the tuning
 cache) and, where a later optimize's key finds one, replays it on the graph its passes made again instead
-of checking, racing and timing. The graph itself is never read from the cache: capture, the passes and the
-warm-up run as always, and the replay refuses (the guard runs) unless the passes made the same layers.
+of checking, racing and timing. The passes and the warm-up run as always (capture reads back the graph an
+earlier optimize kept: accelc.capture.stored, under `captures()`), and the replay refuses (the guard runs) unless
+the passes made the same layers.
 
 ACCELC_REUSE=0 turns reuse off (the guard runs every time). A record that cannot be read is said once,
 removed, and the guard runs.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 from accelc import guard, meta, runtime, tuning
 from accelc.capture import aliased_state, mutated_state
 from accelc.rewrite import layers
+from accelc.version import source_digest
 
 log = logging.getLogger("accelc")
 
@@ -60,6 +61,12 @@ def enabled() -> bool:
 def folder() -> Path:
     """Where the records live: `verdicts/` beside the tuning cache (ACCELC_CACHE_DIR)."""
     return tuning.cache_dir().parent / "verdicts"
+
+
+def captures() -> Path | None:
+    """Where captured graphs are kept for a later optimize (accelc.capture.stored): `captures/` beside the
+    verdicts; None with reuse off."""
+    return tuning.cache_dir().parent / "captures" if enabled() else None
 
 
 @dataclass
@@ -127,7 +134,7 @@ def key(gm: fx.GraphModule, args: tuple, config, device: torch.device, calibrati
         text = repr(config)
         if " at 0x" in text:
             return None
-        put("accelc", (FORMAT, _source_digest()))
+        put("accelc", (FORMAT, source_digest()))
         put("versions", (sys.version, platform.machine(), torch.__version__, triton.__version__, torch.version.cuda))
         put("device", (_device(device), runtime.interpreted(), runtime.autotune_enabled()))
         put("config", text)
@@ -165,17 +172,6 @@ def key(gm: fx.GraphModule, args: tuple, config, device: torch.device, calibrati
     except Exception as e:   # nothing the key cannot read is worth a failed optimize: no reuse, said in the log
         log.debug("accelc: no reuse of verdicts (%s: %s)", type(e).__name__, e)
         return None
-
-
-@functools.lru_cache(maxsize=1)
-def _source_digest() -> str:
-    """accelc's own source (its modules and the shipped tuning table): a change anywhere settles again."""
-    h = hashlib.sha256()
-    root = Path(__file__).parent
-    for path in sorted([*root.rglob("*.py"), *root.rglob("*.json")]):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 def switches() -> list:

@@ -2,6 +2,10 @@
 dependencies it is tested with (pyproject.toml's bounds: tests/test_cli.py keeps the two the same)."""
 from __future__ import annotations
 
+import functools
+import hashlib
+from pathlib import Path
+
 __version__ = "0.1.0"
 
 # [lowest, past the highest) release (major, minor) tested: the GPU runs on torch 2.11 + triton 3.6, CI on
@@ -57,3 +61,15 @@ def environment_problems(versions: dict | None = None) -> list[str]:
                        f"install torch's own: pip install 'torchvision=={want[0]}.{want[1]}.*' with torch's index "
                        "(README: Troubleshooting)")
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """accelc's own source (its modules and the shipped tuning table), digested: what is kept for a later
+    optimize (the guard's verdicts, captured graphs) is keyed on it, so that a change anywhere makes it anew."""
+    h = hashlib.sha256()
+    root = Path(__file__).parent
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.json")]):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()

@@ -30,6 +30,18 @@ def _seed():
 REL_FLOOR = {**REL_L2_FLOOR, torch.float32: 1e-6}
 
 
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """owner.name wrapped (for the test) to append 1 to the returned list at each call, then run as it was."""
+    calls = []
+    real = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 class CausalLogits(torch.nn.Module):
     """A causal LM called on its ids alone, returning its logits without a cache: what tests optimize as a plain
     model (tests/test_fp8.py, tests/test_norm_linear.py)."""

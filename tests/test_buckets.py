@@ -14,7 +14,7 @@ from accelc import buckets, cuda_graphs, runner, runtime
 from accelc.capture.shapes import SHAPES, DimRange, InputShapes
 from accelc.errors import InputError
 from accelc.numerics import rel_l2
-from conftest import DEVICE
+from conftest import DEVICE, count_calls
 from test_runner import Captures
 
 T = pytest.importorskip("transformers")
@@ -168,13 +168,7 @@ def test_the_padding_check_and_the_output_budget_share_one_higher_precision_run(
     the guard's output_error budget: it runs once (the check stood in on the CPU, as above)."""
     from accelc import api
 
-    runs = []
-    real = api.capture_reference
-
-    def counted(*args, **kwargs):
-        runs.append(1)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(api, "capture_reference", counted)
+    runs = count_calls(monkeypatch, api, "capture_reference")
     owns = _padding_check_asking_own_error(monkeypatch)
     torch.manual_seed(0)
     model = accelc.models.get("transformer_mlp").to(DEVICE)

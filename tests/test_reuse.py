@@ -10,7 +10,7 @@ import torch
 import accelc
 from accelc import guard, reuse, tuning
 from accelc.kernels import gemm
-from conftest import DEVICE
+from conftest import DEVICE, count_calls
 
 
 @pytest.fixture
@@ -18,14 +18,7 @@ def reusing(monkeypatch, tmp_path):
     """Reuse on, over a cache folder of the test's own; yields a counter of the guard's check passes."""
     monkeypatch.setenv("ACCELC_REUSE", "1")
     monkeypatch.setenv("ACCELC_CACHE_DIR", str(tmp_path))
-    calls = []
-    real = guard.check_layers
-
-    def counted(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-    monkeypatch.setattr(guard, "check_layers", counted)
-    return calls
+    return count_calls(monkeypatch, guard, "check_layers")
 
 
 def _optimize(model, inputs, **config):
@@ -35,8 +28,9 @@ def _optimize(model, inputs, **config):
 
 
 def _lines(opt):
-    """The summary's lines but the reuse line and the plain calls' timing (measured anew each time)."""
-    return [line for line in opt.summary().splitlines()
+    """The summary's lines but the reuse line and the plain calls' timing (measured anew each time), and without
+    the note that the captured graph was the one the first optimize kept (accelc.capture.stored)."""
+    return [line.replace(", the graph an earlier optimize kept", "") for line in opt.summary().splitlines()
             if not line.startswith(("guard: the verdicts", "speed on this GPU"))]
 
 
@@ -123,7 +117,7 @@ def test_another_accelc_source_or_reuse_off_checks_again(reusing, monkeypatch):
     (x,) = model.example_inputs()
     _optimize(model, (x,))
     reusing.clear()
-    monkeypatch.setattr(reuse, "_source_digest", lambda: "another accelc")
+    monkeypatch.setattr(reuse, "source_digest", lambda: "another accelc")
     _optimize(model, (x,))
     assert reusing
 
@@ -259,14 +253,17 @@ def test_paths_set_in_the_environment_keep_the_key_and_switches_change_it(reusin
 
 @pytest.mark.parametrize("name", accelc.models.names())
 def test_every_builtin_model_reuses_its_verdicts_and_computes_the_same(reusing, name):
-    """optimize twice, as a user's second run: the second reuses the first one's verdicts and gives the same outputs
-    (BatchNorm folding, written-out attention, the export-captured and the traced models alike)."""
+    """optimize twice, as a user's second run: the second reuses the first one's verdicts (and the graph the first
+    exported) and gives the same outputs (BatchNorm folding, written-out attention, the export-captured and the
+    traced models alike)."""
     model = accelc.models.get(name).to(DEVICE)
     inputs = model.example_inputs(batch_size=1)
     first = _optimize(model, inputs)
     reusing.clear()
     second = _optimize(model, inputs)
     assert second.info.reused and not reusing, name
+    # the graph torch.export made the first time, read back (accelc.capture.stored); a traced one traced again
+    assert second.info.capture_kept == (first.info.capture_method == "torch.export"), name
     assert _lines(second) == _lines(first)
     other = model.example_inputs(batch_size=3)      # and at a batch other than the example's
     for args in (inputs, other):

@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import traceback
-import warnings
+from pathlib import Path
 
 import torch
 from torch import fx, nn
@@ -32,8 +32,10 @@ from accelc import meta
 from accelc.capture.canonical import canonicalize
 from accelc.capture.shaped import settle_shaped
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, find_fills, left_out, restore_buffers
+from accelc.capture import stored
 from accelc.capture.asserts import format_at_run_time
 from accelc.capture.overflow import finite_branches
+from accelc.capture.side_effects import side_effects
 from accelc.capture.paths import annotate_paths, keep_module_stacks
 from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes, export_dims, position_limits, within_limits
@@ -44,18 +46,20 @@ from accelc.numerics import same_values, upcast_run
 log = logging.getLogger("accelc")
 
 
-def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True
+def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True, kept: Path | None = None
             ) -> tuple[fx.GraphModule, str, object]:
     """Returns (graph module, capture method, the model's eager output on `args`, `kwargs`). The
     graph takes the CallSpec's flat positional inputs (gm.meta[CALL_SPEC]: the positional
     arguments, then the tensor keyword arguments); gm.meta[SHAPES] says which shapes it takes
     (dynamic: OptimizeConfig.dynamic, for torch.export). Buffers the forward updates in place get
     back their values after each run here; symbolic_trace is not tried on such a model (it runs
-    buffer updates once, at trace time, instead of recording them)."""
+    buffer updates once, at trace time, instead of recording them). kept: the folder of graphs kept across
+    processes (accelc.capture.stored), None for none: a graph torch.export made is kept there, and one kept
+    before for the same model and example is read back (checked as a fresh capture is) instead of exporting."""
     kwargs = dict(kwargs or {})
     state = buffer_state(model)
     given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (*args, *kwargs.values())]
-    with torch.no_grad(), side_effects(model):
+    with torch.no_grad(), side_effects(model), (stored.files_run() if kept else contextlib.nullcontext()) as files:
         expected = model(*args, **kwargs)
     updated = [name for name, b in model.named_buffers() if name in state and not same_values(b, state[name])]
     restore_buffers(model, state)
@@ -72,8 +76,13 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=T
     if isinstance(spec.positions(dynamic), tuple):     # a range past the model's positions: said before tracing
         within_limits(spec.positions(dynamic), position_limits(model, spec.names), spec.names)
     failures = []
-    with quiet_torch_logs():
-        found = _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic)
+    k = stored.key(model, spec, flat, expected, dynamic, files) if kept else None
+    found = _kept(kept, k, model, spec, flat, expected, state) if k else None
+    if found is None:
+        with quiet_torch_logs():
+            found = _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic)
+        if found is not None and k and found[1] == "torch.export":
+            stored.keep(kept, k, found[0], model)
     if found is not None:
         find_fills(model, spec, args, kwargs, state)    # optional ids / masks a call may leave out, as the model lets it
         return found
@@ -139,6 +148,31 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
         finally:
             restore_buffers(model, state)
     return None
+
+
+def _kept(folder: Path, k: str, model, spec, flat, expected, state):
+    """(graph module, method, expected) from the graph kept under key k, checked on the example against the model
+    as a fresh capture is; None where none is kept or it does not reproduce the model (then removed)."""
+    gm = stored.read(folder, k, model)
+    if gm is None:
+        return None
+    try:
+        gm.meta[CALL_SPEC] = spec
+        with torch.no_grad():
+            out = record_meta(gm, flat)
+        restore_buffers(model, state)
+        checked(gm, spec.flat_output(expected), out, lambda: reference(model, spec, flat, expected, state),
+                lambda: rerun(model, spec, flat, state))
+    except Exception as e:   # the model captured again, as if nothing were kept
+        log.info("accelc: capture: the graph an earlier optimize kept does not reproduce the model (%s: %s): "
+                 "captured again", type(e).__name__, _first_line(e))
+        stored.drop(folder, k)
+        return None
+    finally:
+        restore_buffers(model, state)
+    log.info("accelc: capture: the graph an earlier optimize of this model kept, checked on the example")
+    gm.meta[stored.KEPT] = True
+    return gm, "torch.export", expected
 
 
 def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:
@@ -287,54 +321,6 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
             failure = failure or _first_line(e)[:300] or type(e).__name__
             continue
     return (_export_once(model, tuple(args), kwargs), f"the dynamic export failed: {failure}")
-
-
-class _Tee(io.TextIOBase):
-    """stdout as it was, and a count of what went through."""
-
-    def __init__(self, out):
-        self.out, self.written = out, 0
-
-    def write(self, text):
-        self.written += len(text)
-        return self.out.write(text)
-
-    def flush(self):
-        self.out.flush()
-
-
-def _plain_state(model: nn.Module) -> dict:
-    """Python numbers, strings and flags held by the model's modules and their classes."""
-    state = {}
-    for name, mod in model.named_modules():
-        for owner, where in ((vars(mod), name or type(mod).__name__), (vars(type(mod)), type(mod).__name__)):
-            for k, v in owner.items():
-                if isinstance(v, (bool, int, float, str)) and not k.startswith("__"):
-                    state[(where, k)] = v
-    return state
-
-
-@contextlib.contextmanager
-def side_effects(model: nn.Module):
-    """Warn once where the model's forward, run eagerly here, printed or changed a Python
-    attribute of a module or its class: such side effects happen while accelc captures the model
-    and never in the optimized model's calls (as torch.export and torch.compile's graphs treat
-    them). What it printed still goes to stdout."""
-    before = _plain_state(model)
-    tee = _Tee(sys.stdout)
-    sys.stdout = tee
-    try:
-        yield
-    finally:
-        sys.stdout = tee.out
-    after = _plain_state(model)
-    changed = sorted(f"{where}.{k}" for (where, k), v in after.items() if before.get((where, k), v) != v)
-    said = (["printed to stdout"] if tee.written else []) + (
-        [f"changed {', '.join(changed[:3])}" + (" ..." if len(changed) > 3 else "")] if changed else [])
-    if said:
-        warnings.warn(f"accelc: the model's forward {' and '.join(said)} while accelc captured it: Python side "
-                      "effects run at capture, not in the optimized model's calls (its graph holds only tensor "
-                      "operations)", stacklevel=5)
 
 
 def _check_declared(spec, declared, flat) -> None:

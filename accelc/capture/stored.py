@@ -1,0 +1,331 @@
+"""Captured graphs kept across processes: a second optimize of the same model on the same example reads the graph
+torch.export made the first time instead of exporting again (half to two thirds of a warm optimize was the export).
+
+What is kept (`<cache>/captures/<key>.pkl`, beside the guard's verdicts): the graph as the capture hands it on
+(canonical form, module paths on every node, the input shape contract), its nodes written out one by one (op,
+target, arguments, accelc's node metadata), and where each tensor it holds comes from: the model's own parameters
+and buffers are named, never written; only tensors the export made (lifted constants) are kept by value.
+
+The key (`key`) digests what the graph depends on: the source of every Python file the model's forward ran (the
+eager call capture makes anyway, watched with sys.setprofile: a changed line of modeling code is a new key), the
+model's module tree, tensors' names, shapes and dtypes, its Python numbers, strings and flags, the configs its modules
+hold (HF's), the example's structure, shapes and dtypes, the call's fixed values, the shape option, accelc's own
+source and the versions of Python and PyTorch. A kept graph is checked on the example against the model exactly as
+a fresh capture is (capture.check): one that does not reproduce it is removed and the model captured again.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import pickle
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from accelc import meta
+from accelc.capture.pickling import ShapeGuards
+from accelc.capture.shapes import SHAPES
+from accelc.capture.side_effects import plain_state
+from accelc.version import source_digest
+
+log = logging.getLogger("accelc")
+
+FORMAT = 1
+KEPT = "accelc_capture_kept"    # gm.meta: True on a graph read back here (the summary says so)
+# node metadata kept: accelc's own (capture.trace sets them) and the export's module stacks
+_NODE_META = (meta.PATH, meta.MODULE_TYPE, meta.IS_NONE, meta.VALUE, "nn_module_stack")
+_CONSTANT_BYTES = 64 << 20     # tensors the export made, kept by value up to this many bytes in all
+
+
+class _Ref:
+    """Stands for a node in a kept node's arguments."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+# ---------------------------------------------------------------------------------------------
+# the files a forward runs
+
+@contextlib.contextmanager
+def files_run():
+    """Yields a set that collects the source files of the Python functions run in the block (this thread), or
+    None where a profiler is already set (a profiled optimize keeps no graph)."""
+    if sys.getprofile() is not None:
+        yield None
+        return
+    files: set = set()
+    add = files.add
+
+    def seen(frame, event, arg):
+        if event == "call":
+            add(frame.f_code.co_filename)
+    sys.setprofile(seen)
+    try:
+        yield files
+    finally:
+        sys.setprofile(None)
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Folders whose files the versions in the key stand for: torch's, Python's own library, accelc's."""
+    import sysconfig
+
+    import accelc
+    roots = {os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(accelc.__file__)}
+    return tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+
+
+def _files_digest(files: set) -> list | None:
+    """[(file, digest of its contents)] of the model's own code among `files` (not torch's, Python's or accelc's);
+    None where one cannot be read (code made at run time from a file that is gone)."""
+    roots = _library_roots()
+    out = []
+    for name in sorted(files):
+        if name.startswith(("<string>", "<frozen ")):   # made by exec from a file's source (dataclass and namedtuple
+            continue                                    # methods: their class's file counts), Python's frozen modules
+        if name.startswith("<"):      # typed in (<stdin>, a notebook's cell): nothing to tell an edit by
+            return None
+        path = os.path.realpath(name)
+        if path.startswith(roots):
+            continue
+        try:
+            out.append((name, hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]))
+        except OSError:
+            return None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the key
+
+def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | None) -> str | None:
+    """The digest of what the model's captured graph depends on (module docstring), or None where something cannot
+    be told apart by value (an object printed by address) or the files are unknown: nothing kept or read."""
+    if files is None or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None      # (a tensor-parallel rank's graph holds its collectives: captured each time)
+    try:
+        code = _files_digest(files)
+        if code is None:
+            return None
+        h = hashlib.sha256()
+        parts = [
+            ("format", (FORMAT, source_digest(), sys.version, torch.__version__)),
+            ("code", code),
+            ("modules", [(name, f"{type(m).__module__}.{type(m).__qualname__}") for name, m in
+                         model.named_modules(remove_duplicate=False)]),
+            ("tensors", [(name, tuple(t.shape), t.dtype, t.stride(), t.device.type, isinstance(t, nn.Parameter))
+                         for name, t in _named_tensors(model)]),
+            ("plain", sorted((repr(k), repr(v)) for k, v in plain_state(model).items())),
+            ("configs", _configs(model)),
+            ("flags", (torch.get_default_dtype(), torch.is_grad_enabled())),
+            ("call", (spec.n_args, spec.kw_names, repr(sorted(spec.constants.items())), spec.arg_names,
+                      repr(sorted(spec.defaults.items())), spec.template is not None)),
+            ("output", str(pytree.tree_structure(spec.flat_output(expected)))),
+            ("inputs", [(tuple(x.shape), x.dtype, x.stride(), x.device.type) if isinstance(x, torch.Tensor)
+                        else repr(x) for x in flat]),
+            ("dynamic", repr(dynamic)),
+        ]
+        for label, value in parts:
+            text = str(value)
+            if " at 0x" in text:
+                return None
+            h.update(label.encode() + b"\0" + text.encode() + b"\0")
+        return h.hexdigest()[:40]
+    except Exception as e:     # nothing the key cannot read is worth a failed optimize: the model is captured
+        log.debug("accelc: capture: no kept graph (%s: %s)", type(e).__name__, e)
+        return None
+
+
+def _named_tensors(model: nn.Module) -> list:
+    return [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+
+
+def _configs(model: nn.Module) -> list:
+    """The configs the model's modules hold (an HF PretrainedConfig: its to_dict), as sorted JSON."""
+    out, seen = [], set()
+    for name, mod in model.named_modules():
+        for k, v in vars(mod).items():
+            to_dict = getattr(v, "to_dict", None)
+            if callable(to_dict) and not isinstance(v, (nn.Module, torch.Tensor)) and id(v) not in seen:
+                seen.add(id(v))
+                out.append((name, k, json.dumps(to_dict(), sort_keys=True, default=repr)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# a graph written out and read back
+
+def _target(target):
+    if isinstance(target, torch._ops.OpOverload):
+        ns, _, name = target._schema.name.partition("::")
+        return ("op", ns, name, target._overloadname)
+    return target
+
+
+def _op(target):
+    if isinstance(target, tuple) and target[:1] == ("op",):
+        _, ns, name, overload = target
+        return getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+    return target
+
+
+def written(gm: fx.GraphModule, model: nn.Module) -> dict | None:
+    """gm (a capture's graph module) as plain data, its tensors named by where they are in `model`; None where
+    it holds something that cannot be kept (a submodule other than its shape checks, too many bytes of tensors
+    of its own). (Whether all of it pickles, keep finds.)"""
+    owned = {}
+    for name, t in _named_tensors(model):
+        owned.setdefault(id(t), name)
+    state, constant_bytes = [], 0
+    buffers = dict(gm.named_buffers(remove_duplicate=False))
+    held = [*gm.named_parameters(remove_duplicate=False), *buffers.items()]
+    names = {name for name, _ in held}
+    held += [(n.target, _attr(gm, n.target)) for n in gm.graph.nodes       # the export's constants: plain attributes
+             if n.op == "get_attr" and n.target not in names and isinstance(_attr(gm, n.target), torch.Tensor)]
+    for name, t in held:
+        mod_name, _, field = name.rpartition(".")
+        kind = "parameter" if name in names and name not in buffers else "constant" if name not in names else (
+            "buffer" if field not in gm.get_submodule(mod_name)._non_persistent_buffers_set else "buffer-np")
+        if id(t) in owned:
+            state.append((name, kind, ("model", owned[id(t)])))
+        else:
+            constant_bytes += t.numel() * t.element_size()
+            state.append((name, kind, ("value", t.detach().cpu().clone(), t.device.type)))
+    if constant_bytes > _CONSTANT_BYTES:
+        return None
+    known = {name for name, _, _ in state}
+    modules = []
+    for name, mod in gm.named_modules(remove_duplicate=False):
+        if not name:
+            continue
+        if isinstance(mod, ShapeGuards):
+            modules.append((name, mod))
+        elif type(mod) is nn.Module:
+            modules.append((name, None))
+        else:
+            return None
+    nodes = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and n.target not in known and not isinstance(_attr(gm, n.target), ShapeGuards):
+            return None      # an attribute that is neither state nor the shape checks (a sub-graph)
+        kept = {k: n.meta[k] for k in _NODE_META if k in n.meta}
+        nodes.append((n.name, n.op, _target(n.target), fx.node.map_arg(n.args, lambda a: _Ref(a.name)),
+                      fx.node.map_arg(n.kwargs, lambda a: _Ref(a.name)), kept))
+    graph_meta = {k: v for k, v in gm.meta.items() if k == SHAPES}
+    entry = {"format": FORMAT, "nodes": nodes, "state": state, "modules": modules, "meta": graph_meta,
+             "codegen": gm.graph._codegen, "specs": {k: gm.__dict__[k] for k in ("_in_spec", "_out_spec")
+                                                      if k in gm.__dict__}}
+    return entry
+
+
+def _attr(gm: nn.Module, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def rebuilt(entry: dict, model: nn.Module) -> fx.GraphModule:
+    """The graph module `written` wrote, its tensors the model's own (the same objects)."""
+    gm = fx.GraphModule(nn.Module(), fx.Graph())
+    for name, mod in entry["modules"]:
+        parent, _, field = name.rpartition(".")
+        gm.get_submodule(parent).add_module(field, mod if mod is not None else nn.Module())
+    for name, kind, source in entry["state"]:
+        if source[0] == "model":
+            value = _attr(model, source[1])
+            if not isinstance(value, torch.Tensor):
+                raise LookupError(f"the model has no tensor {source[1]}")
+        else:
+            value = source[1].to(source[2])
+        parent, _, field = name.rpartition(".")
+        owner = gm.get_submodule(parent)
+        if kind == "parameter":
+            owner.register_parameter(field, value if isinstance(value, nn.Parameter)
+                                     else nn.Parameter(value, requires_grad=False))
+        elif kind == "constant":
+            setattr(owner, field, value)
+        else:
+            owner.register_buffer(field, value, persistent=kind == "buffer")
+    for k, v in entry["specs"].items():
+        gm.__dict__[k] = v
+    graph = fx.Graph()
+    env: dict = {}
+    for name, op, target, args, kwargs, kept in entry["nodes"]:
+        def node_of(a):
+            return env[a.name] if isinstance(a, _Ref) else a
+        node = graph.create_node(op, _op(target), pytree.tree_map(node_of, args), pytree.tree_map(node_of, kwargs),
+                                 name=name)
+        if node.name != name:
+            raise ValueError(f"node {name} read back as {node.name}")
+        node.meta.update(kept)
+        env[name] = node
+    graph._codegen = entry["codegen"]
+    gm.graph = graph
+    gm.meta.update(entry["meta"])
+    return gm
+
+
+# ---------------------------------------------------------------------------------------------
+# the files
+
+_said: set = set()
+_lock = threading.Lock()
+
+
+def read(folder: Path, k: str, model: nn.Module) -> fx.GraphModule | None:
+    """The graph kept under key k, rebuilt on the model's tensors; None where there is none. One that cannot be
+    read (another accelc's format, a damaged file) is said once and removed."""
+    path = folder / f"{k}.pkl"
+    try:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)    # (pytree's specs of an older spelling)
+            entry = pickle.load(f)
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+            raise TypeError("not a kept graph of this accelc")
+        gm = rebuilt(entry, model)
+    except FileNotFoundError:
+        return None
+    except Exception as e:
+        with _lock:
+            if str(path) not in _said:
+                _said.add(str(path))
+                log.warning("accelc: the kept capture %s cannot be read (%s: %s): removed, the model is captured "
+                            "again", path, type(e).__name__, e)
+        drop(folder, k)
+        return None
+    os.utime(path)    # recently used
+    return gm
+
+
+def keep(folder: Path, k: str, gm: fx.GraphModule, model: nn.Module) -> None:
+    """Writes gm under key k (whole or not at all); a graph that cannot be kept, or a cache that cannot be
+    written, only means the next optimize captures again (said in the log)."""
+    entry = written(gm, model)
+    if entry is None:
+        log.debug("accelc: capture: the graph holds what cannot be kept (a sub-graph, large constants)")
+        return
+    path = folder / f"{k}.pkl"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        data = pickle.dumps(entry)     # (before any file: an object that does not pickle leaves none)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except Exception as e:
+        log.info("accelc: the captured graph not kept for the next optimize (%s: %s)", type(e).__name__, e)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def drop(folder: Path, k: str) -> None:
+    (folder / f"{k}.pkl").unlink(missing_ok=True)

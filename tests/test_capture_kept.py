@@ -1,0 +1,232 @@
+"""accelc/capture/stored.py: a second optimize of the same model reads back the graph torch.export made the first
+time (no export), checked on the example as a fresh capture is, and computes what the first one computes; an edited
+forward, another example shape or a changed setting captures again; a kept graph that does not reproduce the
+model, or a damaged file, is said, removed, and the model captured again."""
+import importlib
+import logging
+import sys
+import warnings
+
+import pytest
+import torch
+import transformers as T
+
+import accelc
+from accelc import reuse
+from accelc.capture import capture, stored, trace
+from conftest import DEVICE, count_calls
+
+SOURCE = '''
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.out = nn.Linear(32, 8)
+
+    def forward(self, x):
+        if x.shape[0] > 1:     # a branch on a size: symbolic_trace cannot take it, torch.export does
+            x = x * SCALE
+        return self.out(torch.relu(self.fc(x)))
+'''
+
+
+@pytest.fixture
+def exports(monkeypatch, tmp_path):
+    """Reuse on, over a cache folder of the test's own, modules imported from source (no bytecode: an edit within
+    the same second is read); yields a list that grows at each torch.export."""
+    monkeypatch.setenv("ACCELC_REUSE", "1")
+    monkeypatch.setenv("ACCELC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield count_calls(monkeypatch, trace, "_export_once")
+    sys.modules.pop("user_model", None)
+
+
+def _user_model(tmp_path, scale, seed=0):
+    """Model of a user's file (user_model.py, written with SCALE = scale), its weights drawn from `seed`."""
+    (tmp_path / "user_model.py").write_text(f"SCALE = {scale}\n" + SOURCE)
+    sys.modules.pop("user_model", None)
+    importlib.invalidate_caches()
+    module = importlib.import_module("user_model")
+    torch.manual_seed(seed)
+    return module.Model().to(DEVICE).eval()
+
+
+def _optimize(model, inputs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return accelc.optimize(model, inputs, accelc.OptimizeConfig(glue="eager", cuda_graphs=False))
+
+
+def _kept_files():
+    folder = reuse.captures()
+    return sorted(folder.glob("*.pkl")) if folder.is_dir() else []
+
+
+def test_a_second_optimize_reads_the_graph_back_and_computes_the_same(exports, tmp_path):
+    model = _user_model(tmp_path, 2.0)
+    x = torch.randn(3, 16, device=DEVICE)
+    first = _optimize(model, (x,))
+    assert exports and len(_kept_files()) == 1 and not first.info.capture_kept
+    exports.clear()
+    second = _optimize(model, (x,))
+    assert not exports      # read back, not exported
+    assert second.info.capture_kept and "the graph an earlier optimize kept" in second.summary()
+    assert second.info.capture_method == "torch.export"
+    assert second.info.reused       # the same graph: the guard's verdicts of the first replayed
+    assert second.graph_module.code == first.graph_module.code
+    with torch.no_grad():
+        for batch in (3, 5, 2):     # the shapes the export let vary still vary
+            xb = torch.randn(batch, 16, device=DEVICE)
+            assert torch.equal(second(xb), first(xb))
+            assert torch.allclose(second(xb), model(xb), atol=1e-5, rtol=1e-5)
+
+
+def test_other_weights_of_the_same_model_read_the_graph_back_with_their_own_values(exports, tmp_path):
+    x = torch.randn(3, 16, device=DEVICE)
+    _optimize(_user_model(tmp_path, 2.0, seed=0), (x,))
+    exports.clear()
+    other = _user_model(tmp_path, 2.0, seed=1)
+    opt = _optimize(other, (x,))
+    assert not exports and opt.info.capture_kept
+    with torch.no_grad():
+        assert torch.allclose(opt(x), other(x), atol=1e-5, rtol=1e-5)
+
+
+def test_an_edited_forward_is_captured_again(exports, tmp_path):
+    """The file the forward runs changed (SCALE 2 -> 3): a new key, a new export, the edited model's numbers."""
+    x = torch.randn(3, 16, device=DEVICE)
+    _optimize(_user_model(tmp_path, 2.0), (x,))
+    exports.clear()
+    edited = _user_model(tmp_path, 3.0)
+    opt = _optimize(edited, (x,))
+    assert exports and not opt.info.capture_kept and len(_kept_files()) == 2
+    with torch.no_grad():
+        assert torch.allclose(opt(x), edited(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_key_follows_what_the_graph_depends_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = _user_model(tmp_path, 2.0)
+
+    def key_of(m, x, dynamic=True):
+        with stored.files_run() as files:
+            expected = m(x)
+        spec = trace.CallSpec.of(m, (x,), {}, expected)
+        return stored.key(m, spec, (x,), expected, dynamic, files)
+    x = torch.randn(3, 16, device=DEVICE)
+    base = key_of(model, x)
+    assert base is not None and key_of(model, x.clone()) == base
+    assert key_of(model, torch.randn(4, 16, device=DEVICE)) != base         # another example shape
+    assert key_of(model, x, dynamic=False) != base                          # another shape option
+    model.double()
+    assert key_of(model, x.double()) != base                                # other dtypes
+    model.float()
+    model.fc.threshold = 0.5                                                # a Python value a forward may read
+    assert key_of(model, x) != base
+    sys.modules.pop("user_model", None)
+
+
+def test_code_typed_in_or_a_profiler_keeps_nothing(monkeypatch):
+    """A forward from <stdin> has no file an edit shows in: no key. A profiler already set: none either, and it
+    is left set."""
+    assert stored._files_digest({"<stdin>"}) is None
+    assert stored._files_digest({"<string>", "<frozen os>"}) == []
+
+    def profiler(frame, event, arg):
+        return None
+    sys.setprofile(profiler)
+    try:
+        with stored.files_run() as files:
+            pass
+        assert files is None and sys.getprofile() is profiler
+    finally:
+        sys.setprofile(None)
+
+
+def test_a_kept_graph_that_does_not_reproduce_the_model_is_dropped(exports, tmp_path, monkeypatch, caplog):
+    """The key blind to the edit (the files not digested): the SCALE 2 graph is read for the SCALE 3 model, its
+    check on the example fails, and the model is exported again, its own numbers kept."""
+    monkeypatch.setattr(stored, "_files_digest", lambda files: [])
+    x = torch.randn(3, 16, device=DEVICE)
+    _optimize(_user_model(tmp_path, 2.0), (x,))
+    exports.clear()
+    edited = _user_model(tmp_path, 3.0)
+    with caplog.at_level(logging.INFO, logger="accelc"):
+        opt = _optimize(edited, (x,))
+    assert exports and not opt.info.capture_kept
+    assert "does not reproduce the model" in caplog.text
+    with torch.no_grad():
+        assert torch.allclose(opt(x), edited(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_damaged_file_is_said_removed_and_captured_again(exports, tmp_path, caplog):
+    model = _user_model(tmp_path, 2.0)
+    x = torch.randn(3, 16, device=DEVICE)
+    _optimize(model, (x,))
+    (path,) = _kept_files()
+    path.write_bytes(b"not a pickle")
+    exports.clear()
+    with caplog.at_level(logging.WARNING, logger="accelc"):
+        opt = _optimize(model, (x,))
+    assert exports and "cannot be read" in caplog.text and not opt.info.capture_kept
+    assert _kept_files() == [path] and path.read_bytes() != b"not a pickle"     # written anew by the export
+    with torch.no_grad():
+        assert torch.allclose(opt(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_reuse_off_keeps_nothing(exports, tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELC_REUSE", "0")
+    model = _user_model(tmp_path, 2.0)
+    x = torch.randn(3, 16, device=DEVICE)
+    _optimize(model, (x,))
+    exports.clear()
+    _optimize(model, (x,))
+    assert exports and not (tmp_path / "cache" / "captures").exists()
+
+
+def test_the_graph_keeps_its_tensors_by_name_and_constants_by_value():
+    """The model's parameters and buffers are named, never written (a kept file does not grow with the weights);
+    tensors the export made are kept by value; the read-back module holds the model's own tensor objects."""
+    cfg = T.Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=1)
+    lm = T.Qwen2ForCausalLM(cfg).to(DEVICE).eval()
+    ids = torch.randint(0, 128, (1, 12), device=DEVICE)
+    gm, method, _ = capture(lm, (ids,), {})
+    assert method == "torch.export"
+    entry = stored.written(gm, lm)
+    sources = {}
+    for _, kind, source in entry["state"]:
+        sources.setdefault(kind, set()).add(source[0])
+    assert sources["parameter"] == {"model"} and sources["constant"] == {"value"}
+    assert all(sources[kind] == {"model"} for kind in sources if kind.startswith("buffer"))
+    back = stored.rebuilt(entry, lm)
+    assert back.code == gm.code
+    own = {id(t) for t in lm.parameters()}
+    assert all(id(t) in own for t in back.parameters())
+    with torch.no_grad():
+        other = torch.randint(0, 128, (2, 9), device=DEVICE)
+        assert all(torch.equal(a, b) for a, b in zip(back(other), gm(other)))
+
+
+def test_a_causal_lm_reads_both_programs_back_and_generates_the_same(exports):
+    """The forward and the generation step: both kept, both read back (no export at all the second time)."""
+    cfg = T.Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=1)
+    lm = T.Qwen2ForCausalLM(cfg).to(DEVICE).eval()
+    ids = torch.randint(0, 128, (1, 12), device=DEVICE)
+    first = _optimize(lm, (ids,))
+    tokens = first.generate(ids, max_new_tokens=4, do_sample=False)
+    assert len(_kept_files()) == 2
+    exports.clear()
+    second = _optimize(lm, (ids,))
+    assert not exports and second.info.capture_kept
+    assert torch.equal(second.generate(ids, max_new_tokens=4, do_sample=False), tokens)
+    with torch.no_grad():
+        expected = lm.generate(ids, max_new_tokens=4, do_sample=False)
+    assert torch.equal(tokens, expected)
