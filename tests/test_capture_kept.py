@@ -129,6 +129,15 @@ def test_the_key_follows_what_the_graph_depends_on(tmp_path, monkeypatch):
     model.float()
     model.fc.threshold = 0.5                                                # a Python value a forward may read
     assert key_of(model, x) != base
+    del model.fc.threshold
+    assert key_of(model, x) == base
+    model.fc.pad = (1, 1)                                                   # a tuple of them (a conv's stride)
+    assert key_of(model, x) != base
+    del model.fc.pad
+    handle = model.out.register_forward_hook(lambda mod, args, out: out * 2)   # a hook, traced into the graph
+    assert key_of(model, x) != base
+    handle.remove()
+    assert key_of(model, x) == base
     sys.modules.pop("user_model", None)
 
 

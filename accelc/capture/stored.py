@@ -8,14 +8,15 @@ and buffers are named, never written; only tensors the export made (lifted const
 
 The key (`key`) digests what the graph depends on: the source of every Python file the model's forward ran (the
 eager call capture makes anyway, watched with sys.setprofile: a changed line of modeling code is a new key), the
-model's module tree, tensors' names, shapes and dtypes, its Python numbers, strings and flags, the configs its modules
-hold (HF's), the example's structure, shapes and dtypes, the call's fixed values, the shape option, accelc's own
+model's module tree, tensors' names, shapes and dtypes, its modules' plain attributes (numbers, strings, flags,
+tuples of them, enums, dtypes) and forward hooks, the configs its modules hold (HF's), the example's structure, shapes and dtypes, the call's fixed values, the shape option, accelc's own
 source and the versions of Python and PyTorch. A kept graph is checked on the example against the model exactly as
 a fresh capture is (capture.check): one that does not reproduce it is removed and the model captured again.
 """
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import json
 import logging
@@ -125,6 +126,8 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
             ("tensors", [(name, tuple(t.shape), t.dtype, t.stride(), t.device.type, isinstance(t, nn.Parameter))
                          for name, t in _named_tensors(model)]),
             ("plain", sorted((repr(k), repr(v)) for k, v in plain_state(model).items())),
+            ("attributes", _attributes(model)),
+            ("hooks", _hooks(model)),
             ("configs", _configs(model)),
             ("flags", (torch.get_default_dtype(), torch.is_grad_enabled())),
             ("call", (spec.n_args, spec.kw_names, repr(sorted(spec.constants.items())), spec.arg_names,
@@ -147,6 +150,45 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
 
 def _named_tensors(model: nn.Module) -> list:
     return [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+
+
+_INTERNAL = {"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"}
+
+
+def _plain(v) -> bool:
+    """Whether v is told apart by its repr: None, numbers, strings, enums, dtypes, devices, and containers of them."""
+    if v is None or isinstance(v, (bool, int, float, str, enum.Enum, torch.dtype, torch.device)):
+        return True
+    if isinstance(v, (tuple, list, set, frozenset)):
+        return all(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(_plain(k) and _plain(x) for k, x in v.items())
+    return False
+
+
+def _attributes(model: nn.Module) -> list:
+    """The modules' own attributes of plain values other than plain_state's numbers and strings (a conv's stride
+    tuple, an enum, a dtype), by module path and name."""
+    out = []
+    for name, mod in model.named_modules():
+        for k, v in vars(mod).items():
+            if k not in _INTERNAL and "hooks" not in k and not isinstance(v, (bool, int, float, str)) \
+                    and v is not None and _plain(v):
+                out.append((name, k, repr(sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v)))
+    return out
+
+
+def _hooks(model: nn.Module) -> list:
+    """The forward hooks on the model's modules and every module's (a hook's work is traced into the graph)."""
+    def named(hooks) -> list:
+        return [f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+                for fn in hooks.values()]
+    from torch.nn.modules import module as torch_module
+    out = [("*", named(torch_module._global_forward_pre_hooks), named(torch_module._global_forward_hooks))]
+    for name, mod in model.named_modules():
+        if mod._forward_pre_hooks or mod._forward_hooks:
+            out.append((name, named(mod._forward_pre_hooks), named(mod._forward_hooks)))
+    return out
 
 
 def _configs(model: nn.Module) -> list:
