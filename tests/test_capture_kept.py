@@ -4,6 +4,7 @@ forward, another example shape or a changed setting captures again; a kept graph
 model, or a damaged file, is said, removed, and the model captured again."""
 import importlib
 import logging
+import os
 import sys
 import warnings
 
@@ -239,3 +240,22 @@ def test_a_causal_lm_reads_both_programs_back_and_generates_the_same(exports):
     with torch.no_grad():
         expected = lm.generate(ids, max_new_tokens=4, do_sample=False)
     assert torch.equal(tokens, expected)
+
+
+def test_the_folder_keeps_the_most_recently_used_within_its_bounds(exports, tmp_path, monkeypatch):
+    """Past MAX_KEPT graphs the least recently used go; one read back counts as used."""
+    monkeypatch.setattr(stored, "MAX_KEPT", 2)
+    model = _user_model(tmp_path, 2.0)
+    examples = {batch: (torch.randn(batch, 16, device=DEVICE),) for batch in (3, 4, 5)}
+    _optimize(model, examples[3])
+    (of_3,) = _kept_files()
+    _optimize(model, examples[4])
+    (of_4,) = [p for p in _kept_files() if p != of_3]
+    for age, path in enumerate((of_3, of_4)):      # both written long ago, batch 3's first
+        os.utime(path, (1000 + age, 1000 + age))
+    exports.clear()
+    _optimize(model, examples[3])        # read back: now the most recently used
+    assert not exports
+    _optimize(model, examples[5])
+    kept = _kept_files()
+    assert len(kept) == 2 and of_3 in kept and of_4 not in kept

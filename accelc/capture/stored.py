@@ -44,6 +44,9 @@ KEPT = "accelc_capture_kept"    # gm.meta: True on a graph read back here (the s
 # node metadata kept: accelc's own (capture.trace sets them) and the export's module stacks
 _NODE_META = (meta.PATH, meta.MODULE_TYPE, meta.IS_NONE, meta.VALUE, "nn_module_stack")
 _CONSTANT_BYTES = 64 << 20     # tensors the export made, kept by value up to this many bytes in all
+# the folder's bounds: past either, the least recently used graphs go (a 32-layer LM's two programs take ~3 MB)
+MAX_KEPT = 256
+MAX_KEPT_BYTES = 1 << 30
 
 
 class _Ref:
@@ -363,10 +366,30 @@ def keep(folder: Path, k: str, gm: fx.GraphModule, model: nn.Module) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(data)
         os.replace(tmp, path)
+        _trim(folder, path)
     except Exception as e:
         log.info("accelc: the captured graph not kept for the next optimize (%s: %s)", type(e).__name__, e)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _trim(folder: Path, newest: Path) -> None:
+    """The least recently used graphs removed until the folder is within MAX_KEPT files and MAX_KEPT_BYTES (the one
+    just written stays)."""
+    files = []
+    for p in folder.glob("*.pkl"):
+        try:
+            st = p.stat()
+        except OSError:      # (removed by another process meanwhile)
+            continue
+        files.append((st.st_mtime, st.st_size, p))
+    files.sort(key=lambda f: (f[2] == newest, f[0]))       # oldest first, the newest last whatever its clock
+    count, size = len(files), sum(f[1] for f in files)
+    for _, bytes_, p in files[:-1]:
+        if count <= MAX_KEPT and size <= MAX_KEPT_BYTES:
+            break
+        p.unlink(missing_ok=True)
+        count, size = count - 1, size - bytes_
 
 
 def drop(folder: Path, k: str) -> None:
