@@ -1,4 +1,4 @@
-"""Writing files so that a reader never sees a half-written one."""
+"""Writing files so that a reader never sees a half-written one; cache folders kept within their bounds."""
 from __future__ import annotations
 
 import contextlib
@@ -72,3 +72,22 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     """`text` to `path`, atomically."""
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text)
+
+
+def trim_folder(folder: Path, newest: Path, max_files: int, max_bytes: int) -> None:
+    """A cache folder's least recently used records (`*.pkl`, by their times) removed until it holds at most
+    max_files of them and max_bytes; `newest` (the one just written) stays."""
+    files = []
+    for p in folder.glob("*.pkl"):
+        try:
+            st = p.stat()
+        except OSError:      # (removed by another process meanwhile)
+            continue
+        files.append((st.st_mtime, st.st_size, p))
+    files.sort(key=lambda f: (f[2] == newest, f[0]))       # oldest first, the newest last whatever its clock
+    count, size = len(files), sum(f[1] for f in files)
+    for _, bytes_, p in files[:-1]:
+        if count <= max_files and size <= max_bytes:
+            break
+        p.unlink(missing_ok=True)
+        count, size = count - 1, size - bytes_

@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import guard, meta, runtime, tuning
 from accelc.capture import aliased_state, mutated_state
+from accelc.files import trim_folder
 from accelc.rewrite import layers
 from accelc.version import source_digest
 
@@ -52,6 +53,9 @@ FORMAT = 1
 _NEUTRAL_ENV = {"ACCELC_CACHE_DIR", "ACCELC_COMPILE_THREADS", "ACCELC_COMPILE_PROCS", "ACCELC_REUSE", "ACCELC_LOG",
                 "ACCELC_PROGRESS"}
 _CHUNK = 1 << 22    # elements of a tensor's values digested at once
+# the folder's bounds: past either, the least recently used records go
+MAX_RECORDS = 1024
+MAX_RECORD_BYTES = 256 << 20
 
 
 def enabled() -> bool:
@@ -287,6 +291,7 @@ def keep(k: str | None, memo: Memo) -> None:
         with open(tmp, "wb") as f:
             pickle.dump(memo, f)
         os.replace(tmp, path)
+        trim_folder(path.parent, path, MAX_RECORDS, MAX_RECORD_BYTES)
     except Exception as e:   # a read-only cache, an unpicklable record: the next optimize checks again
         log.info("accelc: the guard's verdicts not kept for reuse (%s: %s)", type(e).__name__, e)
     finally:

@@ -271,3 +271,15 @@ def test_every_builtin_model_reuses_its_verdicts_and_computes_the_same(reusing, 
             a, b = first(*args), second(*args)
         assert all(torch.equal(x, y) for x, y in zip(torch.utils._pytree.tree_leaves(a),
                                                      torch.utils._pytree.tree_leaves(b)))
+
+
+def test_the_records_folder_keeps_the_most_recent_within_its_bounds(reusing, monkeypatch):
+    """Past MAX_RECORDS records the least recently used go (accelc.files.trim_folder, as for kept captures)."""
+    monkeypatch.setattr(reuse, "MAX_RECORDS", 1)
+    model = accelc.models.get("mlp").to(DEVICE)
+    (x,) = model.example_inputs()
+    _optimize(model, (x,))
+    (older,) = reuse.folder().glob("*.pkl")
+    _optimize(model, (torch.randn(x.shape[0] + 1, *x.shape[1:], device=DEVICE),))
+    (newer,) = reuse.folder().glob("*.pkl")
+    assert newer != older

@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import meta
 from accelc.capture.pickling import ShapeGuards
+from accelc.files import trim_folder
 from accelc.capture.shapes import SHAPES
 from accelc.capture.side_effects import plain_state
 from accelc.version import source_digest
@@ -366,30 +367,11 @@ def keep(folder: Path, k: str, gm: fx.GraphModule, model: nn.Module) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(data)
         os.replace(tmp, path)
-        _trim(folder, path)
+        trim_folder(folder, path, MAX_KEPT, MAX_KEPT_BYTES)
     except Exception as e:
         log.info("accelc: the captured graph not kept for the next optimize (%s: %s)", type(e).__name__, e)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _trim(folder: Path, newest: Path) -> None:
-    """The least recently used graphs removed until the folder is within MAX_KEPT files and MAX_KEPT_BYTES (the one
-    just written stays)."""
-    files = []
-    for p in folder.glob("*.pkl"):
-        try:
-            st = p.stat()
-        except OSError:      # (removed by another process meanwhile)
-            continue
-        files.append((st.st_mtime, st.st_size, p))
-    files.sort(key=lambda f: (f[2] == newest, f[0]))       # oldest first, the newest last whatever its clock
-    count, size = len(files), sum(f[1] for f in files)
-    for _, bytes_, p in files[:-1]:
-        if count <= MAX_KEPT and size <= MAX_KEPT_BYTES:
-            break
-        p.unlink(missing_ok=True)
-        count, size = count - 1, size - bytes_
 
 
 def drop(folder: Path, k: str) -> None:
