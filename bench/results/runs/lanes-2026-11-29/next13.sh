@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# What the session of 08:33 (2026-11-29) leaves owed for a one-GPU H200, one lane a device command (logs under
+# /tmp/next13/<lane>, packed into $OUT/<lane>.tgz):
+#   bash bench/results/runs/lanes-2026-11-29/next13.sh LANE [SECONDS]      # SECONDS: the command's budget (570)
+# lm8b: #56's generation target (the Llama-3-8B shape: 60 s cold, 10 s warm) after a74c48b (the captured graphs
+#     kept across processes: the forward's and the step's): optimize_time.py's accelc_cold, accelc_warm
+#     (run19-h200-warm8b the before: 92.3 / 32.8 s)
+# warm: where a warm optimize goes now that the capture is read back (run17 the before): BERT and the Qwen2-0.5B
+#     batch-1 LM cold in a process, then warm under py-spy; carry `.whl` (py-spy's wheel)
+# (still owed beside these: next8.sh tp8b, the 8B shape's one-GPU HF side; next9.sh on an H200 x 4 host)
+set -u
+lane=$1
+. bench/steps.sh; steps_start /tmp/next13/$lane "${2:-570}"
+case $lane in
+lm8b) step 0 opt-llama3-8b-lm 560 python bench/optimize_time.py --models llama3-8b-lm --sides accelc_cold,accelc_warm \
+          --out $O/opt ;;
+warm) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+          .whl/*.whl > $O/whl.log 2>&1
+    PYSPY=$(find /tmp/site -name py-spy -type f | head -1); chmod +x "$PYSPY"
+    for m in bert qwen2-0.5b-lm-b1; do
+        W=$(mktemp -d); E="ACCELC_CACHE_DIR=$W/accelc TRITON_CACHE_DIR=$W/triton TORCHINDUCTOR_CACHE_DIR=$W/inductor"
+        step 0 cold-$m 200 env $E python bench/optimize_time.py --side accelc_cold --model $m --workdir $W
+        step 0 warm-$m 120 env $E "$PYSPY" record --idle --threads --nonblocking --rate 40 -f raw -o $O/warm-$m.txt \
+            -- python bench/optimize_time.py --side accelc_warm --model $m --workdir $W
+        gzip -f $O/warm-$m.txt
+    done ;;
+esac
+tar czf $OUT/$lane.tgz -C $O .
