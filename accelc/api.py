@@ -4,6 +4,7 @@ accelc.stages (passes and guard, the final module and its calls' plan, the Optim
 from __future__ import annotations
 
 import copy
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -17,7 +18,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import compile_workers, generation, reuse, runner, runtime, stages, tensor_parallel, warmup
+from accelc import compile_workers, generation, reuse, runner, runtime, shared_checks, stages, tensor_parallel, warmup
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
@@ -159,7 +160,13 @@ def optimize_job(job: Job, release: bool = True) -> OptimizedModule:
     """Capture, passes, guard and warm-up of a prepared model. Optimizing runs the model's
     forward many times; buffers that forward updates in place get back the values they had
     before, so the optimized module starts from the model's state. release=False: the device memory its checks
-    used is left to the caller's release (a generation step's, inside its forward's optimize_job)."""
+    used is left to the caller's release (a generation step's, inside its forward's optimize_job). A causal LM's
+    generation step, optimized inside, shares the forward's layer checks (accelc.shared_checks)."""
+    with shared_checks.sharing() if generation.is_causal_lm(job.model) else contextlib.nullcontext():
+        return _optimize_job(job, release)
+
+
+def _optimize_job(job: Job, release: bool) -> OptimizedModule:
     state = buffer_state(job.model)
     compile_workers.hold(job.device.type == "cuda")    # (up by the time the guard's tuners ask)
     try:

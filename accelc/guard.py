@@ -45,7 +45,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc import layer_compiles, meta, progress, runtime, tuning
+from accelc import layer_compiles, meta, progress, runtime, shared_checks, tuning
 from accelc.other_inputs import sized_other_inputs
 from accelc.latency import layer_ms, median_ms
 from accelc.layer_check import compare, failed, quantized_format, reference
@@ -319,23 +319,32 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
             return eager
         a, kw = runner.fetch_args_kwargs_from_env(n)
         progress.step(rw.layer)
-        try:
-            with tuning.task(f"layer {len(checks) + 1}/{len(todo)} {rw.layer}"):
-                out = n.target(*a, **kw)
-                again = n.target(*a, **kw) if repeat else out
-        except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
-            cause = (runtime.interpreted() and runtime.interpreter_problem()) or f"{type(e).__name__}: {e}"
-            checks[n] = failed(ins, eager, config, f"kernel failed: {cause}")
-            return eager
-        checks[n] = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
-        if checks[n].passed and not all(same_values(x, y) for x, y in zip(pytree.tree_leaves(out), pytree.tree_leaves(again))):
-            checks[n] = dataclasses.replace(checks[n], passed=False, reason=(
-                "non-deterministic: two runs on the same inputs gave different results (a race in the kernel)"))
+        k = shared_checks.key(n, a, kw, rw, config)
+        checks[n] = shared_checks.lookup(k, gm)     # the same kernel, weights and shapes, another program's check
+        if checks[n] is None:
+            checks[n] = _check_layer(n, rw, a, kw, ins, eager, config, repeat, f"layer {len(checks)}/{len(todo)}")
+            shared_checks.keep(k, gm, checks[n])
         return eager
 
     with torch.no_grad():
         LayerRunner(gm, at_layer).run(*args)
     return checks
+
+
+def _check_layer(n: fx.Node, rw, a, kw, ins, eager, config, repeat: bool, task: str) -> LayerCheck:
+    """One layer's check (_check_pass): its kernel on (a, kw) against eager's output and the reference on `ins`."""
+    try:
+        with tuning.task(f"{task} {rw.layer}"):
+            out = n.target(*a, **kw)
+            again = n.target(*a, **kw) if repeat else out
+    except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
+        cause = (runtime.interpreted() and runtime.interpreter_problem()) or f"{type(e).__name__}: {e}"
+        return failed(ins, eager, config, f"kernel failed: {cause}")
+    check = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
+    if check.passed and not all(same_values(x, y) for x, y in zip(pytree.tree_leaves(out), pytree.tree_leaves(again))):
+        check = dataclasses.replace(check, passed=False, reason=(
+            "non-deterministic: two runs on the same inputs gave different results (a race in the kernel)"))
+    return check
 
 
 def layer_inputs(gm: fx.GraphModule, args: tuple, model=None) -> dict:

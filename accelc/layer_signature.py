@@ -2,7 +2,8 @@
 reads, its other arguments, and the PyTorch subgraph it replaced, its weights' names aside. The repeated blocks
 of a model (a transformer's layers) are so, and the guard's speed race times one such layer for all of them
 (accelc.guard's _race): their times differ by noise alone, and a verdict one way for one block and the other for
-its twin is noise too."""
+its twin is noise too. And a digest of tensors' values (values_digest), for keys that must tell weights apart by
+what they hold."""
 from __future__ import annotations
 
 import operator
@@ -53,3 +54,27 @@ def _structure(gm: fx.GraphModule | None) -> tuple:
         out.append((n.op, target if n.op != "placeholder" else "input", value(as_args[0]),
                     value(sorted(as_args[1].items()))))
     return tuple(out)
+
+
+_CHUNK = 1 << 22    # elements of a tensor's values digested at once
+
+
+def values_digest(tensors: list) -> list:
+    """A digest of the tensors' values: per tensor, two position-weighted sums of its 32-bit words (of its
+    bytes where they do not make whole words), computed where the tensor lives, read back once."""
+    sums = []
+    with torch.no_grad():
+        for t in tensors:
+            b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            try:
+                w = b.view(torch.int32) if b.numel() % 4 == 0 else b
+            except RuntimeError:     # a storage offset that does not make whole words
+                w = b
+            acc = torch.zeros(2, dtype=torch.int64, device=t.device)
+            for start in range(0, w.numel(), _CHUNK):
+                part = w[start:start + _CHUNK].to(torch.int64)
+                pos = torch.arange(start, start + part.numel(), device=t.device, dtype=torch.int64)
+                acc[0] += (part * (pos * 0x9E3779B1 + 1)).sum()
+                acc[1] += ((part + pos) * (part ^ 0x5BD1E995)).sum()
+            sums.append(acc)
+    return torch.stack(sums).cpu().tolist() if sums else []

@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 from accelc import guard, meta, runtime, tuning
 from accelc.capture import aliased_state, mutated_state
 from accelc.files import trim_folder
+from accelc.layer_signature import values_digest
 from accelc.rewrite import layers
 from accelc.version import source_digest
 
@@ -52,7 +53,6 @@ FORMAT = 1
 # accelc's environment switches that change no verdict (where caches live, how many compile threads, ...)
 _NEUTRAL_ENV = {"ACCELC_CACHE_DIR", "ACCELC_COMPILE_THREADS", "ACCELC_COMPILE_PROCS", "ACCELC_REUSE", "ACCELC_LOG",
                 "ACCELC_PROGRESS"}
-_CHUNK = 1 << 22    # elements of a tensor's values digested at once
 # the folder's bounds: past either, the least recently used records go
 MAX_RECORDS = 1024
 MAX_RECORD_BYTES = 256 << 20
@@ -168,7 +168,7 @@ def key(gm: fx.GraphModule, args: tuple, config, device: torch.device, calibrati
         named = [(name, t) for name, t in tensors if name not in state] + [
             (f"input[{i}]", x) for i, x in enumerate(leaves)
             if isinstance(x, torch.Tensor) and (every_value or not x.is_floating_point())]
-        for (name, _), sums in zip(named, _values([t for _, t in named])):
+        for (name, _), sums in zip(named, values_digest([t for _, t in named])):
             put(f"values[{name}]", sums)
         digest = h.hexdigest()[:40]
         log.debug("accelc: reuse key %s of parts %s", digest, " ".join(trail))
@@ -210,27 +210,6 @@ def _graph_tensors(gm: fx.GraphModule) -> list:
             if isinstance(v, torch.Tensor):
                 out[n.target] = v
     return sorted(out.items())
-
-
-def _values(tensors: list) -> list:
-    """A digest of the tensors' values: per tensor, two position-weighted sums of its 32-bit words (of its
-    bytes where they do not make whole words), computed where the tensor lives, read back once."""
-    sums = []
-    with torch.no_grad():
-        for t in tensors:
-            b = t.detach().contiguous().reshape(-1).view(torch.uint8)
-            try:
-                w = b.view(torch.int32) if b.numel() % 4 == 0 else b
-            except RuntimeError:     # a storage offset that does not make whole words
-                w = b
-            acc = torch.zeros(2, dtype=torch.int64, device=t.device)
-            for start in range(0, w.numel(), _CHUNK):
-                part = w[start:start + _CHUNK].to(torch.int64)
-                pos = torch.arange(start, start + part.numel(), device=t.device, dtype=torch.int64)
-                acc[0] += (part * (pos * 0x9E3779B1 + 1)).sum()
-                acc[1] += ((part + pos) * (part ^ 0x5BD1E995)).sum()
-            sums.append(acc)
-    return torch.stack(sums).cpu().tolist() if sums else []
 
 
 # ---------------------------------------------------------------------------------------------
