@@ -7,11 +7,20 @@
 #     (run19-h200-warm8b the before: 92.3 / 32.8 s)
 # warm: where a warm optimize goes now that the capture is read back (run17 the before): BERT and the Qwen2-0.5B
 #     batch-1 LM cold in a process, then warm under py-spy; carry `.whl` (py-spy's wheel)
+# ab: the step sharing the forward's layer checks (8dc5125) against its parent (b24963e): a cold optimize of the
+#     Qwen2-0.5B batch-1 LM and of the TinyLlama LM, each side a process, alternating; make `base/` first:
+#     mkdir base && git archive b24963e accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
+#     (untracked, removed after; never committed)
 # (still owed beside these: next8.sh tp8b, the 8B shape's one-GPU HF side; next9.sh on an H200 x 4 host)
 set -u
 lane=$1
 . bench/steps.sh; steps_start /tmp/next13/$lane "${2:-570}"
 case $lane in
+ab) for m in qwen2-0.5b-lm-b1 tinyllama-lm; do
+        step 0 new-$m 200 python bench/optimize_time.py --models $m --sides accelc_cold --out $O/new
+        step 0 base-$m 200 env PYTHONPATH=$PWD/base python bench/optimize_time.py --models $m --sides accelc_cold \
+            --out $O/base
+    done ;;
 lm8b) step 0 opt-llama3-8b-lm 560 python bench/optimize_time.py --models llama3-8b-lm --sides accelc_cold,accelc_warm \
           --out $O/opt ;;
 warm) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
