@@ -11,14 +11,18 @@ generation: optimize also builds the step program). Cold: empty accelc, Triton a
   compile_ro     torch.compile(mode="reduce-overhead"): its first call, compile included, cold;
   compile_max    torch.compile(mode="max-autotune"): likewise;
   accelc_cold    accelc.optimize, cold; its phases (the summary's time breakdown) beside it;
-  accelc_warm_checked  accelc.optimize again in a new process with the caches accelc_cold left, the guard run
-                 again (ACCELC_REUSE=0: Triton's, Inductor's and the tuning caches warm, no verdict reused);
-  accelc_warm    likewise with the verdicts accelc_cold kept reused (accelc.reuse; the default);
+  accelc_warm_checked  accelc.optimize again in a new process with the caches accelc_cold left, the guard and
+                 the capture run again (ACCELC_REUSE=0: Triton's, Inductor's and the tuning caches warm, no verdict
+                 reused, no kept graph read back);
+  accelc_warm    likewise with the verdicts and the captured graphs accelc_cold kept reused (accelc.reuse,
+                 accelc.capture.stored; the default);
   (each compile and accelc side also times the model it made: call_ms, the median of plain calls)
   load           accelc.save of the warm optimize's module, then in a new process accelc.load and the
                  first call served (the caches left as they are).
 --profile adds cProfile's top functions of the cold and the warm optimize (cumulative time) to their rows, and
-writes each profile whole to the out folder (profile-MODEL-SIDE.pstats, for pstats' callers and callees).
+writes each profile whole to the out folder (profile-MODEL-SIDE.pstats, for pstats' callers and callees). Under
+cProfile (a profiler set) no captured graph is kept or read back: a profiled warm side exports again; py-spy
+(bench/steps.sh lanes) samples from outside and leaves it as it is.
 Each accelc row holds Inductor's and AOT autograd's counters (cache hits, misses, bypasses).
 """
 from __future__ import annotations
