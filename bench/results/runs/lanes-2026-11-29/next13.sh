@@ -11,6 +11,8 @@
 #     Qwen2-0.5B batch-1 LM and of the TinyLlama LM, each side a process, alternating; make `base/` first:
 #     mkdir base && git archive b24963e accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
 #     (untracked, removed after; never committed)
+# pytest: this session's new paths on the GPU (kept captures, shared checks, reuse, the guard):
+#     ACCELC_AUTOTUNE=0 pytest -n 8 over their test files
 # (still owed beside these: next8.sh tp8b, the 8B shape's one-GPU HF side; next9.sh on an H200 x 4 host)
 set -u
 lane=$1
@@ -33,5 +35,7 @@ warm) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
             -- python bench/optimize_time.py --side accelc_warm --model $m --workdir $W
         gzip -f $O/warm-$m.txt
     done ;;
+pytest) step 0 pytest 560 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 8 tests/test_capture_kept.py \
+          tests/test_shared_checks.py tests/test_reuse.py tests/test_guard.py ;;
 esac
 tar czf $OUT/$lane.tgz -C $O .
