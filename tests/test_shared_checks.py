@@ -98,7 +98,8 @@ def test_the_key_tells_weights_apart_by_value_and_skips_quantized_layers():
         assert shared_checks.key(program(w), (x, w + 1), {}, float_layer, config) != k
         assert shared_checks.key(program(w), (x[:2], w), {}, float_layer, config) != k
         assert shared_checks.key(program(w), (x, w), {}, float_layer, accelc.OptimizeConfig(tolerance=0.1)) != k
-        assert shared_checks.key(program(w), (x, w), {}, SimpleNamespace(quantized="int8", original=None), config) is None
+        int8_layer = SimpleNamespace(quantized="int8", original=None)
+        assert shared_checks.key(program(w), (x, w), {}, int8_layer, config) is None
     assert shared_checks.key(program(w), (x, w), {}, float_layer, config) is None     # outside an optimize
 
 

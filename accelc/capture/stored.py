@@ -9,8 +9,9 @@ and buffers are named, never written; only tensors the export made (lifted const
 The key (`key`) digests what the graph depends on: the source of every Python file the model's forward ran (the
 eager call capture makes anyway, watched with sys.setprofile: a changed line of modeling code is a new key), the
 model's module tree, tensors' names, shapes and dtypes, its modules' plain attributes (numbers, strings, flags,
-tuples of them, enums, dtypes) and forward hooks, the configs its modules hold (HF's), the example's structure, shapes and dtypes, the call's fixed values, the shape option, accelc's own
-source and the versions of Python and PyTorch. A kept graph is checked on the example against the model exactly as
+tuples of them, enums, dtypes) and forward hooks, the configs its modules hold (HF's), the example's structure,
+shapes and dtypes, the call's fixed values, the shape option, accelc's own source and the versions of Python and
+PyTorch. A kept graph is checked on the example against the model exactly as
 a fresh capture is (capture.check): one that does not reproduce it is removed and the model captured again.
 """
 from __future__ import annotations
@@ -33,9 +34,9 @@ from torch.utils import _pytree as pytree
 
 from accelc import meta
 from accelc.capture.pickling import ShapeGuards
-from accelc.files import trim_folder
 from accelc.capture.shapes import SHAPES
 from accelc.capture.side_effects import plain_state
+from accelc.files import trim_folder
 from accelc.version import source_digest
 
 log = logging.getLogger("accelc")
@@ -245,7 +246,7 @@ def written(gm: fx.GraphModule, model: nn.Module) -> dict | None:
             state.append((name, kind, ("model", owned[id(t)])))
         else:
             constant_bytes += t.numel() * t.element_size()
-            state.append((name, kind, ("value", t.detach().cpu().clone(), t.device.type)))
+            state.append((name, kind, ("value", t.detach().cpu().clone(), str(t.device))))
     if constant_bytes > _CONSTANT_BYTES:
         return None
     known = {name for name, _, _ in state}
@@ -283,6 +284,7 @@ def _attr(gm: nn.Module, target: str):
 def rebuilt(entry: dict, model: nn.Module) -> fx.GraphModule:
     """The graph module `written` wrote, its tensors the model's own (the same objects)."""
     gm = fx.GraphModule(nn.Module(), fx.Graph())
+    model_device = next((t.device for _, t in _named_tensors(model)), None)
     for name, mod in entry["modules"]:
         parent, _, field = name.rpartition(".")
         gm.get_submodule(parent).add_module(field, mod if mod is not None else nn.Module())
@@ -291,8 +293,10 @@ def rebuilt(entry: dict, model: nn.Module) -> fx.GraphModule:
             value = _attr(model, source[1])
             if not isinstance(value, torch.Tensor):
                 raise LookupError(f"the model has no tensor {source[1]}")
-        else:
-            value = source[1].to(source[2])
+        else:     # (on the model's device where it is of the kind the constant was on: the key holds kinds)
+            device = torch.device(source[2])
+            value = source[1].to(model_device if model_device is not None and model_device.type == device.type
+                                  else device)
         parent, _, field = name.rpartition(".")
         owner = gm.get_submodule(parent)
         if kind == "parameter":
