@@ -51,7 +51,8 @@ def test_batch_size_zero_is_one_clear_line(capsys):
 def test_optimize_and_convert_on_every_builtin_model(name, tmp_path, capsys, monkeypatch):
     """`accelc optimize` and `accelc convert` on each built-in model, the program read back and called
     (`accelc report` on each: tests/test_report.py); convert, a second optimize of the same model, reuses the
-    first one's verdicts (accelc.reuse, on as for a user) and says so."""
+    first one's verdicts (accelc.reuse, on as for a user) and its exported graph (accelc.capture.stored), and says
+    so."""
     import torch
 
     import accelc
@@ -65,7 +66,10 @@ def test_optimize_and_convert_on_every_builtin_model(name, tmp_path, capsys, mon
     assert "layer(s) rewritten" in said and "verdicts of an identical optimize" not in said
     out = tmp_path / f"{name}.pt2"
     assert main(["convert", name, "-o", str(out), "--batch-size", "1", *dev]) == 0, capsys.readouterr().err
-    assert "verdicts of an identical optimize" in capsys.readouterr().out
+    again = capsys.readouterr().out
+    assert "verdicts of an identical optimize" in again
+    # the graph torch.export made the first time, read back (accelc.capture.stored); a traced one traced again
+    assert ("capture: torch.export, the graph an earlier optimize kept" in again) == ("capture: torch.export" in said)
     model = accelc.models.get(name).to(DEVICE)
     inputs = model.example_inputs(batch_size=2)      # the program takes other batches than its example's
     with torch.no_grad():
