@@ -115,6 +115,7 @@ def run_side(name: str, side: str, workdir: str, profile: bool, pstats_dir: str 
             prof.dump_stats(os.path.join(pstats_dir, f"profile-{name}-{side}.pstats"))
     row["phases_s"] = opt.info.seconds
     row["verdicts_reused"] = bool(opt.info.reused)
+    row["capture_kept"] = bool(getattr(opt.info, "capture_kept", False))    # read back (accelc.capture.stored)
     from torch._dynamo.utils import counters    # Inductor's cache hits / misses / bypasses, AOT autograd's
 
     row["compile_counters"] = {k: dict(counters[k]) for k in ("inductor", "aot_autograd") if counters.get(k)}
@@ -125,6 +126,7 @@ def run_side(name: str, side: str, workdir: str, profile: bool, pstats_dir: str 
     step = getattr(opt, "step", None)
     if step is not None:
         row["step_phases_s"] = step.info.seconds
+        row["step_capture_kept"] = bool(getattr(step.info, "capture_kept", False))
     # the optimized model's own speed beside the time it took (nothing lost): median of plain calls
     from accelc.latency import median_ms
 
