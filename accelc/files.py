@@ -1,12 +1,20 @@
-"""Writing files so that a reader never sees a half-written one; cache folders kept within their bounds."""
+"""Writing files so that a reader never sees a half-written one; cache records (pickles accelc keeps for a later
+optimize: verdicts, captured graphs) written whole, read back or said and removed, their folders within bounds."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import pickle
 import tempfile
+import threading
+import warnings
 from pathlib import Path
+from typing import Callable
 
 from accelc.errors import ModelFileError
+
+log = logging.getLogger("accelc")
 
 
 @contextlib.contextmanager
@@ -91,3 +99,46 @@ def trim_folder(folder: Path, newest: Path, max_files: int, max_bytes: int) -> N
             break
         p.unlink(missing_ok=True)
         count, size = count - 1, size - bytes_
+
+
+_said: set = set()
+_said_lock = threading.Lock()
+
+
+def read_record(path: Path, load: Callable, what: str, then: str):
+    """load(the record unpickled from path), None where there is none. One that cannot be read or loaded (another
+    version's, a damaged file) is said once ("accelc: {what} {path} cannot be read (...): removed, {then}") and
+    removed; one read is marked recently used (its time, which trim_folder reads)."""
+    try:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)    # (pytree's specs of an older spelling)
+            out = load(pickle.load(f))
+    except FileNotFoundError:
+        return None
+    except Exception as e:
+        with _said_lock:
+            first = str(path) not in _said
+            _said.add(str(path))
+        if first:
+            log.warning("accelc: %s %s cannot be read (%s: %s): removed, %s", what, path, type(e).__name__, e, then)
+        path.unlink(missing_ok=True)
+        return None
+    os.utime(path)
+    return out
+
+
+def write_record(path: Path, record, max_files: int, max_bytes: int, what: str) -> None:
+    """record pickled to path, whole or not at all (two threads writing alike each through a file of its own),
+    then its folder trimmed to its bounds; a record that does not pickle, or a cache that cannot be written, is
+    said in the log ("accelc: {what} (...)") and only means the next optimize does the work again."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        data = pickle.dumps(record)     # (before any file: an object that does not pickle leaves none)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        trim_folder(path.parent, path, max_files, max_bytes)
+    except Exception as e:
+        log.info("accelc: %s (%s: %s)", what, type(e).__name__, e)
+    finally:
+        tmp.unlink(missing_ok=True)

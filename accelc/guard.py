@@ -320,10 +320,11 @@ def _check_pass(gm, args, config, only, repeat: bool) -> dict[fx.Node, LayerChec
         a, kw = runner.fetch_args_kwargs_from_env(n)
         progress.step(rw.layer)
         k = shared_checks.key(n, a, kw, rw, config)
-        checks[n] = shared_checks.lookup(k, gm)     # the same kernel, weights and shapes, another program's check
-        if checks[n] is None:
-            checks[n] = _check_layer(n, rw, a, kw, ins, eager, config, repeat, f"layer {len(checks)}/{len(todo)}")
-            shared_checks.keep(k, gm, checks[n])
+        check = shared_checks.lookup(k, gm)     # the same kernel, weights and shapes, another program's check
+        if check is None:
+            check = _check_layer(n, rw, a, kw, ins, eager, config, repeat, f"layer {len(checks) + 1}/{len(todo)}")
+            shared_checks.keep(k, gm, check)
+        checks[n] = check
         return eager
 
     with torch.no_grad():

@@ -27,10 +27,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import pickle
 import platform
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +40,7 @@ from torch.utils import _pytree as pytree
 
 from accelc import guard, meta, runtime, tuning
 from accelc.capture import aliased_state, mutated_state
-from accelc.files import trim_folder
+from accelc.files import read_record, write_record
 from accelc.layer_signature import values_digest
 from accelc.rewrite import layers
 from accelc.version import source_digest
@@ -235,43 +233,19 @@ def _restore_picks(recorded: list) -> None:
 # ---------------------------------------------------------------------------------------------
 # the records on disk
 
-_said: set = set()
+def _memo(record) -> Memo:
+    if not isinstance(record, Memo):
+        raise TypeError(f"not a record ({type(record).__name__})")
+    return record
 
 
 def lookup(k: str | None) -> Memo | None:
     if k is None:
         return None
-    path = folder() / f"{k}.pkl"
-    try:
-        with open(path, "rb") as f:
-            memo = pickle.load(f)
-        if not isinstance(memo, Memo):
-            raise TypeError(f"not a record ({type(memo).__name__})")
-    except FileNotFoundError:
-        return None
-    except Exception as e:   # a record another version wrote, or a damaged file: the guard runs
-        if str(path) not in _said:
-            _said.add(str(path))
-            log.warning("accelc: the reused-verdicts record %s cannot be read (%s: %s): removed, the guard runs",
-                        path, type(e).__name__, e)
-        path.unlink(missing_ok=True)
-        return None
-    os.utime(path)    # recently used
-    return memo
+    return read_record(folder() / f"{k}.pkl", _memo, "the reused-verdicts record", "the guard runs")
 
 
 def keep(k: str | None, memo: Memo) -> None:
-    if k is None:
-        return
-    path = folder() / f"{k}.pkl"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")   # two threads optimizing alike
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            pickle.dump(memo, f)
-        os.replace(tmp, path)
-        trim_folder(path.parent, path, MAX_RECORDS, MAX_RECORD_BYTES)
-    except Exception as e:   # a read-only cache, an unpicklable record: the next optimize checks again
-        log.info("accelc: the guard's verdicts not kept for reuse (%s: %s)", type(e).__name__, e)
-    finally:
-        tmp.unlink(missing_ok=True)
+    if k is not None:
+        write_record(folder() / f"{k}.pkl", memo, MAX_RECORDS, MAX_RECORD_BYTES,
+                     "the guard's verdicts not kept for reuse")

@@ -22,10 +22,7 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import sys
-import threading
-import warnings
 from pathlib import Path
 
 import torch
@@ -36,7 +33,7 @@ from accelc import meta
 from accelc.capture.pickling import ShapeGuards
 from accelc.capture.shapes import SHAPES
 from accelc.capture.side_effects import plain_state
-from accelc.files import trim_folder
+from accelc.files import read_record, write_record
 from accelc.version import source_digest
 
 log = logging.getLogger("accelc")
@@ -328,33 +325,14 @@ def rebuilt(entry: dict, model: nn.Module) -> fx.GraphModule:
 # ---------------------------------------------------------------------------------------------
 # the files
 
-_said: set = set()
-_lock = threading.Lock()
-
-
 def read(folder: Path, k: str, model: nn.Module) -> fx.GraphModule | None:
     """The graph kept under key k, rebuilt on the model's tensors; None where there is none. One that cannot be
     read (another accelc's format, a damaged file) is said once and removed."""
-    path = folder / f"{k}.pkl"
-    try:
-        with open(path, "rb") as f, warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)    # (pytree's specs of an older spelling)
-            entry = pickle.load(f)
+    def load(entry) -> fx.GraphModule:
         if not isinstance(entry, dict) or entry.get("format") != FORMAT:
             raise TypeError("not a kept graph of this accelc")
-        gm = rebuilt(entry, model)
-    except FileNotFoundError:
-        return None
-    except Exception as e:
-        with _lock:
-            if str(path) not in _said:
-                _said.add(str(path))
-                log.warning("accelc: the kept capture %s cannot be read (%s: %s): removed, the model is captured "
-                            "again", path, type(e).__name__, e)
-        drop(folder, k)
-        return None
-    os.utime(path)    # recently used
-    return gm
+        return rebuilt(entry, model)
+    return read_record(folder / f"{k}.pkl", load, "the kept capture", "the model is captured again")
 
 
 def keep(folder: Path, k: str, gm: fx.GraphModule, model: nn.Module) -> None:
@@ -364,18 +342,8 @@ def keep(folder: Path, k: str, gm: fx.GraphModule, model: nn.Module) -> None:
     if entry is None:
         log.debug("accelc: capture: the graph holds what cannot be kept (a sub-graph, large constants)")
         return
-    path = folder / f"{k}.pkl"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    try:
-        data = pickle.dumps(entry)     # (before any file: an object that does not pickle leaves none)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        trim_folder(folder, path, MAX_KEPT, MAX_KEPT_BYTES)
-    except Exception as e:
-        log.info("accelc: the captured graph not kept for the next optimize (%s: %s)", type(e).__name__, e)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_record(folder / f"{k}.pkl", entry, MAX_KEPT, MAX_KEPT_BYTES,
+                 "the captured graph not kept for the next optimize")
 
 
 def drop(folder: Path, k: str) -> None:

@@ -137,8 +137,7 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
             restore_buffers(gm, state)
             gm.meta[CALL_SPEC] = spec
             gm.meta.setdefault(SHAPES, InputShapes.traced(spec.names, spec.positions(dynamic), flat))
-            checked(gm, spec.flat_output(expected), make_canonical(gm, flat),
-                    lambda: reference(model, spec, flat, expected, state), lambda: rerun(model, spec, flat, state))
+            _check_against_model(gm, make_canonical(gm, flat), model, spec, flat, expected, state)
             if method == "torch.export":
                 settle_lower_ends(model, spec, gm, flat)
             return gm, method, expected
@@ -161,8 +160,7 @@ def _kept(folder: Path, k: str, model, spec, flat, expected, state):
         with torch.no_grad():
             out = record_meta(gm, flat)
         restore_buffers(model, state)
-        checked(gm, spec.flat_output(expected), out, lambda: reference(model, spec, flat, expected, state),
-                lambda: rerun(model, spec, flat, state))
+        _check_against_model(gm, out, model, spec, flat, expected, state)
     except Exception as e:   # the model captured again, as if nothing were kept
         log.info("accelc: capture: the graph an earlier optimize kept does not reproduce the model (%s: %s): "
                  "captured again", type(e).__name__, _first_line(e))
@@ -173,6 +171,13 @@ def _kept(folder: Path, k: str, model, spec, flat, expected, state):
     log.info("accelc: capture: the graph an earlier optimize of this model kept, checked on the example")
     gm.meta[stored.KEPT] = True
     return gm, "torch.export", expected
+
+
+def _check_against_model(gm, out, model, spec, flat, expected, state) -> None:
+    """capture.check's verdict on a graph whose output on `flat` is `out` (a tracer's, or a kept one read back):
+    raises where it does not reproduce the model's `expected`."""
+    checked(gm, spec.flat_output(expected), out, lambda: reference(model, spec, flat, expected, state),
+            lambda: rerun(model, spec, flat, state))
 
 
 def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:

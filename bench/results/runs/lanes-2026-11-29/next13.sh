@@ -16,6 +16,8 @@
 # (still owed beside these: next8.sh tp8b, the 8B shape's one-GPU HF side; next9.sh on an H200 x 4 host)
 set -u
 lane=$1
+# warm is next10.sh's lane as it stands (its logs under /tmp/next10/warm, packed into $OUT/warm.tgz)
+[ "$lane" = warm ] && exec bash "$(dirname "$0")/next10.sh" warm "${2:-570}"
 . bench/steps.sh; steps_start /tmp/next13/$lane "${2:-570}"
 case $lane in
 ab) for m in qwen2-0.5b-lm-b1 tinyllama-lm; do
@@ -25,16 +27,6 @@ ab) for m in qwen2-0.5b-lm-b1 tinyllama-lm; do
     done ;;
 lm8b) step 0 opt-llama3-8b-lm 560 python bench/optimize_time.py --models llama3-8b-lm --sides accelc_cold,accelc_warm \
           --out $O/opt ;;
-warm) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-          .whl/*.whl > $O/whl.log 2>&1
-    PYSPY=$(find /tmp/site -name py-spy -type f | head -1); chmod +x "$PYSPY"
-    for m in bert qwen2-0.5b-lm-b1; do
-        W=$(mktemp -d); E="ACCELC_CACHE_DIR=$W/accelc TRITON_CACHE_DIR=$W/triton TORCHINDUCTOR_CACHE_DIR=$W/inductor"
-        step 0 cold-$m 200 env $E python bench/optimize_time.py --side accelc_cold --model $m --workdir $W
-        step 0 warm-$m 120 env $E "$PYSPY" record --idle --threads --nonblocking --rate 40 -f raw -o $O/warm-$m.txt \
-            -- python bench/optimize_time.py --side accelc_warm --model $m --workdir $W
-        gzip -f $O/warm-$m.txt
-    done ;;
 pytest) step 0 pytest 560 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 8 tests/test_capture_kept.py \
           tests/test_shared_checks.py tests/test_reuse.py tests/test_guard.py ;;
 esac
