@@ -152,9 +152,33 @@ def hold(on: bool = True) -> None:
     guard asks; not waited for), and the compiles that ended a worker refused from then on (refuse_crashed). Each
     hold is released (release) when its optimize ends."""
     _holders.append(on)
+    if on:
+        cache_key_early()
     if on and enabled():
         refuse_crashed()
         _running()
+
+
+_key_thread: list = []
+
+
+def cache_key_early() -> None:
+    """Triton's key of its own installation (`triton_key`: a hash of its compiler's files and of libtriton, some
+    hundred MB) computed in a thread, once a process: else the process's first kernel launch computes it, 0.35-0.65 s
+    of a warm optimize's main thread (py-spy, H200 host). File reads and hashlib release the GIL; a failure here is
+    left to that launch, which computes it as it would have."""
+    if _key_thread:
+        return
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return
+
+    def compute():
+        with contextlib.suppress(Exception):
+            triton_key()
+    _key_thread.append(threading.Thread(target=compute, name="accelc-triton-key", daemon=True))
+    _key_thread[0].start()
 
 
 def crashed() -> dict:

@@ -162,10 +162,16 @@ def compile_failed(e: Exception) -> str:
     return why
 
 
-def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+def copy_module(gm: fx.GraphModule, targets: dict | None = None) -> fx.GraphModule:
     """A GraphModule over a copy of gm's graph, with its own forward code, sharing gm's weights,
-    buffers and submodules (not copies: in-place state updates reach the same tensors)."""
-    return fx.GraphModule(gm, _copy_graph(gm.graph), class_name=type(gm).__name__)
+    buffers and submodules (not copies: in-place state updates reach the same tensors); its call_function
+    nodes of a target in `targets` call what it maps them to. The code is generated once, for the final
+    graph (a 24-layer LM's step program: ~0.9 s a generation on the GPU host's CPU)."""
+    graph = _copy_graph(gm.graph)
+    for n in graph.nodes if targets else ():
+        if n.op == "call_function" and n.target in targets:
+            n.target = targets[n.target]
+    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
 def _copy_graph(graph: fx.Graph) -> fx.Graph:

@@ -76,13 +76,7 @@ def declares_replayable_state(model) -> bool:
 def direct_calls(gm: fx.GraphModule, table: dict | None = None) -> fx.GraphModule:
     """A copy of gm whose accelc op nodes call their launchers directly (same arguments), or what
     `table` maps each op to (kernels.REFERENCES: the ops' PyTorch references)."""
-    table = LAUNCHERS if table is None else table
-    direct = regions.copy_module(gm)
-    for n in direct.graph.nodes:
-        if n.op == "call_function" and n.target in table:
-            n.target = table[n.target]
-    direct.recompile()
-    return direct
+    return regions.copy_module(gm, LAUNCHERS if table is None else table)
 
 
 def signature(args: tuple, kwargs: dict) -> tuple:

@@ -359,3 +359,29 @@ def test_a_speed_race_hands_its_keys_candidates_over_in_one_batch_before_timing(
     events.clear()     # the example's sizes, tuned by the checks: nothing to hand over, no pass over the layers for it
     guard._race(gm, (torch.randn(4, 16),), layers(gm), "original")
     assert "handed" not in str(events), events
+
+
+def test_an_optimize_on_a_gpu_computes_tritons_installation_key_in_a_thread(monkeypatch):
+    """hold(True) (an optimize on a GPU) computes Triton's key of its installation once, in a thread of its own,
+    not in the main thread's first launch; hold(False) (the CPU) and a second hold do not; a key that fails to
+    compute there is left to the launch (no exception escapes)."""
+    import threading
+    import triton.runtime.cache as cache
+    from accelc import compile_workers
+
+    where = []
+
+    def key():
+        where.append(threading.current_thread().name)
+        raise OSError("libtriton unreadable")
+    monkeypatch.setattr(cache, "triton_key", key)
+    monkeypatch.setattr(compile_workers, "_key_thread", [])
+    monkeypatch.setattr(compile_workers, "enabled", lambda: False)
+    compile_workers.hold(False)
+    compile_workers.release()
+    assert not compile_workers._key_thread and not where
+    for _ in range(2):
+        compile_workers.hold(True)
+        compile_workers.release()
+    compile_workers._key_thread[0].join(10)
+    assert where == ["accelc-triton-key"]
