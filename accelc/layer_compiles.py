@@ -11,6 +11,7 @@ import torch
 from torch import fx
 
 from accelc import compile_ahead, compile_workers, meta, tuning
+from accelc.kernels import REFERENCES
 from accelc.layer_runner import LayerRunner
 
 log = logging.getLogger("accelc")
@@ -18,10 +19,17 @@ log = logging.getLogger("accelc")
 
 def _each_layer(gm, args, only, call) -> None:
     """The graph run layer by layer on `args`, eager's outputs flowing on; call(node, args, kwargs) for each
-    layer in `only`, on its inputs there."""
+    layer in `only`, on its inputs there. A layer whose original let go of its float weights (the guard's
+    release_original: gate and up packed into one weight, a batch norm folded, int8) flows on its op's PyTorch
+    reference over the graph's own weights: its original, run, would raise on its meta tensors (the padding check
+    of every gated-MLP LM and conv+BN model ran after that release, and compiled nothing ahead)."""
     def at_layer(runner, n, rw):
-        ins = runner.layer_inputs(rw)
-        eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
+        if rw.released and n.target in REFERENCES:
+            a, kw = runner.fetch_args_kwargs_from_env(n)
+            eager = REFERENCES[n.target](*a, **kw)
+        else:
+            ins = runner.layer_inputs(rw)
+            eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
         if n in only:
             a, kw = runner.fetch_args_kwargs_from_env(n)
             call(n, a, kw)

@@ -522,3 +522,38 @@ def test_the_padding_check_tunes_at_padded_sizes_only():
     assert tuned and all(("before", s) in events[:events.index(("call", s, False))] for s in tuned), events
     assert (3, 8) in borrowed and ("before", (3, 8)) not in events, events     # the example less one row
     assert all(s[0] > 3 for s in tuned), events
+
+
+def test_the_padding_checks_compiles_ahead_run_where_the_guard_let_go_of_originals_weights(monkeypatch, caplog):
+    """The padding check runs after the guard released the float weights its optimized module does not hold (a
+    gated MLP's gate and up packed into one weight): its compiles ahead at the padded size (candidates_ahead) flow
+    such a layer on its op's PyTorch reference, not on its original (meta tensors now), and reach every layer; the
+    original, run, raised and nothing was compiled ahead (each padded key compiled alone at its race: 5.9 s of a
+    cold Qwen2-0.5B LM's optimize, H200)."""
+    import logging
+    import transformers as T
+    from accelc import compile_workers, layer_compiles, meta
+    from accelc.rewrite import layers
+    from conftest import CausalLogits
+
+    cfg = T.Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=1)
+    torch.manual_seed(0)
+    model = CausalLogits(T.Qwen2ForCausalLM(cfg)).to(DEVICE).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(model, (torch.randint(0, 128, (1, 12), device=DEVICE),))
+    gm = opt.graph_module
+    released = [n for n in layers(gm) if meta.rewrite_of(n).released]
+    assert released and any(meta.rewrite_of(n).kind == "gated_linear" for n in released), \
+        [meta.rewrite_of(n).kind for n in layers(gm)]
+    padded = (torch.randint(0, 128, (1, 16), device=DEVICE),)
+    reached = []
+    layer_compiles._each_layer(gm, padded, set(layers(gm)), lambda n, a, kw: reached.append((n, a[0].shape[-2])))
+    assert [n for n, _ in reached] == layers(gm) and {rows for _, rows in reached} >= {16}
+    handed = []
+    monkeypatch.setattr(compile_workers, "active", lambda: True)
+    monkeypatch.setattr(compile_workers, "compile_jobs", handed.append)
+    with caplog.at_level(logging.DEBUG, logger="accelc"):
+        layer_compiles.candidates_ahead(gm, padded, set(layers(gm)))
+    assert len(handed) == 1 and "not compiled ahead" not in caplog.text
