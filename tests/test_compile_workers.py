@@ -385,3 +385,59 @@ def test_an_optimize_on_a_gpu_computes_tritons_installation_key_in_a_thread(monk
         compile_workers.release()
     compile_workers._key_thread[0].join(10)
     assert where == ["accelc-triton-key"]
+
+
+def test_no_compile_ahead_fails_across_optimizes_of_models_whose_originals_let_go_of_their_weights(monkeypatch,
+                                                                                                  caplog):
+    """Every hand-over to the compile workers in an optimize (the guard's example and other sizes, the padding
+    check's padded sizes, made to run here as on a GPU) reaches the layers of models whose originals the guard
+    released: gate and up packed (Qwen2's gated MLP), a batch norm folded (cnn_small), int8 weights. A hand-over
+    that raises is dropped with a debug line, and its compiles happen one key at a time in the races: the padding
+    check did so on every gated-MLP LM and conv+BN model, unnoticed (a sibling would be, too)."""
+    import logging
+    import warnings
+    import torch
+    import transformers as T
+    import accelc
+    from accelc import compile_workers, layer_compiles, meta, runner, stages
+    from accelc.models.cnn_small import SmallCNN
+    from accelc.rewrite import layers
+    from conftest import DEVICE, CausalLogits
+
+    class Graphs:         # the padding check runs where the runner replays CUDA graphs: made to run here
+        def __getattr__(self, name):
+            return getattr(runner, name)
+
+        @staticmethod
+        def plan(*a):
+            glue, _, how = runner.plan(*a)
+            return glue, True, how
+
+    monkeypatch.setattr(stages, "runner", Graphs())
+    monkeypatch.setattr(compile_workers, "active", lambda: True)
+    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs: 0)
+    ahead = []
+    real_ahead = layer_compiles.candidates_ahead
+    monkeypatch.setattr(layer_compiles, "candidates_ahead",
+                        lambda gm, args, only: (ahead.append(1), real_ahead(gm, args, only)))
+    cfg = T.Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=1)
+    torch.manual_seed(0)
+    cnn = SmallCNN().to(DEVICE).eval()
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).to(DEVICE).eval()
+    cases = [(CausalLogits(T.Qwen2ForCausalLM(cfg)).to(DEVICE).eval(), (torch.randint(0, 128, (1, 12), device=DEVICE),),
+              accelc.OptimizeConfig()),
+             (cnn, cnn.example_inputs(2), accelc.OptimizeConfig()),
+             (mlp, (torch.randn(8, 64, device=DEVICE),),
+              accelc.OptimizeConfig(only_if_faster=False, int8=accelc.Int8Config(skip_first_last=False)))]
+    for model, args, config in cases:
+        ahead.clear()
+        with warnings.catch_warnings(), caplog.at_level(logging.DEBUG, logger="accelc"):
+            warnings.simplefilter("ignore")
+            opt = accelc.optimize(model, args, config)
+        name = type(model).__name__
+        assert "padding check" in opt.info.seconds, name
+        assert len(ahead) >= 2, name          # the guard's, then the padding check's
+        assert any(meta.rewrite_of(n).released for n in layers(opt.graph_module)), name
+        assert "not compiled ahead" not in caplog.text, caplog.text[-2000:]
+        caplog.clear()
