@@ -292,7 +292,7 @@ def _inert(fn, args, fills, ranges, example, groups, tolerance, own_error=None,
         return "no room in its range to check a pad", None
     dims = None
     for real, padded in trials:
-        plan = Padding({}, tuple(tuple(x for x in row if x[1] in groups) for row in fills), (), {})
+        plan = _plan_of(fills, groups)
         small_args = _cut_args(args, plan.inputs, real)
         try:
             with torch.no_grad():
@@ -324,6 +324,28 @@ def _inert(fn, args, fills, ranges, example, groups, tolerance, own_error=None,
         if bad:
             return f"the real part of an output changes when padded ({shown}: {bad})", None
     return "", dims
+
+
+def _plan_of(fills, groups: set) -> Padding:
+    """A Padding of the dims of `groups` alone: what a trial pads its inputs with."""
+    return Padding({}, tuple(tuple(x for x in row if x[1] in groups) for row in fills), (), {})
+
+
+def padded_inputs(args: tuple, shapes: InputShapes | None) -> list[tuple]:
+    """The inputs find() will call the graph at beyond the example's sizes: the example padded past its next
+    bucket edge, each varying group alone and all together (a trial of several groups runs where each passed
+    alone). The guard hands their layers' tuning candidates to the compile workers while its own checks run
+    (layer_compiles.later_ahead): the padding check then finds them compiled."""
+    if shapes is None or not (shapes.free or shapes.varying()):
+        return []
+    fills, ranges, _, example = _groups(shapes, args)
+    out = []
+    for groups in [{g} for g in ranges] + ([set(ranges)] if len(ranges) > 1 else []):
+        for real, padded in _trials(ranges, example, groups):
+            if padded != {g: example[g] for g in groups}:     # (padded to the example's sizes: tuned there)
+                plan = _plan_of(fills, groups)
+                out.append(plan.pad(_cut_args(args, plan.inputs, real), padded))
+    return out
 
 
 def _cut_args(args: tuple, inputs: tuple, sizes: dict) -> tuple:

@@ -76,6 +76,22 @@ def candidates_ahead(gm, args, only) -> None:
         log.debug("accelc: the layers' kernels not compiled ahead: %s", e)
 
 
+def later_ahead(gm, inputs: list, only) -> "compile_workers.Pending | None":
+    """The tuning candidates of the layers in `only` at each of `inputs` (sizes a later stage calls the graph at
+    and races there: the padding check's padded sizes, buckets.padded_inputs) handed to the workers at once,
+    not waited for: they compile while the guard's checks run, and the padding check's launches find them
+    compiled (or wait for the one in flight). None where there are no workers or nothing to hand over."""
+    if not (inputs and compile_workers.active()):
+        return None
+    jobs: list = []
+    for args in inputs:
+        try:
+            jobs += _collected(gm, args, only)
+        except Exception as e:   # (the padding check says what is wrong at that size, if anything)
+            log.debug("accelc: the layers' kernels at a padded size not compiled ahead: %s", e)
+    return compile_workers.submit(jobs) if jobs else None
+
+
 def others_ahead(gm, others, only) -> "compile_workers.Pending | None":
     """candidates_ahead on each of `others` ((label, inputs, sizes): the guard's other inputs) at once, without
     waiting: the workers compile the layers' kernels at those sizes, as the guard's checks there will serve them

@@ -61,6 +61,9 @@ class PassContext:
     # (eager's output on the example, a callable giving the model's output in higher precision): what the quantized
     # layers' whole-output budget is measured with (Int8Config / Fp8Config.output_error, accelc.guard)
     output_budget: tuple | None = None
+    # inputs a later stage calls the graph at and tunes there (the padding check's padded sizes): the guard hands
+    # their candidates' compiles to the workers while it checks (accelc.layer_compiles.later_ahead)
+    later_inputs: list = field(default_factory=list)
 
     @property
     def inductor_glue(self) -> bool:

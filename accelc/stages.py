@@ -97,6 +97,8 @@ def settle(gm: fx.GraphModule, args: tuple, config, device: torch.device, expect
             kept = (reuse.layer_list(gm), reuse.picks())
             log.info("accelc: %d layer(s) rewritten; checking each against PyTorch%s", len(layers(gm)),
                      " (first calls tune the kernels)" if runtime.can_time(device) else "")
+            if ctx.shapes is not None and config.padding and runner.plan(config, device, gm)[1]:   # (finish pads)
+                ctx.later_inputs = buckets.padded_inputs(args, ctx.shapes)
             checks = guard.settle(gm, ctx)
             seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
                        **ctx.seconds}

@@ -42,6 +42,23 @@ def count_calls(monkeypatch, owner, name: str) -> list:
     return calls
 
 
+def padding_check_as_on_a_gpu(monkeypatch) -> None:
+    """optimize's padding check (finish), which runs where the runner replays CUDA graphs (a GPU), made to run
+    here: stages sees a plan with CUDA graphs; the runner itself plans as it does on this machine."""
+    from accelc import runner, stages
+
+    class Graphs:
+        def __getattr__(self, name):
+            return getattr(runner, name)
+
+        @staticmethod
+        def plan(*a):
+            glue, _, how = runner.plan(*a)
+            return glue, True, how
+
+    monkeypatch.setattr(stages, "runner", Graphs())
+
+
 class CausalLogits(torch.nn.Module):
     """A causal LM called on its ids alone, returning its logits without a cache: what tests optimize as a plain
     model (tests/test_fp8.py, tests/test_norm_linear.py)."""

@@ -557,3 +557,56 @@ def test_the_padding_checks_compiles_ahead_run_where_the_guard_let_go_of_origina
     with caplog.at_level(logging.DEBUG, logger="accelc"):
         layer_compiles.candidates_ahead(gm, padded, set(layers(gm)))
     assert len(handed) == 1 and "not compiled ahead" not in caplog.text
+
+
+def test_padded_inputs_are_the_padding_checks_calls_beyond_the_examples_sizes():
+    """buckets.padded_inputs (what the guard hands to the compile workers ahead of the padding check) are the
+    inputs find() calls `before` with at sizes other than the example's: a masked BERT (batch and length, each
+    alone and together) and GPT-2 unmasked; one whose shapes are fixed has none."""
+    from accelc.capture import CALL_SPEC, capture
+    from accelc.capture.shapes import SHAPES
+    torch.manual_seed(0)
+    for model, inputs in ((_bert(), _ids(3, 13)), (_gpt2(), _ids(3, 13, mask=False))):
+        gm, _, _ = capture(model, (), inputs)
+        flat = gm.meta[CALL_SPEC].flat((), inputs)
+        seen = []
+        buckets.find(gm, flat, gm.meta[SHAPES], tol, before=lambda args: seen.append(_shapes(args)))
+        beyond = [s for s in seen if s != _shapes(flat)]
+        ahead = [_shapes(a) for a in buckets.padded_inputs(flat, gm.meta[SHAPES])]
+        assert beyond and sorted(set(beyond)) == sorted(set(ahead)), (beyond, ahead)
+        for a in buckets.padded_inputs(flat, gm.meta[SHAPES]):     # the real part kept, the tail padded
+            for x, y in zip(a, flat):
+                if isinstance(x, torch.Tensor) and x.dim() == 2:
+                    assert torch.equal(x[:y.shape[0], :y.shape[1]], y)
+    gm, _, _ = capture(_bert(), (), _ids(3, 13))
+    assert buckets.padded_inputs(gm.meta[CALL_SPEC].flat((), _ids(3, 13)), None) == []
+
+
+def _shapes(args):
+    return tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+
+
+def test_the_guard_hands_the_padded_sizes_candidates_over_before_its_first_check(monkeypatch):
+    """Where finish will run the padding check (its runner replays CUDA graphs: made so here), the guard hands
+    the layers' candidates at the padded sizes (buckets.padded_inputs) to the compile workers right after the
+    example's, before its first check, not waiting: they compile while the checks run. With padding off, none."""
+    from accelc import guard, layer_compiles
+    from conftest import padding_check_as_on_a_gpu
+
+    padding_check_as_on_a_gpu(monkeypatch)
+    events = []
+    real_pass = guard._check_pass
+    monkeypatch.setattr(guard, "_check_pass", lambda *a, **kw: (events.append("check"), real_pass(*a, **kw))[1])
+    monkeypatch.setattr(layer_compiles, "later_ahead",
+                        lambda gm, inputs, only: events.append(("later", [_shapes(a) for a in inputs])))
+    inputs = _ids(3, 13)
+    for padding, want in ((True, True), (False, False)):
+        events.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            accelc.optimize(_bert(), (), accelc.OptimizeConfig(padding=padding), example_kwargs=inputs)
+        handed = [e for e in events if e != "check"]
+        assert len(handed) == 1 and events.index(handed[0]) < events.index("check"), events
+        assert bool(handed[0][1]) == want, handed
+        if want:
+            assert all(s[0][0] >= 3 and s[0][1] >= 13 and s != ((3, 13), (3, 13)) for s in handed[0][1]), handed
