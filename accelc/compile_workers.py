@@ -5,8 +5,9 @@ The threads of compile_ahead overlap Triton's compiles only in part (16 threads 
 4-5x faster than one after another). Here each candidate's launch first runs under Triton's `jit_cache_hook`,
 which hands over what it would compile (the kernel's specialization data: signature, constexprs, attributes,
 options) and compiles nothing; the workers build each from that data with `triton.compile`, which writes the disk
-cache under the key the launch's own compile computes. A worker never initialises the GPU (the main process's
-target comes with each job).
+cache under the key the launch's own compile computes, and the kernel's launcher where Triton builds one per
+signature (triton_cache.launcher_ahead: the main process's first launch loads it instead of running the host's C
+compiler). A worker never initialises the GPU (the main process's target comes with each job).
 
 Nothing done here is a result: a kernel a worker cannot find or compile, a Triton without the hook, workers that
 do not start, all leave the compile to the threads, as before. Except a compile that ended its worker (Triton's
@@ -33,7 +34,7 @@ import sys
 import threading
 from pathlib import Path
 
-from accelc import runtime
+from accelc import runtime, triton_cache
 
 log = logging.getLogger("accelc")
 
@@ -153,32 +154,11 @@ def hold(on: bool = True) -> None:
     hold is released (release) when its optimize ends."""
     _holders.append(on)
     if on:
-        cache_key_early()
+        triton_cache.key_early()
     if on and enabled():
         refuse_crashed()
         _running()
 
-
-_key_thread: list = []
-
-
-def cache_key_early() -> None:
-    """Triton's key of its own installation (`triton_key`: a hash of its compiler's files and of libtriton, some
-    hundred MB) computed in a thread, once a process: else the process's first kernel launch computes it, 0.35-0.65 s
-    of a warm optimize's main thread (py-spy, H200 host). File reads and hashlib release the GIL; a failure here is
-    left to that launch, which computes it as it would have."""
-    if _key_thread:
-        return
-    try:
-        from triton.runtime.cache import triton_key
-    except ImportError:
-        return
-
-    def compute():
-        with contextlib.suppress(Exception):
-            triton_key()
-    _key_thread.append(threading.Thread(target=compute, name="accelc-triton-key", daemon=True))
-    _key_thread[0].start()
 
 
 def crashed() -> dict:
@@ -485,7 +465,10 @@ def compile_one(full_name: str, specialization: str, target: dict | None = None)
         signature = {k: listed(v) for k, v in data["signature"].items()}
         options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v
                                          for k, v in data["options"].items()})
-        triton.compile(source(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+        kernel = triton.compile(source(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+        if target.backend == "cuda":
+            triton_cache.launcher_ahead(kernel)
         return True
     except Exception:   # the thread's compile of it says what is wrong, if anything
         return False
+

@@ -367,7 +367,7 @@ def test_an_optimize_on_a_gpu_computes_tritons_installation_key_in_a_thread(monk
     compute there is left to the launch (no exception escapes)."""
     import threading
     import triton.runtime.cache as cache
-    from accelc import compile_workers
+    from accelc import compile_workers, triton_cache
 
     where = []
 
@@ -375,15 +375,15 @@ def test_an_optimize_on_a_gpu_computes_tritons_installation_key_in_a_thread(monk
         where.append(threading.current_thread().name)
         raise OSError("libtriton unreadable")
     monkeypatch.setattr(cache, "triton_key", key)
-    monkeypatch.setattr(compile_workers, "_key_thread", [])
+    monkeypatch.setattr(triton_cache, "_key_thread", [])
     monkeypatch.setattr(compile_workers, "enabled", lambda: False)
     compile_workers.hold(False)
     compile_workers.release()
-    assert not compile_workers._key_thread and not where
+    assert not triton_cache._key_thread and not where
     for _ in range(2):
         compile_workers.hold(True)
         compile_workers.release()
-    compile_workers._key_thread[0].join(10)
+    triton_cache._key_thread[0].join(10)
     assert where == ["accelc-triton-key"]
 
 
@@ -399,21 +399,12 @@ def test_no_compile_ahead_fails_across_optimizes_of_models_whose_originals_let_g
     import torch
     import transformers as T
     import accelc
-    from accelc import compile_workers, layer_compiles, meta, runner, stages
+    from accelc import compile_workers, layer_compiles, meta
     from accelc.models.cnn_small import SmallCNN
     from accelc.rewrite import layers
-    from conftest import DEVICE, CausalLogits
+    from conftest import DEVICE, CausalLogits, padding_check_as_on_a_gpu
 
-    class Graphs:         # the padding check runs where the runner replays CUDA graphs: made to run here
-        def __getattr__(self, name):
-            return getattr(runner, name)
-
-        @staticmethod
-        def plan(*a):
-            glue, _, how = runner.plan(*a)
-            return glue, True, how
-
-    monkeypatch.setattr(stages, "runner", Graphs())
+    padding_check_as_on_a_gpu(monkeypatch)
     monkeypatch.setattr(compile_workers, "active", lambda: True)
     monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs: 0)
     ahead = []
@@ -441,3 +432,41 @@ def test_no_compile_ahead_fails_across_optimizes_of_models_whose_originals_let_g
         assert any(meta.rewrite_of(n).released for n in layers(opt.graph_module)), name
         assert "not compiled ahead" not in caplog.text, caplog.text[-2000:]
         caplog.clear()
+
+
+def test_a_worker_builds_a_compiled_kernels_launcher_where_triton_builds_one_per_signature(monkeypatch):
+    """triton_cache.launcher_ahead (a worker, after each compile): where this Triton's CUDA launcher is a module
+    built per signature (its constructor compiles one from source: triton 3.6), the launcher is made for the
+    compiled kernel's source and metadata, so that its build lands in Triton's cache folder before the main
+    process's first launch; a Triton with one launcher for every kernel builds nothing; a failure is left to the
+    launch (False, nothing raised)."""
+    from types import SimpleNamespace
+    from triton.backends.nvidia import driver
+    from accelc import triton_cache
+
+    made = []
+
+    def compile_module_from_src(src, name):
+        made.append((src, name))
+
+    class PerSignature:
+        def __init__(self, src, metadata):
+            compile_module_from_src((src, metadata), "__triton_launcher")
+
+    class Generic:
+        def __init__(self, src, metadata):
+            made.append("generic")
+
+    class Failing:
+        def __init__(self, src, metadata):
+            compile_module_from_src(src, "x")
+            raise OSError("no host compiler")
+
+    kernel = SimpleNamespace(src="source", metadata="metadata")
+    monkeypatch.setattr(driver, "CudaLauncher", PerSignature)
+    assert triton_cache.launcher_ahead(kernel) and made == [(("source", "metadata"), "__triton_launcher")]
+    made.clear()
+    monkeypatch.setattr(driver, "CudaLauncher", Generic)
+    assert not triton_cache.launcher_ahead(kernel) and made == []
+    monkeypatch.setattr(driver, "CudaLauncher", Failing)
+    assert not triton_cache.launcher_ahead(kernel) and made == [("source", "x")]
