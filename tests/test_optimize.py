@@ -190,3 +190,34 @@ def test_the_optimized_module_holds_nothing_of_the_callers_model():
     gc.collect()
     assert gone() is None and all(p() is None for p in params)
     assert rel_l2(opt(x), want) <= REL_FLOOR[torch.float32]
+
+
+def test_an_optimize_freezes_the_heap_it_found_and_leaves_the_collectors_state_as_it_was(monkeypatch):
+    """optimize leaves the objects alive when it began out of the collector's passes while it runs (gc.freeze: its
+    closing collection scans what it made), then unfreezes them; a program that froze objects itself keeps them
+    frozen (none unfrozen, none added by optimize); an optimize that raises unfreezes too."""
+    import gc
+    from accelc import api
+
+    seen = []
+    real = api.release_cached_memory
+    monkeypatch.setattr(api, "release_cached_memory", lambda device: (seen.append(gc.get_freeze_count()), real(device)))
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    assert gc.get_freeze_count() == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accelc.optimize(model, (x,))
+    assert seen and seen[-1] > 1000 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        theirs = gc.get_freeze_count()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            accelc.optimize(model, (x,))
+        assert 0.9 * theirs <= gc.get_freeze_count() <= theirs     # (frozen objects freed meanwhile leave it)
+    finally:
+        gc.unfreeze()
+    with pytest.raises(Exception):
+        accelc.optimize(model, (torch.randn(4, 17, device=DEVICE),))
+    assert gc.get_freeze_count() == 0
