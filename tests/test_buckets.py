@@ -610,3 +610,16 @@ def test_the_guard_hands_the_padded_sizes_candidates_over_before_its_first_check
         assert bool(handed[0][1]) == want, handed
         if want:
             assert all(s[0][0] >= 3 and s[0][1] >= 13 and s != ((3, 13), (3, 13)) for s in handed[0][1]), handed
+
+
+def test_padded_inputs_that_cannot_be_made_are_none_not_an_error(monkeypatch):
+    """buckets.padded_inputs runs before the guard, outside the padding check's own handling: inputs it cannot
+    pad (here the padding itself raises) give no inputs ahead, and the optimize goes on; the padding check says
+    what is wrong there, if anything."""
+    from accelc.capture import CALL_SPEC, capture
+    from accelc.capture.shapes import SHAPES
+    gm, _, _ = capture(_bert(), (), _ids(3, 13))
+    flat = gm.meta[CALL_SPEC].flat((), _ids(3, 13))
+    assert buckets.padded_inputs(flat, gm.meta[SHAPES])
+    monkeypatch.setattr(buckets.Padding, "pad", lambda *a, **k: 1 / 0)
+    assert buckets.padded_inputs(flat, gm.meta[SHAPES]) == []
