@@ -201,14 +201,22 @@ def padding_check(gm: fx.GraphModule, args: tuple, ctx, memo, seconds: dict, own
         return
     t0 = time.perf_counter()
     rewritten = set(layers(gm))
+    # sizes whose kernels the workers have (or compile now): the example's, and those the guard handed over as it
+    # began (ctx.later_inputs, layer_compiles.later_ahead): no second pass over the layers to hand them over
+    handed = {_sizes(args), *map(_sizes, ctx.later_inputs)}
 
     def before(sized: tuple) -> None:
         # the padded calls tune their layers at new sizes: every candidate compiled first by the workers at once
         # (a compile that Triton's LLVM aborts on ends a worker, not this process)
-        layer_compiles.candidates_ahead(gm, sized, rewritten)
+        if _sizes(sized) not in handed:
+            layer_compiles.candidates_ahead(gm, sized, rewritten)
     with tensor_parallel.local_collectives():
         plan.padding, plan.padding_note = buckets.find(gm, args, ctx.shapes, ctx.config.tolerance_for, own, before)
     seconds["padding check"] = round(time.perf_counter() - t0, 2)
+
+
+def _sizes(args: tuple) -> tuple:
+    return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else None for a in args)
 
 
 def eager_gpu_ms(gm: fx.GraphModule, args: tuple, config, device: torch.device) -> float | None:

@@ -612,6 +612,36 @@ def test_the_guard_hands_the_padded_sizes_candidates_over_before_its_first_check
             assert all(s[0][0] >= 3 and s[0][1] >= 13 and s != ((3, 13), (3, 13)) for s in handed[0][1]), handed
 
 
+def test_the_padding_check_does_not_pass_over_the_layers_again_for_sizes_the_workers_have(monkeypatch):
+    """With the compile workers on, the padding check's hand-over before a padded call (candidates_ahead: a pass
+    over the layers, eager's outputs flowing, ~1 s of a 24-layer LM) runs only at sizes neither the example's nor
+    handed over as the guard began (buckets.padded_inputs); BERT's trials are all of those: none runs."""
+    from accelc import compile_workers, layer_compiles, stages
+    from conftest import padding_check_as_on_a_gpu
+
+    padding_check_as_on_a_gpu(monkeypatch)
+    monkeypatch.setattr(compile_workers, "active", lambda: True)
+    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs: 0)
+    monkeypatch.setattr(compile_workers, "submit", lambda jobs: None)
+    passes, checking = [], []
+    real = layer_compiles.candidates_ahead
+    monkeypatch.setattr(layer_compiles, "candidates_ahead",
+                        lambda gm, args, only: (passes.append((bool(checking), _shapes(args))), real(gm, args, only)))
+    real_check = stages.padding_check
+    monkeypatch.setattr(stages, "padding_check",
+                        lambda *a, **kw: (checking.append(1), real_check(*a, **kw), checking.clear()))
+    calls = []
+    real_find = buckets.find
+    monkeypatch.setattr(buckets, "find", lambda fn, args, *a: real_find(
+        fn, args, *a[:3], lambda sized: (calls.append(_shapes(sized)), a[3](sized))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(_bert(), (), accelc.OptimizeConfig(), example_kwargs=_ids(3, 13))
+    assert "padding check" in opt.info.seconds and calls, opt.info.seconds
+    assert any(not during for during, _ in passes)                   # the guard's, at the example first
+    assert [s for during, s in passes if during] == [], passes      # the padding check's: none
+
+
 def test_padded_inputs_that_cannot_be_made_are_none_not_an_error(monkeypatch):
     """buckets.padded_inputs runs before the guard, outside the padding check's own handling: inputs it cannot
     pad (here the padding itself raises) give no inputs ahead, and the optimize goes on; the padding check says
