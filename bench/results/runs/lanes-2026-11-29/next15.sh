@@ -11,7 +11,9 @@
 #     mkdir base && git archive 2f47cba accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
 # warm: the warm side of the same (cold then warm in one cache folder, each tree its own), BERT and the Qwen2 LM
 # lm8b: the 8B shape's LM cold / warm at this tree (#56: 60 / 10 s; run21: 87.8 / 13.4)
-# (also owed: next14.sh diag, next11.sh regress, next11.sh opt, next13.sh pytest, next8.sh tp8b, next9.sh x 4)
+# diag: diag_launchers.py (BERT and the Qwen2 LM cold: the launchers the main process still builds) and
+#     diag_padding.py (the padding check's hand-overs printed), each in a process with empty caches
+# (also owed: next11.sh regress, next11.sh opt, next13.sh pytest, next8.sh tp8b, next9.sh x 4)
 set -u
 lane=$1
 . bench/steps.sh; steps_start /tmp/next15/$lane "${2:-570}"
@@ -26,6 +28,12 @@ warm) for m in qwen2-0.5b-lm-b1 bert; do
         step 0 base-$m 240 env PYTHONPATH=$PWD/base python bench/optimize_time.py --models $m \
             --sides accelc_cold,accelc_warm --out $O/base
     done ;;
+diag) for m in bert qwen2-0.5b-lm-b1; do
+          W=$(mktemp -d); step 0 launchers-$m 200 env ACCELC_CACHE_DIR=$W/accelc TRITON_CACHE_DIR=$W/triton \
+              TORCHINDUCTOR_CACHE_DIR=$W/inductor python bench/results/runs/lanes-2026-11-29/diag_launchers.py $m
+      done
+      W=$(mktemp -d); step 0 padding 150 env ACCELC_CACHE_DIR=$W/accelc TRITON_CACHE_DIR=$W/triton \
+          TORCHINDUCTOR_CACHE_DIR=$W/inductor python bench/results/runs/lanes-2026-11-29/diag_padding.py ;;
 lm8b) step 0 opt-llama3-8b-lm 560 python bench/optimize_time.py --models llama3-8b-lm --sides accelc_cold,accelc_warm \
           --out $O/opt ;;
 esac
