@@ -186,7 +186,6 @@ def heap_frozen():
 def _optimize_job(job: Job, release: bool) -> OptimizedModule:
     state = buffer_state(job.model)
     compile_workers.hold(job.device.type == "cuda")    # (up by the time the guard's tuners ask)
-    warmup.inductor_pool_early(job.config.glue, job.device)   # (up by the time the warm-up compiles the glue)
     try:
         t0 = time.perf_counter()
         log.info("accelc: capturing %s", type(job.model).__name__)

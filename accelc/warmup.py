@@ -13,7 +13,6 @@ call plan; on a CPU only the shapes asked for, checked and said.
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import time
 from typing import Callable
@@ -25,22 +24,6 @@ from accelc import progress as progress_bar
 from accelc.capture.shapes import CHECKED_AT, SHAPES, repeated_to
 from accelc.errors import InputError
 from accelc.optimized import OptimizedModule
-
-log = logging.getLogger("accelc")
-
-
-def inductor_pool_early(glue: str, device: torch.device) -> None:
-    """Inductor's compile workers started as an optimize on a GPU with Inductor glue begins (maybe_warm_pool: they
-    take seconds to come up, and until they are, Inductor compiles its kernels one after another in this process):
-    else its backend starts them at its first compile, this stage's, which then compiles alone while they start.
-    Nothing here is a result: a Torch without it, or a pool that does not start, leaves it to that compile."""
-    if not (runtime.can_time(device) and runtime.resolve_glue(glue, True) == "inductor"):
-        return
-    try:
-        from torch._inductor.async_compile import maybe_warm_pool
-        maybe_warm_pool()
-    except Exception as e:   # (Inductor starts them at its first compile, as it would have)
-        log.debug("accelc: Inductor's compile workers not started early: %s", e)
 
 
 FORWARD_GLUE_LATER = ("the forward's glue for other shapes compiles at its first call at another shape (generate() "

@@ -364,25 +364,3 @@ def test_a_gpu_bound_call_runs_at_its_own_size_in_the_graphs_pool():
     r(torch.randn(2560, 1024, device="cuda", dtype=torch.half))       # the bucket's graph replays
     torch.cuda.synchronize()
     assert torch.equal(got, kept)
-
-
-def test_inductors_compile_workers_start_as_an_optimize_with_inductor_glue_on_a_gpu_begins(monkeypatch):
-    """warmup.inductor_pool_early (optimize's first step): Inductor's compile workers started on a GPU with
-    Inductor glue ("auto" too), so that they are up when the warm-up compiles the glue; not on the CPU, not for
-    eager glue; a failure to start them is left to Inductor's own start (nothing raised)."""
-    import torch._inductor.async_compile as async_compile
-    from accelc import runtime, warmup
-
-    started = []
-    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(1))
-    warmup.inductor_pool_early("auto", torch.device("cpu"))
-    assert not started
-    monkeypatch.setattr(runtime, "interpreted", lambda: False)
-    cuda = torch.device("cuda", 0)
-    warmup.inductor_pool_early("eager", cuda)
-    assert not started
-    warmup.inductor_pool_early("auto", cuda)
-    warmup.inductor_pool_early("inductor", cuda)
-    assert started == [1, 1]
-    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: 1 / 0)
-    warmup.inductor_pool_early("auto", cuda)
