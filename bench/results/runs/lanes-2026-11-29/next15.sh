@@ -4,8 +4,8 @@
 #   bash bench/results/runs/lanes-2026-11-29/next15.sh LANE [SECONDS]      # SECONDS: the command's budget (570)
 # ab: this session's cold-optimize changes against their parent 2f47cba: ac8d525 (the padding check's compiles
 #     ahead reach the layers whose originals were released), 34c3b6b (the padded sizes compiled while the guard
-#     checks), d4667c2 (the compile workers build the launchers), 85bd60b (no second pass for handed sizes), 4ff40e5
-#     (Inductor's workers started early), 130d3d5 (the heap frozen while optimizing), c819b87 (warm: one code
+#     checks), d4667c2 (the compile workers build the launchers), 85bd60b (no second pass for handed sizes),
+#     130d3d5 (the heap frozen while optimizing), c819b87 (warm: one code
 #     generation, Triton's key early): a cold optimize of the Qwen2-0.5B batch-1 LM and of BERT, each side a process, alternating; make
 #     `base/` first (untracked, removed after; never committed):
 #     mkdir base && git archive 2f47cba accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
