@@ -310,8 +310,9 @@ def rebuilt(entry: dict, model: nn.Module) -> fx.GraphModule:
     for name, op, target, args, kwargs, kept in entry["nodes"]:
         def node_of(a):
             return env[a.name] if isinstance(a, _Ref) else a
-        node = graph.create_node(op, _op(target), pytree.tree_map(node_of, args), pytree.tree_map(node_of, kwargs),
-                                 name=name)
+        # (map_aggregate: the structures map_arg wrote them in; pytree's tree_map took 0.25 s of a 24-layer LM's)
+        node = graph.create_node(op, _op(target), fx.node.map_aggregate(args, node_of),
+                                 fx.node.map_aggregate(kwargs, node_of), name=name)
         if node.name != name:
             raise ValueError(f"node {name} read back as {node.name}")
         node.meta.update(kept)
