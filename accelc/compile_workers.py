@@ -160,7 +160,6 @@ def hold(on: bool = True) -> None:
         _running()
 
 
-
 def crashed() -> dict:
     """{specialization data: how its compile ended a worker} in this process."""
     with _lock:
@@ -471,4 +470,3 @@ def compile_one(full_name: str, specialization: str, target: dict | None = None)
         return True
     except Exception:   # the thread's compile of it says what is wrong, if anything
         return False
-

@@ -24,14 +24,13 @@ def _each_layer(gm, args, only, call) -> None:
     reference over the graph's own weights: its original, run, would raise on its meta tensors (the padding check
     of every gated-MLP LM and conv+BN model ran after that release, and compiled nothing ahead)."""
     def at_layer(runner, n, rw):
+        a, kw = runner.fetch_args_kwargs_from_env(n)
         if rw.released and n.target in REFERENCES:
-            a, kw = runner.fetch_args_kwargs_from_env(n)
             eager = REFERENCES[n.target](*a, **kw)
         else:
-            ins = runner.layer_inputs(rw)
-            eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(*ins)
+            eager = (rw.original.forward if isinstance(rw.original, fx.GraphModule) else rw.original)(
+                *runner.layer_inputs(rw))
         if n in only:
-            a, kw = runner.fetch_args_kwargs_from_env(n)
             call(n, a, kw)
         return eager
 
@@ -80,16 +79,8 @@ def later_ahead(gm, inputs: list, only) -> "compile_workers.Pending | None":
     """The tuning candidates of the layers in `only` at each of `inputs` (sizes a later stage calls the graph at
     and races there: the padding check's padded sizes, buckets.padded_inputs) handed to the workers at once,
     not waited for: they compile while the guard's checks run, and the padding check's launches find them
-    compiled (or wait for the one in flight). None where there are no workers or nothing to hand over."""
-    if not (inputs and compile_workers.active()):
-        return None
-    jobs: list = []
-    for args in inputs:
-        try:
-            jobs += _collected(gm, args, only)
-        except Exception as e:   # (the padding check says what is wrong at that size, if anything)
-            log.debug("accelc: the layers' kernels at a padded size not compiled ahead: %s", e)
-    return compile_workers.submit(jobs) if jobs else None
+    compiled (or wait for the one in flight). None where there are no workers or no inputs."""
+    return _handed_over(gm, [("at a padded size", args) for args in inputs], only) if inputs else None
 
 
 def others_ahead(gm, others, only) -> "compile_workers.Pending | None":
@@ -97,15 +88,22 @@ def others_ahead(gm, others, only) -> "compile_workers.Pending | None":
     waiting: the workers compile the layers' kernels at those sizes, as the guard's checks there will serve them
     (tuning.serving), while the checks on the example run; None where there are no workers. A size the model does
     not run at hands over nothing (its check says so)."""
+    with tuning.serving(say=False):
+        return _handed_over(gm, [(label, args) for label, args, _ in others], only)
+
+
+def _handed_over(gm, labelled: list, only) -> "compile_workers.Pending | None":
+    """What the layers in `only` would compile at each (label, inputs), handed to the workers in one batch, not
+    waited for; None where there are no workers. A size the model does not run at hands over nothing (what runs
+    there says what is wrong)."""
     if not compile_workers.active():
         return None
     jobs: list = []
-    with tuning.serving(say=False):
-        for label, args, _ in others:
-            try:
-                jobs += _collected(gm, args, only)
-            except Exception as e:   # (the check at that size says what is wrong)
-                log.debug("accelc: the layers' kernels %s not compiled ahead: %s", label, e)
+    for label, args in labelled:
+        try:
+            jobs += _collected(gm, args, only)
+        except Exception as e:
+            log.debug("accelc: the layers' kernels %s not compiled ahead: %s", label, e)
     return compile_workers.submit(jobs)
 
 

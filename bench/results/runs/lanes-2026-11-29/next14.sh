@@ -24,7 +24,3 @@ prof) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
     step 0 warm-bert 80 env $E python bench/optimize_time.py --side accelc_warm --model bert --workdir $W ;;
 esac
 tar czf $OUT/$lane.tgz -C $O .
-# diag (appended): diag_padding.py (its docstring) in a process with empty caches
-[ "$lane" = diag ] && { W=$(mktemp -d); env ACCELC_CACHE_DIR=$W/accelc TRITON_CACHE_DIR=$W/triton \
-    TORCHINDUCTOR_CACHE_DIR=$W/inductor timeout "${2:-150}" python bench/results/runs/lanes-2026-11-29/diag_padding.py \
-    > $OUT/diag.log 2>&1; echo "rc=$?" >> $OUT/diag.log; }

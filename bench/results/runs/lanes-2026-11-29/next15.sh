@@ -16,13 +16,10 @@
 # (also owed: next11.sh regress, next11.sh opt, next13.sh pytest, next8.sh tp8b, next9.sh x 4)
 set -u
 lane=$1
+# ab is next10.sh's lane as it stands (the same two models and sides; logs under /tmp/next10/ab, $OUT/ab.tgz)
+[ "$lane" = ab ] && exec bash "$(dirname "$0")/next10.sh" ab "${2:-570}"
 . bench/steps.sh; steps_start /tmp/next15/$lane "${2:-570}"
 case $lane in
-ab) for m in qwen2-0.5b-lm-b1 bert; do
-        step 0 new-$m 200 python bench/optimize_time.py --models $m --sides accelc_cold --out $O/new
-        step 0 base-$m 200 env PYTHONPATH=$PWD/base python bench/optimize_time.py --models $m --sides accelc_cold \
-            --out $O/base
-    done ;;
 warm) for m in qwen2-0.5b-lm-b1 bert; do
         step 0 new-$m 240 python bench/optimize_time.py --models $m --sides accelc_cold,accelc_warm --out $O/new
         step 0 base-$m 240 env PYTHONPATH=$PWD/base python bench/optimize_time.py --models $m \
