@@ -18,7 +18,8 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import compile_workers, generation, reuse, runner, runtime, shared_checks, stages, tensor_parallel, warmup
+from accelc import (compile_workers, generation, meanwhile, reuse, runner, runtime, shared_checks, stages,
+                    tensor_parallel, warmup)
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
@@ -156,14 +157,15 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
     return Job(model, args, config, batches, device_of(model, (args, kwargs)), kwargs)
 
 
-def optimize_job(job: Job, release: bool = True) -> OptimizedModule:
+def optimize_job(job: Job, release: bool = True, captured: tuple | None = None) -> OptimizedModule:
     """Capture, passes, guard and warm-up of a prepared model. Optimizing runs the model's
     forward many times; buffers that forward updates in place get back the values they had
     before, so the optimized module starts from the model's state. release=False: the device memory its checks
     used is left to the caller's release (a generation step's, inside its forward's optimize_job). A causal LM's
-    generation step, optimized inside, shares the forward's layer checks (accelc.shared_checks)."""
+    generation step, optimized inside, shares the forward's layer checks (accelc.shared_checks). captured: the
+    job's capture_job made already (a generation step's, in its forward's waits)."""
     with heap_frozen(), shared_checks.sharing() if generation.is_causal_lm(job.model) else contextlib.nullcontext():
-        return _optimize_job(job, release)
+        return _optimize_job(job, release, captured)
 
 
 @contextlib.contextmanager
@@ -183,17 +185,11 @@ def heap_frozen():
             gc.unfreeze()
 
 
-def _optimize_job(job: Job, release: bool) -> OptimizedModule:
+def _optimize_job(job: Job, release: bool, captured: tuple | None = None) -> OptimizedModule:
     state = buffer_state(job.model)
     compile_workers.hold(job.device.type == "cuda")    # (up by the time the guard's tuners ask)
     try:
-        t0 = time.perf_counter()
-        log.info("accelc: capturing %s", type(job.model).__name__)
-        progress_bar.phase(f"capturing {type(job.model).__name__}")
-        gm, method, expected = capture(job.model, job.args, job.kwargs, dynamic=job.config.dynamic,
-                                       kept=reuse.captures())
-        t1 = time.perf_counter()
-        log.info("accelc: captured with %s (%d graph nodes, %.1f s)", method, len(gm.graph.nodes), t1 - t0)
+        gm, method, expected, capture_s = captured if captured is not None else capture_job(job)
         spec = gm.meta[CALL_SPEC]
         flat = spec.flat(job.args, job.kwargs)
         calibration = [spec.flat(b, job.kwargs) for b in job.calibration]
@@ -204,20 +200,37 @@ def _optimize_job(job: Job, release: bool) -> OptimizedModule:
         if isinstance(job.model, StepModule):     # the call the program serves most (a generation step: decode)
             inputs, words = job.model.race_inputs(*job.args, **job.kwargs)
             race = (tuple(spec.flat(inputs, {})), words)
-        opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,
-                             cls=generation.OptimizedLM if lm else OptimizedModule, race=race,
-                             reference=lambda: capture_reference(job.model, spec, flat, spec.flat_output(expected)))
-        opt.info.seconds["capture"] = round(t1 - t0, 2)
-        opt.info.capture_kept = bool(gm.meta.get(stored.KEPT))
-        warmup.run(opt, flat, race, job.config.warmup_shapes, job.device, lambda: call_times(job, opt), generates=lm)
-        if lm:
-            attach_generation(opt, job)
+        # a causal LM's generation step captured in the first wait for the compile workers (accelc.meanwhile), not
+        # after the forward's warm-up; not a sharded model's (its capture's collectives pair with every rank's)
+        with meanwhile.offered(functools.partial(step_captured, job), "the generation step's capture",
+                               enabled=lm and not tensor_parallel.is_sharded(job.model)) as step_capture:
+            opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,
+                                 cls=generation.OptimizedLM if lm else OptimizedModule, race=race,
+                                 reference=lambda: capture_reference(job.model, spec, flat, spec.flat_output(expected)))
+            opt.info.seconds["capture"] = capture_s
+            opt.info.capture_kept = bool(gm.meta.get(stored.KEPT))
+            warmup.run(opt, flat, race, job.config.warmup_shapes, job.device, lambda: call_times(job, opt),
+                       generates=lm)
+            if lm:
+                attach_generation(opt, job, step_capture)
     finally:
         restore_buffers(job.model, state)
         if release:
             release_cached_memory(job.device)
         compile_workers.release()
     return opt
+
+
+def capture_job(job: Job) -> tuple:
+    """(graph, capture method, the model's output, seconds) of a job's model captured on its example."""
+    t0 = time.perf_counter()
+    log.info("accelc: capturing %s", type(job.model).__name__)
+    progress_bar.phase(f"capturing {type(job.model).__name__}")
+    gm, method, expected = capture(job.model, job.args, job.kwargs, dynamic=job.config.dynamic,
+                                   kept=reuse.captures())
+    seconds = round(time.perf_counter() - t0, 2)
+    log.info("accelc: captured with %s (%d graph nodes, %.1f s)", method, len(gm.graph.nodes), seconds)
+    return gm, method, expected, seconds
 
 
 def call_times(job: Job, opt: OptimizedModule) -> tuple:
@@ -247,16 +260,24 @@ def release_cached_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def attach_generation(opt, job: Job) -> None:
+def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None) -> None:
     """A causal LM's generate(): its step program optimized over accelc's static cache
-    (accelc.generation); where that fails, generate() runs the original model, and that is said."""
+    (accelc.generation); where that fails, generate() runs the original model, and that is said. step_capture:
+    the step's capture offered to the forward's waits (step_captured), None to capture it here."""
     t0 = time.perf_counter()
     build = functools.partial(build_step, device=job.device)
     failed = None
     try:
         with progress_bar.showing("accelc", False, part="generation step: "):
             # (the forward's optimize_job releases the memory once, after this: a collection of the heap took 0.6-0.7 s)
-            program, step = build(job.model, job.args, job.kwargs, job.config, release=False)
+            if step_capture is None:
+                program, step = build(job.model, job.args, job.kwargs, job.config, release=False)
+            else:
+                step_job, step, captured = step_capture.result()
+                program = optimize_job(step_job, release=False, captured=captured)
+                if step_capture.ran_early:
+                    program.info.seconds["capture (during the forward's compiles)"] = \
+                        program.info.seconds.pop("capture")
     except AccelcError as e:
         failed = str(e)
     except Exception as e:   # a family the step cannot take: said, and generate() stays HF's
@@ -275,14 +296,29 @@ def attach_generation(opt, job: Job) -> None:
     opt.info.seconds["generation step"] = round(time.perf_counter() - t0, 2)
 
 
-def build_step(model: nn.Module, args: tuple, kwargs: dict, config: OptimizeConfig, device: torch.device,
-               release: bool = True):
-    """(step program, cache step) of a causal LM (accelc.generation): the cache sized by `config` and the
-    example call (args, kwargs), the step optimized over it (release: as optimize_job's)."""
+def step_job(model: nn.Module, args: tuple, kwargs: dict, config: OptimizeConfig, device: torch.device) -> tuple:
+    """(the step program's Job, the cache step) of a causal LM (accelc.generation): the cache sized by `config`
+    and the example call (args, kwargs)."""
     step, step_args = generation.make_step(model, args, kwargs, config)
     length = {1: (1, step.max_len)}     # the tokens of a step vary; the cache fixes the rest
     config = dataclasses.replace(config, dynamic={"input_ids": length, "position_ids": length}, warmup_shapes=())
-    return optimize_job(Job(step, step_args, config, [step_args], device), release=release), step
+    return Job(step, step_args, config, [step_args], device), step
+
+
+def step_captured(job: Job) -> tuple:
+    """(step Job, cache step, its capture_job) of a causal LM's job: the generation step's work that needs nothing
+    of the forward's optimize (offered to its waits: accelc.meanwhile)."""
+    with progress_bar.showing("accelc", False, part="generation step: "):
+        sjob, step = step_job(job.model, job.args, job.kwargs, job.config, job.device)
+        return sjob, step, capture_job(sjob)
+
+
+def build_step(model: nn.Module, args: tuple, kwargs: dict, config: OptimizeConfig, device: torch.device,
+               release: bool = True):
+    """(step program, cache step) of a causal LM (step_job), the step optimized over its cache (release: as
+    optimize_job's)."""
+    job, step = step_job(model, args, kwargs, config, device)
+    return optimize_job(job, release=release), step
 
 
 def optimize_graph(gm: fx.GraphModule, args: tuple, config: OptimizeConfig, method: str, expected,

@@ -34,7 +34,7 @@ import sys
 import threading
 from pathlib import Path
 
-from accelc import runtime, triton_cache
+from accelc import meanwhile, runtime, triton_cache
 
 log = logging.getLogger("accelc")
 
@@ -372,7 +372,10 @@ class Pending:
             t.start()
 
     def wait(self, timeout: float = 300) -> int:
-        """How many compiled, once every job ended."""
+        """How many compiled, once every job ended; the work offered to this thread (accelc.meanwhile) done first,
+        while they compile."""
+        if any(t.is_alive() for t in self._threads):
+            meanwhile.fill()
         for t in self._threads:
             t.join(timeout=timeout)
         return sum(self._done)

@@ -1,0 +1,160 @@
+"""accelc/meanwhile.py: work offered to the main thread's waits for the compile workers is done once, in the first
+such wait or where its result is asked for, in the offering thread, its exception raised where the result is used;
+a causal LM's generation step is captured in its forward's first wait and generates the same tokens. (CPU: a wait
+made by a compile worker that sleeps.)"""
+import threading
+import time
+import uuid
+import warnings
+
+import pytest
+import torch
+
+import accelc
+from accelc import api, compile_workers, guard, layer_compiles, meanwhile
+from accelc.errors import InputError
+from conftest import DEVICE
+
+
+class _SlowWorker:
+    """A compile worker whose compile takes a moment and makes nothing (no record is written)."""
+
+    def compile(self, job):
+        time.sleep(0.3)
+        return False
+
+    def ended(self):
+        return ""
+
+
+def _a_wait() -> int:
+    """A wait for the compile workers, as the guard's: one job in a (slow) worker."""
+    return compile_workers.Pending([("test.kernel", f"test-{uuid.uuid4()}", {})], [_SlowWorker()]).wait()
+
+
+def test_offered_work_runs_once_in_the_first_wait():
+    calls = []
+    with meanwhile.offered(lambda: calls.append(1) or 42, "test") as work:
+        _a_wait()
+        assert calls == [1] and work.ran_early
+        _a_wait()                                  # (not again)
+        assert work.result() == 42 and calls == [1]
+
+
+def test_work_no_wait_took_runs_at_result():
+    calls = []
+    with meanwhile.offered(lambda: calls.append(1) or "v", "test") as work:
+        compile_workers.Pending([], []).wait()     # nothing in flight: not a wait
+        assert calls == []
+        assert work.result() == "v" and calls == [1] and not work.ran_early
+        _a_wait()
+    assert calls == [1]
+
+
+def test_the_works_exception_is_raised_where_its_result_is_used():
+    def fails():
+        raise InputError("the cache holds no token beyond the example's")
+
+    with meanwhile.offered(fails, "test") as work:
+        _a_wait()                                  # the wait itself goes on
+        with pytest.raises(InputError, match="holds no token"):
+            work.result()
+
+
+def test_work_is_withdrawn_when_its_block_ends_first():
+    calls = []
+    with pytest.raises(RuntimeError):
+        with meanwhile.offered(lambda: calls.append(1), "test"):
+            raise RuntimeError("the optimize failed before any wait")
+    _a_wait()
+    assert calls == [] and meanwhile._offered == []
+
+
+def test_work_is_done_only_in_the_thread_that_offered_it():
+    calls = []
+    with meanwhile.offered(lambda: calls.append(threading.current_thread()), "test") as work:
+        other = threading.Thread(target=_a_wait)
+        other.start()
+        other.join()
+        assert calls == []
+        work.result()
+    assert calls == [threading.current_thread()]
+
+
+def test_not_enabled_offers_nothing():
+    with meanwhile.offered(lambda: 1, "test", enabled=False) as work:
+        assert work is None and meanwhile._offered == []
+
+
+T = pytest.importorskip("transformers")
+
+
+def _lm():
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = T.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                            intermediate_size=64, vocab_size=100, max_position_embeddings=96)
+        return T.LlamaForCausalLM(cfg).to(DEVICE).eval()
+
+
+def _optimize(lm, ids, **config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return accelc.optimize(lm, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                               config=accelc.OptimizeConfig(**config))
+
+
+def _events(monkeypatch, waits: bool) -> list:
+    """The captures and the guard's ends in their order; with waits, each guard's first check waits for a worker."""
+    events = []
+    capture_job, settle, ahead = api.capture_job, guard.settle, layer_compiles.candidates_ahead
+
+    def captured(job):
+        events.append(f"capture {type(job.model).__name__}")
+        return capture_job(job)
+
+    def settled(gm, ctx):
+        out = settle(gm, ctx)
+        events.append("guard done")
+        return out
+
+    def waiting(gm, args, only):
+        ahead(gm, args, only)
+        _a_wait()
+
+    monkeypatch.setattr(api, "capture_job", captured)
+    monkeypatch.setattr(guard, "settle", settled)
+    if waits:
+        monkeypatch.setattr(layer_compiles, "candidates_ahead", waiting)
+    return events
+
+
+def test_a_causal_lms_step_is_captured_in_its_forwards_first_wait(monkeypatch):
+    lm = _lm()
+    ids = torch.randint(1, 100, (1, 6), device=DEVICE)
+    events = _events(monkeypatch, waits=True)
+    opt = _optimize(lm, ids)
+    assert events == ["capture LlamaForCausalLM", "capture CacheStep", "guard done", "guard done"]
+    assert "capture (during the forward's compiles)" in opt.step.info.seconds, opt.step.info.seconds
+    with torch.no_grad():
+        want = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    assert torch.equal(opt.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8), want)
+    assert meanwhile._offered == []
+
+
+def test_without_a_wait_the_step_is_captured_after_the_forward(monkeypatch):
+    events = _events(monkeypatch, waits=False)
+    opt = _optimize(_lm(), torch.randint(1, 100, (1, 6), device=DEVICE))
+    assert events == ["capture LlamaForCausalLM", "guard done", "capture CacheStep", "guard done"]
+    assert "capture" in opt.step.info.seconds
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_a_step_that_fails_early_is_said_as_before(monkeypatch, waits):
+    """The step's failure (a cache too small for the example) met in the forward's wait: the forward optimizes,
+    generate() falls back, the summary names the cause, as when it is met after the forward."""
+    _events(monkeypatch, waits=waits)
+    opt = _optimize(_lm(), torch.randint(1, 100, (1, 6), device=DEVICE), max_cache_len=4)
+    assert opt.step is None
+    assert "max_cache_len 4 holds no token beyond the example's 6" in opt.info.generation
