@@ -200,25 +200,37 @@ def _optimize_job(job: Job, release: bool, captured: tuple | None = None) -> Opt
         if isinstance(job.model, StepModule):     # the call the program serves most (a generation step: decode)
             inputs, words = job.model.race_inputs(*job.args, **job.kwargs)
             race = (tuple(spec.flat(inputs, {})), words)
-        # a causal LM's generation step captured in the first wait for the compile workers (accelc.meanwhile), not
-        # after the forward's warm-up; not a sharded model's (its capture's collectives pair with every rank's)
+        # a causal LM's generation step captured in its forward's first wait for the compile workers, and the
+        # forward's warm-up done in the step's (accelc.meanwhile), each the main thread's work while it would only
+        # wait; not a sharded model's (its capture and CUDA graphs run collectives every rank pairs)
+        early = lm and not tensor_parallel.is_sharded(job.model)
         with meanwhile.offered(functools.partial(step_captured, job), "the generation step's capture",
-                               enabled=lm and not tensor_parallel.is_sharded(job.model)) as step_capture:
+                               enabled=early) as step_capture:
             opt = optimize_graph(gm, flat, job.config, method, spec.flat_output(expected), job.device, calibration,
                                  cls=generation.OptimizedLM if lm else OptimizedModule, race=race,
                                  reference=lambda: capture_reference(job.model, spec, flat, spec.flat_output(expected)))
             opt.info.seconds["capture"] = capture_s
             opt.info.capture_kept = bool(gm.meta.get(stored.KEPT))
+            with meanwhile.offered(functools.partial(forward_warm_up, opt, flat, job.device), "the forward's warm-up",
+                                   enabled=early) as warm:
+                if lm:
+                    attach_generation(opt, job, step_capture, warm)
+            if warm is not None:
+                warm.result()       # (done, unless the step failed before its first wait)
             warmup.run(opt, flat, race, job.config.warmup_shapes, job.device, lambda: call_times(job, opt),
-                       generates=lm)
-            if lm:
-                attach_generation(opt, job, step_capture)
+                       generates=lm, example_done=warm is not None)
     finally:
         restore_buffers(job.model, state)
         if release:
             release_cached_memory(job.device)
         compile_workers.release()
     return opt
+
+
+def forward_warm_up(opt: OptimizedModule, flat: tuple, device: torch.device) -> None:
+    """A causal LM's forward's warm-up (warmup.example), its phase named as the forward's inside its step's."""
+    with progress_bar.showing("accelc", False, part=""):
+        warmup.example(opt, flat, None, device)
 
 
 def capture_job(job: Job) -> tuple:
@@ -260,10 +272,12 @@ def release_cached_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None) -> None:
+def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None,
+                      warm: meanwhile.Work | None = None) -> None:
     """A causal LM's generate(): its step program optimized over accelc's static cache
     (accelc.generation); where that fails, generate() runs the original model, and that is said. step_capture:
-    the step's capture offered to the forward's waits (step_captured), None to capture it here."""
+    the step's capture offered to the forward's waits (step_captured), None to capture it here; warm: the
+    forward's warm-up offered to the step's, done before generate() is timed."""
     t0 = time.perf_counter()
     build = functools.partial(build_step, device=job.device)
     failed = None
@@ -289,6 +303,8 @@ def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None)
         opt.no_generation(job.model, failed or f"another rank's generation step failed: {failures[0]}")
         return
     opt.attach_generation(program, step, job.model, build)
+    if warm is not None:
+        warm.result()
     if runtime.can_time(job.device):
         ids = job.kwargs.get("input_ids", job.args[0] if job.args else None)
         mask = job.kwargs.get("attention_mask")

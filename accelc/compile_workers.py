@@ -277,10 +277,10 @@ def _specialization(compile) -> str | None:
     return compile.get("specialization_data") if isinstance(compile, dict) else None
 
 
-def compile_jobs(jobs: list) -> int:
+def compile_jobs(jobs: list, fill: bool = False) -> int:
     """Collected compiles (collect, handing_over) done by the workers, each once a process, all at once; how many
-    compiled."""
-    return submit(jobs).wait()
+    compiled (fill: Pending.wait's)."""
+    return submit(jobs).wait(fill=fill)
 
 
 def submit(jobs: list) -> "Pending":
@@ -371,10 +371,10 @@ class Pending:
         for t in self._threads:
             t.start()
 
-    def wait(self, timeout: float = 300) -> int:
-        """How many compiled, once every job ended; the work offered to this thread (accelc.meanwhile) done first,
-        while they compile."""
-        if any(t.is_alive() for t in self._threads):
+    def wait(self, timeout: float = 300, fill: bool = False) -> int:
+        """How many compiled, once every job ended. fill: the work offered to this thread (accelc.meanwhile) done
+        first, while they compile (a wait where any work may run: not inside a tuner's or Triton's hooks)."""
+        if fill and any(t.is_alive() for t in self._threads):
             meanwhile.fill()
         for t in self._threads:
             t.join(timeout=timeout)

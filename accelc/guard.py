@@ -248,7 +248,7 @@ def check_layers(gm: fx.GraphModule, ctx, only=None) -> dict[fx.Node, LayerCheck
     args, config, shapes = ctx.example_inputs, ctx.config, ctx.shapes
     todo = [n for n in layers(gm) if only is None or n in only]
     if only is None:
-        layer_compiles.candidates_ahead(gm, args, set(todo))
+        layer_compiles.candidates_ahead(gm, args, set(todo), fill=True)    # (accelc.meanwhile's work done there)
         layer_compiles.later_ahead(gm, ctx.later_inputs, set(todo))     # (not waited for)
     progress.phase("checking each layer against PyTorch" + (" (first calls tune kernels)" if not runtime.interpreted()
                                                              else ""), len(todo))

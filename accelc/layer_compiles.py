@@ -60,17 +60,18 @@ def sizes_ahead(gm, args, only, handed: bool = False) -> None:
             _each_layer(gm, args, only, _launch_quietly)
 
 
-def candidates_ahead(gm, args, only) -> None:
+def candidates_ahead(gm, args, only, fill: bool = False) -> None:
     """Every layer's kernels on `args` compiled at once by the compile workers (accelc.compile_workers): the
     tuning candidates of a key not tuned yet, and the kernels of keys tuned or borrowed (tuning.serving), before
     the guard's checks or races run the layers one at a time (which then load them from Triton's disk cache): the
     layers in `only` launched on `args` once with each tuner handing over its candidates' compiles
     (tuning.collecting, which also leaves every tuner's choices and remembered calls as they were) and Triton
-    compiling nothing (handing_over). Nothing here is checked, chosen or kept."""
+    compiling nothing (handing_over). Nothing here is checked, chosen or kept. fill: the main thread's offered
+    work done while they compile (accelc.meanwhile; the guard's first wait)."""
     if not compile_workers.active():
         return
     try:
-        compile_workers.compile_jobs(_collected(gm, args, only))
+        compile_workers.compile_jobs(_collected(gm, args, only), fill=fill)
     except Exception as e:   # nothing here is a result: the races compile what they need
         log.debug("accelc: the layers' kernels not compiled ahead: %s", e)
 

@@ -31,23 +31,19 @@ FORWARD_GLUE_LATER = ("the forward's glue for other shapes compiles at its first
 
 
 def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, device: torch.device,
-        call_times: Callable[[], tuple], generates: bool = False) -> None:
+        call_times: Callable[[], tuple], generates: bool = False, example_done: bool = False) -> None:
     """The stage (module docstring); call_times: (eager, accelc) ms a plain call of the example, or ().
     generates: a causal LM's forward, whose generate() runs a step program of its own: the forward's dynamic glue
-    is left to its first call at another shape unless warmup_shapes asks for shapes (said in the shapes line)."""
+    is left to its first call at another shape unless warmup_shapes asks for shapes (said in the shapes line).
+    example_done: `example` ran already (a causal LM's forward's, in its generation step's waits)."""
     warm = inputs_for(opt, warmup_shapes)
     if not runtime.can_time(device):
         if warm:
             note(opt, f"{len(warm)} warm-up shape(s) not captured: no CUDA graphs on this device")
         return
-    t0 = time.perf_counter()
-    progress_bar.phase("warm-up (glue compiled, CUDA graphs captured)")
-    flat = _own(flat)     # (an example passed as a view of the caller's tensor: see _own)
-    if race is None:      # compile the glue and capture the example's CUDA graph now, not at the user's first call
-        opt.warm_up(flat)
-    else:                 # the call a generation step serves most (decode): its graph, its glue compiled static; the
-        opt.warm_up(race[0])    # example (a prefill at one prompt length) takes the dynamic glue below, as others
-    opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
+    if not example_done:
+        example(opt, flat, race, device)
+    flat = _own(flat)
     t0 = time.perf_counter()
     shapes = opt.graph_module.meta.get(SHAPES)
     if generates and not warm:
@@ -67,6 +63,23 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
         seconds = round(time.perf_counter() - t0, 2)
         opt.info.seconds["warm-up shapes"] = seconds
         note(opt, f"{len(warm)} warm-up shape(s) captured at optimize time ({seconds:.1f} s)")
+
+
+def example(opt: OptimizedModule, flat: tuple, race: tuple | None, device: torch.device) -> None:
+    """The glue compiled and the CUDA graph captured for the call the program serves most (the example, or a
+    generation step's decode: `race`), not at the user's first call (the summary's "warmup"); nothing where no
+    CUDA graphs run. Needs nothing of another program's optimize: a causal LM's forward's is done in its generation
+    step's first wait for the compile workers (accelc.meanwhile)."""
+    if not runtime.can_time(device):
+        return
+    t0 = time.perf_counter()
+    progress_bar.phase("warm-up (glue compiled, CUDA graphs captured)")
+    flat = _own(flat)     # (an example passed as a view of the caller's tensor: see _own)
+    if race is None:      # compile the glue and capture the example's CUDA graph now, not at the user's first call
+        opt.warm_up(flat)
+    else:                 # the call a generation step serves most (decode): its graph, its glue compiled static; the
+        opt.warm_up(race[0])    # example (a prefill at one prompt length) takes the dynamic glue below, as others
+    opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
 
 
 def apart_inputs(opt: OptimizedModule, flat: tuple) -> list[tuple]:

@@ -553,7 +553,7 @@ def test_the_padding_checks_compiles_ahead_run_where_the_guard_let_go_of_origina
     assert [n for n, _ in reached] == layers(gm) and {rows for _, rows in reached} >= {16}
     handed = []
     monkeypatch.setattr(compile_workers, "active", lambda: True)
-    monkeypatch.setattr(compile_workers, "compile_jobs", handed.append)
+    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs, fill=False: handed.append(jobs))
     with caplog.at_level(logging.DEBUG, logger="accelc"):
         layer_compiles.candidates_ahead(gm, padded, set(layers(gm)))
     assert len(handed) == 1 and "not compiled ahead" not in caplog.text
@@ -621,12 +621,13 @@ def test_the_padding_check_does_not_pass_over_the_layers_again_for_sizes_the_wor
 
     padding_check_as_on_a_gpu(monkeypatch)
     monkeypatch.setattr(compile_workers, "active", lambda: True)
-    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs: 0)
+    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs, fill=False: 0)
     monkeypatch.setattr(compile_workers, "submit", lambda jobs: None)
     passes, checking = [], []
     real = layer_compiles.candidates_ahead
     monkeypatch.setattr(layer_compiles, "candidates_ahead",
-                        lambda gm, args, only: (passes.append((bool(checking), _shapes(args))), real(gm, args, only)))
+                        lambda gm, args, only, fill=False: (passes.append((bool(checking), _shapes(args))),
+                                                              real(gm, args, only, fill)))
     real_check = stages.padding_check
     monkeypatch.setattr(stages, "padding_check",
                         lambda *a, **kw: (checking.append(1), real_check(*a, **kw), checking.clear()))

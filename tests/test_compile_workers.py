@@ -219,7 +219,7 @@ def test_handing_the_guards_other_sizes_to_the_workers_leaves_the_tuners_as_they
     gm = opt.graph_module
     handed = []
     monkeypatch.setattr(compile_workers, "active", lambda: True)
-    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs: handed.append(jobs) or 0)
+    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs, fill=False: handed.append(jobs) or 0)
     monkeypatch.setattr(compile_ahead, "compiling_ahead", lambda most=None: contextlib.nullcontext(False))
     before = dict(gemm.TUNER.calls)
     layer_compiles.sizes_ahead(gm, (torch.randn(7, 16),), set(layers(gm)))
@@ -406,7 +406,7 @@ def test_no_compile_ahead_fails_across_optimizes_of_models_whose_originals_let_g
 
     padding_check_as_on_a_gpu(monkeypatch)
     monkeypatch.setattr(compile_workers, "active", lambda: True)
-    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs: 0)
+    monkeypatch.setattr(compile_workers, "compile_jobs", lambda jobs, fill=False: 0)
     monkeypatch.setattr(compile_workers, "submit", lambda jobs: None)
     ahead = []
     real_collected = layer_compiles._collected

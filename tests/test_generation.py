@@ -389,8 +389,10 @@ def test_optimize_warms_up_the_decode_step_too(monkeypatch):
                         lambda self, inputs: warmed.append(tuple(tuple(t.shape) for t in inputs)))
     monkeypatch.setattr(generation.OptimizedLM, "note_speed", lambda self, ids, mask: None)
     _optimize(_lm("llama"), max_cache_len=32)
-    assert warmed == [((2, 6), (2, 6)),                           # the model's program: its example
-                      ((2, 1), (2, 32), (2, 1), ())]              # the step: a decode step alone
+    # (in either order: the forward's warm-up is done in the step's first wait for the compile workers where one
+    # comes, after the step's otherwise; accelc.meanwhile)
+    assert sorted(warmed) == sorted([((2, 6), (2, 6)),                        # the model's program: its example
+                                     ((2, 1), (2, 32), (2, 1), ())])          # the step: a decode step alone
 
 
 def test_the_lms_summary_folds_the_step_program_into_its_differences():

@@ -1,7 +1,7 @@
 """accelc/meanwhile.py: work offered to the main thread's waits for the compile workers is done once, in the first
 such wait or where its result is asked for, in the offering thread, its exception raised where the result is used;
-a causal LM's generation step is captured in its forward's first wait and generates the same tokens. (CPU: a wait
-made by a compile worker that sleeps.)"""
+a causal LM's generation step is captured in its forward's first wait, the forward's warm-up done in the step's, and
+it generates the same tokens. (CPU: a wait made by a compile worker that sleeps.)"""
 import threading
 import time
 import uuid
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import accelc
-from accelc import api, compile_workers, guard, layer_compiles, meanwhile
+from accelc import api, compile_workers, guard, layer_compiles, meanwhile, warmup
 from accelc.errors import InputError
 from conftest import DEVICE
 
@@ -27,9 +27,9 @@ class _SlowWorker:
         return ""
 
 
-def _a_wait() -> int:
-    """A wait for the compile workers, as the guard's: one job in a (slow) worker."""
-    return compile_workers.Pending([("test.kernel", f"test-{uuid.uuid4()}", {})], [_SlowWorker()]).wait()
+def _a_wait(fill: bool = True) -> int:
+    """A wait for the compile workers, as the guard's first (fill): one job in a (slow) worker."""
+    return compile_workers.Pending([("test.kernel", f"test-{uuid.uuid4()}", {})], [_SlowWorker()]).wait(fill=fill)
 
 
 def test_offered_work_runs_once_in_the_first_wait():
@@ -44,7 +44,8 @@ def test_offered_work_runs_once_in_the_first_wait():
 def test_work_no_wait_took_runs_at_result():
     calls = []
     with meanwhile.offered(lambda: calls.append(1) or "v", "test") as work:
-        compile_workers.Pending([], []).wait()     # nothing in flight: not a wait
+        compile_workers.Pending([], []).wait(fill=True)     # nothing in flight: not a wait
+        _a_wait(fill=False)                                 # a wait inside a tuner's or Triton's hooks
         assert calls == []
         assert work.result() == "v" and calls == [1] and not work.ran_early
         _a_wait()
@@ -106,24 +107,30 @@ def _optimize(lm, ids, **config):
 
 
 def _events(monkeypatch, waits: bool) -> list:
-    """The captures and the guard's ends in their order; with waits, each guard's first check waits for a worker."""
+    """The captures, the guard's ends and the warm-ups of the example in their order; with waits, each guard's
+    first check waits for a worker (a warm-up does nothing on the CPU: its call is what is recorded)."""
     events = []
-    capture_job, settle, ahead = api.capture_job, guard.settle, layer_compiles.candidates_ahead
+    capture_job, settle, ahead, example = api.capture_job, guard.settle, layer_compiles.candidates_ahead, warmup.example
 
     def captured(job):
         events.append(f"capture {type(job.model).__name__}")
         return capture_job(job)
+
+    def warmed(opt, *args):
+        events.append(f"warm-up {type(opt).__name__}")
+        return example(opt, *args)
 
     def settled(gm, ctx):
         out = settle(gm, ctx)
         events.append("guard done")
         return out
 
-    def waiting(gm, args, only):
-        ahead(gm, args, only)
-        _a_wait()
+    def waiting(gm, args, only, fill=False):
+        ahead(gm, args, only, fill=fill)
+        _a_wait(fill=fill)
 
     monkeypatch.setattr(api, "capture_job", captured)
+    monkeypatch.setattr(warmup, "example", warmed)
     monkeypatch.setattr(guard, "settle", settled)
     if waits:
         monkeypatch.setattr(layer_compiles, "candidates_ahead", waiting)
@@ -135,7 +142,8 @@ def test_a_causal_lms_step_is_captured_in_its_forwards_first_wait(monkeypatch):
     ids = torch.randint(1, 100, (1, 6), device=DEVICE)
     events = _events(monkeypatch, waits=True)
     opt = _optimize(lm, ids)
-    assert events == ["capture LlamaForCausalLM", "capture CacheStep", "guard done", "guard done"]
+    assert events == ["capture LlamaForCausalLM", "capture CacheStep", "guard done", "warm-up OptimizedLM",
+                      "guard done"]
     assert "capture (during the forward's compiles)" in opt.step.info.seconds, opt.step.info.seconds
     with torch.no_grad():
         want = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
@@ -146,7 +154,8 @@ def test_a_causal_lms_step_is_captured_in_its_forwards_first_wait(monkeypatch):
 def test_without_a_wait_the_step_is_captured_after_the_forward(monkeypatch):
     events = _events(monkeypatch, waits=False)
     opt = _optimize(_lm(), torch.randint(1, 100, (1, 6), device=DEVICE))
-    assert events == ["capture LlamaForCausalLM", "guard done", "capture CacheStep", "guard done"]
+    assert events == ["capture LlamaForCausalLM", "guard done", "capture CacheStep", "guard done",
+                      "warm-up OptimizedLM"]
     assert "capture" in opt.step.info.seconds
 
 
