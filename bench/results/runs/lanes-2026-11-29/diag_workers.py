@@ -1,0 +1,74 @@
+"""What the main thread's waits for the compile workers wait on, in a cold optimize (empty caches): every batch
+handed to the workers (compile_workers.Pending) with its jobs' kernel names, seconds and start offsets in the
+batch, and every wait's seconds; printed as JSON lines, a summary per batch (jobs, workers, the longest job, the
+sum over jobs / workers: whether a wait is bound by one long compile or by the workers' throughput). Model name
+argument (optimize_time.py's). A diagnosis, not a benchmark."""
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+
+import accelc
+from accelc import compile_workers as cw
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))  # bench/
+from optimize_time import build as build_model   # noqa: E402  (the benchmark's models, on the GPU in fp16)
+
+T0 = time.perf_counter()
+batches = []
+local = threading.local()
+real_init, real_compile, real_wait = cw.Pending.__init__, cw._Worker.compile, cw.Pending.wait
+
+
+def init(self, todo, running):
+    self._diag = {"t": round(time.perf_counter() - T0, 3), "jobs": [], "workers": len(running), "waits": []}
+    batches.append(self._diag)
+    real_init(self, todo, running)
+
+
+def compile(self, job):
+    t = time.perf_counter()
+    try:
+        return real_compile(self, job)
+    finally:
+        spec = json.loads(job[1]) if job[1].startswith("{") else {}
+        consts = spec.get("constants") or spec.get("constexprs") or {}
+        getattr(local, "batch", batches[-1])["jobs"].append(
+            {"name": job[0].rsplit(".", 1)[-1], "s": round(time.perf_counter() - t, 3),
+             "start": round(t - T0, 3), "consts": str(consts)[:160]})
+
+
+def feed(self, worker):
+    local.batch = self._diag
+    return real_feed(self, worker)
+
+
+def wait(self, timeout=300):
+    t = time.perf_counter()
+    try:
+        return real_wait(self, timeout)
+    finally:
+        self._diag["waits"].append({"at": round(t - T0, 3), "s": round(time.perf_counter() - t, 3)})
+
+
+real_feed = cw.Pending._feed
+cw.Pending.__init__, cw._Worker.compile, cw.Pending.wait, cw.Pending._feed = init, compile, wait, feed
+name = sys.argv[1] if len(sys.argv) > 1 else "qwen2-0.5b-lm-b1"
+model, args, kwargs = build_model(name)
+T0 = time.perf_counter()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    opt = accelc.optimize(model, args, example_kwargs=kwargs or None)
+print("optimize_s", round(time.perf_counter() - T0, 1), json.dumps(opt.info.seconds))
+for b in batches:
+    jobs = b["jobs"]
+    if not jobs:
+        continue
+    longest = max(jobs, key=lambda j: j["s"])
+    print(json.dumps({"batch_at": b["t"], "jobs": len(jobs), "workers": b["workers"], "waits": b["waits"],
+                      "longest": longest, "sum_over_workers": round(sum(j["s"] for j in jobs) / max(b["workers"], 1), 2),
+                      "end": round(max(j["start"] + j["s"] for j in jobs), 3)}))
+    for j in sorted(jobs, key=lambda j: -j["s"])[:8]:
+        print("   ", json.dumps(j))
