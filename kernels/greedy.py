@@ -21,7 +21,10 @@ import triton.language as tl
 from accelc import runtime
 
 
-@triton.jit
+# the step index, the cache column and the call's sizes unspecialized: Triton tells 1, multiples of 16 and other
+# integers apart, so the loop's first steps compiled this kernel four times and _inputs_kernel three (7 compiles,
+# 1.7 s of a cold Qwen2-0.5B LM optimize's first generate, H200: diag_workers.py); one binary each now
+@triton.jit(do_not_specialize=["B", "E", "pad", "i", "out_stride"])
 def _pick_kernel(token_ptr, finished_ptr, eos_ptr, out_ptr, done_ptr, B, E, pad, i, out_stride,
                  HAS_EOS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr):
     b = tl.arange(0, BLOCK_B)
@@ -41,7 +44,7 @@ def _pick_kernel(token_ptr, finished_ptr, eos_ptr, out_ptr, done_ptr, B, E, pad,
     tl.store(out_ptr + b * out_stride + i, tok, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B", "column", "i", "keys_stride"])
 def _inputs_kernel(token_ptr, ids_ptr, keys_ptr, pos_ptr, count_ptr, start_ptr, B, column, i, keys_stride,
                    BLOCK_B: tl.constexpr):
     b = tl.arange(0, BLOCK_B)

@@ -71,3 +71,26 @@ def test_static_inputs_writes_what_the_loop_wrote_before(B):
         assert torch.equal(keys, want_keys)
         assert torch.equal(positions[:, 0], count + i)
         assert start.item() == n + i
+
+
+def test_the_loops_kernels_are_one_binary_for_every_step_and_call():
+    """The integers that change from step to step (the step index, the cache column) and from call to call (the
+    rows, the stop tokens, the pad, the output's width) are not specialized: Triton tells 1, multiples of 16 and
+    other integers apart, and the loop's first steps compiled _pick_kernel four times and _inputs_kernel three
+    (1.7 s of a cold LM optimize's first generate on the GPU host). Read from the kernels as Triton builds them
+    (a process without the interpreter)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, json, sys\n"
+            "spec = importlib.util.spec_from_file_location('greedy_jit', sys.argv[1])\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "print(json.dumps({k.fn.__name__: [p.name for p in k.params if p.do_not_specialize]\n"
+            "                  for k in (m._pick_kernel, m._inputs_kernel)}))")
+    out = subprocess.run([sys.executable, "-c", code, greedy.__file__], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TRITON_INTERPRET": "0"}).stdout
+    unspecialized = json.loads(out.strip().splitlines()[-1])
+    assert {"B", "E", "pad", "i", "out_stride"} <= set(unspecialized["_pick_kernel"]), unspecialized
+    assert {"B", "column", "i", "keys_stride"} <= set(unspecialized["_inputs_kernel"]), unspecialized

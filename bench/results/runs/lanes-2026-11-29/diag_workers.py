@@ -34,10 +34,14 @@ def compile(self, job):
         return real_compile(self, job)
     finally:
         spec = json.loads(job[1]) if job[1].startswith("{") else {}
-        consts = spec.get("constants") or spec.get("constexprs") or {}
+        names = list(spec.get("signature") or {})
+        consts = {names[k[0]] if k and k[0] < len(names) else str(k): v
+                  for k, v in zip(spec.get("constant_keys", []), spec.get("constant_vals", []))}
+        options = spec.get("options") or {}
+        consts.update({k: options[k] for k in ("num_warps", "num_stages") if k in options})
         getattr(local, "batch", batches[-1])["jobs"].append(
             {"name": job[0].rsplit(".", 1)[-1], "s": round(time.perf_counter() - t, 3),
-             "start": round(t - T0, 3), "consts": str(consts)[:160]})
+             "start": round(t - T0, 3), "consts": str(consts)[:300]})
 
 
 def feed(self, worker):
