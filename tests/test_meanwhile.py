@@ -137,12 +137,15 @@ def _events(monkeypatch, waits: bool) -> list:
     return events
 
 
-def test_a_causal_lms_step_is_captured_in_its_forwards_first_wait(monkeypatch):
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_a_causal_lms_step_is_captured_in_its_forwards_first_wait(monkeypatch, kv_cache):
     lm = _lm()
     ids = torch.randint(1, 100, (1, 6), device=DEVICE)
     events = _events(monkeypatch, waits=True)
-    opt = _optimize(lm, ids)
-    assert events == ["capture LlamaForCausalLM", "capture CacheStep", "guard done", "warm-up OptimizedLM",
+    # (the paged step's layers as PyTorch: its cache is what differs here; test_paged_generation runs its kernels)
+    opt = _optimize(lm, ids, kv_cache=kv_cache, **({"passes": ()} if kv_cache == "paged" else {}))
+    step = {"static": "CacheStep", "paged": "PagedStep"}[kv_cache]
+    assert events == ["capture LlamaForCausalLM", f"capture {step}", "guard done", "warm-up OptimizedLM",
                       "guard done"]
     assert "capture (during the forward's compiles)" in opt.step.info.seconds, opt.step.info.seconds
     with torch.no_grad():
