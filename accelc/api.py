@@ -287,8 +287,8 @@ def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None,
             if step_capture is None:
                 program, step = build(job.model, job.args, job.kwargs, job.config, release=False)
             else:
-                step_job, step, captured = step_capture.result()
-                program = optimize_job(step_job, release=False, captured=captured)
+                sjob, step, captured = step_capture.result()
+                program = optimize_job(sjob, release=False, captured=captured)
                 if step_capture.ran_early:
                     program.info.seconds["capture (during the forward's compiles)"] = \
                         program.info.seconds.pop("capture")
