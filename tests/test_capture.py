@@ -425,3 +425,28 @@ def test_upcast_run_computes_in_fp32_without_copying_the_model():
         eager = m16(x)[1]
     assert zeros.dtype == up.dtype == torch.float32 and m16.lin.weight.dtype == torch.float16
     assert rel_l2(up, want) < 1e-6 < rel_l2(eager, want)
+
+
+def test_a_batch_of_one_traced_as_two_unlifts_its_program_once(monkeypatch):
+    """A batch-1 example is exported at batch 2 and the program run on the example (its shape guards may exclude
+    batch 1): the module that check made is the captured graph, not a second unlift of the same program (0.3 s of
+    an LM's on the GPU host). Its answers are the model's, at batch 1 and others."""
+    from conftest import count_calls
+
+    class RankBranch(nn.Module):     # (a branch on the rank: symbolic_trace cannot, torch.export can)
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.fc(x if x.dim() == 2 else x.flatten(1))
+
+    unlifts = count_calls(monkeypatch, torch.export.ExportedProgram, "module")
+    model = RankBranch().to(DEVICE).eval()
+    x = torch.randn(1, 16, device=DEVICE)
+    gm, method, _ = capture(model, (x,), {})
+    assert method == "torch.export" and len(unlifts) == 1
+    with torch.no_grad():
+        for inputs in (x, torch.randn(5, 16, device=DEVICE)):
+            got = gm(inputs)
+            assert rel_l2(got[0] if isinstance(got, (tuple, list)) else got, model(inputs)) < 1e-5

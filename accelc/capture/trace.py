@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import traceback
+import weakref
 from pathlib import Path
 
 import torch
@@ -319,8 +320,10 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict | None = None, dy
         try:
             ep = _export_once(model, example_args, example_kwargs, dynamic_shapes=specs)
             if example_args is not examples[-1][0]:
-                with torch.no_grad():
-                    ep.module()(*args, **kwargs)    # shape guards traced at batch 2 may exclude batch 1
+                checked = program_module(ep)
+                with torch.no_grad():          # (its buffers' updates put back with the model's: _try_tracers)
+                    checked(*args, **kwargs)    # shape guards traced at batch 2 may exclude batch 1
+                _checked[ep] = checked          # (the module _export makes of it: unlifting took 0.3 s of an LM's)
             return ep, ""
         except Exception as e:   # said with the static program it falls back to
             failure = failure or _first_line(e)[:300] or type(e).__name__
@@ -390,6 +393,10 @@ def _symbolic_trace(model, spec: "CallSpec", flat, dynamic=True):
 
 
 
+# export_program's module of a program it ran on the example (its batch-1 check), for _export to take once
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _export_once(model, args: tuple, kwargs: dict, **options) -> torch.export.ExportedProgram:
     """torch.export, non-strict, with HF's fp16 overflow guards traced as they compute
     (accelc.capture.overflow)."""
@@ -401,7 +408,8 @@ def _export(model, spec: "CallSpec", flat, dynamic=True, grow=True):
     limits = position_limits(model, spec.names)
     ep, static = export_program(flat_module(model, spec) if not spec.trivial else model, flat,
                                 dynamic=spec.positions(dynamic), limits=limits, grow=grow)
-    gm = program_module(ep)
+    gm = _checked.pop(ep, None)
+    gm = program_module(ep) if gm is None else gm
     shapes = InputShapes.of_export(gm, ep.range_constraints, spec.names, static)
     gm.meta[SHAPES] = dataclasses.replace(shapes, declared=spec.positions(dynamic)).capped(limits)
     return gm
