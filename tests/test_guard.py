@@ -1,11 +1,11 @@
 """accelc/guard.py: wrong or failing kernels put back, with the numbers; what the guard keeps alive."""
 import pytest
 import torch
-from torch import nn
+from torch import fx, nn
 
 import accelc
 from accelc.kernels import gemm
-from conftest import DEVICE, rel_l2
+from conftest import DEVICE, count_calls, rel_l2
 
 
 def _model(name, dtype=torch.float32):
@@ -218,3 +218,37 @@ def test_a_race_times_both_sides_alike_where_one_cannot_be_captured(monkeypatch,
     assert len(kept) == 4 and not opt.rewritten, opt.summary()
     assert all("20.0 us vs PyTorch (cuBLAS) 10.0 us" in r.reason for r in kept)
     assert "raced in plain calls (one side cannot be captured in a CUDA graph)" in caplog.text
+
+
+def test_a_layers_reference_runs_its_original_in_higher_precision_without_copying_it(monkeypatch):
+    """layer_check.reference: the original subgraph with its floating weights and buffers in fp32 for half inputs
+    (fp64 for fp32), as a deep copy converted with .to() computed it, tied weights tied, integer buffers as they
+    are; the original left as it was, and not copied (a deep copy generated its code again at every check)."""
+    import copy
+
+    from accelc import layer_check
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(16, 16)
+            self.b = nn.Linear(16, 16)
+            self.b.weight = self.a.weight                     # tied
+            self.register_buffer("scale", torch.rand(16) + 0.5)
+            self.register_buffer("steps", torch.tensor([3]))  # an integer buffer
+
+        def forward(self, x):
+            return self.b(self.a(x) * self.scale) + self.steps
+
+    for dtype in (torch.float16, torch.float32):
+        original = fx.symbolic_trace(Layer()).to(DEVICE, dtype)
+        x = torch.randn(4, 16, device=DEVICE, dtype=dtype)
+        want = copy.deepcopy(original).to(layer_check.higher_precision(dtype))(x.to(layer_check.higher_precision(dtype)))
+        before = {k: (v, v.dtype, v.clone()) for k, v in original.state_dict(keep_vars=True).items()}
+        copies = count_calls(monkeypatch, copy, "deepcopy")
+        got = layer_check.reference(original, [x])
+        monkeypatch.undo()
+        assert got.dtype == layer_check.higher_precision(dtype) and torch.equal(got, want)
+        assert not copies
+        after = original.state_dict(keep_vars=True)
+        assert all(after[k] is v and v.dtype == d and torch.equal(v, c) for k, (v, d, c) in before.items())
