@@ -252,3 +252,51 @@ def test_a_layers_reference_runs_its_original_in_higher_precision_without_copyin
         assert not copies
         after = original.state_dict(keep_vars=True)
         assert all(after[k] is v and v.dtype == d and torch.equal(v, c) for k, (v, d, c) in before.items())
+
+
+def _error_stats_by_indexing(out, ref):
+    """error_stats as it was written with boolean indexing (the reference for the one-read-back form)."""
+    from accelc.numerics import rel_l2
+    from torch.utils import _pytree as pytree
+
+    rel = max_abs = 0.0
+    for o, r in zip(pytree.tree_leaves(out), pytree.tree_leaves(ref)):
+        finite = torch.isfinite(r)
+        rel = max(rel, rel_l2(o[finite], r[finite]))
+        if finite.any():
+            max_abs = max(max_abs, (o[finite].double() - r[finite].double()).abs().max().item())
+    return rel, max_abs
+
+
+@pytest.mark.parametrize("case", ["plain", "ref inf and nan", "out inf where ref finite", "out nan", "ref zero",
+                                  "nothing finite", "empty", "two outputs"])
+def test_error_stats_and_the_finite_check_are_what_boolean_indexing_gave(case):
+    """The guard's error numbers (numerics.error_stats, read back once a tensor) and its finite check
+    (layer_check.compare) as the boolean-indexed forms computed them, NaN and inf included."""
+    from accelc import layer_check
+    from accelc.numerics import error_stats
+
+    g = torch.Generator().manual_seed(7)
+    r = torch.randn(6, 33, generator=g, dtype=torch.float32).to(DEVICE)
+    o = (r + 1e-3 * torch.randn(6, 33, generator=g).to(DEVICE)).half()
+    if case == "ref inf and nan":
+        r[0, :3] = torch.tensor([float("inf"), float("nan"), -float("inf")])
+        o[0, :3] = torch.tensor([1.0, float("nan"), 5.0])
+    elif case == "out inf where ref finite":
+        o[2, 5] = float("inf")
+    elif case == "out nan":
+        o[1, 1] = float("nan")
+    elif case == "ref zero":
+        r = torch.zeros_like(r)
+    elif case == "nothing finite":
+        r = torch.full_like(r, float("nan"))
+    elif case == "empty":
+        r, o = r[:0], o[:0]
+    out, ref = ((o, o[:2] * 2), (r, r[:2])) if case == "two outputs" else (o, r)
+    got, want = error_stats(out, ref), _error_stats_by_indexing(out, ref)
+    assert (got[0] == pytest.approx(want[0], rel=1e-12, nan_ok=True)
+            and got[1] == pytest.approx(want[1], rel=1e-12, nan_ok=True)), (got, want)
+    outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
+    finite_then = all(torch.isfinite(x[torch.isfinite(y)]).all() for x, y in zip(outs, refs))
+    check = layer_check.compare(out, out, ref, [r], accelc.OptimizeConfig())
+    assert (check.reason != "non-finite output where the reference is finite") == bool(finite_then), check.reason
