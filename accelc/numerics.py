@@ -63,9 +63,12 @@ def error_stats(out, ref) -> tuple[float, float]:
     every size: a boolean index and a read-back each were eight waits for the GPU a check)."""
     rel = max_abs = 0.0
     for o, r in zip(pytree.tree_leaves(out), pytree.tree_leaves(ref)):
+        if o.shape != r.shape:     # (never broadcast one onto the other)
+            raise ValueError(f"error of a {tuple(o.shape)} output against a {tuple(r.shape)} reference")
         finite = torch.isfinite(r)
-        diff = torch.where(finite, o.to(r.device).double() - r.double(), 0.0)
-        kept = torch.where(finite, r.double(), 0.0)
+        outside = ~finite
+        diff = o.to(r.device, torch.float64, copy=True).sub_(r).masked_fill_(outside, 0.0)   # (in place: a
+        kept = r.to(torch.float64, copy=True).masked_fill_(outside, 0.0)                      # logits' size twice)
         worst = diff.abs().amax() if diff.numel() else diff.new_zeros(())
         num2, den2, top, any_finite = torch.stack(
             [diff.norm() ** 2, kept.norm() ** 2, worst, finite.any().double()]).tolist()
