@@ -5,7 +5,7 @@
 # ab: this session's cold-LM changes against their parent 18f1857: 025c1c3 + 1c89c97 (the generation step captured
 #     in the forward's first wait for the compile workers, the forward's warm-up in the step's), 9e814f6 (the
 #     greedy loop's kernels one binary each), 499e953 (a batch-1 program unlifted once), da601be (a layer's reference
-#     without a deep copy): a cold optimize of the Qwen2-0.5B batch-1 LM, each side a process with
+#     without a deep copy), 8a33ab3 / 29bc1f8 (the guard's error figures read back once): a cold optimize of the Qwen2-0.5B batch-1 LM, each side a process with
 #     empty caches, alternating, three pairs (next16.sh pair had one: 59.7 against 69.0 s); make `base/` first
 #     (untracked, removed after; never committed):
 #     mkdir base && git archive 18f1857 accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
