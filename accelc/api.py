@@ -284,14 +284,10 @@ def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None,
     try:
         with progress_bar.showing("accelc", False, part="generation step: "):
             # (the forward's optimize_job releases the memory once, after this: a collection of the heap took 0.6-0.7 s)
-            if step_capture is None:
-                program, step = build(job.model, job.args, job.kwargs, job.config, release=False)
-            else:
-                sjob, step, captured = step_capture.result()
-                program = optimize_job(sjob, release=False, captured=captured)
-                if step_capture.ran_early:
-                    program.info.seconds["capture (during the forward's compiles)"] = \
-                        program.info.seconds.pop("capture")
+            sjob, step, captured = step_capture.result() if step_capture is not None else step_captured(job)
+            program = optimize_job(sjob, release=False, captured=captured)
+            if step_capture is not None and step_capture.ran_early:
+                program.info.seconds["capture (during the forward's compiles)"] = program.info.seconds.pop("capture")
     except AccelcError as e:
         failed = str(e)
     except Exception as e:   # a family the step cannot take: said, and generate() stays HF's
