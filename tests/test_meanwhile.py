@@ -170,3 +170,21 @@ def test_a_step_that_fails_early_is_said_as_before(monkeypatch, waits):
     opt = _optimize(_lm(), torch.randint(1, 100, (1, 6), device=DEVICE), max_cache_len=4)
     assert opt.step is None
     assert "max_cache_len 4 holds no token beyond the example's 6" in opt.info.generation
+
+
+def test_an_lm_whose_step_was_captured_early_serves_other_batches_and_lengths(monkeypatch):
+    """The early path's program at shapes other than its example's: a forward at another batch and length gives the
+    model's logits, generate() on a left-padded batch of two gives the model's greedy tokens."""
+    lm = _lm()
+    _events(monkeypatch, waits=True)
+    opt = _optimize(lm, torch.randint(1, 100, (1, 6), device=DEVICE), max_batch_size=2)
+    assert "capture (during the forward's compiles)" in opt.step.info.seconds
+    ids = torch.randint(1, 100, (2, 9), device=DEVICE)
+    mask = torch.ones_like(ids)
+    ids[0, :3], mask[0, :3] = 0, 0                    # a tokenizer's left padding
+    with torch.no_grad():
+        got, want = opt(input_ids=ids, attention_mask=mask), lm(input_ids=ids, attention_mask=mask)
+        got = got.logits if hasattr(got, "logits") else got[0]
+        assert torch.allclose(got[1], want.logits[1], atol=1e-4, rtol=1e-4)
+        tokens = lm.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(opt.generate(ids, attention_mask=mask, max_new_tokens=6), tokens)
