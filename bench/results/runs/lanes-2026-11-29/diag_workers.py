@@ -39,9 +39,10 @@ def compile(self, job):
                   for k, v in zip(spec.get("constant_keys", []), spec.get("constant_vals", []))}
         options = spec.get("options") or {}
         consts.update({k: options[k] for k in ("num_warps", "num_stages") if k in options})
+        consts = dict(sorted(consts.items(), key=lambda kv: not kv[0].startswith(("BLOCK", "num_"))))  # sizes first
         getattr(local, "batch", batches[-1])["jobs"].append(
             {"name": job[0].rsplit(".", 1)[-1], "s": round(time.perf_counter() - t, 3),
-             "start": round(t - T0, 3), "consts": str(consts)[:300]})
+             "start": round(t - T0, 3), "consts": str(consts)})
 
 
 def feed(self, worker):
@@ -49,10 +50,10 @@ def feed(self, worker):
     return real_feed(self, worker)
 
 
-def wait(self, timeout=300):
+def wait(self, timeout=300, fill=False):
     t = time.perf_counter()
     try:
-        return real_wait(self, timeout)
+        return real_wait(self, timeout, fill)
     finally:
         self._diag["waits"].append({"at": round(t - T0, 3), "s": round(time.perf_counter() - t, 3)})
 
@@ -66,6 +67,13 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     opt = accelc.optimize(model, args, example_kwargs=kwargs or None)
 print("optimize_s", round(time.perf_counter() - T0, 1), json.dumps(opt.info.seconds))
+print("call_ms (eager, accelc)", opt.info.call_ms)
+for label, o in (("forward", opt), ("step", getattr(opt, "step", None))):
+    records = getattr(o, "layers", None) or []
+    status = {}
+    for r in records:
+        status[r.status] = status.get(r.status, 0) + 1
+    print(label, "layers", json.dumps(status), json.dumps(sorted({r.reason[:120] for r in records if r.status == "reverted"})))
 for b in batches:
     jobs = b["jobs"]
     if not jobs:
