@@ -185,7 +185,10 @@ def refuse_crashed() -> None:
                      and _digest(data) not in known)
             handed = _inflight.get(data) if data else None
         if first and active():
-            compile_jobs([(f"{fn.module}.{fn.name}", data)])
+            try:
+                compile_jobs([(f"{fn.module}.{fn.name}", data)])
+            except Exception as e:   # not handed over: this process compiles it, as outside an optimize
+                log.debug("accelc: %s not handed to a compile worker: %s", fn.name, e)
         elif handed is not None:     # a worker compiles it now (submit): its outcome first
             handed.wait(timeout=300)
         with _lock:

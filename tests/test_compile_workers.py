@@ -7,6 +7,8 @@ interpreter)."""
 import os
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -471,3 +473,38 @@ def test_a_worker_builds_a_compiled_kernels_launcher_where_triton_builds_one_per
     assert not triton_cache.launcher_ahead(kernel) and made == []
     monkeypatch.setattr(driver, "CudaLauncher", Failing)
     assert not triton_cache.launcher_ahead(kernel) and made == [("source", "x")]
+
+
+def test_a_launch_whose_hand_over_to_a_worker_fails_compiles_here(monkeypatch):
+    """Inside an optimize Triton's hook (refuse_crashed) hands a compile no worker was handed to one first; where
+    that hand-over itself fails (a worker's pipe, a wait that raises), the launch goes on and this process compiles
+    the kernel, as outside an optimize: it is not refused. (A hand-over that raised failed every layer's launch,
+    each layer then left in PyTorch.)"""
+    from triton import knobs
+
+    from accelc import compile_workers
+
+    calls = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: calls.append("previous") or None)
+    compile_workers.refuse_crashed()
+    hook = knobs.runtime.jit_cache_hook
+    assert getattr(hook, "accelc_refuses_crashed", False)
+
+    def failing(jobs, fill=False):
+        calls.append(("handed", [name for name, _ in jobs]))
+        raise BrokenPipeError("the worker's pipe closed")
+
+    monkeypatch.setattr(compile_workers, "active", lambda: True)
+    monkeypatch.setattr(compile_workers, "compiled", lambda: set())
+    monkeypatch.setattr(compile_workers, "compile_jobs", failing)
+
+    class Fn:
+        module, name = "accelc.kernels.layernorm", "_layer_norm_kernel"
+
+    assert hook(fn=Fn(), compile={"specialization_data": '{"key": "a new specialization"}'}) is None
+    assert calls == [("handed", ["accelc.kernels.layernorm._layer_norm_kernel"]), "previous"], calls
+    # a crashed specialization is still refused
+    monkeypatch.setitem(compile_workers._crashed, '{"key": "crashed"}', "signal SIGABRT")
+    monkeypatch.setattr(compile_workers, "_sent", {'{"key": "crashed"}'}, raising=False)
+    with pytest.raises(compile_workers.CompilerCrashed, match="SIGABRT"):
+        hook(fn=Fn(), compile={"specialization_data": '{"key": "crashed"}'})
