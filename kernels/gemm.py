@@ -34,7 +34,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from accelc import runtime
 from accelc.kernels.epilogue import (ACTIVATION_NAMES, ACTIVATIONS, activation_code, apply_activation,
                                      broadcasts_to, epilogue, epilogue_ref, residual_as)
-from accelc.kernels.pdl import enabled as pdl_enabled, wait_for_producers
+from accelc.kernels.pdl import enabled as pdl_enabled, prefetch_rows, prefetching, wait_for_producers
 from accelc.kernels.primitives import sm_count, tile_coords, tma_ok
 # the family's candidates (kernels/gemm_configs.py), also read as gemm.<name> by its callers
 from accelc.kernels.gemm_configs import (CONFIGS, FIT_CONFIGS, GATE_GROUP, GEMV_CONFIGS, GEMV_FLAT_CONFIGS,  # noqa: F401
@@ -211,7 +211,7 @@ def gemv_kernel(
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
     FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-    FLAT: tl.constexpr = False, NORM: tl.constexpr = False,
+    FLAT: tl.constexpr = False, NORM: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """linear_kernel's op for a few rows (a decode step's M = 1-8): memory-bound, so no tensor
     cores and no tiles of padding rows. One program per BLOCK_N output channels (x BLOCK_M rows)
@@ -221,7 +221,7 @@ def gemv_kernel(
     Same epilogue (bias, activation, residual, gating) and wrapped-index loads as linear_kernel;
     W_SCALED: an int8 weight (weight-only int8), its products scaled by w_scale per channel.
     PDL (kernels/pdl.py): the first weight block is loaded before waiting for the kernel that
-    writes x, the rest after. FLAT (one row, BLOCK_M = 1): see gemv_row. NORM: x's rows first
+    writes x, the rest after; PREFETCH: the rest asked of L2 before the wait too (pdl.prefetch_rows). FLAT (one row, BLOCK_M = 1): see gemv_row. NORM: x's rows first
     RMS-normalized (weight norm_ptr (K,), eps norm_eps), the norm before the projection as one kernel:
     each x value times its norm weight on load, the row's sum of squares taken in the same K loop, the
     products scaled by rsqrt(mean + eps) at the end (linear_launch's norm_weight / norm_eps)."""
@@ -230,7 +230,7 @@ def gemv_kernel(
                  stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on,
                  norm_ptr, norm_eps,
                  HAS_BIAS, HAS_RESIDUAL, RESIDUAL_FIRST, ACTIVATION, FAST_MATH, GATED, EVEN_K, W_SCALED,
-                 BLOCK_N, BLOCK_K, PDL, NORM)
+                 BLOCK_N, BLOCK_K, PDL, NORM, PREFETCH)
         return
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -243,6 +243,8 @@ def gemv_kernel(
     w_ptrs = w_ptr + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
     # the first K block peeled: its weights read before waiting for x's producer (PDL)
     b = tl.load(w_ptrs, mask=offs_k[None, :] < K, other=0.0)
+    if PREFETCH:
+        prefetch_rows(w_ptr, cols, stride_wn, stride_wk, K, BLOCK_K)
     wait_for_producers(PDL)
     a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
     if NORM:
@@ -276,7 +278,7 @@ def gemv_row(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_rm, stride_rn, stride_om, stride_on, norm_ptr, norm_eps,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RESIDUAL_FIRST: tl.constexpr, ACTIVATION: tl.constexpr,
     FAST_MATH: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, W_SCALED: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """gemv_kernel for one row of x (program (pid_n, row)) in the weight block's own layout: a
     (BLOCK_N, BLOCK_K) accumulator, and x's BLOCK_K values loaded through pointers broadcast over
@@ -301,6 +303,8 @@ def gemv_row(
         n_ptrs = tl.broadcast_to(norm_ptr + offs_k[None, :], (BLOCK_N, BLOCK_K))
         nw = tl.load(n_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
         x_row = x_ptr + row * stride_xm + offs_k * stride_xk      # x's row once a block, for its squares
+    if PREFETCH:
+        prefetch_rows(w_ptr, cols, stride_wn, stride_wk, K, BLOCK_K)
     wait_for_producers(PDL)
     a = tl.load(x_ptrs, mask=offs_k[None, :] < K, other=0.0).to(tl.float32)
     if NORM:
@@ -528,6 +532,7 @@ class LaunchPlan:
     pdl: bool
     sms: int | None
     meta: dict
+    prefetch: bool = False     # the GEMV's weights asked of L2 before its dependent-launch wait (pdl.prefetching)
 
     @classmethod
     def of(cls, x2, weight, bias, res2, out, activation, residual_first, allow_tf32, scales, gated,
@@ -549,7 +554,8 @@ class LaunchPlan:
         gluon = (mode is Mode.FLOAT or mode in (Mode.W8A8, Mode.FP8) and not meta["W_T"]) and not gated and use_tma \
             and norm is None and gluon_problem(x2, res2, out, mode) is None
         return cls(M, weight.shape[0], K, x2.dtype, out.dtype, mode, use_tma, gluon, bool(gated), norm is not None,
-                   pdl_enabled(x2.device), sm_count(x2.device.index or 0) if x2.is_cuda else None, meta)
+                   pdl_enabled(x2.device), sm_count(x2.device.index or 0) if x2.is_cuda else None, meta,
+                   prefetching(x2.device))
 
     def tuning_key(self) -> tuple:
         """Every batch size of a bucket (next power of two of M) shares one tuning run."""
@@ -589,7 +595,8 @@ class LaunchPlan:
                 epilogue, FAST_MATH=meta["FAST_MATH"], GATED=meta["GATED"],
                 EVEN_K=self.K % kw["BLOCK_K"] == 0, W_SCALED=self.mode is Mode.WEIGHT_INT8, BLOCK_M=kw["BLOCK_M"],
                 BLOCK_N=kw["BLOCK_N"], BLOCK_K=kw["BLOCK_K"], num_warps=kw["num_warps"], num_stages=kw["num_stages"],
-                FLAT=kw.get("FLAT", False), NORM=self.norm, **({"PDL": True, "launch_pdl": True} if self.pdl else {}))
+                FLAT=kw.get("FLAT", False), NORM=self.norm,
+                **({"PDL": True, "launch_pdl": True, "PREFETCH": self.prefetch} if self.pdl else {}))
         if kw.get("COOP"):
             return _hopper().linear_coop_kernel, dict(
                 epilogue, W_T=meta["W_T"], BN2=kw["BN2"], WGS=kw["WGS"], STAGES=kw["STAGES"],

@@ -42,6 +42,31 @@ def wait_for_producers(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+LINES = tl.constexpr(16)     # 128-byte lines a row prefetch_rows asks for at each step of its loop
+
+
+@triton.jit
+def prefetch_rows(w_ptr, rows, stride_wn, stride_wk, K, START: tl.constexpr):
+    """Ask L2 for `rows` of a row-major weight (stride_wk 1) from column START to K, one prefetch.global.L2 a
+    128-byte line, before wait_for_producers: a kernel that starts while the one before it finishes (dependent
+    launch) streams its weights in that kernel's tail, not after it. A hint: nothing waits for it, nothing
+    faults (the columns past K ask for the row's first line again). Weights of another layout: nothing asked."""
+    if stride_wk == 1:
+        LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth     # elements a 128-byte line
+        offs = tl.arange(0, LINES) * LINE
+        for k in range(START, K, LINES * LINE):
+            cols = k + offs
+            ptrs = w_ptr + rows[:, None] * stride_wn + tl.where(cols < K, cols, 0)[None, :]
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+
+
+def prefetching(device: torch.device) -> bool:
+    """Whether the decode GEMVs prefetch their weights before waiting (prefetch_rows): with dependent launch, and
+    ACCELC_PREFETCH_WEIGHTS=1 (off by default until a decode benchmark shows what it gives)."""
+    return enabled(device) and os.environ.get("ACCELC_PREFETCH_WEIGHTS", "0") not in ("", "0")
+
+
 def enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with programmatic dependent launch."""
     if gdc_wait is None or runtime.interpreted() or device.type != "cuda" or os.environ.get("ACCELC_PDL", "1") in ("", "0"):

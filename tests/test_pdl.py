@@ -1,9 +1,16 @@
 """kernels/pdl.py: programmatic dependent launch of the decode path's kernels (gemv_kernel,
 flash_decoding's split kernel): off where it cannot run; on an sm90 GPU, a chain of launches each
 reading the one before's output gives what PyTorch gives, eagerly and replayed from a CUDA graph
-many times, bit for bit the same each time (a read before the wait would race)."""
+many times, bit for bit the same each time (a read before the wait would race). The GEMV's weight
+prefetch before its wait (ACCELC_PREFETCH_WEIGHTS=1): off unless asked, compiled before the wait, the same bits."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import triton
 
 from accelc.kernels import pdl
 from conftest import DEVICE
@@ -60,3 +67,75 @@ def test_dependent_launches_in_a_chain_and_replayed_from_a_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
+
+
+def test_weight_prefetch_is_off_unless_asked_and_needs_dependent_launch(monkeypatch):
+    monkeypatch.delenv("ACCELC_PREFETCH_WEIGHTS", raising=False)
+    monkeypatch.setattr(pdl, "enabled", lambda device: True)
+    assert not pdl.prefetching(torch.device("cuda"))
+    monkeypatch.setenv("ACCELC_PREFETCH_WEIGHTS", "1")
+    assert pdl.prefetching(torch.device("cuda"))
+    monkeypatch.setattr(pdl, "enabled", lambda device: False)
+    assert not pdl.prefetching(torch.device("cuda"))
+
+
+PREFETCH_SCRIPT = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from gluon_compile import Sm90Driver
+import torch
+from triton.runtime import driver
+driver.set_active(Sm90Driver())
+from accelc.kernels.gemm import gemv_kernel
+N, K = 256, 2048
+for dtype, flat, prefetch in ((torch.float16, False, True), (torch.int8, True, True), (torch.float16, True, False)):
+    x, w = torch.empty(1, K, dtype=torch.float16), torch.empty(N, K, dtype=dtype)
+    o, s = torch.empty(1, N, dtype=torch.float16), torch.empty(N, dtype=torch.float32)
+    k = gemv_kernel.warmup(x, w, o, o, o, s, 1, N, K, N, K, 1, K, 1, N, 1, N, 1, x, 1e-6, HAS_BIAS=False,
+                           HAS_RESIDUAL=False, RESIDUAL_FIRST=False, ACTIVATION=0, FAST_MATH=False, GATED=False,
+                           EVEN_K=True, W_SCALED=dtype == torch.int8, BLOCK_M=1, BLOCK_N=32, BLOCK_K=256, PDL=True,
+                           FLAT=flat, NORM=False, PREFETCH=prefetch, num_warps=4, num_stages=1, grid=(8, 1))
+    ptx = k.asm["ptx"].splitlines()
+    asks = [i for i, line in enumerate(ptx) if "prefetch.global.L2" in line]
+    wait = min(i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line)
+    print(str(dtype)[6:], flat, prefetch, len(asks), all(i < wait for i in asks), bool(k.asm.get("cubin")))
+"""
+
+
+def test_a_prefetching_gemv_asks_l2_for_its_weights_before_its_dependent_launch_wait():
+    """PREFETCH (ACCELC_PREFETCH_WEIGHTS=1): the decode GEMV, compiled for sm90 here through the stand-in driver,
+    asks L2 for its rows' weights (prefetch.global.L2, a loop of them: 32 rows x 16 lines a step over 128 threads)
+    before griddepcontrol.wait, so that it streams them while the kernel before it ends; without it, none.
+    That it runs and what it gives: test_prefetching_gemv_gives_the_same_bits, on the GPU."""
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {root!r}\n" + PREFETCH_SCRIPT], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["float16 False True 4 True True", "int8 True True 4 True True",
+                                          "float16 True False 0 True True"], out.stdout
+
+
+@pytest.mark.skipif(not SM90, reason="programmatic dependent launch needs an sm90 (Hopper) GPU or later")
+@pytest.mark.parametrize("flat", [False, True])
+def test_prefetching_gemv_gives_the_same_bits(flat):
+    """A hint changes no number: the GEMV launched with its weights prefetched gives the bits it gives without,
+    and the product within fp16's tolerance of fp64's."""
+    from accelc.kernels.gemm import gemv_kernel
+    g = torch.Generator(device="cpu").manual_seed(0)
+    N, K = 1000, 2048        # (N not a multiple of the block: wrapped rows prefetched too)
+    x = torch.randn(1, K, generator=g).to(DEVICE, torch.float16)
+    w = (torch.randn(N, K, generator=g) * 0.02).to(DEVICE, torch.float16)
+    s = torch.ones(N, device=DEVICE)
+    outs = []
+    for prefetch in (False, True):
+        o = torch.empty(1, N, device=DEVICE, dtype=torch.float16)
+        gemv_kernel[(triton.cdiv(N, 32), 1)](
+            x, w, o, o, o, s, 1, N, K, N, K, 1, K, 1, N, 1, N, 1, x, 1e-6, HAS_BIAS=False, HAS_RESIDUAL=False,
+            RESIDUAL_FIRST=False, ACTIVATION=0, FAST_MATH=False, GATED=False, EVEN_K=True, W_SCALED=False, BLOCK_M=1,
+            BLOCK_N=32, BLOCK_K=256, PDL=True, FLAT=flat, NORM=False, PREFETCH=prefetch, num_warps=4, num_stages=1,
+            launch_pdl=True)
+        outs.append(o)
+    ref = x.double() @ w.double().t()
+    assert torch.equal(outs[0], outs[1])
+    assert ((outs[1].double() - ref).norm() / ref.norm()).item() < 1e-2
