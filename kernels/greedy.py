@@ -95,3 +95,35 @@ def static_inputs(token: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor, po
     with runtime.device_guard(token):
         _inputs_kernel[(1,)](token, ids, keys, positions, count, start, B, column, i, keys.stride(0),
                              BLOCK_B=max(16, triton.next_power_of_2(B)), num_warps=4)
+
+
+def loop_ahead(logits: torch.Tensor, stops: int, static: bool = True):
+    """The loop's kernels at a generation's sizes handed to the compile workers at once, not waited for
+    (compile_workers.Pending, or None where no workers run): the argmax over logits like `logits` (a step's
+    output, (rows, vocabulary)), pick with `stops` stop tokens (0: none) and, for a static cache, static_inputs.
+    The loop launches each only after the one before, so in a cold process each compile was a wait of its own
+    (four of ~0.45 s at the end of a cold causal LM optimize, its speed's measurement: diag_workers.py, H200). The
+    launches here, on stand-in tensors of those sizes, compile nothing and run nothing not compiled already
+    (compile_workers.handing_over); their kernels then load from the workers' compiles."""
+    from accelc import compile_workers
+    from accelc.kernels.argmax import argmax_rows
+
+    if logits.dim() != 2 or not compile_workers.active() or not runtime.can_run_on(logits.device):
+        return None
+    B, device, long = logits.shape[0], logits.device, torch.int64
+    try:
+        with compile_workers.handing_over() as found:
+            token = argmax_rows(torch.empty(B, logits.shape[1], dtype=logits.dtype, device=device))
+            token = torch.empty(B, dtype=long, device=device) if token.dtype != long else token
+            eos = torch.zeros(stops, dtype=long, device=device) if stops else None
+            pick(token, torch.zeros(B, dtype=torch.bool, device=device), eos, 0,
+                 torch.empty(B, 2, dtype=long, device=device), torch.zeros(2, dtype=torch.bool, device=device), 0)
+            if static:
+                static_inputs(token, torch.empty(B, 1, dtype=long, device=device),
+                              torch.zeros(B, 16, dtype=long, device=device), torch.empty(B, 1, dtype=long, device=device),
+                              torch.zeros(B, dtype=long, device=device), torch.zeros((), dtype=long, device=device), 1, 0)
+        return compile_workers.submit(found) if found else None
+    except Exception as e:    # nothing here is a result: the loop compiles what it meets
+        import logging
+        logging.getLogger("accelc").debug("accelc: the greedy loop's kernels not compiled ahead: %s", e)
+        return None

@@ -94,3 +94,85 @@ def test_the_loops_kernels_are_one_binary_for_every_step_and_call():
     unspecialized = json.loads(out.strip().splitlines()[-1])
     assert {"B", "E", "pad", "i", "out_stride"} <= set(unspecialized["_pick_kernel"]), unspecialized
     assert {"B", "column", "i", "keys_stride"} <= set(unspecialized["_inputs_kernel"]), unspecialized
+
+
+LOOP_AHEAD_SCRIPT = r"""
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from gluon_compile import Sm90Driver
+import torch
+from triton.runtime import driver
+driver.set_active(Sm90Driver())
+from accelc import compile_workers, runtime
+from accelc.kernels import greedy
+from accelc.kernels.argmax import argmax_rows
+runtime.can_run_on = lambda device: True       # (CPU tensors stand in for the GPU's: nothing launches here)
+handed = []
+compile_workers.active = lambda: True
+compile_workers.submit = lambda jobs: handed.append(jobs) or "pending"
+B, V, long = 3, 1000, torch.int64
+print("ahead", greedy.loop_ahead(torch.randn(B, V).half(), stops=2))
+ahead = sorted(data for _, data in handed[0])
+# what the loop itself launches: a step's logits (the last position of (B, 1, V)), two stop tokens, a cache of
+# 96 columns, at step 5
+with compile_workers.handing_over() as found:
+    logits = torch.randn(B, 1, V).half()[:, -1]
+    token = argmax_rows(logits)
+    greedy.pick(token, torch.zeros(B, dtype=torch.bool), torch.tensor([7, 9]), 0, torch.empty(B, 40, dtype=long),
+                torch.zeros(40, dtype=torch.bool), 5)
+    greedy.static_inputs(token, torch.empty(B, 1, dtype=long), torch.zeros(B, 96, dtype=long),
+                         torch.empty(B, 1, dtype=long), torch.full((B,), 11), torch.zeros((), dtype=long), 17, 5)
+loop = sorted(data for _, data in found)
+print("kernels", sorted(name.rsplit(".", 1)[-1] for name, _ in handed[0]))
+print("same", ahead == loop, len(ahead))
+print("paged", sorted(n.rsplit(".", 1)[-1] for n, _ in (greedy.loop_ahead(torch.randn(B, V).half(), 0, static=False)
+                                                        and handed[1])))
+"""
+
+
+def test_the_loops_kernels_are_handed_to_the_workers_at_the_specializations_the_loop_meets():
+    """kernels/greedy.py loop_ahead (api.attach_generation, before the step's optimize): the greedy loop's kernels
+    (the argmax's two, pick, static_inputs) collected on stand-in tensors of the generation's sizes are the very
+    specializations the loop's own launches compile (a step's logits, the stop tokens, another cache width, step
+    and column), handed to the workers in one batch; without stop tokens pick's other variant, and no
+    static_inputs for a paged cache. Read from the kernels as Triton builds them (a process without the
+    interpreter, sm90 through the stand-in driver)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {root!r}\n" + LOOP_AHEAD_SCRIPT], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "ahead pending", lines
+    assert lines[1] == "kernels ['_chunk_kernel', '_inputs_kernel', '_pick_kernel', '_rows_kernel']", lines
+    assert lines[2] == "same True 4", lines
+    assert lines[3] == "paged ['_chunk_kernel', '_pick_kernel', '_rows_kernel']", lines
+
+
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_a_causal_lms_optimize_hands_its_loops_kernels_ahead_at_its_sizes(monkeypatch, kv_cache):
+    """api.attach_generation hands the loop's kernels over before the step's optimize, with the step's logits at
+    capture (rows, vocabulary, dtype) and the model's stop tokens; the inputs' kernel only for a static cache."""
+    import warnings
+
+    import accelc
+    T = pytest.importorskip("transformers")
+    calls = []
+    monkeypatch.setattr(greedy, "loop_ahead", lambda logits, stops, static=True: calls.append(
+        (tuple(logits.shape), logits.dtype, stops, static)))
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                              num_key_value_heads=1, intermediate_size=64, vocab_size=100,
+                                              max_position_embeddings=96, eos_token_id=[2, 5])).to(DEVICE).eval()
+        ids = torch.randint(6, 100, (2, 6), device=DEVICE)
+        opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                              config=accelc.OptimizeConfig(kv_cache=kv_cache, passes=()))
+    assert opt.step is not None, opt.info.generation
+    assert calls == [((2, 100), torch.float32, 2, kv_cache == "static")], calls
