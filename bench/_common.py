@@ -258,3 +258,22 @@ def env_line(env: dict) -> str:
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+def critical_path(spans: list) -> tuple[dict, float]:
+    """Where a stream's time went, kernel by kernel: ({name: [calls, own us]}, idle us) of spans (name, start, end)
+    of one stream's kernels. A kernel's own time is how far it moved the stream's end: the part of it after every
+    kernel before it had ended (under programmatic dependent launch a kernel starts while the one before it runs and
+    waits inside, so its duration holds that wait: the profiler's durations overlap and sum to more than the wall).
+    Idle: the GPU time with no kernel running. Own times and idle sum to the last end less the first start."""
+    by_name: dict = {}
+    idle, frontier = 0.0, None
+    for name, start, end in sorted(spans, key=lambda s: s[1]):
+        if frontier is None:
+            frontier = start
+        idle += max(0.0, start - frontier)
+        entry = by_name.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += max(0.0, end - max(start, frontier))
+        frontier = max(frontier, end)
+    return by_name, idle

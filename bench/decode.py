@@ -294,6 +294,7 @@ def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> Non
             k[1] += e.time_range.elapsed_us()
     total = sum(t for _, t in kernels.values())
     sequence = _one_token(prof)
+    own, idle, tokens = _decode_critical_path(prof)
     lines = [f"# Decode-step profile: {model} shape, {layers} of {full} layers, prompt {prompt}, {new} new tokens, "
              f"batch 1, fp16", "", _common.env_line(_common.environment()), "",
              f"the glue's Inductor options: {inductor_options()}", "",
@@ -302,9 +303,20 @@ def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> Non
              "| kernel | calls | GPU us | us per token | share |", "|---|---|---|---|---|"]
     for name, (calls, t) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]:
         lines.append(f"| {name[:90]} | {calls} | {t:.0f} | {t / new:.1f} | {t / total:.1%} |")
+    if tokens:
+        span = sum(v for _, v in own.values()) + idle
+        lines += ["", f"The decode steps' critical path ({tokens} tokens, the prefill left out): each kernel's own time, "
+                  "the part of it after every kernel before it had ended (a kernel launched with dependent launch "
+                  "waits inside for the one before: its duration above holds that wait), and the idle GPU time; "
+                  f"they sum to {span / tokens:.1f} us a token", "",
+                  "| kernel | calls a token | own us a token | share |", "|---|---|---|---|"]
+        for name, (calls, t) in sorted(own.items(), key=lambda kv: -kv[1][1])[:25]:
+            lines.append(f"| {name[:90]} | {calls / tokens:.1f} | {t / tokens:.1f} | {t / span:.1%} |")
+        lines.append(f"| (idle: no kernel running) | | {idle / tokens:.1f} | {idle / span:.1%} |")
     lines += ["", "One decode step, kernel by kernel (the GPU work between two tokens' argmax, in the middle of the "
-              "generation): start and length in us; gap: idle GPU time before the kernel", "",
-              "| start | us | gap | kernel |", "|---|---|---|---|"] + sequence
+              "generation): start and length in us; gap: idle GPU time before the kernel; own: its part after "
+              "every kernel before it had ended", "",
+              "| start | us | gap | own | kernel |", "|---|---|---|---|---|"] + sequence
     runtime = [line.strip() for line in opt.summary().splitlines() if line.strip().startswith("runtime:")]
     lines += ["", "After generate(): " + " | ".join(runtime), "", "Host time of one generate() (cProfile, top 30 by "
               "cumulative time):", "", "```"]
@@ -337,12 +349,30 @@ def _one_token(prof) -> list:
     if len(marks) < 3:
         return ["| | | | (fewer than three argmax kernels in the profile) |"]
     a, b = marks[len(marks) // 2], marks[len(marks) // 2 + 1]
-    t0, end, rows = events[a].time_range.start, events[a].time_range.start, []
+    t0, end, rows = events[a].time_range.start, events[a].time_range.end, []
     for e in events[a + 1:b + 1]:
         r = e.time_range
-        rows.append(f"| {r.start - t0:.1f} | {r.elapsed_us():.1f} | {max(r.start - end, 0):.1f} | {e.name[:100]} |")
+        rows.append(f"| {r.start - t0:.1f} | {r.elapsed_us():.1f} | {max(r.start - end, 0):.1f} | "
+                    f"{max(0.0, r.end - max(r.start, end)):.1f} | {e.name[:100]} |")
         end = max(end, r.end)
     return rows
+
+
+def _decode_critical_path(prof) -> tuple[dict, float, int]:
+    """(own us by kernel, idle us, tokens) of the GPU work from the first token's argmax to the last's
+    (_common.critical_path): the decode steps, the prefill before them left out."""
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    marks = [i for i, e in enumerate(events) if "ArgMax" in e.name or e.name.startswith("_rows_kernel")]
+    if len(marks) < 2:
+        return {}, 0.0, 0
+    window = events[marks[0]:marks[-1] + 1]
+    own, idle = _common.critical_path([(e.name[:90], e.time_range.start, e.time_range.end) for e in window])
+    first = own.get(window[0].name[:90])
+    if first is not None:      # (the window opens at the first argmax's end: its own time is the prefill's)
+        first[0] -= 1
+        first[1] -= window[0].time_range.elapsed_us()
+    return own, idle, len(marks) - 1
 
 
 def main():

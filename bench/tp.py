@@ -146,23 +146,43 @@ def collective_us_per_step(gen, ids, mask, new: int, layers: int) -> dict:
     both) drops out and `new - 1` decode steps remain, as decode_rate counts them."""
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0)
 
-    def kernels(n: int) -> dict:
-        return kernel_times(lambda: gen(**kw, max_new_tokens=n, min_new_tokens=n))
+    def kernels(n: int) -> tuple:
+        spans = kernel_spans(lambda: gen(**kw, max_new_tokens=n, min_new_tokens=n))
+        times: dict = {}
+        for name, start, end in spans:
+            times[name] = times.get(name, 0.0) + end - start
+        return times, _common.critical_path(spans)
 
-    one, many = kernels(1), kernels(new)
+    (one, (one_own, one_idle)), (many, (many_own, many_idle)) = kernels(1), kernels(new)
     steps = max(new - 1, 1)
     by_name = {k: v - one.get(k, 0.0) for k, v in many.items()}
     comm = sum(v for k, v in by_name.items() if collective(k))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:20]
+    # each kernel's own time (its part after every kernel before it had ended: a duration under dependent launch
+    # holds the wait for the one before) and the idle time, the one-token generate's subtracted the same way
+    own = {k: v[1] - one_own.get(k, [0, 0.0])[1] for k, v in many_own.items()}
+    own_top = sorted(own.items(), key=lambda kv: -kv[1])[:20]
     return {"collective_us_per_token": round(comm / steps, 1), "collective_us_per_layer": round(comm / steps / layers, 2),
             "gpu_us_per_token": round(sum(by_name.values()) / steps, 1),
-            "top_kernels_us_per_token": {k: round(v / steps, 1) for k, v in top}}
+            "top_kernels_us_per_token": {k: round(v / steps, 1) for k, v in top},
+            "critical_path_us_per_token": {**{k: round(v / steps, 1) for k, v in own_top},
+                                           "(idle)": round((many_idle - one_idle) / steps, 1)}}
 
 
 def collective(kernel: str) -> bool:
     """Whether a kernel's name is a collective's: NCCL's, or an all-reduce's (accelc's one-shot kernel, PyTorch's)."""
     k = kernel.lower()
     return "nccl" in k or "allreduce" in k or "all_reduce" in k or "one_shot" in k
+
+
+def kernel_spans(fn) -> list:
+    """(kernel name (its first 90 characters), start us, end us) of one fn() call's GPU kernels (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [(e.name[:90], e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"]
 
 
 def kernel_times(fn) -> dict:

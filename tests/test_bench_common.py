@@ -220,3 +220,63 @@ def test_the_torchao_side_measures_its_error_on_its_first_output_not_on_a_buffer
     e2e.side_torchao_fp8(model, (x,), row, name="torchao_fp8_ro", mode="reduce-overhead")
     out, ref = seen[0]
     assert "torchao_fp8_ro_error" not in row and torch.equal(out, ref.detach()), row
+
+
+def test_critical_path_counts_what_each_kernel_adds_to_the_stream_not_its_overlapped_wait():
+    """Kernels launched with dependent launch overlap the one before (their durations hold the wait): each is
+    charged only the time after every earlier kernel ended; idle time between kernels is apart; the charges and
+    the idle time sum to the span of the stream."""
+    spans = [("gemv", 0.0, 10.0),       # alone: 10
+             ("split", 8.0, 14.0),      # started 2 us early, waited: 4 of its own
+             ("gemv", 9.0, 25.0),       # started during both: 11 of its own
+             ("glue", 27.0, 28.5),      # after 2 us idle: 1.5
+             ("tiny", 27.5, 28.0)]      # inside glue's: nothing of its own
+    by_name, idle = _common.critical_path(spans)
+    assert by_name == {"gemv": [2, 21.0], "split": [1, 4.0], "glue": [1, 1.5], "tiny": [1, 0.0]}
+    assert idle == 2.0
+    assert sum(v for _, v in by_name.values()) + idle == 28.5 - 0.0
+    assert _common.critical_path([]) == ({}, 0.0)
+
+
+def test_the_decode_profiles_critical_path_leaves_the_prefill_out():
+    """bench/decode.py --profile: the decode steps' critical path runs from the end of the first token's argmax to
+    the end of the last's, each step one token; the prefill before it is not counted."""
+    import types
+
+    import decode
+
+    def event(name, start, end):
+        r = types.SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+        return types.SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA, time_range=r)
+
+    prefill = [event("linear_kernel", 0, 50), event("_chunk_kernel", 50, 51), event("_rows_kernel", 51, 52)]
+    step = lambda t: [event("gemv_kernel", t, t + 10), event("_split_kernel", t + 8, t + 12),   # noqa: E731
+                      event("_chunk_kernel", t + 13, t + 14), event("_rows_kernel", t + 14, t + 15)]
+    prof = types.SimpleNamespace(events=lambda: prefill + step(52) + step(67))
+    own, idle, tokens = decode._decode_critical_path(prof)
+    assert tokens == 2
+    assert own == {"gemv_kernel": [2, 20.0], "_split_kernel": [2, 4.0], "_chunk_kernel": [2, 2.0],
+                   "_rows_kernel": [2, 2.0]}
+    assert idle == 2.0                   # a 1 us gap before each step's argmax
+    assert sum(v for _, v in own.values()) + idle == 82 - 52
+
+
+def test_tps_decode_profile_reports_the_critical_path_with_the_prefill_subtracted(monkeypatch):
+    """bench/tp.py's decode profile: the generate of `new` tokens less the generate of one, kernel by kernel, for
+    the durations (as before) and for each kernel's own time on the critical path and the idle time."""
+    import tp
+
+    def spans(fn):
+        n = fn()
+        prefill = [("linear_kernel", 0.0, 50.0)]
+        steps = [s for t in range(n - 1) for s in (("gemv_kernel", 50 + 15 * t, 60 + 15 * t),
+                                                   ("_split_kernel", 58 + 15 * t, 63 + 15 * t))]
+        return prefill + steps
+
+    monkeypatch.setattr(tp, "kernel_spans", spans)
+    row = tp.collective_us_per_step(lambda **kw: kw["max_new_tokens"], None, None, new=5, layers=1)
+    nonzero = lambda d: {k: v for k, v in d.items() if v}          # noqa: E731  (the prefill's kernel: 0)
+    assert nonzero(row["top_kernels_us_per_token"]) == {"gemv_kernel": 10.0, "_split_kernel": 5.0}
+    # each step's split waits 2 of its 5 us for the GEMV; 2 us idle between steps, 3 gaps over 4 steps
+    assert nonzero(row["critical_path_us_per_token"]) == {"gemv_kernel": 10.0, "_split_kernel": 3.0, "(idle)": 1.5}
+    assert row["gpu_us_per_token"] == 15.0

@@ -6,6 +6,15 @@
 #     (ACCELC_PREFETCH_WEIGHTS=1, kernels/pdl.py prefetch_rows; off by default) against without, TinyLlama batch 1
 #     (two pairs, alternating) and Qwen2-0.5B (one pair): bench/generate.py's decode tok/s and share of the limit,
 #     same tokens; the caches shared (only the first side optimizes cold: decode speed is what is compared)
+# ab: this session's cold-path change 64f6682 (the greedy loop's kernels handed to the workers in one batch before
+#     the step's optimize; they were four single-job waits at the end of a cold LM optimize, ~1.9 s) against
+#     2854280, cold Qwen2-0.5B b1 LM, three pairs; make `base/` first (untracked, removed after):
+#     mkdir base && git archive 2854280 accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
+# workers: diag_workers.py (fixed: it takes the wait's fill) on the Qwen2 LM with empty caches: the loop's kernels
+#     now one early batch, not four late waits
+# profile: TinyLlama's decode by kernel with the critical path (bench/tp.py's critical_path_us_per_token: each
+#     kernel's own time, the dependent-launch waits left out; #60's question where the time beyond the weights'
+#     bytes goes), with and without ACCELC_PREFETCH_WEIGHTS=1
 # pytest: tests/test_pdl.py on the GPU (the prefetching GEMV's bits against the plain one's), then the files
 #     next13.sh pytest names and tests/test_meanwhile.py (the work done in the workers' waits, on the GPU)
 # (also owed: next15.sh diag; next8.sh tp8b; next9.sh on an H200 x 4 host)
@@ -22,6 +31,17 @@ prefetch) for i in 1 2; do
     for p in 0 1; do
         step 0 qwen2-p$p 100 env ACCELC_PREFETCH_WEIGHTS=$p python bench/generate.py --models qwen2-0.5b --batches 1 \
             --sides accelc --out $O/qwen2-p$p
+    done ;;
+ab) for i in 1 2 3; do
+        step 0 new-$i 95 python bench/optimize_time.py --models qwen2-0.5b-lm-b1 --sides accelc_cold --out $O/new-$i
+        step 0 base-$i 95 env PYTHONPATH=$PWD/base python bench/optimize_time.py --models qwen2-0.5b-lm-b1 \
+            --sides accelc_cold --out $O/base-$i
+    done ;;
+workers) W=$(mktemp -d); step 0 workers-qwen2 150 env ACCELC_CACHE_DIR=$W/accelc TRITON_CACHE_DIR=$W/triton \
+        TORCHINDUCTOR_CACHE_DIR=$W/inductor python bench/results/runs/lanes-2026-11-29/diag_workers.py qwen2-0.5b-lm-b1 ;;
+profile) for p in 0 1; do
+        step 0 tinyllama-p$p 270 env ACCELC_PREFETCH_WEIGHTS=$p torchrun --nproc-per-node 1 bench/tp.py \
+            --shape tinyllama --sides accelc --rounds 2 --prefill '' --out $O/tinyllama-p$p
     done ;;
 pytest) step 0 pdl 120 python -m pytest -q -n 0 -p no:cacheprovider tests/test_pdl.py
     step 0 pytest 430 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 8 -p no:cacheprovider tests/test_meanwhile.py \
