@@ -28,7 +28,6 @@ from accelc.examples import carried_dims, check_calibration, check_example_input
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.latency import median_ms
 from accelc.errors import AccelcError, InputError, short_error
-from accelc.kernels import greedy
 from accelc.optimized import OptimizedModule
 from accelc.step_module import StepModule
 
@@ -286,7 +285,7 @@ def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None,
         with progress_bar.showing("accelc", False, part="generation step: "):
             # (the forward's optimize_job releases the memory once, after this: a collection of the heap took 0.6-0.7 s)
             sjob, step, captured = step_capture.result() if step_capture is not None else step_captured(job)
-            loop_ahead(captured[2], job)       # (the greedy loop's kernels, compiled beside the step's)
+            generation.loop_ahead(captured[2], job.model, job.config.kv_cache)   # (compiled beside the step's)
             program = optimize_job(sjob, release=False, captured=captured)
             if step_capture is not None and step_capture.ran_early:
                 program.info.seconds["capture (during the forward's compiles)"] = program.info.seconds.pop("capture")
@@ -308,15 +307,6 @@ def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None,
         mask = job.kwargs.get("attention_mask")
         opt.note_speed(ids, mask if mask is not None else torch.ones_like(ids))
     opt.info.seconds["generation step"] = round(time.perf_counter() - t0, 2)
-
-
-def loop_ahead(logits, job: Job) -> None:
-    """The greedy loop's kernels at the generation's sizes (`logits`: the step's output at capture) handed to the
-    compile workers (kernels/greedy.py loop_ahead), for the summary's speed measured at the end of optimize."""
-    eos = getattr(getattr(job.model, "generation_config", None), "eos_token_id", None)
-    stops = 0 if eos is None else 1 if isinstance(eos, int) else len(eos)
-    if isinstance(logits, torch.Tensor):
-        greedy.loop_ahead(logits, stops, static=job.config.kv_cache != "paged")
 
 
 def step_job(model: nn.Module, args: tuple, kwargs: dict, config: OptimizeConfig, device: torch.device) -> tuple:

@@ -432,6 +432,16 @@ class OptimizedLM(OptimizedModule):
         return text + f"\n{self.info.generation}\n" + "\n".join(step_lines(self.layers, step))
 
 
+def loop_ahead(logits, model: nn.Module, kv_cache: str) -> None:
+    """The greedy loop's kernels at a generation's sizes (`logits`: the step's output at capture, the model's stop
+    tokens) handed to the compile workers before the step's optimize (kernels/greedy.py loop_ahead), so that the
+    speed optimize measures at its end finds them compiled."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(logits, torch.Tensor):
+        greedy.loop_ahead(logits, 0 if eos is None else 1 if isinstance(eos, int) else len(eos),
+                          static=kv_cache != "paged")
+
+
 def step_lines(forward: list, step) -> list[str]:
     """The step program in the LM's summary: a line for its layers that are the forward's (same kernel, same
     status), one for each that is not, then its coverage, error and runtime (its whole table: step.summary())."""

@@ -156,7 +156,7 @@ def test_the_loops_kernels_are_handed_to_the_workers_at_the_specializations_the_
 
 @pytest.mark.parametrize("kv_cache", ["static", "paged"])
 def test_a_causal_lms_optimize_hands_its_loops_kernels_ahead_at_its_sizes(monkeypatch, kv_cache):
-    """api.attach_generation hands the loop's kernels over before the step's optimize, with the step's logits at
+    """api.attach_generation (generation.loop_ahead) hands the loop's kernels over before the step's optimize, with the step's logits at
     capture (rows, vocabulary, dtype) and the model's stop tokens; the inputs' kernel only for a static cache."""
     import warnings
 
