@@ -357,3 +357,21 @@ def test_batch_size_for_a_model_without_its_own_inputs_is_one_line(tmp_path, cap
         (line,) = _error_lines(capsys)
         assert "--batch-size sets a built-in model's example batch" in line and "--input-shape" in line, line
     assert not (tmp_path / "o.pt2").exists()
+
+
+def test_the_weights_checksum_is_the_crc_of_the_bytes_as_stored():
+    """serialize.weights_checksum reads each tensor's bytes in place (no copy of the weights): the CRC-32 over the
+    names and bytes as before, for every dtype and layout a program holds, so files written before still load."""
+    import types
+    import zlib
+
+    from accelc.serialize import weights_checksum
+    g = torch.Generator().manual_seed(0)
+    state = {"a.weight": torch.randn(8, 4, generator=g).half(), "b": torch.randn(3, 5, generator=g).t(),
+             "c": torch.randn(6, generator=g).bfloat16(), "d": torch.tensor(3)}
+    crc = 0
+    for name in sorted(state):
+        crc = zlib.crc32(name.encode(), crc)
+        crc = zlib.crc32(state[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
+    ep = types.SimpleNamespace(state_dict=state, constants={})
+    assert weights_checksum(ep) == {"crc32": crc, "tensors": 4}
