@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from pathlib import Path
 
 MARGIN = 0.20          # a race's configs within 20% of its fastest are kept for its key, and at least LEAST
 LEAST = 3              # (another model's layer of the same key may have another epilogue: see the docstring)
+SLOW = 2.0             # ... but a config only LEAST kept is left out where a race of its key timed it past SLOW x the
+#                        fastest (the key holds no batch: one flash-attention candidate filled a batch-2 LM's three at
+#                        1.6x and ran 6.9x the fastest at batch 1, and its compile, 5.5 s, bound a cold optimize's wait)
 FORMAT = 1
 TABLE_FILE = Path(__file__).with_name("tuning_table.json")
 
@@ -47,6 +51,7 @@ def build(runs: list, offered: dict | None = None) -> dict:
     timings_us}]}). offered: per kernel, the configs (dicts) its tuner offers today: a raced config no longer among
     them (a config list changed since the races ran) is left out of the race, as if it had not run."""
     kernels: dict = {}
+    slowness: dict = {}     # (kernel, device, key) -> each race's {config: time / fastest}
     for run in runs:
         for race in run["races"]:
             timings = race["timings_us"]
@@ -59,7 +64,22 @@ def build(runs: list, offered: dict | None = None) -> dict:
                                                                                       "keys": {}})
             key = json.dumps(race["key"])
             entry["keys"][key] = _union(entry["keys"].get(key, []), won)
+            ratios = slowness.setdefault((race["kernel"], run["device"], key), [])
+            ratios.append(_ratios(timings))
+    for (kernel, device, key), races in slowness.items():     # a filler past SLOW x the fastest in any race: left out
+        keys = kernels.get(kernel, {}).get(device, {}).get("keys", {})
+        if key in keys:
+            keys[key] = [c for c in keys[key] if any(r.get(json.dumps(c, sort_keys=True), math.inf) <= 1 + MARGIN
+                                                     for r in races)
+                         or all(r.get(json.dumps(c, sort_keys=True), 0.0) <= SLOW for r in races)]
     return {"format": FORMAT, "margin": MARGIN, "kernels": kernels}
+
+
+def _ratios(timings: list) -> dict:
+    """{config as JSON: its time over the race's fastest} of one race's timed configs."""
+    times = [us for _, us in timings if us is not None]
+    best = min(times) if times else None
+    return {json.dumps(c, sort_keys=True): us / best for c, us in timings if us is not None and best}
 
 
 def _union(a: list, b: list) -> list:

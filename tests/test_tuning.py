@@ -437,10 +437,28 @@ def test_the_table_is_built_from_the_configs_offered_today():
 
     a, b, c = ({"BLOCK": 16}, {"BLOCK": 32}, {"BLOCK": 64})
     runs = [{"device": "GPU", "capability": "9.0", "races": [
-        {"kernel": "k", "key": ["1"], "timings_us": [[a, 1.0], [b, 5.0], [c, 9.0]]},
+        {"kernel": "k", "key": ["1"], "timings_us": [[a, 1.0], [b, 1.5], [c, 1.9]]},
         {"kernel": "k", "key": ["2"], "timings_us": [[a, 1.0], [b, 2.0]]}]}]
     keys = tuning_table.build(runs)["kernels"]["k"]["GPU"]["keys"]
     assert keys['["1"]'] == [a, b, c] and keys['["2"]'] == [a, b]      # (at least LEAST kept)
     keys = tuning_table.build(runs, {"k": [b, c]})["kernels"]["k"]["GPU"]["keys"]
     assert keys == {'["1"]': [b, c]}, keys
     assert tuning_table.build(runs, {"other": [a]})["kernels"]["k"]["GPU"]["keys"]['["1"]'] == [a, b, c]
+
+
+def test_a_filler_a_race_timed_far_behind_the_fastest_is_left_out_of_the_table():
+    """build keeps each race's configs within MARGIN of its fastest and at least LEAST of them; a config only LEAST
+    kept is left out where a race of its key (the same key met at another batch, or its own) timed it past SLOW x
+    that race's fastest: a flash-attention candidate filled a batch-2 LM's three at 1.6x, ran 6.9x the fastest at
+    batch 1, and its 5.5 s compile bound a cold optimize's wait. One within MARGIN in some race stays."""
+    from accelc import tuning_table
+
+    a, b, c, d = ({"BLOCK": 16}, {"BLOCK": 32}, {"BLOCK": 64}, {"BLOCK": 128})
+    race = lambda key, *t: {"kernel": "k", "key": [key], "timings_us": [[cfg, us] for cfg, us in zip((a, b, c, d), t)]}
+    runs = [{"device": "GPU", "capability": "9.0", "races": [race("x", 1.0, 1.1, 1.6, 3.0)]},     # batch 2
+            {"device": "GPU", "capability": "9.0", "races": [race("x", 1.0, 1.5, 6.9, 1.05)]},    # batch 1
+            {"device": "GPU", "capability": "9.0", "races": [race("y", 1.0, 1.9, 2.5, None)]}]    # a race of its own
+    keys = tuning_table.build(runs)["kernels"]["k"]["GPU"]["keys"]
+    # x: a fastest in both; b within MARGIN at batch 2; d within MARGIN at batch 1 (3.0x at batch 2, kept);
+    # c only a filler, 6.9x at batch 1: out.  y: b a filler at 1.9x stays, c a filler at 2.5x goes
+    assert keys == {'["x"]': [a, b, d], '["y"]': [a, b]}, keys

@@ -6,8 +6,9 @@
 #     (ACCELC_PREFETCH_WEIGHTS=1, kernels/pdl.py prefetch_rows; off by default) against without, TinyLlama batch 1
 #     (two pairs, alternating) and Qwen2-0.5B (one pair): bench/generate.py's decode tok/s and share of the limit,
 #     same tokens; the caches shared (only the first side optimizes cold: decode speed is what is compared)
-# ab: this session's cold-path change 64f6682 (the greedy loop's kernels handed to the workers in one batch before
-#     the step's optimize; they were four single-job waits at the end of a cold LM optimize, ~1.9 s) against
+# ab: this session's cold-path changes, 64f6682 (the greedy loop's kernels handed to the workers in one batch before
+#     the step's optimize; they were four single-job waits at the end of a cold LM optimize, ~1.9 s) and the tuning
+#     table without slow fillers (rebuild3-slow-fillers: the step's 5.5 s flash-attention compile out), against
 #     2854280, cold Qwen2-0.5B b1 LM, three pairs; make `base/` first (untracked, removed after):
 #     mkdir base && git archive 2854280 accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
 # workers: diag_workers.py (fixed: it takes the wait's fill) on the Qwen2 LM with empty caches: the loop's kernels
