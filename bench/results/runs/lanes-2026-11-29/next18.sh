@@ -8,7 +8,8 @@
 #     same tokens; the caches shared (only the first side optimizes cold: decode speed is what is compared)
 # ab: this session's cold-path changes, 64f6682 (the greedy loop's kernels handed to the workers in one batch before
 #     the step's optimize; they were four single-job waits at the end of a cold LM optimize, ~1.9 s) and the tuning
-#     table without slow fillers (rebuild3-slow-fillers: the step's 5.5 s flash-attention compile out), against
+#     table without slow fillers (rebuild3-slow-fillers: the step's 5.5 s flash-attention compile out) and 1a27f78
+#     (export without FX's stack traces, where this torch has the setting: fx-config.log says), against
 #     2854280, cold Qwen2-0.5B b1 LM, three pairs; make `base/` first (untracked, removed after):
 #     mkdir base && git archive 2854280 accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
 # workers: diag_workers.py (fixed: it takes the wait's fill) on the Qwen2 LM with empty caches: the loop's kernels
@@ -33,7 +34,8 @@ prefetch) for i in 1 2; do
         step 0 qwen2-p$p 100 env ACCELC_PREFETCH_WEIGHTS=$p python bench/generate.py --models qwen2-0.5b --batches 1 \
             --sides accelc --out $O/qwen2-p$p
     done ;;
-ab) for i in 1 2 3; do
+ab) python -c "import torch, torch.fx.config as c; print(torch.__version__, 'do_not_emit_stack_traces:', hasattr(c, 'do_not_emit_stack_traces'))" > $O/fx-config.log 2>&1
+    for i in 1 2 3; do
         step 0 new-$i 95 python bench/optimize_time.py --models qwen2-0.5b-lm-b1 --sides accelc_cold --out $O/new-$i
         step 0 base-$i 95 env PYTHONPATH=$PWD/base python bench/optimize_time.py --models qwen2-0.5b-lm-b1 \
             --sides accelc_cold --out $O/base-$i
