@@ -6,6 +6,7 @@ out: the main thread blocked on a thread, an event or a condition), or under one
     python bench/spy_summary.py tree bench/results/runs/optimize_time/run26-h200-cold-profile/cold-bert.txt.gz
     python bench/spy_summary.py last FILE [--top 40]
     python bench/spy_summary.py under FILE "candidates_ahead (accelc/layer_compiles.py" [--depth 2]
+    python bench/spy_summary.py under FILE "check_layers (accelc/guard.py:251)"     # one call site: its line
 """
 from __future__ import annotations
 
@@ -65,9 +66,10 @@ def last(path: str, top: int, rate: float) -> None:
 def under(path: str, target: str, depth: int, rate: float) -> None:
     counts: collections.Counter = collections.Counter()
     total = 0
+    exact = re.search(r":\d+\)?$", target) is not None     # a frame named with its line (as `tree` prints it)
     for frames, n in main_samples(path):
         bare = [_bare(f) for f in frames]
-        at = next((i for i, f in enumerate(bare) if target in f), None)
+        at = next((i for i, f in enumerate(frames if exact else bare) if target in f), None)
         if at is None:
             continue
         total += n
@@ -81,7 +83,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("view", choices=("tree", "last", "under"))
     p.add_argument("file")
-    p.add_argument("frame", nargs="?", help="under: a frame's text, e.g. 'settle (accelc/guard.py'")
+    p.add_argument("frame", nargs="?", help="under: a frame's text, e.g. 'settle (accelc/guard.py', or one call "
+                                            "site with its line: 'settle (accelc/guard.py:76)'")
     p.add_argument("--depth", type=int, default=8)
     p.add_argument("--least", type=float, default=0.4, help="tree: the fewest seconds a row shows")
     p.add_argument("--top", type=int, default=40)

@@ -45,3 +45,12 @@ def test_under_a_frame(tmp_path, capsys):
     spy_summary.under(_profile(tmp_path), "check_layers (accelc/guard.py", depth=1, rate=40)
     out = capsys.readouterr().out
     assert "4.00 s under check_layers" in out and "3.00 compile_jobs" in out and "1.00 reference" in out
+
+
+def test_under_one_call_site_named_with_its_line(tmp_path, capsys):
+    """A frame named as `tree` prints it, with its line, is that call site alone (the name without the line: every
+    call of that function)."""
+    spy_summary.under(_profile(tmp_path), "check_layers (accelc/guard.py:251)", depth=1, rate=40)
+    out = capsys.readouterr().out
+    assert "3.00 s under check_layers (accelc/guard.py:251)" in out and "3.00 compile_jobs" in out
+    assert "reference" not in out
