@@ -148,10 +148,7 @@ def collective_us_per_step(gen, ids, mask, new: int, layers: int) -> dict:
 
     def kernels(n: int) -> tuple:
         spans = kernel_spans(lambda: gen(**kw, max_new_tokens=n, min_new_tokens=n))
-        times: dict = {}
-        for name, start, end in spans:
-            times[name] = times.get(name, 0.0) + end - start
-        return times, _common.critical_path(spans)
+        return durations(spans), _common.critical_path(spans)
 
     (one, (one_own, one_idle)), (many, (many_own, many_idle)) = kernels(1), kernels(new)
     steps = max(new - 1, 1)
@@ -185,25 +182,18 @@ def kernel_spans(fn) -> list:
     return [(e.name[:90], e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"]
 
 
-def kernel_times(fn) -> dict:
-    """GPU us by kernel name (its first 90 characters) of one fn() call (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+def durations(spans: list) -> dict:
+    """GPU us by kernel name of kernel_spans' spans."""
     by_name: dict = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-            by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + us
+    for name, start, end in spans:
+        by_name[name] = by_name.get(name, 0.0) + end - start
     return by_name
 
 
 def prefill_kernels(fn) -> dict:
     """Where one prefill call's GPU time goes: its total, the collectives' (NCCL and all-reduce kernels), and the
     top 20 kernels, us."""
-    by_name = kernel_times(fn)
+    by_name = durations(kernel_spans(fn))
     comm = sum(v for k, v in by_name.items() if collective(k))
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:20]
     return {"total": round(sum(by_name.values()), 1), "collectives": round(comm, 1),
