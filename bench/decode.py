@@ -339,13 +339,18 @@ def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> Non
     (Path(out_dir) / f"{stem}-{dev}.md").write_text(text)
 
 
+def _token_marks(prof) -> tuple[list, list]:
+    """(the profile's GPU kernels in start order, the indices of those that end a token): a token ends at its
+    argmax, torch's reduction or accelc's (kernels/argmax.py, its second kernel)."""
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    return events, [i for i, e in enumerate(events) if "ArgMax" in e.name or e.name.startswith("_rows_kernel")]
+
+
 def _one_token(prof) -> list:
     """Markdown rows of the GPU work of one generated token (from one argmax over the vocabulary to
     the next, halfway through the profile), in start order."""
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)
-    # a token ends at its argmax: torch's reduction, or accelc's (kernels/argmax.py, its second kernel)
-    marks = [i for i, e in enumerate(events) if "ArgMax" in e.name or e.name.startswith("_rows_kernel")]
+    events, marks = _token_marks(prof)
     if len(marks) < 3:
         return ["| | | | (fewer than three argmax kernels in the profile) |"]
     a, b = marks[len(marks) // 2], marks[len(marks) // 2 + 1]
@@ -361,9 +366,7 @@ def _one_token(prof) -> list:
 def _decode_critical_path(prof) -> tuple[dict, float, int]:
     """(own us by kernel, idle us, tokens) of the GPU work from the first token's argmax to the last's
     (_common.critical_path): the decode steps, the prefill before them left out."""
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)
-    marks = [i for i, e in enumerate(events) if "ArgMax" in e.name or e.name.startswith("_rows_kernel")]
+    events, marks = _token_marks(prof)
     if len(marks) < 2:
         return {}, 0.0, 0
     window = events[marks[0]:marks[-1] + 1]
