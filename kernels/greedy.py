@@ -14,11 +14,15 @@ Each is one program over the batch (the rows of a generate call: up to the cache
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
 
 from accelc import runtime
+
+log = logging.getLogger("accelc")
 
 
 # the step index, the cache column and the call's sizes unspecialized: Triton tells 1, multiples of 16 and other
@@ -113,8 +117,7 @@ def loop_ahead(logits: torch.Tensor, stops: int, static: bool = True):
     B, device, long = logits.shape[0], logits.device, torch.int64
     try:
         with compile_workers.handing_over() as found:
-            token = argmax_rows(torch.empty(B, logits.shape[1], dtype=logits.dtype, device=device))
-            token = torch.empty(B, dtype=long, device=device) if token.dtype != long else token
+            token = argmax_rows(torch.empty(B, logits.shape[1], dtype=logits.dtype, device=device))   # (int64)
             eos = torch.zeros(stops, dtype=long, device=device) if stops else None
             pick(token, torch.zeros(B, dtype=torch.bool, device=device), eos, 0,
                  torch.empty(B, 2, dtype=long, device=device), torch.zeros(2, dtype=torch.bool, device=device), 0)
@@ -124,6 +127,5 @@ def loop_ahead(logits: torch.Tensor, stops: int, static: bool = True):
                               torch.zeros(B, dtype=long, device=device), torch.zeros((), dtype=long, device=device), 1, 0)
         return compile_workers.submit(found) if found else None
     except Exception as e:    # nothing here is a result: the loop compiles what it meets
-        import logging
-        logging.getLogger("accelc").debug("accelc: the greedy loop's kernels not compiled ahead: %s", e)
+        log.debug("accelc: the greedy loop's kernels not compiled ahead: %s", e)
         return None
