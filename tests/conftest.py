@@ -116,3 +116,28 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{n:5d}  {reason[:160]}")
     if len(reasons) > 10:
         terminalreporter.write_line(f"{sum(n for _, n in reasons.most_common()[10:]):5d}  ({len(reasons) - 10} other reasons)")
+
+
+SM90_HEADER = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from gluon_compile import Sm90Driver
+from triton.runtime import driver
+driver.set_active(Sm90Driver())
+"""
+
+
+def run_for_sm90(script: str) -> str:
+    """stdout of `script` run in a process without the interpreter whose Triton compiles for sm90 through
+    bench/gluon_compile.py's stand-in driver (nothing launches: what a kernel compiles to, read without a GPU);
+    ROOT (the repository) defined for it. The process's failure fails the test with its stderr."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {root!r}\n" + SM90_HEADER + script], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout

@@ -97,13 +97,7 @@ def test_the_loops_kernels_are_one_binary_for_every_step_and_call():
 
 
 LOOP_AHEAD_SCRIPT = r"""
-import json, os, sys
-os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-from gluon_compile import Sm90Driver
 import torch
-from triton.runtime import driver
-driver.set_active(Sm90Driver())
 from accelc import compile_workers, runtime
 from accelc.kernels import greedy
 from accelc.kernels.argmax import argmax_rows
@@ -138,16 +132,8 @@ def test_the_loops_kernels_are_handed_to_the_workers_at_the_specializations_the_
     and column), handed to the workers in one batch; without stop tokens pick's other variant, and no
     static_inputs for a paged cache. Read from the kernels as Triton builds them (a process without the
     interpreter, sm90 through the stand-in driver)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", f"ROOT = {root!r}\n" + LOOP_AHEAD_SCRIPT], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = out.stdout.strip().splitlines()
+    from conftest import run_for_sm90
+    lines = run_for_sm90(LOOP_AHEAD_SCRIPT).strip().splitlines()
     assert lines[0] == "ahead pending", lines
     assert lines[1] == "kernels ['_chunk_kernel', '_inputs_kernel', '_pick_kernel', '_rows_kernel']", lines
     assert lines[2] == "same True 4", lines

@@ -3,17 +3,12 @@ flash_decoding's split kernel): off where it cannot run; on an sm90 GPU, a chain
 reading the one before's output gives what PyTorch gives, eagerly and replayed from a CUDA graph
 many times, bit for bit the same each time (a read before the wait would race). The GEMV's weight
 prefetch before its wait (ACCELC_PREFETCH_WEIGHTS=1): off unless asked, compiled before the wait, the same bits."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import triton
 
 from accelc.kernels import pdl
-from conftest import DEVICE
+from conftest import DEVICE, run_for_sm90
 
 SM90 = DEVICE.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
 
@@ -80,13 +75,7 @@ def test_weight_prefetch_is_off_unless_asked_and_needs_dependent_launch(monkeypa
 
 
 PREFETCH_SCRIPT = r"""
-import os, sys
-os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-from gluon_compile import Sm90Driver
 import torch
-from triton.runtime import driver
-driver.set_active(Sm90Driver())
 from accelc.kernels.gemm import gemv_kernel
 N, K = 256, 2048
 for dtype, flat, prefetch in ((torch.float16, False, True), (torch.int8, True, True), (torch.float16, True, False)):
@@ -108,12 +97,9 @@ def test_a_prefetching_gemv_asks_l2_for_its_weights_before_its_dependent_launch_
     asks L2 for its rows' weights (prefetch.global.L2, a loop of them: 32 rows x 16 lines a step over 128 threads)
     before griddepcontrol.wait, so that it streams them while the kernel before it ends; without it, none.
     That it runs and what it gives: test_prefetching_gemv_gives_the_same_bits, on the GPU."""
-    root = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", f"ROOT = {root!r}\n" + PREFETCH_SCRIPT], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:3] == ["float16 False True 4 True True", "int8 True True 4 True True",
-                                          "float16 True False 0 True True"], out.stdout
+    out = run_for_sm90(PREFETCH_SCRIPT)
+    assert out.split("\n")[:3] == ["float16 False True 4 True True", "int8 True True 4 True True",
+                                   "float16 True False 0 True True"], out
 
 
 @pytest.mark.skipif(not SM90, reason="programmatic dependent launch needs an sm90 (Hopper) GPU or later")
