@@ -3,6 +3,7 @@ flash_decoding's split kernel): off where it cannot run; on an sm90 GPU, a chain
 reading the one before's output gives what PyTorch gives, eagerly and replayed from a CUDA graph
 many times, bit for bit the same each time (a read before the wait would race). The GEMV's weight
 prefetch before its wait (ACCELC_PREFETCH_WEIGHTS=1): off unless asked, compiled before the wait, the same bits."""
+
 import pytest
 import torch
 import triton
