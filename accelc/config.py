@@ -160,6 +160,7 @@ class Fp8Config:
 
 
 KV_CACHES = ("static", "paged")
+OTHER_SHAPES = ("now", "background")
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,13 @@ class OptimizeConfig:
                     first call: a list of {input name: shape} (the other inputs follow, as the
                     mask follows the ids), or "buckets" (every bucket of the padded dims' ranges,
                     each range with an upper end). The time it takes is in the summary.
+    other_shapes:   when the glue that serves shapes other than the example's (Inductor's dynamic
+                    compile, and its batch-of-one variant) is compiled: "now" (inside optimize, so that no
+                    request waits for a compile) or "background" (in a thread of its own after optimize
+                    returns: until it is done, a call at another shape runs its glue uncompiled, slower,
+                    no compile waited for; OptimizedModule.wait_for_other_shapes() waits for it). Not for a
+                    generation step, a tensor-parallel program or with warmup_shapes (compiled now). Its
+                    default comes from ACCELC_OTHER_SHAPES (unset: "now").
     """
 
     dtype: torch.dtype | str | None = None
@@ -241,6 +249,7 @@ class OptimizeConfig:
     kv_cache: str = "static"
     kv_page_size: int = 16
     kv_cache_tokens: int | None = None
+    other_shapes: str = field(default_factory=lambda: os.environ.get("ACCELC_OTHER_SHAPES", "now"))
 
     def __post_init__(self):
         if self.int8 is True:
@@ -285,6 +294,8 @@ class OptimizeConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ValueError(f"{name} must be a positive int or None, not {value!r}")
+        if self.other_shapes not in OTHER_SHAPES:
+            raise ValueError(f"other_shapes must be one of {OTHER_SHAPES}, not {self.other_shapes!r}")
         if self.kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be one of {KV_CACHES}, not {self.kv_cache!r}")
         page = self.kv_page_size

@@ -12,7 +12,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
-from accelc import meta, runtime, tuning
+from accelc import meta, regions, runtime, tuning
 from accelc.capture.pickling import graph_state
 from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
@@ -146,6 +146,18 @@ class OptimizedModule(nn.Module):
         """Compile the glue that serves the shapes not warmed up now, on these graph inputs, rather than at
         the first call of such a shape (runner.Runner.compile_other_shapes); whether there was one."""
         return self._runner_for(inputs, {}).compile_other_shapes(*inputs)
+
+    def compile_other_shapes_later(self, inputs: list) -> bool:
+        """compile_other_shapes on each of `inputs` (the example's first) in a thread of its own, after optimize
+        returns (OptimizeConfig.other_shapes="background"); whether one was started."""
+        return self._runner_for(inputs[0], {}).compile_other_shapes_later(inputs, _device(inputs[0], {}, self))
+
+    def wait_for_other_shapes(self, timeout: float | None = None) -> bool:
+        """Wait until the glue for other shapes, compiling in the background after optimize
+        (OptimizeConfig.other_shapes="background"), is compiled (or `timeout` seconds); True when nothing is
+        left compiling. Until then a call at a shape other than those warmed up runs uncompiled glue."""
+        glue = self.runner.fn if self.runner is not None else None
+        return glue.wait(timeout) if isinstance(glue, regions.Glue) else True
 
     def _apply(self, fn, recurse=True):
         probe = fn(torch.zeros((), dtype=torch.float32))

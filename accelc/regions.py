@@ -25,7 +25,10 @@ import logging
 import operator
 import os
 import re
+import threading
+import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +39,7 @@ from accelc import meta
 log = logging.getLogger("accelc")
 
 _STATIC = contextvars.ContextVar("accelc_static_regions", default=False)   # a call at a specialized signature
+_LATER: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()   # background compiles (Glue.compile_dynamic_later)
 _INDEX = re.compile(r"^\d+$")
 MAX_LEVELS = 2           # block levels tried: model.layers.N, then model.layers.N.blocks.M
 PAYS = 0.5               # a cut pays where the nodes compiled are at most this share of the graph's
@@ -272,6 +276,8 @@ class Glue:
         self.static: set = set()        # whole-call signatures that run the static compiles
         self.failed = ""
         self.dynamic_done: set = set()  # the call signatures compile_dynamic ran at
+        self.later: threading.Thread | None = None   # compile_dynamic_later's thread
+        self.later_seconds: float | None = None       # its time, once it ended
 
     def specialize(self, key) -> bool:
         """Calls with signature `key` run static compiles for their shapes (made at the first such call); False
@@ -295,9 +301,53 @@ class Glue:
             self._run(False, args, kwargs)
         return not self.failed
 
+    def compile_dynamic_later(self, inputs: list, device: torch.device) -> bool:
+        """compile_dynamic on each of `inputs` (graph inputs of their own, the example's first) in a thread of its
+        own (OptimizeConfig.other_shapes="background"), its GPU work on a stream of its own. Until it ends
+        (pending), a call at a signature not compiled static runs the plain graph, no compile waited for (the
+        Runner captures no CUDA graph for it meanwhile); a failure is said as a compile's at a call is. False
+        where there is nothing to compile (a static glue, done already, failed)."""
+        if not self.dynamic or self.failed or self.dynamic_done or self.later is not None:
+            return False
+        self.later = threading.Thread(target=self._compile_later, args=(inputs, device), name="accelc-glue-later")
+        _LATER.add(self.later)
+        self.later.start()
+        return True
+
+    def _compile_later(self, inputs: list, device: torch.device) -> None:
+        t0 = time.perf_counter()
+        try:
+            on_gpu = device.type == "cuda"
+            stream = torch.cuda.Stream(device) if on_gpu else None
+            if stream is not None:       # (the inputs were made on the caller's stream)
+                stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.no_grad(), torch.cuda.device(device) if on_gpu else contextlib.nullcontext(), \
+                    torch.cuda.stream(stream) if on_gpu else contextlib.nullcontext():
+                for args in inputs:
+                    self.compile_dynamic(*args)
+            if stream is not None:
+                stream.synchronize()
+        except Exception as e:      # (the model's own error at a size Dynamo compiles apart, a CUDA error)
+            self.failed = self.failed or compile_failed(e)
+        self.later_seconds = round(time.perf_counter() - t0, 2)
+        log.info("accelc: the glue for other shapes compiled in the background (%.1f s)%s", self.later_seconds,
+                 f": {self.failed}" if self.failed else "")
+
+    def pending(self) -> bool:
+        """Whether compile_dynamic_later's thread is still compiling."""
+        return self.later is not None and self.later.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """compile_dynamic_later's thread ended (within `timeout` seconds); True where none is left running."""
+        if self.later is not None:
+            self.later.join(timeout)
+        return not self.pending()
+
     def __call__(self, *args, **kwargs):
         if not self.failed:
             static = bool(self.static) and self.key_of(args, kwargs) in self.static
+            if not static and self.pending():      # (compiling in the background: no compile waited for)
+                return self.plain(*args, **kwargs)
             if not static and self.dynamic and not self.dynamic_done:    # (a causal LM's forward leaves it here)
                 log.info("accelc: compiling the glue for other shapes at this call, once (OptimizeConfig."
                          "warmup_shapes compiles it at optimize)")
@@ -325,7 +375,20 @@ class Glue:
         if self.static:
             parts.append(("" if parts else "glue compiled ") + f"for dynamic shapes, and for static ones at "
                          f"{len(self.static)} shape(s) (those warmed up, or the first captured)")
+        if self.pending():
+            parts.append("the glue for other shapes compiling in the background (calls at other shapes run "
+                         "uncompiled glue, no CUDA graph, until it is done)")
+        elif self.later_seconds is not None:
+            parts.append(f"the glue for other shapes compiled in the background after optimize ({self.later_seconds:.1f} s)")
         return "; ".join(parts)
+
+
+def wait_background(timeout: float | None = None) -> None:
+    """Every background glue compile (Glue.compile_dynamic_later) ended: before a CUDA graph capture, which
+    another thread's allocations and launches would break."""
+    for thread in list(_LATER):
+        if thread is not threading.current_thread():
+            thread.join(timeout)
 
 
 class RegionalGlue(Glue):

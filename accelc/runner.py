@@ -212,6 +212,15 @@ class Runner:
         with torch.no_grad():
             return self.fn.compile_dynamic(*args, **kwargs)
 
+    def compile_other_shapes_later(self, inputs: list, device: torch.device) -> bool:
+        """compile_other_shapes on each of `inputs` in a thread of its own (regions.Glue.compile_dynamic_later);
+        False where there is none to compile."""
+        return isinstance(self.fn, regions.Glue) and self.fn.compile_dynamic_later(inputs, device)
+
+    def compiling(self) -> bool:
+        """Whether the glue for other shapes is still compiling in the background."""
+        return isinstance(self.fn, regions.Glue) and self.fn.pending()
+
     def _call(self, args, kwargs, sizes, force):
         """One call on (padded) args: its graph replayed, captured first if due, or a plain call;
         outputs cut back to `sizes` (the call's own, where it was padded) and copied."""
@@ -223,6 +232,9 @@ class Runner:
             key, leaves = signature(args, kwargs)
         except Uncapturable as e:
             self._note(("uncapturable", str(e)), str(e))
+            return finish(self.fn(*args, **kwargs), False)
+        if not force and key not in self.entries and self.compiling():
+            self.plain += 1     # (no graph of the uncompiled glue kept: captured once it is compiled)
             return finish(self.fn(*args, **kwargs), False)
         with self._lock:
             entry, fresh = self.entries.get(key), False
@@ -294,6 +306,7 @@ class Runner:
         try:
             host_ms = None
             if self.capture is capture_cuda_graph:
+                regions.wait_background()     # (another thread's launches and allocations would break a capture)
                 graph, outputs, self.pool, host_ms = capture_cuda_graph(self.fn, *static, pool=self.pool,
                                                                         arena=self._arena)
             else:

@@ -6,7 +6,8 @@ step, or None), OptimizeConfig.warmup_shapes. Out, on a GPU: the glue compiled a
 and that call captured (the summary's "warmup"; a generation step's example, a prefill at the example prompt's
 length, only that call's: prompts come at every length, and its first call captures it on the dynamic glue),
 the dynamic glue for the shapes not warmed compiled ("glue for
-other shapes"; a causal LM's forward's left to its first call at another shape, said: generate() does not run it),
+other shapes"; a causal LM's forward's left to its first call at another shape, said: generate() does not run it;
+with OptimizeConfig.other_shapes="background", handed to a thread of its own after the call's timing),
 the plain call timed (info.call_ms), the warm-up shapes captured ("warm-up shapes") and said in the
 call plan; on a CPU only the shapes asked for, checked and said.
 """
@@ -19,7 +20,8 @@ from typing import Callable
 
 import torch
 
-from accelc import buckets, runtime
+from accelc import buckets, runtime, tensor_parallel
+from accelc.runner import REPLAYABLE_STATE
 from accelc import progress as progress_bar
 from accelc.capture.shapes import CHECKED_AT, SHAPES, repeated_to
 from accelc.errors import InputError
@@ -46,16 +48,21 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
     flat = _own(flat)
     t0 = time.perf_counter()
     shapes = opt.graph_module.meta.get(SHAPES)
+    later = not warm and _later(opt)
     if generates and not warm:
         if shapes is not None and (shapes.free or shapes.varying()):
             note(opt, FORWARD_GLUE_LATER)
-    else:
+    elif not later:
         progress_bar.phase("glue for other shapes")
         if opt.compile_other_shapes(flat):    # the dynamic glue: compiled here, not at a first request
             for inputs in apart_inputs(opt, flat):    # and its variants Dynamo compiles apart (a batch of one)
                 opt.compile_other_shapes(inputs)
             opt.info.seconds["glue for other shapes"] = round(time.perf_counter() - t0, 2)
     opt.info.call_ms = call_times()
+    if later and not generates:     # (after the call's timing: that thread's compiles would share the host)
+        # (the example's tensors copied: the caller may write into its own while that thread reads them)
+        opt.compile_other_shapes_later([tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in flat),
+                                        *apart_inputs(opt, flat)])
     if warm:
         t0 = time.perf_counter()
         for inputs in warm:
@@ -80,6 +87,15 @@ def example(opt: OptimizedModule, flat: tuple, race: tuple | None, device: torch
     else:                 # the call a generation step serves most (decode): its graph, its glue compiled static; the
         opt.warm_up(race[0])    # example (a prefill at one prompt length) takes the dynamic glue below, as others
     opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
+
+
+def _later(opt: OptimizedModule) -> bool:
+    """Whether the glue for other shapes compiles after optimize returns (OptimizeConfig.other_shapes): not a
+    program whose calls update state in place (a generation step's cache: its compile's call would write it
+    beside the caller's), nor a tensor-parallel one (its collectives pair across ranks in call order)."""
+    gm = opt.graph_module
+    return (opt.config.other_shapes == "background" and not gm.meta.get(REPLAYABLE_STATE)
+            and tensor_parallel.group_of(gm) is None)
 
 
 def apart_inputs(opt: OptimizedModule, flat: tuple) -> list[tuple]:

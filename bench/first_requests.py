@@ -86,7 +86,9 @@ def main():
     t0 = time.perf_counter()
     opt = accelc.optimize(model, example)
     optimize_s = time.perf_counter() - t0
-    print(f"optimize {optimize_s:.1f} s, phases {opt.info.seconds}", flush=True)
+    later = opt.config.other_shapes == "background"    # (ACCELC_OTHER_SHAPES: the first requests meet it in flight)
+    print(f"optimize {optimize_s:.1f} s, phases {opt.info.seconds}"
+          + (", the glue for other shapes compiling in the background" if later else ""), flush=True)
     handler = _Lines()
     for name in ("accelc", "torch._dynamo", "torch._inductor"):
         logging.getLogger(name).addHandler(handler)

@@ -280,3 +280,20 @@ def test_tps_decode_profile_reports_the_critical_path_with_the_prefill_subtracte
     # each step's split waits 2 of its 5 us for the GEMV; 2 us idle between steps, 3 gaps over 4 steps
     assert nonzero(row["critical_path_us_per_token"]) == {"gemv_kernel": 10.0, "_split_kernel": 3.0, "(idle)": 1.5}
     assert row["gpu_us_per_token"] == 15.0
+
+
+def test_optimize_times_table_says_the_time_the_glue_compiled_after_optimize(tmp_path):
+    """bench/optimize_time.py's table: a cold side whose glue for other shapes compiled in the background
+    (ACCELC_OTHER_SHAPES=background) shows that time beside optimize's, not inside it; one without shows none."""
+    import optimize_time
+
+    env = {"device": "GPU", "date": "d", "torch": "t", "triton": "t"}
+    for name, after in (("bert", 4.25), ("resnet50", None)):
+        side = {"optimize_s": 20.0, "phases_s": {"capture": 1.0}}
+        if after is not None:
+            side["other_shapes_after_s"] = after
+        row = {"model": name, "accelc_cold": side, "compile_ro": {"first_call_s": 10.0}}
+        (tmp_path / f"optimize_time-{name}.json").write_text(json.dumps({"environment": env, "row": row}))
+    lines = {line.split(" | ")[0]: line for line in optimize_time.render(tmp_path).splitlines()}
+    assert "| 20.0 (+4.2 in the background) | 10.0 | 2.00x |" in lines["| bert"]
+    assert "| 20.0 | 10.0 | 2.00x |" in lines["| resnet50"]

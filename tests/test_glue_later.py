@@ -1,0 +1,238 @@
+"""OptimizeConfig(other_shapes="background"): the glue for shapes other than the example's (Inductor's dynamic
+compile and its batch-of-one variant) compiled in a thread of its own after optimize returns. Meanwhile a call at
+another shape runs the plain graph (no compile waited for, no CUDA graph of it kept), after it the compiled glue,
+with the same numbers; a failure is said and leaves the glue plain; a CUDA graph capture waits for it; optimize
+starts it after the call's timing, and not for a generation step, a causal LM's forward or with warmup_shapes."""
+import threading
+import warnings
+
+import pytest
+import torch
+import transformers as T
+from torch.utils import _pytree as pytree
+
+import accelc
+from accelc import api, regions, reuse, runner, warmup
+from accelc.optimized import OptimizedModule
+from conftest import DEVICE, rel_l2
+from test_runner import Captures
+
+
+def _bert():
+    torch.manual_seed(0)
+    cfg = T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=64, max_position_embeddings=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return T.BertModel(cfg).to(DEVICE).eval()
+
+
+def _example(b=2, n=8):
+    ids = torch.randint(1, 100, (b, n), device=DEVICE)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _optimize(model, example, **config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return accelc.optimize(model, example, accelc.OptimizeConfig(passes=("linear_act",), only_if_faster=False,
+                                                                     **config))
+
+
+@pytest.fixture(scope="module")
+def optimized():
+    model = _bert()
+    return model, _optimize(model, _example())
+
+
+def _first(x) -> torch.Tensor:
+    return next(t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor))
+
+
+def _held(monkeypatch) -> threading.Event:
+    """Glue.compile_dynamic waits until the event returned is set: the background compile held in flight."""
+    go, compile_dynamic = threading.Event(), regions.Glue.compile_dynamic
+
+    def held(self, *args, **kwargs):
+        assert go.wait(120)
+        return compile_dynamic(self, *args, **kwargs)
+
+    monkeypatch.setattr(regions.Glue, "compile_dynamic", held)
+    return go
+
+
+class Plain:
+    """The plain graph, its calls counted."""
+
+    def __init__(self, gm):
+        self.gm, self.calls = gm, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.gm(*args, **kwargs)
+
+
+def test_calls_while_the_glue_compiles_in_the_background_run_plain_then_compiled(optimized, monkeypatch):
+    """Inductor (on this machine's device) compiles the dynamic glue in the background: a call at another shape
+    meanwhile runs the plain graph and compiles nothing in the caller's thread; once it ends, the same call runs
+    the compiled glue (the plain graph not called), the graph's numbers both times."""
+    _, opt = optimized
+    gm = opt.graph_module
+    torch._dynamo.reset()
+    plain = Plain(runner.direct_calls(gm))
+    glue = runner.compiled_glue(gm, plain, True)
+    go = _held(monkeypatch)
+    example = opt.example_inputs
+    assert glue.compile_dynamic_later([example], torch.device(DEVICE))   # (the batch of one's: another compile)
+    assert glue.pending() and "compiling in the background" in glue.status()
+    ids = torch.randint(1, 100, (3, 5), device=DEVICE)
+    args = (ids, torch.ones_like(ids))
+    made = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        want = gm(*args)
+        got = glue(*args)
+    assert plain.calls == 1 and torch.equal(_first(got), _first(want))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == made     # nothing compiled for that call
+    go.set()
+    assert glue.wait(300) and not glue.pending() and not glue.failed
+    assert len(glue.dynamic_done) == 1 and "compiled in the background" in glue.status()
+    assert not glue.compile_dynamic_later([example], torch.device(DEVICE))    # (once)
+    with torch.no_grad():
+        got = glue(*args)
+    assert plain.calls == 1 and rel_l2(_first(got), _first(want)) < 1e-5
+
+
+def test_a_background_compile_that_fails_is_said_and_the_glue_runs_plain(optimized):
+    """A compile (or its call) that fails in the background leaves the glue plain from then on, said as a warning
+    and in the glue's status, as a failure at optimize is; calls give the plain graph's numbers."""
+    _, opt = optimized
+    gm = opt.graph_module
+
+    def broken(module, dynamic):
+        def run(*args, **kwargs):
+            raise RuntimeError("no kernel for this")
+        return run
+
+    plain = Plain(gm)
+    glue = regions.Glue(broken(gm, True), [], plain, True, runner.STATIC_GLUE, runner.signature_or_none)
+    with pytest.warns(UserWarning, match="running it uncompiled"):
+        assert glue.compile_dynamic_later([opt.example_inputs], torch.device(DEVICE))
+        assert glue.wait(60)
+    assert "RuntimeError: no kernel for this" in glue.failed and glue.failed in glue.status()
+    with torch.no_grad():
+        got, want = glue(*opt.example_inputs), gm(*opt.example_inputs)
+    assert plain.calls == 1 and torch.equal(_first(got), _first(want))
+
+
+def _stand_in_glue(gm, pending: bool):
+    glue = regions.Glue(gm, [], Plain(gm), True, runner.STATIC_GLUE, runner.signature_or_none)
+    glue.pending = lambda: pending
+    return glue
+
+
+@pytest.mark.parametrize("pending", [True, False])
+def test_the_runner_keeps_no_graph_of_a_new_signature_while_its_glue_compiles(optimized, pending):
+    """While the glue compiles in the background, a call at a signature with no graph runs as a plain call and no
+    graph is captured for it (it would hold the uncompiled glue for good); after, it is captured as before."""
+    _, opt = optimized
+    cap = Captures()
+    r = runner.Runner(_stand_in_glue(opt.graph_module, pending), cuda_graphs=True, capture=cap)
+    ids = torch.randint(1, 100, (3, 5), device=DEVICE)
+    got = r(ids, torch.ones_like(ids))
+    with torch.no_grad():
+        want = opt.graph_module(ids, torch.ones_like(ids))
+    assert torch.equal(_first(got), _first(want))
+    assert (len(cap.graphs), r.plain, r.compiling()) == ((0, 1, True) if pending else (1, 0, False))
+
+
+def test_a_cuda_graph_capture_waits_for_the_background_compiles(optimized, monkeypatch):
+    """A CUDA graph is captured only once no glue compiles in the background (another thread's launches and
+    allocations would break the capture): the capture starts after that thread ended."""
+    _, opt = optimized
+    ended, order = threading.Event(), []
+
+    def background():
+        assert ended.wait(60)
+        order.append("background ended")
+
+    def capture(fn, args, kwargs, pool=None, arena=None):
+        order.append("captured")
+        graph, outputs = Captures()(fn, args, kwargs)
+        return graph, outputs, pool, 0.0
+
+    monkeypatch.setattr(runner, "capture_cuda_graph", capture)
+    thread = threading.Thread(target=background)
+    regions._LATER.add(thread)
+    thread.start()
+    r = runner.Runner(opt.graph_module, cuda_graphs=True)
+    threading.Timer(0.2, ended.set).start()
+    r(*opt.example_inputs)
+    assert order == ["background ended", "captured"]
+
+
+def _gpu_branch(monkeypatch) -> list:
+    """optimize's warm-up stage takes the GPU's branch on the CPU (no capture); its compiles of the glue for other
+    shapes, now or in the background, and the call's timing recorded in order."""
+    import types
+
+    from accelc import runtime
+
+    events = []
+    shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
+    shim.can_time = lambda device: True
+    monkeypatch.setattr(warmup, "runtime", shim)
+    monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)
+    monkeypatch.setattr(OptimizedModule, "compile_other_shapes",
+                        lambda self, inputs: events.append(("now", [tuple(t.shape) for t in inputs])) or True)
+    monkeypatch.setattr(OptimizedModule, "compile_other_shapes_later",
+                        lambda self, inputs: events.append(("later", [[tuple(t.shape) for t in a] for a in inputs])))
+    call_times = api.call_times
+    monkeypatch.setattr(api, "call_times", lambda job, opt: events.append(("timed",)) or call_times(job, opt))
+    return events
+
+
+def test_optimize_compiles_the_glue_for_other_shapes_in_the_background_after_the_calls_timing(monkeypatch):
+    """other_shapes="background": optimize hands the example's inputs (copies) and the batch of one's to the
+    background compile after timing the call, and compiles none itself; "now": compiled inside optimize, as
+    before; with warmup_shapes: now (the shapes asked for are captured at optimize)."""
+    events = _gpu_branch(monkeypatch)
+    model = _bert()
+    _optimize(model, _example(), other_shapes="background")
+    assert events == [("timed",), ("later", [[(2, 8), (2, 8)], [(1, 8), (1, 8)]])], events
+    events.clear()
+    _optimize(model, _example(), other_shapes="now")
+    assert events == [("now", [(2, 8), (2, 8)]), ("now", [(1, 8), (1, 8)]), ("timed",)], events
+    events.clear()
+    _optimize(model, _example(), other_shapes="background", warmup_shapes=[{"input_ids": (4, 8)}])
+    assert [e[0] for e in events] == ["now", "now", "timed"], events
+
+
+def test_a_causal_lms_programs_compile_no_glue_in_the_background(monkeypatch):
+    """A causal LM's generation step writes its cache at each call (the background compile's call would write it
+    beside the caller's), and its forward leaves its dynamic glue to a first call: neither is handed over."""
+    events = _gpu_branch(monkeypatch)
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    lm = T.LlamaForCausalLM(cfg).to(DEVICE).eval()
+    opt = _optimize(lm, _example(1, 6), other_shapes="background")
+    assert opt.step is not None
+    assert not [e for e in events if e[0] == "later"], events
+
+
+def test_the_setting_is_checked_comes_from_the_environment_and_leaves_the_reuse_key_alone(optimized, monkeypatch):
+    _, opt = optimized
+    with pytest.raises(ValueError, match="other_shapes must be one of"):
+        accelc.OptimizeConfig(other_shapes="later")
+    assert accelc.OptimizeConfig().other_shapes == "now"
+    monkeypatch.setenv("ACCELC_OTHER_SHAPES", "background")
+    assert accelc.OptimizeConfig().other_shapes == "background"
+    monkeypatch.setenv("ACCELC_REUSE", "1")     # (the suite keeps reuse off)
+    keys = [reuse.key(opt.graph_module, opt.example_inputs, accelc.OptimizeConfig(other_shapes=o),
+                      torch.device(DEVICE), [opt.example_inputs], None, None) for o in ("now", "background")]
+    assert keys[0] is not None and keys[0] == keys[1]
+
+
+def test_wait_for_other_shapes_without_a_compiled_glue_returns_at_once(optimized):
+    _, opt = optimized
+    assert opt.wait_for_other_shapes(0)
