@@ -141,3 +141,17 @@ def run_for_sm90(script: str) -> str:
                          text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
+
+
+def warmup_takes_the_gpu_branch(monkeypatch) -> None:
+    """optimize's warm-up stage (accelc.warmup) takes the GPU's branch on this machine: runtime.can_time true
+    there alone, the CUDA graph captures (OptimizedModule.warm_up) skipped; the caller records what it needs."""
+    import types
+
+    from accelc import runtime, warmup
+    from accelc.optimized import OptimizedModule
+
+    shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
+    shim.can_time = lambda device: True
+    monkeypatch.setattr(warmup, "runtime", shim)
+    monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)

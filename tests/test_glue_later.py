@@ -12,9 +12,9 @@ import transformers as T
 from torch.utils import _pytree as pytree
 
 import accelc
-from accelc import api, regions, reuse, runner, warmup
+from accelc import api, regions, reuse, runner
 from accelc.optimized import OptimizedModule
-from conftest import DEVICE, rel_l2
+from conftest import DEVICE, rel_l2, warmup_takes_the_gpu_branch
 from test_runner import Captures
 
 
@@ -173,15 +173,8 @@ def test_a_cuda_graph_capture_waits_for_the_background_compiles(optimized, monke
 def _gpu_branch(monkeypatch) -> list:
     """optimize's warm-up stage takes the GPU's branch on the CPU (no capture); its compiles of the glue for other
     shapes, now or in the background, and the call's timing recorded in order."""
-    import types
-
-    from accelc import runtime
-
     events = []
-    shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
-    shim.can_time = lambda device: True
-    monkeypatch.setattr(warmup, "runtime", shim)
-    monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)
+    warmup_takes_the_gpu_branch(monkeypatch)
     monkeypatch.setattr(OptimizedModule, "compile_other_shapes",
                         lambda self, inputs: events.append(("now", [tuple(t.shape) for t in inputs])) or True)
     monkeypatch.setattr(OptimizedModule, "compile_other_shapes_later",
