@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# What the session of 19:30 (2026-11-29) leaves owed for a one-GPU H200, one lane a device command (logs under
+# /tmp/next19/<lane>, packed into $OUT/<lane>.tgz):
+#   bash bench/results/runs/lanes-2026-11-29/next19.sh LANE [SECONDS]      # SECONDS: the command's budget (570)
+# bg: 674082e's OptimizeConfig(other_shapes="background") (ACCELC_OTHER_SHAPES=background: the glue for other shapes
+#     compiled in a thread after optimize returns) against "now", cold BERT / the Llama 1.1B shape / ResNet-50, one
+#     process a side with empty caches, alternating now / background: optimize_s, other_shapes_after_s (the wait
+#     for that thread), call_ms after it (the same program: nothing lost)
+# bgreq: bench/first_requests.py on BERT with the background compile in flight (its first 40 requests of random batch
+#     and length, each one's ms and what was logged: a plain call while it compiles, no request waiting for a
+#     compile) against "now"
+# bgtest: the background compile's tests on the GPU (its own CUDA stream, a capture waiting for it, a call at another
+#     shape meanwhile plain), then test_regions, test_runner and test_glue_later with 8 workers
+# (also owed: next18.sh workers and profile; next15.sh diag; next8.sh tp8b; next9.sh on an H200 x 4 host)
+set -u
+lane=$1
+. bench/steps.sh; steps_start /tmp/next19/$lane "${2:-570}"
+case $lane in
+bg) for m in bert llama resnet50; do
+        for o in now background; do
+            step 0 $m-$o 95 env ACCELC_OTHER_SHAPES=$o python bench/optimize_time.py --models $m --sides accelc_cold \
+                --out $O/$m-$o
+        done
+    done ;;
+bgreq) for o in background now; do
+        step 0 bert-$o 200 env ACCELC_OTHER_SHAPES=$o python bench/first_requests.py --model bert --requests 40 \
+            --out $O/bert-$o
+    done ;;
+bgtest) step 0 glue-later 120 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 0 -p no:cacheprovider tests/test_glue_later.py
+    step 0 pytest 400 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 8 -p no:cacheprovider tests/test_regions.py \
+        tests/test_runner.py tests/test_glue_later.py tests/test_dynamic_shapes.py ;;
+esac
+tar czf $OUT/$lane.tgz -C $O .
