@@ -18,7 +18,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import (compile_workers, generation, meanwhile, reuse, runner, runtime, shared_checks, stages,
+from accelc import (compile_workers, generation, meanwhile, regions, reuse, runner, runtime, shared_checks, stages,
                     tensor_parallel, warmup)
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
@@ -163,7 +163,9 @@ def optimize_job(job: Job, release: bool = True, captured: tuple | None = None) 
     before, so the optimized module starts from the model's state. release=False: the device memory its checks
     used is left to the caller's release (a generation step's, inside its forward's optimize_job). A causal LM's
     generation step, optimized inside, shares the forward's layer checks (accelc.shared_checks). captured: the
-    job's capture_job made already (a generation step's, in its forward's waits)."""
+    job's capture_job made already (a generation step's, in its forward's waits). The glue compiles an earlier
+    optimize left in the background end first (OptimizeConfig.other_shapes): its races time a GPU of its own."""
+    regions.wait_background()
     with heap_frozen(), shared_checks.sharing() if generation.is_causal_lm(job.model) else contextlib.nullcontext():
         return _optimize_job(job, release, captured)
 

@@ -63,9 +63,9 @@ def prefetch_rows(w_ptr, rows, stride_wn, stride_wk, K, START: tl.constexpr):
 
 def prefetching(device: torch.device) -> bool:
     """Whether the decode GEMVs prefetch their weights before waiting (prefetch_rows): with dependent launch, and
-    ACCELC_PREFETCH_WEIGHTS=1. Off by default: on an H200 (runs/generate/run39-h200-prefetch) it cost TinyLlama's
-    decode 7% and gave Qwen2-0.5B's 5.7%; a whole slice asked for at once competes with the previous kernel's own
-    weight stream where that one is still bandwidth-bound."""
+    ACCELC_PREFETCH_WEIGHTS=1. Off by default: measured, it slowed TinyLlama's decode and sped Qwen2-0.5B's (the
+    results index's prefetch run); a whole slice asked for at once competes with the previous kernel's own weight
+    stream where that one is still bandwidth-bound."""
     return enabled(device) and os.environ.get("ACCELC_PREFETCH_WEIGHTS", "0") not in ("", "0")
 
 

@@ -229,3 +229,29 @@ def test_the_setting_is_checked_comes_from_the_environment_and_leaves_the_reuse_
 def test_wait_for_other_shapes_without_a_compiled_glue_returns_at_once(optimized):
     _, opt = optimized
     assert opt.wait_for_other_shapes(0)
+
+
+def test_an_optimize_begins_after_the_glue_compiles_an_earlier_one_left_in_the_background(monkeypatch):
+    """An optimize waits for the background glue compiles of those before it (its speed races and captures share
+    the GPU with none of them): its capture starts after such a thread ended."""
+    ended, order = threading.Event(), []
+
+    def background():
+        assert ended.wait(60)
+        order.append("background ended")
+
+    capture_job, wait = api.capture_job, regions.wait_background
+
+    def waits(timeout=None):
+        order.append("waits")
+        threading.Timer(0.2, ended.set).start()     # (the earlier compile ends only once it is waited for)
+        wait(timeout)
+
+    monkeypatch.setattr(api, "capture_job", lambda job: order.append("captured") or capture_job(job))
+    monkeypatch.setattr(regions, "wait_background", waits)
+    thread = threading.Thread(target=background)
+    regions._LATER.add(thread)
+    thread.start()
+    _optimize(torch.nn.Sequential(torch.nn.Linear(8, 8)).to(DEVICE), (torch.randn(2, 8, device=DEVICE),))
+    ended.set()
+    assert order[:3] == ["waits", "background ended", "captured"], order
