@@ -9,6 +9,8 @@
 # bgreq: bench/first_requests.py on BERT with the background compile in flight (its first 40 requests of random batch
 #     and length, each one's ms and what was logged: a plain call while it compiles, no request waiting for a
 #     compile) against "now"
+# load: cold, warm and accelc.load + the first call served of BERT at this tree (the README's "about 4 s" is run6's,
+#     2026-11-27; #56's target 3 s)
 # bgtest: the background compile's tests on the GPU (its own CUDA stream, a capture waiting for it, a call at another
 #     shape meanwhile plain), then test_regions, test_runner and test_glue_later with 8 workers
 # (also owed: next18.sh workers and profile; next15.sh diag; next8.sh tp8b; next9.sh on an H200 x 4 host)
@@ -26,6 +28,7 @@ bgreq) for o in background now; do
         step 0 bert-$o 200 env ACCELC_OTHER_SHAPES=$o python bench/first_requests.py --model bert --requests 40 \
             --out $O/bert-$o
     done ;;
+load) step 0 bert-load 300 python bench/optimize_time.py --models bert --sides accelc_cold,accelc_warm,load --out $O/load ;;
 bgtest) step 0 glue-later 120 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 0 -p no:cacheprovider tests/test_glue_later.py
     step 0 pytest 400 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 8 -p no:cacheprovider tests/test_regions.py \
         tests/test_runner.py tests/test_glue_later.py tests/test_dynamic_shapes.py ;;
