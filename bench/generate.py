@@ -3,6 +3,7 @@ side: time to first token, decode tokens/s and the share of the memory-bandwidth
 greedy tokens compared with HF eager's. The generation issue's measure.
 
     python bench/generate.py [--out bench/results] [--models tinyllama,qwen2-0.5b,gpt2,llama3-8b]
+                             (also qwen2-1.5b, gemma-2b, phi3-mini: not in the default list)
                              [--batches 1,16] [--prompt 512] [--new 256]
     python bench/generate.py --ragged     # prompts of random real lengths (--prompt / 4 .. --prompt), left-padded
     python bench/generate.py --smoke      # a tiny Llama on the CPU, 12 tokens: checks the script runs
@@ -76,6 +77,16 @@ def configs(smoke: bool) -> dict:
         "llama3-8b": tf.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                                     max_position_embeddings=8192, rope_theta=500000.0),
+        # three more families of 1B-4B parameters (#60's targets): Qwen2-1.5B's, Gemma-2B's and Phi-3-mini's shapes
+        "qwen2-1.5b": tf.Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                     num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                     max_position_embeddings=32768, tie_word_embeddings=True),
+        "gemma-2b": tf.GemmaConfig(hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
+                                   num_attention_heads=8, num_key_value_heads=1, head_dim=256, vocab_size=256000,
+                                   max_position_embeddings=8192),
+        "phi3-mini": tf.Phi3Config(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                                   num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
+                                   max_position_embeddings=4096, pad_token_id=0),
     }
 
 

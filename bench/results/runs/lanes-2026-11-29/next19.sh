@@ -11,6 +11,10 @@
 #     compile) against "now"
 # load: cold, warm and accelc.load + the first call served of BERT at this tree (the README's "about 4 s" is run6's,
 #     2026-11-27; #56's target 3 s)
+# fam1 / fam2: #60's three more causal LMs of 1B-4B parameters, other families (bench/generate.py's qwen2-1.5b,
+#     gemma-2b, phi3-mini shapes, random weights): batch-1 decode, accelc against HF's static cache + compile, the
+#     share of the copy limit
+# b16: batch 16 against HF's static cache + compile (#60: at least 1.5x), TinyLlama and Qwen2-0.5B
 # bgtest: the background compile's tests on the GPU (its own CUDA stream, a capture waiting for it, a call at another
 #     shape meanwhile plain), then test_regions, test_runner and test_glue_later with 8 workers
 # (also owed: next18.sh workers and profile; next15.sh diag; next8.sh tp8b; next9.sh on an H200 x 4 host)
@@ -29,6 +33,14 @@ bgreq) for o in background now; do
             --out $O/bert-$o
     done ;;
 load) step 0 bert-load 300 python bench/optimize_time.py --models bert --sides accelc_cold,accelc_warm,load --out $O/load ;;
+fam1) for m in qwen2-1.5b gemma-2b; do
+        step 0 $m 270 python bench/generate.py --models $m --batches 1 --sides accelc,hf_static_compile --out $O/$m
+    done ;;
+fam2) step 0 phi3-mini 540 python bench/generate.py --models phi3-mini --batches 1 --sides accelc,hf_static_compile \
+        --out $O/phi3-mini ;;
+b16) for m in tinyllama qwen2-0.5b; do
+        step 0 $m-b16 270 python bench/generate.py --models $m --batches 16 --sides accelc,hf_static_compile --out $O/$m
+    done ;;
 bgtest) step 0 glue-later 120 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 0 -p no:cacheprovider tests/test_glue_later.py
     step 0 pytest 400 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 8 -p no:cacheprovider tests/test_regions.py \
         tests/test_runner.py tests/test_glue_later.py tests/test_dynamic_shapes.py ;;
