@@ -255,3 +255,21 @@ def test_an_optimize_begins_after_the_glue_compiles_an_earlier_one_left_in_the_b
     _optimize(torch.nn.Sequential(torch.nn.Linear(8, 8)).to(DEVICE), (torch.randn(2, 8, device=DEVICE),))
     ended.set()
     assert order[:3] == ["waits", "background ended", "captured"], order
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the glue compiles with Inductor and CUDA graphs only on a GPU")
+def test_on_the_gpu_an_optimized_model_serves_other_shapes_during_and_after_its_background_compile():
+    """The whole route on a GPU: optimize returns with the glue for other shapes compiling in the background; calls
+    at other batches and lengths give eager's numbers while it compiles and after, and the summary says it."""
+    model = _bert()
+    with torch.no_grad():
+        opt = _optimize(model, _example(), other_shapes="background")
+        sizes = [(3, 5), (1, 11), (4, 8)]
+        for when in ("during", "after"):
+            if when == "after":
+                assert opt.wait_for_other_shapes(300)
+            for b, n in sizes:
+                example = _example(b, n)
+                got, want = opt(**example), model(**example)
+                assert rel_l2(_first(got).float(), _first(want).float()) < 1e-3, (when, b, n)
+    assert "compiled in the background after optimize" in opt.summary()
