@@ -273,3 +273,28 @@ def test_on_the_gpu_an_optimized_model_serves_other_shapes_during_and_after_its_
                 got, want = opt(**example), model(**example)
                 assert rel_l2(_first(got).float(), _first(want).float()) < 1e-3, (when, b, n)
     assert "compiled in the background after optimize" in opt.summary()
+
+
+def test_a_padded_call_while_the_glue_compiles_is_cut_back_and_its_bucket_captured_after():
+    """With padding (batch buckets), a call while the glue compiles runs plain on its padded inputs and gives its own
+    rows back; once compiled, the same call captures its bucket's graph and replays it."""
+    from accelc import buckets
+    from accelc.capture.shapes import DimRange
+
+    def f(x):
+        return torch.tanh(x) * 2 + x.sum(-1, keepdim=True)
+
+    state = {"pending": True}
+    glue = regions.Glue(f, [], Plain(f), True, runner.STATIC_GLUE, runner.signature_or_none)
+    glue.pending = lambda: state["pending"]
+    plan = buckets.Padding({"b": DimRange(1, 64, "b")}, (((0, "b", "edge"),),), (((0, "b"),),), {"b": "batch"})
+    cap = Captures()
+    r = runner.Runner(glue, cuda_graphs=True, capture=cap, padding=plan)
+    x = torch.randn(3, 8, device=DEVICE)
+    got = r(x)
+    assert got.shape == (3, 8) and torch.allclose(got, f(x)) and not cap.graphs and glue.plain.calls == 1
+    state["pending"] = False
+    for _ in range(2):
+        got = r(x)
+        assert got.shape == (3, 8) and torch.allclose(got, f(x))
+    assert len(cap.graphs) == 1 and cap.graphs[0].replays >= 1 and glue.plain.calls == 1
