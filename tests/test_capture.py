@@ -452,6 +452,31 @@ def test_a_batch_of_one_traced_as_two_unlifts_its_program_once(monkeypatch):
             assert rel_l2(got[0] if isinstance(got, (tuple, list)) else got, model(inputs)) < 1e-5
 
 
+@pytest.mark.parametrize("use_setting", [True, False])
+def test_an_export_without_stack_traces_either_way_leaves_torch_as_it_was(use_setting):
+    """accelc.capture.stack_traces.uncollected: by torch's setting, or (a torch without it, 2.11) by telling the
+    non-strict export's module-stack tracer: the program's nodes carry no stack trace, and the setting and the
+    tracer are as before after (also where the export fails); without the block the same export collects them."""
+    import torch.fx.config as fx_config
+    from torch.fx.experimental import proxy_tensor
+
+    from accelc.capture import stack_traces
+
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU()).to(DEVICE).eval()
+    x = (torch.randn(4, 16, device=DEVICE),)
+    traced = lambda ep: [n for n in ep.graph.nodes if n.meta.get("stack_trace")]    # noqa: E731
+    assert traced(torch.export.export(model, x, strict=False)), "this torch collects none to begin with"
+    init, setting = proxy_tensor._ModuleStackTracer.__init__, getattr(fx_config, "do_not_emit_stack_traces", None)
+    with stack_traces.uncollected(use_setting):
+        ep = torch.export.export(model, x, strict=False)
+    assert not traced(ep)
+    with pytest.raises(RuntimeError, match="refused"), stack_traces.uncollected(use_setting):
+        raise RuntimeError("refused")
+    assert proxy_tensor._ModuleStackTracer.__init__ is init
+    assert getattr(fx_config, "do_not_emit_stack_traces", None) == setting
+    assert traced(torch.export.export(model, x, strict=False))
+
+
 def test_export_collects_no_stack_traces_and_leaves_the_setting_as_it_was():
     """torch.export runs with FX's per-node stack traces left uncollected where this torch has the setting
     (torch.fx.config.do_not_emit_stack_traces; 10-20% of a 24-layer LM's export): the captured graph's nodes carry

@@ -33,7 +33,7 @@ from accelc import meta
 from accelc.capture.canonical import canonicalize
 from accelc.capture.shaped import settle_shaped
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, find_fills, left_out, restore_buffers
-from accelc.capture import stored
+from accelc.capture import stack_traces, stored
 from accelc.capture.asserts import format_at_run_time
 from accelc.capture.overflow import finite_branches
 from accelc.capture.side_effects import side_effects
@@ -399,19 +399,9 @@ _checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _export_once(model, args: tuple, kwargs: dict, **options) -> torch.export.ExportedProgram:
     """torch.export, non-strict, with HF's fp16 overflow guards traced as they compute
-    (accelc.capture.overflow), and no stack trace collected for each node (accelc reads none; where this torch can
-    leave them out, torch.fx.config.do_not_emit_stack_traces: 10-20% of a 24-layer LM's export on the CPU)."""
-    import torch.fx.config as fx_config
-
-    before = getattr(fx_config, "do_not_emit_stack_traces", None)
-    try:
-        if before is not None:
-            fx_config.do_not_emit_stack_traces = True
-        with finite_branches():
-            return torch.export.export(model, args, kwargs, strict=False, **options)
-    finally:
-        if before is not None:
-            fx_config.do_not_emit_stack_traces = before
+    (accelc.capture.overflow), and no stack trace collected for each node (accelc.capture.stack_traces)."""
+    with finite_branches(), stack_traces.uncollected():
+        return torch.export.export(model, args, kwargs, strict=False, **options)
 
 
 def _export(model, spec: "CallSpec", flat, dynamic=True, grow=True):
