@@ -15,6 +15,10 @@
 #     gemma-2b, phi3-mini shapes, random weights): batch-1 decode, accelc against HF's static cache + compile, the
 #     share of the copy limit
 # b16: batch 16 against HF's static cache + compile (#60: at least 1.5x), TinyLlama and Qwen2-0.5B
+# export: 335a3c3 (torch 2.11's export told not to collect FX stack traces: the module-stack tracer's
+#     record_stack_traces off) against c788d38, cold Qwen2-0.5B b1 LM, two pairs (the forward's "capture" and the
+#     step's capture are where it shows); make `base/` first (untracked, removed after):
+#     mkdir base && git archive c788d38 accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
 # bgtest: the background compile's tests on the GPU (its own CUDA stream, a capture waiting for it, a call at another
 #     shape meanwhile plain), then test_regions, test_runner and test_glue_later with 8 workers
 # (also owed: next18.sh workers and profile; next15.sh diag; next8.sh tp8b; next9.sh on an H200 x 4 host)
@@ -40,6 +44,11 @@ fam2) step 0 phi3-mini 540 python bench/generate.py --models phi3-mini --batches
         --out $O/phi3-mini ;;
 b16) for m in tinyllama qwen2-0.5b; do
         step 0 $m-b16 270 python bench/generate.py --models $m --batches 16 --sides accelc,hf_static_compile --out $O/$m
+    done ;;
+export) for i in 1 2; do
+        step 0 new-$i 95 python bench/optimize_time.py --models qwen2-0.5b-lm-b1 --sides accelc_cold --out $O/new-$i
+        step 0 base-$i 95 env PYTHONPATH=$PWD/base python bench/optimize_time.py --models qwen2-0.5b-lm-b1 \
+            --sides accelc_cold --out $O/base-$i
     done ;;
 bgtest) step 0 glue-later 120 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 0 -p no:cacheprovider tests/test_glue_later.py
     step 0 pytest 400 env ACCELC_AUTOTUNE=0 python -m pytest -q -n 8 -p no:cacheprovider tests/test_regions.py \
