@@ -4,7 +4,7 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
 
 import accelc
 from accelc.capture import capture
@@ -454,27 +454,54 @@ def test_a_batch_of_one_traced_as_two_unlifts_its_program_once(monkeypatch):
 
 @pytest.mark.parametrize("use_setting", [True, False])
 def test_an_export_without_stack_traces_either_way_leaves_torch_as_it_was(use_setting):
-    """accelc.capture.stack_traces.uncollected: by torch's setting, or (a torch without it, 2.11) by telling the
+    """accelc.capture.lean_export.uncollected: by torch's setting, or (a torch without it, 2.11) by telling the
     non-strict export's module-stack tracer: the program's nodes carry no stack trace, and the setting and the
     tracer are as before after (also where the export fails); without the block the same export collects them."""
     import torch.fx.config as fx_config
     from torch.fx.experimental import proxy_tensor
 
-    from accelc.capture import stack_traces
+    from accelc.capture import lean_export
 
     model = nn.Sequential(nn.Linear(16, 8), nn.ReLU()).to(DEVICE).eval()
     x = (torch.randn(4, 16, device=DEVICE),)
     traced = lambda ep: [n for n in ep.graph.nodes if n.meta.get("stack_trace")]    # noqa: E731
     assert traced(torch.export.export(model, x, strict=False)), "this torch collects none to begin with"
     init, setting = proxy_tensor._ModuleStackTracer.__init__, getattr(fx_config, "do_not_emit_stack_traces", None)
-    with stack_traces.uncollected(use_setting):
+    with lean_export.uncollected(use_setting):
         ep = torch.export.export(model, x, strict=False)
     assert not traced(ep)
-    with pytest.raises(RuntimeError, match="refused"), stack_traces.uncollected(use_setting):
+    with pytest.raises(RuntimeError, match="refused"), lean_export.uncollected(use_setting):
         raise RuntimeError("refused")
     assert proxy_tensor._ModuleStackTracer.__init__ is init
     assert getattr(fx_config, "do_not_emit_stack_traces", None) == setting
     assert traced(torch.export.export(model, x, strict=False))
+
+
+def test_a_lean_export_generates_the_code_of_fewer_graphs_and_computes_the_same(monkeypatch):
+    """accelc.capture.lean_export.lean: export's intermediate graph modules get their code when first needed (torch's
+    lazy graph modules), so a small LM's export generates Python code for fewer graphs; the program computes the
+    model's outputs, and graph modules made after the block are eager again."""
+    import transformers as T
+    from torch.fx import _lazy_graph_module
+
+    from accelc.capture import lean_export
+
+    cfg = T.Qwen2Config(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                        num_attention_heads=2, num_key_value_heads=1, use_cache=False)
+    model = T.Qwen2ForCausalLM(cfg).to(DEVICE).eval()
+    ids = torch.randint(0, 100, (2, 8), device=DEVICE)
+    made = []
+    python_code = fx.Graph.python_code
+    monkeypatch.setattr(fx.Graph, "python_code", lambda self, *a, **k: made.append(1) or python_code(self, *a, **k))
+    torch.export.export(model, (ids,), strict=False)
+    eager = len(made)
+    made.clear()
+    with lean_export.lean():
+        ep = torch.export.export(model, (ids,), strict=False)
+    with torch.no_grad():
+        assert torch.equal(ep.module()(ids).logits, model(ids).logits)
+    assert len(made) < eager / 2, (len(made), eager)
+    assert not _lazy_graph_module._use_lazy_graph_module_flag
 
 
 def test_export_collects_no_stack_traces_and_leaves_the_setting_as_it_was():

@@ -33,7 +33,7 @@ from accelc import meta
 from accelc.capture.canonical import canonicalize
 from accelc.capture.shaped import settle_shaped
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, find_fills, left_out, restore_buffers
-from accelc.capture import stack_traces, stored
+from accelc.capture import lean_export, stored
 from accelc.capture.asserts import format_at_run_time
 from accelc.capture.overflow import finite_branches
 from accelc.capture.side_effects import side_effects
@@ -399,8 +399,9 @@ _checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _export_once(model, args: tuple, kwargs: dict, **options) -> torch.export.ExportedProgram:
     """torch.export, non-strict, with HF's fp16 overflow guards traced as they compute
-    (accelc.capture.overflow), and no stack trace collected for each node (accelc.capture.stack_traces)."""
-    with finite_branches(), stack_traces.uncollected():
+    (accelc.capture.overflow), no stack trace collected for each node and no code generated for the graphs in
+    between (accelc.capture.lean_export)."""
+    with finite_branches(), lean_export.lean():
         return torch.export.export(model, args, kwargs, strict=False, **options)
 
 
