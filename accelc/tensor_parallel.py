@@ -228,9 +228,34 @@ def on_every_rank(gm: fx.GraphModule, value) -> list:
     import torch.distributed as dist
 
     group = _group(name)
-    values = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return values
+    if dist.get_backend(group) != "gloo":
+        values = [None] * dist.get_world_size(group)
+        dist.all_gather_object(values, value, group=group)
+        return values
+    return _gathered_on_cpu(value, group)
+
+
+def _gathered_on_cpu(value, group) -> list:
+    """all_gather_object on a gloo group with every tensor of its two collectives kept (_kept): those that
+    all_gather_object makes inside are its own, and gloo's worker thread dropping the last reference to one at
+    exit aborted a rank after its last line (one run of a two-rank optimize in CI)."""
+    import pickle
+
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    _kept(size, *sizes)
+    most = max(int(n) for n in sizes)
+    mine = torch.zeros(most, dtype=torch.uint8)
+    mine[:data.numel()] = data
+    outs = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(outs, mine, group=group)
+    _kept(mine, *outs)
+    return [pickle.loads(out[:int(n)].numpy().tobytes()) for out, n in zip(outs, sizes)]
 
 
 class ShardLinear(nn.Module):

@@ -612,3 +612,27 @@ def test_a_cpu_collectives_tensors_stay_referenced_until_exit():
         assert len(tensor_parallel._KEPT) == tensor_parallel._KEPT.maxlen     # a few, not every one
     finally:
         dist.destroy_process_group()
+
+
+def test_a_decision_compared_across_gloo_ranks_keeps_its_collectives_tensors():
+    """on_every_rank on a gloo group gathers each rank's value with collectives whose tensors stay referenced (a
+    sibling of the CPU collectives' abort at exit: all_gather_object's own tensors, dropped last by gloo's worker
+    thread, aborted a rank of a two-rank optimize in CI); the values come back as given, any picklable value."""
+    import torch
+    import torch.distributed as dist
+    from torch import fx
+
+    from accelc import tensor_parallel
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        name = dist.group.WORLD.group_name
+        gm = fx.symbolic_trace(lambda x: torch.ops.accelc.tp_all_reduce(x, name))
+        assert tensor_parallel.group_of(gm) == name
+        for value in (None, "no padding", {"plan": (1, 2, 4)}):
+            tensor_parallel._KEPT.clear()
+            assert tensor_parallel.on_every_rank(gm, value) == [value]
+        kept = [t for ts in tensor_parallel._KEPT for t in ts]     # (the last one's: its sizes, its bytes)
+        assert len(tensor_parallel._KEPT) == 2 and all(t.dtype in (torch.int64, torch.uint8) for t in kept)
+    finally:
+        dist.destroy_process_group()
