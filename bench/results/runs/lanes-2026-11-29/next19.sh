@@ -15,9 +15,9 @@
 #     gemma-2b, phi3-mini shapes, random weights): batch-1 decode, accelc against HF's static cache + compile, the
 #     share of the copy limit
 # b16: batch 16 against HF's static cache + compile (#60: at least 1.5x), TinyLlama and Qwen2-0.5B
-# export: 335a3c3 (torch 2.11's export told not to collect FX stack traces: the module-stack tracer's
-#     record_stack_traces off) against c788d38, cold Qwen2-0.5B b1 LM, two pairs (the forward's "capture" and the
-#     step's capture are where it shows); make `base/` first (untracked, removed after):
+# export: 335a3c3 + 2bd2f90 (accelc/capture/lean_export.py: torch 2.11's export told not to collect FX stack traces,
+#     and its passes' graph modules generating their code lazily) against c788d38, cold Qwen2-0.5B b1 LM, two pairs
+#     (the forward's "capture" and the step's capture are where it shows); make `base/` first (untracked, removed after):
 #     mkdir base && git archive c788d38 accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
 # bgtest: the background compile's tests on the GPU (its own CUDA stream, a capture waiting for it, a call at another
 #     shape meanwhile plain), then test_regions, test_runner and test_glue_later with 8 workers
