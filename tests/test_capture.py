@@ -466,13 +466,14 @@ def test_an_export_without_stack_traces_either_way_leaves_torch_as_it_was(use_se
     x = (torch.randn(4, 16, device=DEVICE),)
     traced = lambda ep: [n for n in ep.graph.nodes if n.meta.get("stack_trace")]    # noqa: E731
     assert traced(torch.export.export(model, x, strict=False)), "this torch collects none to begin with"
-    init, setting = proxy_tensor._ModuleStackTracer.__init__, getattr(fx_config, "do_not_emit_stack_traces", None)
+    tracer = proxy_tensor._ModuleStackTracer
+    init, setting = tracer.__dict__.get("__init__"), getattr(fx_config, "do_not_emit_stack_traces", None)
     with lean_export.uncollected(use_setting):
         ep = torch.export.export(model, x, strict=False)
     assert not traced(ep)
     with pytest.raises(RuntimeError, match="refused"), lean_export.uncollected(use_setting):
         raise RuntimeError("refused")
-    assert proxy_tensor._ModuleStackTracer.__init__ is init
+    assert tracer.__dict__.get("__init__") is init
     assert getattr(fx_config, "do_not_emit_stack_traces", None) == setting
     assert traced(torch.export.export(model, x, strict=False))
 

@@ -38,7 +38,7 @@ def uncollected(use_setting: bool = True):
     if tracer is None:      # (a torch without that tracer: nothing to tell)
         yield
         return
-    init = tracer.__init__
+    own, init = tracer.__dict__.get("__init__"), tracer.__init__
 
     def quiet(self, *args, **kwargs):
         init(self, *args, **kwargs)
@@ -48,7 +48,10 @@ def uncollected(use_setting: bool = True):
     try:
         yield
     finally:
-        tracer.__init__ = init
+        if own is None:       # (an __init__ it inherits: the class is left without one of its own, as it was)
+            del tracer.__init__
+        else:
+            tracer.__init__ = own
 
 
 @contextlib.contextmanager
