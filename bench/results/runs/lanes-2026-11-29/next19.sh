@@ -2,10 +2,14 @@
 # What the session of 19:30 (2026-11-29) leaves owed for a one-GPU H200, one lane a device command (logs under
 # /tmp/next19/<lane>, packed into $OUT/<lane>.tgz):
 #   bash bench/results/runs/lanes-2026-11-29/next19.sh LANE [SECONDS]      # SECONDS: the command's budget (570)
+# in order of what they decide: bg, export, bgwarm, bgreq (then the default of other_shapes), fam1, fam2, b16, load,
+# bgtest
 # bg: 674082e's OptimizeConfig(other_shapes="background") (ACCELC_OTHER_SHAPES=background: the glue for other shapes
 #     compiled in a thread after optimize returns) against "now", cold BERT / the Llama 1.1B shape / ResNet-50, one
 #     process a side with empty caches, alternating now / background: optimize_s, other_shapes_after_s (the wait
 #     for that thread), call_ms after it (the same program: nothing lost)
+# bgwarm: the same with a warm side after each cold one (the caches and verdicts cold left), background only, BERT and
+#     ResNet-50 (run33's "now": warm 8.5 / 6.0 s, #56's target 5)
 # bgreq: bench/first_requests.py on BERT with the background compile in flight (its first 40 requests of random batch
 #     and length, each one's ms and what was logged: a plain call while it compiles, no request waiting for a
 #     compile) against "now"
@@ -31,6 +35,10 @@ bg) for m in bert llama resnet50; do
             step 0 $m-$o 95 env ACCELC_OTHER_SHAPES=$o python bench/optimize_time.py --models $m --sides accelc_cold \
                 --out $O/$m-$o
         done
+    done ;;
+bgwarm) for m in bert resnet50; do
+        step 0 $m-warm 200 env ACCELC_OTHER_SHAPES=background python bench/optimize_time.py --models $m \
+            --sides accelc_cold,accelc_warm --out $O/$m-warm
     done ;;
 bgreq) for o in background now; do
         step 0 bert-$o 200 env ACCELC_OTHER_SHAPES=$o python bench/first_requests.py --model bert --requests 40 \
