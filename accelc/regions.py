@@ -379,7 +379,8 @@ class Glue:
             parts.append("the glue for other shapes compiling in the background (calls at other shapes run "
                          "uncompiled glue, no CUDA graph, until it is done)")
         elif self.later_seconds is not None:
-            parts.append(f"the glue for other shapes compiled in the background after optimize ({self.later_seconds:.1f} s)")
+            parts.append("the glue for other shapes compiled in the background after optimize "
+                         f"({self.later_seconds:.1f} s)")
         return "; ".join(parts)
 
 

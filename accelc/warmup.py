@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from accelc import buckets, runtime, tensor_parallel
+from accelc.cuda_graphs import clone_tensors
 from accelc.runner import REPLAYABLE_STATE
 from accelc import progress as progress_bar
 from accelc.capture.shapes import CHECKED_AT, SHAPES, repeated_to
@@ -61,8 +62,7 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
     opt.info.call_ms = call_times()
     if later and not generates:     # (after the call's timing: that thread's compiles would share the host)
         # (the example's tensors copied: the caller may write into its own while that thread reads them)
-        opt.compile_other_shapes_later([tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in flat),
-                                        *apart_inputs(opt, flat)])
+        opt.compile_other_shapes_later([clone_tensors(flat), *apart_inputs(opt, flat)])
     if warm:
         t0 = time.perf_counter()
         for inputs in warm:

@@ -48,6 +48,18 @@ def environment() -> dict:
     return env
 
 
+def other_shapes_wait_s(opt) -> float | None:
+    """Seconds waited for the glue an optimize left compiling in the background (ACCELC_OTHER_SHAPES=background,
+    OptimizeConfig.other_shapes), before anything of the model is timed; None where it compiled inside optimize."""
+    if opt.config.other_shapes != "background":
+        return None
+    t0 = time.perf_counter()
+    opt.wait_for_other_shapes()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return round(time.perf_counter() - t0, 1)
+
+
 def copy_bandwidth(device) -> float | None:
     """Bytes/s of a device-to-device copy (read + write bytes of 1 GiB), the median of 10; None off
     a GPU. The decode benches' yardstick (bench/generate.py's limit, bench/decode.py's shares)."""

@@ -143,10 +143,9 @@ def side_accelc(model, inputs, row, key, **config):
     t0 = time.perf_counter()
     opt = accelc.optimize(model, inputs, accelc.OptimizeConfig(**config))
     row[f"{key}_optimize_s"] = round(time.perf_counter() - t0, 1)
-    if opt.config.other_shapes == "background":     # (ACCELC_OTHER_SHAPES) timed once its glue compiles are done
-        t0 = time.perf_counter()
-        opt.wait_for_other_shapes()
-        row[f"{key}_other_shapes_after_s"] = round(time.perf_counter() - t0, 1)
+    after = _common.other_shapes_wait_s(opt)        # (timed once its background glue compiles are done)
+    if after is not None:
+        row[f"{key}_other_shapes_after_s"] = after
     row[f"{key}_ms"] = per_call_ms(lambda: opt(*inputs))
     with torch.no_grad():
         row[f"{key}_rel_err_vs_eager"] = _rel(opt(*inputs), model(*inputs))

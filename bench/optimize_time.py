@@ -116,8 +116,11 @@ def run_side(name: str, side: str, workdir: str, profile: bool, pstats_dir: str 
         row["profile"] = _top(prof)
         if pstats_dir:
             prof.dump_stats(os.path.join(pstats_dir, f"profile-{name}-{side}.pstats"))
-    if opt.config.other_shapes == "background":   # (ACCELC_OTHER_SHAPES) its glue for other shapes compiling after it
-        _, row["other_shapes_after_s"] = _timed(opt.wait_for_other_shapes)
+    import _common
+
+    after = _common.other_shapes_wait_s(opt)     # (its glue for other shapes compiling after it)
+    if after is not None:
+        row["other_shapes_after_s"] = after
     row["phases_s"] = opt.info.seconds
     row["verdicts_reused"] = bool(opt.info.reused)
     row["capture_kept"] = bool(getattr(opt.info, "capture_kept", False))    # read back (accelc.capture.stored)
@@ -204,7 +207,8 @@ def render(folder: Path) -> str:
         phases = r.get("accelc_cold", {}).get("phases_s") or {}
         after = get(r, "accelc_cold", "other_shapes_after_s")
         lines.append("| " + " | ".join([
-            r["model"], _f(cold) + (f" (+{after:.1f} in the background)" if after is not None else ""), _f(ro), f"{cold / ro:.2f}x" if cold and ro else "", _f(mx),
+            r["model"], _f(cold) + (f" (+{after:.1f} in the background)" if after is not None else ""), _f(ro),
+            f"{cold / ro:.2f}x" if cold and ro else "", _f(mx),
             f"{cold / mx:.2f}x" if cold and mx else "",
             _f(get(r, "accelc_warm", "optimize_s")) + (f" ({_f(get(r, 'accelc_warm_checked', 'optimize_s'))})"
                                                        if get(r, "accelc_warm_checked", "optimize_s") else ""),

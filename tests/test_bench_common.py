@@ -297,3 +297,16 @@ def test_optimize_times_table_says_the_time_the_glue_compiled_after_optimize(tmp
     lines = {line.split(" | ")[0]: line for line in optimize_time.render(tmp_path).splitlines()}
     assert "| 20.0 (+4.2 in the background) | 10.0 | 2.00x |" in lines["| bert"]
     assert "| 20.0 | 10.0 | 2.00x |" in lines["| resnet50"]
+
+
+def test_a_bench_waits_for_the_glue_compiling_in_the_background_and_only_then():
+    """_common.other_shapes_wait_s: with other_shapes="background" the model's glue compile is waited for (and the
+    wait's seconds given) before anything is timed; with "now" nothing is waited for (None)."""
+    import types
+
+    for mode, waits in (("now", False), ("background", True)):
+        waited = []
+        opt = types.SimpleNamespace(config=types.SimpleNamespace(other_shapes=mode),
+                                    wait_for_other_shapes=lambda: waited.append(1) or True)
+        got = _common.other_shapes_wait_s(opt)
+        assert (got is not None, len(waited)) == (waits, int(waits)) and (got is None or got >= 0), (mode, got)
