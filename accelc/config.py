@@ -225,8 +225,9 @@ class OptimizeConfig:
                     compile, and its batch-of-one variant) is compiled: "now" (inside optimize, so that no
                     request waits for a compile) or "background" (in a thread of its own after optimize
                     returns: until it is done, a call at another shape runs its glue uncompiled, slower,
-                    no compile waited for, and every call shares the host's Python with that thread;
-                    OptimizedModule.wait_for_other_shapes() waits for it). Not for a
+                    no compile waited for, and every call shares the host's Python with that thread,
+                    the interpreter's switch interval lowered meanwhile so that a call's ops do not queue
+                    behind it; OptimizedModule.wait_for_other_shapes() waits for it). Not for a
                     generation step, a tensor-parallel program or with warmup_shapes (compiled now). Its
                     default comes from ACCELC_OTHER_SHAPES (unset: "now").
     """

@@ -298,3 +298,32 @@ def test_a_padded_call_while_the_glue_compiles_is_cut_back_and_its_bucket_captur
         got = r(x)
         assert got.shape == (3, 8) and torch.allclose(got, f(x))
     assert len(cap.graphs) == 1 and cap.graphs[0].replays >= 1 and glue.plain.calls == 1
+
+
+def test_while_a_background_compile_runs_a_waiting_thread_gets_the_interpreter_back_quickly(optimized, monkeypatch):
+    """A call's ops each let go of the GIL and wait to get it back from a compiling thread: while any background
+    compile runs, the interpreter's switch interval is regions.BACKGROUND_SWITCH_S (not its 5 ms), put back as it
+    was after the last of two overlapping compiles ends; an interval the application set meanwhile is left alone."""
+    import sys
+    _, opt = optimized
+    gm, example, device = opt.graph_module, opt.example_inputs, torch.device(DEVICE)
+    before = sys.getswitchinterval()
+    assert before > regions.BACKGROUND_SWITCH_S
+    try:
+        go = _held(monkeypatch)
+        first, second = (runner.compiled_glue(gm, Plain(gm), True) for _ in range(2))
+        assert first.compile_dynamic_later([example], device) and second.compile_dynamic_later([example], device)
+        assert sys.getswitchinterval() <= regions.BACKGROUND_SWITCH_S
+        monkeypatch.undo()
+        go.set()
+        assert first.wait(300) and second.wait(300)
+        assert sys.getswitchinterval() == pytest.approx(before)
+
+        go = _held(monkeypatch)
+        glue = runner.compiled_glue(gm, Plain(gm), True)
+        assert glue.compile_dynamic_later([example], device)
+        sys.setswitchinterval(0.003)          # (the application's own choice, made while it compiles)
+        go.set()
+        assert glue.wait(300) and sys.getswitchinterval() == pytest.approx(0.003)
+    finally:
+        sys.setswitchinterval(before)
