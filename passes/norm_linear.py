@@ -9,7 +9,9 @@ past gemv_kernel's (a prompt) run the norm kernel and the GEMM, as before (kerne
 
 The norm is found as the norms pass leaves it: written out (HF's `w * (h * rsqrt(h.pow(2).mean(-1) + eps))
 .to(dtype)`, under Inductor glue), as F.rms_norm, or as its accelc::rms_norm layer (eager glue), with a constant
-weight (or none) in x's dtype and no residual add of its own. The new layer's original is the norm's nodes and
+weight (or none) in x's dtype and no residual add of its own. A weight computed from one parameter by casts and
+arithmetic with numbers (Gemma's `1 + w.float()`) is computed once here, in x's dtype, a constant of its own (which
+a released layer recomputes from the model: meta.DERIVED); under eager glue, the norms pass's layer keeps it. The new layer's original is the norm's nodes and
 the projection's original together, which the guard checks and races as one layer (reverted, both go back).
 
 Runs last, on the layers the passes before left: float ones, those with one-byte weights and float activations
@@ -19,6 +21,7 @@ of more than NORM_IN_MOST_WEIGHTS weight elements keeps its norm apart (said in 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -93,8 +96,10 @@ def _why_not(gm, n: fx.Node, found) -> str | None:
     dtype = meta.tensor_meta(h).dtype if meta.tensor_meta(h) is not None else None
     if dtype is None or dtype != meta.tensor_meta(x).dtype:
         return "its input's RMSNorm changes the dtype"
-    if weight is not None and (weight.op != "get_attr" or attr_value(gm, weight).dtype != dtype):
-        return "its input's RMSNorm weight is computed or of another dtype"
+    if weight is not None and weight.op != "get_attr" and weight_steps(weight) is None:
+        return "its input's RMSNorm weight is computed other than from one parameter by casts and numbers"
+    if weight is not None and weight.op == "get_attr" and attr_value(gm, weight).dtype != dtype:
+        return "its input's RMSNorm weight is of another dtype"
     w = meta.tensor_meta(n.args[1]) if isinstance(n.args[1], fx.Node) else None
     elements = math.prod(w.shape) if w is not None else 0
     if n.target in FLOAT_LAYERS and elements > NORM_IN_MOST_WEIGHTS:
@@ -103,9 +108,52 @@ def _why_not(gm, n: fx.Node, found) -> str | None:
     return None
 
 
-def _composed(gm, norm_part, rw: Rewrite, link: fx.Node) -> tuple[fx.GraphModule, list]:
+_CASTS = {"_to_copy", "to", "float", "half", "bfloat16", "type", "convert_element_type"}
+_ARITH = {"add": "add", "sub": "sub", "rsub": "rsub", "mul": "mul", "div": "div", "truediv": "div"}
+_NUMBER_FIRST = {"add": "add", "mul": "mul", "sub": "rsub", "rsub": "sub", "div": "rdiv"}
+_CAST_KWARGS = {"dtype", "device", "layout", "copy", "non_blocking", "memory_format"}
+
+
+def weight_steps(weight: fx.Node):
+    """(the parameter's get_attr node, the steps from it to `weight`, the nodes that take them) where `weight` is
+    one parameter through dtype casts and arithmetic with numbers, each node read once (Gemma's norm weight,
+    `1 + w.float()`); None otherwise. A step: ("cast", dtype), or (op, number) with op in add / sub / rsub (the
+    number less the tensor) / mul / div / rdiv (the number over the tensor)."""
+    steps, nodes, n = [], [], weight
+    while isinstance(n, fx.Node) and n.op != "get_attr":
+        m, name = meta.tensor_meta(n), meta.op_name(n)
+        tensors = [a for a in (*n.args, *n.kwargs.values()) if isinstance(a, fx.Node)]
+        if n.op not in ("call_function", "call_method") or len(n.users) != 1 or len(tensors) != 1 or m is None:
+            return None
+        numbers = [a for a in n.args if a is not tensors[0]]
+        if name in _CASTS and set(n.kwargs) <= _CAST_KWARGS:
+            steps.append(("cast", m.dtype))
+        elif name in _ARITH and not n.kwargs and len(numbers) == 1 and isinstance(numbers[0], (int, float)) \
+                and not isinstance(numbers[0], bool):
+            op = _ARITH[name]
+            steps.append((op if n.args[0] is tensors[0] else _NUMBER_FIRST[op], numbers[0]))
+        else:
+            return None
+        nodes.append(n)
+        n = tensors[0]
+    if not isinstance(n, fx.Node) or not nodes:
+        return None
+    return n, tuple(reversed(steps)), nodes
+
+
+def apply_steps(steps: tuple, dtype: torch.dtype, w: torch.Tensor) -> torch.Tensor:
+    """weight_steps' steps on the parameter `w`, the result in `dtype` (for meta.DERIVED: picklable)."""
+    ops = {"add": lambda t, c: t + c, "sub": lambda t, c: t - c, "rsub": lambda t, c: c - t,
+           "mul": lambda t, c: t * c, "div": lambda t, c: t / c, "rdiv": lambda t, c: c / t}
+    for op, c in steps:
+        w = w.to(c) if op == "cast" else ops[op](w, c)
+    return w.to(dtype)
+
+
+def _composed(gm, norm_part, rw: Rewrite, link: fx.Node, computing: list = ()) -> tuple[fx.GraphModule, list]:
     """The original of the norm and the projection as one layer: norm_part (the norm's nodes, or its rewritten
-    layer's Rewrite) then rw's original, its input `link` (the norm's output) taken from the first part."""
+    layer's Rewrite) then rw's original, its input `link` (the norm's output) taken from the first part; with a
+    rewritten norm whose weight `computing` computes (weight_steps' nodes, the weight first), that too."""
     g, inputs, holders = fx.Graph(), [], {}
 
     def holder(node):
@@ -120,8 +168,13 @@ def _composed(gm, norm_part, rw: Rewrite, link: fx.Node) -> tuple[fx.GraphModule
         order = {node: i for i, node in enumerate(gm.graph.nodes)}
         first, first_inputs = extract(gm, sorted(norm_part, key=order.__getitem__))
     # (placeholders first: the graph reads its inputs before any node)
-    args = [holder(i) for i in first_inputs]
+    weight = computing[0] if computing and isinstance(norm_part, Rewrite) else None
+    args = [None if i is weight else holder(i) for i in first_inputs]
     rest = [holder(i) for i in rw.inputs if i is not link]
+    if weight is not None:      # (its nodes read the parameter only: no placeholder)
+        order = {node: i for i, node in enumerate(gm.graph.nodes)}
+        value, _ = inline(g, extract(gm, sorted(computing, key=order.__getitem__))[0], [])
+        args = [value if a is None else a for a in args]
     normed, _ = inline(g, first, args)
     it = iter(rest)
     out, _ = inline(g, rw.original, [normed if i is link else next(it) for i in rw.inputs])
@@ -132,9 +185,18 @@ def _composed(gm, norm_part, rw: Rewrite, link: fx.Node) -> tuple[fx.GraphModule
 def _take(gm, n: fx.Node, found) -> fx.Node:
     h, weight, eps, chain, norm_layer = found
     rw, x = meta.rewrite_of(n), n.args[0]
+    aux, computing = list(rw.aux), []
+    if weight is not None and weight.op != "get_attr":    # (computed from one parameter: once, here)
+        source, steps, computing = weight_steps(weight)
+        dtype = meta.tensor_meta(h).dtype
+        if norm_layer is None:      # (the layer's original computes it from the parameter, as before)
+            chain = list(chain) + computing
+        weight = add_constant(gm, rw.layer.replace(".", "_").replace("+", "_") + "_norm_weight",
+                              apply_steps(steps, dtype, attr_value(gm, source)).detach(), before=n,
+                              path=meta.path(source), derived=(functools.partial(apply_steps, steps, dtype), (source,)))
+        aux.append(weight)
     norm_part = meta.rewrite_of(norm_layer) if norm_layer is not None else chain
-    original, inputs = _composed(gm, norm_part, rw, x)
-    aux = list(rw.aux)
+    original, inputs = _composed(gm, norm_part, rw, x, computing)
     if weight is None:
         k = meta.tensor_meta(h).shape[-1]
         weight = add_constant(gm, rw.layer.replace(".", "_").replace("+", "_") + "_norm_ones",
@@ -154,7 +216,7 @@ def _take(gm, n: fx.Node, found) -> fx.Node:
         original=original, inputs=inputs, aux=aux, fallback=fb, note=_note(rw.note), weight_bytes=rw.weight_bytes))
     replace_uses(gm, n, new)
     g.erase_node(n)
-    erase_dead([norm_layer] if norm_layer is not None else chain)
+    erase_dead([norm_layer, *computing] if norm_layer is not None else chain)
     return new
 
 

@@ -254,6 +254,41 @@ def test_a_layers_reference_runs_its_original_in_higher_precision_without_copyin
         assert all(after[k] is v and v.dtype == d and torch.equal(v, c) for k, (v, d, c) in before.items())
 
 
+def test_a_layer_that_casts_to_its_models_own_precision_has_its_reference_in_the_higher_one():
+    """An fp32 layer that casts to float32 itself (Gemma's norm: `x.float()`, `.type_as(x)`) before a projection:
+    its fp64 reference met fp32 values against fp64 weights and raised (the optimize with it); now every value is
+    held in fp64 there, as the layer computed in fp64 by hand; a layer that fails for another reason still raises."""
+    from accelc import layer_check
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 8)
+            self.w = nn.Parameter(torch.randn(16) * 0.3)
+
+        def forward(self, x):
+            h = x.float()
+            y = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + self.w.float())).type_as(h)
+            return self.proj(y.to(torch.float32))
+
+    torch.manual_seed(0)
+    layer = Layer().to(DEVICE)
+    original = fx.symbolic_trace(layer)
+    x = torch.randn(4, 16, device=DEVICE)
+    got = layer_check.reference(original, [x])
+    h = x.double()
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + layer.w.double())
+    want = y @ layer.proj.weight.double().t() + layer.proj.bias.double()
+    assert got.dtype == torch.float64 and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            return x @ torch.ones(3, 3, dtype=x.dtype, device=x.device)     # (a shape error, not a dtype one)
+
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        layer_check.reference(fx.symbolic_trace(Broken()), [x])
+
+
 def _error_stats_by_indexing(out, ref):
     """error_stats as it was written with boolean indexing (the reference for the one-read-back form)."""
     from accelc.numerics import rel_l2

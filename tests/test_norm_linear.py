@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import accelc
+from accelc import meta
 from accelc.kernels import gated_linear, gemm
 from accelc.numerics import rel_l2
 from conftest import DEVICE, CausalLogits
@@ -135,6 +136,105 @@ def test_a_llama_blocks_norms_go_into_their_projections(norms_pass):
             assert rel_l2(opt(other), CausalLogits(lm)(other)) < 1e-5, shape
     plain = _optimize(CausalLogits(lm), (ids,), passes=tuple(p for p in passes if p != "norm_linear"))
     assert not any(r.kernel.startswith("accelc::rms_norm+") for r in plain.layers)
+
+
+def _tiny_gemma(layers=2):
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = T.GemmaForCausalLM(T.GemmaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                              num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                              vocab_size=100, max_position_embeddings=64)).to(DEVICE).eval()
+    with torch.no_grad():        # (Gemma's norm weights start at zero: 1 + w all ones)
+        for name, p in lm.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.3)
+    return lm
+
+
+def _passes(norms_pass: bool) -> tuple:
+    return tuple(p for p in accelc.config.PASS_NAMES if norms_pass or p != "norms")
+
+
+@pytest.mark.parametrize("dtype, norms_pass", [(torch.float32, True), (torch.float32, False), (torch.float16, True)])
+def test_a_gemma_blocks_norms_computed_weight_is_taken_into_their_projections(dtype, norms_pass):
+    """Gemma's RMSNorm applies `1 + w.float()` in fp32: that weight computed once at optimize, in x's dtype, and
+    both of each block's norms taken into q / k / v and the gated MLP (the norm as accelc's layer, or written out
+    where the norms pass is off); the logits as the model's, at the example and other shapes, within the dtype's
+    tolerance; the graph computes the weight no more."""
+    lm = _tiny_gemma().to(dtype)
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    opt = _optimize(CausalLogits(lm), (ids,), passes=_passes(norms_pass))
+    fused = [r for r in opt.layers if r.kernel.startswith("accelc::rms_norm+")]
+    assert [r.kernel for r in fused] == ["accelc::rms_norm+linear", "accelc::rms_norm+gated_linear[gelu_tanh]"] * 2, \
+        [(r.name, r.kernel, r.reason) for r in opt.layers]
+    assert all(r.status == "rewritten" for r in fused), [(r.name, r.status, r.reason) for r in fused]
+    tol = 1e-5 if dtype == torch.float32 else 5e-3
+    with torch.no_grad():
+        for shape in ((2, 8), (3, 5), (1, 1)):
+            other = torch.randint(1, 100, shape, device=DEVICE)
+            want = CausalLogits(lm.float())(other)
+            lm.to(dtype)
+            assert rel_l2(opt(other).float(), want) < tol, shape
+    gm = opt.graph_module
+    folded = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith("_norm_weight")]
+    assert len(folded) == 4
+    blocks = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith("layernorm.weight")]
+    assert not [n for n in blocks if n.users], gm.code        # (the final norm's, read through a slice, stays)
+
+
+@pytest.mark.parametrize("norms_pass", [True, False])
+def test_a_wrong_kernel_for_a_computed_norm_weight_is_reverted_to_the_weights_own_computation(monkeypatch, norms_pass):
+    """A kernel that skips the norm is caught, and the reverted layers compute Gemma's `1 + w` from the
+    parameter again, as the model does: the model's numbers."""
+    monkeypatch.setenv("ACCELC_REUSE", "0")
+    monkeypatch.setattr(gemm, "normed_rows", lambda x2, w, eps: (x2, None))
+    lm = _tiny_gemma(layers=1)
+    ids = torch.randint(1, 100, (2, 8), device=DEVICE)
+    opt = _optimize(CausalLogits(lm), (ids,), passes=_passes(norms_pass))
+    fused = [r for r in opt.layers if r.kernel.startswith("accelc::rms_norm+")]
+    assert len(fused) == 2 and all(r.status == "reverted" for r in fused), [(r.name, r.status) for r in opt.layers]
+    with torch.no_grad():
+        assert rel_l2(opt(ids), CausalLogits(lm)(ids)) < 1e-5
+
+
+def test_a_computed_norm_weight_is_read_as_casts_and_numbers_or_not_at_all():
+    """weight_steps follows one parameter through casts and arithmetic with numbers, either side of them;
+    apply_steps gives what the graph computes; a second tensor, a node read twice or a kwarg like add's
+    alpha is not taken."""
+    from accelc.passes.norm_linear import apply_steps, weight_steps
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8).half())
+            self.v = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x):
+            a = (2.0 - (1 + self.w.float()) * 3) / 4
+            b = 1 / (self.w.float() + 5)
+            c = self.v * self.w.float()
+            d = torch.add(self.w.float(), 1, alpha=2)
+            return x * a, x * b, x * c, x * d
+
+    m = M()
+    gm = torch.fx.symbolic_trace(m)
+    values = {}
+
+    class Values(torch.fx.Interpreter):     # (each node's tensor metadata, as capture leaves it)
+        def run_node(self, n):
+            values[n] = out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                meta.set_tensor_meta(n, out)
+            return out
+    Values(gm).run(torch.randn(8))
+    a, b, c, d = (n.args[1] for n in gm.graph.nodes
+                  if n.op == "call_function" and meta.op_name(n) == "mul" and n.args[0].op == "placeholder")
+    for node, want in ((a, (2.0 - (1 + m.w.float()) * 3) / 4), (b, 1 / (m.w.float() + 5))):
+        source, steps, nodes = weight_steps(node)
+        assert source.target == "w" and nodes[0] is node
+        assert torch.allclose(apply_steps(steps, torch.float32, m.w.detach()), want.detach())
+    assert weight_steps(c) is None and weight_steps(d) is None
 
 
 def test_generation_runs_the_norms_inside_its_gemvs():
