@@ -45,6 +45,7 @@ SIDES = ("compile_ro", "accelc_cold", "accelc_warm_checked", "accelc_warm", "loa
 LM_CONFIGS = {   # causal LMs with generation (bench/generate.py's shapes), prompt 2 x 128 (NAME-b1: 1 x 128, a batch-1
                  # generation's decode keys: one row)
     "qwen2-0.5b-lm": "qwen2-0.5b", "tinyllama-lm": "tinyllama", "llama3-8b-lm": "llama3-8b", "gpt2-lm": "gpt2",
+    "qwen2-1.5b-lm": "qwen2-1.5b", "gemma-2b-lm": "gemma-2b", "phi3-mini-lm": "phi3-mini",     # (#60's families)
 }
 
 

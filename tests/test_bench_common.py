@@ -310,3 +310,12 @@ def test_a_bench_waits_for_the_glue_compiling_in_the_background_and_only_then():
                                     wait_for_other_shapes=lambda: waited.append(1) or True)
         got = _common.other_shapes_wait_s(opt)
         assert (got is not None, len(waited)) == (waits, int(waits)) and (got is None or got >= 0), (mode, got)
+
+
+def test_every_causal_lm_optimize_time_builds_names_a_shape_generate_has():
+    """bench/optimize_time.py's (and so tuning_table.py collect's) causal LMs are bench/generate.py's shapes."""
+    import generate
+    import optimize_time
+
+    assert set(optimize_time.LM_CONFIGS.values()) <= set(generate.configs(False)), optimize_time.LM_CONFIGS
+    assert {"qwen2-1.5b-lm", "gemma-2b-lm", "phi3-mini-lm"} <= set(optimize_time.LM_CONFIGS)

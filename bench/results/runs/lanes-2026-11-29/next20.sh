@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# What the session of 22:17 (2026-11-29) leaves owed for a one-GPU H200, one lane a device command (logs under
+# /tmp/next20/<lane>, packed into $OUT/<lane>.tgz):
+#   bash bench/results/runs/lanes-2026-11-29/next20.sh LANE [SECONDS]      # SECONDS: the command's budget (570)
+# in order of what they decide: bgreq, gemma, tables, cold15, opt
+# bgreq: BERT's first 40 requests with the glue for other shapes compiling in the background, now with the switch
+#     interval lowered while it runs (f3bb111: run8 had two requests of 1.26 s and 0.55 s, the GIL's convoy), then
+#     with "now"; each side with caches of its own, empty (run8's "now" had the first's); first_requests.py now waits
+#     on the caller's stream and marks the requests the compile ran beside. If no request passes 1 s and the
+#     marked ones stay near run8's 10-34 ms: other_shapes="background" becomes the default (cold optimize 6-15 s
+#     shorter, runs/optimize_time/run34-h200-background/)
+# gemma: Gemma's norm weight `1 + w` computed once and the norms taken into the projections (this session's
+#     norm_linear change) against c1537ad, Gemma-2B shape batch-1 decode (run40: 569.1 tok/s, 69% of the copy
+#     limit), two pairs alternating, accelc only, caches of each side's own; make `base/` first (untracked,
+#     removed after):
+#     mkdir base && git archive c1537ad accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
+# tables: every candidate raced (bench/tuning_table.py collect, ACCELC_TUNE=all) for the Qwen2-1.5B and Gemma-2B
+#     shapes' batch-1 LMs, then `bench/tuning_table.py build` with runs/tuning_table/run1-h200 and run2-h200-b1's
+#     races and these (their optimize 99.9 / 58.5 s in run40, the step's guard with tuning 42.1 / 18.4 s of it;
+#     #56: 1B-4B shapes within 30 s cold): the table rebuilt, committed, then cold15
+# cold15: cold optimize of those two LMs against reduce-overhead's first call, after the table's rebuild
+# opt: next11.sh opt at this tree (cold and warm optimize against reduce-overhead, BERT / ResNet-50 / Llama 1.1B)
+set -u
+lane=$1
+. bench/steps.sh; steps_start /tmp/next20/$lane "${2:-570}"
+fresh() { local c; c=$(mktemp -d); echo "ACCELC_CACHE_DIR=$c/accelc TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor"; }
+case $lane in
+bgreq) for o in background now; do
+        step 0 bert-$o 200 env $(fresh) ACCELC_OTHER_SHAPES=$o python bench/first_requests.py --model bert \
+            --requests 40 --out $O/bert-$o
+    done ;;
+gemma) for i in 1 2; do
+        step 0 new-$i 140 env $(fresh) python bench/generate.py --models gemma-2b --batches 1 --sides accelc \
+            --out $O/new-$i
+        step 0 base-$i 140 env $(fresh) PYTHONPATH=$PWD/base python bench/generate.py --models gemma-2b --batches 1 \
+            --sides accelc --out $O/base-$i
+    done ;;
+tables) for m in qwen2-1.5b-lm-b1 gemma-2b-lm-b1; do
+        step 0 races-$m 270 python bench/tuning_table.py collect --models $m --out $O/races
+    done ;;
+cold15) step 0 cold15 540 python bench/optimize_time.py --models qwen2-1.5b-lm-b1,gemma-2b-lm-b1 \
+        --sides compile_ro,accelc_cold --out $O/cold15 ;;
+opt) for m in bert resnet50 llama; do
+        step 0 opt-$m 185 python bench/optimize_time.py --models $m --sides compile_ro,accelc_cold,accelc_warm \
+            --out $O/opt
+    done ;;
+esac
+tar czf $OUT/$lane.tgz -C $O .
