@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# What the session of 22:17 (2026-11-29) leaves owed for a one-GPU H200, one lane a device command (logs under
-# /tmp/next20/<lane>, packed into $OUT/<lane>.tgz):
-#   bash bench/results/runs/lanes-2026-11-29/next20.sh LANE [SECONDS]      # SECONDS: the command's budget (570)
+# What the session of 22:17 (2026-11-29) leaves owed for a one-GPU H200 (logs under /tmp/next20/<lane>, packed into
+# $OUT/<lane>.tgz; the install, GPU list and bytecode prime once a command, in setup.tgz):
+#   bash bench/results/runs/lanes-2026-11-29/next20.sh LANE[,LANE...] [SECONDS]   # SECONDS: the command's budget (570)
+# Several lanes in one command share its setup (~45 s a command: 7 commands of the session of 22:17 spent ~5 of its 30
+# minutes on it); a lane's steps are cut at what is left of the budget. Their lengths there (H200): bgreq ~130 s,
+# gemma ~400, tables ~400, cold15 ~300, opt ~450.
 # in order of what they decide: bgreq, gemma, tables, cold15, opt
 # bgreq: BERT's first 40 requests with the glue for other shapes compiling in the background, now with the switch
 #     interval lowered while it runs (f3bb111: run8 had two requests of 1.26 s and 0.55 s, the GIL's convoy), then
@@ -21,9 +24,11 @@
 # cold15: cold optimize of those two LMs against reduce-overhead's first call, after the table's rebuild
 # opt: next11.sh opt at this tree (cold and warm optimize against reduce-overhead, BERT / ResNet-50 / Llama 1.1B)
 set -u
-lane=$1
-. bench/steps.sh; steps_start /tmp/next20/$lane "${2:-570}"
+. bench/steps.sh; steps_start /tmp/next20/setup "${2:-570}"
+tar czf $OUT/setup.tgz -C $O .
 fresh() { local c; c=$(mktemp -d); echo "ACCELC_CACHE_DIR=$c/accelc TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor"; }
+for lane in ${1//,/ }; do
+O=/tmp/next20/$lane; mkdir -p $O
 case $lane in
 bgreq) for o in background now; do
         step 0 bert-$o 200 env $(fresh) ACCELC_OTHER_SHAPES=$o python bench/first_requests.py --model bert \
@@ -44,5 +49,7 @@ opt) for m in bert resnet50 llama; do
         step 0 opt-$m 185 python bench/optimize_time.py --models $m --sides compile_ro,accelc_cold,accelc_warm \
             --out $O/opt
     done ;;
+*) echo "no lane $lane" > $O/error.log ;;
 esac
 tar czf $OUT/$lane.tgz -C $O .
+done
