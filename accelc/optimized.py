@@ -167,6 +167,7 @@ class OptimizedModule(nn.Module):
         literal = self._fixed_dtype(fn)
         if literal:
             raise InputError(literal)
+        self.wait_for_other_shapes()      # (a background compile reads the tensors this converts)
         self.runner = None
         out = super()._apply(fn, recurse)
         # the example follows the weights' dtype and device (.half(), .cuda()): what calls are compared with

@@ -327,3 +327,24 @@ def test_while_a_background_compile_runs_a_waiting_thread_gets_the_interpreter_b
         assert glue.wait(300) and sys.getswitchinterval() == pytest.approx(0.003)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_a_conversion_waits_for_the_background_compile_that_reads_the_modules_tensors(monkeypatch):
+    """.to() / .half() / .float() convert the tensors a background glue compile is reading: the conversion waits
+    until it has ended, then converts."""
+    opt = _optimize(_bert(), _example())
+    gm = opt.graph_module
+    glue = runner.compiled_glue(gm, Plain(gm), True)
+    go = _held(monkeypatch)
+    assert glue.compile_dynamic_later([opt.example_inputs], torch.device(DEVICE))
+    opt.runner = runner.Runner(glue, False)
+    seen, apply = [], torch.nn.Module._apply
+
+    def recorded(self, fn, recurse=True):
+        seen.append(glue.pending())
+        return apply(self, fn, recurse)
+
+    monkeypatch.setattr(torch.nn.Module, "_apply", recorded)
+    threading.Timer(0.3, go.set).start()
+    opt.float()
+    assert seen and not any(seen) and not glue.pending()
