@@ -5,7 +5,7 @@
 # Several lanes in one command share its setup (~45 s a command: 7 commands of the session of 22:17 spent ~5 of its 30
 # minutes on it); a lane's steps are cut at what is left of the budget. Their lengths there (H200): bgreq ~130 s,
 # gemma ~400, tables ~400, cold15 ~300, opt ~450.
-# in order of what they decide: bgreq, gemma, tables, cold15, opt
+# in order of what they decide: bgreq, gemma, tables, cold15, prof15, opt
 # bgreq: BERT's first 40 requests with the glue for other shapes compiling in the background, now with the switch
 #     interval lowered while it runs (f3bb111: run8 had two requests of 1.26 s and 0.55 s, the GIL's convoy), then
 #     with "now"; each side with caches of its own, empty (run8's "now" had the first's); first_requests.py now waits
@@ -22,6 +22,9 @@
 #     races and these (their optimize 99.9 / 58.5 s in run40, the step's guard with tuning 42.1 / 18.4 s of it;
 #     #56: 1B-4B shapes within 30 s cold): the table rebuilt, committed, then cold15
 # cold15: cold optimize of those two LMs against reduce-overhead's first call, after the table's rebuild
+# prof15 (carry `.whl`: py-spy): the Qwen2-1.5B shape's batch-1 LM optimized cold under py-spy (runs/optimize_time/
+#     run26-h200-cold-profile's method; bench/spy_summary.py reads it): where its 99.9 s go, the generation step's
+#     guard (42.1 s against the forward's 22.5) and its layers' timing (9.7 s against Qwen2-0.5B's ~1.3) first; ~200 s
 # opt: next11.sh opt at this tree (cold and warm optimize against reduce-overhead, BERT / ResNet-50 / Llama 1.1B)
 set -u
 . bench/steps.sh; steps_start /tmp/next20/setup "${2:-570}"
@@ -45,6 +48,14 @@ tables) for m in qwen2-1.5b-lm-b1 gemma-2b-lm-b1; do
     done ;;
 cold15) step 0 cold15 540 python bench/optimize_time.py --models qwen2-1.5b-lm-b1,gemma-2b-lm-b1 \
         --sides compile_ro,accelc_cold --out $O/cold15 ;;
+prof15) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+          .whl/py_spy*.whl > $O/whl.log 2>&1
+    PYSPY=$(find /tmp/site -name py-spy -type f | head -1); chmod +x "$PYSPY"
+    W=$(mktemp -d)
+    step 0 cold-qwen2-1.5b 240 env ACCELC_CACHE_DIR=$W/accelc TRITON_CACHE_DIR=$W/triton TORCHINDUCTOR_CACHE_DIR=$W/inductor \
+        "$PYSPY" record --idle --threads --nonblocking --rate 40 -f raw -o $O/cold-qwen2-1.5b.txt \
+        -- python bench/optimize_time.py --side accelc_cold --model qwen2-1.5b-lm-b1 --workdir $W
+    gzip -f $O/cold-qwen2-1.5b.txt ;;
 opt) for m in bert resnet50 llama; do
         step 0 opt-$m 185 python bench/optimize_time.py --models $m --sides compile_ro,accelc_cold,accelc_warm \
             --out $O/opt
