@@ -3,7 +3,7 @@ side: time to first token, decode tokens/s and the share of the memory-bandwidth
 greedy tokens compared with HF eager's. The generation issue's measure.
 
     python bench/generate.py [--out bench/results] [--models tinyllama,qwen2-0.5b,gpt2,llama3-8b]
-                             (also qwen2-1.5b, gemma-2b, phi3-mini: not in the default list)
+                             (also qwen2-1.5b, gemma-2b, phi3-mini, llama3.2-1b, llama3.2-3b, qwen2.5-3b: not in the default list)
                              [--batches 1,16] [--prompt 512] [--new 256]
     python bench/generate.py --ragged     # prompts of random real lengths (--prompt / 4 .. --prompt), left-padded
     python bench/generate.py --smoke      # a tiny Llama on the CPU, 12 tokens: checks the script runs
@@ -87,6 +87,16 @@ def configs(smoke: bool) -> dict:
         "phi3-mini": tf.Phi3Config(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
                                    num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
                                    max_position_embeddings=4096, pad_token_id=0),
+        # the widths of more common 1B-3B models, for the tuning table's races (#56: a first optimize tunes little)
+        "llama3.2-1b": tf.LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                      max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=True),
+        "llama3.2-3b": tf.LlamaConfig(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                                      num_attention_heads=24, num_key_value_heads=8, vocab_size=128256,
+                                      max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=True),
+        "qwen2.5-3b": tf.Qwen2Config(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                                     num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                                     max_position_embeddings=32768, tie_word_embeddings=True),
     }
 
 

@@ -46,6 +46,7 @@ LM_CONFIGS = {   # causal LMs with generation (bench/generate.py's shapes), prom
                  # generation's decode keys: one row)
     "qwen2-0.5b-lm": "qwen2-0.5b", "tinyllama-lm": "tinyllama", "llama3-8b-lm": "llama3-8b", "gpt2-lm": "gpt2",
     "qwen2-1.5b-lm": "qwen2-1.5b", "gemma-2b-lm": "gemma-2b", "phi3-mini-lm": "phi3-mini",     # (#60's families)
+    "llama3.2-1b-lm": "llama3.2-1b", "llama3.2-3b-lm": "llama3.2-3b", "qwen2.5-3b-lm": "qwen2.5-3b",
 }
 
 

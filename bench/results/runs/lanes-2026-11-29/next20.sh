@@ -21,6 +21,8 @@
 #     shapes' batch-1 LMs, then `bench/tuning_table.py build` with runs/tuning_table/run1-h200 and run2-h200-b1's
 #     races and these (their optimize 99.9 / 58.5 s in run40, the step's guard with tuning 42.1 / 18.4 s of it;
 #     #56: 1B-4B shapes within 30 s cold): the table rebuilt, committed, then cold15
+# tables4 (an H200 x 4 host instead: one model a GPU): the races of tables for the Qwen2-1.5B, Gemma-2B, Phi-3-mini,
+#     Llama-3.2-1B, Llama-3.2-3B and Qwen2.5-3B shapes (bench/generate.py's), two rounds of four
 # cold15: cold optimize of those two LMs against reduce-overhead's first call, after the table's rebuild
 # prof15 (carry `.whl`: py-spy): the Qwen2-1.5B shape's batch-1 LM optimized cold under py-spy (runs/optimize_time/
 #     run26-h200-cold-profile's method; bench/spy_summary.py reads it): where its 99.9 s go, the generation step's
@@ -45,6 +47,14 @@ gemma) for i in 1 2; do
     done ;;
 tables) for m in qwen2-1.5b-lm-b1 gemma-2b-lm-b1; do
         step 0 races-$m 270 python bench/tuning_table.py collect --models $m --out $O/races
+    done ;;
+tables4) for round in "qwen2-1.5b gemma-2b phi3-mini llama3.2-1b" "llama3.2-3b qwen2.5-3b"; do
+        g=0
+        for m in $round; do
+            ( step $g races-$m 270 python bench/tuning_table.py collect --models $m-lm-b1 --out $O/races ) &
+            g=$((g + 1))
+        done
+        wait
     done ;;
 cold15) step 0 cold15 540 python bench/optimize_time.py --models qwen2-1.5b-lm-b1,gemma-2b-lm-b1 \
         --sides compile_ro,accelc_cold --out $O/cold15 ;;
