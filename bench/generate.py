@@ -3,7 +3,8 @@ side: time to first token, decode tokens/s and the share of the memory-bandwidth
 greedy tokens compared with HF eager's. The generation issue's measure.
 
     python bench/generate.py [--out bench/results] [--models tinyllama,qwen2-0.5b,gpt2,llama3-8b]
-                             (also qwen2-1.5b, gemma-2b, phi3-mini, llama3.2-1b, llama3.2-3b, qwen2.5-3b: not in the default list)
+                             (also qwen2-1.5b, gemma-2b, phi3-mini, llama3.2-1b, llama3.2-3b, qwen2.5-3b:
+                             not in the default list)
                              [--batches 1,16] [--prompt 512] [--new 256]
     python bench/generate.py --ragged     # prompts of random real lengths (--prompt / 4 .. --prompt), left-padded
     python bench/generate.py --smoke      # a tiny Llama on the CPU, 12 tokens: checks the script runs

@@ -9,10 +9,10 @@ past gemv_kernel's (a prompt) run the norm kernel and the GEMM, as before (kerne
 
 The norm is found as the norms pass leaves it: written out (HF's `w * (h * rsqrt(h.pow(2).mean(-1) + eps))
 .to(dtype)`, under Inductor glue), as F.rms_norm, or as its accelc::rms_norm layer (eager glue), with a constant
-weight (or none) in x's dtype and no residual add of its own. A weight computed from one parameter by casts and
-arithmetic with numbers (Gemma's `1 + w.float()`) is computed once here, in x's dtype, a constant of its own (which
-a released layer recomputes from the model: meta.DERIVED); under eager glue, the norms pass's layer keeps it. The new layer's original is the norm's nodes and
-the projection's original together, which the guard checks and races as one layer (reverted, both go back).
+weight (or none) in x's dtype and no residual add of its own, or a weight computed from one parameter by casts and
+arithmetic with numbers (Gemma's `1 + w.float()`): that one computed once here, in x's dtype, a constant of the
+new layer's own. The new layer's original is the norm's nodes (and those computing its weight from the parameter)
+and the projection's original together, which the guard checks and races as one layer (reverted, both go back).
 
 Runs last, on the layers the passes before left: float ones, those with one-byte weights and float activations
 (weight-only int8 / fp8: the same gemv_kernel), and fp8 weights and activations (kernels/fp8_gemm.py: the rows'
@@ -21,7 +21,6 @@ of more than NORM_IN_MOST_WEIGHTS weight elements keeps its norm apart (said in 
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -142,7 +141,7 @@ def weight_steps(weight: fx.Node):
 
 
 def apply_steps(steps: tuple, dtype: torch.dtype, w: torch.Tensor) -> torch.Tensor:
-    """weight_steps' steps on the parameter `w`, the result in `dtype` (for meta.DERIVED: picklable)."""
+    """weight_steps' steps on the parameter `w`, the result in `dtype`."""
     ops = {"add": lambda t, c: t + c, "sub": lambda t, c: t - c, "rsub": lambda t, c: c - t,
            "mul": lambda t, c: t * c, "div": lambda t, c: t / c, "rdiv": lambda t, c: c / t}
     for op, c in steps:
@@ -191,9 +190,10 @@ def _take(gm, n: fx.Node, found) -> fx.Node:
         dtype = meta.tensor_meta(h).dtype
         if norm_layer is None:      # (the layer's original computes it from the parameter, as before)
             chain = list(chain) + computing
-        weight = add_constant(gm, rw.layer.replace(".", "_").replace("+", "_") + "_norm_weight",
-                              apply_steps(steps, dtype, attr_value(gm, source)).detach(), before=n,
-                              path=meta.path(source), derived=(functools.partial(apply_steps, steps, dtype), (source,)))
+        with torch.no_grad():
+            value = apply_steps(steps, dtype, attr_value(gm, source))
+        weight = add_constant(gm, rw.layer.replace(".", "_").replace("+", "_") + "_norm_weight", value, before=n,
+                              path=meta.path(source))
         aux.append(weight)
     norm_part = meta.rewrite_of(norm_layer) if norm_layer is not None else chain
     original, inputs = _composed(gm, norm_part, rw, x, computing)
