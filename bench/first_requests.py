@@ -71,6 +71,9 @@ def main():
     ap.add_argument("--model", default="bert")
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--over-ms", type=float, default=50.0, help="log lines kept for requests slower than this")
+    ap.add_argument("--then-wait", action="store_true",
+                    help="with the glue compiling in the background (ACCELC_OTHER_SHAPES=background): after the "
+                         "requests, wait for that compile and send the same requests again")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
     spent = _triton_compile_seconds()
@@ -95,9 +98,15 @@ def main():
     logging.getLogger("accelc").setLevel(logging.INFO)
     torch._logging.set_logs(recompiles=True)
     torch.manual_seed(1)
-    rows = []
+    rows, waited = [], None
+    trace = list(dynamic.trace(a.requests, text, False))
     with torch.no_grad():
-        for i, (b, n) in enumerate(dynamic.trace(a.requests, text, False)):
+        for i, (b, n) in enumerate(trace + (trace if a.then_wait and later else [])):
+            if i == len(trace):
+                t0 = time.perf_counter()
+                opt.wait_for_other_shapes()
+                waited = round(time.perf_counter() - t0, 2)
+                print(f"waited {waited} s for the background compile; the same requests again", flush=True)
             f = {k: v.cuda() for k, v in make(b, n).items()}
             f = {k: (v.half() if v.is_floating_point() else v) for k, v in f.items()}
             handler.lines.clear()
@@ -122,7 +131,9 @@ def main():
             print(json.dumps(row)[:3000], flush=True)
     md = (f"# First requests of a new shape, {a.model} ({env['device']})\n\n{_common.env_line(env)}\n\n"
           f"optimize {optimize_s:.1f} s, default settings (its phases, s: {opt.info.seconds}); the trace of bench/dynamic.py (seed 0), its first "
-          f"{a.requests} requests; a request's ms: from the call until the caller's CUDA stream has its output.\n\n"
+          f"{a.requests} requests; a request's ms: from the call until the caller's CUDA stream has its output."
+          + (f" Then {waited} s waited for the background compile, and the same requests again (requests "
+             f"{len(trace)} on)." if waited is not None else "") + "\n\n"
           + _common.md_table(["request", "batch", "length", "ms", "Triton compiles (s)", "what was logged (slow ones)"],
                              [[r["request"], r["batch"], r["length"],
                                f"{r['ms']}" + (" (background compile running)" if r["background_compiling"] else ""),

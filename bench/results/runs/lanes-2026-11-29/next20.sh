@@ -36,7 +36,7 @@ for lane in ${1//,/ }; do
 O=/tmp/next20/$lane; mkdir -p $O
 case $lane in
 bgreq) for o in background now; do
-        step 0 bert-$o 200 env $(fresh) ACCELC_OTHER_SHAPES=$o python bench/first_requests.py --model bert \
+        step 0 bert-$o 200 env $(fresh) ACCELC_OTHER_SHAPES=$o python bench/first_requests.py --model bert --then-wait \
             --requests 40 --out $O/bert-$o
     done ;;
 gemma) for i in 1 2; do
