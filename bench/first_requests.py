@@ -3,7 +3,7 @@ default settings, then the trace's first requests one by one, each with its ms a
 ran (accelc's log at INFO: kernels run with a borrowed or default config, graphs captured; torch's
 recompilations and Inductor's compiles), and the seconds Triton spent compiling in it.
 
-    python bench/first_requests.py [--model bert] [--requests 30] [--over-ms 50] [--out DIR]
+    python bench/first_requests.py [--model bert] [--requests 30] [--over-ms 50] [--then-wait] [--out DIR]
 """
 from __future__ import annotations
 
