@@ -6,11 +6,12 @@ from torch import fx
 from accelc import meta, runtime
 from accelc.config import PASS_NAMES
 from accelc.errors import PassError
-from accelc.passes import (attention, conv_gemm, fold_bn, gated_mlp, int8, linear_act, norm_linear, norms, rotary,
-                           sibling_linears)
+from accelc.passes import (attention, conv_gemm, fold_bn, fold_weights, gated_mlp, int8, linear_act, norm_linear,
+                           norms, rotary, sibling_linears)
 from accelc.rewrite import PassContext, run_pass
 
 PASSES = (
+    fold_weights.PASS,  # first: a weight computed from the weights alone (weight norm) is a weight the rules can take
     fold_bn.PASS,
     conv_gemm.PASS,
     rotary.PASS,        # before attention: q and k reach the attention rules as the rotation's outputs

@@ -9,10 +9,11 @@ past gemv_kernel's (a prompt) run the norm kernel and the GEMM, as before (kerne
 
 The norm is found as the norms pass leaves it: written out (HF's `w * (h * rsqrt(h.pow(2).mean(-1) + eps))
 .to(dtype)`, under Inductor glue), as F.rms_norm, or as its accelc::rms_norm layer (eager glue), with a constant
-weight (or none) in x's dtype and no residual add of its own, or a weight computed from one parameter by casts and
-arithmetic with numbers (Gemma's `1 + w.float()`): that one computed once here, in x's dtype, a constant of the
-new layer's own. The new layer's original is the norm's nodes (and those computing its weight from the parameter)
-and the projection's original together, which the guard checks and races as one layer (reverted, both go back).
+weight (or none) and no residual add of its own: a weight of another dtype (Gemma's `1 + w.float()`, which
+fold_weights computes), or one computed from one parameter by casts and arithmetic with numbers (where that pass
+is off), is computed once here in x's dtype, a constant of the new layer's own. The new layer's original is the
+norm's nodes (and those computing its weight from the parameter) and the projection's original together, which the
+guard checks and races as one layer (reverted, both go back).
 
 Runs last, on the layers the passes before left: float ones, those with one-byte weights and float activations
 (weight-only int8 / fp8: the same gemv_kernel), and fp8 weights and activations (kernels/fp8_gemm.py: the rows'
@@ -97,8 +98,8 @@ def _why_not(gm, n: fx.Node, found) -> str | None:
         return "its input's RMSNorm changes the dtype"
     if weight is not None and weight.op != "get_attr" and weight_steps(weight) is None:
         return "its input's RMSNorm weight is computed other than from one parameter by casts and numbers"
-    if weight is not None and weight.op == "get_attr" and attr_value(gm, weight).dtype != dtype:
-        return "its input's RMSNorm weight is of another dtype"
+    if weight is not None and weight.op == "get_attr" and not attr_value(gm, weight).is_floating_point():
+        return "its input's RMSNorm weight is not floating-point"
     w = meta.tensor_meta(n.args[1]) if isinstance(n.args[1], fx.Node) else None
     elements = math.prod(w.shape) if w is not None else 0
     if n.target in FLOAT_LAYERS and elements > NORM_IN_MOST_WEIGHTS:
@@ -184,10 +185,11 @@ def _composed(gm, norm_part, rw: Rewrite, link: fx.Node, computing: list = ()) -
 def _take(gm, n: fx.Node, found) -> fx.Node:
     h, weight, eps, chain, norm_layer = found
     rw, x = meta.rewrite_of(n), n.args[0]
-    aux, computing = list(rw.aux), []
-    if weight is not None and weight.op != "get_attr":    # (computed from one parameter: once, here)
-        source, steps, computing = weight_steps(weight)
-        dtype = meta.tensor_meta(h).dtype
+    aux, computing, dtype = list(rw.aux), [], meta.tensor_meta(h).dtype
+    if weight is not None and (weight.op != "get_attr" or attr_value(gm, weight).dtype != dtype):
+        # computed from one parameter, or of another dtype (Gemma's `1 + w.float()`, computed by fold_weights):
+        # once, here, in x's dtype
+        source, steps, computing = weight_steps(weight) if weight.op != "get_attr" else (weight, (), [])
         if norm_layer is None:      # (the layer's original computes it from the parameter, as before)
             chain = list(chain) + computing
         with torch.no_grad():

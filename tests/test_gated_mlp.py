@@ -308,15 +308,21 @@ def test_gated_pass_can_be_turned_off():
 
 
 def test_weights_computed_at_run_time_stay_two_linears():
+    """A gate weight computed at each call (`w * 2`) is not packed with the up projection's; fold_weights (on by
+    default) computes it once at optimize, a weight like another, and the pair is one gated layer."""
+    from accelc.pipeline import PASS_NAMES
+
     class Scaled(GatedMLP):
         def forward(self, x):
             return self.down_proj(F.silu(F.linear(x, self.gate_proj.weight * 2)) * self.up_proj(x))
     model = Scaled().to(DEVICE).eval()
     x = torch.randn(2, 32, device=DEVICE)
-    opt = accelc.optimize(model, (x,))
+    opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(passes=[p for p in PASS_NAMES if p != "fold_weights"]))
     assert not [k for k in _kernels(opt).values() if "gated" in k], opt.summary()
+    folded = accelc.optimize(model, (x,))
+    assert [k for k in _kernels(folded).values() if "gated" in k], folded.summary()
     with torch.no_grad():
-        assert torch.allclose(opt(x), model(x), atol=1e-4)
+        assert torch.allclose(opt(x), model(x), atol=1e-4) and torch.allclose(folded(x), model(x), atol=1e-4)
 
 
 class _FusedGateUp(nn.Module):

@@ -178,8 +178,12 @@ def test_a_gemma_blocks_norms_computed_weight_is_taken_into_their_projections(dt
             lm.to(dtype)
             assert rel_l2(opt(other).float(), want) < tol, shape
     gm = opt.graph_module
-    folded = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith("_norm_weight")]
-    assert len(folded) == 4
+    fused = [n for n in gm.graph.nodes if n.op == "call_function" and n.kwargs.get("norm_eps") is not None]
+    norms = [p for name, p in lm.named_parameters() if "layernorm" in name]
+    assert len(fused) == len(norms) == 4
+    for n, w in zip(fused, norms):      # (in graph order, as the blocks' norms)
+        held = meta.attr_value(gm, n.kwargs["norm_weight"])
+        assert held.dtype == dtype and torch.equal(held, (1 + w.float()).to(dtype))
     blocks = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith("layernorm.weight")]
     assert not [n for n in blocks if n.users], gm.code        # (the final norm's, read through a slice, stays)
 

@@ -87,7 +87,7 @@ class NotSiblings(nn.Module):
         act = F.gelu(self.a(x)).view(-1)                  # a GELU after it: its epilogue
         res = (self.b(x) + x).view(-1)                    # a residual after it
         other = self.c(y).view(-1)                        # another input than d's
-        scaled = F.linear(x, self.e.weight * 2).view(-1)  # a weight computed at run time
+        scaled = F.linear(x, self.e.weight * y.mean()).view(-1)  # a weight computed at run time (from an input)
         return act + res + other + self.d(x).view(-1) + scaled
 
 

@@ -18,6 +18,7 @@ import operator
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.nn.utils import parametrize
 
 from accelc import meta
 from accelc.capture.nodes import swap, view_base
@@ -255,8 +256,8 @@ def _canonical_module(gm, n, mod):
         with g.inserting_before(n):
             new = g.call_function(fn, (n.args[0],), kwargs)
         swap(n, new)
-    elif type(mod) in (nn.Conv2d, nn.Conv1d) and mod.padding_mode == "zeros":
-        fn = F.conv2d if type(mod) is nn.Conv2d else F.conv1d
+    elif _base_type(mod) in (nn.Conv2d, nn.Conv1d) and mod.padding_mode == "zeros":
+        fn = F.conv2d if _base_type(mod) is nn.Conv2d else F.conv1d
         with g.inserting_before(n):
             w = g.get_attr(f"{n.target}.weight")
             b = g.get_attr(f"{n.target}.bias") if mod.bias is not None else None
@@ -265,7 +266,7 @@ def _canonical_module(gm, n, mod):
             if a is not None:
                 a.meta[meta.PATH] = n.target
         swap(n, new)
-    elif type(mod) in (nn.Conv2d, nn.Conv1d):       # padding_mode reflect / replicate / circular
+    elif _base_type(mod) in (nn.Conv2d, nn.Conv1d):       # padding_mode reflect / replicate / circular
         meta.explain(n, f"padding_mode={mod.padding_mode!r}: accelc's conv pads with zeros only")
     elif type(mod) is nn.BatchNorm2d and not mod.training and mod.track_running_stats:
         with g.inserting_before(n):
@@ -319,6 +320,13 @@ def _canonical_pad(n: fx.Node) -> None:
     if set(bound) - set(names) or bound.get("mode", "constant") != "constant" or bound.get("value") not in (None, 0):
         return
     n.target, n.args, n.kwargs = F.pad, (bound["input"], bound["pad"]), {}
+
+
+def _base_type(mod) -> type:
+    """The module's class, or the one a parametrization (torch.nn.utils.parametrize: weight_norm) subclassed: its
+    parametrized weight is read as the module's attribute (`conv.weight`), computed from its parameters, and
+    fold_weights computes it once."""
+    return type(mod).__bases__[0] if parametrize.is_parametrized(mod) else type(mod)
 
 
 def _module_activation(mod) -> str | None:
