@@ -4,16 +4,16 @@
 #   bash bench/results/runs/lanes-2026-11-29/next20.sh LANE[,LANE...] [SECONDS]   # SECONDS: the command's budget (570)
 # Several lanes in one command share its setup (~45 s a command: 7 commands of the session of 22:17 spent ~5 of its 30
 # minutes on it); a lane's steps are cut at what is left of the budget. Their lengths there (H200): bgreq ~130 s,
-# gemma ~400, tables ~400, cold15 ~300, opt ~450.
-# in order of what they decide: bgreq, gemma, tables, cold15, prof15, opt
+# gemma ~400, regress ~350, tables ~400, cold15 ~300, prof15 ~200, opt ~450.
+# in order of what they decide: bgreq, gemma, regress, tables, cold15, prof15, opt
 # bgreq: BERT's first 40 requests with the glue for other shapes compiling in the background, now with the switch
 #     interval lowered while it runs (f3bb111: run8 had two requests of 1.26 s and 0.55 s, the GIL's convoy), then
 #     with "now"; each side with caches of its own, empty (run8's "now" had the first's); first_requests.py now waits
 #     on the caller's stream and marks the requests the compile ran beside. If no request passes 1 s and the
 #     marked ones stay near run8's 10-34 ms: other_shapes="background" becomes the default (cold optimize 6-15 s
 #     shorter, runs/optimize_time/run34-h200-background/)
-# gemma: Gemma's norm weight `1 + w` computed once and the norms taken into the projections (this session's
-#     norm_linear change) against c1537ad, Gemma-2B shape batch-1 decode (run40: 569.1 tok/s, 69% of the copy
+# gemma: Gemma's norm weight `1 + w` computed once (fold_weights) and the norms taken into the projections (this
+#     session's norm_linear change) against c1537ad, Gemma-2B shape batch-1 decode (run40: 569.1 tok/s, 69% of the copy
 #     limit), two pairs alternating, accelc only, caches of each side's own; make `base/` first (untracked,
 #     removed after):
 #     mkdir base && git archive c1537ad accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
@@ -27,6 +27,8 @@
 # prof15 (carry `.whl`: py-spy): the Qwen2-1.5B shape's batch-1 LM optimized cold under py-spy (runs/optimize_time/
 #     run26-h200-cold-profile's method; bench/spy_summary.py reads it): where its 99.9 s go, the generation step's
 #     guard (42.1 s against the forward's 22.5) and its layers' timing (9.7 s against Qwen2-0.5B's ~1.3) first; ~200 s
+# regress (carry `.ort`): next11.sh regress at this tree (fold_weights runs on every model: only Gemma's graph folds
+#     anything among the suite's HF families, so the e2e times should not move)
 # opt: next11.sh opt at this tree (cold and warm optimize against reduce-overhead, BERT / ResNet-50 / Llama 1.1B)
 set -u
 . bench/steps.sh; steps_start /tmp/next20/setup "${2:-570}"
@@ -66,6 +68,9 @@ prof15) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-d
         "$PYSPY" record --idle --threads --nonblocking --rate 40 -f raw -o $O/cold-qwen2-1.5b.txt \
         -- python bench/optimize_time.py --side accelc_cold --model qwen2-1.5b-lm-b1 --workdir $W
     gzip -f $O/cold-qwen2-1.5b.txt ;;
+regress) sides=compile_ro,accelc
+    [ -f .ort/install.sh ] && source .ort/install.sh > $O/ort-install.log 2>&1 && sides=compile_ro,ort_opt,accelc
+    step 0 e2e 540 python bench/e2e.py --models bert,resnet50,llama --sides $sides --batches first --out $O/e2e ;;
 opt) for m in bert resnet50 llama; do
         step 0 opt-$m 185 python bench/optimize_time.py --models $m --sides compile_ro,accelc_cold,accelc_warm \
             --out $O/opt
