@@ -12,7 +12,7 @@ Folded: a node whose inputs are all the graph's parameters or buffers (not one t
 folded so, through the ops named below, where the value a node outside reads took at least one computing op (not
 views and casts alone: a kernel reads those as they are, and a copy would double the weight's memory). Not folded:
 ops that make tensors from nothing (no inputs), anything reading a graph input or a size, and values that are not
-floating-point tensors.
+floating-point tensors, and tensor subclasses (a tensor-parallel program's DTensors).
 """
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def _transform(gm: fx.GraphModule, ctx) -> int:
     for n in gm.graph.nodes:
         if n.op == "get_attr" and n.target not in written:
             v = attr_value(gm, n)
-            if isinstance(v, torch.Tensor):     # (a parametrized weight: computed at each read)
+            if type(v) in (torch.Tensor, torch.nn.Parameter):   # (not a subclass: a sharded DTensor stays as it is)
+                # (a parametrized weight: computed at each read)
                 values[n], computed[n] = v, _parametrized(gm, n.target)
                 if computed[n]:
                     inside.add(n)

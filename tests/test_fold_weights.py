@@ -110,3 +110,28 @@ def test_views_casts_state_and_inputs_are_not_folded():
         want = model(x)
         model.count.zero_()
         assert rel_l2(opt(x), want) < 1e-6
+
+
+class Sharded(torch.Tensor):
+    """A tensor subclass, as a tensor-parallel program's DTensor weights are."""
+
+
+def test_a_tensor_subclass_is_left_as_it_is():
+    """A tensor-parallel program's weights are DTensors: what is computed from them stays in the graph (the same
+    computation on a plain buffer is folded)."""
+    import operator
+
+    from torch import fx
+    from accelc.passes import fold_weights
+
+    def graph(w):
+        root = nn.Module()
+        root.register_buffer("w", w)
+        g = fx.Graph()
+        x, wn = g.placeholder("x"), g.get_attr("w")
+        g.output(g.call_function(operator.mul, (x, g.call_function(operator.mul, (wn, 2.0)))))
+        return fx.GraphModule(root, g)
+
+    w = torch.rand(12)
+    assert fold_weights.PASS.transform(graph(w), None) == 1
+    assert fold_weights.PASS.transform(graph(torch.Tensor._make_subclass(Sharded, w)), None) == 0
