@@ -56,15 +56,6 @@ def _parametrized(gm: fx.GraphModule, target: str) -> bool:
     return parametrize.is_parametrized(owner, name)
 
 
-def _run(n: fx.Node, values: dict):
-    """n's value from its inputs' `values` (get_attr nodes' included)."""
-    args = fx.map_arg(n.args, values.__getitem__)
-    kwargs = fx.map_arg(n.kwargs, values.__getitem__)
-    if n.op == "call_method":
-        return getattr(args[0], n.target)(*args[1:], **kwargs)
-    return n.target(*args, **kwargs)
-
-
 def _replay(graph: fx.Graph, *sources):
     """The folded value again from its source tensors (meta.DERIVED: a partial of this is picklable)."""
     with torch.no_grad():
@@ -97,42 +88,40 @@ def _subgraph(n: fx.Node, inside: set) -> tuple[fx.Graph, list]:
 
 def _transform(gm: fx.GraphModule, ctx) -> int:
     written = set(mutated_state(gm))
-    values, computed, inside = {}, {}, set()
-    for n in gm.graph.nodes:
+    const, computed = set(), {}
+    for n in gm.graph.nodes:     # what is the weights' alone, by the ops' names: nothing run yet
         if n.op == "get_attr" and n.target not in written:
             v = attr_value(gm, n)
             if type(v) in (torch.Tensor, torch.nn.Parameter):   # (not a subclass: a sharded DTensor stays as it is)
-                # (a parametrized weight: computed at each read)
-                values[n], computed[n] = v, _parametrized(gm, n.target)
-                if computed[n]:
-                    inside.add(n)
+                const.add(n)
+                computed[n] = _parametrized(gm, n.target)      # (a parametrized weight: computed at each read)
             continue
         if n.op not in ("call_function", "call_method") or not n.all_input_nodes:
             continue
         name = _name(n)
-        if name not in COMPUTING and name not in CARRYING or not all(a in values for a in n.all_input_nodes):
-            continue
-        try:
-            with torch.no_grad():
-                out = _run(n, values)
-        except Exception:      # (an op the weights alone cannot run: left to the graph)
-            continue
-        if not isinstance(out, torch.Tensor):
-            continue
-        values[n], computed[n] = out, name in COMPUTING or any(computed[a] for a in n.all_input_nodes)
-        inside.add(n)
+        if (name in COMPUTING or name in CARRYING) and all(a in const for a in n.all_input_nodes):
+            const.add(n)
+            computed[n] = name in COMPUTING or any(computed[a] for a in n.all_input_nodes)
+    inside = {n for n in const if n.op != "get_attr" or computed[n]}
     folded = 0
     for n in [n for n in gm.graph.nodes if n in inside]:
-        if not computed[n] or not values[n].is_floating_point() or all(u in inside for u in n.users):
+        m = meta.tensor_meta(n)
+        if not computed[n] or m is None or not m.dtype.is_floating_point or all(u in inside for u in n.users):
             continue
         graph, sources = _subgraph(n, inside)
+        try:       # (only what is folded is run: a cast of a large weight read as it is costs no copy here)
+            value = _replay(graph, *(attr_value(gm, x) for x in sources))
+        except Exception:      # (an op the weights alone cannot run: left to the graph)
+            continue
+        if not isinstance(value, torch.Tensor) or value.dtype != m.dtype:
+            continue
         stem = name = "accelc_folded_" + (meta.path(n) or n.name).replace(".", "_")
         i = 1
         while hasattr(gm, name):      # (two values folded at one module path)
             name, i = f"{stem}_{i}", i + 1
-        const = add_constant(gm, name, values[n].detach().contiguous(), before=n, path=meta.path(n),
-                             derived=(functools.partial(_replay, graph), sources))
-        replace_uses(gm, n, const)
+        const_node = add_constant(gm, name, value.detach().contiguous(), before=n, path=meta.path(n),
+                                  derived=(functools.partial(_replay, graph), sources))
+        replace_uses(gm, n, const_node)
         folded += 1
     erase_dead([n for n in reversed(list(gm.graph.nodes)) if n in inside])
     return folded
