@@ -9,8 +9,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc.meta import op_name
-from accelc.numerics import error_stats, higher_precision, sqnr_db
+from accelc.numerics import error_stats, higher_precision, sqnr_db, upcast_run
 from accelc.records import LayerCheck
 
 
@@ -30,36 +29,14 @@ def reference(original: fx.GraphModule, ins: list):
         return torch.func.functional_call(original, held, tuple(up))
     except RuntimeError as e:
         # a cast inside the layer to the model's own precision (Gemma's `x.float()` and `.type_as(x)` in an fp32
-        # model) met a weight held in the higher one: every value held there instead, node by node
+        # model) met a weight held in the higher one: its ops run as the whole-model reference runs them, every
+        # `low` tensor and dtype taken in the higher precision, its float casts none
         if "dtype" not in str(e):
             raise
-        return _Held(original, held, ref_dtype).run(*up)
+        return upcast_run(torch.func.functional_call, original, held, tuple(up), low=low, keep=_CASTS)
 
 
-class _Held(fx.Interpreter):
-    """A layer's original run with its tensors from `held`, every floating value in `dtype`."""
-
-    def __init__(self, original: fx.GraphModule, held: dict, dtype: torch.dtype):
-        super().__init__(original)
-        self.held, self.dtype = held, dtype
-
-    def fetch_attr(self, target: str):
-        return self.held[target] if target in self.held else super().fetch_attr(target)
-
-    def call_module(self, target, args, kwargs):
-        own = {k[len(target) + 1:]: v for k, v in self.held.items() if k.startswith(target + ".")}
-        return torch.func.functional_call(super().fetch_attr(target), own, args, kwargs)
-
-    def run_node(self, n):
-        out = super().run_node(n)
-        source = self.env.get(n.args[0]) if n.args and isinstance(n.args[0], fx.Node) else None
-        if n.op in ("call_function", "call_method") and op_name(n) in _CASTS and isinstance(out, torch.Tensor) \
-                and out.is_floating_point() and isinstance(source, torch.Tensor) and source.is_floating_point():
-            return source      # (a float cast: none in the higher precision)
-        return pytree.tree_map_only(torch.Tensor, lambda t: t.to(self.dtype) if t.is_floating_point() else t, out)
-
-
-_CASTS = {"float", "half", "bfloat16", "double", "to", "type", "type_as", "_to_copy", "convert_element_type"}
+_CASTS = (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16)
 
 
 def verdict(rel: float, eager_rel: float, tol: float, config, quantized: bool) -> str:

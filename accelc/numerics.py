@@ -96,9 +96,10 @@ class _Upcast(TorchFunctionMode):
 
     _KEEP = {torch.float16: torch.Tensor.half, torch.bfloat16: torch.Tensor.bfloat16}
 
-    def __init__(self, low: torch.dtype, high: torch.dtype):
+    def __init__(self, low: torch.dtype, high: torch.dtype, keep: tuple = ()):
         super().__init__()
         self.low, self.high = low, high
+        self.keep = {self._KEEP.get(low), *keep} - {None}     # casts that keep x as it is
 
     def _up(self, x):
         if isinstance(x, torch.Tensor) and x.dtype == self.low:
@@ -107,7 +108,7 @@ class _Upcast(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         args, kwargs = pytree.tree_map(self._up, (tuple(args), dict(kwargs or {})))
-        if func is self._KEEP.get(self.low) and args:
+        if func in self.keep and args:
             return args[0]
         return pytree.tree_map(self._up, func(*args, **kwargs))
 
@@ -117,9 +118,10 @@ def higher_precision(low: torch.dtype) -> torch.dtype:
     return torch.float64 if low in (torch.float32, torch.float64) else torch.float32
 
 
-def upcast_run(fn, *args, low: torch.dtype = torch.float16, **kwargs):
+def upcast_run(fn, *args, low: torch.dtype = torch.float16, keep: tuple = (), **kwargs):
     """fn(*args, **kwargs) computed in higher precision: every `low` tensor and dtype in the ops it
     runs taken as fp32 (fp64 for low fp32). The whole-model reference the capture check measures
-    eager's own error against (the guard's per-layer reference, for a model run through Python)."""
-    with torch.no_grad(), _Upcast(low, higher_precision(low)):
+    eager's own error against (the guard's per-layer reference, for a model run through Python).
+    keep: more casts that leave x as it is (x.float() in an fp32 layer's reference)."""
+    with torch.no_grad(), _Upcast(low, higher_precision(low), keep):
         return fn(*args, **kwargs)

@@ -233,7 +233,7 @@ class Runner:
         except Uncapturable as e:
             self._note(("uncapturable", str(e)), str(e))
             return finish(self.fn(*args, **kwargs), False)
-        if self.compiling() and not force and key not in self.entries:    # (checked first: false in a replay's path)
+        if not force and key not in self.entries and self.compiling():    # (a replay's path asks no thread)
             self.plain += 1     # (no graph of the uncompiled glue kept: captured once it is compiled)
             return finish(self.fn(*args, **kwargs), False)
         with self._lock:

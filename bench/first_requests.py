@@ -103,9 +103,7 @@ def main():
     with torch.no_grad():
         for i, (b, n) in enumerate(trace + (trace if a.then_wait and later else [])):
             if i == len(trace):
-                t0 = time.perf_counter()
-                opt.wait_for_other_shapes()
-                waited = round(time.perf_counter() - t0, 2)
+                waited = _common.other_shapes_wait_s(opt)
                 print(f"waited {waited} s for the background compile; the same requests again", flush=True)
             f = {k: v.cuda() for k, v in make(b, n).items()}
             f = {k: (v.half() if v.is_floating_point() else v) for k, v in f.items()}

@@ -17,7 +17,6 @@ floating-point tensors, and tensor subclasses (a tensor-parallel program's DTens
 from __future__ import annotations
 
 import functools
-import operator
 
 import torch
 from torch import fx
@@ -37,12 +36,6 @@ COMPUTING = {"_weight_norm", "_weight_norm_interface", "norm", "linalg_vector_no
 CARRYING = {"to", "_to_copy", "float", "half", "bfloat16", "type", "convert_element_type", "view", "reshape", "t",
             "transpose", "permute", "unsqueeze", "squeeze", "expand", "contiguous", "clone", "detach", "alias",
             "flatten", "unflatten", "_unsafe_view", "type_as"}
-_NAMES = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "truediv",
-          operator.neg: "neg", operator.pow: "pow"}
-
-
-def _name(n: fx.Node) -> str:
-    return _NAMES.get(n.target) or meta.op_name(n)
 
 
 def _parametrized(gm: fx.GraphModule, target: str) -> bool:
@@ -98,7 +91,7 @@ def _transform(gm: fx.GraphModule, ctx) -> int:
             continue
         if n.op not in ("call_function", "call_method") or not n.all_input_nodes:
             continue
-        name = _name(n)
+        name = meta.op_name(n)
         if (name in COMPUTING or name in CARRYING) and all(a in const for a in n.all_input_nodes):
             const.add(n)
             computed[n] = name in COMPUTING or any(computed[a] for a in n.all_input_nodes)
