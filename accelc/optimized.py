@@ -112,7 +112,9 @@ class OptimizedModule(nn.Module):
     def release_graphs(self) -> None:
         """Drop this module's CUDA graphs and compiled glue now (made again at its next call). A tensor-parallel
         program's graphs hold its NCCL communicator, whose destroy waits for them: call this before
-        torch.distributed.destroy_process_group (PyTorch issue 115388)."""
+        torch.distributed.destroy_process_group (PyTorch issue 115388). A background glue compile is waited for
+        first (it would go on with the glue dropped, unseen by wait_for_other_shapes)."""
+        self.wait_for_other_shapes()
         self.runner = None
         gc.collect()
 
@@ -200,7 +202,9 @@ class OptimizedModule(nn.Module):
 
     def __getstate__(self):
         # compiled code and captured graphs do not pickle (nor survive a new process): rebuilt on use;
-        # the graph pickled with its output structure (capture.pickling)
+        # the graph pickled with its output structure (capture.pickling), once a background glue compile
+        # running Dynamo on it has ended
+        self.wait_for_other_shapes()
         return graph_state({**self.__dict__, "runner": None})
 
     def __copy__(self):
@@ -211,7 +215,9 @@ class OptimizedModule(nn.Module):
         return new
 
     def __deepcopy__(self, memo):
-        # the graph copied as a graph (node metadata kept), not through its pickled code
+        # the graph copied as a graph (node metadata kept), not through its pickled code, once a background
+        # glue compile running Dynamo on it has ended
+        self.wait_for_other_shapes()
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         new.__setstate__(copy.deepcopy({**self.__dict__, "runner": None}, memo))

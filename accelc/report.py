@@ -151,6 +151,7 @@ def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_
     convert --report uses this, to not optimize twice). Each layer runs on the inputs the guard
     checked it on (the same forward pass), and its accelc error is the guard's."""
     model, args, config, device = job.model, job.args, job.config, job.device
+    opt.wait_for_other_shapes()     # (a background glue compile would share the host and the GPU with the timing)
     call = opt
     if opt.call_spec is not None and not opt.call_spec.trivial:   # keyword inputs, a cache in the output: both sides on the graph's flat inputs
         spec = opt.call_spec

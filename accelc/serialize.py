@@ -58,6 +58,7 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
     if not isinstance(opt, OptimizedModule):
         raise TypeError(f"accelc.save takes the module accelc.optimize returned, not {type(opt).__name__}")
     path = check_output_file(path, ".pt2", "a torch.export program")
+    opt.wait_for_other_shapes()     # (its background glue compile runs Dynamo on the graph this exports)
     args = tuple(example_inputs if example_inputs is not None else opt.example_inputs)
     spec = opt.call_spec
     dynamic = opt.config.dynamic

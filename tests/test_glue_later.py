@@ -3,6 +3,8 @@ compile and its batch-of-one variant) compiled in a thread of its own after opti
 another shape runs the plain graph (no compile waited for, no CUDA graph of it kept), after it the compiled glue,
 with the same numbers; a failure is said and leaves the glue plain; a CUDA graph capture waits for it; optimize
 starts it after the call's timing, and not for a generation step, a causal LM's forward or with warmup_shapes."""
+import copy
+import pickle
 import threading
 import warnings
 
@@ -217,9 +219,10 @@ def test_the_setting_is_checked_comes_from_the_environment_and_leaves_the_reuse_
     _, opt = optimized
     with pytest.raises(ValueError, match="other_shapes must be one of"):
         accelc.OptimizeConfig(other_shapes="later")
+    monkeypatch.delenv("ACCELC_OTHER_SHAPES", raising=False)
+    assert accelc.OptimizeConfig().other_shapes == "background"     # (the default since runs/first_requests/run9)
+    monkeypatch.setenv("ACCELC_OTHER_SHAPES", "now")
     assert accelc.OptimizeConfig().other_shapes == "now"
-    monkeypatch.setenv("ACCELC_OTHER_SHAPES", "background")
-    assert accelc.OptimizeConfig().other_shapes == "background"
     monkeypatch.setenv("ACCELC_REUSE", "1")     # (the suite keeps reuse off)
     keys = [reuse.key(opt.graph_module, opt.example_inputs, accelc.OptimizeConfig(other_shapes=o),
                       torch.device(DEVICE), [opt.example_inputs], None, None) for o in ("now", "background")]
@@ -348,3 +351,52 @@ def test_a_conversion_waits_for_the_background_compile_that_reads_the_modules_te
     threading.Timer(0.3, go.set).start()
     opt.float()
     assert seen and not any(seen) and not glue.pending()
+
+
+class _Reached(Exception):
+    pass
+
+
+@pytest.mark.parametrize("entry", ["save", "report", "pickle", "deepcopy", "release_graphs"])
+def test_what_reads_the_graph_or_times_it_waits_for_the_background_compile(optimized, monkeypatch, tmp_path, entry):
+    """accelc.save exports the graph a background glue compile is running Dynamo on, a pickle or a deep copy reads
+    it, release_graphs drops the glue that compile goes on with (unseen by wait_for_other_shapes after), and the
+    report times layers that compile would share the host and the GPU with: each waits until it has ended (the
+    default since runs/first_requests/run9-h200-background/)."""
+    from accelc import api as api_module, guard, serialize
+    from accelc import optimized as optimized_module
+    from accelc.report import measure
+
+    model, opt = optimized
+    gm = opt.graph_module
+    glue = _stand_in_glue(gm, False)
+    del glue.pending                  # (the real one: the held thread below)
+    go = _held(monkeypatch)
+    assert glue.compile_dynamic_later([opt.example_inputs], torch.device(DEVICE))
+    monkeypatch.setattr(opt, "runner", runner.Runner(glue, False))
+    seen = []
+
+    def reached(*args, **kwargs):
+        seen.append(glue.pending())
+        raise _Reached
+
+    threading.Timer(0.3, go.set).start()
+    try:
+        with pytest.raises(_Reached):
+            if entry == "save":
+                monkeypatch.setattr(serialize, "export_program", reached)
+                accelc.save(opt, tmp_path / "m.pt2")
+            elif entry in ("pickle", "deepcopy"):
+                monkeypatch.setattr(optimized_module, "graph_state", reached)
+                monkeypatch.setattr(copy, "deepcopy", reached)
+                pickle.dumps(opt) if entry == "pickle" else opt.__deepcopy__({})
+            elif entry == "release_graphs":
+                monkeypatch.setattr(optimized_module.gc, "collect", reached)
+                opt.release_graphs()
+            else:
+                monkeypatch.setattr(guard, "layer_inputs", reached)
+                measure(opt, api_module.make_job(model, _example()), with_ort=False, progress=False)
+    finally:
+        go.set()
+        glue.wait(60)
+    assert seen == [False] and not (tmp_path / "m.pt2").exists()

@@ -280,12 +280,13 @@ def test_the_glue_for_other_shapes_compiles_at_optimize_not_at_a_first_request(o
     static = regions.RegionalGlue(gm, gm, False, regions.plan(gm), Counting(), runner.STATIC_GLUE, runner.signature_or_none)
     assert not static.compile_dynamic(*opt.example_inputs)
     assert not runner.Runner(gm, cuda_graphs=True).compile_other_shapes(*opt.example_inputs)
-    # optimize on a GPU makes it after the warm-up (here the GPU's branch taken with both recorded)
+    # optimize on a GPU with other_shapes="now" makes it after the warm-up (here the GPU's branch taken with both
+    # recorded; the default, "background", in test_glue_later)
     made = _gpu_warmup_recorded(monkeypatch)
     mlp = accelc.models.get("mlp").to(DEVICE).eval()
     x = mlp.example_inputs()
     x = tuple(t.to(DEVICE) for t in x) if isinstance(x, tuple) else x.to(DEVICE)
-    out = accelc.optimize(mlp, x, accelc.OptimizeConfig(passes=(), only_if_faster=False))
+    out = accelc.optimize(mlp, x, accelc.OptimizeConfig(passes=(), only_if_faster=False, other_shapes="now"))
     # the example's call (the MLP is traced with no shapes recorded: no variant at a batch of one to compile)
     shape = tuple((x[0] if isinstance(x, tuple) else x).shape)
     assert made == [[shape]], made
