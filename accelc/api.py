@@ -157,17 +157,19 @@ def make_job(model: nn.Module, example_inputs, config=None, calibration=None, st
     return Job(model, args, config, batches, device_of(model, (args, kwargs)), kwargs)
 
 
-def optimize_job(job: Job, release: bool = True, captured: tuple | None = None) -> OptimizedModule:
+def optimize_job(job: Job, release: bool = True, captured: tuple | None = None,
+                 hold: list | None = None) -> OptimizedModule:
     """Capture, passes, guard and warm-up of a prepared model. Optimizing runs the model's
     forward many times; buffers that forward updates in place get back the values they had
     before, so the optimized module starts from the model's state. release=False: the device memory its checks
     used is left to the caller's release (a generation step's, inside its forward's optimize_job). A causal LM's
     generation step, optimized inside, shares the forward's layer checks (accelc.shared_checks). captured: the
     job's capture_job made already (a generation step's, in its forward's waits). The glue compiles an earlier
-    optimize left in the background end first (OptimizeConfig.other_shapes): its races time a GPU of its own."""
+    optimize left in the background end first (OptimizeConfig.other_shapes): its races time a GPU of its own.
+    hold: where the start of this job's background compile is put (warmup.run's; a generation step's)."""
     regions.wait_background()
     with heap_frozen(), shared_checks.sharing() if generation.is_causal_lm(job.model) else contextlib.nullcontext():
-        return _optimize_job(job, release, captured)
+        return _optimize_job(job, release, captured, hold)
 
 
 @contextlib.contextmanager
@@ -187,8 +189,9 @@ def heap_frozen():
             gc.unfreeze()
 
 
-def _optimize_job(job: Job, release: bool, captured: tuple | None = None) -> OptimizedModule:
+def _optimize_job(job: Job, release: bool, captured: tuple | None = None, hold: list | None = None) -> OptimizedModule:
     state = buffer_state(job.model)
+    held: list = []     # a causal LM's generation step's background compile, started once this optimize is done
     compile_workers.hold(job.device.type == "cuda")    # (up by the time the guard's tuners ask)
     try:
         gm, method, expected, capture_s = captured if captured is not None else capture_job(job)
@@ -216,16 +219,18 @@ def _optimize_job(job: Job, release: bool, captured: tuple | None = None) -> Opt
             with meanwhile.offered(functools.partial(forward_warm_up, opt, flat, job.device), "the forward's warm-up",
                                    enabled=early) as warm:
                 if lm:
-                    attach_generation(opt, job, step_capture, warm)
+                    attach_generation(opt, job, step_capture, warm, held)
             if warm is not None:
                 warm.result()       # (done, unless the step failed before its first wait)
             warmup.run(opt, flat, race, job.config.warmup_shapes, job.device, lambda: call_times(job, opt),
-                       generates=lm, example_done=warm is not None)
+                       generates=lm, example_done=warm is not None, hold=hold)
     finally:
         restore_buffers(job.model, state)
         if release:
             release_cached_memory(job.device)
         compile_workers.release()
+    for start in held:     # (after the forward's call timing and memory release: that thread shares the host)
+        start()
     return opt
 
 
@@ -275,11 +280,12 @@ def release_cached_memory(device: torch.device) -> None:
 
 
 def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None,
-                      warm: meanwhile.Work | None = None) -> None:
+                      warm: meanwhile.Work | None = None, hold: list | None = None) -> None:
     """A causal LM's generate(): its step program optimized over accelc's static cache
     (accelc.generation); where that fails, generate() runs the original model, and that is said. step_capture:
     the step's capture offered to the forward's waits (step_captured), None to capture it here; warm: the
-    forward's warm-up offered to the step's, done before generate() is timed."""
+    forward's warm-up offered to the step's, done before generate() is timed; hold: where the step's background
+    glue compile is put, for the forward's optimize to start at its end."""
     t0 = time.perf_counter()
     build = functools.partial(build_step, device=job.device)
     failed = None
@@ -288,7 +294,7 @@ def attach_generation(opt, job: Job, step_capture: meanwhile.Work | None = None,
             # (the forward's optimize_job releases the memory once, after this: a collection of the heap took 0.6-0.7 s)
             sjob, step, captured = step_capture.result() if step_capture is not None else step_captured(job)
             generation.loop_ahead(captured[2], job.model, job.config.kv_cache)   # (compiled beside the step's)
-            program = optimize_job(sjob, release=False, captured=captured)
+            program = optimize_job(sjob, release=False, captured=captured, hold=hold)
             if step_capture is not None and step_capture.ran_early:
                 program.info.seconds["capture (during the forward's compiles)"] = program.info.seconds.pop("capture")
     except AccelcError as e:

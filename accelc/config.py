@@ -229,8 +229,11 @@ class OptimizeConfig:
                     interval lowered meanwhile so that a call's ops do not queue behind it;
                     OptimizedModule.wait_for_other_shapes() waits for it, as accelc.save, a conversion
                     (.to(), .half()) and the report do) or "now" (inside optimize, so that no request waits for
-                    a compile). Not for a generation step, a tensor-parallel program or with warmup_shapes
-                    (compiled now). Its default comes from ACCELC_OTHER_SHAPES (unset: "background").
+                    a compile). A causal LM's generation step's compiles on copies of its cache (a glue cut
+                    into regions; else, or where the copies would take more than half the free memory, now),
+                    started once its forward's optimize is done; not for a tensor-parallel program or with
+                    warmup_shapes (compiled now). Its default comes from ACCELC_OTHER_SHAPES (unset:
+                    "background").
     """
 
     dtype: torch.dtype | str | None = None

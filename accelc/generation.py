@@ -215,6 +215,12 @@ class OptimizedLM(OptimizedModule):
                                 f"own loop (the stop condition read every {STOP_CHECK_EVERY} tokens, no host sync per "
                                 "token), other decoding HF's loop over the step program")
 
+    def wait_for_other_shapes(self, timeout: float | None = None) -> bool:
+        """OptimizedModule's, for the forward and the generation step (whose glue for other prompt lengths and
+        batches compiles in the background too, writing copies of its cache)."""
+        mine = super().wait_for_other_shapes(timeout)
+        return (self.step is None or self.step.wait_for_other_shapes(timeout)) and mine
+
     def _rebind_cache(self) -> None:
         """Point the cache's tensors (its layers' and the cache step's buffers) at the step graph's
         tensors again (after they were copied)."""

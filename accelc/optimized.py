@@ -154,6 +154,12 @@ class OptimizedModule(nn.Module):
         returns (OptimizeConfig.other_shapes="background"); whether one was started."""
         return self._runner_for(inputs[0], {}).compile_other_shapes_later(inputs, _device(inputs[0], {}, self))
 
+    def compiles_apart_from_state(self, inputs: tuple) -> bool:
+        """Whether a background compile of the glue for other shapes can leave the state this program writes in
+        place alone (regions.Glue.apart_ok: a glue cut into regions, its calls then on copies of that state)."""
+        glue = self._runner_for(inputs, {}).fn
+        return isinstance(glue, regions.Glue) and glue.apart_ok()
+
     def wait_for_other_shapes(self, timeout: float | None = None) -> bool:
         """Wait until the glue for other shapes, compiling in the background after optimize
         (OptimizeConfig.other_shapes="background"), is compiled (or `timeout` seconds); True when nothing is

@@ -36,6 +36,7 @@ import torch
 from torch import fx, nn
 
 from accelc import meta
+from accelc.capture.contract import mutated_state
 
 log = logging.getLogger("accelc")
 
@@ -238,17 +239,19 @@ class _Call(nn.Module):
         return self.region(*args)
 
 
-def parent_module(gm: fx.GraphModule, cut: Plan, regions: list) -> fx.GraphModule:
+def parent_module(gm: fx.GraphModule, cut: Plan, regions: list, replace: dict | None = None) -> fx.GraphModule:
     """gm's graph with each segment a call of its region: the same inputs (and calling convention), the same
-    tensors read (not copies: in-place state updates reach the model's), the same outputs."""
+    tensors read (not copies: in-place state updates reach the model's), the same outputs. replace: {attribute:
+    tensor} read instead of gm's (copies of its state, for a call that must not write the model's)."""
     g = fx.Graph()
     env: dict = {}
     root: dict = {}
+    replace = replace or {}
     for n in gm.graph.nodes:       # inputs and attributes first: a segment may read one defined after its start
         if n.op in ("placeholder", "get_attr"):
             env[n] = g.node_copy(n, lambda x: env[x])
             if n.op == "get_attr":
-                root[n.target] = operator.attrgetter(n.target)(gm)
+                root[n.target] = replace[n.target] if n.target in replace else operator.attrgetter(n.target)(gm)
     for i, (seg, region) in enumerate(zip(cut.segments, regions)):
         name = f"region{i}"
         root[name] = _Call(region)
@@ -277,9 +280,12 @@ class Glue:
     signatures). Where Dynamo or Inductor fail, the plain graph runs from then on, said once (a model's own
     error raises from that plain call, as it would have in eager)."""
 
-    def __init__(self, module, regions: list, plain, dynamic: bool, static_most: int, key_of, cut: Plan | None = None):
-        """key_of(args, kwargs) -> a call's signature (runner.signature_or_none)."""
+    def __init__(self, module, regions: list, plain, dynamic: bool, static_most: int, key_of, cut: Plan | None = None,
+                 state: tuple = ()):
+        """key_of(args, kwargs) -> a call's signature (runner.signature_or_none); state: the attributes the graph
+        updates in place (capture.mutated_state: a generation step's cache)."""
         self.module, self.regions, self.plain, self.dynamic, self.cut = module, regions, plain, dynamic, cut
+        self.state = tuple(state)
         self.static_most, self.key_of = static_most, key_of
         self.static: set = set()        # whole-call signatures that run the static compiles
         self.failed = ""
@@ -301,13 +307,27 @@ class Glue:
         """Every dynamic compile made now, by one call on these inputs (runner.Runner's compile_other_shapes),
         not at the first call of a shape not warmed up. Dynamo specializes a size of 1 (a batch of one
         compiles apart from the others): a call at such sizes compiles that variant; once per signature."""
+        return self._compile_dynamic(self.module, args, kwargs)
+
+    def _compile_dynamic(self, module, args, kwargs) -> bool:
+        """compile_dynamic by a call of `module` (self.module, or a parent over copies of the state: state_apart)."""
         key = self.key_of(args, kwargs)
         if not self.dynamic or self.failed or key in self.dynamic_done:
             return False
         self.dynamic_done.add(key)
         with _sizes_apart():
-            self._run(False, args, kwargs)
+            self._run(False, args, kwargs, module)
         return not self.failed
+
+    def state_apart(self):
+        """The glue's module for a compile's call that must leave the model's state alone (the background thread's,
+        beside the caller's calls): self.module where the graph updates no state in place, else None (the
+        whole graph compiled as one module reads the model's own; RegionalGlue's override copies it)."""
+        return None if self.state else self.module
+
+    def apart_ok(self) -> bool:
+        """Whether compile_dynamic_later may run: its calls can leave the model's state alone (state_apart)."""
+        return not self.state
 
     def compile_dynamic_later(self, inputs: list, device: torch.device) -> bool:
         """compile_dynamic on each of `inputs` (graph inputs of their own, the example's first) in a thread of its
@@ -315,7 +335,7 @@ class Glue:
         (pending), a call at a signature not compiled static runs the plain graph, no compile waited for (the
         Runner captures no CUDA graph for it meanwhile); a failure is said as a compile's at a call is. False
         where there is nothing to compile (a static glue, done already, failed)."""
-        if not self.dynamic or self.failed or self.dynamic_done or self.later is not None:
+        if not self.dynamic or self.failed or self.dynamic_done or self.later is not None or not self.apart_ok():
             return False
         self.later = threading.Thread(target=self._compile_later, args=(inputs, device), name="accelc-glue-later")
         _LATER.add(self.later)
@@ -332,8 +352,10 @@ class Glue:
                 stream.wait_stream(torch.cuda.current_stream(device))
             with torch.no_grad(), torch.cuda.device(device) if on_gpu else contextlib.nullcontext(), \
                     torch.cuda.stream(stream) if on_gpu else contextlib.nullcontext():
+                module = self.state_apart()     # (a cache the caller's calls write meanwhile: the thread writes copies)
                 for args in inputs:
-                    self.compile_dynamic(*args)
+                    self._compile_dynamic(module, args, {})
+                del module
             if stream is not None:
                 stream.synchronize()
         except Exception as e:      # (the model's own error at a size Dynamo compiles apart, a CUDA error)
@@ -368,10 +390,10 @@ class Glue:
                 return out
         return self.plain(*args, **kwargs)
 
-    def _run(self, static: bool, args, kwargs):
+    def _run(self, static: bool, args, kwargs, module=None):
         try:
             with _static(static):
-                return self.module(*args, **kwargs)
+                return (self.module if module is None else module)(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as e:
             self.failed = compile_failed(e)
 
@@ -430,4 +452,19 @@ class RegionalGlue(Glue):
                 kinds[seg.key] = Region(fx.GraphModule(seg.modules, seg.graph, class_name="Region"), dynamic,
                                         compile_fn, static_most, key_of)
         parent = parent_module(gm, cut, [kinds[seg.key] for seg in cut.segments])
-        super().__init__(parent, list(kinds.values()), plain, dynamic, static_most, key_of, cut)
+        super().__init__(parent, list(kinds.values()), plain, dynamic, static_most, key_of, cut,
+                         state=mutated_state(gm))
+        self._gm, self._order = gm, [kinds[seg.key] for seg in cut.segments]
+
+    def apart_ok(self) -> bool:
+        """Copies of the state fit beside it: at most half the device's free memory (a large cache compiles now)."""
+        on_gpu = [t for t in (operator.attrgetter(a)(self._gm) for a in self.state) if t.is_cuda]
+        return not on_gpu or sum(t.nbytes for t in on_gpu) <= torch.cuda.mem_get_info(on_gpu[0].device)[0] // 2
+
+    def state_apart(self):
+        """The parent over copies of the state the graph writes (a region takes its block's cache as an input, so
+        the same compiles serve the model's own), made for one background compile and dropped after it."""
+        if not self.state:
+            return self.module
+        copies = {t: operator.attrgetter(t)(self._gm).clone() for t in self.state}
+        return parent_module(self._gm, self.cut, self._order, replace=copies)

@@ -376,7 +376,7 @@ class CompiledGlue(regions.Glue):
 
     def __init__(self, gm: fx.GraphModule, plain: Callable, dynamic: bool = False):
         whole = regions.Region(gm, dynamic, _inductor, STATIC_GLUE, signature_or_none)
-        super().__init__(whole, [whole], plain, dynamic, STATIC_GLUE, signature_or_none)
+        super().__init__(whole, [whole], plain, dynamic, STATIC_GLUE, signature_or_none, state=mutated_state(gm))
 
 
 def compiled_glue(gm: fx.GraphModule, plain: Callable, dynamic: bool):

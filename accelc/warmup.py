@@ -7,7 +7,8 @@ and that call captured (the summary's "warmup"; a generation step's example, a p
 length, only that call's: prompts come at every length, and its first call captures it on the dynamic glue),
 the dynamic glue for the shapes not warmed compiled ("glue for
 other shapes"; a causal LM's forward's left to its first call at another shape, said: generate() does not run it;
-with OptimizeConfig.other_shapes="background", handed to a thread of its own after the call's timing),
+with OptimizeConfig.other_shapes="background", the default, handed to a thread of its own after the call's timing,
+a generation step's writing copies of its cache, after its forward's timing),
 the plain call timed (info.call_ms), the warm-up shapes captured ("warm-up shapes") and said in the
 call plan; on a CPU only the shapes asked for, checked and said.
 """
@@ -34,11 +35,14 @@ FORWARD_GLUE_LATER = ("the forward's glue for other shapes compiles at its first
 
 
 def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, device: torch.device,
-        call_times: Callable[[], tuple], generates: bool = False, example_done: bool = False) -> None:
+        call_times: Callable[[], tuple], generates: bool = False, example_done: bool = False,
+        hold: list | None = None) -> None:
     """The stage (module docstring); call_times: (eager, accelc) ms a plain call of the example, or ().
     generates: a causal LM's forward, whose generate() runs a step program of its own: the forward's dynamic glue
     is left to its first call at another shape unless warmup_shapes asks for shapes (said in the shapes line).
-    example_done: `example` ran already (a causal LM's forward's, in its generation step's waits)."""
+    example_done: `example` ran already (a causal LM's forward's, in its generation step's waits). hold: where a
+    background compile's start is put instead of started (a generation step's, started once its forward's
+    optimize has timed its call: api._optimize_job)."""
     warm = inputs_for(opt, warmup_shapes)
     if not runtime.can_time(device):
         if warm:
@@ -49,7 +53,7 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
     flat = _own(flat)
     t0 = time.perf_counter()
     shapes = opt.graph_module.meta.get(SHAPES)
-    later = not warm and _later(opt)
+    later = not warm and _later(opt, flat)
     if generates and not warm:
         if shapes is not None and (shapes.free or shapes.varying()):
             note(opt, FORWARD_GLUE_LATER)
@@ -62,7 +66,11 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
     opt.info.call_ms = call_times()
     if later and not generates:     # (after the call's timing: that thread's compiles would share the host)
         # (the example's tensors copied: the caller may write into its own while that thread reads them)
-        opt.compile_other_shapes_later([clone_tensors(flat), *apart_inputs(opt, flat)])
+        inputs = [clone_tensors(flat), *apart_inputs(opt, flat)]
+        if hold is not None:
+            hold.append(lambda: opt.compile_other_shapes_later(inputs))
+        else:
+            opt.compile_other_shapes_later(inputs)
     if warm:
         t0 = time.perf_counter()
         for inputs in warm:
@@ -89,13 +97,16 @@ def example(opt: OptimizedModule, flat: tuple, race: tuple | None, device: torch
     opt.info.seconds["warmup"] = round(time.perf_counter() - t0, 2)
 
 
-def _later(opt: OptimizedModule) -> bool:
+def _later(opt: OptimizedModule, flat: tuple) -> bool:
     """Whether the glue for other shapes compiles after optimize returns (OptimizeConfig.other_shapes): not a
-    program whose calls update state in place (a generation step's cache: its compile's call would write it
-    beside the caller's), nor a tensor-parallel one (its collectives pair across ranks in call order)."""
+    tensor-parallel program (its collectives pair across ranks in call order); a program whose calls update state
+    in place (a generation step's cache) only where its compile's calls can write copies of that state rather
+    than the cache the caller's calls write meanwhile (regions.Glue.apart_ok: a glue cut into regions, whose
+    copies fit in memory)."""
     gm = opt.graph_module
-    return (opt.config.other_shapes == "background" and not gm.meta.get(REPLAYABLE_STATE)
-            and tensor_parallel.group_of(gm) is None)
+    if opt.config.other_shapes != "background" or tensor_parallel.group_of(gm) is not None:
+        return False
+    return not gm.meta.get(REPLAYABLE_STATE) or opt.compiles_apart_from_state(flat)
 
 
 def apart_inputs(opt: OptimizedModule, flat: tuple) -> list[tuple]:

@@ -239,6 +239,8 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
                     gen = opt.generate
                 prepare_s = time.perf_counter() - t0
+                # (the step's glue for other shapes compiling after optimize: waited for before anything is timed)
+                after_s = _common.other_shapes_wait_s(opt) if side.startswith("accelc") else None
                 first, _ = timed_generate(gen, ids, mask, 1, rounds, sync)
                 logits_err = first_logits_error(gen, ids, mask, reference)
                 total, out = timed_generate(gen, ids, mask, new, rounds, sync)
@@ -250,6 +252,8 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                      "decode_tok_s": round(decode, 1), "decode_tok_s_all": round(decode * batch, 1),
                      "bandwidth_share": None if limit is None else round(decode / limit, 3),
                      "first_logits_rel_err_vs_fp32": logits_err}
+                if after_s is not None:
+                    r["other_shapes_after_s"] = after_s
                 if tokens_ref is None and side == "hf_eager":
                     tokens_ref = tokens
                 if tokens_ref is not None and side != "hf_eager":

@@ -14,7 +14,7 @@ import transformers as T
 from torch.utils import _pytree as pytree
 
 import accelc
-from accelc import api, regions, reuse, runner
+from accelc import api, regions, reuse, runner, warmup
 from accelc.optimized import OptimizedModule
 from conftest import DEVICE, rel_l2, warmup_takes_the_gpu_branch
 from test_runner import Captures
@@ -202,17 +202,66 @@ def test_optimize_compiles_the_glue_for_other_shapes_in_the_background_after_the
     assert [e[0] for e in events] == ["now", "now", "timed"], events
 
 
-def test_a_causal_lms_programs_compile_no_glue_in_the_background(monkeypatch):
-    """A causal LM's generation step writes its cache at each call (the background compile's call would write it
-    beside the caller's), and its forward leaves its dynamic glue to a first call: neither is handed over."""
-    events = _gpu_branch(monkeypatch)
+def _tiny_lm(layers=1):
     torch.manual_seed(0)
-    cfg = T.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    cfg = T.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    lm = T.LlamaForCausalLM(cfg).to(DEVICE).eval()
-    opt = _optimize(lm, _example(1, 6), other_shapes="background")
-    assert opt.step is not None
-    assert not [e for e in events if e[0] == "later"], events
+    return T.LlamaForCausalLM(cfg).to(DEVICE).eval()
+
+
+@pytest.mark.parametrize("glue", ["inductor", "eager"])
+def test_a_causal_lms_step_compiles_its_glue_in_the_background_after_the_forwards_timing(monkeypatch, glue):
+    """A causal LM's forward leaves its dynamic glue to a first call (not handed over); its generation step's glue,
+    cut into regions, compiles in the background (its calls on copies of the cache: regions.RegionalGlue.
+    state_apart), started once the forward's optimize has timed its call; a step whose glue cannot leave the cache
+    alone (eager glue here; a whole-graph compile) compiles inside optimize, as before."""
+    events = _gpu_branch(monkeypatch)
+    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="background", glue=glue)
+    assert opt.step is not None and regions.plan(opt.step.graph_module) is not None
+    if glue == "inductor":
+        assert [e[0] for e in events] == ["timed", "timed", "later"], events
+        assert events[2][1][0] == [tuple(t.shape) for t in opt.step.example_inputs]     # the step's example first
+    else:
+        assert [e[0] for e in events] == ["now", "timed", "timed"], events
+
+
+def test_a_background_compile_of_a_generation_step_writes_copies_of_its_cache(monkeypatch):
+    """The step's regions take its cache as inputs: the background compile's calls run them on copies, so the
+    cache the caller's calls write meanwhile is left as they wrote it, the regions' compiled code (shared with the
+    caller's calls) made on tensors of the cache's shapes; the copies are dropped after. A glue compiled whole
+    over a cache refuses a background compile."""
+    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now")
+    step = opt.step
+    gm = step.graph_module
+    cut = regions.plan(gm)
+    assert cut is not None and runner.mutated_state(gm)
+    seen = []
+
+    def compile_fn(module, dynamic):
+        def run(*args):
+            seen.append((threading.current_thread().name, [t.data_ptr() for t in args if isinstance(t, torch.Tensor)]))
+            return module(*args)
+        return run
+
+    glue = regions.RegionalGlue(gm, Plain(gm), True, cut, compile_fn, runner.STATIC_GLUE, runner.signature_or_none)
+    cache = {k: v for k, v in gm.named_buffers() if k in glue.state}
+    assert cache and glue.apart_ok()
+    before = {k: v.clone() for k, v in cache.items()}
+    go, compile_dynamic = threading.Event(), regions.Glue._compile_dynamic
+    monkeypatch.setattr(regions.Glue, "_compile_dynamic",
+                        lambda self, *a: go.wait(60) and compile_dynamic(self, *a))
+    assert glue.compile_dynamic_later([step.example_inputs], torch.device(DEVICE))
+    threading.Timer(0.2, go.set).start()
+    assert glue.wait(120) and not glue.failed and len(glue.dynamic_done) == 1
+    ours = {v.data_ptr() for v in cache.values()}
+    later = [ptrs for name, ptrs in seen if name == "accelc-glue-later"]
+    assert len(later) == len(cut.segments)                   # every region called by the thread
+    assert not any(ours & set(ptrs) for ptrs in later)       # none on the model's cache
+    for k, v in cache.items():
+        assert torch.equal(v, before[k]), k                  # which the thread's calls left as it was
+    whole = runner.CompiledGlue(gm, Plain(gm), True)
+    assert whole.state and not whole.apart_ok() and not whole.compile_dynamic_later([step.example_inputs],
+                                                                                    torch.device(DEVICE))
 
 
 def test_the_setting_is_checked_comes_from_the_environment_and_leaves_the_reuse_key_alone(optimized, monkeypatch):
@@ -400,3 +449,34 @@ def test_what_reads_the_graph_or_times_it_waits_for_the_background_compile(optim
         go.set()
         glue.wait(60)
     assert seen == [False] and not (tmp_path / "m.pt2").exists()
+
+
+def test_a_steps_glue_compiled_on_copies_of_its_cache_serves_its_calls_after(monkeypatch):
+    """Inductor (this machine's) compiles the step's regions for dynamic shapes in the background, on copies of
+    its cache: a call at another prompt length afterwards runs that compiled code (no compile, the plain graph not
+    called), and writes the model's cache as the plain graph does, its outputs the plain graph's."""
+    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now")
+    step = opt.step
+    gm = step.graph_module
+    torch._dynamo.reset()
+    plain = Plain(gm)
+    glue = runner.compiled_glue(gm, plain, True)
+    assert isinstance(glue, regions.RegionalGlue) and glue.state
+    # (tensors of their own, as warmup.run hands over: a view's compile guards on its base, which a call's has not)
+    assert glue.compile_dynamic_later([warmup._own(step.example_inputs)], torch.device(DEVICE))
+    assert glue.wait(600) and not glue.failed
+    ids = torch.randint(1, 100, (1, 9), device=DEVICE)
+    args = opt.cache_step.prefill_inputs(ids, torch.ones_like(ids))
+    cache = {k: v for k, v in gm.named_buffers() if k in glue.state}
+    start = {k: v.clone() for k, v in cache.items()}
+    made = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        want = gm(*args)
+        written = {k: v.clone() for k, v in cache.items()}
+        for k, v in cache.items():
+            v.copy_(start[k])
+        got = glue(*args)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == made and plain.calls == 0
+    assert rel_l2(_first(got), _first(want)) < 1e-5
+    for k, v in cache.items():
+        assert rel_l2(v.float(), written[k].float()) < 1e-5, k

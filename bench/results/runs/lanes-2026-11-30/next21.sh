@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# What the session of 01:19 (2026-11-30) leaves owed for a one-GPU H200 (logs under /tmp/next21/<lane>, packed into
+# $OUT/<lane>.tgz; the install, GPU list and bytecode prime once a command, in setup.tgz):
+#   bash bench/results/runs/lanes-2026-11-30/next21.sh LANE[,LANE...] [SECONDS]   # SECONDS: the command's budget (570)
+# Lengths there (H200, estimated): lm ~300 s, gen ~150, opt ~320, dyn ~150, gtest ~160.
+# in order of what they decide: lm, gen, opt, dyn, gtest
+# lm: a causal LM's generation step's glue for other shapes compiled in the background on copies of its cache (this
+#     session's change: the step had compiled it inside optimize, 8.0 s of the Qwen2-1.5B LM's 57.8 s in
+#     runs/optimize_time/run37-h200-families-cold/) against ACCELC_OTHER_SHAPES=now, cold, Qwen2-0.5B and Qwen2-1.5B
+#     batch-1 LMs, one process a side, caches of each its own: optimize_s, other_shapes_after_s (the wait after it)
+# gen: Qwen2-0.5B batch-1 decode at the default, against HF's static cache + compile: the step's decode as before
+#     (runs/generate/run38-h200), other_shapes_after_s in the JSON (generate.py waits for it before timing)
+# opt: cold and warm optimize against reduce-overhead at the new default (other_shapes="background"), BERT /
+#     ResNet-50 / Llama 1.1B: #56's ratio with it (runs/optimize_time/run39-h200 measured it at "now": 2.1x-2.4x)
+# dyn: bench/dynamic.py's 300-request trace of BERT right after optimize at the default (#56: none above 1 s)
+# gtest: tests/test_glue_later.py on the GPU (the step's compile on copies of its cache, the waits of save, pickle,
+#     deep copy, release_graphs and the report)
+set -u
+. bench/steps.sh; steps_start /tmp/next21/setup "${2:-570}"
+tar czf $OUT/setup.tgz -C $O .
+fresh() { local c; c=$(mktemp -d); echo "ACCELC_CACHE_DIR=$c/accelc TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor"; }
+for lane in ${1//,/ }; do
+O=/tmp/next21/$lane; mkdir -p $O
+case $lane in
+lm) for m in qwen2-0.5b-lm-b1 qwen2-1.5b-lm-b1; do
+        for o in background now; do
+            step 0 $m-$o 100 env $(fresh) ACCELC_OTHER_SHAPES=$o python bench/optimize_time.py --models $m \
+                --sides accelc_cold --out $O/$m-$o
+        done
+    done ;;
+gen) step 0 qwen2-0.5b 240 python bench/generate.py --models qwen2-0.5b --batches 1 --sides accelc,hf_static_compile \
+        --out $O/qwen2-0.5b ;;
+opt) for m in bert resnet50 llama; do
+        step 0 opt-$m 185 python bench/optimize_time.py --models $m --sides compile_ro,accelc_cold,accelc_warm \
+            --out $O/opt
+    done ;;
+dyn) step 0 dyn-bert 240 python bench/dynamic.py --models bert --requests 300 --sides eager,accelc --out $O/dyn ;;
+gtest) step 0 gtest 240 python -m pytest -q -p no:cacheprovider tests/test_glue_later.py ;;
+*) echo "no lane $lane" > $O/error.log ;;
+esac
+tar czf $OUT/$lane.tgz -C $O .
+done
