@@ -2,8 +2,8 @@
 # What the session of 01:19 (2026-11-30) leaves owed for a one-GPU H200 (logs under /tmp/next21/<lane>, packed into
 # $OUT/<lane>.tgz; the install, GPU list and bytecode prime once a command, in setup.tgz):
 #   bash bench/results/runs/lanes-2026-11-30/next21.sh LANE[,LANE...] [SECONDS]   # SECONDS: the command's budget (570)
-# Lengths there (H200, estimated): lm ~300 s, gen ~150, opt ~320, dyn ~150, gtest ~160.
-# in order of what they decide: lm, gen, opt, dyn, gtest
+# Lengths there (H200, estimated): lm ~300 s, gen ~150, opt ~320, dyn ~150, gtest ~160, profr ~90.
+# in order of what they decide: lm, gen, opt, dyn, gtest, profr
 # lm: a causal LM's generation step's glue for other shapes compiled in the background on copies of its cache (this
 #     session's change: the step had compiled it inside optimize, 8.0 s of the Qwen2-1.5B LM's 57.8 s in
 #     runs/optimize_time/run37-h200-families-cold/) against ACCELC_OTHER_SHAPES=now, cold, Qwen2-0.5B and Qwen2-1.5B
@@ -13,6 +13,9 @@
 # opt: cold and warm optimize against reduce-overhead at the new default (other_shapes="background"), BERT /
 #     ResNet-50 / Llama 1.1B: #56's ratio with it (runs/optimize_time/run39-h200 measured it at "now": 2.1x-2.4x)
 # dyn: bench/dynamic.py's 300-request trace of BERT right after optimize at the default (#56: none above 1 s)
+# profr (carry `.whl`: py-spy): ResNet-50's cold optimize under py-spy (bench/spy_summary.py reads it): the e2e
+#     model furthest from #56's 1.5x (2.43x in run39; its guard 13.8 s and layer timing 3.5 s with the shipped table
+#     holding its keys), not profiled before
 # gtest: tests/test_glue_later.py on the GPU (the step's compile on copies of its cache, the waits of save, pickle,
 #     deep copy, release_graphs and the report)
 set -u
@@ -35,6 +38,14 @@ opt) for m in bert resnet50 llama; do
             --out $O/opt
     done ;;
 dyn) step 0 dyn-bert 240 python bench/dynamic.py --models bert --requests 300 --sides eager,accelc --out $O/dyn ;;
+profr) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+          .whl/py_spy*.whl > $O/whl.log 2>&1
+    PYSPY=$(find /tmp/site -name py-spy -type f | head -1); chmod +x "$PYSPY"
+    W=$(mktemp -d)
+    step 0 cold-resnet50 150 env ACCELC_CACHE_DIR=$W/accelc TRITON_CACHE_DIR=$W/triton TORCHINDUCTOR_CACHE_DIR=$W/inductor \
+        "$PYSPY" record --idle --threads --nonblocking --rate 40 -f raw -o $O/cold-resnet50.txt \
+        -- python bench/optimize_time.py --side accelc_cold --model resnet50 --workdir $W
+    gzip -f $O/cold-resnet50.txt ;;
 gtest) step 0 gtest 240 python -m pytest -q -p no:cacheprovider tests/test_glue_later.py ;;
 *) echo "no lane $lane" > $O/error.log ;;
 esac
