@@ -345,22 +345,34 @@ class Glue:
     def _compile_later(self, inputs: list, device: torch.device) -> None:
         t0 = time.perf_counter()
         _switch_quickly(True)
+        on_gpu = device.type == "cuda"
+        stream = module = None
         try:
-            on_gpu = device.type == "cuda"
+            # a cache the caller's calls write meanwhile: the thread's calls write copies, made on the caller's
+            # stream (their memory goes back to its pool, not to one of this thread's stream)
+            try:
+                with torch.no_grad(), torch.cuda.device(device) if on_gpu else contextlib.nullcontext():
+                    module = self.state_apart()
+            except torch.OutOfMemoryError:    # (nothing compiled: a first call at another shape compiles it, said)
+                warnings.warn("accelc: the glue for other shapes not compiled in the background: copies of the state "
+                              "it writes did not fit in memory; a first call at another shape compiles it", stacklevel=1)
+                return
             stream = torch.cuda.Stream(device) if on_gpu else None
-            if stream is not None:       # (the inputs were made on the caller's stream)
+            if stream is not None:       # (the inputs and copies were made on the caller's stream)
                 stream.wait_stream(torch.cuda.current_stream(device))
             with torch.no_grad(), torch.cuda.device(device) if on_gpu else contextlib.nullcontext(), \
                     torch.cuda.stream(stream) if on_gpu else contextlib.nullcontext():
-                module = self.state_apart()     # (a cache the caller's calls write meanwhile: the thread writes copies)
                 for args in inputs:
                     self._compile_dynamic(module, args, {})
-                del module
-            if stream is not None:
-                stream.synchronize()
         except Exception as e:      # (the model's own error at a size Dynamo compiles apart, a CUDA error)
             self.failed = self.failed or compile_failed(e)
         finally:
+            try:
+                if stream is not None:   # (the copies freed only once this stream's work on them has ended)
+                    stream.synchronize()
+            except Exception as e:
+                self.failed = self.failed or compile_failed(e)
+            module = None
             _switch_quickly(False)
         self.later_seconds = round(time.perf_counter() - t0, 2)
         log.info("accelc: the glue for other shapes compiled in the background (%.1f s)%s", self.later_seconds,

@@ -480,3 +480,21 @@ def test_a_steps_glue_compiled_on_copies_of_its_cache_serves_its_calls_after(mon
     assert rel_l2(_first(got), _first(want)) < 1e-5
     for k, v in cache.items():
         assert rel_l2(v.float(), written[k].float()) < 1e-5, k
+
+
+def test_copies_of_the_state_that_do_not_fit_leave_the_compile_to_a_first_call(monkeypatch):
+    """Where the copies of the cache run out of memory in the background thread, nothing is compiled there and the
+    glue is not marked failed: said, and a first call at another shape compiles it (as a causal LM's forward's)."""
+    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now")
+    gm = opt.step.graph_module
+    glue = regions.RegionalGlue(gm, Plain(gm), True, regions.plan(gm), lambda m, d: m, runner.STATIC_GLUE,
+                                runner.signature_or_none)
+
+    def no_room(self):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(regions.RegionalGlue, "state_apart", no_room)
+    with pytest.warns(UserWarning, match="did not fit in memory"):
+        assert glue.compile_dynamic_later([warmup._own(opt.step.example_inputs)], torch.device(DEVICE))
+        assert glue.wait(60)
+    assert not glue.failed and not glue.dynamic_done and not glue.pending()
