@@ -470,13 +470,28 @@ class RegionalGlue(Glue):
 
     def apart_ok(self) -> bool:
         """Copies of the state fit beside it: at most half the device's free memory (a large cache compiles now)."""
-        on_gpu = [t for t in (operator.attrgetter(a)(self._gm) for a in self.state) if t.is_cuda]
+        on_gpu = [_held(operator.attrgetter(a)(self._gm)) for a in self.state]
+        on_gpu = [t for t in on_gpu if t.is_cuda]
         return not on_gpu or sum(t.nbytes for t in on_gpu) <= torch.cuda.mem_get_info(on_gpu[0].device)[0] // 2
+
 
     def state_apart(self):
         """The parent over copies of the state the graph writes (a region takes its block's cache as an input, so
         the same compiles serve the model's own), made for one background compile and dropped after it."""
         if not self.state:
             return self.module
-        copies = {t: operator.attrgetter(t)(self._gm).clone() for t in self.state}
-        return parent_module(self._gm, self.cut, self._order, replace=copies)
+        return parent_module(self._gm, self.cut, self._order,
+                             replace={a: _copy(operator.attrgetter(a)(self._gm)) for a in self.state})
+
+
+def _held(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory `t` lies in (its base, for a view)."""
+    return t if t._base is None else t._base
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` shaped as it is: a view of a copy of its base where it is a view (a compile's guards read a
+    view's base: a plain copy would compile code the view's calls fail)."""
+    if t._base is None:
+        return t.clone()
+    return _held(t).clone().as_strided(t.size(), t.stride(), t.storage_offset())

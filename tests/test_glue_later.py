@@ -225,12 +225,13 @@ def test_a_causal_lms_step_compiles_its_glue_in_the_background_after_the_forward
         assert [e[0] for e in events] == ["now", "timed", "timed"], events
 
 
-def test_a_background_compile_of_a_generation_step_writes_copies_of_its_cache(monkeypatch):
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_a_background_compile_of_a_generation_step_writes_copies_of_its_cache(monkeypatch, kv_cache):
     """The step's regions take its cache as inputs: the background compile's calls run them on copies, so the
     cache the caller's calls write meanwhile is left as they wrote it, the regions' compiled code (shared with the
     caller's calls) made on tensors of the cache's shapes; the copies are dropped after. A glue compiled whole
     over a cache refuses a background compile."""
-    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now")
+    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now", kv_cache=kv_cache)
     step = opt.step
     gm = step.graph_module
     cut = regions.plan(gm)
@@ -250,7 +251,7 @@ def test_a_background_compile_of_a_generation_step_writes_copies_of_its_cache(mo
     go, compile_dynamic = threading.Event(), regions.Glue._compile_dynamic
     monkeypatch.setattr(regions.Glue, "_compile_dynamic",
                         lambda self, *a: go.wait(60) and compile_dynamic(self, *a))
-    assert glue.compile_dynamic_later([step.example_inputs], torch.device(DEVICE))
+    assert glue.compile_dynamic_later([warmup._own(step.example_inputs)], torch.device(DEVICE))
     threading.Timer(0.2, go.set).start()
     assert glue.wait(120) and not glue.failed and len(glue.dynamic_done) == 1
     ours = {v.data_ptr() for v in cache.values()}
@@ -262,6 +263,20 @@ def test_a_background_compile_of_a_generation_step_writes_copies_of_its_cache(mo
     whole = runner.CompiledGlue(gm, Plain(gm), True)
     assert whole.state and not whole.apart_ok() and not whole.compile_dynamic_later([step.example_inputs],
                                                                                     torch.device(DEVICE))
+
+
+def test_a_copy_of_a_view_of_the_state_is_a_view_of_a_copy():
+    """A state tensor that is a view of another (its base) is copied as the same view of a copy of the base: a
+    compile's guards read a view's base, so a plain copy would compile code the real view's calls fail."""
+    base = torch.randn(4, 6)
+    view = base[1:3, ::2]
+    got = regions._copy(view)
+    assert got._base is not None and got._base is not base and got._base.shape == base.shape
+    assert got.shape == view.shape and got.stride() == view.stride() and got.storage_offset() == view.storage_offset()
+    assert torch.equal(got, view) and got.data_ptr() != view.data_ptr()
+    plain = torch.empty_strided((5, 3), (1, 5)).copy_(torch.randn(5, 3))     # (strided, not a view)
+    assert plain._base is None and regions._copy(plain).stride() == plain.stride()
+    assert regions._copy(plain)._base is None and torch.equal(regions._copy(plain), plain)
 
 
 def test_the_setting_is_checked_comes_from_the_environment_and_leaves_the_reuse_key_alone(optimized, monkeypatch):
