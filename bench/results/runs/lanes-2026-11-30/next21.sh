@@ -2,8 +2,8 @@
 # What the session of 01:19 (2026-11-30) leaves owed for a one-GPU H200 (logs under /tmp/next21/<lane>, packed into
 # $OUT/<lane>.tgz; the install, GPU list and bytecode prime once a command, in setup.tgz):
 #   bash bench/results/runs/lanes-2026-11-30/next21.sh LANE[,LANE...] [SECONDS]   # SECONDS: the command's budget (570)
-# Lengths there (H200, estimated): lm ~300 s, gen ~150, opt ~320, dyn ~150, gtest ~160, profr ~90.
-# in order of what they decide: lm, gen, opt, dyn, gtest, profr
+# Lengths there (H200, estimated): lm ~300 s, gen ~150, opt ~320, dyn ~150, gtest ~160, profr ~90, lm8b ~200.
+# in order of what they decide: lm, gen, opt, lm8b, dyn, gtest, profr
 # lm: a causal LM's generation step's glue for other shapes compiled in the background on copies of its cache (this
 #     session's change: the step had compiled it inside optimize, 8.0 s of the Qwen2-1.5B LM's 57.8 s in
 #     runs/optimize_time/run37-h200-families-cold/) against ACCELC_OTHER_SHAPES=now, cold, Qwen2-0.5B and Qwen2-1.5B
@@ -12,6 +12,8 @@
 #     (runs/generate/run38-h200), other_shapes_after_s in the JSON (generate.py waits for it before timing)
 # opt: cold and warm optimize against reduce-overhead at the new default (other_shapes="background"), BERT /
 #     ResNet-50 / Llama 1.1B: #56's ratio with it (runs/optimize_time/run39-h200 measured it at "now": 2.1x-2.4x)
+# lm8b: the Llama-3-8B shape's LM cold and warm at the default (run31-h200-8b: 68.8 / 12.5 s at "now", its step's
+#     glue compiled inside: #56's 60 / 10 s)
 # dyn: bench/dynamic.py's 300-request trace of BERT right after optimize at the default (#56: none above 1 s)
 # profr (carry `.whl`: py-spy): ResNet-50's cold optimize under py-spy (bench/spy_summary.py reads it): the e2e
 #     model furthest from #56's 1.5x (2.43x in run39; its guard 13.8 s and layer timing 3.5 s with the shipped table
@@ -37,6 +39,7 @@ opt) for m in bert resnet50 llama; do
         step 0 opt-$m 185 python bench/optimize_time.py --models $m --sides compile_ro,accelc_cold,accelc_warm \
             --out $O/opt
     done ;;
+lm8b) step 0 lm8b 300 python bench/optimize_time.py --models llama3-8b-lm --sides accelc_cold,accelc_warm --out $O/opt ;;
 dyn) step 0 dyn-bert 240 python bench/dynamic.py --models bert --requests 300 --sides eager,accelc --out $O/dyn ;;
 profr) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
           .whl/py_spy*.whl > $O/whl.log 2>&1
