@@ -513,3 +513,28 @@ def test_copies_of_the_state_that_do_not_fit_leave_the_compile_to_a_first_call(m
         assert glue.compile_dynamic_later([warmup._own(opt.step.example_inputs)], torch.device(DEVICE))
         assert glue.wait(60)
     assert not glue.failed and not glue.dynamic_done and not glue.pending()
+
+
+def test_an_lm_generates_its_tokens_while_and_after_its_steps_glue_compiles_in_the_background(monkeypatch):
+    """End to end (the GPU's warm-up branch taken on the CPU, Inductor compiling the step's regions): optimize
+    returns with the step's glue for other shapes compiling on copies of its cache; a generate() at another prompt
+    length meanwhile, and again once it has compiled, gives the model's own greedy tokens. (The compile held while
+    the first generate runs: the Triton interpreter this machine runs the kernels in is not for two threads.)"""
+    warmup_takes_the_gpu_branch(monkeypatch)
+    go, compile_dynamic = threading.Event(), regions.Glue._compile_dynamic
+    monkeypatch.setattr(regions.Glue, "_compile_dynamic", lambda self, *a: go.wait(120) and compile_dynamic(self, *a))
+    lm = _tiny_lm(3)
+    opt = _optimize(lm, _example(1, 6), other_shapes="background", glue="inductor")
+    glue = opt.step.runner.fn
+    assert isinstance(glue, regions.RegionalGlue) and glue.later is not None      # started, on copies
+    ids = torch.randint(1, 100, (1, 9), device=DEVICE)
+    with torch.no_grad():
+        want = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
+        during = opt.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                              pad_token_id=0)
+        assert glue.pending()
+        go.set()
+        assert opt.wait_for_other_shapes(600) and not glue.failed and glue.dynamic_done
+        after = opt.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                             pad_token_id=0)
+    assert torch.equal(during, want) and torch.equal(after, want)
