@@ -225,14 +225,21 @@ def test_a_causal_lms_step_compiles_its_glue_in_the_background_after_the_forward
         assert [e[0] for e in events] == ["now", "timed", "timed"], events
 
 
+@pytest.fixture(scope="module")
+def lm_opt():
+    """A tiny Llama's optimize with its glue compiled now (the tests build the glue they look at)."""
+    return _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now")
+
+
 @pytest.mark.parametrize("kv_cache", ["static", "paged"])
-def test_a_background_compile_of_a_generation_step_writes_copies_of_its_cache(monkeypatch, kv_cache):
+def test_a_background_compile_of_a_generation_step_writes_copies_of_its_cache(monkeypatch, request, kv_cache):
     """The step's regions take its cache as inputs: the background compile's calls run them on copies, so the
     cache the caller's calls write meanwhile is left as they wrote it, the regions' compiled code (shared with the
     caller's calls) made on tensors of the cache's shapes; the copies are dropped after. A glue compiled whole
     over a cache refuses a background compile."""
-    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now", kv_cache=kv_cache)
-    step = opt.step
+    lm_opt = (request.getfixturevalue("lm_opt") if kv_cache == "static"
+              else _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now", kv_cache=kv_cache))
+    step = lm_opt.step
     gm = step.graph_module
     cut = regions.plan(gm)
     assert cut is not None and runner.mutated_state(gm)
@@ -466,11 +473,11 @@ def test_what_reads_the_graph_or_times_it_waits_for_the_background_compile(optim
     assert seen == [False] and not (tmp_path / "m.pt2").exists()
 
 
-def test_a_steps_glue_compiled_on_copies_of_its_cache_serves_its_calls_after(monkeypatch):
+def test_a_steps_glue_compiled_on_copies_of_its_cache_serves_its_calls_after(monkeypatch, lm_opt):
     """Inductor (this machine's) compiles the step's regions for dynamic shapes in the background, on copies of
     its cache: a call at another prompt length afterwards runs that compiled code (no compile, the plain graph not
     called), and writes the model's cache as the plain graph does, its outputs the plain graph's."""
-    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now")
+    opt = lm_opt
     step = opt.step
     gm = step.graph_module
     torch._dynamo.reset()
@@ -497,10 +504,10 @@ def test_a_steps_glue_compiled_on_copies_of_its_cache_serves_its_calls_after(mon
         assert rel_l2(v.float(), written[k].float()) < 1e-5, k
 
 
-def test_copies_of_the_state_that_do_not_fit_leave_the_compile_to_a_first_call(monkeypatch):
+def test_copies_of_the_state_that_do_not_fit_leave_the_compile_to_a_first_call(monkeypatch, lm_opt):
     """Where the copies of the cache run out of memory in the background thread, nothing is compiled there and the
     glue is not marked failed: said, and a first call at another shape compiles it (as a causal LM's forward's)."""
-    opt = _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now")
+    opt = lm_opt
     gm = opt.step.graph_module
     glue = regions.RegionalGlue(gm, Plain(gm), True, regions.plan(gm), lambda m, d: m, runner.STATIC_GLUE,
                                 runner.signature_or_none)
