@@ -2,8 +2,9 @@
 # What the session of 01:19 (2026-11-30) leaves owed for a one-GPU H200 (logs under /tmp/next21/<lane>, packed into
 # $OUT/<lane>.tgz; the install, GPU list and bytecode prime once a command, in setup.tgz):
 #   bash bench/results/runs/lanes-2026-11-30/next21.sh LANE[,LANE...] [SECONDS]   # SECONDS: the command's budget (570)
-# Lengths there (H200, estimated): lm ~300 s, gen ~150, opt ~320, dyn ~150, gtest ~160, profr ~90, lm8b ~200.
-# in order of what they decide: lm, gen, opt, lm8b, dyn, gtest, profr
+# Lengths there (H200, estimated): lm ~300 s, gen ~150, opt ~320, dyn ~150, gtest ~160, profr ~90, lm8b ~200,
+# capw ~260.
+# in order of what they decide: lm, gen, opt, lm8b, dyn, gtest, profr, capw
 # lm: a causal LM's generation step's glue for other shapes compiled in the background on copies of its cache (this
 #     session's change: the step had compiled it inside optimize, 8.0 s of the Qwen2-1.5B LM's 57.8 s in
 #     runs/optimize_time/run37-h200-families-cold/) against ACCELC_OTHER_SHAPES=now, cold, Qwen2-0.5B and Qwen2-1.5B
@@ -18,6 +19,10 @@
 # profr (carry `.whl`: py-spy): ResNet-50's cold optimize under py-spy (bench/spy_summary.py reads it): the e2e
 #     model furthest from #56's 1.5x (2.43x in run39; its guard 13.8 s and layer timing 3.5 s with the shipped table
 #     holding its keys), not profiled before
+# capw: whether the compile workers' start (16 processes importing torch and triton as optimize begins) slows the
+#     capture beside it: cold BERT and the Qwen2-1.5B LM with the workers (the default) and without
+#     (ACCELC_COMPILE_PROCS=0), caches of their own; the capture phase of each (run8-h200-compile-workers, before
+#     the kept bytecode: BERT 7.47 s with them, 4.05 without; run37's Qwen2-1.5B capture 12.9 s, its profile's 6.3)
 # gtest: tests/test_glue_later.py on the GPU (the step's compile on copies of its cache, the waits of save, pickle,
 #     deep copy, release_graphs and the report)
 set -u
@@ -49,6 +54,12 @@ profr) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-di
         "$PYSPY" record --idle --threads --nonblocking --rate 40 -f raw -o $O/cold-resnet50.txt \
         -- python bench/optimize_time.py --side accelc_cold --model resnet50 --workdir $W
     gzip -f $O/cold-resnet50.txt ;;
+capw) for m in bert qwen2-1.5b-lm-b1; do
+        for w in default 0; do
+            step 0 $m-procs-$w 100 env $(fresh) $([ $w = 0 ] && echo ACCELC_COMPILE_PROCS=0) \
+                python bench/optimize_time.py --models $m --sides accelc_cold --out $O/$m-procs-$w
+        done
+    done ;;
 gtest) step 0 gtest 240 python -m pytest -q -p no:cacheprovider tests/test_glue_later.py ;;
 *) echo "no lane $lane" > $O/error.log ;;
 esac
