@@ -77,7 +77,14 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     job = make_job(model, example_inputs, config, calibration, stacklevel=3, example_kwargs=example_kwargs)
     runtime.warn_if_interpreted(stacklevel=2)
     with progress_bar.showing("accelc", progress_bar.wanted(progress)):
-        return optimize_job(job)
+        opt = optimize_job(job)
+        if regions.background_running():     # (said where it shows: a call timed now shares the host with it)
+            text = ("accelc: the glue for other shapes compiles in the background: until it ends, calls at other shapes "
+                    "run uncompiled and every call shares the host with it (opt.wait_for_other_shapes() waits for it; "
+                    "OptimizeConfig(other_shapes=\"now\") compiles it inside optimize)")
+            log.info(text)
+            progress_bar.write(text)
+        return opt
 
 
 @dataclass

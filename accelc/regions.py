@@ -445,6 +445,11 @@ def _switch_quickly(on: bool) -> None:
             sys.setswitchinterval(_SWITCH["before"])
 
 
+def background_running() -> bool:
+    """Whether a background glue compile (Glue.compile_dynamic_later) is still running."""
+    return any(t.is_alive() for t in list(_LATER))
+
+
 def wait_background(timeout: float | None = None) -> None:
     """Every background glue compile (Glue.compile_dynamic_later) ended: before a CUDA graph capture, which
     another thread's allocations and launches would break."""

@@ -545,3 +545,35 @@ def test_an_lm_generates_its_tokens_while_and_after_its_steps_glue_compiles_in_t
         after = opt.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
                              pad_token_id=0)
     assert torch.equal(during, want) and torch.equal(after, want)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_optimize_says_when_it_returns_with_the_glue_compiling_in_the_background(monkeypatch, capsys, caplog,
+                                                                                  progress):
+    """A call timed right after optimize shares the host with the background compile: optimize says so where its
+    progress shows (and to the logger always), with the way to wait; nothing is said where none was started."""
+    warmup_takes_the_gpu_branch(monkeypatch)
+    ended = threading.Event()
+
+    def later(self, inputs):
+        thread = threading.Thread(target=ended.wait, args=(60,))
+        regions._LATER.add(thread)
+        thread.start()
+        return True
+
+    monkeypatch.setattr(OptimizedModule, "compile_other_shapes_later", later)
+    try:
+        with caplog.at_level("INFO", logger="accelc"):
+            accelc.optimize(_bert(), _example(), accelc.OptimizeConfig(passes=("linear_act",), only_if_faster=False,
+                                                                        other_shapes="background"), progress=progress)
+    finally:
+        ended.set()
+    said = "the glue for other shapes compiles in the background"
+    assert (said in capsys.readouterr().err) == progress and said in caplog.text and "wait_for_other_shapes()" in caplog.text
+    regions.wait_background()
+    caplog.clear()
+    monkeypatch.setattr(OptimizedModule, "compile_other_shapes", lambda self, inputs: True)
+    with caplog.at_level("INFO", logger="accelc"):
+        accelc.optimize(_bert(), _example(), accelc.OptimizeConfig(passes=("linear_act",), only_if_faster=False,
+                                                                    other_shapes="now"), progress=True)
+    assert said not in capsys.readouterr().err and said not in caplog.text
