@@ -131,6 +131,19 @@ def clone_tensors(tree):
     return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
+def memory_holder(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory `t` lies in (its base, for a view)."""
+    return t if t._base is None else t._base
+
+
+def copy_as_is(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` shaped as it is: a view of a copy of its base where it is a view (a compile's guards read a
+    view's base: a plain copy compiles code the view's calls fail; regions.RegionalGlue.state_apart)."""
+    if t._base is None:
+        return t.clone()
+    return memory_holder(t).clone().as_strided(t.size(), t.stride(), t.storage_offset())
+
+
 class GpuTimer:
     """The GPU time of the work recorded inside `with timer:` on the current stream; ms() reads it
     once the GPU has done it (None before: it never waits)."""

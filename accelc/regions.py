@@ -37,6 +37,7 @@ from torch import fx, nn
 
 from accelc import meta
 from accelc.capture.contract import mutated_state
+from accelc.cuda_graphs import copy_as_is, memory_holder
 
 log = logging.getLogger("accelc")
 
@@ -475,7 +476,7 @@ class RegionalGlue(Glue):
 
     def apart_ok(self) -> bool:
         """Copies of the state fit beside it: at most half the device's free memory (a large cache compiles now)."""
-        on_gpu = [_held(operator.attrgetter(a)(self._gm)) for a in self.state]
+        on_gpu = [memory_holder(operator.attrgetter(a)(self._gm)) for a in self.state]
         on_gpu = [t for t in on_gpu if t.is_cuda]
         return not on_gpu or sum(t.nbytes for t in on_gpu) <= torch.cuda.mem_get_info(on_gpu[0].device)[0] // 2
 
@@ -486,17 +487,4 @@ class RegionalGlue(Glue):
         if not self.state:
             return self.module
         return parent_module(self._gm, self.cut, self._order,
-                             replace={a: _copy(operator.attrgetter(a)(self._gm)) for a in self.state})
-
-
-def _held(t: torch.Tensor) -> torch.Tensor:
-    """The tensor whose memory `t` lies in (its base, for a view)."""
-    return t if t._base is None else t._base
-
-
-def _copy(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` shaped as it is: a view of a copy of its base where it is a view (a compile's guards read a
-    view's base: a plain copy would compile code the view's calls fail)."""
-    if t._base is None:
-        return t.clone()
-    return _held(t).clone().as_strided(t.size(), t.stride(), t.storage_offset())
+                             replace={a: copy_as_is(operator.attrgetter(a)(self._gm)) for a in self.state})

@@ -14,7 +14,7 @@ import transformers as T
 from torch.utils import _pytree as pytree
 
 import accelc
-from accelc import api, regions, reuse, runner, warmup
+from accelc import api, cuda_graphs, regions, reuse, runner, warmup
 from accelc.optimized import OptimizedModule
 from conftest import DEVICE, rel_l2, warmup_takes_the_gpu_branch
 from test_runner import Captures
@@ -277,13 +277,13 @@ def test_a_copy_of_a_view_of_the_state_is_a_view_of_a_copy():
     compile's guards read a view's base, so a plain copy would compile code the real view's calls fail."""
     base = torch.randn(4, 6)
     view = base[1:3, ::2]
-    got = regions._copy(view)
+    got = cuda_graphs.copy_as_is(view)
     assert got._base is not None and got._base is not base and got._base.shape == base.shape
     assert got.shape == view.shape and got.stride() == view.stride() and got.storage_offset() == view.storage_offset()
     assert torch.equal(got, view) and got.data_ptr() != view.data_ptr()
     plain = torch.empty_strided((5, 3), (1, 5)).copy_(torch.randn(5, 3))     # (strided, not a view)
-    assert plain._base is None and regions._copy(plain).stride() == plain.stride()
-    assert regions._copy(plain)._base is None and torch.equal(regions._copy(plain), plain)
+    assert plain._base is None and cuda_graphs.copy_as_is(plain).stride() == plain.stride()
+    assert cuda_graphs.copy_as_is(plain)._base is None and torch.equal(cuda_graphs.copy_as_is(plain), plain)
 
 
 def test_the_setting_is_checked_comes_from_the_environment_and_leaves_the_reuse_key_alone(optimized, monkeypatch):
