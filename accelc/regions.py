@@ -322,9 +322,9 @@ class Glue:
 
     def state_apart(self):
         """The glue's module for a compile's call that must leave the model's state alone (the background thread's,
-        beside the caller's calls): self.module where the graph updates no state in place, else None (the
-        whole graph compiled as one module reads the model's own; RegionalGlue's override copies it)."""
-        return None if self.state else self.module
+        beside the caller's calls; asked only where apart_ok): self.module, which updates none here (RegionalGlue's
+        override copies the state it updates)."""
+        return self.module
 
     def apart_ok(self) -> bool:
         """Whether compile_dynamic_later may run: its calls can leave the model's state alone (state_apart)."""
@@ -347,7 +347,7 @@ class Glue:
         t0 = time.perf_counter()
         _switch_quickly(True)
         on_gpu = device.type == "cuda"
-        stream = module = None
+        stream = None
         try:
             # a cache the caller's calls write meanwhile: the thread's calls write copies, made on the caller's
             # stream (their memory goes back to its pool, not to one of this thread's stream)
@@ -369,11 +369,10 @@ class Glue:
             self.failed = self.failed or compile_failed(e)
         finally:
             try:
-                if stream is not None:   # (the copies freed only once this stream's work on them has ended)
+                if stream is not None:   # (the copies, freed as this returns, no longer read by its work)
                     stream.synchronize()
             except Exception as e:
                 self.failed = self.failed or compile_failed(e)
-            module = None
             _switch_quickly(False)
         self.later_seconds = round(time.perf_counter() - t0, 2)
         log.info("accelc: the glue for other shapes compiled in the background (%.1f s)%s", self.later_seconds,
@@ -469,10 +468,9 @@ class RegionalGlue(Glue):
             if seg.key not in kinds:
                 kinds[seg.key] = Region(fx.GraphModule(seg.modules, seg.graph, class_name="Region"), dynamic,
                                         compile_fn, static_most, key_of)
-        parent = parent_module(gm, cut, [kinds[seg.key] for seg in cut.segments])
-        super().__init__(parent, list(kinds.values()), plain, dynamic, static_most, key_of, cut,
-                         state=mutated_state(gm))
         self._gm, self._order = gm, [kinds[seg.key] for seg in cut.segments]
+        super().__init__(parent_module(gm, cut, self._order), list(kinds.values()), plain, dynamic, static_most,
+                         key_of, cut, state=mutated_state(gm))
 
     def apart_ok(self) -> bool:
         """Copies of the state fit beside it: at most half the device's free memory (a large cache compiles now)."""
