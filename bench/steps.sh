@@ -5,6 +5,9 @@
 #   . bench/steps.sh; steps_start /tmp/x 560      # O=/tmp/x, install.log and gpus.txt in it, the budget set
 #   step GPUS NAME CAP COMMAND...   # COMMAND on GPUS (CUDA_VISIBLE_DEVICES), its output and exit status in
 #                                   # $O/NAME.log, cut at CAP seconds or at what is left of the budget
+# env assignments for one process's caches, new and empty (a cold side): `env $(fresh) python ...`
+fresh() { local c; c=$(mktemp -d)
+  echo "ACCELC_CACHE_DIR=$c/accelc TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor"; }
 steps_budget() { steps_end=$(( $(date +%s) + ${1:-560} - 20 )); }      # (20 s kept for the packing)
 steps_left() { local l=$(( steps_end - $(date +%s) )); [ $l -gt 5 ] && echo $l || echo 5; }
 step() { local gpu=$1 name=$2 cap=$3; shift 3; local t; t=$(steps_left); [ "$t" -gt "$cap" ] && t=$cap

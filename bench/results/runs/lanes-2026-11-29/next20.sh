@@ -33,7 +33,6 @@
 set -u
 . bench/steps.sh; steps_start /tmp/next20/setup "${2:-570}"
 tar czf $OUT/setup.tgz -C $O .
-fresh() { local c; c=$(mktemp -d); echo "ACCELC_CACHE_DIR=$c/accelc TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor"; }
 for lane in ${1//,/ }; do
 O=/tmp/next20/$lane; mkdir -p $O
 case $lane in
