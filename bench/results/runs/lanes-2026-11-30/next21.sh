@@ -4,7 +4,10 @@
 #   bash bench/results/runs/lanes-2026-11-30/next21.sh LANE[,LANE...] [SECONDS]   # SECONDS: the command's budget (570)
 # Lengths there (H200, estimated): lm ~300 s, gen ~150, opt ~320, dyn ~150, gtest ~160, profr ~90, lm8b ~200,
 # capw ~260.
-# in order of what they decide: lm, gen, opt, lm8b, dyn, gtest, profr, capw
+# regress ~300 (carry `.ort`).
+# in order of what they decide: regress, lm, gen, opt, lm8b, dyn, gtest, profr, capw
+# regress (carry `.ort`): the e2e check at this tree (the background default, the step's compile in the background:
+#     bench/e2e.py waits for both before timing) against reduce-overhead and ONNX Runtime (run53 was at 1de7b61)
 # lm: a causal LM's generation step's glue for other shapes compiled in the background on copies of its cache (this
 #     session's change: the step had compiled it inside optimize, 8.0 s of the Qwen2-1.5B LM's 57.8 s in
 #     runs/optimize_time/run37-h200-families-cold/) against ACCELC_OTHER_SHAPES=now, cold, Qwen2-0.5B and Qwen2-1.5B
@@ -31,6 +34,9 @@ tar czf $OUT/setup.tgz -C $O .
 for lane in ${1//,/ }; do
 O=/tmp/next21/$lane; mkdir -p $O
 case $lane in
+regress) sides=compile_ro,accelc
+    [ -f .ort/install.sh ] && source .ort/install.sh > $O/ort-install.log 2>&1 && sides=compile_ro,ort_opt,accelc
+    step 0 e2e 540 python bench/e2e.py --models bert,resnet50,llama --sides $sides --batches first --out $O/e2e ;;
 lm) for m in qwen2-0.5b-lm-b1 qwen2-1.5b-lm-b1; do
         for o in background now; do
             step 0 $m-$o 100 env $(fresh) ACCELC_OTHER_SHAPES=$o python bench/optimize_time.py --models $m \
