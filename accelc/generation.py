@@ -426,9 +426,11 @@ class OptimizedLM(OptimizedModule):
         except Exception as e:   # a measurement, not a verdict: generate()'s own failure shows at the user's call
             self.info.generation += f"; not timed at optimize ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
             return
+        # a prompt's glue held for the background compile (regions.Glue.hold_later) ran uncompiled: no first token
+        first = ("first token not timed (the prompt's glue compiles in the background after optimize)"
+                 if self.step is not None and self.step.other_shapes_deferred() else f"first token {ttft:.1f} ms")
         self.info.generation += (f"; measured at optimize on the example prompt ({input_ids.shape[0]} x "
-                                 f"{input_ids.shape[1]}, greedy): first token {ttft:.1f} ms, decode {rate:.1f} "
-                                 "tokens/s a sequence")
+                                 f"{input_ids.shape[1]}, greedy): {first}, decode {rate:.1f} tokens/s a sequence")
 
     def summary(self) -> str:
         text = super().summary()

@@ -154,6 +154,17 @@ class OptimizedModule(nn.Module):
         returns (OptimizeConfig.other_shapes="background"); whether one was started."""
         return self._runner_for(inputs[0], {}).compile_other_shapes_later(inputs, _device(inputs[0], {}, self))
 
+    def hold_other_shapes(self, inputs: tuple) -> bool:
+        """compile_other_shapes_later due soon (a generation step's, held until its forward's optimize ends): calls
+        at other shapes meanwhile run uncompiled glue rather than compiling it (regions.Glue.hold_later)."""
+        glue = self._runner_for(inputs, {}).fn
+        return isinstance(glue, regions.Glue) and glue.hold_later()
+
+    def other_shapes_deferred(self) -> bool:
+        """Whether calls at shapes not warmed up run uncompiled glue now: its compile running in the background, or
+        held to start."""
+        return self.runner is not None and self.runner.compiling()
+
     def compiles_apart_from_state(self, inputs: tuple) -> bool:
         """Whether a background compile of the glue for other shapes can leave the state this program writes in
         place alone (regions.Glue.apart_ok: a glue cut into regions, its calls then on copies of that state)."""

@@ -293,6 +293,7 @@ class Glue:
         self.dynamic_done: set = set()  # the call signatures compile_dynamic ran at
         self.later: threading.Thread | None = None   # compile_dynamic_later's thread
         self.later_seconds: float | None = None       # its time, once it ended
+        self.due = False        # compile_dynamic_later held to start soon (hold_later)
 
     def specialize(self, key) -> bool:
         """Calls with signature `key` run static compiles for their shapes (made at the first such call); False
@@ -330,12 +331,20 @@ class Glue:
         """Whether compile_dynamic_later may run: its calls can leave the model's state alone (state_apart)."""
         return not self.state
 
+    def hold_later(self) -> bool:
+        """compile_dynamic_later due (a generation step's, once its forward's optimize ends): till then calls at a
+        signature not compiled static run the plain graph (the step's speed timed at optimize had compiled the glue
+        in the caller's thread); whether held (not where compile_dynamic_later would not start)."""
+        self.due = not self.dynamic_done and self.later is None and self.dynamic and not self.failed and self.apart_ok()
+        return self.due
+
     def compile_dynamic_later(self, inputs: list, device: torch.device) -> bool:
         """compile_dynamic on each of `inputs` (graph inputs of their own, the example's first) in a thread of its
         own (OptimizeConfig.other_shapes="background"), its GPU work on a stream of its own. Until it ends
         (pending), a call at a signature not compiled static runs the plain graph, no compile waited for (the
         Runner captures no CUDA graph for it meanwhile); a failure is said as a compile's at a call is. False
         where there is nothing to compile (a static glue, done already, failed)."""
+        self.due = False
         if not self.dynamic or self.failed or self.dynamic_done or self.later is not None or not self.apart_ok():
             return False
         self.later = threading.Thread(target=self._compile_later, args=(inputs, device), name="accelc-glue-later")
@@ -382,6 +391,10 @@ class Glue:
         """Whether compile_dynamic_later's thread is still compiling."""
         return self.later is not None and self.later.is_alive()
 
+    def deferred(self) -> bool:
+        """Whether calls at a signature not compiled static run the plain graph: compiling later (or due: hold_later)."""
+        return self.due or self.pending()
+
     def wait(self, timeout: float | None = None) -> bool:
         """compile_dynamic_later's thread ended (within `timeout` seconds); True where none is left running."""
         if self.later is not None:
@@ -391,7 +404,7 @@ class Glue:
     def __call__(self, *args, **kwargs):
         if not self.failed:
             static = bool(self.static) and self.key_of(args, kwargs) in self.static
-            if not static and self.pending():      # (compiling in the background: no compile waited for)
+            if not static and self.deferred():     # (compiling in the background, or due to: no compile waited for)
                 return self.plain(*args, **kwargs)
             if not static and self.dynamic and not self.dynamic_done:    # (a causal LM's forward leaves it here)
                 log.info("accelc: compiling the glue for other shapes at this call, once (OptimizeConfig."
@@ -477,7 +490,6 @@ class RegionalGlue(Glue):
         on_gpu = [memory_holder(operator.attrgetter(a)(self._gm)) for a in self.state]
         on_gpu = [t for t in on_gpu if t.is_cuda]
         return not on_gpu or sum(t.nbytes for t in on_gpu) <= torch.cuda.mem_get_info(on_gpu[0].device)[0] // 2
-
 
     def state_apart(self):
         """The parent over copies of the state the graph writes (a region takes its block's cache as an input, so

@@ -218,8 +218,9 @@ class Runner:
         return isinstance(self.fn, regions.Glue) and self.fn.compile_dynamic_later(inputs, device)
 
     def compiling(self) -> bool:
-        """Whether the glue for other shapes is still compiling in the background."""
-        return isinstance(self.fn, regions.Glue) and self.fn.pending()
+        """Whether the glue for other shapes is still compiling in the background (or due to: regions.Glue.
+        hold_later)."""
+        return isinstance(self.fn, regions.Glue) and self.fn.deferred()
 
     def _call(self, args, kwargs, sizes, force):
         """One call on (padded) args: its graph replayed, captured first if due, or a plain call;

@@ -67,7 +67,8 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
     if later and not generates:     # (after the call's timing: that thread's compiles would share the host)
         # (the example's tensors copied: the caller may write into its own while that thread reads them)
         inputs = [clone_tensors(flat), *apart_inputs(opt, flat)]
-        if hold is not None:
+        if hold is not None:     # (meanwhile calls at other shapes, the step's speed measured, run uncompiled glue)
+            opt.hold_other_shapes(inputs[0])
             hold.append(lambda: opt.compile_other_shapes_later(inputs))
         else:
             opt.compile_other_shapes_later(inputs)

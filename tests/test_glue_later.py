@@ -6,6 +6,7 @@ starts it after the call's timing, and not for a generation step, a causal LM's 
 import copy
 import pickle
 import threading
+import types
 import warnings
 
 import pytest
@@ -237,8 +238,10 @@ def test_a_background_compile_of_a_generation_step_writes_copies_of_its_cache(mo
     cache the caller's calls write meanwhile is left as they wrote it, the regions' compiled code (shared with the
     caller's calls) made on tensors of the cache's shapes; the copies are dropped after. A glue compiled whole
     over a cache refuses a background compile."""
+    # (four layers for the paged cache: its step's stretch before the blocks is long; with three the cut into
+    # regions paid by two nodes on the CPU (regions.PAYS) and was not made on the GPU)
     lm_opt = (request.getfixturevalue("lm_opt") if kv_cache == "static"
-              else _optimize(_tiny_lm(3), _example(1, 6), other_shapes="now", kv_cache=kv_cache))
+              else _optimize(_tiny_lm(4), _example(1, 6), other_shapes="now", kv_cache=kv_cache))
     step = lm_opt.step
     gm = step.graph_module
     cut = regions.plan(gm)
@@ -523,17 +526,24 @@ def test_copies_of_the_state_that_do_not_fit_leave_the_compile_to_a_first_call(m
 
 
 def test_an_lm_generates_its_tokens_while_and_after_its_steps_glue_compiles_in_the_background(monkeypatch):
-    """End to end (the GPU's warm-up branch taken on the CPU, Inductor compiling the step's regions): optimize
-    returns with the step's glue for other shapes compiling on copies of its cache; a generate() at another prompt
-    length meanwhile, and again once it has compiled, gives the model's own greedy tokens. (The compile held while
-    the first generate runs: the Triton interpreter this machine runs the kernels in is not for two threads.)"""
+    """End to end (the GPU's branches taken on the CPU: the warm-up's, and the speed optimize measures on the
+    example prompt; Inductor compiling the step's regions): optimize returns with the step's glue for other shapes
+    compiling on copies of its cache, not compiled by the speed measurement's prefill inside optimize (on the GPU
+    it was: the thread then found it done and never started), whose line says the first token was not timed; a
+    generate() at another prompt length meanwhile, and again once it has compiled, gives the model's own greedy
+    tokens. (The compile held while the first generate runs: the Triton interpreter this machine runs the kernels
+    in is not for two threads.)"""
     warmup_takes_the_gpu_branch(monkeypatch)
+    monkeypatch.setattr(api, "runtime", types.SimpleNamespace(**{**vars(api.runtime), "can_time": lambda d: True}))
     go, compile_dynamic = threading.Event(), regions.Glue._compile_dynamic
     monkeypatch.setattr(regions.Glue, "_compile_dynamic", lambda self, *a: go.wait(120) and compile_dynamic(self, *a))
     lm = _tiny_lm(3)
-    opt = _optimize(lm, _example(1, 6), other_shapes="background", glue="inductor")
+    opt = _optimize(lm, _example(1, 6), other_shapes="background", glue="inductor", max_cache_len=16)
     glue = opt.step.runner.fn
     assert isinstance(glue, regions.RegionalGlue) and glue.later is not None      # started, on copies
+    assert not glue.dynamic_done and not glue.due
+    line = next(x for x in opt.summary().splitlines() if x.startswith("generation:"))
+    assert "first token not timed (the prompt's glue compiles in the background" in line and "decode " in line
     ids = torch.randint(1, 100, (1, 9), device=DEVICE)
     with torch.no_grad():
         want = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
