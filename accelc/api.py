@@ -199,7 +199,7 @@ def heap_frozen():
 def _optimize_job(job: Job, release: bool, captured: tuple | None = None, hold: list | None = None) -> OptimizedModule:
     state = buffer_state(job.model)
     held: list = []     # a causal LM's generation step's background compile, started once this optimize is done
-    compile_workers.hold(job.device.type == "cuda")    # (up by the time the guard's tuners ask)
+    compile_workers.hold(job.device.type == "cuda")    # (the workers start as a capture traces: capture_job)
     try:
         gm, method, expected, capture_s = captured if captured is not None else capture_job(job)
         spec = gm.meta[CALL_SPEC]
@@ -253,7 +253,7 @@ def capture_job(job: Job) -> tuple:
     log.info("accelc: capturing %s", type(job.model).__name__)
     progress_bar.phase(f"capturing {type(job.model).__name__}")
     gm, method, expected = capture(job.model, job.args, job.kwargs, dynamic=job.config.dynamic,
-                                   kept=reuse.captures())
+                                   kept=reuse.captures(), tracing=compile_workers.start)
     seconds = round(time.perf_counter() - t0, 2)
     log.info("accelc: captured with %s (%d graph nodes, %.1f s)", method, len(gm.graph.nodes), seconds)
     return gm, method, expected, seconds

@@ -16,8 +16,9 @@ where the same abort would end the user's program; its launch raises CompilerCra
 candidate, the guard leaves the layer in PyTorch and says why). What a worker compiled is recorded in the Triton
 cache folder (compiled()): a later process loads those kernels from there without a worker's round trip (a warm
 optimize). ACCELC_COMPILE_PROCS: the workers (default:
-compile_ahead's thread count; 0 or 1: off). An optimize holds them (`hold` / `release`): started at its beginning,
-so that they are up by the time the guard's first tuner asks, and closed at its end.
+compile_ahead's thread count; 0 or 1: off). An optimize holds them (`hold` / `release`): started as its capture begins
+to trace (`start`; a warm optimize whose graph is read back starts none unless a compile is handed over), so that
+they are up by the time the guard's first tuner asks, and closed at its end.
 """
 from __future__ import annotations
 
@@ -149,14 +150,22 @@ _holders: list = []     # the optimizes running now (nested: a causal LM's step 
 
 
 def hold(on: bool = True) -> None:
-    """An optimize begins: the workers started if `on` (their imports take seconds, so they are up by the time the
-    guard asks; not waited for), and the compiles that ended a worker refused from then on (refuse_crashed). Each
-    hold is released (release) when its optimize ends."""
+    """An optimize begins (on: on a GPU): the compiles that ended a worker refused from then on (refuse_crashed); the
+    workers start as its first fresh capture begins (start), or at a first hand-over, not here: a warm optimize (its
+    graph read back, its kernels compiled) needs none, and 16 processes importing torch beside it took the host's
+    cores from its passes, capture read-back and warm-up. Each hold is released (release) when its optimize ends."""
     _holders.append(on)
     if on:
         triton_cache.key_early()
     if on and enabled():
         refuse_crashed()
+
+
+def start() -> None:
+    """The workers started now, inside an optimize that holds them (not waited for): called as a capture begins to
+    trace (capture.capture's `tracing`), so that their imports, seconds long, are done by the time the guard's
+    first tuner asks."""
+    if active():
         _running()
 
 

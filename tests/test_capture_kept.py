@@ -259,3 +259,26 @@ def test_the_folder_keeps_the_most_recently_used_within_its_bounds(exports, tmp_
     _optimize(model, examples[5])
     kept = _kept_files()
     assert len(kept) == 2 and of_3 in kept and of_4 not in kept
+
+
+def test_the_compile_workers_start_as_a_capture_traces_and_not_in_a_warm_optimize(exports, tmp_path, monkeypatch):
+    """An optimize on a GPU starts its compile workers as its capture begins to trace (their imports are done by the
+    time the guard's first tuner asks), not at its beginning; one whose graph is read back (a warm optimize: its
+    kernels compiled before) starts none, 16 processes importing torch beside its passes and warm-up for nothing.
+    Here an optimize's hold is made a GPU's, the workers' start recorded."""
+    from accelc import compile_workers
+    events = []
+    hold = compile_workers.hold
+    monkeypatch.setattr(compile_workers, "hold", lambda on=True: (events.append("hold"), hold(True))[1])
+    monkeypatch.setattr(compile_workers, "enabled", lambda: True)
+    monkeypatch.setattr(compile_workers, "refuse_crashed", lambda: None)     # (Triton's hook left as it is)
+    monkeypatch.setattr(compile_workers, "_running", lambda: events.append("workers") or [])
+    tracers = trace._try_tracers
+    monkeypatch.setattr(trace, "_try_tracers", lambda *a, **k: (events.append("trace"), tracers(*a, **k))[1])
+    model = _user_model(tmp_path, 2.0)
+    x = torch.randn(3, 16, device=DEVICE)
+    _optimize(model, (x,))
+    assert events == ["hold", "workers", "trace"], events
+    events.clear()
+    second = _optimize(model, (x,))
+    assert second.info.capture_kept and events == ["hold"], events

@@ -47,8 +47,8 @@ from accelc.numerics import same_values, upcast_run
 log = logging.getLogger("accelc")
 
 
-def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True, kept: Path | None = None
-            ) -> tuple[fx.GraphModule, str, object]:
+def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True, kept: Path | None = None,
+            tracing=None) -> tuple[fx.GraphModule, str, object]:
     """Returns (graph module, capture method, the model's eager output on `args`, `kwargs`). The
     graph takes the CallSpec's flat positional inputs (gm.meta[CALL_SPEC]: the positional
     arguments, then the tensor keyword arguments); gm.meta[SHAPES] says which shapes it takes
@@ -56,7 +56,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=T
     back their values after each run here; symbolic_trace is not tried on such a model (it runs
     buffer updates once, at trace time, instead of recording them). kept: the folder of graphs kept across
     processes (accelc.capture.stored), None for none: a graph torch.export made is kept there, and one kept
-    before for the same model and example is read back (checked as a fresh capture is) instead of exporting."""
+    before for the same model and example is read back (checked as a fresh capture is) instead of exporting.
+    tracing: called once as the tracers begin (not where a kept graph is read back)."""
     kwargs = dict(kwargs or {})
     state = buffer_state(model)
     given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (*args, *kwargs.values())]
@@ -80,6 +81,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=T
     k = stored.key(model, spec, flat, expected, dynamic, files) if kept else None
     found = _kept(kept, k, model, spec, flat, expected, state) if k else None
     if found is None:
+        if tracing is not None:
+            tracing()
         with quiet_torch_logs():
             found = _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic)
         if found is not None and k and found[1] == "torch.export":
