@@ -10,6 +10,12 @@
 # gtest (~140 s): tests/test_glue_later.py on the GPU (two failed at 42f8e16: the step's compile never started; the
 #     paged step of a 3-layer Llama not cut into regions)
 # plan (~30 s): diag_plan.py (why a tiny Llama's step is or is not cut into regions, static / paged, 3 / 4 layers)
+# warm (~400 s): a warm optimize without the compile workers' start (618ac71: they start as a capture traces, so a
+#     warm optimize whose graph is read back starts none) against its parent a186fc6 (16 workers importing beside it),
+#     BERT and the Llama 1.1B shape, cold then warm in one process each, the two trees alternating (runs/
+#     optimize_time/run40-h200: warm 4.4 / 7.5 s, the Llama shape's passes 1.38 s warm, 0.58 cold); make `base/`
+#     first (untracked, removed after; never committed):
+#     mkdir base && git archive a186fc6 accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
 set -u
 . bench/steps.sh; steps_start /tmp/next22/setup "${2:-570}"
 tar czf $OUT/setup.tgz -C $O .
@@ -23,6 +29,13 @@ lm|lm05) m=$([ $lane = lm ] && echo qwen2-1.5b-lm-b1 || echo qwen2-0.5b-lm-b1)
     done ;;
 gtest) step 0 gtest 200 python -m pytest -q -p no:cacheprovider tests/test_glue_later.py ;;
 plan) step 0 plan 90 python bench/results/runs/lanes-2026-12-01/diag_plan.py ;;
+warm) for m in bert llama; do
+        cap=$([ $m = bert ] && echo 90 || echo 130)
+        step 0 base-$m $cap env $(fresh) PYTHONPATH=$PWD/base python bench/optimize_time.py --models $m \
+            --sides accelc_cold,accelc_warm --out $O/base-$m
+        step 0 new-$m $cap env $(fresh) python bench/optimize_time.py --models $m --sides accelc_cold,accelc_warm \
+            --out $O/new-$m
+    done ;;
 *) echo "no lane $lane" > $O/error.log ;;
 esac
 tar czf $OUT/$lane.tgz -C $O .
