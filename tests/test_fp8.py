@@ -490,3 +490,18 @@ def test_an_output_error_budget_that_cannot_be_measured_is_said(monkeypatch):
         opt = accelc.optimize(model, (x,), accelc.OptimizeConfig(dtype="fp16", fp8=accelc.Fp8Config(
             weights_only=False, skip_first_last=False, only_if_faster=False, output_error=3.0)))
     assert sum(r.kind == "linear_fp8" for r in opt.layers) == 8
+
+
+def test_the_error_floor_bench_computes_fp8s_error_with_accelcs_references():
+    """bench/fp8_error_floor.py (the format's own error against fp16's, behind the closing notes on #61's accuracy
+    target): its fp8 sides are accelc's kernels' references, which the kernels are tested against; one e4m3 layer
+    adds tens of times fp16's error on any random draw, int8's per-row grid less than e4m3 on Gaussian values."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    import fp8_error_floor as floor
+    e = floor.one_layer(256, m=64, n=128)
+    assert e["fp8 w+a"] > 30 * e["fp16"] and e["fp8 weights"] > 20 * e["fp16"]
+    assert e["fp16"] < e["int8 w+a"] < e["fp8 w+a"]
+    s = floor.stack(64, 2, m=32)
+    assert s["fp8 w+a"] > 20 * s["fp16"]
