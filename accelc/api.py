@@ -71,6 +71,7 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     (buffers it updates in forward keep their values) and its mode is not changed (the copy runs
     in eval mode: accelc optimizes for inference).
     """
+    t0 = time.perf_counter()
     given = {k: v for k, v in (("dynamic", dynamic), ("warmup_shapes", warmup_shapes)) if v is not None}
     if given:
         config = dataclasses.replace(resolve_config(config), **given)
@@ -78,6 +79,7 @@ def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str |
     runtime.warn_if_interpreted(stacklevel=2)
     with progress_bar.showing("accelc", progress_bar.wanted(progress)):
         opt = optimize_job(job)
+        opt.info.optimize_s = round(time.perf_counter() - t0, 2)
         if regions.background_running():     # (said where it shows: a call timed now shares the host with it)
             text = ("accelc: the glue for other shapes compiles in the background: until it ends, calls at other shapes "
                     "run uncompiled and every call shares the host with it (opt.wait_for_other_shapes() waits for it; "

@@ -17,7 +17,7 @@ from accelc.capture.pickling import graph_state
 from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
 from accelc.errors import InputError, short_error
-from accelc.records import LayerRecord, OptimizeInfo
+from accelc.records import LayerRecord, OptimizeInfo, time_line
 from accelc.kernels import REFERENCES
 from accelc.runner import direct_calls, make_runner
 from accelc.rewrite import layers as layer_nodes
@@ -298,6 +298,8 @@ class OptimizedModule(nn.Module):
         if self.info.runtime:
             status = self.runner.status() if self.runner is not None else ""
             lines.append(f"runtime: {self.info.runtime}" + (f" ({status})" if status else ""))
+        if time_line(self.info):
+            lines.append(time_line(self.info))
         if self.info.reused:
             lines.append(f"guard: the verdicts of an identical optimize ({self.info.reused}: same graph, weights, "
                          "example shapes, config, accelc and GPU) reused, not checked again (ACCELC_REUSE=0 checks "

@@ -173,3 +173,29 @@ class OptimizeInfo:
     capture_kept: bool = False                 # the captured graph was one an earlier optimize kept (capture.stored)
     seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning
     #                                               included), warmup (glue compile, CUDA graph capture)
+    optimize_s: float = 0.0                    # optimize's wall time, to its return (accelc.optimize)
+
+
+# phases measured inside another (OptimizeInfo.seconds): shown with it, not counted twice
+_WITHIN = {"guard: other inputs": "guard (kernel tuning included)", "timing layers": "guard (kernel tuning included)"}
+_NAMES = {"warmup": "warm-up"}
+_ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "padding check", "warmup",
+          "glue for other shapes", "warm-up shapes", "generation step")
+
+
+def time_line(info: OptimizeInfo) -> str:
+    """The summary's line of where optimize's time went: its phases in order, those inside another beside it, the
+    rest unmeasured by any phase; "" where nothing was timed (a module made outside optimize)."""
+    top = {k: v for k, v in info.seconds.items() if k not in _WITHIN}
+    if not top:
+        return ""
+    top = {**{k: top[k] for k in _ORDER if k in top}, **top}      # (the phases in the order they run)
+    parts = []
+    for name, s in top.items():
+        within = [f"{k.removeprefix('guard: ')} {v:.1f}" for k, v in info.seconds.items() if _WITHIN.get(k) == name]
+        parts.append(f"{_NAMES.get(name, name)} {s:.1f}" + (f" (of it: {', '.join(within)})" if within else ""))
+    rest = info.optimize_s - sum(top.values())
+    if info.optimize_s and rest >= 0.05:
+        parts.append(f"the rest {rest:.1f}")
+    total = f"optimize {info.optimize_s:.1f} s: " if info.optimize_s else "optimize's phases (s): "
+    return "time: " + total + ", ".join(parts)

@@ -70,3 +70,27 @@ def test_cli_report_shows_the_layers_it_times(tmp_path, capsys):
                  "--rep-ms", "1", "--device", DEVICE.type]) == 0
     err = capsys.readouterr().err
     assert "accelc report: 1/5 " in err and "accelc report: 5/5 whole model" in err
+
+
+def test_the_summary_says_how_long_optimize_took_and_where_the_time_went(monkeypatch):
+    """The summary's time line: optimize's wall time to its return, then its phases in the order they run (those
+    measured inside the guard beside it, not counted twice) and the rest no phase measured; a module whose info
+    holds no phases (made outside optimize) has no such line."""
+    from accelc.records import OptimizeInfo, time_line
+    monkeypatch.setenv("ACCELC_REUSE", "0")
+    model, inputs = _mlp()
+    opt = accelc.optimize(model, inputs)
+    line = next(x for x in opt.summary().splitlines() if x.startswith("time: "))
+    seconds = opt.info.seconds
+    assert opt.info.optimize_s > 0 and line.startswith(f"time: optimize {opt.info.optimize_s:.1f} s: capture ")
+    for phase in ("capture", "passes", "guard (kernel tuning included)"):
+        assert f"{phase} {seconds[phase]:.1f}" in line, line
+    assert line.index("capture") < line.index("passes") < line.index("guard")
+    assert f"(of it: other inputs {seconds['guard: other inputs']:.1f}" in line
+    top = sum(v for k, v in seconds.items() if k not in ("guard: other inputs", "timing layers"))
+    assert top <= opt.info.optimize_s + 0.05
+    info = OptimizeInfo("symbolic_trace", "cpu", seconds={"passes": 0.3, "guard (kernel tuning included)": 1.0,
+                                                           "timing layers": 0.5, "capture": 0.5}, optimize_s=2.0)
+    assert time_line(info) == ("time: optimize 2.0 s: capture 0.5, passes 0.3, guard (kernel tuning included) 1.0 "
+                               "(of it: timing layers 0.5), the rest 0.2")
+    assert time_line(OptimizeInfo("symbolic_trace", "cpu")) == ""
