@@ -24,6 +24,7 @@ from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
 from accelc.capture import stored
+from accelc.capture.trace import PARTS
 from accelc.examples import carried_dims, check_calibration, check_example_inputs, separate_aliases
 from accelc.config import OptimizeConfig, PRESETS
 from accelc.latency import median_ms
@@ -224,6 +225,7 @@ def _optimize_job(job: Job, release: bool, captured: tuple | None = None, hold: 
                                  cls=generation.OptimizedLM if lm else OptimizedModule, race=race,
                                  reference=lambda: capture_reference(job.model, spec, flat, spec.flat_output(expected)))
             opt.info.seconds["capture"] = capture_s
+            opt.info.seconds.update(gm.meta.get(PARTS, {}))     # (the capture's parts: the summary's time line)
             opt.info.capture_kept = bool(gm.meta.get(stored.KEPT))
             with meanwhile.offered(functools.partial(forward_warm_up, opt, flat, job.device), "the forward's warm-up",
                                    enabled=early) as warm:

@@ -179,6 +179,11 @@ class OptimizeInfo:
 # phases measured inside another (OptimizeInfo.seconds): shown with it, not counted twice
 _WITHIN = {"guard: other inputs": "guard (kernel tuning included)", "timing layers": "guard (kernel tuning included)"}
 _NAMES = {"warmup": "warm-up"}
+
+
+def _parent(phase: str) -> str | None:
+    """The phase `phase` was measured inside (the capture's parts: "capture: tracing and its checks"), or None."""
+    return _WITHIN.get(phase) or ("capture" if phase.startswith("capture: ") else None)
 _ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "padding check", "warmup",
           "glue for other shapes", "warm-up shapes", "generation step")
 
@@ -186,13 +191,14 @@ _ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdict
 def time_line(info: OptimizeInfo) -> str:
     """The summary's line of where optimize's time went: its phases in order, those inside another beside it, the
     rest unmeasured by any phase; "" where nothing was timed (a module made outside optimize)."""
-    top = {k: v for k, v in info.seconds.items() if k not in _WITHIN}
+    top = {k: v for k, v in info.seconds.items() if _parent(k) is None}
     if not top:
         return ""
     top = {**{k: top[k] for k in _ORDER if k in top}, **top}      # (the phases in the order they run)
     parts = []
     for name, s in top.items():
-        within = [f"{k.removeprefix('guard: ')} {v:.1f}" for k, v in info.seconds.items() if _WITHIN.get(k) == name]
+        within = [f"{k.split(': ', 1)[-1]} {v:.1f}" for k, v in info.seconds.items()
+                  if _parent(k) is not None and name.split(" (")[0] == _parent(k).split(" (")[0]]
         parts.append(f"{_NAMES.get(name, name)} {s:.1f}" + (f" (of it: {', '.join(within)})" if within else ""))
     rest = info.optimize_s - sum(top.values())
     if info.optimize_s and rest >= 0.05:

@@ -74,8 +74,8 @@ def test_cli_report_shows_the_layers_it_times(tmp_path, capsys):
 
 def test_the_summary_says_how_long_optimize_took_and_where_the_time_went(monkeypatch):
     """The summary's time line: optimize's wall time to its return, then its phases in the order they run (those
-    measured inside the guard beside it, not counted twice) and the rest no phase measured; a module whose info
-    holds no phases (made outside optimize) has no such line."""
+    measured inside another beside it, not counted twice: the guard's other inputs, the capture's parts) and the
+    rest no phase measured; a module whose info holds no phases (made outside optimize) has no such line."""
     from accelc.records import OptimizeInfo, time_line
     monkeypatch.setenv("ACCELC_REUSE", "0")
     model, inputs = _mlp()
@@ -87,7 +87,9 @@ def test_the_summary_says_how_long_optimize_took_and_where_the_time_went(monkeyp
         assert f"{phase} {seconds[phase]:.1f}" in line, line
     assert line.index("capture") < line.index("passes") < line.index("guard")
     assert f"(of it: other inputs {seconds['guard: other inputs']:.1f}" in line
-    top = sum(v for k, v in seconds.items() if k not in ("guard: other inputs", "timing layers"))
+    assert f"capture {seconds['capture']:.1f} (of it: the model's call " in line and "tracing and its checks" in line
+    top = sum(v for k, v in seconds.items() if k not in ("guard: other inputs", "timing layers")
+              and not k.startswith("capture: "))
     assert top <= opt.info.optimize_s + 0.05
     info = OptimizeInfo("symbolic_trace", "cpu", seconds={"passes": 0.3, "guard (kernel tuning included)": 1.0,
                                                            "timing layers": 0.5, "capture": 0.5}, optimize_s=2.0)

@@ -21,6 +21,7 @@ import io
 import logging
 import os
 import sys
+import time
 import traceback
 import weakref
 from pathlib import Path
@@ -47,6 +48,9 @@ from accelc.numerics import same_values, upcast_run
 log = logging.getLogger("accelc")
 
 
+PARTS = "accelc_capture_parts"   # gm.meta: {"capture: <part>": seconds} of the capture that made it (the summary's)
+
+
 def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=True, kept: Path | None = None,
             tracing=None) -> tuple[fx.GraphModule, str, object]:
     """Returns (graph module, capture method, the model's eager output on `args`, `kwargs`). The
@@ -61,8 +65,10 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=T
     kwargs = dict(kwargs or {})
     state = buffer_state(model)
     given = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in (*args, *kwargs.values())]
+    t0 = time.perf_counter()
     with torch.no_grad(), side_effects(model), (stored.files_run() if kept else contextlib.nullcontext()) as files:
         expected = model(*args, **kwargs)
+    parts = {"capture: the model's call": time.perf_counter() - t0}
     updated = [name for name, b in model.named_buffers() if name in state and not same_values(b, state[name])]
     restore_buffers(model, state)
     names = [str(i) for i in range(len(args))] + list(kwargs)
@@ -83,12 +89,15 @@ def capture(model: nn.Module, args: tuple, kwargs: dict | None = None, dynamic=T
     if found is None:
         if tracing is not None:
             tracing()
+        t0 = time.perf_counter()
         with quiet_torch_logs():
             found = _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic)
+        parts["capture: tracing and its checks"] = time.perf_counter() - t0
         if found is not None and k and found[1] == "torch.export":
             stored.keep(kept, k, found[0], model)
     if found is not None:
         find_fills(model, spec, args, kwargs, state)    # optional ids / masks a call may leave out, as the model lets it
+        found[0].meta[PARTS] = {name: round(t, 2) for name, t in parts.items()}
         return found
     raise CaptureError("accelc could not capture the model as a graph.\n  " + "\n  ".join(failures) + "\n"
                        + _capture_advice(model, args, kwargs, expected, state, failures))
