@@ -179,13 +179,13 @@ class OptimizeInfo:
 # phases measured inside another (OptimizeInfo.seconds): shown with it, not counted twice
 _WITHIN = {"guard: other inputs": "guard (kernel tuning included)", "timing layers": "guard (kernel tuning included)"}
 _NAMES = {"warmup": "warm-up"}
+_ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "padding check", "warmup",
+          "glue for other shapes", "warm-up shapes", "generation step")
 
 
 def _parent(phase: str) -> str | None:
     """The phase `phase` was measured inside (the capture's parts: "capture: tracing and its checks"), or None."""
     return _WITHIN.get(phase) or ("capture" if phase.startswith("capture: ") else None)
-_ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "padding check", "warmup",
-          "glue for other shapes", "warm-up shapes", "generation step")
 
 
 def time_line(info: OptimizeInfo) -> str:
