@@ -179,8 +179,8 @@ class OptimizeInfo:
 # phases measured inside another (OptimizeInfo.seconds): shown with it, not counted twice
 _WITHIN = {"guard: other inputs": "guard (kernel tuning included)", "timing layers": "guard (kernel tuning included)"}
 _NAMES = {"warmup": "warm-up"}
-_ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "padding check", "warmup",
-          "glue for other shapes", "warm-up shapes", "generation step")
+_ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "padding check",
+          "generation step", "warmup", "glue for other shapes", "the example's call timed", "warm-up shapes")
 
 
 def _parent(phase: str) -> str | None:

@@ -63,7 +63,10 @@ def run(opt: OptimizedModule, flat: tuple, race: tuple | None, warmup_shapes, de
             for inputs in apart_inputs(opt, flat):    # and its variants Dynamo compiles apart (a batch of one)
                 opt.compile_other_shapes(inputs)
             opt.info.seconds["glue for other shapes"] = round(time.perf_counter() - t0, 2)
+    t1 = time.perf_counter()
     opt.info.call_ms = call_times()
+    if opt.info.call_ms:        # (the summary's speed line: eager and accelc timed on the example)
+        opt.info.seconds["the example's call timed"] = round(time.perf_counter() - t1, 2)
     if later and not generates:     # (after the call's timing: that thread's compiles would share the host)
         # (the example's tensors copied: the caller may write into its own while that thread reads them)
         inputs = [clone_tensors(flat), *apart_inputs(opt, flat)]

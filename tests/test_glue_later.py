@@ -193,8 +193,9 @@ def test_optimize_compiles_the_glue_for_other_shapes_in_the_background_after_the
     before; with warmup_shapes: now (the shapes asked for are captured at optimize)."""
     events = _gpu_branch(monkeypatch)
     model = _bert()
-    _optimize(model, _example(), other_shapes="background")
+    opt = _optimize(model, _example(), other_shapes="background")
     assert events == [("timed",), ("later", [[(2, 8), (2, 8)], [(1, 8), (1, 8)]])], events
+    assert "the example's call timed" in opt.info.seconds        # (the summary's time line names it)
     events.clear()
     _optimize(model, _example(), other_shapes="now")
     assert events == [("now", [(2, 8), (2, 8)]), ("now", [(1, 8), (1, 8)]), ("timed",)], events
