@@ -7,7 +7,8 @@ against the same product in fp64, for
   fp8 w+a     x with one scale a row (amax / 448), W with one a output channel, both rounded to e4m3, rounded to
               fp16 after (accelc::linear_fp8's reference, kernels/fp8_gemm.py);
   fp8 weights W alone in e4m3, x in fp16 (accelc::linear_fp8w's reference, kernels/fp8_weight.py);
-  int8 w+a    the same scales at 127, rounded to int8 (accelc's W8A8, for comparison).
+  int8 w+a    the same scales at 127, rounded to int8 (accelc::linear_w8a8's reference, kernels/int8_gemm.py;
+              for comparison).
 Then a stack of DEPTH residual blocks (h = h + relu(h W1^T) W2^T, K wide), each side's arithmetic in every block:
 the whole output's error against fp64, each side's over fp16's. e4m3's rounding is round-to-nearest-even on the
 CPU as on the GPU, so the figures are the format's, not a machine's.
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 import accelc  # noqa: F401  (registers the kernels' modules)
-from accelc.kernels import fp8_gemm, fp8_weight
+from accelc.kernels import fp8_gemm, fp8_weight, int8_gemm
 
 SIDES = ("fp16", "fp8 w+a", "fp8 weights", "int8 w+a")
 
@@ -32,24 +33,16 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-def _rows(t: torch.Tensor, top: float) -> torch.Tensor:
-    """t with one scale a row (its amax over `top`), rounded to integers, back in fp32 (int8's grid)."""
-    s = t.abs().amax(1, keepdim=True).clamp_min(1e-12) / top
-    return (t / s).round().clamp(-top, top) * s
-
-
 def linear(x: torch.Tensor, w: torch.Tensor, side: str) -> torch.Tensor:
-    """y = x w^T in the side's arithmetic (see the module docstring; the fp8 sides are accelc's own references,
-    their products summed in fp64), fp32 out of an fp16 rounding."""
+    """y = x w^T in the side's arithmetic (see the module docstring; the quantized sides are accelc's own
+    references), fp32 out of an fp16 rounding."""
     if side == "fp8 w+a":
         return fp8_gemm.linear_fp8_ref(x.half(), *fp8_weight.quantize_weight(w.half())).float()
     if side == "fp8 weights":
         return fp8_weight.linear_fp8w_ref(x.half(), *fp8_weight.quantize_weight(w.half())).float()
-    if side == "fp16":
-        xs, ws = x.half().float(), w.half().float()
-    else:
-        xs, ws = _rows(x.half().float(), 127.0), _rows(w.half().float(), 127.0)
-    return (xs @ ws.T).half().float()
+    if side == "int8 w+a":
+        return int8_gemm.linear_w8a8_ref(x.half(), *int8_gemm.quantize_weight(w.half())).float()
+    return (x.half().float() @ w.half().float().T).half().float()
 
 
 def one_layer(k: int, m: int = 512, n: int = 1024, seed: int = 0) -> dict:
