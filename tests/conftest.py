@@ -143,15 +143,24 @@ def run_for_sm90(script: str) -> str:
     return out.stdout
 
 
-def warmup_takes_the_gpu_branch(monkeypatch) -> None:
-    """optimize's warm-up stage (accelc.warmup) takes the GPU's branch on this machine: runtime.can_time true
-    there alone, the CUDA graph captures (OptimizedModule.warm_up) skipped; the caller records what it needs."""
+def times_as_on_a_gpu(monkeypatch, *modules) -> None:
+    """Each module's `runtime` (accelc.runtime as it imported it) says the device can be timed (can_time), there
+    alone: the module takes its GPU branch on this machine."""
     import types
 
-    from accelc import runtime, warmup
-    from accelc.optimized import OptimizedModule
+    from accelc import runtime
 
     shim = types.SimpleNamespace(**{k: getattr(runtime, k) for k in dir(runtime) if not k.startswith("__")})
     shim.can_time = lambda device: True
-    monkeypatch.setattr(warmup, "runtime", shim)
+    for module in modules:
+        monkeypatch.setattr(module, "runtime", shim)
+
+
+def warmup_takes_the_gpu_branch(monkeypatch) -> None:
+    """optimize's warm-up stage (accelc.warmup) takes the GPU's branch on this machine: runtime.can_time true
+    there alone, the CUDA graph captures (OptimizedModule.warm_up) skipped; the caller records what it needs."""
+    from accelc import warmup
+    from accelc.optimized import OptimizedModule
+
+    times_as_on_a_gpu(monkeypatch, warmup)
     monkeypatch.setattr(OptimizedModule, "warm_up", lambda self, inputs: None)

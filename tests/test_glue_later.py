@@ -6,7 +6,6 @@ starts it after the call's timing, and not for a generation step, a causal LM's 
 import copy
 import pickle
 import threading
-import types
 import warnings
 
 import pytest
@@ -17,7 +16,7 @@ from torch.utils import _pytree as pytree
 import accelc
 from accelc import api, cuda_graphs, regions, reuse, runner, warmup
 from accelc.optimized import OptimizedModule
-from conftest import DEVICE, rel_l2, warmup_takes_the_gpu_branch
+from conftest import DEVICE, rel_l2, times_as_on_a_gpu, warmup_takes_the_gpu_branch
 from test_runner import Captures
 
 
@@ -535,7 +534,7 @@ def test_an_lm_generates_its_tokens_while_and_after_its_steps_glue_compiles_in_t
     tokens. (The compile held while the first generate runs: the Triton interpreter this machine runs the kernels
     in is not for two threads.)"""
     warmup_takes_the_gpu_branch(monkeypatch)
-    monkeypatch.setattr(api, "runtime", types.SimpleNamespace(**{**vars(api.runtime), "can_time": lambda d: True}))
+    times_as_on_a_gpu(monkeypatch, api)      # (attach_generation's speed measurement, note_speed)
     go, compile_dynamic = threading.Event(), regions.Glue._compile_dynamic
     monkeypatch.setattr(regions.Glue, "_compile_dynamic", lambda self, *a: go.wait(120) and compile_dynamic(self, *a))
     lm = _tiny_lm(3)
