@@ -176,15 +176,17 @@ class OptimizeInfo:
     optimize_s: float = 0.0                    # optimize's wall time, to its return (accelc.optimize)
 
 
-# phases measured inside another (OptimizeInfo.seconds): shown with it, not counted twice
-_WITHIN = {"guard: other inputs": "guard (kernel tuning included)", "timing layers": "guard (kernel tuning included)"}
+# phases measured inside another (OptimizeInfo.seconds): shown with it (by its name's first word), not counted twice
+_WITHIN = {"guard: other inputs": "guard", "timing layers": "guard"}
 _NAMES = {"warmup": "warm-up"}
 _ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "padding check",
           "generation step", "warmup", "glue for other shapes", "the example's call timed", "warm-up shapes")
 
 
 def _parent(phase: str) -> str | None:
-    """The phase `phase` was measured inside (the capture's parts: "capture: tracing and its checks"), or None."""
+    """The first word of the phase `phase` was measured inside ("guard", "capture": the capture's parts, "capture:
+    tracing and its checks", are inside the capture, or the step's "capture (during the forward's compiles)"), or
+    None."""
     return _WITHIN.get(phase) or ("capture" if phase.startswith("capture: ") else None)
 
 
@@ -197,8 +199,7 @@ def time_line(info: OptimizeInfo) -> str:
     top = {**{k: top[k] for k in _ORDER if k in top}, **top}      # (the phases in the order they run)
     parts = []
     for name, s in top.items():
-        within = [f"{k.split(': ', 1)[-1]} {v:.1f}" for k, v in info.seconds.items()
-                  if _parent(k) is not None and name.split(" (")[0] == _parent(k).split(" (")[0]]
+        within = [f"{k.split(': ', 1)[-1]} {v:.1f}" for k, v in info.seconds.items() if _parent(k) == name.split()[0]]
         parts.append(f"{_NAMES.get(name, name)} {s:.1f}" + (f" (of it: {', '.join(within)})" if within else ""))
     rest = info.optimize_s - sum(top.values())
     if info.optimize_s and rest >= 0.05:
