@@ -5,6 +5,9 @@
 #   . bench/steps.sh; steps_start /tmp/x 560      # O=/tmp/x, install.log and gpus.txt in it, the budget set
 #   step GPUS NAME CAP COMMAND...   # COMMAND on GPUS (CUDA_VISIBLE_DEVICES), its output and exit status in
 #                                   # $O/NAME.log, cut at CAP seconds or at what is left of the budget
+# or runs a lanes script's lanes, its function `lane NAME` (steps in $O) called for each, after steps_start:
+#   lane() { case $1 in a) step 0 a 100 python ...;; *) echo "no lane $1" > $O/error.log;; esac; }
+#   lanes_run /tmp/next22 "$1" "${2:-570}"     # logs under /tmp/next22/<lane>, each packed into $OUT/<lane>.tgz
 # env assignments for one process's caches, new and empty (a cold side): `env $(fresh) python ...`
 fresh() { local c; c=$(mktemp -d)
   echo "ACCELC_CACHE_DIR=$c/accelc TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor"; }
@@ -40,3 +43,6 @@ if len(sys.argv) > 1 and torch.cuda.is_available():   # what a first compile imp
   local c; c=$(mktemp -d)     # (the prime's kernels in caches of its own: a side's cold caches stay cold)
   { env ACCELC_CACHE_DIR=$c/accelc TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor timeout 120 \
         python -c "$prime" compile; timeout 60 python -c "$prime"; } > "$O/bytecode.log" 2>&1; rm -rf "$c"; }
+lanes_run() { local root=$1 lanes=$2 name; set -u
+  steps_start "$root/setup" "$3"; tar czf "$OUT/setup.tgz" -C "$O" .
+  for name in ${lanes//,/ }; do O=$root/$name; mkdir -p "$O"; lane "$name"; tar czf "$OUT/$name.tgz" -C "$O" .; done; }

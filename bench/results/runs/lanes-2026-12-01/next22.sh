@@ -16,13 +16,9 @@
 #     optimize_time/run40-h200: warm 4.4 / 7.5 s, the Llama shape's passes 1.38 s warm, 0.58 cold); make `base/`
 #     first (untracked, removed after; never committed):
 #     mkdir base && git archive a186fc6 accelc passes kernels models | tar x -C base && mv base/{passes,kernels,models} base/accelc
-set -u
-. bench/steps.sh; steps_start /tmp/next22/setup "${2:-570}"
-tar czf $OUT/setup.tgz -C $O .
-for lane in ${1//,/ }; do
-O=/tmp/next22/$lane; mkdir -p $O
-case $lane in
-lm|lm05) m=$([ $lane = lm ] && echo qwen2-1.5b-lm-b1 || echo qwen2-0.5b-lm-b1)
+. bench/steps.sh
+lane() { case $1 in
+lm|lm05) m=$([ $1 = lm ] && echo qwen2-1.5b-lm-b1 || echo qwen2-0.5b-lm-b1)
     for o in background now; do
         step 0 $m-$o 100 env $(fresh) ACCELC_OTHER_SHAPES=$o python bench/optimize_time.py --models $m \
             --sides accelc_cold --out $O/$m-$o
@@ -36,7 +32,6 @@ warm) for m in bert llama; do
         step 0 new-$m $cap env $(fresh) python bench/optimize_time.py --models $m --sides accelc_cold,accelc_warm \
             --out $O/new-$m
     done ;;
-*) echo "no lane $lane" > $O/error.log ;;
-esac
-tar czf $OUT/$lane.tgz -C $O .
-done
+*) echo "no lane $1" > $O/error.log ;;
+esac; }
+lanes_run /tmp/next22 "$1" "${2:-570}"
