@@ -32,7 +32,7 @@ import torch
 from torch import fx
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from accelc import meta, runtime
+from accelc import graph_order, meta, runtime
 from accelc.records import Fallback, Rewrite
 from accelc.capture import canonicalize
 
@@ -129,9 +129,10 @@ def find(gm: fx.GraphModule, pattern: Pattern) -> list[Match]:
     pg = _pattern_graph(pattern.fn)
     matcher = SubgraphMatcher(pg, match_output=False, match_placeholder=False,
                               remove_overlapping_matches=True, ignore_literals=False)
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    with graph_order.by_position(gm.graph) as order:
+        found = matcher.match(gm.graph)
     matches = []
-    for m in matcher.match(gm.graph):
+    for m in found:
         inputs = {pn.target: m.nodes_map[pn] for pn in pg.nodes if pn.op == "placeholder"}
         nodes = sorted((gn for pn, gn in m.nodes_map.items() if pn.op not in ("placeholder", "output")),
                        key=order.__getitem__)
@@ -234,10 +235,7 @@ def apply_rules(gm: fx.GraphModule, rules, ctx: PassContext) -> int:
 def _in_graph_order(gm: fx.GraphModule, nodes: list) -> list:
     """The matched nodes and those a build absorbed (an epilogue after the match, the repeat of a
     K/V before it), in the order the graph runs them (replace_group's and extract's order)."""
-    if len(nodes) < 2:
-        return nodes
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    return sorted(nodes, key=order.__getitem__)
+    return graph_order.in_graph_order(nodes)
 
 
 def _device_reason(m: Match) -> str | None:

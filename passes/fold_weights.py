@@ -23,6 +23,7 @@ from torch import fx
 from torch.nn.utils import parametrize
 
 from accelc import meta
+from accelc.graph_order import in_graph_order
 from accelc.capture import erase_dead
 from accelc.capture.contract import mutated_state
 from accelc.meta import attr_value
@@ -65,8 +66,7 @@ def _subgraph(n: fx.Node, inside: set) -> tuple[fx.Graph, list]:
         seen.add(x)
         order.append(x)
         stack.extend(a for a in x.all_input_nodes if a in inside or a.op == "get_attr")   # (a get_attr: a source)
-    position = {x: i for i, x in enumerate(n.graph.nodes)}
-    order.sort(key=position.__getitem__)
+    order = in_graph_order(order)
     g, env, sources = fx.Graph(), {}, []
     for x in order:
         if x.op == "get_attr":

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from accelc import meta
+from accelc.graph_order import in_graph_order
 from accelc.capture import erase_dead
 from accelc.meta import attr_value
 from accelc.passes.norms import RMS_NORM, computes_rms_norm, written_rms_norm
@@ -165,15 +166,13 @@ def _composed(gm, norm_part, rw: Rewrite, link: fx.Node, computing: list = ()) -
     if isinstance(norm_part, Rewrite):
         first, first_inputs = norm_part.original, norm_part.inputs
     else:       # (extract takes its nodes in graph order)
-        order = {node: i for i, node in enumerate(gm.graph.nodes)}
-        first, first_inputs = extract(gm, sorted(norm_part, key=order.__getitem__))
+        first, first_inputs = extract(gm, in_graph_order(norm_part))
     # (placeholders first: the graph reads its inputs before any node)
     weight = computing[0] if computing and isinstance(norm_part, Rewrite) else None
     args = [None if i is weight else holder(i) for i in first_inputs]
     rest = [holder(i) for i in rw.inputs if i is not link]
     if weight is not None:      # (its nodes read the parameter only: no placeholder)
-        order = {node: i for i, node in enumerate(gm.graph.nodes)}
-        value, _ = inline(g, extract(gm, sorted(computing, key=order.__getitem__))[0], [])
+        value, _ = inline(g, extract(gm, in_graph_order(computing))[0], [])
         args = [value if a is None else a for a in args]
     normed, _ = inline(g, first, args)
     it = iter(rest)

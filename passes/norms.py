@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from accelc import meta
+from accelc.graph_order import in_graph_order
 from accelc.capture import erase_dead
 from accelc.capture.written import matches_reference
 from accelc.kernels.layernorm import why_unsupported
@@ -274,8 +275,7 @@ def computes_rms_norm(x, weight, eps, out, chain) -> bool:
 
 
 def _probe_rms_norm(x, weight, eps, out, chain) -> bool:
-    order = {n: i for i, n in enumerate(out.graph.nodes)}
-    nodes = sorted(set(chain), key=order.__getitem__)
+    nodes = in_graph_order(set(chain))
     if nodes[-1] is not out:
         return False
     inputs = (x,) if weight is None else (x, weight)

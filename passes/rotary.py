@@ -28,6 +28,7 @@ import torch
 from torch import fx
 
 from accelc import meta
+from accelc.graph_order import in_graph_order
 from accelc.capture import erase_dead
 from accelc.capture.written import matches_reference
 from accelc.kernels.rotary import rotary_embedding_ref, why_unsupported
@@ -89,8 +90,7 @@ def _interior(root: fx.Node, leaves: tuple) -> list | None:
             return None
         found.add(n)
         todo.extend(n.all_input_nodes)
-    order = {n: i for i, n in enumerate(root.graph.nodes)}
-    return sorted(found, key=order.__getitem__)
+    return in_graph_order(found)
 
 
 def fold_written_rotary(gm: fx.GraphModule, ctx) -> None:

@@ -158,3 +158,105 @@ def test_a_probe_that_cannot_run_small_is_run_at_the_examples_shapes(where):
     want = (lambda t: torch.relu(t.reshape(24, 8))) if where != "the last dim" else torch.relu
     assert written.matches_reference([flat, out], (x,), want)
     assert not written.matches_reference([flat, out], (x,), lambda t: want(t) * 2)
+
+
+def test_the_matchers_cycle_check_answers_as_torchs_own():
+    """accelc.graph_order's walk (stopping past the match's last node) against torch's (to the graph's end) on
+    every connected window of a graph with skips, where merging a window around a skip would make a cycle."""
+    from torch import fx
+    from torch.fx.passes.utils import fuser_utils
+    from accelc import graph_order
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    nodes = [x]
+    for i in range(12):        # each node uses the one before and, every third, one three back (a skip)
+        args = (nodes[-1], nodes[-3]) if i % 3 == 2 and len(nodes) >= 3 else (nodes[-1], nodes[-1])
+        nodes.append(g.call_function(torch.add, args))
+    g.output(nodes[-1])
+    order = {n: i for i, n in enumerate(g.nodes)}
+    answers = set()
+    for lo in range(1, len(nodes)):
+        for hi in range(lo + 1, len(nodes) + 1):
+            for part in (nodes[lo:hi], nodes[lo:hi:2], [nodes[lo], nodes[hi - 1]]):
+                want = fuser_utils.validate_partition(list(part))
+                assert graph_order.forms_no_cycle(part, order) == want, [n.name for n in part]
+                answers.add(want)
+    assert answers == {True, False}
+
+
+def test_the_matcher_takes_the_walk_by_position(monkeypatch):
+    """rewrite.find's matches come through graph_order's walk, not torch's (a torch that looked the check up
+    elsewhere would bring the walk to the graph's end back: this fails then), and torch's is back after."""
+    from torch.fx.passes.utils import fuser_utils
+    from accelc import rewrite
+    from passes import attention
+
+    torch_calls = []
+
+    def torch_own(partition):
+        torch_calls.append(len(partition))
+        return True
+    monkeypatch.setattr(fuser_utils, "validate_partition", torch_own)
+    torch.manual_seed(0)
+    model = Decoder(2).eval()
+    x = torch.randn(2, 8, 32)
+    gm, _, _ = capture(model, (x,))
+    found = [m for p in attention.PASS.rules for m in rewrite.find(gm, p.pattern)]
+    assert found and not torch_calls
+    assert fuser_utils.validate_partition is torch_own
+
+
+@pytest.mark.parametrize("nodes_compare", [True, False])
+def test_nodes_in_graph_order_after_inserts_and_moves(monkeypatch, nodes_compare):
+    """graph_order.in_graph_order gives the graph's order of any set of its nodes after nodes are inserted
+    before others and moved (prepend / append), by torch's comparison of nodes and, where a torch's nodes
+    do not compare, by a walk of the graph."""
+    import random
+
+    from torch import fx
+    from accelc import graph_order
+
+    if not nodes_compare:
+        monkeypatch.setattr(graph_order, "sorted", lambda xs, key=None: (
+            sorted(xs, key=key) if key is not None else (_ for _ in ()).throw(TypeError("no order"))),
+            raising=False)
+    g = fx.Graph()
+    x = g.placeholder("x")
+    nodes = [x]
+    for _ in range(40):
+        nodes.append(g.call_function(torch.relu, (nodes[-1],)))
+    g.output(nodes[-1])
+    rng = random.Random(0)
+    for i in range(200):
+        at = rng.choice(nodes[1:])
+        with g.inserting_before(at):
+            nodes.append(g.call_function(torch.neg, (x,)))
+        if i % 5 == 0:        # a node that reads x alone moved elsewhere (still after x)
+            loose = [n for n in nodes if n.target is torch.neg]
+            a, b = rng.choice(loose), rng.choice(nodes[1:])
+            if a is not b:
+                (b.prepend if i % 2 else b.append)(a)
+    g.lint()
+    for _ in range(20):
+        picked = rng.sample(nodes, 30)
+        assert graph_order.in_graph_order(picked) == [n for n in g.nodes if n in set(picked)]
+
+
+def test_the_scaling_bench_writes_its_table(tmp_path, monkeypatch):
+    """bench/passes_scaling.py at a small depth: its JSON and table, with the rewrites the passes made."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "bench" / "passes_scaling.py"
+    spec = importlib.util.spec_from_file_location("passes_scaling_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(sys, "argv", ["passes_scaling.py", "--out", str(tmp_path), "--depths", "2", "--repeat", "1"])
+    bench.main()
+    rows = json.loads((tmp_path / "passes_scaling.json").read_text())["rows"]
+    assert [r["layers"] for r in rows] == [2] and rows[0]["passes_s"] > 0
+    assert rows[0]["rewrites"]["attention"] == 2 and rows[0]["rewrites"]["norms"] == 5, rows[0]["rewrites"]
+    assert "| 2 |" in (tmp_path / "passes_scaling.md").read_text()

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from accelc import meta
+from accelc.graph_order import in_graph_order
 from accelc.capture.nodes import erase_dead, swap
 from accelc.kernels.epilogue import ACTIVATIONS
 from accelc.numerics import same_values
@@ -180,8 +181,7 @@ def fold_written_activations(g: fx.Graph) -> None:
 
 def _fold_as_activation(g, root, x, interior, special, gone) -> bool:
     """Replace root by the canonical call of the activation it computes of x, if any."""
-    order = {n: i for i, n in enumerate(g.nodes)}
-    nodes = sorted(interior, key=order.__getitem__)        # root last: every other node feeds it
+    nodes = in_graph_order(interior)        # root last: every other node feeds it
     try:
         got = evaluate(nodes, {x: _PROBE}, resolve=_pointwise_fn)
         got_special = evaluate(nodes, {x: special}, resolve=_pointwise_fn)
