@@ -260,3 +260,30 @@ def test_the_scaling_bench_writes_its_table(tmp_path, monkeypatch):
     assert [r["layers"] for r in rows] == [2] and rows[0]["passes_s"] > 0
     assert rows[0]["rewrites"]["attention"] == 2 and rows[0]["rewrites"]["norms"] == 5, rows[0]["rewrites"]
     assert "| 2 |" in (tmp_path / "passes_scaling.md").read_text()
+
+
+def test_a_pattern_calling_what_the_graph_never_calls_is_not_matched(monkeypatch):
+    """rewrite.find asks the matcher only where the graph calls every target the pattern calls (the matches
+    are the same: the matcher compares targets node by node); the gated MLP's gelu patterns on a SiLU model
+    never reach it, its SiLU ones do and match every block."""
+    from accelc import rewrite
+    from passes import gated_mlp
+
+    asked = []
+    real = rewrite.SubgraphMatcher
+
+    class Matcher(real):
+        def match(self, graph, *args, **kwargs):
+            asked.append(self.pattern)
+            return super().match(graph, *args, **kwargs)
+    monkeypatch.setattr(rewrite, "SubgraphMatcher", Matcher)
+    torch.manual_seed(0)
+    model = Decoder(2).eval()
+    x = torch.randn(2, 8, 32)
+    gm, _, _ = capture(model, (x,))
+    by_name = {r.pattern.name: r.pattern for r in gated_mlp.PASS.rules}
+    gelu = [p for name, p in by_name.items() if "gelu" in name and "chunk" not in name]
+    silu = [p for name, p in by_name.items() if "silu(gate)*up" == name]
+    assert gelu and silu, sorted(by_name)
+    assert all(rewrite.find(gm, p) == [] for p in gelu) and not asked
+    assert len(rewrite.find(gm, silu[0])) == 2 and len(asked) == 1
