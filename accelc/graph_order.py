@@ -9,7 +9,7 @@ The pattern matcher's cycle check: torch.fx's SubgraphMatcher keeps a match only
 become one node without a cycle (fuser_utils.validate_partition): a walk from every node outside the match that
 uses one of its values, through all their users, to the graph's end. Every user comes after what it uses, so a
 node after the match's last node cannot lead back into it; the walk here stops there, with the same answer for
-every partition. On an 80-layer LM's graph (4k nodes, CPU) torch's walk took 0.39-0.47 s of the passes' 3.5-4.3,
+every partition. On an 80-layer LM's graph (6.7k nodes, CPU) torch's walk took 0.39-0.47 s of the passes' 3.5-4.3,
 this one 3 ms.
 
 by_position(graph): inside the block, the matcher's check is this one for that graph's nodes (their order taken
