@@ -36,9 +36,6 @@ def in_graph_order(nodes) -> list:
         return sorted(nodes, key=order.__getitem__)
 
 
-_lock = threading.RLock()      # (a block inside another in one thread: the inner falls back to the outer's)
-
-
 def forms_no_cycle(partition, order: dict) -> bool:
     """Whether `partition`'s nodes can become one node without a cycle: no path from a node outside it that
     uses one of its values back into it. `order`: each node's position in its graph."""
@@ -56,6 +53,9 @@ def forms_no_cycle(partition, order: dict) -> bool:
         if order.get(n, -1) < last:     # (only a node before the last matched one can lead into the match)
             stack.extend(n.users)
     return True
+
+
+_lock = threading.RLock()      # (a block inside another in one thread: the inner falls back to the outer's)
 
 
 @contextlib.contextmanager

@@ -74,7 +74,7 @@ def _passes_seconds(depth: int) -> tuple[float, dict]:
                       shapes=gm.meta.get(SHAPES))
     # This thread's CPU time (another process on the cores does not count), the collector off: a full
     # collection's cost is the whole process's heap (a test worker's, after a thousand tests), not the
-    # passes' (it fell in one 16-block run in CI: 7.0x the 4-block one, 3.1x-4.0x otherwise)
+    # passes' (it fell in one 16-block run in CI: 7.0x the 4-block one, 2.8x-4.0x otherwise)
     gc.collect()
     gc.disable()
     try:
