@@ -41,7 +41,8 @@ if not _help_only():
     from accelc.api import optimize
     from accelc.config import Fp8Config, Int8Config, OptimizeConfig, PRESETS
     from accelc.convert import convert
-    from accelc.errors import AccelcError, CaptureError, ModelFileError, PassError, ReportFailedError
+    from accelc.errors import (AccelcError, CaptureError, InputError, ModelFileError, PassError, ReportFailedError,
+                               WrongOutputError)
     from accelc.generation import OptimizedLM
     from accelc.optimized import OptimizedModule
     from accelc.records import LayerRecord
@@ -60,9 +61,9 @@ if not _help_only():
 
 
 __all__ = [
-    "AccelcError", "CaptureError", "Fp8Config", "Int8Config", "LayerRecord", "ModelFileError", "OptimizeConfig",
-    "OptimizedModule", "PRESETS", "PassError", "Report", "ReportFailedError", "__version__", "convert", "load",
-    "models", "optimize", "report", "save",
+    "AccelcError", "CaptureError", "Fp8Config", "InputError", "Int8Config", "LayerRecord", "ModelFileError",
+    "OptimizeConfig", "OptimizedModule", "PRESETS", "PassError", "Report", "ReportFailedError", "WrongOutputError",
+    "__version__", "convert", "load", "models", "optimize", "report", "save",
 ]
 
 

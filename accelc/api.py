@@ -18,8 +18,8 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import (compile_workers, generation, meanwhile, regions, reuse, runner, runtime, shared_checks, stages,
-                    tensor_parallel, warmup)
+from accelc import (compile_workers, fx_tracing, generation, meanwhile, regions, reuse, runner, runtime, shared_checks,
+                    stages, tensor_parallel, warmup)
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC, buffer_state, capture, mutated_state, restore_buffers
 from accelc.capture import reference as capture_reference
@@ -36,6 +36,7 @@ from accelc.step_module import StepModule
 log = logging.getLogger("accelc")
 
 
+@fx_tracing.own_flag
 def optimize(model: nn.Module, example_inputs=(), config: OptimizeConfig | str | None = None,
              calibration=None, example_kwargs: dict | None = None, dynamic=None,
              warmup_shapes=None, progress: bool | None = None) -> OptimizedModule:

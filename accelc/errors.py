@@ -26,6 +26,11 @@ class ReportFailedError(AccelcError):
         self.program, self.optimized = program, optimized
 
 
+class WrongOutputError(AccelcError):
+    """The rewritten graph's output is far from eager's with every layer back in PyTorch: a rewrite outside the
+    layers changed the model (accelc.output_check). accelc refuses it rather than return wrong numbers."""
+
+
 class InputError(AccelcError, ValueError):
     """Example inputs the guard cannot check rewritten layers on (empty, NaN or inf)."""
 

@@ -103,6 +103,31 @@ def trim_folder(folder: Path, newest: Path, max_files: int, max_bytes: int) -> N
 
 _said: set = set()
 _said_lock = threading.Lock()
+_unusable: set = set()
+
+
+def cache_root() -> Path:
+    """The folder of everything accelc keeps between processes (tuning, verdicts, captures): ACCELC_CACHE_DIR, else
+    accelc/ in the user's cache folder (XDG_CACHE_HOME, ~/.cache)."""
+    root = os.environ.get("ACCELC_CACHE_DIR")
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "accelc"
+
+
+def cache_unusable(e: OSError) -> None:
+    """A cache folder that cannot be read or written (a read-only mount, a file where a folder goes, a full disk):
+    optimize goes on without it, and says so once a process and folder (a warning, and the log)."""
+    root = str(cache_root())
+    with _said_lock:
+        first = root not in _unusable
+        _unusable.add(root)
+    if first:
+        message = (f"accelc: cannot use the cache folder {root} ({type(e).__name__}: {e.strerror or e}): optimize "
+                   "goes on without it, so what it would keep is done again next time (ACCELC_CACHE_DIR names "
+                   "another folder)")
+        log.warning("%s", message)
+        warnings.warn(message, stacklevel=3)
 
 
 def read_record(path: Path, load: Callable, what: str, then: str):
@@ -115,16 +140,30 @@ def read_record(path: Path, load: Callable, what: str, then: str):
             out = load(pickle.load(f))
     except FileNotFoundError:
         return None
+    except OSError as e:       # the folder, not the record: a file in its place, no permission
+        cache_unusable(e)
+        return None
     except Exception as e:
         with _said_lock:
             first = str(path) not in _said
             _said.add(str(path))
         if first:
             log.warning("accelc: %s %s cannot be read (%s: %s): removed, %s", what, path, type(e).__name__, e, then)
-        path.unlink(missing_ok=True)
+        remove(path)
         return None
-    os.utime(path)
+    try:
+        os.utime(path)
+    except OSError as e:       # (read, but a read-only folder: its use not marked)
+        cache_unusable(e)
     return out
+
+
+def remove(path: Path) -> None:
+    """A cache file removed where there is one; a folder that cannot be written is said once (cache_unusable)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        cache_unusable(e)
 
 
 def write_record(path: Path, record, max_files: int, max_bytes: int, what: str) -> None:
@@ -138,7 +177,10 @@ def write_record(path: Path, record, max_files: int, max_bytes: int, what: str) 
         tmp.write_bytes(data)
         os.replace(tmp, path)
         trim_folder(path.parent, path, max_files, max_bytes)
+    except OSError as e:
+        cache_unusable(e)
     except Exception as e:
         log.info("accelc: %s (%s: %s)", what, type(e).__name__, e)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

@@ -39,11 +39,13 @@ import weakref
 import torch
 from torch import nn
 
+from accelc import runtime
 from accelc.errors import InputError
 from accelc.kernels import greedy
 from accelc.kernels.argmax import argmax_rows
-from accelc.step_module import StepModule
-from accelc.optimized import OptimizedModule, without_rule
+from accelc.step_module import CACHE_KEYWORDS, StepModule, cache_keyword, given_cache, output_cache_field
+from accelc.step_summary import step_lines
+from accelc.optimized import OptimizedModule
 
 log = logging.getLogger("accelc")
 
@@ -266,10 +268,14 @@ class OptimizedLM(OptimizedModule):
 
     def generate(self, input_ids=None, attention_mask=None, **kwargs):
         """HF's generate (same arguments, same output) with each forward step run by the step program."""
+        if kwargs.get("inputs_embeds") is not None:     # (HF generates from embeddings; the step takes token ids)
+            warnings.warn("accelc: generate() runs the original model (inputs_embeds: accelc's step program takes "
+                          "token ids)", stacklevel=2)
+            return self.original.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         if input_ids is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise InputError("generate() takes input_ids (batch x prompt length), as a tokenizer gives them")
-        if "past_key_values" in kwargs and kwargs["past_key_values"] is None:   # HF's own default, said out loud
-            kwargs = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+        # HF's own default, said out loud
+        kwargs = {k: v for k, v in kwargs.items() if not (k in CACHE_KEYWORDS and v is None)}
         gen = copy.deepcopy(kwargs.get("generation_config") or self.original.generation_config)
         gen.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
         why = self._fallback_reason(gen, kwargs)
@@ -283,8 +289,9 @@ class OptimizedLM(OptimizedModule):
             raise InputError(f"prompt {n} + {total - n} new tokens = {total} positions, past the "
                              f"{self.cache_step.max_len} the optimized LM's cache holds: optimize with "
                              "OptimizeConfig(max_cache_len=...) or ask for fewer tokens")
-        # one generate at a time over the one cache (two threads' steps interleaved wrote each other's keys)
-        with _lock_of(self):
+        # one generate at a time over the one cache (two threads' steps interleaved wrote each other's keys); in the
+        # CPU interpreter, whose state is global, no other call's kernels meanwhile (the loop's own kernels too)
+        with runtime.EXPORTS.call(), _lock_of(self), runtime.serialized():
             if b > self.cache_step.batch:
                 self._grow(input_ids, mask)
             cache = self.cache_step
@@ -299,7 +306,7 @@ class OptimizedLM(OptimizedModule):
                     if greedy:
                         return self._greedy(padded_ids, padded_mask, gen, total - n)[:b]
                     return self._shell().generate(input_ids=input_ids, attention_mask=mask,
-                                                  past_key_values=cache.cache, **kwargs)
+                                                  **{cache_keyword(self.original): cache.cache}, **kwargs)
             finally:
                 cache.reset()
 
@@ -368,7 +375,7 @@ class OptimizedLM(OptimizedModule):
             value = kwargs.get(key, getattr(gen, key, default))
             if value is not None and value != default:
                 return f"{key}={value!r} is not served by accelc's static-cache step yet"
-        if kwargs.get("past_key_values") is not None:
+        if given_cache(kwargs) is not None:
             return "a cache of the caller's was given"
         if self.step is None:
             return self.info.generation.removeprefix("generation: generate() runs the original model ")
@@ -379,13 +386,13 @@ class OptimizedLM(OptimizedModule):
         shell = copy.copy(self.original)
         step = self.step
 
-        def forward(model, input_ids=None, attention_mask=None, past_key_values=None, position_ids=None, **unused):
+        def forward(model, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
             from transformers.modeling_outputs import CausalLMOutputWithPast
 
-            cache, rows = self.cache_step, input_ids.shape[0]
+            cache, rows, kv = self.cache_step, input_ids.shape[0], given_cache(kwargs)   # (by either name)
             padded = (_rows_to(v, cache.batch, rows) for v in (input_ids, attention_mask, position_ids))
-            logits = step(*cache.shell_inputs(*padded, past_key_values))[:rows]
-            return CausalLMOutputWithPast(logits=logits[:, None, :], past_key_values=past_key_values)
+            logits = step(*cache.shell_inputs(*padded, kv))[:rows]
+            return CausalLMOutputWithPast(logits=logits[:, None, :], **{output_cache_field(): kv})
         shell.forward = types.MethodType(forward, shell)
         # HF's loop compiles the forward itself over a static cache on a GPU (torch.compile, CUDA
         # graphs): the step program already is compiled and replayed, and Dynamo would trace through
@@ -448,29 +455,6 @@ def loop_ahead(logits, model: nn.Module, kv_cache: str) -> None:
     if isinstance(logits, torch.Tensor):
         greedy.loop_ahead(logits, 0 if eos is None else 1 if isinstance(eos, int) else len(eos),
                           static=kv_cache != "paged")
-
-
-def step_lines(forward: list, step) -> list[str]:
-    """The step program in the LM's summary: a line for its layers that are the forward's (same kernel, same
-    status), one for each that is not, then its coverage, error and runtime (its whole table: step.summary())."""
-    def of(r):
-        return r.status, r.kernel or r.kind
-    mine = {r.name: of(r) for r in forward}
-    rows = [r for r in step.layers if not without_rule(r)]
-    prefix = "lm." if rows and all(r.name.startswith("lm.") for r in rows) else ""   # (the step module's lm)
-    other = [r for r in rows if mine.get(r.name.removeprefix(prefix)) != of(r)]
-    lines = [f"the step program: {len(rows) - len(other)} of its {len(rows)} layers as the forward's (same kernel, "
-             f"same status){', the others:' if other else ''}"]
-    for r in other:
-        name = r.name.removeprefix(prefix)
-        was = mine.get(name)
-        lines.append(f"  {name}: {r.status} {r.kernel or r.kind}" + (f" ({r.reason})" if r.reason else "")
-                     + (f"; in the forward {was[0]} {was[1]}" if was else "; not in the forward"))
-    lines += ["  " + line for line in step.coverage_lines()[:1]]
-    lines.append(f"  end-to-end relative L2 error vs eager: {step.info.end_to_end_rel_error:.1e}")
-    if step.info.runtime:
-        lines.append(f"  runtime: {step.info.runtime}")
-    return lines
 
 
 def _where(t: torch.Tensor) -> tuple:

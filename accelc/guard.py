@@ -14,7 +14,9 @@ final check of every layer, by name:
   5. with Int8Config / Fp8Config.output_error, the whole output's error against the model in higher
      precision held within that multiple of eager's own: past it, quantized layers go back to float,
      the lowest SQNR first, each said (each layer's floor alone does not bound their sum);
-  6. an int8 layer that stays lets go of its float weights (accelc.rewrite.Rewrite.release_original),
+  6. the whole model's output on the example against eager's (accelc.output_check): far past rounding, layers
+     go back to PyTorch until it is within, or the rewrite is refused (a fault outside every layer);
+  7. an int8 layer that stays lets go of its float weights (accelc.rewrite.Rewrite.release_original),
      and so does any layer whose original subgraph holds tensors the optimized module does not (a
      packed gate / up weight, a folded BN): the report reads them from the model instead.
 
@@ -45,7 +47,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc import layer_compiles, meta, progress, runtime, shared_checks, tuning
+from accelc import layer_compiles, meta, output_check, progress, runtime, shared_checks, tuning
 from accelc.other_inputs import sized_other_inputs
 from accelc.latency import layer_ms, median_ms
 from accelc.layer_check import compare, failed, quantized_format, reference
@@ -79,22 +81,25 @@ def settle(gm: fx.GraphModule, ctx) -> dict[str, LayerCheck]:
         _judge(gm, ctx, v, check_layers(gm, ctx, only=v.recheck), may_demote=False)
     _keep_the_faster(gm, ctx, v)
     _fit_the_error_budget(gm, ctx, v)
+    output_check.defend(gm, ctx, _revert, v.put_back, v.passed)
     _finish(gm)
     return {**{meta.rewrite_of(n).layer: c for n, c in v.passed.items()}, **v.put_back}
 
 
-def replay(gm: fx.GraphModule, decisions: list, checks: dict) -> dict[str, LayerCheck]:
+def replay(gm: fx.GraphModule, decisions: list, checks: dict, ctx) -> dict[str, LayerCheck]:
     """What settle did to a graph the passes made alike, without its checks and races: its decisions
     (ctx.decisions: demoted, put back, kept as PyTorch, by layer name) made again in their order
-    (accelc.reuse); returns settle's result, `checks`."""
+    (accelc.reuse), then the whole output's check as settle's; returns settle's result, `checks`."""
     for op, layer, reason, status in decisions:
         node = next(n for n in layers(gm) if meta.rewrite_of(n).layer == layer)
         if op == "demote":
             demote(gm, node, reason)
         else:
             revert(gm, node, reason, status)
+    checks = dict(checks)
+    output_check.defend(gm, ctx, _revert, checks)
     _finish(gm)
-    return dict(checks)
+    return checks
 
 
 def _finish(gm: fx.GraphModule) -> None:

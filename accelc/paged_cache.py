@@ -24,7 +24,7 @@ from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from accelc.errors import InputError
-from accelc.step_module import StepModule
+from accelc.step_module import StepModule, cache_keyword
 from accelc.static_cache import kv_bytes, prompt_positions
 from accelc.kernels.paged_attention import paged_attention, real_columns
 
@@ -147,6 +147,7 @@ class PagedStep(StepModule):
         super().__init__()
         _register()
         self.lm, self.page, self.max_len = lm, page, max_len
+        self.cache_keyword = cache_keyword(lm)
         self.batch = ids.shape[0]
         self.pages_per_seq = -(-max_len // page)
         self.blocks = -(-(pool_tokens or self.batch * max_len) // page)   # the pool's blocks, the scratch one apart
@@ -186,8 +187,8 @@ class PagedStep(StepModule):
         cache.step_tensors = (block_table, lens + new, new)
         try:
             with _paged_attention(self.lm, cache):
-                out = self.lm(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
-                              logits_to_keep=1)
+                out = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                              **{self.cache_keyword: cache})
         finally:
             cache.slots = cache.step_tensors = None
         return out.logits[:, -1]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from accelc import meta
+from accelc import fx_tracing, meta
 from accelc.capture.contract import mutated_state
 from accelc.cuda_graphs import copy_as_is, memory_holder
 
@@ -221,8 +221,7 @@ class Region:
             key = self.key_of(args, kwargs)
             fn = self.static.get(key)
             if fn is None and key is not None and len(self.static) < self.static_most:
-                # a module of its own forward code (the same weights and submodules): Dynamo keeps its
-                # compiles per code object
+                # a module of its own forward code (the same weights and submodules): Dynamo compiles per code object
                 fn = self.static[key] = self.compile_fn(copy_module(self.gm), False)
             if fn is not None:
                 return fn(*args, **kwargs)
@@ -347,7 +346,8 @@ class Glue:
         self.due = False
         if not self.dynamic or self.failed or self.dynamic_done or self.later is not None or not self.apart_ok():
             return False
-        self.later = threading.Thread(target=self._compile_later, args=(inputs, device), name="accelc-glue-later")
+        self.later = threading.Thread(target=fx_tracing.own_flag(self._compile_later), args=(inputs, device),
+                                      name="accelc-glue-later")     # (its traces seen by its own thread alone)
         _LATER.add(self.later)
         self.later.start()
         return True

@@ -86,6 +86,7 @@ class Memo:
     seconds: dict = field(default_factory=dict)   # where the optimize that made it spent its time
     made: str = ""                # when, UTC
     checked_at: list = field(default_factory=list)   # the guard's record: the other sizes every layer passed at
+    key: str = ""                 # the key it was kept under (keep sets it; lookup reads no record of another key)
 
     def fits(self, gm: fx.GraphModule) -> bool:
         """Whether the passes made the layers this record judged (same names, same kernels)."""
@@ -95,7 +96,7 @@ class Memo:
         """Settle `gm` as the recorded optimize did (guard.replay), its shapes, eager times and tuned configs
         restored; the checks by layer, as guard.settle returns them."""
         _restore_picks(self.picks)
-        checks = guard.replay(gm, self.decisions, self.checks)
+        checks = guard.replay(gm, self.decisions, self.checks, ctx)
         ctx.eager_ms.update(self.eager_ms)
         if ctx.shapes is not None and self.shapes is not None:
             ctx.shapes = self.shapes      # (a contract is read-only: the recorded one, as the guard left it)
@@ -243,10 +244,17 @@ def _memo(record) -> Memo:
 def lookup(k: str | None) -> Memo | None:
     if k is None:
         return None
-    return read_record(folder() / f"{k}.pkl", _memo, "the reused-verdicts record", "the guard runs")
+
+    def mine(record) -> Memo:
+        memo = _memo(record)
+        if memo.key != k:      # (a file copied or renamed into another's place: its verdicts are another graph's)
+            raise TypeError(f"a record kept under another key ({memo.key[:12] or 'none'})")
+        return memo
+    return read_record(folder() / f"{k}.pkl", mine, "the reused-verdicts record", "the guard runs")
 
 
 def keep(k: str | None, memo: Memo) -> None:
     if k is not None:
+        memo = dataclasses.replace(memo, key=k)
         write_record(folder() / f"{k}.pkl", memo, MAX_RECORDS, MAX_RECORD_BYTES,
                      "the guard's verdicts not kept for reuse")

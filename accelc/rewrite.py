@@ -161,7 +161,12 @@ def add_constant(gm: fx.GraphModule, name: str, value: torch.Tensor, before: fx.
     """Register `value` as a buffer of gm (a packed or folded weight, int8 weights and scales) and
     read it with a get_attr node inserted before `before`. `derived`: (fn, source get_attr nodes),
     fn(*their tensors) == value, for a tensor a later layer reads as its own weight (a folded or
-    stacked one): a released layer is rebuilt from the model with it (meta.DERIVED)."""
+    stacked one): a released layer is rebuilt from the model with it (meta.DERIVED). A name gm holds gets a
+    numbered suffix (names come from a weight's or layer's: one used twice, a Linear on two inputs, gave two
+    tensors one name, the second overwriting the first under the first's readers)."""
+    stem, i = name, 1
+    while hasattr(gm, name):
+        name, i = f"{stem}_{i}", i + 1
     gm.register_buffer(name, value)
     with gm.graph.inserting_before(before):
         node = gm.graph.get_attr(name)

@@ -91,14 +91,37 @@ def _patch_language_once_a_kernel() -> None:
         pass
 
 
+# Triton's CPU interpreter keeps its state in globals: two threads running kernels at once fail or
+# give wrong numbers. Every interpreted kernel's run holds this lock (_one_kernel_at_a_time), and so do calls
+# of optimized modules and generate() (their kernels and the host work between them: the GPU path has the
+# runner's).
+INTERPRETER_LOCK = threading.RLock()
+
+
+def _one_kernel_at_a_time() -> None:
+    """Each interpreted kernel's run under INTERPRETER_LOCK (a kernel launched by the guard or a report in one
+    thread while another thread's optimized model ran its own failed in the interpreter's shared state: another
+    kernel's grid, tl patched half-way); a Triton whose interpreter is laid out otherwise is left as it is."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return
+    run = InterpretedFunction.run
+    if getattr(run, "_accelc_locked", False):
+        return
+
+    def locked_run(self, *args, **kwargs):
+        with INTERPRETER_LOCK:
+            return run(self, *args, **kwargs)
+    locked_run._accelc_locked = True
+    locked_run.__wrapped__ = run
+    InterpretedFunction.run = locked_run
+
+
 if interpreted():
     _no_unasserted_overflow_checks()
     _patch_language_once_a_kernel()
-
-
-# Triton's CPU interpreter keeps its state in globals: two threads running kernels at once fail or
-# give wrong numbers. Calls of optimized modules hold this lock there (the GPU path has the runner's).
-INTERPRETER_LOCK = threading.RLock()
+    _one_kernel_at_a_time()
 
 
 def serialized():
@@ -279,3 +302,56 @@ def side_stream(device: torch.device):
         if stream is None:
             stream = _SIDE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
         yield stream
+
+
+class _ExportGate:
+    """accelc's own exports (torch.export, the ONNX exporter) kept apart from the optimized modules' calls in other
+    threads. While any thread exports, torch sets process-wide flags (torch.compiler.is_exporting, is_compiling) and
+    edits process-wide trace metadata at every custom op's call (fx.traceback's current_meta: the calls of accelc's
+    ops in another thread failed with KeyError 'custom' as accelc.save exported; the export put fake tensors in the
+    module's place too, which save now avoids by exporting a copy). So an export waits for the calls other threads
+    have in flight, and a call waits while an export runs, unless its own thread is the one exporting (a generate
+    that optimizes its step again for more sequences). Calls in many threads at once still run at once; exports
+    too. An export waits at most WAIT_S for other threads' calls (two threads each exporting from inside a call
+    would wait on each other): then it goes on, as before this gate."""
+    WAIT_S = 60.0
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._exports = 0
+        self._calls: dict = {}        # thread id -> calls in flight
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def call(self):
+        me = threading.get_ident()
+        with self._cond:
+            while self._exports and not getattr(self._local, "exporting", 0):
+                self._cond.wait()
+            self._calls[me] = self._calls.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._calls[me] -= 1
+                if not self._calls[me]:
+                    del self._calls[me]
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def export(self):
+        me = threading.get_ident()
+        with self._cond:
+            self._exports += 1
+            self._cond.wait_for(lambda: not any(t != me for t in self._calls), timeout=self.WAIT_S)
+        self._local.exporting = getattr(self._local, "exporting", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.exporting -= 1
+            with self._cond:
+                self._exports -= 1
+                self._cond.notify_all()
+
+
+EXPORTS = _ExportGate()

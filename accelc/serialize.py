@@ -7,6 +7,7 @@ interrupted or failed write never leaves a half-written file under the final nam
 """
 from __future__ import annotations
 
+import copy
 import contextlib
 import dataclasses
 import importlib
@@ -23,12 +24,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from accelc import tensor_parallel
+from accelc import fx_tracing, tensor_parallel
 from accelc.capture import export_program, program_module, quiet_torch_logs
 from accelc.capture.shapes import SHAPES, DimRange, InputShapes, guard_failure
 from accelc.errors import InputError, ModelFileError, short_error
 from accelc.files import atomic_path, check_output_file
 from accelc.optimized import OptimizedModule, other_dtype
+
+log = logging.getLogger("accelc")
 
 SUMMARY_FILE = "accelc_summary.json"
 CHECKSUM_FILE = "accelc_weights_crc32.json"    # the program's weights' CRC-32, which accelc.load verifies
@@ -47,17 +50,28 @@ def weights_checksum(ep) -> dict:
     return {"crc32": crc, "tensors": count}
 
 
+@fx_tracing.own_flag
 def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | None = None,
-         strict: bool = False) -> None:
+         strict: bool = False) -> Path | None:
     """Export `opt` (on its example inputs unless given others) and write it to `path` (.pt2).
     The program takes the call the model was optimized with: positional inputs, and its tensor
     keyword arguments by name (an output holding a cache comes back as its flat tuple of tensors),
     at the shapes the optimized module takes. Where those cannot be exported with dynamic dims, the
     program takes the example's shapes, with a warning; strict=True raises ModelFileError instead
-    (nothing written)."""
+    (nothing written). Under tensor parallelism each rank's shard goes beside `path`, named by its rank
+    (model.pt2 -> model.rank0-of-2.pt2), as the command line writes them; a model every rank holds whole is
+    written by rank 0 alone. Returns the file written (None on a rank that writes none)."""
     if not isinstance(opt, OptimizedModule):
         raise TypeError(f"accelc.save takes the module accelc.optimize returned, not {type(opt).__name__}")
     path = check_output_file(path, ".pt2", "a torch.export program")
+    target = tensor_parallel.program_file(path, opt.graph_module)
+    if target is None:
+        rank, world = tensor_parallel.launched()
+        log.info("accelc.save: rank %d of %d: the model holds no shard, so rank 0 writes %s", rank, world, path)
+        return None
+    if target != path:
+        log.info("accelc.save: this rank's shard to %s", target)
+    path = target
     opt.wait_for_other_shapes()     # (its background glue compile runs Dynamo on the graph this exports)
     args = tuple(example_inputs if example_inputs is not None else opt.example_inputs)
     spec = opt.call_spec
@@ -66,15 +80,18 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
     if isinstance(dynamic, dict):   # the declared ranges by the graph's input position
         names = spec.names if spec is not None else (shapes.names if shapes is not None else ())
         dynamic = tuple(dynamic.get(n) for n in names) if names else True
+    # a copy of the graph module over the same tensors, with attributes of its own: the export puts fake tensors in
+    # place of the module's parameters while it traces, which another thread's calls of `opt` read meanwhile
+    gm = copy.copy(opt.graph_module)
     with quiet_torch_logs():
         if spec is not None and spec.kw_names:
-            ep, static = export_program(_as_called(opt.graph_module, spec), args[:spec.n_args],
+            ep, static = export_program(_as_called(gm, spec), args[:spec.n_args],
                                         dict(zip(spec.kw_names, args[spec.n_args:])), dynamic=dynamic,
                                         limits=_limits(shapes))
         else:
             # the graph module, not the wrapper: its forward has the model's own signature, which
             # per-dimension dynamic shapes are matched against
-            ep, static = export_program(opt.graph_module, args, dynamic=dynamic, limits=_limits(shapes))
+            ep, static = export_program(gm, args, dynamic=dynamic, limits=_limits(shapes))
     if not static and isinstance(dynamic, tuple):
         static = _pinned(ep, dynamic)
     if static and dynamic is not False:
@@ -90,6 +107,7 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
                                                     CHECKSUM_FILE: json.dumps(weights_checksum(ep))})
         except (OSError, RuntimeError) as e:
             raise ModelFileError(f"could not write {str(path)!r}: {short_error(e)}") from e
+    return path
 
 
 def _limits(shapes) -> dict:

@@ -22,7 +22,7 @@ from torch import nn
 from transformers.cache_utils import StaticCache, StaticLayer
 
 from accelc.errors import InputError
-from accelc.step_module import StepModule
+from accelc.step_module import StepModule, cache_keyword
 from accelc.kernels import greedy
 
 
@@ -86,7 +86,7 @@ class CacheStep(StepModule):
 
     def __init__(self, lm: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_len: int):
         super().__init__()
-        self.lm = lm
+        self.lm, self.cache_keyword = lm, cache_keyword(lm)
         self.cache = StaticCache(config=lm.config, max_cache_len=max_len)
         sliding = [i for i, layer in enumerate(self.cache.layers) if getattr(layer, "is_sliding", False)]
         window = getattr(lm.config.get_text_config(), "sliding_window", None)
@@ -117,7 +117,7 @@ class CacheStep(StepModule):
         length = self.cache.layers[0].cumulative_length
         length.copy_(start)
         out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+                      use_cache=True, logits_to_keep=1, **{self.cache_keyword: self.cache})
         length.add_(input_ids.shape[1])
         return out.logits[:, -1]
 
@@ -161,9 +161,9 @@ class CacheStep(StepModule):
         greedy.static_inputs(token, ids, keys, positions, count, start, n + i, i)
         return ids, keys, positions, start
 
-    def shell_inputs(self, input_ids, attention_mask, position_ids, past_key_values) -> tuple:
+    def shell_inputs(self, input_ids, attention_mask, position_ids, cache) -> tuple:
         """The step's inputs for a forward call of HF's generate loop (see OptimizedLM._shell)."""
-        start = past_key_values.layers[0].cumulative_length
+        start = cache.layers[0].cumulative_length
         if position_ids is None:     # the model's own default
             position_ids = (start + torch.arange(input_ids.shape[1], device=input_ids.device)).expand_as(input_ids)
         return input_ids, key_padding(attention_mask, input_ids, self.max_len, start), position_ids, start

@@ -18,8 +18,36 @@ the keys and values), `describe()` (the cache in words) and `reset()` (positions
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import torch
 from torch import nn
+
+# the names a causal LM's forward takes its KV cache by: `cache` from transformers 5.24 (`past_key_values` kept as a
+# deprecated alias, said in a warning at every call), `past_key_values` before it and in models of their own code
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The keyword `model`'s forward takes its KV cache by (CACHE_KEYWORDS): `cache` where it declares one."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache_field() -> str:
+    """The field of HF's CausalLMOutputWithPast that holds the cache: `cache` from transformers 5.24 (its
+    `past_key_values` a deprecated alias), `past_key_values` before."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
+def given_cache(kwargs: dict):
+    """The KV cache in a call's keywords under either name (CACHE_KEYWORDS), None where none is given."""
+    return next((kwargs[k] for k in CACHE_KEYWORDS if kwargs.get(k) is not None), None)
 
 
 class StepModule(nn.Module):
@@ -53,6 +81,6 @@ class StepModule(nn.Module):
         """The step's inputs for the i-th new token (0: the first after the prompt)."""
         raise NotImplementedError
 
-    def shell_inputs(self, input_ids, attention_mask, position_ids, past_key_values) -> tuple:
+    def shell_inputs(self, input_ids, attention_mask, position_ids, cache) -> tuple:
         """The step's inputs for a forward call of HF's generate loop."""
         raise NotImplementedError

@@ -38,7 +38,7 @@ import torch
 import triton
 from triton import knobs
 
-from accelc import runtime, tuning_table
+from accelc import files, runtime, tuning_table
 from accelc import compile_workers
 from accelc.compile_ahead import compile_only, precompile
 from accelc.latency import quick_graph_us
@@ -128,10 +128,7 @@ def device_identity() -> tuple[str, str]:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("ACCELC_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "tuning"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "accelc" / "tuning"
+    return files.cache_root() / "tuning"
 
 
 def config_dict(cfg: triton.Config) -> dict:
@@ -375,7 +372,12 @@ class Tuner:
             want = record["config"]
         except FileNotFoundError:
             return None     # not tuned yet
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (IsADirectoryError, UnicodeDecodeError) as e:     # (the entry's own fault: tuned again, rewritten)
+            return _bad_entry(path, f"unreadable ({type(e).__name__})")
+        except OSError as e:     # the folder's: a file in its place, no permission
+            files.cache_unusable(e)
+            return None
+        except (ValueError, KeyError, TypeError) as e:
             return _bad_entry(path, f"unreadable ({type(e).__name__})")
         timings = record.get("timings_us")
         if not isinstance(want, dict) or not _timings_ok(timings):
@@ -395,7 +397,7 @@ class Tuner:
             tmp.write_text(json.dumps(record, indent=1))
             os.replace(tmp, path)
         except OSError as e:   # a read-only home: tuning still works, it is just not remembered
-            _say(f"accelc: cannot write the tuning cache {path.parent} ({e}); set ACCELC_CACHE_DIR")
+            files.cache_unusable(e)
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
 

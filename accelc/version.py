@@ -8,9 +8,10 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# [lowest, past the highest) release (major, minor) tested: the GPU runs on torch 2.11 + triton 3.6, CI on
-# torch 2.13 + the newest triton the bound admits
-TESTED = {"torch": ((2, 11), (2, 14)), "triton": ((3, 6), (3, 10))}
+# [lowest, past the highest) release (major, minor) tested: the GPU runs on torch 2.11 + triton 3.6 + transformers
+# 5.17 (the device image's), CI on torch 2.13 + the newest triton and transformers the bounds admit. transformers is
+# no requirement of accelc's own (the `hf` extra names it): said only where it is installed
+TESTED = {"torch": ((2, 11), (2, 14)), "triton": ((3, 6), (3, 10)), "transformers": ((5, 17), (5, 26))}
 # torchvision's release for a torch release: 0.(minor + 15) (torch 2.11 <-> torchvision 0.26)
 _TORCHVISION_OFFSET = 15
 
@@ -33,7 +34,7 @@ def environment_problems(versions: dict | None = None) -> list[str]:
         from importlib import metadata
 
         versions = {}
-        for name in ("torch", "triton", "torchvision"):
+        for name in ("torch", "triton", "transformers", "torchvision"):
             try:
                 versions[name] = metadata.version(name)
             except metadata.PackageNotFoundError:

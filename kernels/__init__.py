@@ -1,60 +1,25 @@
-"""accelc's Triton kernels; importing this package registers every torch.ops.accelc.* op.
+"""accelc's Triton kernels, one file a kernel (its launcher, reference and op); importing this package registers
+every torch.ops.accelc.* op and gives their tables (accelc.kernels.ops: LAUNCHERS, REFERENCES).
 
-LAUNCHERS maps each op to its launcher, which takes the same arguments: the optimized module's
-plain calls use them directly (accelc.runner), skipping the op dispatcher's host cost. REFERENCES
-maps each op to its pure-PyTorch reference, what an ONNX export records in its place.
+This folder sits at the repository's root and installs as accelc.kernels. Where the root is on sys.path (Python run
+from it: `python -m pytest`, `python -c`, a notebook), a plain `import kernels` finds this folder first, and that
+name is Hugging Face's `kernels` package, which transformers 5.24+ imports as it loads any model. So imported under
+that name, this package hands the name to the installed package of that name, as if this folder were not on the
+path, or fails as Python would without one.
 """
-import torch
+if __name__ == "kernels":
+    import importlib.machinery as _machinery
+    import importlib.util as _util
+    import os as _os
+    import sys as _sys
 
-from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import (conv, conv1d, depthwise_conv, flash_attention, fp8_gemm, fp8_weight, gated_linear, gemm,
-                            int8_gemm, int8_weight, layernorm, paged_attention, quantize, rotary)
-
-LAUNCHERS = {
-    torch.ops.accelc.linear.default: gemm.linear_launch,
-    torch.ops.accelc.conv2d.default: conv.conv2d_launch,
-    torch.ops.accelc.conv2d_depthwise.default: depthwise_conv.conv2d_depthwise_launch,
-    torch.ops.accelc.conv1d.default: conv1d.conv1d_launch,
-    torch.ops.accelc.flash_attention.default: flash_attention.flash_attention_launch,
-    torch.ops.accelc.linear_w8a8.default: int8_gemm.linear_w8a8_launch,
-    torch.ops.accelc.quantize_per_token.default: quantize.quantize_launch,
-    torch.ops.accelc.layer_norm.default: layernorm.layer_norm_launch,
-    torch.ops.accelc.rms_norm.default: layernorm.rms_norm_launch,
-    torch.ops.accelc.gated_linear.default: gated_linear.gated_linear_launch,
-    torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_launch,
-    torch.ops.accelc.linear_w8a16.default: int8_weight.linear_w8a16_launch,
-    torch.ops.accelc.gated_linear_w8a16.default: int8_weight.gated_linear_w8a16_launch,
-    torch.ops.accelc.linear_fp8w.default: fp8_weight.linear_fp8w_launch,
-    torch.ops.accelc.gated_linear_fp8w.default: fp8_weight.gated_linear_fp8w_launch,
-    torch.ops.accelc.linear_fp8.default: fp8_gemm.linear_fp8_launch,
-    torch.ops.accelc.gated_linear_fp8.default: fp8_gemm.gated_linear_fp8_launch,
-    torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_launch,
-}
-
-# each op's pure-PyTorch reference (same arguments): what an ONNX export of an optimized module
-# records in the op's place (ONNX has no accelc ops; the references are standard ATen)
-REFERENCES = {
-    torch.ops.accelc.linear.default: gemm.linear_ref,
-    torch.ops.accelc.conv2d.default: conv.conv2d_ref,
-    torch.ops.accelc.conv2d_depthwise.default: depthwise_conv.conv2d_depthwise_ref,
-    torch.ops.accelc.conv1d.default: conv1d.conv1d_ref,
-    torch.ops.accelc.flash_attention.default: flash_attention.flash_attention_ref,
-    torch.ops.accelc.linear_w8a8.default: int8_gemm.linear_w8a8_ref,
-    torch.ops.accelc.quantize_per_token.default: quantize.quantize_ref,
-    torch.ops.accelc.layer_norm.default: layernorm.layer_norm_ref,
-    torch.ops.accelc.rms_norm.default: layernorm.rms_norm_ref,
-    torch.ops.accelc.gated_linear.default: gated_linear.gated_linear_ref,
-    torch.ops.accelc.rotary_embedding.default: rotary.rotary_embedding_ref,
-    torch.ops.accelc.linear_w8a16.default: int8_weight.linear_w8a16_ref,
-    torch.ops.accelc.gated_linear_w8a16.default: int8_weight.gated_linear_w8a16_ref,
-    torch.ops.accelc.linear_fp8w.default: fp8_weight.linear_fp8w_ref,
-    torch.ops.accelc.gated_linear_fp8w.default: fp8_weight.gated_linear_fp8w_ref,
-    torch.ops.accelc.linear_fp8.default: fp8_gemm.linear_fp8_ref,
-    torch.ops.accelc.gated_linear_fp8.default: fp8_gemm.gated_linear_fp8_ref,
-    torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_ref,
-}
-assert set(REFERENCES) == set(LAUNCHERS)
-
-__all__ = ["LAUNCHERS", "REFERENCES", "conv", "conv1d", "depthwise_conv", "flash_attention", "fp8_gemm", "fp8_weight", "gated_linear", "gemm",
-           "int8_gemm", "int8_weight", "layernorm",
-           "paged_attention", "quantize", "rotary"]
+    _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+    _spec = _machinery.PathFinder.find_spec(__name__, [p for p in _sys.path if _os.path.abspath(p or ".") != _root])
+    if _spec is None:
+        raise ModuleNotFoundError(f"No module named {__name__!r}", name=__name__)
+    _module = _util.module_from_spec(_spec)
+    _sys.modules[__name__] = _module        # (what the import statement returns: Python reads it back after this)
+    _spec.loader.exec_module(_module)
+else:
+    from accelc.kernels.ops import *  # noqa: F401,F403
+    from accelc.kernels.ops import __all__  # noqa: F401

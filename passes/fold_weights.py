@@ -108,10 +108,7 @@ def _transform(gm: fx.GraphModule, ctx) -> int:
             continue
         if not isinstance(value, torch.Tensor) or value.dtype != m.dtype:
             continue
-        stem = name = "accelc_folded_" + (meta.path(n) or n.name).replace(".", "_")
-        i = 1
-        while hasattr(gm, name):      # (two values folded at one module path)
-            name, i = f"{stem}_{i}", i + 1
+        name = "accelc_folded_" + (meta.path(n) or n.name).replace(".", "_")
         const_node = add_constant(gm, name, value.detach().contiguous(), before=n, path=meta.path(n),
                                   derived=(functools.partial(_replay, graph), sources))
         replace_uses(gm, n, const_node)

@@ -160,9 +160,10 @@ def test_code_typed_in_or_a_profiler_keeps_nothing(monkeypatch):
 
 
 def test_a_kept_graph_that_does_not_reproduce_the_model_is_dropped(exports, tmp_path, monkeypatch, caplog):
-    """The key blind to the edit (the files not digested): the SCALE 2 graph is read for the SCALE 3 model, its
-    check on the example fails, and the model is exported again, its own numbers kept."""
+    """The key blind to the edit (the files and their globals not digested): the SCALE 2 graph is read for the
+    SCALE 3 model, its check on the example fails, and the model is exported again, its own numbers kept."""
     monkeypatch.setattr(stored, "_files_digest", lambda files: [])
+    monkeypatch.setattr(stored, "_globals", lambda files: [])
     x = torch.randn(3, 16, device=DEVICE)
     _optimize(_user_model(tmp_path, 2.0), (x,))
     exports.clear()
@@ -282,3 +283,175 @@ def test_the_compile_workers_start_as_a_capture_traces_and_not_in_a_warm_optimiz
     events.clear()
     second = _optimize(model, (x,))
     assert second.info.capture_kept and events == ["hold"], events
+
+# ---------------------------------------------------------------------------------------------
+# What the key must see, and what a kept graph is checked on before it is trusted: a value the export baked into the
+# graph (a plain tensor attribute), a limit from outside the model's code (an environment variable, a module global,
+# a class attribute the key cannot see), a record put in another's place. Each was a silent wrong number: the graph
+# read back answered with the first process's value or branch.
+
+def _module(tmp_path, source: str):
+    (tmp_path / "user_model.py").write_text(source)
+    sys.modules.pop("user_model", None)
+    importlib.invalidate_caches()
+    return importlib.import_module("user_model")
+
+
+def _same_or_refused(opt, model, x):
+    """opt(x) is eager's, or refused with accelc's error: never another number."""
+    try:
+        with torch.no_grad():
+            got = opt(x)
+    except accelc.AccelcError:
+        return "refused"
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), atol=1e-5, rtol=1e-5)
+    return "same"
+
+
+ATTRIBUTE = '''
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self, offset):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+        self.offset = torch.full((8,), float(offset))     # a plain tensor attribute: no parameter, no buffer
+
+    def forward(self, x):
+        if x.shape[0] > 1:      # (a branch on a size: torch.export captures it, symbolic_trace cannot)
+            x = x + 0
+        # the offset reaches the output only for large inputs: the example never shows it
+        return self.fc(x) + self.offset * (x.abs().amax() > 1e3)
+'''
+
+
+def test_a_changed_tensor_attribute_is_captured_again(exports, tmp_path):
+    module = _module(tmp_path, ATTRIBUTE)
+    x = torch.randn(3, 16, device=DEVICE)
+    torch.manual_seed(0)
+    _optimize(module.Model(10.0).to(DEVICE).eval(), (x,))
+    assert exports
+    exports.clear()
+    torch.manual_seed(0)
+    model = module.Model(0.0).to(DEVICE).eval()       # the same weights, the attribute changed (a new process's)
+    opt = _optimize(model, (x,))
+    assert exports and not opt.info.capture_kept and not opt.info.reused
+    big = torch.randn(3, 16, device=DEVICE) * 1e4
+    assert _same_or_refused(opt, model, big) == "same"
+
+
+ENVIRONMENT = '''
+import os
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x):
+        if x.shape[0] > int(os.environ.get("REUSE_TEST_LIMIT", "8")):    # a limit from outside the model's code
+            x = x * 2
+        return self.fc(x)
+'''
+
+
+def test_a_size_limit_from_the_environment_changes_the_key(exports, tmp_path, monkeypatch):
+    module = _module(tmp_path, ENVIRONMENT)
+    x = torch.randn(3, 16, device=DEVICE)
+    torch.manual_seed(0)
+    model = module.Model().to(DEVICE).eval()
+    monkeypatch.setenv("REUSE_TEST_LIMIT", "8")
+    _optimize(model, (x,))
+    exports.clear()
+    monkeypatch.setenv("REUSE_TEST_LIMIT", "4")
+    opt = _optimize(model, (x,))
+    assert exports and not opt.info.capture_kept
+    for batch in (2, 3, 4, 5, 7, 8):
+        _same_or_refused(opt, model, torch.randn(batch, 16, device=DEVICE))
+
+
+OUTSIDE_LIMIT = '''
+import sys
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x):
+        # a limit held outside the model's own code (here an attribute of another module): no key sees it
+        if x.shape[0] > getattr(sys, "reuse_test_limit", 8):
+            x = x * 2
+        return self.fc(x)
+'''
+
+
+def test_a_limit_the_key_cannot_see_is_found_at_the_ends_of_the_range(exports, tmp_path, monkeypatch, caplog):
+    """The kept graph claims batches up to 8 without the doubling; the model now doubles past 4: the kept graph is
+    checked at the ends of its range before it is trusted, dropped, and the model exported again."""
+    module = _module(tmp_path, OUTSIDE_LIMIT)
+    x = torch.randn(3, 16, device=DEVICE)
+    torch.manual_seed(0)
+    model = module.Model().to(DEVICE).eval()
+    _optimize(model, (x,))
+    exports.clear()
+    monkeypatch.setattr(sys, "reuse_test_limit", 4, raising=False)
+    with caplog.at_level(logging.INFO, logger="accelc"):
+        opt = _optimize(model, (x,))
+    assert "does not reproduce the model (ValueError: at " in caplog.text, caplog.text     # (a size besides the example)
+    assert exports and not opt.info.capture_kept
+    for b in (2, 3, 4, 5, 8):
+        _same_or_refused(opt, model, torch.randn(b, 16, device=DEVICE))
+
+
+def test_the_key_sees_globals_a_python_and_tensor_attributes(exports, tmp_path, monkeypatch):
+    module = _module(tmp_path, ATTRIBUTE + "\nSCALE = 2.0\n")
+    model = module.Model(1.0).to(DEVICE).eval()
+    x = torch.randn(3, 16, device=DEVICE)
+
+    def key_of():
+        with stored.files_run() as files:
+            expected = model(x)
+        spec = trace.CallSpec.of(model, (x,), {}, expected)
+        return stored.key(model, spec, (x,), expected, True, files)
+    base = key_of()
+    assert base is not None and key_of() == base
+    module.SCALE = 3.0                                   # a module global changed at run time, the file as it was
+    assert key_of() != base
+    module.SCALE = 2.0
+    model.offset[0] = 5.0                                # one value of a plain tensor attribute
+    assert key_of() != base
+    model.offset[0] = 1.0
+    assert key_of() == base
+    monkeypatch.setattr(sys, "version", sys.version + " (another build)")    # another Python
+    assert key_of() != base
+
+
+def test_a_record_under_another_key_is_not_replayed(exports, tmp_path):
+    """A record copied or renamed into another key's place (a synced or restored cache folder): read as no record,
+    said and removed, for the guard's verdicts and for kept graphs alike."""
+    memo = reuse.Memo(layers=[], decisions=[], checks={}, eager_ms={}, eager_gpu_ms=None, shapes=None, padding=None,
+                      picks=[])
+    reuse.keep("a" * 40, memo)
+    assert reuse.lookup("a" * 40) is not None
+    folder = reuse.folder()
+    (folder / ("b" * 40 + ".pkl")).write_bytes((folder / ("a" * 40 + ".pkl")).read_bytes())
+    assert reuse.lookup("b" * 40) is None and not (folder / ("b" * 40 + ".pkl")).exists()
+
+    module = _module(tmp_path, ATTRIBUTE)
+    model = module.Model(1.0).to(DEVICE).eval()
+    _optimize(model, (torch.randn(3, 16, device=DEVICE),))
+    (kept,) = sorted(reuse.captures().glob("*.pkl"))
+    other = kept.with_name("c" * 40 + ".pkl")
+    other.write_bytes(kept.read_bytes())
+    assert stored.read(reuse.captures(), kept.stem, model) is not None
+    assert stored.read(reuse.captures(), "c" * 40, model) is None and not other.exists()

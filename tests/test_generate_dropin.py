@@ -144,5 +144,22 @@ def test_an_optimized_inner_model_under_hfs_generate_points_to_opt_generate():
         warnings.simplefilter("ignore")
         p = _ids(2)
         lm.model = accelc.optimize(lm.model, {"input_ids": p["input_ids"]})
-        with pytest.raises(InputError, match=r"'past_key_values'.*optimize the causal LM itself.*opt\.generate"):
+        with pytest.raises(InputError, match=r"'(past_key_values|cache)'.*optimize the causal LM itself.*opt\.generate"):
             lm.generate(**p, max_new_tokens=3)
+
+
+def test_generate_from_embeddings_runs_the_original_and_says_so():
+    """generate(inputs_embeds=...) was refused (input_ids required) where HF generates from embeddings."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    lm = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                          max_position_embeddings=64)).to(DEVICE).eval()
+    ids = torch.randint(0, 100, (1, 6), device=DEVICE)
+    opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    embeds = lm.get_input_embeddings()(ids)
+    with pytest.warns(UserWarning, match="runs the original model \\(inputs_embeds"):
+        got = opt.generate(inputs_embeds=embeds, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(got, lm.generate(inputs_embeds=embeds, max_new_tokens=4, do_sample=False, pad_token_id=0))

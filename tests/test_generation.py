@@ -398,7 +398,7 @@ def test_optimize_warms_up_the_decode_step_too(monkeypatch):
 def test_the_lms_summary_folds_the_step_program_into_its_differences():
     """The step program's layers that are the forward's (same kernel, same status) are one line, each other
     one a line naming both; its whole table stays in opt.step.summary()."""
-    from accelc.generation import step_lines
+    from accelc.step_summary import step_lines
 
     torch.manual_seed(0)
     lm = T.LlamaForCausalLM(T.LlamaConfig(**SMALL, num_key_value_heads=1)).to(DEVICE).eval()

@@ -69,13 +69,14 @@ other = torch.randint(0, 100, (3, 5))       # another batch and length than the 
 with torch.no_grad():
     optimized = opt(ids)
     other_diff = (opt(other) - lm(other).logits).abs().max().item()
-# saved per rank, each rank loading its own shard (and refused another rank's)
-accelc.save(opt, f"rank{rank}.pt2")
+# saved per rank under one name, each rank's shard beside it named by its rank (as the command line writes them: the
+# ranks overwrote each other's), each rank loading its own shard (and refused another rank's)
+saved_to = str(accelc.save(opt, "tp.pt2"))
 dist.barrier()
 with torch.no_grad():
-    loaded_diff = (accelc.load(f"rank{rank}.pt2")(other) - lm(other).logits).abs().max().item()
+    loaded_diff = (accelc.load(f"tp.rank{rank}-of-2.pt2")(other) - lm(other).logits).abs().max().item()
 try:
-    accelc.load(f"rank{1 - rank}.pt2")
+    accelc.load(f"tp.rank{1 - rank}-of-2.pt2")
     wrong_rank = "taken"
 except ModelFileError as e:
     wrong_rank = str(e)
@@ -182,7 +183,7 @@ print("RESULT " + json.dumps({
     "apart_tokens_equal": bool(torch.equal(apart_tokens, want)), "apart_rewritten": len(apart.rewritten),
     "apart_paged": apart.step is not None and "paged" in apart.info.generation,
     "ranks": tensor_parallel.on_every_rank(opt_lm.graph_module, rank), "loaded_vs_ref": loaded_diff,
-    "wrong_rank": wrong_rank, "bert_vs_ref": bert_diff, "bert_rewritten": len(opt_bert.rewritten),
+    "wrong_rank": wrong_rank, "saved_to": saved_to, "bert_vs_ref": bert_diff, "bert_rewritten": len(opt_bert.rewritten),
     "hf_own_vs_ref": hf_own_diff, "hf_vs_ref": hf_diff, "hf_tokens_equal": hf_tokens_equal, "hf_dtensors_left": tensor_parallel.is_sharded(hf_local),
     "hf_optimized_vs_ref": hf_opt_diff, "hf_rewritten": len(opt_hf.rewritten)}))
 dist.barrier()      # (the README's order: a barrier before the destroy; gloo's teardown under a live program aborted)
@@ -212,16 +213,16 @@ def test_a_sharded_llama_localized_on_two_gloo_ranks(tmp_path):
         assert r["step_collectives"].count("accelc.tp_all_gather.default") == 1, r
         assert r["apart_tokens_equal"] and r["apart_paged"] and r["ranks"] == [0, 1], r
         assert (r["apart_rewritten"] == 0) == (r["rank"] == 1), r         # rank 1 reverted all, rank 0 kept its own
-        assert r["loaded_vs_ref"] < 1e-5, r
+        assert r["loaded_vs_ref"] < 1e-5 and r["saved_to"] == f"tp.rank{r['rank']}-of-2.pt2", r
         assert r["bert_vs_ref"] < 1e-5 and r["bert_rewritten"] > 0, r
-        assert r["wrong_rank"] == (f"'rank{1 - r['rank']}.pt2' is rank {1 - r['rank']} of a 2-rank tensor-parallel "
+        assert r["wrong_rank"] == (f"'tp.rank{1 - r['rank']}-of-2.pt2' is rank {1 - r['rank']} of a 2-rank tensor-parallel "
                                    f"program, and this process is rank {r['rank']} of 2: each rank loads the program it "
                                    "saved (its own shard of the weights)"), r
     import accelc                                     # a process outside any process group
     from accelc.errors import ModelFileError
-    with pytest.raises(ModelFileError, match=r"^'.*rank0.pt2' is rank 0 of a 2-rank tensor-parallel program: load it "
-                                             r"in that rank of 2 processes with the process group initialized"):
-        accelc.load(tmp_path / "rank0.pt2")
+    with pytest.raises(ModelFileError, match=r"^'.*tp.rank0-of-2.pt2' is rank 0 of a 2-rank tensor-parallel program: "
+                                             r"load it in that rank of 2 processes with the process group initialized"):
+        accelc.load(tmp_path / "tp.rank0-of-2.pt2")
     for r in results:    # (these checks sat inside the pytest.raises block above, after the raising call: never run)
         embed, out_dtensor, seq, unreadable, hf_packed, uneven = r["refusals"]
         assert uneven == ("uneven: 0: its 99 output features gathered from 2 ranks in unequal shards; accelc "

@@ -165,7 +165,7 @@ def test_a_read_only_cache_folder_still_tunes(fake_gpu, monkeypatch, tmp_path, c
     monkeypatch.setenv("ACCELC_CACHE_DIR", str(blocked))   # tuning/ cannot be made under a file
     with caplog.at_level("WARNING", logger="accelc"):
         assert _chosen(_tuner().pick((1024, "fp16"), {"M": 1024}, lambda c: None)) == FAST
-    assert "cannot write the tuning cache" in caplog.text
+    assert "cannot use the cache folder" in caplog.text and "optimize goes on without it" in caplog.text
 
 
 def test_force_runs_one_candidate_then_restores_the_choices(fake_gpu):

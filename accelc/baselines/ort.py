@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from accelc import runtime
 from accelc.errors import short_error
 
 OPSET = 17           # the TorchScript exporter: LayerNormalization is in the default domain from 17
@@ -158,7 +159,7 @@ def torch_export(module, tensors, path, dynamo: bool, external_data: bool = Fals
     weights beside it (the dynamo exporter; a model over protobuf's 2 GB always)."""
     names = [f"in{i}" for i in range(len(tensors))]
     external_data = external_data or _large(module)
-    with _quiet(), torch.no_grad():
+    with runtime.EXPORTS.export(), _quiet(), torch.no_grad():     # (apart from other threads' calls of accelc modules)
         if dynamo:
             torch.onnx.export(module, tuple(tensors), path, dynamo=True, input_names=names,
                               external_data=external_data, opset_version=DYNAMO_OPSET, verbose=False)

@@ -2,11 +2,15 @@
 passes before accelc takes it (accelc.capture.trace)."""
 from __future__ import annotations
 
+import contextlib
+import io
+
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import tensor_parallel
+from accelc.capture.shapes import SHAPES
 from accelc.numerics import EAGER_ERROR_FACTOR, OWN_ERROR_CAP, REL_L2_FLOOR, rel_l2, whole_model_limit
 
 # How far a correct captured graph may differ from the model (the same ops, possibly regrouped,
@@ -114,3 +118,30 @@ def _asked(fn):
         return fn()
     except Exception:
         return None
+
+
+def at_other_sizes(gm: fx.GraphModule, flat: tuple, model_at, reference_at, rerun_at, restore) -> None:
+    """A graph read back from an earlier process (capture.stored) against the model at the sizes its contract claims
+    besides the example's (the ends of its ranges and an odd size between, as the guard checks layers: other_inputs):
+    an export made under another limit from outside the model's code (a setting, a global) took a branch on a size
+    that the model now takes another way. model_at(inputs): the model's flat output; reference_at(inputs, output),
+    rerun_at(inputs): as `checked` asks them; restore(): the model's buffers put back. Raises where the two differ;
+    a size where either refuses to run says nothing (the graph's own refusal is no wrong number, and where the
+    model fails there is nothing to compare)."""
+    from accelc.other_inputs import sized_other_inputs      # (it imports the capture package: not at the top)
+    for label, ins, sizes in sized_other_inputs(flat, gm.meta.get(SHAPES)):
+        if sizes is None:       # (the second draw at the example's shapes: the branches the example took)
+            continue
+        try:
+            with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+                want = model_at(ins)
+                restore()
+                got = gm(*ins)
+        except Exception:
+            continue
+        finally:
+            restore()
+        try:
+            checked(gm, want, got, lambda: reference_at(ins, want), lambda: rerun_at(ins))
+        except Exception as e:
+            raise ValueError(f"{label}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e

@@ -8,11 +8,15 @@ and buffers are named, never written; only tensors the export made (lifted const
 
 The key (`key`) digests what the graph depends on: the source of every Python file the model's forward ran (the
 eager call capture makes anyway, watched with sys.setprofile: a changed line of modeling code is a new key), the
-model's module tree, tensors' names, shapes and dtypes, its modules' plain attributes (numbers, strings, flags,
-tuples of them, enums, dtypes) and forward hooks, the configs its modules hold (HF's), the example's structure,
-shapes and dtypes, the call's fixed values, the shape option, accelc's own source and the versions of Python and
-PyTorch. A kept graph is checked on the example against the model exactly as
-a fresh capture is (capture.check): one that does not reproduce it is removed and the model captured again.
+values of those files' plain module-level globals and the environment variables the forward read (a limit or a
+setting from outside the model's code), the model's module tree, tensors' names, shapes and dtypes, the values of
+tensors its modules hold as plain attributes (not parameters or buffers: the export bakes them into the graph as
+constants), its modules' plain attributes (numbers, strings, flags, tuples of them, enums, dtypes) and forward hooks,
+the configs its modules hold (HF's), the example's structure, shapes and dtypes, the call's fixed values, the shape
+option, accelc's own source and the versions of Python and PyTorch. A kept graph carries its key, and is checked
+against the model as a fresh capture is (capture.check) on the example and at the other sizes its shape contract
+claims (the ends of its ranges: a branch on a size whose limit the key cannot see), before it is trusted: one that
+does not reproduce the model is removed and the model captured again.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from accelc import meta
 from accelc.capture.pickling import ShapeGuards
 from accelc.capture.shapes import SHAPES
 from accelc.capture.side_effects import plain_state
-from accelc.files import read_record, write_record
+from accelc.files import read_record, remove, write_record
+from accelc.layer_signature import values_digest
 from accelc.version import source_digest
 
 log = logging.getLogger("accelc")
@@ -58,19 +63,33 @@ class _Ref:
 # ---------------------------------------------------------------------------------------------
 # the files a forward runs
 
+class Seen(set):
+    """The source files of the Python functions a block ran, and (`env`) the environment variables it read."""
+
+    def __init__(self):
+        super().__init__()
+        self.env: set = set()
+
+
+_ENV_READ = type(os.environ).__getitem__.__code__     # (os.getenv, environ.get and `in` all come through it)
+
+
 @contextlib.contextmanager
 def files_run():
-    """Yields a set that collects the source files of the Python functions run in the block (this thread), or
-    None where a profiler is already set (a profiled optimize keeps no graph)."""
+    """Yields a Seen that collects the source files of the Python functions run in the block (this thread) and the
+    environment variables read there, or None where a profiler is already set (a profiled optimize keeps no graph)."""
     if sys.getprofile() is not None:
         yield None
         return
-    files: set = set()
-    add = files.add
+    files = Seen()
+    add, env = files.add, files.env.add
 
     def seen(frame, event, arg):
         if event == "call":
-            add(frame.f_code.co_filename)
+            code = frame.f_code
+            add(code.co_filename)
+            if code is _ENV_READ:
+                env(frame.f_locals.get("key"))
     sys.setprofile(seen)
     try:
         yield files
@@ -129,6 +148,9 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
                          for name, t in _named_tensors(model)]),
             ("plain", sorted((repr(k), repr(v)) for k, v in plain_state(model).items())),
             ("attributes", _attributes(model)),
+            ("tensor attributes", _tensor_attributes(model)),
+            ("globals", _globals(files)),
+            ("environment", sorted((repr(k), os.environ.get(k)) for k in getattr(files, "env", ()) if isinstance(k, str))),
             ("hooks", _hooks(model)),
             ("configs", _configs(model)),
             ("flags", (torch.get_default_dtype(), torch.is_grad_enabled())),
@@ -178,6 +200,42 @@ def _attributes(model: nn.Module) -> list:
                     and v is not None and _plain(v):
                 out.append((name, k, repr(sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v)))
     return out
+
+
+def _tensor_attributes(model: nn.Module) -> list:
+    """(module path, attribute, shape, dtype, digest of the values) of every tensor the modules hold as plain
+    attributes, alone or in lists, tuples and dicts (not parameters or buffers: the export bakes them in as values)."""
+    found = []
+    for name, mod in model.named_modules():
+        for k, v in vars(mod).items():
+            if k in _INTERNAL:
+                continue
+            items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, (list, tuple)) else [(None, v)]
+            found += [(name, k, repr(i), t) for i, t in items if isinstance(t, torch.Tensor)]
+    sums = values_digest([t for *_, t in found])
+    return [(name, k, i, tuple(t.shape), t.dtype, s) for (name, k, i, t), s in zip(found, sums)]
+
+
+def _globals(files: set) -> list:
+    """(file, name, value) of the plain module-level globals (numbers, strings, flags and containers of them;
+    tensors by a digest of their values) of the modules whose source is among the model's own files run."""
+    roots, own = _library_roots(), set()
+    for name in files:
+        if not name.startswith("<") and not os.path.realpath(name).startswith(roots):
+            own.add(os.path.realpath(name))
+    out = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path or os.path.realpath(path) not in own:
+            continue
+        for k, v in sorted(vars(module).items()):
+            if k.startswith("__") or isinstance(v, type) or callable(v):
+                continue
+            if isinstance(v, torch.Tensor):
+                out.append((path, k, tuple(v.shape), v.dtype, values_digest([v])[0]))
+            elif _plain(v):
+                out.append((path, k, repr(sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v)))
+    return sorted(out, key=repr)
 
 
 def _hooks(model: nn.Module) -> list:
@@ -332,6 +390,8 @@ def read(folder: Path, k: str, model: nn.Module) -> fx.GraphModule | None:
     def load(entry) -> fx.GraphModule:
         if not isinstance(entry, dict) or entry.get("format") != FORMAT:
             raise TypeError("not a kept graph of this accelc")
+        if entry.get("key") != k:      # (a file copied or renamed into another's place: another model's graph)
+            raise TypeError(f"a graph kept under another key ({str(entry.get('key'))[:12]})")
         return rebuilt(entry, model)
     return read_record(folder / f"{k}.pkl", load, "the kept capture", "the model is captured again")
 
@@ -343,9 +403,10 @@ def keep(folder: Path, k: str, gm: fx.GraphModule, model: nn.Module) -> None:
     if entry is None:
         log.debug("accelc: capture: the graph holds what cannot be kept (a sub-graph, large constants)")
         return
+    entry["key"] = k
     write_record(folder / f"{k}.pkl", entry, MAX_KEPT, MAX_KEPT_BYTES,
                  "the captured graph not kept for the next optimize")
 
 
 def drop(folder: Path, k: str) -> None:
-    (folder / f"{k}.pkl").unlink(missing_ok=True)
+    remove(folder / f"{k}.pkl")

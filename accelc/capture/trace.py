@@ -30,7 +30,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from accelc import meta
+from accelc import meta, runtime
 from accelc.capture.canonical import canonicalize
 from accelc.capture.shaped import settle_shaped
 from accelc.capture.contract import CALL_SPEC, CallSpec, buffer_state, find_fills, left_out, restore_buffers
@@ -42,7 +42,7 @@ from accelc.capture.paths import annotate_paths, keep_module_stacks
 from accelc.capture.pickling import program_module
 from accelc.capture.shapes import SHAPES, InputShapes, export_dims, position_limits, within_limits
 from accelc.errors import CaptureError, InputError
-from accelc.capture.check import check_same, checked
+from accelc.capture.check import at_other_sizes, check_same, checked
 from accelc.numerics import same_values, upcast_run
 
 log = logging.getLogger("accelc")
@@ -163,8 +163,9 @@ def _try_tracers(model, spec, flat, expected, state, updated, failures, dynamic=
 
 
 def _kept(folder: Path, k: str, model, spec, flat, expected, state):
-    """(graph module, method, expected) from the graph kept under key k, checked on the example against the model
-    as a fresh capture is; None where none is kept or it does not reproduce the model (then removed)."""
+    """(graph module, method, expected) from the graph kept under key k, checked against the model as a fresh
+    capture is, on the example and at the other sizes its shape contract claims (check.at_other_sizes); None where
+    none is kept or it does not reproduce the model (then removed)."""
     gm = stored.read(folder, k, model)
     if gm is None:
         return None
@@ -174,6 +175,9 @@ def _kept(folder: Path, k: str, model, spec, flat, expected, state):
             out = record_meta(gm, flat)
         restore_buffers(model, state)
         _check_against_model(gm, out, model, spec, flat, expected, state)
+        at_other_sizes(gm, flat, lambda ins: spec.flat_output(flat_module(model, spec)(*ins)),
+                       lambda ins, want: reference(model, spec, ins, want, state), lambda ins: rerun(model, spec, ins, state),
+                       lambda: restore_buffers(model, state))
     except Exception as e:   # the model captured again, as if nothing were kept
         log.info("accelc: capture: the graph an earlier optimize kept does not reproduce the model (%s: %s): "
                  "captured again", type(e).__name__, _first_line(e))
@@ -255,8 +259,8 @@ def _capture_advice(model, args, kwargs, expected, state, failures) -> str:
     """What to try when no tracer reproduced the model: the cause found by looking (output that
     changes from call to call), else the usual cause of the failures seen."""
     caches = [type(v).__name__ for v in (*args, *kwargs.values()) if "cache" in type(v).__name__.lower()]
-    if caches:     # HF's DynamicCache given as past_key_values: every call (the tracers' too) appends to it
-        return (f"The model appends to the {caches[0]} it is given (past_key_values), so each call, the "
+    if caches:     # HF's DynamicCache given as its cache: every call (the tracers' too) appends to it
+        return (f"The model appends to the {caches[0]} it is given (cache / past_key_values), so each call, the "
                 "tracers' too, sees a longer cache and no graph reproduces it. Optimize it without one "
                 "(use_cache=False), or optimize the causal LM itself, whose opt.generate() runs over a static "
                 "cache accelc owns.")
@@ -413,7 +417,7 @@ def _export_once(model, args: tuple, kwargs: dict, **options) -> torch.export.Ex
     """torch.export, non-strict, with HF's fp16 overflow guards traced as they compute
     (accelc.capture.overflow), no stack trace collected for each node and no code generated for the graphs in
     between (accelc.capture.lean_export)."""
-    with finite_branches(), lean_export.lean():
+    with runtime.EXPORTS.export(), finite_branches(), lean_export.lean():     # (apart from other threads' calls)
         return torch.export.export(model, args, kwargs, strict=False, **options)
 
 
