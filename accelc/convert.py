@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from accelc import models, tensor_parallel
+from accelc import meta, models, tensor_parallel
 from accelc.api import make_job, optimize_job
 from accelc.capture import program_module
 from accelc.config import OptimizeConfig
@@ -225,6 +225,9 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     dynamic: OptimizeConfig.dynamic; the written program takes the shapes the optimized model takes (a .pt2 input
     exported with fixed shapes keeps them: the summary says which dims are fixed)."""
     out = check_output_file(out, ".pt2", "a torch.export program")
+    if Path(source).exists() and Path(source).resolve() == out.resolve():
+        raise ModelFileError(f"the output {str(out)!r} is the model file being converted: write the program to "
+                             "another file (the model is read as the program is written)")
     if report_dir:
         if tensor_parallel.launched() is not None:
             raise ModelFileError("--report times one process's model layer by layer: under torchrun, convert without "
@@ -240,6 +243,9 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
     log.info(f"accelc: loading {source}")
     model, args, kwargs = load_model_and_inputs(source, dev, input_shapes, example_inputs, batch_size)
     program = getattr(model, "accelc_program", None)
+    if meta.runs_accelc(model):
+        raise ModelFileError(f"{source!r} already runs accelc's kernels (an accelc.save / accelc convert output): "
+                             "convert the model it was made from (accelc.load runs this one as it is)")
     if program is not None:
         model, config = _program_shapes(model, program, config, dev)
     check_forward(model, args, kwargs, config.dtype)
@@ -253,7 +259,7 @@ def convert(source: str, out: str | os.PathLike, *, input_shapes: str | None = N
                  f"rank optimized all of it, rank 0 writes {out}")
     else:
         log.info(f"accelc: writing {written}")
-        save(opt, written, strict=isinstance(config.dynamic, dict) and program is not None)
+        save(opt, out, strict=isinstance(config.dynamic, dict) and program is not None)    # (save names the rank's)
     if report_dir:
         try:
             write_summary(opt, report_dir)
@@ -311,7 +317,7 @@ def load_model_and_inputs(source: str, device: torch.device, input_shapes: str |
     if example_inputs:
         return model, *load_example_inputs(example_inputs, device)
     if input_shapes is not None:
-        return model, tuple(torch.randn(s, device=device) for s in parse_shapes(input_shapes)), {}
+        return model, random_inputs(model, parse_shapes(input_shapes), device), {}
     if batch_size is not None:
         if not hasattr(model, "example_inputs"):
             raise ModelFileError(f"--batch-size sets a built-in model's example batch; {source!r} has none to set: "
@@ -321,6 +327,20 @@ def load_model_and_inputs(source: str, device: torch.device, input_shapes: str |
         return model, own_inputs, own_kwargs
     raise ModelFileError(f"{source!r} carries no example inputs: give --input-shape (e.g. 8x3x224x224) "
                          "or --example-inputs FILE")
+
+
+def random_inputs(model: nn.Module, shapes: list, device: torch.device) -> tuple:
+    """Random example inputs of `shapes` (--input-shape): token ids for the first of a model that takes them (one
+    with input embeddings, as HF's language models: ids drawn below its vocabulary's size), floats drawn normal for
+    the rest (a float tensor where a model embeds token ids failed inside its embedding)."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    try:
+        table = embeddings() if callable(embeddings) else None
+    except (NotImplementedError, AttributeError):
+        table = None
+    vocab = table.num_embeddings if isinstance(table, nn.Embedding) else None
+    return tuple(torch.randint(0, vocab, s, device=device) if i == 0 and vocab else torch.randn(s, device=device)
+                 for i, s in enumerate(shapes))
 
 
 def check_forward(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype | None = None) -> None:

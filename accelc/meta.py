@@ -118,3 +118,9 @@ def op_name(n: fx.Node) -> str:
 def attr_value(gm: fx.GraphModule, node: fx.Node):
     """The parameter / buffer a get_attr node reads ("layer1.0.conv1.weight")."""
     return functools.reduce(getattr, node.target.split("."), gm)
+
+
+def runs_accelc(model) -> bool:
+    """Whether `model` is a program whose graph calls accelc's ops (what accelc.save and convert write)."""
+    graph = getattr(model, "graph", None)
+    return isinstance(graph, fx.Graph) and any(getattr(n.target, "namespace", None) == "accelc" for n in graph.nodes)

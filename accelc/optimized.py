@@ -9,10 +9,10 @@ from dataclasses import asdict
 
 import torch
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 from accelc import meta, regions, runtime, tuning
+from accelc.call_inputs import array_input, traced
 from accelc.capture.pickling import graph_state
 from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
@@ -60,11 +60,21 @@ class OptimizedModule(nn.Module):
         self.example_inputs = example_inputs  # the graph's inputs the guard checked; accelc.save exports with them
         self.config = config if config is not None else OptimizeConfig()
         self.runner = None   # accelc.runner.Runner of this module's calls, made at the first call
+        self._references = None     # the graph with each accelc op its PyTorch reference (calls no kernel takes)
         self.eval()          # an inference module: what it computes does not depend on the mode
         # and computes no gradients: its weights (its own copy) need none, so torch.compile of it
         # with grad enabled traces no backward through accelc's ops
         for p in self.parameters():
             p.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        """eval() as nn.Module's; train() refused: the optimized module is for inference (no gradients, its layers'
+        training behaviour, dropout and batch statistics, gone with the rewrite), and switching it was silent."""
+        if mode:
+            raise InputError("accelc's optimized model is for inference: it computes no gradients and its layers "
+                             "keep their eval behaviour (no dropout, batch norm on its running statistics); train the "
+                             "original model, then optimize it again")
+        return super().train(False)
 
     def forward(self, *args, **kwargs):
         spec = self.call_spec
@@ -77,8 +87,12 @@ class OptimizedModule(nn.Module):
         returns: the report times and compares both sides this way."""
         if torch.onnx.is_in_onnx_export():   # ONNX has no accelc ops: each recorded as its PyTorch reference
             return direct_calls(self.graph_module, REFERENCES)(*args, **kwargs)
-        if _traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
+        if traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
             return self.graph_module(*args, **kwargs)
+        array = array_input(args, self.example_inputs)
+        if array is not None:
+            raise InputError(f"{array} where the model was optimized with a tensor: pass torch.as_tensor(...) on "
+                             "the model's device (accelc's program takes tensors, as the captured model did)")
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             raise InputError("accelc's optimized model is for inference and computes no gradients, but an input "
                              "requires grad: call it with inputs that do not (x.detach()), under torch.no_grad() "
@@ -91,7 +105,7 @@ class OptimizedModule(nn.Module):
         try:
             # no kernel tunes inside a call (a size not tuned borrows the nearest's config); in the
             # interpreter, one call at a time across threads
-            with tuning.serving(), runtime.serialized():
+            with runtime.EXPORTS.call(), tuning.serving(), runtime.serialized():
                 out = self.runner(*args, **kwargs)
             return _rows_major_as_called(out, args) if self._rows_major_calls else out
         except AssertionError as e:
@@ -105,9 +119,19 @@ class OptimizedModule(nn.Module):
                              "export) with an example of the shape you call it with") from None
         except (ValueError, RuntimeError) as e:     # a kernel's operand check, or PyTorch's own, on another dtype
             wrong = self._other_dtype(args)
-            if wrong is None:
+            if wrong is not None:
+                raise InputError(f"{wrong} ({short_error(e)})") from None
+            if not (isinstance(e, ValueError) and str(e).startswith("accelc::")):
                 raise
-            raise InputError(f"{wrong} ({short_error(e)})") from None
+            problem = short_error(e)
+        # an input a kernel does not take that the model's code does (an unbatched image where conv2d takes a batch):
+        # this call runs the layers' PyTorch references, as eager would run them (eager's own error where it has one)
+        runtime.warn_once(f"references-{id(self)}", f"accelc: a call's inputs that an accelc kernel does not take "
+                          f"({problem}): such calls run the layers' PyTorch references, not accelc's kernels")
+        if getattr(self, "_references", None) is None:    # (kept out of the module's own submodules and state)
+            object.__setattr__(self, "_references", direct_calls(self.graph_module, REFERENCES))
+        with torch.no_grad():
+            return self._references(*args, **kwargs)
 
     def release_graphs(self) -> None:
         """Drop this module's CUDA graphs and compiled glue now (made again at its next call). A tensor-parallel
@@ -387,14 +411,6 @@ def other_dtype(args, examples) -> str | None:
                     f"inputs (its weights are {name}): cast the inputs (x.to(torch.{name})), or optimize with "
                     "an example in the dtype you call it with")
     return None
-
-
-def _traced(args, kwargs) -> bool:
-    """Whether this call is a tracer's (Dynamo, export, fx), not a real one."""
-    compiler = torch.compiler
-    if compiler.is_compiling() or (hasattr(compiler, "is_exporting") and compiler.is_exporting()):
-        return True
-    return any(isinstance(x, (fx.Proxy, FakeTensor)) for x in pytree.tree_leaves((args, kwargs)))
 
 
 def _device(args, kwargs, module) -> torch.device:

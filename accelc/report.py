@@ -28,7 +28,7 @@ import torch
 from torch import fx
 import triton
 
-from accelc import guard, layer_check, meta, runtime
+from accelc import fx_tracing, guard, layer_check, meta, runtime
 from accelc import progress as progress_bar
 from accelc.api import Job, make_job, optimize_job
 from accelc.baselines import ort
@@ -73,7 +73,7 @@ class _Progress:
     def __init__(self, total: int, enabled: bool):
         self.total, self.done = total, 0
         self.enabled = enabled and log.isEnabledFor(logging.INFO)
-        self.shown = self.enabled and progress_bar.active()
+        self.shown = enabled and progress_bar.active()
         if self.shown:
             progress_bar.phase("timing every layer", total)
 
@@ -129,20 +129,22 @@ def _ort_measure(module, ins, name, sides: Sides, whole_model=False):
         return None, None, exp.method, f"ORT run failed: {short_error(e)}"
 
 
+@fx_tracing.own_flag
 def report(model, example_inputs=(), config=None, *, with_ort: bool = True, progress: bool = True, example_kwargs=None,
            rep_ms: float = 100, model_name: str = "", with_compile: bool | None = None) -> Report:
     """Optimize `model` (accelc.optimize with `config`), then time every rewritten layer and the
     whole model three ways. See the module docstring."""
     if not (isinstance(rep_ms, (int, float)) and rep_ms > 0):    # said before optimizing, not after (NaN too)
         raise ValueError(f"rep_ms is the timing budget per measurement in ms: a number above 0, not {rep_ms!r}")
-    graph = getattr(model, "graph", None)
-    if isinstance(graph, fx.Graph) and any(getattr(n.target, "namespace", None) == "accelc" for n in graph.nodes):
+    if meta.runs_accelc(model):
         raise InputError("this program already runs accelc's kernels (an accelc.save / accelc convert output): "
                          "report the model it was made from, whose layers the report times against them")
     job = make_job(model, example_inputs, config, example_kwargs=example_kwargs)
-    opt = optimize_job(job)
-    return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms, with_compile=with_compile,
-                   model_name=model_name or type(model).__name__)
+    # optimize's phases, then the timing's i of N, on stderr (from Python it had shown nothing, progress=True or not)
+    with progress_bar.showing("accelc", progress_bar.wanted(progress)):
+        opt = optimize_job(job)
+        return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms, with_compile=with_compile,
+                       model_name=model_name or type(model).__name__)
 
 
 def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_ms: float = 100,

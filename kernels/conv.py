@@ -738,7 +738,11 @@ def _reduce_args(part, tensors) -> tuple:
 def conv2d_ref(x, weight, bias, residual, stride, padding, dilation, activation="none",
                residual_first=False, allow_tf32=False):
     """Pure-PyTorch reference on the packed weight: fp32 (fp64 for fp64) math, channels-last
-    result in x's dtype."""
+    result in x's dtype; an unbatched image (C, H, W), as F.conv2d takes one (what a call runs where the kernel
+    takes none: OptimizedModule.call_flat), gives its unbatched result."""
+    if x.dim() == 3:
+        return conv2d_ref(x[None], weight, bias, None if residual is None else residual[None], stride, padding,
+                          dilation, activation, residual_first, allow_tf32)[0].contiguous()
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xp = torch.nn.functional.pad(x.to(acc), (padding[2], padding[3], padding[0], padding[1]))
     y = torch.nn.functional.conv2d(xp, weight.to(acc).permute(0, 3, 1, 2), None, tuple(stride), 0, tuple(dilation),

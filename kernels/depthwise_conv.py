@@ -167,7 +167,11 @@ def conv2d_depthwise_launch(x, weight, bias, residual, stride, padding, dilation
 
 def conv2d_depthwise_ref(x, weight, bias, residual, stride, padding, dilation, activation="none",
                          residual_first=False):
-    """Pure-PyTorch reference on the packed weight: fp32 (fp64 for fp64) math, channels-last result."""
+    """Pure-PyTorch reference on the packed weight: fp32 (fp64 for fp64) math, channels-last result; an unbatched
+    image (C, H, W) gives its unbatched result, as F.conv2d (conv.conv2d_ref)."""
+    if x.dim() == 3:
+        return conv2d_depthwise_ref(x[None], weight, bias, None if residual is None else residual[None], stride,
+                                    padding, dilation, activation, residual_first)[0].contiguous()
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     C = x.shape[1]
     w = weight.to(acc).permute(2, 0, 1).unsqueeze(1)          # (C, 1, R, S)

@@ -129,8 +129,8 @@ def test_optional_argument_left_out_is_said_at_optimize_and_at_the_call():
     opt = accelc.optimize(model, x, CFG)
     assert "fixed at their defaults (not inputs of the optimized model" in opt.summary()
     assert "scale=None" in opt.summary()
-    with pytest.raises(InputError, match=r"takes 1 positional input\(s\) \(x\).*'scale' was left at its default"):
-        opt(x, torch.randn(4, 8, device=DEVICE))
+    with pytest.raises(InputError, match="'scale' was not in the example.*left at its default, None"):
+        opt(x, torch.randn(4, 8, device=DEVICE))      # (by position: bound to its name, as eager binds it)
     with pytest.raises(InputError, match="'scale' was not in the example.*left at its default, None"):
         opt(x, scale=torch.randn(4, 8, device=DEVICE))
 
@@ -318,3 +318,60 @@ def test_a_calibration_batch_the_model_cannot_take_is_one_line_naming_it(batch, 
     config = accelc.OptimizeConfig(only_if_faster=False, int8=accelc.Int8Config(static=True, skip_first_last=False))
     with pytest.raises(InputError, match=match):
         accelc.optimize(model, x, config, calibration=[torch.randn(4, 16, device=DEVICE), batch])
+
+
+def test_arrays_train_and_the_exported_errors_said_plainly():
+    """What a newcomer tries: a numpy array or a list where the example had a tensor (it failed inside accelc with
+    AttributeError), opt.train() (accepted silently), and catching accelc.InputError (not exported)."""
+    import numpy as np
+
+    import accelc as a
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8)).to(DEVICE).eval()
+    x = torch.randn(2, 8, device=DEVICE)
+    opt = a.optimize(model, (x,))
+    for given, said in ((x.cpu().numpy(), "input 0 is a numpy array"),
+                        (x.tolist(), "input 0 is a Python list of numbers")):
+        with pytest.raises(a.InputError, match=said + " where the model was optimized with a tensor"):
+            opt(given)
+    assert isinstance(np.zeros(1), np.ndarray)
+    with pytest.raises(a.InputError, match="optimized model is for inference"):
+        opt.train()
+    assert opt.eval() is opt and not opt.training
+    torch.testing.assert_close(opt(x), model(x), atol=1e-5, rtol=1e-5)
+    assert issubclass(a.InputError, a.AccelcError) and issubclass(a.WrongOutputError, a.AccelcError)
+
+
+def test_inputs_the_example_named_may_come_by_position():
+    """opt(ids, mask) on an encoder optimized with input_ids= and attention_mask=: eager binds them by position, and
+    so does the optimized model (it was refused, blaming token_type_ids, which nobody passed)."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    m = T.BertModel(T.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
+                                 vocab_size=100, max_position_embeddings=64)).to(DEVICE).eval()
+    ids = torch.randint(0, 100, (2, 8), device=DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    opt = accelc.optimize(m, {"input_ids": ids, "attention_mask": mask})
+    with torch.no_grad():
+        want = m(ids, mask).last_hidden_state
+        for got in (opt(ids, mask), opt(ids, attention_mask=mask), opt(ids, mask, None)):
+            assert rel_l2(got.last_hidden_state, want) < 1e-5
+    with pytest.raises(InputError, match="'input_ids' is given both by position and by name"):
+        opt(ids, input_ids=ids)
+    with pytest.raises(InputError, match="keyword argument 'token_type_ids' was not in the example"):
+        opt(ids, mask, torch.zeros_like(ids))
+
+
+def test_inputs_a_kernel_does_not_take_run_as_eager_runs_them():
+    """An unbatched image (eager's conv2d takes one; accelc's kernel does not) and a wrong channel count reached the
+    conv kernel's own ValueError: such a call now runs the layers' PyTorch references (said once), giving eager's
+    result, or eager's own error."""
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8)).to(DEVICE).eval()
+    opt = accelc.optimize(m, (torch.randn(2, 3, 16, 16, device=DEVICE),))
+    image = torch.randn(3, 16, 16, device=DEVICE)
+    with pytest.warns(UserWarning, match="run the layers' PyTorch references"):
+        got = opt(image)
+    with torch.no_grad():
+        assert got.shape == (8, 16, 16) and rel_l2(got, m(image)) < 1e-5
+    with pytest.raises(RuntimeError, match="to have 3 channels, but got 4 channels"):
+        opt(torch.randn(2, 4, 16, 16, device=DEVICE))

@@ -166,3 +166,36 @@ def test_the_formats_the_cli_checks_are_the_reports():
     from accelc.report_rows import FORMATS
 
     assert cli._FORMATS == FORMATS
+
+
+_LM = '''
+import torch
+import transformers as T
+
+
+def tiny():
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(T.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                            max_position_embeddings=64)).eval()
+'''
+
+
+def test_input_shape_gives_a_language_model_token_ids(tmp_path, monkeypatch, capsys):
+    """--input-shape on a model that embeds token ids (the README's tensor-parallel line, a causal LM): ids below its
+    vocabulary's size, not floats (which failed inside its embedding)."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from accelc.convert import random_inputs
+
+    from conftest import DEVICE
+    (tmp_path / "ownlms.py").write_text(_LM)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "ownlms", raising=False)
+    assert main(["optimize", "ownlms:tiny", "--input-shape", "1x8", "--device", DEVICE.type]) == 0, \
+        capsys.readouterr().err
+    assert "layer(s) rewritten" in capsys.readouterr().out
+    import ownlms
+    (ids,) = random_inputs(ownlms.tiny(), [(2, 5)], DEVICE)
+    assert ids.dtype == torch.long and ids.shape == (2, 5) and 0 <= ids.min() and ids.max() < 100

@@ -375,3 +375,17 @@ def test_the_weights_checksum_is_the_crc_of_the_bytes_as_stored():
         crc = zlib.crc32(state[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
     ep = types.SimpleNamespace(state_dict=state, constants={})
     assert weights_checksum(ep) == {"crc32": crc, "tensors": 4}
+
+
+def test_convert_refuses_its_own_program_and_overwriting_its_input(tmp_path, monkeypatch, capsys):
+    """A program accelc wrote converted again reported 0 layers rewritten (its ops are no layers of a model), and
+    -o naming the input overwrote the model being read."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "mlp", "-o", "m.pt2", *DEV]) == 0
+    before = (tmp_path / "m.pt2").read_bytes()
+    capsys.readouterr()
+    assert main(["convert", "m.pt2", "-o", "again.pt2", *DEV]) == 1
+    assert "'m.pt2' already runs accelc's kernels" in capsys.readouterr().err and not (tmp_path / "again.pt2").exists()
+    assert main(["convert", "m.pt2", "-o", "./m.pt2", *DEV]) == 1
+    assert "is the model file being converted" in capsys.readouterr().err
+    assert (tmp_path / "m.pt2").read_bytes() == before

@@ -86,6 +86,8 @@ class CallSpec:
     defaults: dict = field(default_factory=dict)   # parameters the call left out, fixed at these defaults
     fills: dict = field(default_factory=dict)   # {keyword: (value, input of its shape)}: see find_fills
     fill_dtypes: dict = field(default_factory=dict)   # {keyword: the example's dtype}
+    params: tuple = ()           # the forward's positional parameters, in order (a call's positional inputs past the
+                                 # example's bind to them by name, as eager binds them)
 
     @staticmethod
     def of(model, args, kwargs, expected) -> "CallSpec":
@@ -108,7 +110,8 @@ class CallSpec:
         if any(id(t) not in seen for t in hidden):
             index = {id(t): i for i, t in enumerate(hidden)}
             template = _remap(expected, lambda t: _Slot(index[id(t)]), {})
-        return CallSpec(len(args), tuple(tensors), constants, template, arg_names, defaults)
+        return CallSpec(len(args), tuple(tensors), constants, template, arg_names, defaults,
+                        params=tuple(positional) if len(positional) >= len(args) else ())
 
     @property
     def names(self) -> tuple:
@@ -146,6 +149,14 @@ class CallSpec:
         if named:            # positional inputs given by their parameter names, as eager takes them
             kwargs = dict(kwargs)
             args = tuple(args) + tuple(kwargs.pop(n) for n in self.arg_names[len(args):] if n in named)
+        if len(args) > self.n_args and len(args) <= len(self.params):
+            # inputs the example gave by name, given by position (opt(ids, mask) for an example of input_ids= and
+            # attention_mask=): bound to the forward's parameters by name, as eager binds them
+            extra = dict(zip(self.params[self.n_args:len(args)], args[self.n_args:]))
+            twice = [n for n in extra if n in kwargs]
+            if twice:
+                raise InputError(f"{twice[0]!r} is given both by position and by name")
+            args, kwargs = tuple(args[:self.n_args]), {**kwargs, **extra}
         if len(args) > self.n_args:
             left = list(self.defaults)        # in the forward's order: the first extra argument is the first of these
             fixed = left[0] if left else None
@@ -208,7 +219,7 @@ class CallSpec:
         return _remap(self.template, lambda s: out[s.i], {})
 
 
-_CACHE_KEYWORDS = ("past_key_values", "cache_position")   # what HF's generate passes a decoder step
+_CACHE_KEYWORDS = ("cache", "past_key_values", "cache_position")   # what HF's generate passes a decoder step
 
 
 def _same_constant(a, b) -> bool:
