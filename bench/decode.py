@@ -270,6 +270,7 @@ def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> Non
 
     cfg = generate.configs(smoke=False)[model]
     full = cfg.num_hidden_layers
+    layers = layers or full
     cfg.num_hidden_layers = layers
     lm = generate.build(cfg, torch.device("cuda"), torch.float16)
     ids = torch.randint(0, cfg.vocab_size, (1, prompt), device="cuda")
@@ -282,6 +283,10 @@ def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> Non
     kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
     opt.generate(**kw)
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    opt.generate(**kw)          # (one generate without the profiler: its host costs inflate the profiled wall)
+    torch.cuda.synchronize()
+    plain = time.perf_counter() - t0
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         opt.generate(**kw)
@@ -306,6 +311,18 @@ def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> Non
         lines.append(f"| {name[:90]} | {calls} | {t:.0f} | {t / new:.1f} | {t / total:.1%} |")
     if tokens:
         span = sum(v for _, v in own.values()) + idle
+        launches = sum(c for c, _ in own.values()) / tokens
+        context = prompt + new / 2
+        step = generate.step_bytes(lm, 1, context)
+        copy = _common.copy_bandwidth("cuda")
+        lines += ["", f"A decode step on the GPU: {launches:.1f} kernels a token = {launches / layers:.1f} a layer "
+                  f"({layers} layers, the head and the pick included); {span / tokens:.1f} us a token from argmax to "
+                  f"argmax, of it {idle / tokens:.1f} us idle; the step reads {step / 2**20:.1f} MiB (weights + KV "
+                  f"cache at the mean context {context:.0f}) = {step / (span / tokens) / 1e3:.0f} GB/s over the GPU "
+                  f"span = {step / (span / tokens) / (copy / 1e6):.1%} of the measured copy bandwidth "
+                  f"({copy / 1e9:.0f} GB/s); over the wall ({wall / new * 1e6:.1f} us a token, prefill included) "
+                  f"{step / (wall / new) / copy:.1%}; without the profiler {plain / new * 1e6:.1f} us a token, "
+                  f"{step / (plain / new) / copy:.1%}"]
         lines += ["", f"The decode steps' critical path ({tokens} tokens, the prefill left out): each kernel's own time, "
                   "the part of it after every kernel before it had ended (a kernel launched with dependent launch "
                   "waits inside for the one before: its duration above holds that wait), and the idle GPU time; "
@@ -387,7 +404,7 @@ def main():
     ap.add_argument("--rows", default="", help="the projections: only the rows whose model contains this")
     ap.add_argument("--plans", choices=["all", "default"], default="all", help="--attention: the split plans timed")
     ap.add_argument("--model", default="tinyllama", help="--profile: a model of bench/generate.py")
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=4, help="--profile: 0 for all of the model's layers")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
     args = ap.parse_args()
