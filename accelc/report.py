@@ -130,8 +130,8 @@ def _ort_measure(module, ins, name, sides: Sides, whole_model=False):
 
 
 @fx_tracing.own_flag
-def report(model, example_inputs=(), config=None, *, with_ort: bool = True, progress: bool = True, example_kwargs=None,
-           rep_ms: float = 100, model_name: str = "", with_compile: bool | None = None) -> Report:
+def report(model, example_inputs=(), config=None, *, with_ort: bool = True, progress: bool | None = None,
+           example_kwargs=None, rep_ms: float = 100, model_name: str = "", with_compile: bool | None = None) -> Report:
     """Optimize `model` (accelc.optimize with `config`), then time every rewritten layer and the
     whole model three ways. See the module docstring."""
     if not (isinstance(rep_ms, (int, float)) and rep_ms > 0):    # said before optimizing, not after (NaN too)
@@ -140,11 +140,13 @@ def report(model, example_inputs=(), config=None, *, with_ort: bool = True, prog
         raise InputError("this program already runs accelc's kernels (an accelc.save / accelc convert output): "
                          "report the model it was made from, whose layers the report times against them")
     job = make_job(model, example_inputs, config, example_kwargs=example_kwargs)
-    # optimize's phases, then the timing's i of N, on stderr (from Python it had shown nothing, progress=True or not)
+    # progress as optimize's: optimize's phases, then the timing's i of N, on stderr where asked (True) or in an
+    # interactive session (None); from Python it had shown nothing, progress=True or not. The "accelc" logger's
+    # records of each item, where it is on, unless progress=False
     with progress_bar.showing("accelc", progress_bar.wanted(progress)):
         opt = optimize_job(job)
-        return measure(opt, job, with_ort=with_ort, progress=progress, rep_ms=rep_ms, with_compile=with_compile,
-                       model_name=model_name or type(model).__name__)
+        return measure(opt, job, with_ort=with_ort, progress=progress is not False, rep_ms=rep_ms,
+                       with_compile=with_compile, model_name=model_name or type(model).__name__)
 
 
 def measure(opt, job: Job, *, with_ort: bool = True, progress: bool = True, rep_ms: float = 100,

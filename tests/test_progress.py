@@ -99,14 +99,15 @@ def test_the_summary_says_how_long_optimize_took_and_where_the_time_went(monkeyp
 
 
 def test_a_report_from_python_shows_its_phases_when_asked(capsys):
-    """accelc.report(...) ran for minutes with nothing on the screen, progress=True or not."""
+    """accelc.report(...) ran for minutes with nothing on the screen, progress=True or not; quiet outside an
+    interactive session unless asked, as optimize."""
     import torch
 
     import accelc
     from conftest import DEVICE
     m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()).to(DEVICE).eval()
     x = torch.randn(2, 16, device=DEVICE)
-    accelc.report(m, (x,), with_ort=False, with_compile=False, rep_ms=1)
+    accelc.report(m, (x,), with_ort=False, with_compile=False, rep_ms=1, progress=True)
     said = capsys.readouterr().err
     assert "accelc: capturing" in said and "accelc: timing every layer" in said and "accelc: done in" in said, said
     accelc.report(m, (x,), with_ort=False, with_compile=False, rep_ms=1, progress=False)
