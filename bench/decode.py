@@ -186,9 +186,11 @@ ATTENTION = [
     ("TinyLlama-1.1B", 1, 32, 4, 64, 768, 640),
     ("TinyLlama-1.1B", 16, 32, 4, 64, 768, 640),
     ("Qwen2-0.5B", 1, 14, 2, 64, 768, 640),
+    ("Qwen2-0.5B", 1, 14, 2, 64, 640, 576),     # the step of runs/decode/profile5-qwen2-h100 (7.0 us a layer there)
+    ("Qwen2-1.5B", 1, 12, 2, 128, 640, 576),    # (12.5 us a layer there)
 ]
-# flash-decoding's split plans raced here: (PROGRAMS_PER_SM, WIDE_BLOCKS); None: the default
-SPLIT_PLANS = [None, (2, 0), (2, 4), (1, 0), (1, 8), (2, 8)]
+# flash-decoding's split plans raced here: (PROGRAMS_PER_SM, WIDE_BLOCKS[, MIN_KEYS_PER_SPLIT]); None: the default
+SPLIT_PLANS = [None, (2, 0), (2, 4), (1, 0), (1, 8), (2, 8), (1, 4, 128), (1, 4, 256), (1, 8, 512), (1, 8, 4096)]
 CACHES = 32     # layers' caches a timed call cycles through (more bytes than L2 holds, as in a model)
 
 
@@ -212,13 +214,13 @@ def attention_rows(plans=SPLIT_PLANS):
 
         def planned(setting, fn):
             """fn() with flash-decoding's plan settings set (None: as they are)."""
-            saved = fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS
+            saved = fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS, fd.MIN_KEYS_PER_SPLIT
             if setting is not None:
-                fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS = setting
+                fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS, fd.MIN_KEYS_PER_SPLIT = (*setting, 0)[:3]
             try:
                 return fn()
             finally:
-                fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS = saved
+                fd.PROGRAMS_PER_SM, fd.WIDE_BLOCKS, fd.MIN_KEYS_PER_SPLIT = saved
 
         def attend():
             for k, v in caches:
@@ -226,7 +228,8 @@ def attention_rows(plans=SPLIT_PLANS):
             return out
         variants = {"eager": eager}
         for setting in plans:
-            name = "accelc" if setting is None else f"accelc_{setting[0]}sm_wide{setting[1]}"
+            name = "accelc" if setting is None else (f"accelc_{setting[0]}sm_wide{setting[1]}"
+                                                     + (f"_min{setting[2]}" if len(setting) > 2 else ""))
             variants[name] = functools.partial(planned, setting, attend)
             row.setdefault("plans", {})[name] = planned(setting, lambda: fd.split_plan(B, Hkv, S, row["sms"], False))
         k0, v0 = caches[-1]
@@ -260,7 +263,7 @@ def attention_markdown(env, rows) -> str:
             f"One query position a sequence over a static cache of `slots` (the first `keys` attended, a boolean "
             f"mask); each call over a different layer's cache of {CACHES} (more than L2 holds); us a call, CUDA-graph "
             f"medians of {ROUNDS} interleaved rounds. eager: F.scaled_dot_product_attention (enable_gqa). "
-            f"accelc_Psm_wideW: PROGRAMS_PER_SM P, WIDE_BLOCKS W (0: never wide).\n\n" + _common.md_table(head, body))
+            f"accelc_Psm_wideW[_minK]: PROGRAMS_PER_SM P, WIDE_BLOCKS W (0: never wide), MIN_KEYS_PER_SPLIT K.\n\n" + _common.md_table(head, body))
 
 
 def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> None:

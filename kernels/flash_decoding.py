@@ -49,6 +49,10 @@ MIN_KEYS = 256         # keys below which one program a (batch, head) already ha
 # blocks of 128 where a split holds 256 keys or more, the fastest plan or within 1% of it at all six shapes)
 PROGRAMS_PER_SM = 1
 WIDE_BLOCKS = 4
+# keys a split holds at the least (0: as many splits as the SMs want). A whole 0.5B / 1.5B decode step spent 19% of
+# its GPU time in this kernel at a short context, 7 / 12.5 us a layer for 0.3 / 0.6 MB of keys and values, its twelve
+# one-block splits and their combine serial latency: fewer, longer splits are raced by bench/decode.py --attention
+MIN_KEYS_PER_SPLIT = 0
 COMBINE_ELEMENTS = 8192   # accumulator values the combine loads at once (64 fp32 registers a thread)
 
 
@@ -225,6 +229,8 @@ def plan(B: int, Hkv: int, S: int, sms: int, block_n: int) -> tuple[int, int]:
     """(splits, keys per split): about PROGRAMS_PER_SM programs an SM, each split whole key blocks."""
     blocks = triton.cdiv(S, block_n)
     want = max(1, min(blocks, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), B * Hkv)))
+    if MIN_KEYS_PER_SPLIT:
+        want = max(1, min(want, S // MIN_KEYS_PER_SPLIT))
     per = triton.cdiv(blocks, want) * block_n
     return triton.cdiv(S, per), per
 

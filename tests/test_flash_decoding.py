@@ -173,3 +173,21 @@ def test_splits_combined_in_the_split_kernel_its_counters_left_at_zero(monkeypat
     monkeypatch.setattr(fd, "_counters", lambda device, n: None)
     assert torch.equal(_check(q, k, v, mask)[0], fused)
     assert fd._tiles(q, 2, 700)[3] > 1          # several splits a (batch, K/V head) were combined
+
+
+@pytest.mark.parametrize("min_keys", [64, 10 ** 6])
+def test_fewer_longer_splits_give_the_same_attention(monkeypatch, min_keys, decode_calls):
+    """MIN_KEYS_PER_SPLIT (the plans bench/decode.py --attention races at a short context): fewer, longer splits,
+    down to one a head, cover the keys in whole blocks and give the same attention, masked rows included."""
+    for b, hkv, s in ((1, 2, 640), (1, 8, 768), (16, 4, 768), (1, 1, 5000)):
+        block_n, splits, per = fd.split_plan(b, hkv, s, 132, False)
+        monkeypatch.setattr(fd, "MIN_KEYS_PER_SPLIT", min_keys)
+        fewer = fd.split_plan(b, hkv, s, 132, False)
+        monkeypatch.setattr(fd, "MIN_KEYS_PER_SPLIT", 0)
+        assert fewer[1] <= splits and fewer[2] % fewer[0] == 0 and (fewer[1] - 1) * fewer[2] < s <= fewer[1] * fewer[2]
+    q, k, v = _qkv(2, 8, 2, 1, 300, 32, torch.float16)
+    default = fd._tiles(q, 2, 300)[3]
+    monkeypatch.setattr(fd, "MIN_KEYS_PER_SPLIT", min_keys)
+    assert fd._tiles(q, 2, 300)[3] == (1 if min_keys > 300 else min(default, 300 // 64)) and default > 1
+    _check(q, k, v, _lengths_mask(2, 1, 300, [37, 261]))
+    assert decode_calls == [q.shape]
