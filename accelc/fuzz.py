@@ -354,9 +354,54 @@ class SizeBranch(nn.Module):
         return (first, *out[1:]) if isinstance(out, tuple) else first
 
 
-def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, config=None) -> dict:
+_SHIFT = {"value": 0.0}    # a module global the reuse class's forward reads (outside the model: no key sees it)
+
+
+class Restated(nn.Module):
+    """The reuse class (#88): the fuzzed model behind state that is no parameter or buffer, a plain tensor attribute
+    (`gain`, which an export bakes into the graph) and a module global (_SHIFT), both changed between two optimizes
+    of the same model, as a new process would find them: the second optimize reads back what the first kept."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+        self.gain = torch.tensor(1.5)
+
+    def forward(self, x):
+        out = self.net(x)
+        first = out[0] if isinstance(out, tuple) else out
+        first = first * self.gain.to(first.dtype) + _SHIFT["value"] if x.shape[0] > 1 else first
+        return (first, *out[1:]) if isinstance(out, tuple) else first
+
+
+def _optimized_twice(model, example, config, device):
+    """model optimized with reuse on over a cache folder of its own, its state changed (Restated), optimized again:
+    the second optimize's module (the one compared with eager, the state left as changed); the environment put back."""
+    import os
+    import tempfile
+
+    import accelc
+    saved = {k: os.environ.get(k) for k in ("ACCELC_REUSE", "ACCELC_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="accelc-fuzz-reuse-") as folder:
+        os.environ.update(ACCELC_REUSE="1", ACCELC_CACHE_DIR=folder)
+        _SHIFT["value"] = 0.0
+        try:
+            accelc.optimize(model, example, config)
+            model.gain = torch.tensor(-0.75, device=device)
+            _SHIFT["value"] = 0.25
+            return accelc.optimize(model, example, config)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, config=None,
+             reuse: bool = False) -> dict:
     """Optimize FuzzNet(seed) and compare it with eager against an fp64 reference, on a new draw
-    of the inputs and at another batch size. Returns a record: status "ok", "refused" (an
+    of the inputs and at another batch size (reuse: the reuse class, Restated, for the call class). Returns a record: status "ok", "refused" (an
     AccelcError: a clean refusal), "invalid" (eager itself fails on the draw: not counted),
     "crash" (any other exception, where) or "mismatch" (error
     over max(FLOOR, 4 x eager's own error), non-finite where the reference is finite, or another
@@ -373,10 +418,11 @@ def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, c
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     net = FuzzNet(seed, size).to(device, dtype).eval()
-    calls = call_class(seed)
+    calls = "reuse" if reuse else call_class(seed)
     rec = dict(seed=seed, size=size, dtype=str(dtype).replace("torch.", ""), model=net.describe(), status="ok",
                calls=calls)
-    model = (Twin(net) if calls == "alias" else SizeBranch(net) if calls in ("branch", "keywords") else net).eval()
+    model = (Twin(net) if calls == "alias" else SizeBranch(net) if calls in ("branch", "keywords")
+             else Restated(net).to(device) if reuse else net).eval()
     twice = calls == "alias"
 
     def inputs(batch=None):
@@ -386,7 +432,7 @@ def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, c
     example = inputs()
     if twice:       # one tensor given as both inputs at optimize; two different ones at every call after
         example = (example[0], example[0])
-    if calls == "branch" and net.batch == 1:    # optimized above 1, called at 1: the other branch
+    if calls in ("branch", "reuse") and net.batch == 1:    # optimized above 1, called at 1: the other branch
         example = inputs(2)
     try:
         with torch.no_grad():
@@ -394,7 +440,8 @@ def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, c
     except Exception as e:     # a draw eager itself cannot run: not a test of accelc
         return dict(rec, status="invalid", reason=short_error(e))
     try:
-        opt = accelc.optimize(model, example, config or accelc.OptimizeConfig(only_if_faster=False))
+        config = config or accelc.OptimizeConfig(only_if_faster=False)
+        opt = _optimized_twice(model, example, config, device) if reuse else accelc.optimize(model, example, config)
     except AccelcError as e:
         return dict(rec, status="refused", reason=short_error(e))
     except Exception as e:
@@ -405,7 +452,7 @@ def run_case(seed: int, size: str = "tiny", device="cpu", dtype=torch.float32, c
     worst = 0.0
     batch0 = example[0].shape[0]
     others = [("new draw", batch0), ("other batch", batch0 + 2 if batch0 <= 2 else 1)]
-    if calls == "branch":
+    if calls in ("branch", "reuse"):
         others.append(("batch 1", 1))
     kwargs = dict(scale=2.0, bias=None) if calls == "keywords" else {}   # given at their defaults
     for label, batch in others:

@@ -17,3 +17,11 @@ CALL_SEEDS = [s for c in sorted(set(CALLS) - {"plain"}) for s in [x for x in ran
 def test_fuzzed_model_matches_eager_or_is_refused_cleanly(seed):
     rec = run_case(seed, "tiny", DEVICE)
     assert rec["status"] in ("ok", "refused"), rec
+
+
+@pytest.mark.parametrize("seed", [3, 11, 17])
+def test_reuse_across_processes_never_gives_a_stale_number(seed):
+    """The reuse class (#88): the model's non-parameter state and a global it reads changed between two optimizes
+    with reuse on; the second optimize, reading back what the first kept, must give eager's numbers."""
+    rec = run_case(seed, "tiny", DEVICE, reuse=True)
+    assert rec["status"] in ("ok", "refused") and rec["calls"] == "reuse", rec
