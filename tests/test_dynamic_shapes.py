@@ -276,7 +276,9 @@ def test_shapes_learn_a_guard_and_word_a_refusal():
         s.dims = ()
     x = torch.randn(1, 3, 40, 40)
     assert s.refusal("Guard failed: flat_0.size()[2] <= 32", (x,)) == (
-        "pixel_values dim 2 is 40: at most 32: a limit of the model's (torch.export found it)")
+        "pixel_values dim 2 is 40: at most 32: the captured program's range: the model's code, traced by torch.export "
+        "at the example, takes another way past it (a branch on the size); optimize with an example past it to serve "
+        "those")
 
 
 class _Baked(nn.Module):
@@ -328,3 +330,26 @@ def test_convert_keeps_a_programs_dims_and_declares_new_ones_where_the_graph_all
     assert code == 1 and not (tmp_path / "baked_opt.pt2").exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert "cannot take the declared dims (x dim 0 is fixed at 4)" in err[-1]
+
+
+def test_a_sliding_windows_length_is_not_blamed_on_the_model():
+    """A Mistral-style sliding window: the export at a 10-token example traces the mask's code for prompts within the
+    window, and a longer prompt, which eager serves, was refused as "a limit of the model's": served, or refused
+    naming the captured program's range and how to widen it."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=100, max_position_embeddings=128, sliding_window=16)
+    model = T.MistralForCausalLM(cfg).to(DEVICE).eval()
+    ids = torch.randint(0, 100, (2, 10), device=DEVICE)
+    opt = accelc.optimize(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    for b, n in ((1, 10), (2, 3), (2, 24)):
+        x = torch.randint(0, 100, (b, n), device=DEVICE)
+        try:
+            with torch.no_grad():
+                got = opt(input_ids=x, attention_mask=torch.ones_like(x)).logits
+        except InputError as e:
+            assert "a limit of the model's" not in str(e) and "optimize with an example past it" in str(e), str(e)
+            continue
+        with torch.no_grad():
+            assert rel_l2(got, model(input_ids=x, attention_mask=torch.ones_like(x)).logits) < TOL

@@ -314,8 +314,13 @@ class InputShapes:
         declared = (isinstance(self.declared, tuple) and index is not None and index < len(self.declared)
                     and dim in (self.declared[index] or {}))
         field_ = self.limits.get((index, dim))
+        # an end no config field gives is where torch.export's trace of the model's code stopped holding (a branch on
+        # the size, a sliding window's mask, a check of the model's own): the captured program's limit, which eager
+        # may not have
         source = ("the range declared for it (dynamic=)" if declared else
-                  f"a limit of the model's ({field_})" if field_ else "a limit of the model's (torch.export found it)")
+                  f"a limit of the model's ({field_})" if field_ else
+                  "the captured program's range: the model's code, traced by torch.export at the example, takes "
+                  "another way past it (a branch on the size); optimize with an example past it to serve those")
         if op == "==":
             why = (f"the model fixes it at {limit}" if not self.static
                    else f"the program takes the example's {limit} only ({self.static})")
