@@ -109,6 +109,7 @@ class LayerCheck:
     dtype: torch.dtype | None
     reason: str = ""
     sqnr_db: float = math.nan       # vs the same reference
+    blind: bool = False             # the reference was 0 everywhere: its relative errors compared nothing
 
 
 @dataclass

@@ -186,3 +186,28 @@ def test_on_a_gpu_the_summary_says_the_models_own_speed_in_one_line(monkeypatch)
             return self.fc(x)
     counting = accelc.optimize(Counter().to(DEVICE), (torch.randn(2, 8, device=DEVICE),))
     assert api.call_times(api.make_job(Counter().to(DEVICE), (torch.randn(2, 8, device=DEVICE),), None), counting) == ()
+
+
+def test_a_layer_whose_reference_is_all_zero_is_said_to_have_checked_nothing():
+    """A zero-initialised norm (timm's): its output, accelc's and the reference's, is 0 everywhere, and the summary
+    printed `0.0e+00 0.0e+00` as if checked. Now its errors are `-` and its note says the check saw nothing."""
+    from torch import nn
+
+    from conftest import NORMS_REWRITTEN
+
+    class ZeroNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.n = nn.Linear(16, 16), nn.LayerNorm(16)
+            nn.init.zeros_(self.n.weight)
+            nn.init.zeros_(self.n.bias)
+
+        def forward(self, x):
+            return self.fc(x) + self.n(x)
+    opt = accelc.optimize(ZeroNorm().to(DEVICE).eval(), (torch.randn(4, 16, device=DEVICE),))
+    fc = next(r for r in opt.layers if r.name.startswith("fc"))
+    assert not fc.check.blind
+    if NORMS_REWRITTEN:
+        (row,) = [line for line in opt.summary().splitlines() if line.startswith("n ")]
+        assert "checked nothing" in row and " -  " in row and "0.0e+00" not in row, row
+        assert next(r for r in opt.layers if r.name == "n").check.blind
