@@ -180,8 +180,9 @@ class OptimizeInfo:
 # phases measured inside another (OptimizeInfo.seconds): shown with it (by its name's first word), not counted twice
 _WITHIN = {"guard: other inputs": "guard", "timing layers": "guard"}
 _NAMES = {"warmup": "warm-up"}
-_ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "padding check",
-          "generation step", "warmup", "glue for other shapes", "the example's call timed", "warm-up shapes")
+_ORDER = ("capture", "passes", "guard (kernel tuning included)", "guard: verdicts reused", "the optimized model's check",
+          "padding check", "generation step", "warmup", "glue for other shapes", "the example's call timed",
+          "warm-up shapes")
 
 
 def _parent(phase: str) -> str | None:
