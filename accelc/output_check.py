@@ -9,7 +9,8 @@ rewritten layers go back to PyTorch in graph order, in doubling steps (1, 1, 2, 
 until the output is within it, each layer's note saying why; and where it is still past with every layer back, the
 rewrite is refused with the figures (an AccelcError), never returned. The check costs one forward on the example
 where the output is within the dtype's limit alone; the model's run in higher precision only past it. A graph that
-updates state in place (a call counter, a cache) is not judged so: its output moves from call to call.
+updates state in place (a call counter, a cache) is not judged so: its output moves from call to call; nor is a
+tensor-parallel rank's (ranks decide alone, and one refusing alone would leave the others at their next collective).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from accelc import meta, runtime
+from accelc import meta, runtime, tensor_parallel
 from accelc.capture.contract import buffer_state, mutated_state, restore_buffers
 from accelc.errors import WrongOutputError
 from accelc.numerics import output_error, whole_model_limit
@@ -50,7 +51,10 @@ def limit(ctx, dtype: torch.dtype, own: float | None) -> float:
 def defend(gm: fx.GraphModule, ctx, revert, put_back: dict, passed: dict | None = None) -> None:
     """The check (module docstring) on gm before guard._finish; revert(gm, ctx, node, reason) puts a layer back and
     records the decision; put_back / passed: the guard's checks by layer name / by node, moved as layers go back."""
-    if ctx.output_budget is None or mutated_state(gm):   # (state updated in place: its output moves call by call)
+    # not judged: a graph that updates state in place (its output moves call by call); a tensor-parallel rank's (its
+    # collectives stand in locally while the guard decides, and a rank that refused alone would leave the others
+    # waiting at their next collective)
+    if ctx.output_budget is None or mutated_state(gm) or tensor_parallel.group_of(gm) is not None:
         return
     expected, reference = ctx.output_budget
     dtype = _dtype(expected)
