@@ -16,7 +16,7 @@ def array_input(args, example) -> str | None:
             isinstance(x, (int, float, bool)) or numbers(x) for x in v)
     example = tuple(example or ())
     for i, v in enumerate(args):
-        if i >= len(example) or not isinstance(example[i], torch.Tensor):
+        if isinstance(v, torch.Tensor) or i >= len(example) or not isinstance(example[i], torch.Tensor):
             continue
         where = f"input {i}"
         if type(v).__module__ == "numpy" and type(v).__name__ == "ndarray":

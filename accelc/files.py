@@ -101,9 +101,8 @@ def trim_folder(folder: Path, newest: Path, max_files: int, max_bytes: int) -> N
         count, size = count - 1, size - bytes_
 
 
-_said: set = set()
+_said: set = set()      # what was said once a process: records that could not be read, cache folders unusable
 _said_lock = threading.Lock()
-_unusable: set = set()
 
 
 def cache_root() -> Path:
@@ -120,8 +119,8 @@ def cache_unusable(e: OSError) -> None:
     optimize goes on without it, and says so once a process and folder (a warning, and the log)."""
     root = str(cache_root())
     with _said_lock:
-        first = root not in _unusable
-        _unusable.add(root)
+        first = ("folder", root) not in _said
+        _said.add(("folder", root))
     if first:
         message = (f"accelc: cannot use the cache folder {root} ({type(e).__name__}: {e.strerror or e}): optimize "
                    "goes on without it, so what it would keep is done again next time (ACCELC_CACHE_DIR names "

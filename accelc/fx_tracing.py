@@ -23,18 +23,11 @@ import types
 from torch import fx
 from torch.fx import _symbolic_trace as st
 
-_local = threading.local()
-_lock = threading.Lock()
-_held = {"count": 0, "saved": None}
 _MARK = "_accelc_traced_in_this_thread"
 
 
-def traced_in_this_thread() -> bool:
-    return getattr(_local, "depth", 0) > 0
-
-
 # the code swapped into torch's two readers (their names are read from torch's module: the originals' copies, set there
-# by _install, and traced_in_this_thread)
+# by _Readers.install, and traced_in_this_thread)
 def _is_fx_tracing() -> bool:
     return _accelc_is_fx_tracing() and _accelc_traced_in_this_thread()  # noqa: F821
 
@@ -43,57 +36,70 @@ def _is_fx_symbolic_tracing() -> bool:
     return _accelc_is_fx_symbolic_tracing() and _accelc_traced_in_this_thread()  # noqa: F821
 
 
-def _counted(trace):
-    def trace_counted(self, *args, **kwargs):
-        _local.depth = getattr(_local, "depth", 0) + 1
-        try:
-            return trace(self, *args, **kwargs)
-        finally:
-            _local.depth -= 1
-    trace_counted.__wrapped__ = trace
-    return trace_counted
+class _Readers:
+    """The swap of torch's readers, counted (the first holder installs it, the last one out puts torch's code back),
+    and each thread's depth of traces while it is in place."""
+
+    def __init__(self):
+        self.local, self.lock, self.count, self.saved = threading.local(), threading.Lock(), 0, None
+
+    def traced_in_this_thread(self) -> bool:
+        return getattr(self.local, "depth", 0) > 0
+
+    def counted(self, trace):
+        local = self.local
+
+        def trace_counted(tracer, *args, **kwargs):
+            local.depth = getattr(local, "depth", 0) + 1
+            try:
+                return trace(tracer, *args, **kwargs)
+            finally:
+                local.depth -= 1
+        trace_counted.__wrapped__ = trace
+        return trace_counted
+
+    def install(self) -> None:
+        readers = [(st.is_fx_tracing, _is_fx_tracing), (st.is_fx_symbolic_tracing, _is_fx_symbolic_tracing)]
+        if any(f.__code__.co_freevars for f, _ in readers):
+            return       # (another torch's readers: left as they are)
+        added = {_MARK: self.traced_in_this_thread}
+        for f, mine in readers:     # (copies of torch's readers as they are, which the swapped code calls)
+            added["_accelc_" + mine.__name__.lstrip("_")] = types.FunctionType(f.__code__, f.__globals__, f.__name__)
+        self.saved = (fx.Tracer.trace, [(f, f.__code__) for f, _ in readers], list(added))
+        vars(st).update(added)
+        fx.Tracer.trace = self.counted(fx.Tracer.trace)
+        for f, mine in readers:
+            f.__code__ = mine.__code__
+
+    def uninstall(self) -> None:
+        saved, self.saved = self.saved, None
+        if saved is None:
+            return
+        trace, codes, added = saved
+        fx.Tracer.trace = trace
+        for f, code in codes:
+            f.__code__ = code
+        for name in added:
+            vars(st).pop(name, None)
 
 
-def _install() -> None:
-    readers = [(st.is_fx_tracing, _is_fx_tracing), (st.is_fx_symbolic_tracing, _is_fx_symbolic_tracing)]
-    if any(f.__code__.co_freevars for f, _ in readers):
-        return       # (another torch's readers: left as they are)
-    added = {_MARK: traced_in_this_thread}
-    for f, mine in readers:     # (copies of torch's readers as they are, which the swapped code calls)
-        added["_accelc_" + mine.__name__.lstrip("_")] = types.FunctionType(f.__code__, f.__globals__, f.__name__)
-    _held["saved"] = (fx.Tracer.trace, [(f, f.__code__) for f, _ in readers], list(added))
-    vars(st).update(added)
-    fx.Tracer.trace = _counted(fx.Tracer.trace)
-    for f, mine in readers:
-        f.__code__ = mine.__code__
-
-
-def _uninstall() -> None:
-    saved, _held["saved"] = _held["saved"], None
-    if saved is None:
-        return
-    trace, codes, added = saved
-    fx.Tracer.trace = trace
-    for f, code in codes:
-        f.__code__ = code
-    for name in added:
-        vars(st).pop(name, None)
+_READERS = _Readers()
 
 
 @contextlib.contextmanager
 def each_thread_its_own():
     """The flag per thread while the block runs (module docstring); nested and concurrent holders counted."""
-    with _lock:
-        if _held["count"] == 0:
-            _install()
-        _held["count"] += 1
+    with _READERS.lock:
+        if _READERS.count == 0:
+            _READERS.install()
+        _READERS.count += 1
     try:
         yield
     finally:
-        with _lock:
-            _held["count"] -= 1
-            if _held["count"] == 0:
-                _uninstall()
+        with _READERS.lock:
+            _READERS.count -= 1
+            if _READERS.count == 0:
+                _READERS.uninstall()
 
 
 def own_flag(fn):

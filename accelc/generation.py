@@ -289,9 +289,8 @@ class OptimizedLM(OptimizedModule):
             raise InputError(f"prompt {n} + {total - n} new tokens = {total} positions, past the "
                              f"{self.cache_step.max_len} the optimized LM's cache holds: optimize with "
                              "OptimizeConfig(max_cache_len=...) or ask for fewer tokens")
-        # one generate at a time over the one cache (two threads' steps interleaved wrote each other's keys); in the
-        # CPU interpreter, whose state is global, no other call's kernels meanwhile (the loop's own kernels too)
-        with runtime.EXPORTS.call(), _lock_of(self), runtime.serialized():
+        # one generate at a time over the one cache (two threads' steps interleaved wrote each other's keys)
+        with runtime.EXPORTS.call(), _lock_of(self):
             if b > self.cache_step.batch:
                 self._grow(input_ids, mask)
             cache = self.cache_step

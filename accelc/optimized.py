@@ -60,7 +60,6 @@ class OptimizedModule(nn.Module):
         self.example_inputs = example_inputs  # the graph's inputs the guard checked; accelc.save exports with them
         self.config = config if config is not None else OptimizeConfig()
         self.runner = None   # accelc.runner.Runner of this module's calls, made at the first call
-        self._references = None     # the graph with each accelc op its PyTorch reference (calls no kernel takes)
         self.eval()          # an inference module: what it computes does not depend on the mode
         # and computes no gradients: its weights (its own copy) need none, so torch.compile of it
         # with grad enabled traces no backward through accelc's ops
@@ -86,7 +85,7 @@ class OptimizedModule(nn.Module):
         """A call on the graph's own inputs (the CallSpec's flat ones), returning what the graph
         returns: the report times and compares both sides this way."""
         if torch.onnx.is_in_onnx_export():   # ONNX has no accelc ops: each recorded as its PyTorch reference
-            return direct_calls(self.graph_module, REFERENCES)(*args, **kwargs)
+            return self._reference_graph()(*args, **kwargs)
         if traced(args, kwargs):   # torch.export / torch.compile / fx tracing this module: the plain graph
             return self.graph_module(*args, **kwargs)
         array = array_input(args, self.example_inputs)
@@ -128,10 +127,14 @@ class OptimizedModule(nn.Module):
         # this call runs the layers' PyTorch references, as eager would run them (eager's own error where it has one)
         runtime.warn_once(f"references-{id(self)}", f"accelc: a call's inputs that an accelc kernel does not take "
                           f"({problem}): such calls run the layers' PyTorch references, not accelc's kernels")
-        if getattr(self, "_references", None) is None:    # (kept out of the module's own submodules and state)
-            object.__setattr__(self, "_references", direct_calls(self.graph_module, REFERENCES))
         with torch.no_grad():
-            return self._references(*args, **kwargs)
+            return self._reference_graph()(*args, **kwargs)
+
+    def _reference_graph(self) -> fx.GraphModule:
+        """The graph with each accelc op its PyTorch reference (an ONNX export's record; a call no kernel takes)."""
+        if getattr(self, "_references", None) is None:     # (made once, kept out of the module's submodules and state)
+            object.__setattr__(self, "_references", direct_calls(self.graph_module, REFERENCES))
+        return self._references
 
     def release_graphs(self) -> None:
         """Drop this module's CUDA graphs and compiled glue now (made again at its next call). A tensor-parallel

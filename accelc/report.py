@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import fx
 import triton
 
 from accelc import fx_tracing, guard, layer_check, meta, runtime

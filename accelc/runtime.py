@@ -93,8 +93,7 @@ def _patch_language_once_a_kernel() -> None:
 
 # Triton's CPU interpreter keeps its state in globals: two threads running kernels at once fail or
 # give wrong numbers. Every interpreted kernel's run holds this lock (_one_kernel_at_a_time), and so do calls
-# of optimized modules and generate() (their kernels and the host work between them: the GPU path has the
-# runner's).
+# of optimized modules (their kernels and the host work between them: the GPU path has the runner's).
 INTERPRETER_LOCK = threading.RLock()
 
 
@@ -336,7 +335,8 @@ class _ExportGate:
                 self._calls[me] -= 1
                 if not self._calls[me]:
                     del self._calls[me]
-                self._cond.notify_all()
+                if self._exports:       # (an export waiting for the calls in flight: none on a call's usual path)
+                    self._cond.notify_all()
 
     @contextlib.contextmanager
     def export(self):

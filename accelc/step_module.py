@@ -19,6 +19,7 @@ the keys and values), `describe()` (the cache in words) and `reset()` (positions
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import torch
@@ -38,6 +39,7 @@ def cache_keyword(model: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+@functools.cache
 def output_cache_field() -> str:
     """The field of HF's CausalLMOutputWithPast that holds the cache: `cache` from transformers 5.24 (its
     `past_key_values` a deprecated alias), `past_key_values` before."""

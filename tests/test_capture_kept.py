@@ -343,8 +343,10 @@ def test_a_changed_tensor_attribute_is_captured_again(exports, tmp_path):
     assert _same_or_refused(opt, model, big) == "same"
 
 
-ENVIRONMENT = '''
+# a model doubling its input past a batch limit read from outside its own code
+LIMITED = '''
 import os
+import sys
 import torch
 from torch import nn
 
@@ -355,10 +357,13 @@ class Model(nn.Module):
         self.fc = nn.Linear(16, 8)
 
     def forward(self, x):
-        if x.shape[0] > int(os.environ.get("REUSE_TEST_LIMIT", "8")):    # a limit from outside the model's code
+        if x.shape[0] > {limit}:
             x = x * 2
         return self.fc(x)
 '''
+ENVIRONMENT = LIMITED.format(limit='int(os.environ.get("REUSE_TEST_LIMIT", "8"))')     # a setting
+# an attribute of another module, which no key sees
+OUTSIDE_LIMIT = LIMITED.format(limit='getattr(sys, "reuse_test_limit", 8)')
 
 
 def test_a_size_limit_from_the_environment_changes_the_key(exports, tmp_path, monkeypatch):
@@ -374,25 +379,6 @@ def test_a_size_limit_from_the_environment_changes_the_key(exports, tmp_path, mo
     assert exports and not opt.info.capture_kept
     for batch in (2, 3, 4, 5, 7, 8):
         _same_or_refused(opt, model, torch.randn(batch, 16, device=DEVICE))
-
-
-OUTSIDE_LIMIT = '''
-import sys
-import torch
-from torch import nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(16, 8)
-
-    def forward(self, x):
-        # a limit held outside the model's own code (here an attribute of another module): no key sees it
-        if x.shape[0] > getattr(sys, "reuse_test_limit", 8):
-            x = x * 2
-        return self.fc(x)
-'''
 
 
 def test_a_limit_the_key_cannot_see_is_found_at_the_ends_of_the_range(exports, tmp_path, monkeypatch, caplog):

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import accelc
-from accelc import stages
 from conftest import DEVICE, rel_l2
 
 

@@ -84,7 +84,8 @@ def test_every_entry_that_traces_holds_the_flag_per_thread(monkeypatch):
     for fn in (accelc.optimize, accelc.save, accelc.report):
         assert fn.__wrapped__ is not None and fn.__code__ is fx_tracing.own_flag(lambda: 0).__code__, fn
     held = []     # the background compile's thread holds it while it compiles
-    monkeypatch.setattr(regions.Glue, "_compile_later", lambda self, inputs, device: held.append(fx_tracing._held["count"]))
+    monkeypatch.setattr(regions.Glue, "_compile_later",
+                        lambda self, inputs, device: held.append(fx_tracing._READERS.count))
     glue = object.__new__(regions.Glue)
     glue.dynamic, glue.failed, glue.dynamic_done, glue.later, glue.state, glue.due = True, None, set(), None, [], False
     assert glue.compile_dynamic_later([], torch.device("cpu"))

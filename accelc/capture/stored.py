@@ -149,7 +149,7 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
             ("plain", sorted((repr(k), repr(v)) for k, v in plain_state(model).items())),
             ("attributes", _attributes(model)),
             ("tensor attributes", _tensor_attributes(model)),
-            ("globals", _globals(files)),
+            ("globals", _globals([name for name, _ in code])),
             ("environment", sorted((repr(k), os.environ.get(k)) for k in getattr(files, "env", ()) if isinstance(k, str))),
             ("hooks", _hooks(model)),
             ("configs", _configs(model)),
@@ -216,17 +216,16 @@ def _tensor_attributes(model: nn.Module) -> list:
     return [(name, k, i, tuple(t.shape), t.dtype, s) for (name, k, i, t), s in zip(found, sums)]
 
 
-def _globals(files: set) -> list:
+def _globals(own_files: list) -> list:
     """(file, name, value) of the plain module-level globals (numbers, strings, flags and containers of them;
-    tensors by a digest of their values) of the modules whose source is among the model's own files run."""
-    roots, own = _library_roots(), set()
-    for name in files:
-        if not name.startswith("<") and not os.path.realpath(name).startswith(roots):
-            own.add(os.path.realpath(name))
+    tensors by a digest of their values) of the modules whose source is among the model's own files run
+    (_files_digest's)."""
+    own = {os.path.realpath(name) for name in own_files}
+    names = {os.path.basename(name) for name in own}     # (a module's path resolved only where its name matches)
     out = []
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if not path or os.path.realpath(path) not in own:
+        if not path or os.path.basename(path) not in names or os.path.realpath(path) not in own:
             continue
         for k, v in sorted(vars(module).items()):
             if k.startswith("__") or isinstance(v, type) or callable(v):

@@ -176,8 +176,8 @@ def _kept(folder: Path, k: str, model, spec, flat, expected, state):
         restore_buffers(model, state)
         _check_against_model(gm, out, model, spec, flat, expected, state)
         at_other_sizes(gm, flat, lambda ins: spec.flat_output(flat_module(model, spec)(*ins)),
-                       lambda ins, want: reference(model, spec, ins, want, state), lambda ins: rerun(model, spec, ins, state),
-                       lambda: restore_buffers(model, state))
+                       lambda ins, want: reference(model, spec, ins, want, state),
+                       lambda ins: rerun(model, spec, ins, state), lambda: restore_buffers(model, state))
     except Exception as e:   # the model captured again, as if nothing were kept
         log.info("accelc: capture: the graph an earlier optimize kept does not reproduce the model (%s: %s): "
                  "captured again", type(e).__name__, _first_line(e))
