@@ -130,18 +130,23 @@ class _WrittenAsBufferReadAsAttribute(nn.Module):
 def test_a_tensor_captured_twice_and_written_keeps_its_order_with_eager_glue():
     """torch.export holds a tensor reached by two paths as two constants over one memory. Inductor
     would take them for independent and may read the one before the write of the other (silently a
-    step behind): the glue runs eager, in the graph's order, and the runtime line says why."""
+    step behind): the glue runs eager, in the graph's order, and the runtime line says why. torch 2.11's export holds
+    it once: there only the numbers are checked."""
     from accelc.capture import aliased_state
 
     model = _WrittenAsBufferReadAsAttribute().to(DEVICE).eval()
     x = torch.randn(3, 8, device=DEVICE)
     opt = accelc.optimize(model, (x, torch.tensor(2, device=DEVICE)), accelc.OptimizeConfig(glue="inductor"))
-    assert aliased_state(opt.graph_module), "the capture holds the tensor once: this test no longer tests the case"
+    aliased = aliased_state(opt.graph_module)
     with torch.no_grad():
         for s in (4, 9):
             start = torch.tensor(s, device=DEVICE)
             assert rel_l2(opt(x, start), model(x, start)) < 1e-5
-    assert "eager glue: the forward writes" in opt.info.runtime, opt.info.runtime
+    if aliased:
+        assert "eager glue: the forward writes" in opt.info.runtime, opt.info.runtime
+    else:  # torch 2.11's export holds the tensor once (the device's image): nothing to order, the glue may compile
+        assert "eager glue: the forward writes" not in opt.info.runtime, opt.info.runtime
+        assert torch.__version__ < "2.13", "torch 2.13 (CI's) holds the tensor twice: the case is tested there"
 
 
 def test_in_place_update_of_a_caller_input_is_refused_naming_it():
