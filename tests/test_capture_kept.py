@@ -163,7 +163,7 @@ def test_a_kept_graph_that_does_not_reproduce_the_model_is_dropped(exports, tmp_
     """The key blind to the edit (the files and their globals not digested): the SCALE 2 graph is read for the
     SCALE 3 model, its check on the example fails, and the model is exported again, its own numbers kept."""
     monkeypatch.setattr(stored, "_files_digest", lambda files: [])
-    monkeypatch.setattr(stored, "_globals", lambda files: [])
+    monkeypatch.setattr(stored, "_globals", lambda *a: [])
     x = torch.randn(3, 16, device=DEVICE)
     _optimize(_user_model(tmp_path, 2.0), (x,))
     exports.clear()
@@ -381,6 +381,19 @@ def test_a_size_limit_from_the_environment_changes_the_key(exports, tmp_path, mo
         _same_or_refused(opt, model, torch.randn(batch, 16, device=DEVICE))
 
 
+def test_the_key_holds_the_environment_variables_the_models_own_code_reads(monkeypatch):
+    """Read by the model's code (directly, or through os.getenv / environ.get): in the key; read by torch (its
+    version is in the key) at a first use or in passing: not, as it may differ between two processes of one model."""
+    import torch.hub
+    monkeypatch.setenv("REUSE_TEST_SETTING", "1")
+    with stored.files_run() as files:
+        torch.hub._get_torch_home()                      # torch reads TORCH_HOME / XDG_CACHE_HOME
+        os.getenv("REUSE_TEST_SETTING")
+        "REUSE_TEST_OTHER" in os.environ
+    assert files.env == {"REUSE_TEST_SETTING", "REUSE_TEST_OTHER"}, files.env
+    assert any(c.co_name == "_get_torch_home" for c in files.codes)
+
+
 def test_a_limit_the_key_cannot_see_is_found_at_the_ends_of_the_range(exports, tmp_path, monkeypatch, caplog):
     """The kept graph claims batches up to 8 without the doubling; the model now doubles past 4: the kept graph is
     checked at the ends of its range before it is trusted, dropped, and the model exported again."""
@@ -400,7 +413,9 @@ def test_a_limit_the_key_cannot_see_is_found_at_the_ends_of_the_range(exports, t
 
 
 def test_the_key_sees_globals_a_python_and_tensor_attributes(exports, tmp_path, monkeypatch):
-    module = _module(tmp_path, ATTRIBUTE + "\nSCALE = 2.0\n")
+    """The globals the forward's code names, not the module's others (a cache a library fills as its process goes
+    on: two processes of one model told apart by it never reused a capture)."""
+    module = _module(tmp_path, ATTRIBUTE.replace("x = x + 0", "x = x * SCALE") + "\nSCALE = 2.0\nOTHER = 1\n")
     model = module.Model(1.0).to(DEVICE).eval()
     x = torch.randn(3, 16, device=DEVICE)
 
@@ -414,6 +429,8 @@ def test_the_key_sees_globals_a_python_and_tensor_attributes(exports, tmp_path, 
     module.SCALE = 3.0                                   # a module global changed at run time, the file as it was
     assert key_of() != base
     module.SCALE = 2.0
+    module.OTHER = 2                                     # a global no code of the forward names
+    assert key_of() == base
     model.offset[0] = 5.0                                # one value of a plain tensor attribute
     assert key_of() != base
     model.offset[0] = 1.0

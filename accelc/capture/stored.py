@@ -8,7 +8,7 @@ and buffers are named, never written; only tensors the export made (lifted const
 
 The key (`key`) digests what the graph depends on: the source of every Python file the model's forward ran (the
 eager call capture makes anyway, watched with sys.setprofile: a changed line of modeling code is a new key), the
-values of those files' plain module-level globals and the environment variables the forward read (a limit or a
+values of the plain module-level globals its code names and the environment variables its own code read (a limit or a
 setting from outside the model's code), the model's module tree, tensors' names, shapes and dtypes, the values of
 tensors its modules hold as plain attributes (not parameters or buffers: the export bakes them into the graph as
 constants), its modules' plain attributes (numbers, strings, flags, tuples of them, enums, dtypes) and forward hooks,
@@ -64,10 +64,13 @@ class _Ref:
 # the files a forward runs
 
 class Seen(set):
-    """The source files of the Python functions a block ran, and (`env`) the environment variables it read."""
+    """The source files of the Python functions a block ran, (`codes`) their code objects, and (`env`) the
+    environment variables the model's own code read there (not torch's, Python's or accelc's: their versions are in
+    the key, and what they read in passing, lazily or at a first use, is no setting of the model's)."""
 
     def __init__(self):
         super().__init__()
+        self.codes: set = set()
         self.env: set = set()
 
 
@@ -82,19 +85,37 @@ def files_run():
         yield None
         return
     files = Seen()
-    add, env = files.add, files.env.add
+    add, code_of, env = files.add, files.codes.add, files.env.add
+    roots, stdlib = _library_roots(), _stdlib_root()
+    where: dict = {}
+
+    def library(name: str, under) -> bool:
+        if name not in where:
+            path = os.path.realpath(name)       # (os, posixpath, _collections_abc: "<frozen os>", Python's own)
+            where[name] = (name.startswith("<frozen ") or path.startswith(stdlib), path.startswith(roots))
+        return where[name][under]
 
     def seen(frame, event, arg):
         if event == "call":
             code = frame.f_code
             add(code.co_filename)
+            code_of(code)
             if code is _ENV_READ:
-                env(frame.f_locals.get("key"))
+                caller = frame.f_back       # past os.getenv, Mapping.get / __contains__ to the code that asked
+                while caller is not None and library(caller.f_code.co_filename, 0):
+                    caller = caller.f_back
+                if caller is not None and not library(caller.f_code.co_filename, 1):
+                    env(frame.f_locals.get("key"))
     sys.setprofile(seen)
     try:
         yield files
     finally:
         sys.setprofile(None)
+
+
+def _stdlib_root() -> str:
+    import sysconfig
+    return os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), "")
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -133,10 +154,12 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
     """The digest of what the model's captured graph depends on (module docstring), or None where something cannot
     be told apart by value (an object printed by address) or the files are unknown: nothing kept or read."""
     if files is None or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        log.debug("accelc: capture: no kept graph (%s)", "a profiler set" if files is None else "a tensor-parallel rank")
         return None      # (a tensor-parallel rank's graph holds its collectives: captured each time)
     try:
         code = _files_digest(files)
         if code is None:
+            log.debug("accelc: capture: no kept graph (the forward ran code typed in, or from a file now gone)")
             return None
         h = hashlib.sha256()
         parts = [
@@ -149,7 +172,7 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
             ("plain", sorted((repr(k), repr(v)) for k, v in plain_state(model).items())),
             ("attributes", _attributes(model)),
             ("tensor attributes", _tensor_attributes(model)),
-            ("globals", _globals([name for name, _ in code])),
+            ("globals", _globals([name for name, _ in code], getattr(files, "codes", ()))),
             ("environment", sorted((repr(k), os.environ.get(k)) for k in getattr(files, "env", ()) if isinstance(k, str))),
             ("hooks", _hooks(model)),
             ("configs", _configs(model)),
@@ -161,11 +184,16 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
                         else repr(x) for x in flat]),
             ("dynamic", repr(dynamic)),
         ]
+        digests = {}     # (per part, for -v: which part told two processes' keys apart)
         for label, value in parts:
             text = str(value)
             if " at 0x" in text:
+                log.debug("accelc: capture: no kept graph (the key's %s hold an object printed by address: %s)",
+                          label, text[max(0, text.find(" at 0x") - 80):text.find(" at 0x") + 20])
                 return None
             h.update(label.encode() + b"\0" + text.encode() + b"\0")
+            digests[label] = hashlib.sha256(text.encode()).hexdigest()[:8]
+        log.debug("accelc: capture: key %s, its parts %s", h.hexdigest()[:12], digests)
         return h.hexdigest()[:40]
     except Exception as e:     # nothing the key cannot read is worth a failed optimize: the model is captured
         log.debug("accelc: capture: no kept graph (%s: %s)", type(e).__name__, e)
@@ -216,19 +244,27 @@ def _tensor_attributes(model: nn.Module) -> list:
     return [(name, k, i, tuple(t.shape), t.dtype, s) for (name, k, i, t), s in zip(found, sums)]
 
 
-def _globals(own_files: list) -> list:
+def _globals(own_files: list, codes=()) -> list:
     """(file, name, value) of the plain module-level globals (numbers, strings, flags and containers of them;
     tensors by a digest of their values) of the modules whose source is among the model's own files run
-    (_files_digest's)."""
+    (_files_digest's), those the code run from each file names (its functions' global and attribute names): a
+    module's other globals, a cache it fills as a process goes on, are no input of the forward."""
     own = {os.path.realpath(name) for name in own_files}
     names = {os.path.basename(name) for name in own}     # (a module's path resolved only where its name matches)
+    by_file: dict = {}
+    for code in codes:
+        by_file.setdefault(code.co_filename, set()).update(code.co_names)
+    named: dict = {}
+    for name, used in by_file.items():
+        named.setdefault(os.path.realpath(name), set()).update(used)
     out = []
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if not path or os.path.basename(path) not in names or os.path.realpath(path) not in own:
             continue
+        used = named.get(os.path.realpath(path), set()) if codes else None
         for k, v in sorted(vars(module).items()):
-            if k.startswith("__") or isinstance(v, type) or callable(v):
+            if k.startswith("__") or isinstance(v, type) or callable(v) or (used is not None and k not in used):
                 continue
             if isinstance(v, torch.Tensor):
                 out.append((path, k, tuple(v.shape), v.dtype, values_digest([v])[0]))
