@@ -26,6 +26,7 @@ from torch import nn
 
 from accelc import fx_tracing, tensor_parallel
 from accelc.capture import export_program, program_module, quiet_torch_logs
+from accelc.capture import output_template
 from accelc.capture.shapes import SHAPES, DimRange, InputShapes, guard_failure
 from accelc.errors import InputError, ModelFileError, short_error
 from accelc.files import atomic_path, check_output_file
@@ -55,9 +56,9 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
          strict: bool = False) -> Path | None:
     """Export `opt` (on its example inputs unless given others) and write it to `path` (.pt2).
     The program takes the call the model was optimized with: positional inputs, and its tensor
-    keyword arguments by name (an output holding a cache comes back as its flat tuple of tensors),
-    at the shapes the optimized module takes. Where those cannot be exported with dynamic dims, the
-    program takes the example's shapes, with a warning; strict=True raises ModelFileError instead
+    keyword arguments by name, at the shapes the optimized module takes; accelc.load gives back the
+    model's output as it returns it (an HF output holding a cache too: capture.output_template). Where
+    those cannot be exported with dynamic dims, the program takes the example's shapes, with a warning; strict=True raises ModelFileError instead
     (nothing written). Under tensor parallelism each rank's shard goes beside `path`, named by its rank
     (model.pt2 -> model.rank0-of-2.pt2), as the command line writes them; a model every rank holds whole is
     written by rank 0 alone. Returns the file written (None on a rank that writes none)."""
@@ -100,11 +101,16 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
                                  "(a reshape to the example's numbers?); export the model again with "
                                  "dynamic_shapes, or convert without --dynamic")
         warnings.warn(f"accelc.save: the saved program takes the example's shapes only: {static}", stacklevel=2)
+    template, flat_why = output_template.written(spec.template if spec is not None else None)
+    if flat_why:
+        warnings.warn(f"accelc.save: the saved program returns the model's output as its flat tuple of tensors: "
+                      f"{flat_why}", stacklevel=2)
     with atomic_path(path) as tmp:
         try:
             summary = {**opt.summary_dict(), **_shape_notes(shapes), **tensor_parallel.shard_note(opt.graph_module)}
             torch.export.save(ep, tmp, extra_files={SUMMARY_FILE: json.dumps(summary),
-                                                    CHECKSUM_FILE: json.dumps(weights_checksum(ep))})
+                                                    CHECKSUM_FILE: json.dumps(weights_checksum(ep)),
+                                                    **({output_template.TEMPLATE_FILE: template} if template else {})})
         except (OSError, RuntimeError) as e:
             raise ModelFileError(f"could not write {str(path)!r}: {short_error(e)}") from e
     return path
@@ -243,15 +249,15 @@ def load(path: str | os.PathLike) -> nn.Module:
             raise ModelFileError(f"no such file: {str(path)!r}"
                                  + (f" (nor this rank's {str(ranks)!r})" if ranks else ""))
         path = ranks
-    extra = {SUMMARY_FILE: "", CHECKSUM_FILE: ""}
+    extra = {SUMMARY_FILE: "", CHECKSUM_FILE: "", output_template.TEMPLATE_FILE: ""}
     ep = read_export(path, extra)
     if extra[CHECKSUM_FILE] and json.loads(extra[CHECKSUM_FILE]) != weights_checksum(ep):
         raise ModelFileError(f"{str(path)!r}: its weights do not match the checksum accelc.save wrote with them: the "
                              "file was changed or damaged after it was written; save or convert the model again")
-    return _loaded(ep, extra[SUMMARY_FILE], repr(str(path)))
+    return _loaded(ep, extra[SUMMARY_FILE], repr(str(path)), extra[output_template.TEMPLATE_FILE])
 
 
-def _loaded(ep, summary_text: str, where: str = "the program") -> "LoadedProgram":
+def _loaded(ep, summary_text: str, where: str = "the program", template_text: str = "") -> "LoadedProgram":
     tensor_parallel.check_loaded(ep.graph_module, json.loads(summary_text) if summary_text else None, where)
     names = tuple(s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
     shapes = InputShapes.of_export(ep.graph_module, ep.range_constraints, names)
@@ -262,12 +268,20 @@ def _loaded(ep, summary_text: str, where: str = "the program") -> "LoadedProgram
     summary = summary or None     # a program saved without a summary (pickled: only the shape notes)
     loaded = LoadedProgram(program_module(ep), shapes, summary)
     object.__setattr__(loaded, "_ep", ep)     # what it pickles as (not a submodule: the same weights)
+    object.__setattr__(loaded, "_template_text", template_text)
+    if template_text:
+        try:
+            loaded.template = output_template.read_text(template_text)
+        except Exception as e:     # transformers missing, or a class it no longer has
+            warnings.warn(f"accelc.load: {where} returns the model's output as its flat tuple of tensors: its "
+                          f"structure ({short_error(e)}) cannot be rebuilt here", stacklevel=3)
     return loaded
 
 
 def _loaded_from_bytes(data: bytes, device: str | None) -> "LoadedProgram":
-    extra = {SUMMARY_FILE: ""}
-    loaded = _loaded(read_export(io.BytesIO(data), extra), extra[SUMMARY_FILE])
+    extra = {SUMMARY_FILE: "", output_template.TEMPLATE_FILE: ""}
+    loaded = _loaded(read_export(io.BytesIO(data), extra), extra[SUMMARY_FILE],
+                     template_text=extra[output_template.TEMPLATE_FILE])
     return loaded.to(device) if device is not None else loaded
 
 
@@ -282,6 +296,7 @@ class LoadedProgram(nn.Module):
         self.program = program
         self.shapes = shapes
         self.accelc_summary = summary
+        self.template = None      # the model's output structure around the program's flat tuple (output_template)
 
     @property
     def graph(self):
@@ -292,7 +307,8 @@ class LoadedProgram(nn.Module):
         that do not pickle), read back on the device its weights are on."""
         buf = io.BytesIO()
         summary = {**(self.accelc_summary or {}), **_shape_notes(self.shapes)}
-        torch.export.save(self._ep, buf, extra_files={SUMMARY_FILE: json.dumps(summary)})
+        torch.export.save(self._ep, buf, extra_files={SUMMARY_FILE: json.dumps(summary), **(
+            {output_template.TEMPLATE_FILE: self._template_text} if self._template_text else {})})
         weight = next(iter([*self.program.parameters(), *self.program.buffers()]), None)
         return _loaded_from_bytes, (buf.getvalue(), str(weight.device) if weight is not None else None)
 
@@ -303,7 +319,8 @@ class LoadedProgram(nn.Module):
             if refused:
                 raise InputError(refused)
         try:
-            return self.program(*args, **kwargs)
+            out = self.program(*args, **kwargs)
+            return out if self.template is None else output_template.rebuilt(self.template, out)
         except AssertionError as e:
             text = guard_failure(e)
             if text is None:

@@ -89,10 +89,24 @@ def test_half_after_optimize_is_one_line_naming_the_fix(lm_and_opt):
         copy.deepcopy(opt).half()
 
 
-def test_a_saved_program_says_it_does_not_generate(lm_and_opt, tmp_path):
-    _, opt = lm_and_opt
+def test_a_saved_program_returns_the_models_output_and_says_it_does_not_generate(lm_and_opt, tmp_path):
+    """Its forward gives back what the model returns (the HF output with its cache, as the optimized module does;
+    it had come back as a flat tuple of tensors), from the file and from a pickled copy of the loaded program."""
+    import pickle
+    lm, opt = lm_and_opt
     _quiet(accelc.save, opt, tmp_path / "lm.pt2")
     loaded = accelc.load(tmp_path / "lm.pt2")
+    ins = _ids(2)
+    with torch.no_grad():
+        want, got = opt(**ins), loaded(**ins)
+        again = pickle.loads(pickle.dumps(loaded))(**ins)
+    for out in (got, again):
+        assert type(out) is type(want) and list(out.keys()) == list(want.keys()), (type(out), list(want.keys()))
+        torch.testing.assert_close(out.logits, want.logits)
+        cache, ref = out[list(want.keys())[-1]], want[list(want.keys())[-1]]
+        assert type(cache) is type(ref) and len(cache.layers) == len(ref.layers)
+        for a, b in zip(cache.layers, ref.layers):
+            torch.testing.assert_close((a.keys, a.values), (b.keys, b.values))
     with pytest.raises(InputError, match="holds the model's forward only"):
         loaded.generate(**_ids(2))
 

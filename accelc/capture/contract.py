@@ -28,6 +28,7 @@ class _Slot:
         self.i = i
 
 
+Slot = _Slot     # (pickled by its own name, accelc.capture.contract._Slot: capture.output_template reads it back)
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, type)
 
 
@@ -60,6 +61,11 @@ def _remap(obj, visit, memo: dict):
         return obj
     memo[id(obj)] = new
     return new
+
+
+def rebuilt_output(template, out):
+    """A graph's flat output `out` put back in the output template's structure (new objects each call)."""
+    return _remap(template, lambda s: out[s.i], {})
 
 
 def _tensors_in(obj) -> list:
@@ -214,9 +220,7 @@ class CallSpec:
 
     def rebuild(self, out):
         """The graph's output as the model returns it."""
-        if self.template is None:
-            return out
-        return _remap(self.template, lambda s: out[s.i], {})
+        return out if self.template is None else rebuilt_output(self.template, out)
 
 
 _CACHE_KEYWORDS = ("cache", "past_key_values", "cache_position")   # what HF's generate passes a decoder step
