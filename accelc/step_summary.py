@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from accelc.optimized import without_rule
+from accelc.step_launches import count
 
 
 def step_lines(forward: list, step) -> list[str]:
@@ -21,6 +22,7 @@ def step_lines(forward: list, step) -> list[str]:
         lines.append(f"  {name}: {r.status} {r.kernel or r.kind}" + (f" ({r.reason})" if r.reason else "")
                      + (f"; in the forward {was[0]} {was[1]}" if was else "; not in the forward"))
     lines += ["  " + line for line in step.coverage_lines()[:1]]
+    lines.append("  " + count(step.graph_module).line())
     lines.append(f"  end-to-end relative L2 error vs eager: {step.info.end_to_end_rel_error:.1e}")
     if step.info.runtime:
         lines.append(f"  runtime: {step.info.runtime}")

@@ -326,6 +326,8 @@ def profile(model: str, layers: int, prompt: int, new: int, out_dir: str) -> Non
                   f"({copy / 1e9:.0f} GB/s); over the wall ({wall / new * 1e6:.1f} us a token, prefill included) "
                   f"{step / (wall / new) / copy:.1%}; without the profiler {plain / new * 1e6:.1f} us a token, "
                   f"{step / (plain / new) / copy:.1%}"]
+        from accelc.step_launches import count
+        lines += ["", f"The step's graph, counted (the summary's line, a floor): {count(opt.step.graph_module).line()}"]
         lines += ["", f"The decode steps' critical path ({tokens} tokens, the prefill left out): each kernel's own time, "
                   "the part of it after every kernel before it had ended (a kernel launched with dependent launch "
                   "waits inside for the one before: its duration above holds that wait), and the idle GPU time; "
