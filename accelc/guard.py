@@ -32,7 +32,8 @@ that layer):
 The layer passes when ||accelc - ref|| / ||ref|| is within the dtype's floor or within
 `eager_error_factor` x eager's own error against the same reference, and is finite where the
 reference is. An int8 layer is judged by its SQNR against the same reference instead,
-10 log10(||ref||^2 / ||accelc - ref||^2) dB, which must reach Int8Config.sqnr_floor. The eager
+10 log10(||ref||^2 / ||accelc - ref||^2) dB, which must reach Int8Config.sqnr_floor (Fp8Config's); an fp8
+linear or gated layer's error must also stay within 1.1x the format's own (layer_check.within_the_format). The eager
 output is what flows on, so each layer is judged on its real inputs and one layer's error does
 not leak into the next one's verdict.
 """
@@ -50,7 +51,8 @@ from torch.utils import _pytree as pytree
 from accelc import layer_compiles, meta, output_check, progress, runtime, shared_checks, tuning
 from accelc.other_inputs import sized_other_inputs
 from accelc.latency import layer_ms, median_ms
-from accelc.layer_check import compare, failed, quantized_format, reference
+from accelc.kernels import REFERENCES
+from accelc.layer_check import FP8_OPS, compare, failed, quantized_format, reference, within_the_format
 from accelc.layer_runner import LayerRunner
 from accelc.layer_signature import signature, value as _value
 from accelc.numerics import output_error, same_values
@@ -347,7 +349,10 @@ def _check_layer(n: fx.Node, rw, a, kw, ins, eager, config, repeat: bool, task: 
     except Exception as e:  # a kernel that fails to compile or launch is reverted, not fatal
         cause = (runtime.interpreted() and runtime.interpreter_problem()) or f"{type(e).__name__}: {e}"
         return failed(ins, eager, config, f"kernel failed: {cause}")
-    check = compare(out, eager, reference(rw.original, ins), ins, config, rw.quantized)
+    ref = reference(rw.original, ins)
+    check = compare(out, eager, ref, ins, config, rw.quantized)
+    if n.target in FP8_OPS:      # (#92: within the format's own error, not only over the SQNR floor)
+        check = within_the_format(check, REFERENCES[n.target](*a, **kw), ref)
     if check.passed and not all(same_values(x, y) for x, y in zip(pytree.tree_leaves(out), pytree.tree_leaves(again))):
         check = dataclasses.replace(check, passed=False, reason=(
             "non-deterministic: two runs on the same inputs gave different results (a race in the kernel)"))

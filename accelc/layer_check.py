@@ -3,6 +3,7 @@ subgraph in higher precision, on the same inputs; float layers by relative L2 er
 (accelc.guard's docstring has the rule)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -48,6 +49,27 @@ def verdict(rel: float, eager_rel: float, tol: float, config, quantized: bool) -
     limit = max(tol, config.eager_error_factor * eager_rel)
     return "" if rel <= limit else (f"error {rel:.2e} over tolerance {limit:.2e} (floor {tol:.1e}, "
                                     f"eager's own error {eager_rel:.2e})")
+
+
+# an fp8 kernel's error at most this multiple of the format's own (#92): what its kernels may add to e4m3's rounding
+FORMAT_FACTOR = 1.1
+FP8_OPS = {torch.ops.accelc.linear_fp8w.default, torch.ops.accelc.gated_linear_fp8w.default,
+           torch.ops.accelc.linear_fp8.default, torch.ops.accelc.gated_linear_fp8.default}
+
+
+def within_the_format(check: LayerCheck, floor_out, ref) -> LayerCheck:
+    """An fp8 layer's check against the format's own error: the same layer from the same quantized operands and
+    scales computed in fp64 (the kernel's reference, rounded to the output's dtype as the kernel's output is) against
+    the higher-precision float reference. The kernel's error passes within FORMAT_FACTOR times it (or the dtype's
+    floor above it, where the format's error is ~0); past it the kernel adds error of its own, and fails."""
+    floor = error_stats(floor_out, ref)[0]
+    limit = max(FORMAT_FACTOR * floor, floor + check.tolerance)
+    check = dataclasses.replace(check, format_rel_error=floor)
+    if not check.passed or check.rel_error <= limit:
+        return check
+    return dataclasses.replace(check, passed=False, reason=(
+        f"fp8 error {check.rel_error:.2e} over {FORMAT_FACTOR:g}x the format's own {floor:.2e} (the same quantized "
+        "operands and scales in fp64): the kernel adds error of its own"))
 
 
 def quantized_format(config) -> str:

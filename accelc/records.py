@@ -110,6 +110,7 @@ class LayerCheck:
     reason: str = ""
     sqnr_db: float = math.nan       # vs the same reference
     blind: bool = False             # the reference was 0 everywhere: its relative errors compared nothing
+    format_rel_error: float = math.nan     # fp8: the format's own (the same quantized operands in fp64) vs the reference
 
 
 @dataclass
