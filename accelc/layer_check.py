@@ -72,6 +72,37 @@ def within_the_format(check: LayerCheck, floor_out, ref) -> LayerCheck:
         "operands and scales in fp64): the kernel adds error of its own"))
 
 
+def probed(op, reference_of, a, kw, check: LayerCheck, config) -> LayerCheck:
+    """A blind layer (its output 0 everywhere in higher precision too: zero weights, as a zero-initialised norm's or
+    a last BN's in a residual block) checked on non-zero probes: each of its kernel's float operands that is 0
+    everywhere drawn at random (its strides kept), the kernel against its own PyTorch reference (`reference_of`,
+    kernels.REFERENCES's) on them, that reference computed in fp64 the higher-precision one. The layer fails where
+    the kernel is off; a reference that cannot run in fp64 leaves the check as it was."""
+    gen = torch.Generator().manual_seed(0)
+
+    def probe(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(t.any()):
+            drawn = torch.empty_like(t)
+            drawn.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.1)
+            return drawn
+        return t
+
+    def up(t):
+        return t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    pa, pkw = pytree.tree_map(probe, (tuple(a), dict(kw)))
+    try:
+        ref = reference_of(*pytree.tree_map(up, pa), **pytree.tree_map(up, pkw))
+    except Exception:        # (a reference that takes no fp64 operand)
+        return check
+    out, eager = op(*pa, **pkw), reference_of(*pa, **pkw)
+    seen = compare(out, eager, ref, pa, config)
+    if seen.passed:
+        return dataclasses.replace(check, probe_rel_error=seen.rel_error)
+    return dataclasses.replace(check, passed=False, probe_rel_error=seen.rel_error, reason=(
+        f"its weights are 0, so the layer was checked on non-zero probe weights, where the kernel is off its "
+        f"reference: {seen.reason}"))
+
+
 def quantized_format(config) -> str:
     return "int8" if config.int8 is not None else "fp8"
 

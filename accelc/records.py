@@ -111,6 +111,7 @@ class LayerCheck:
     sqnr_db: float = math.nan       # vs the same reference
     blind: bool = False             # the reference was 0 everywhere: its relative errors compared nothing
     format_rel_error: float = math.nan     # fp8: the format's own (the same quantized operands in fp64) vs the reference
+    probe_rel_error: float = math.nan      # a blind layer: its kernel on non-zero probe operands vs its reference
 
 
 @dataclass

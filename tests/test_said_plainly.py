@@ -188,9 +188,10 @@ def test_on_a_gpu_the_summary_says_the_models_own_speed_in_one_line(monkeypatch)
     assert api.call_times(api.make_job(Counter().to(DEVICE), (torch.randn(2, 8, device=DEVICE),), None), counting) == ()
 
 
-def test_a_layer_whose_reference_is_all_zero_is_said_to_have_checked_nothing():
+def test_a_layer_whose_reference_is_all_zero_is_checked_on_probe_weights_and_said():
     """A zero-initialised norm (timm's): its output, accelc's and the reference's, is 0 everywhere, and the summary
-    printed `0.0e+00 0.0e+00` as if checked. Now its errors are `-` and its note says the check saw nothing."""
+    printed `0.0e+00 0.0e+00` as if checked. Now its errors are `-`, its kernel is checked on non-zero probe weights
+    against its reference, and its note says so."""
     from torch import nn
 
     from conftest import NORMS_REWRITTEN
@@ -209,5 +210,31 @@ def test_a_layer_whose_reference_is_all_zero_is_said_to_have_checked_nothing():
     assert not fc.check.blind
     if NORMS_REWRITTEN:
         (row,) = [line for line in opt.summary().splitlines() if line.startswith("n ")]
-        assert "checked nothing" in row and " -  " in row and "0.0e+00" not in row, row
-        assert next(r for r in opt.layers if r.name == "n").check.blind
+        assert "checked on non-zero probe weights" in row and " -  " in row and "0.0e+00" not in row, row
+        check = next(r for r in opt.layers if r.name == "n").check
+        assert check.blind and check.passed and 0 <= check.probe_rel_error < check.tolerance, check
+
+
+def test_a_zero_weight_layer_whose_kernel_is_off_on_probe_weights_goes_back_to_pytorch(monkeypatch):
+    """A Linear with zero weights and bias (blind: 0 everywhere) whose kernel is off by 1% wherever its output is
+    not 0: on the example nothing shows it; on the probe weights it fails, and the layer is PyTorch's, said."""
+    from torch import nn
+
+    from accelc.kernels import gemm
+
+    class ZeroLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+            nn.init.zeros_(self.fc.weight)
+            nn.init.zeros_(self.fc.bias)
+
+        def forward(self, x):
+            return torch.cat([self.fc(x), x], -1)
+    launch = gemm.linear_launch
+    monkeypatch.setattr(gemm, "linear_launch", lambda *a, **kw: launch(*a, **kw) * 1.01)
+    model = ZeroLinear().to(DEVICE).eval()
+    opt = accelc.optimize(model, (torch.randn(4, 16, device=DEVICE),), accelc.OptimizeConfig(only_if_faster=False))
+    fc = next(r for r in opt.layers if r.name.startswith("fc"))
+    assert fc.status == "reverted" and "checked on non-zero probe weights, where the kernel is off" in fc.reason, \
+        (fc.status, fc.reason)
