@@ -156,3 +156,23 @@ def test_a_branch_on_the_batch_optimized_at_batch_one_is_captured_at_its_own_sha
         assert rel_l2(opt(x), model(x)) < 1e-5
     with pytest.raises(InputError, match="x dim 0 is 3"):
         opt(torch.randn(3, 32, device=DEVICE))
+
+
+def test_batch_one_refused_by_the_programs_own_guard_names_the_program_not_the_model():
+    """HF's Swin traced at batch 2: torch.export's program guards a size computed from the batch (its windows) as
+    never 1, and refuses batch 1, where the model runs. The refusal had said the model computes another way at 1
+    (#88.6); it names the program's trace now. Batch 3 is served with eager's numbers."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = T.SwinModel(T.SwinConfig(image_size=16, patch_size=4, embed_dim=8, depths=[1], num_heads=[1],
+                                     window_size=2)).to(DEVICE).eval()
+    opt = accelc.optimize(model, (torch.randn(2, 3, 16, 16, device=DEVICE),))
+    one = torch.randn(1, 3, 16, 16, device=DEVICE)
+    with torch.no_grad():
+        model(one)                                  # (the model runs at 1)
+    with pytest.raises(InputError, match=r"dim 0 is 1: at least 2: torch.export's program, traced at 2, takes no 1 "
+                                         r"there .* where the model itself runs"):
+        opt(one)
+    three = torch.randn(3, 3, 16, 16, device=DEVICE)
+    with torch.no_grad():
+        assert rel_l2(opt(three)[0].double(), model(three)[0].double()) < 1e-4
