@@ -4,7 +4,9 @@ by their data (through views) that no accelc kernel separates, within one repeat
 glue compiles block by block) or outside them. Under Inductor a group compiles to one kernel or more
 (it fuses what is joined, and runs what must be materialised for an accelc kernel, a mutation or the output); under
 eager glue each operation is a kernel of its own. So the count is a floor: what the step launches at least, exact
-where no glue is left between the accelc kernels."""
+where no glue is left between the accelc kernels. Beside it, the bytes of weights the step reads a token, each tensor
+once (a table it only gathers rows of, an embedding's, apart; the cache it writes apart): where that passes the
+model's own weights, a weight is held twice (a stacked copy beside its original)."""
 from __future__ import annotations
 
 import operator
@@ -36,6 +38,8 @@ class Launches:
     blocks: int             # repeated blocks (decoder layers) the step runs
     accelc_in_blocks: int
     glue_in_blocks: int
+    weight_bytes: int = 0   # the weights the step reads whole (tables it gathers rows of, and its cache, aside)
+    table_bytes: int = 0    # the tables it gathers rows of (an embedding's): a token reads a row of each
 
     def line(self) -> str:
         text = (f"launches a token: at least {self.accelc + self.glue} ({self.accelc} accelc kernel calls, "
@@ -43,6 +47,10 @@ class Launches:
         if self.blocks:
             a, g = self.accelc_in_blocks / self.blocks, self.glue_in_blocks / self.blocks
             text += f"; a layer (of {self.blocks}): {a:g} + {g:g}"
+        if self.weight_bytes:
+            text += (f"; it reads {self.weight_bytes / 2**20:.2f} MiB of weights a token"
+                     + (f" (besides rows of {self.table_bytes / 2**20:.2f} MiB of embedding tables)"
+                        if self.table_bytes else "") + ", and the KV cache up to its context")
         return text
 
 
@@ -114,4 +122,40 @@ def count(gm: fx.GraphModule) -> Launches:
     accelc = [n for n in nodes if is_accelc(n)]
     blocks = {_block(n) for n in accelc} - {None}
     in_block = [g for g in groups.values() if any(_block(n) for n in g)]
-    return Launches(len(accelc), len(groups), len(blocks), sum(1 for n in accelc if _block(n)), len(in_block))
+    weights, tables = _bytes_read(gm, nodes, sym)
+    return Launches(len(accelc), len(groups), len(blocks), sum(1 for n in accelc if _block(n)), len(in_block),
+                    weights, tables)
+
+
+def _bytes_read(gm: fx.GraphModule, nodes: list, sym: set) -> tuple[int, int]:
+    """(bytes of the tensors the graph reads whole, bytes of those it only gathers rows of), each tensor once: its
+    parameters, buffers and constants (get_attr), not those it writes (the KV cache, a position counter)."""
+    def base(n):
+        while n.op == "call_function" and _free(n, sym) and n.args and isinstance(n.args[0], fx.Node):
+            n = n.args[0]
+        return n
+    written = {base(n.args[0]) for n in nodes if n.op == "call_function" and n.args and isinstance(n.args[0], fx.Node)
+               and str(getattr(n.target, "__name__", "")).split(".")[0].endswith("_")}
+    whole, rows = {}, {}
+    for n in nodes:
+        if n.op != "get_attr" or n in written:
+            continue
+        t = gm
+        for part in n.target.split("."):
+            t = getattr(t, part, None)
+        if not isinstance(t, torch.Tensor):
+            continue
+        readers = _readers(n, sym)
+        gathered = readers and all(_packet(r.target) is aten.embedding and r.args[0] is not None and base(r.args[0]) is n
+                                   for r in readers)
+        (rows if gathered else whole)[t.data_ptr() or id(t)] = t.numel() * t.element_size()
+    rows = {k: v for k, v in rows.items() if k not in whole}
+    return sum(whole.values()), sum(rows.values())
+
+
+def _readers(n: fx.Node, sym: set) -> list:
+    """The operations that read n, through free ones."""
+    out = []
+    for u in n.users:
+        out += _readers(u, sym) if u.op == "call_function" and _free(u, sym) else [u]
+    return out

@@ -31,6 +31,11 @@ def test_a_tiny_llamas_step_and_its_summary_line(glue, per_layer):
     got = count(opt.step.graph_module)
     assert (got.blocks, got.accelc_in_blocks / 2, got.glue_in_blocks / 2) == (2, *per_layer), got
     assert got.accelc > got.accelc_in_blocks and got.glue > got.glue_in_blocks    # the embedding, the head, the mask
+    # every weight read once a token (the stacked q/k/v and gate/up in place of the originals), the embedding table
+    # gathered, not read whole (its lm_head is a weight of its own here), the cache written and not counted
+    table = lm.model.embed_tokens.weight
+    weights = sum(p.numel() * p.element_size() for p in lm.parameters() if p is not table)
+    assert weights <= got.weight_bytes <= weights + 1024 and got.table_bytes == table.numel() * table.element_size()
     a, g = per_layer
     assert f"launches a token: at least {got.accelc + got.glue} " in opt.summary()
     assert f"a layer (of 2): {a} + {g}" in opt.summary()
@@ -62,4 +67,5 @@ def test_groups_join_through_views_and_stay_within_a_layer():
     gm = fx.GraphModule({"w": nn.Parameter(torch.ones(8))}, g)
     got = count(gm)
     assert (got.accelc, got.glue, got.blocks, got.accelc_in_blocks, got.glue_in_blocks) == (2, 5, 2, 2, 4), got
-    assert got.line().endswith("a layer (of 2): 1 + 2")
+    assert got.weight_bytes == 8 * 4 and got.line().endswith("a layer (of 2): 1 + 2; it reads 0.00 MiB of weights a "
+                                                             "token, and the KV cache up to its context")
