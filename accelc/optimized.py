@@ -17,7 +17,7 @@ from accelc.capture.pickling import graph_state
 from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.config import OptimizeConfig
 from accelc.errors import InputError, short_error
-from accelc.records import LayerRecord, OptimizeInfo, time_line
+from accelc.records import LayerRecord, OptimizeInfo, blind_note, time_line
 from accelc.kernels import REFERENCES
 from accelc.runner import direct_calls, make_runner
 from accelc.rewrite import layers as layer_nodes
@@ -297,8 +297,8 @@ class OptimizedModule(nn.Module):
             rows.append((
                 r.name, r.status, r.kernel or r.kind,
                 "x".join(map(str, r.input_shapes[0])) if r.input_shapes else "",
-                *(("-", "-") if _blind(r) else (_fmt(r.rel_error), _fmt(r.eager_rel_error))),
-            ) + ((_fmt_db(r.sqnr_db),) if quantized else ()) + (r.reason or (_blind_note(r) if _blind(r) else ""),))
+                *(("-", "-") if blind_note(r.check) else (_fmt(r.rel_error), _fmt(r.eager_rel_error))),
+            ) + ((_fmt_db(r.sqnr_db),) if quantized else ()) + (r.reason or blind_note(r.check),))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
         for row in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
@@ -432,21 +432,6 @@ def _fmt_db(x: float) -> str:
 
 def _mb(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
-
-
-BLIND = ("checked nothing: the layer's output is 0 everywhere in higher precision too (zero weights, as a "
-         "zero-initialised norm's), so its errors compare nothing")
-PROBED = ("its output is 0 everywhere (zero weights, as a zero-initialised norm's): its kernel was checked on non-zero "
-          "probe weights against its reference instead, rel.err {:.1e}")
-
-
-def _blind(r: LayerRecord) -> bool:
-    return r.check is not None and getattr(r.check, "blind", False)
-
-
-def _blind_note(r: LayerRecord) -> str:
-    probe = getattr(r.check, "probe_rel_error", math.nan)
-    return BLIND if math.isnan(probe) else PROBED.format(probe)
 
 
 def _fmt(x: float) -> str:

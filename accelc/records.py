@@ -114,6 +114,20 @@ class LayerCheck:
     probe_rel_error: float = math.nan      # a blind layer: its kernel on non-zero probe operands vs its reference
 
 
+BLIND = ("checked nothing: the layer's output is 0 everywhere in higher precision too (zero weights, as a "
+         "zero-initialised norm's), so its errors compare nothing")
+PROBED = ("its output is 0 everywhere (zero weights, as a zero-initialised norm's): its kernel was checked on non-zero "
+          "probe weights against its reference instead, rel.err {:.1e}")
+
+
+def blind_note(check: LayerCheck | None) -> str:
+    """What the summary says of a layer whose output is 0 everywhere (LayerCheck.blind); "" of another."""
+    if check is None or not getattr(check, "blind", False):
+        return ""
+    probe = getattr(check, "probe_rel_error", math.nan)
+    return BLIND if math.isnan(probe) else PROBED.format(probe)
+
+
 @dataclass
 class LayerRecord:
     """One layer of the summary, and of the latency report (which adds timings to it)."""

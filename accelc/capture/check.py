@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import tensor_parallel
-from accelc.capture.shapes import SHAPES
+from accelc.capture.shapes import SHAPES, guard_failure
 from accelc.numerics import EAGER_ERROR_FACTOR, OWN_ERROR_CAP, REL_L2_FLOOR, rel_l2, whole_model_limit
+
+log = logging.getLogger("accelc")
 
 # How far a correct captured graph may differ from the model (the same ops, possibly regrouped,
 # decomposed, or given another kernel by the tracer: an SDPA with an all-zero mask where eager took
@@ -145,3 +148,42 @@ def at_other_sizes(gm: fx.GraphModule, flat: tuple, model_at, reference_at, reru
             checked(gm, want, got, lambda: reference_at(ins, want), lambda: rerun_at(ins))
         except Exception as e:
             raise ValueError(f"{label}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+_PROGRAM_AT_ONE = ("torch.export's program, traced at 2, takes no 1 there (its trace assumed a size computed from "
+                   "this one is never 1), where the model itself runs")
+
+
+def settle_lower_ends(gm: fx.GraphModule, flat: tuple, model_at, reference_at, rerun_at, restore) -> None:
+    """torch.export states 2 as the lower end of a dim it merely did not specialise to 1, and never
+    traced size 1: a branch on the size (`if x.shape[0] > 1`) takes another way there. A dim's range
+    goes down to 1 only where the model itself, run at 1, gives what the graph gives; else it stays
+    at 2 and the refusal of a call at 1 says why (InputShapes.lower_ends): the model fails there, computes
+    another way, or the program's own guard refuses it (HF's Swin: a size computed from the batch traced as never
+    1), where the model runs. model_at, reference_at, rerun_at, restore: as at_other_sizes takes them."""
+    shapes = gm.meta.get(SHAPES)
+    twos = [sym for sym, r in (shapes.varying() if shapes is not None else {}).items() if r.lo == 2]
+    for group in ([twos] + ([[sym] for sym in twos] if len(twos) > 1 else [])) if twos else []:
+        if not any(sym in twos for sym in group):
+            continue
+        ins = shapes.inputs_at(flat, {sym: 1 for sym in group})
+        why = "the model fails at 1"
+        try:
+            with torch.no_grad():
+                expected = model_at(ins)
+                restore()
+                why = "the model computes another way at 1 than at 2, where it was captured (a branch on the size?)"
+                got = gm(*ins)
+            checked(gm, expected, got, lambda: reference_at(ins, expected), lambda: rerun_at(ins))
+        except Exception as e:   # the range keeps its 2
+            if isinstance(e, AssertionError) and guard_failure(e) and "another way" in why:
+                why = _PROGRAM_AT_ONE
+            log.debug("accelc: capture: %s stay at 2 or more: %s (%s)", ", ".join(group), why,
+                      str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+            shapes = gm.meta[SHAPES] = shapes.with_lower_ends({sym: why for sym in group})
+            continue
+        finally:
+            restore()
+        # (a group of several that failed before may have named them in lower_ends: lowered drops them)
+        shapes = gm.meta[SHAPES] = shapes.lowered(group)
+        twos = [sym for sym in twos if sym not in group]

@@ -247,7 +247,7 @@ class InputShapes:
 
     def lowered(self, syms, lo: int = 1, why: dict | None = None) -> "InputShapes":
         """This contract with these dims' ranges starting at `lo` (1: capture ran the model there,
-        trace.settle_lower_ends; a loaded program's saved lower ends, serialize), and lower_ends without them, or
+        check.settle_lower_ends; a loaded program's saved lower ends, serialize), and lower_ends without them, or
         with `why` ({symbol: why it does not go down to 1}) where given."""
         lower_ends = {**{k: v for k, v in self.lower_ends.items() if k not in syms}, **(why or {})}
         return dataclasses.replace(self, lower_ends=lower_ends, dims=tuple(None if row is None else tuple(

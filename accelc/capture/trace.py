@@ -40,9 +40,9 @@ from accelc.capture.overflow import finite_branches
 from accelc.capture.side_effects import side_effects
 from accelc.capture.paths import annotate_paths, keep_module_stacks
 from accelc.capture.pickling import program_module
-from accelc.capture.shapes import SHAPES, InputShapes, export_dims, guard_failure, position_limits, within_limits
+from accelc.capture.shapes import SHAPES, InputShapes, export_dims, position_limits, within_limits
 from accelc.errors import CaptureError, InputError
-from accelc.capture.check import at_other_sizes, check_same, checked
+from accelc.capture.check import at_other_sizes, check_same, checked, settle_lower_ends as lower_ends
 from accelc.numerics import same_values, upcast_run
 
 log = logging.getLogger("accelc")
@@ -198,44 +198,14 @@ def _check_against_model(gm, out, model, spec, flat, expected, state) -> None:
 
 
 def settle_lower_ends(model, spec, gm: fx.GraphModule, flat: tuple) -> None:
-    """torch.export states 2 as the lower end of a dim it merely did not specialise to 1, and never
-    traced size 1: a branch on the size (`if x.shape[0] > 1`) takes another way there. A dim's range
-    goes down to 1 only where the model itself, run at 1, gives what the graph gives; else it stays
-    at 2 and the refusal of a call at 1 says why (InputShapes.lower_ends)."""
+    """check.settle_lower_ends on the model: its flat output, reference and rerun at the sizes tried."""
     shapes = gm.meta.get(SHAPES)
-    twos = [sym for sym, r in (shapes.varying() if shapes is not None else {}).items() if r.lo == 2]
-    if not twos:
-        return
+    if shapes is None or not any(r.lo == 2 for r in shapes.varying().values()):
+        return      # (no dim to settle: the model's buffers not copied)
     state = buffer_state(model)
-    for group in [twos] + ([[sym] for sym in twos] if len(twos) > 1 else []):
-        if not any(sym in twos for sym in group):
-            continue
-        ins = shapes.inputs_at(flat, {sym: 1 for sym in group})
-        why = "the model fails at 1"
-        try:
-            with torch.no_grad():
-                expected = spec.flat_output(flat_module(model, spec)(*ins))
-                restore_buffers(model, state)
-                why = "the model computes another way at 1 than at 2, where it was captured (a branch on the size?)"
-                try:
-                    got = gm(*ins)
-                except AssertionError as e:     # (the program's own guard, not the model: Swin's windows, MobileViT)
-                    if guard_failure(e) is None:
-                        raise
-                    why = ("torch.export's program, traced at 2, takes no 1 there (its trace assumed a size "
-                           "computed from this one is never 1), where the model itself runs")
-                    raise
-            checked(gm, expected, got, lambda: reference(model, spec, ins, expected, state),
-                    lambda: rerun(model, spec, ins, state))
-        except Exception as e:   # the range keeps its 2
-            log.debug("accelc: capture: %s stay at 2 or more: %s (%s)", ", ".join(group), why, _first_line(e))
-            shapes = gm.meta[SHAPES] = shapes.with_lower_ends({sym: why for sym in group})
-            continue
-        finally:
-            restore_buffers(model, state)
-        # (a group of several that failed before may have named them in lower_ends: lowered drops them)
-        shapes = gm.meta[SHAPES] = shapes.lowered(group)
-        twos = [sym for sym in twos if sym not in group]
+    lower_ends(gm, flat, lambda ins: spec.flat_output(flat_module(model, spec)(*ins)),
+               lambda ins, want: reference(model, spec, ins, want, state), lambda ins: rerun(model, spec, ins, state),
+               lambda: restore_buffers(model, state))
 
 
 def rerun(model, spec, flat, state):
