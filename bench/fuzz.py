@@ -1,4 +1,4 @@
-"""Differential fuzzer, long runs: random models (accelc.fuzz.FuzzNet) optimized and
+"""Differential fuzzer, long runs: random models (bench/fuzz_models.py: FuzzNet) optimized and
 compared with eager against fp64, on new inputs and another batch size. Every crash and every
 mismatch is a bug; refusals (AccelcError) are counted apart.
 
@@ -29,7 +29,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 
 
 _lost = None   # the seed whose CUDA error broke this worker's CUDA context
-REUSE_EVERY = 10    # one seed in so many runs the reuse class (accelc.fuzz.Restated: two optimizes, state changed)
+REUSE_EVERY = 10    # one seed in so many runs the reuse class (fuzz_calls.Restated: two optimizes, state changed)
 
 
 def _work(task):
@@ -41,7 +41,7 @@ def _work(task):
     import torch
 
     from accelc.errors import short_error
-    from accelc.fuzz import run_case
+    from fuzz_models import run_case
     dtype = getattr(torch, DTYPES[seed % 3]) if device == "cuda" else torch.float32
     t0 = time.perf_counter()
     try:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accelc.fuzz_calls import CALLS, Restated, SizeBranch, Twin, call_class, optimized_twice, threaded  # noqa: F401
+from fuzz_calls import CALLS, Restated, SizeBranch, Twin, call_class, optimized_twice, threaded  # noqa: F401
 
 # size -> (batch, sequence lengths, widths, channels, image sides)
 SIZES = {

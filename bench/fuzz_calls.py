@@ -1,6 +1,6 @@
-"""A testing module beside accelc.fuzz: how a fuzzed case is optimized and called beyond the plain call (its call
-classes: an input given twice, a branch on the batch size, keywords at their defaults, two threads at once, and the
-reuse class, state changed between two optimizes that read back what the first kept)."""
+"""A testing module beside bench/fuzz_models.py: how a fuzzed case is optimized and called beyond the plain call (its
+call classes: an input given twice, a branch on the batch size, keywords at their defaults, two threads at once, and
+the reuse class, state changed between two optimizes that read back what the first kept)."""
 from __future__ import annotations
 
 import random
