@@ -112,7 +112,9 @@ def run_side(name: str, side: str, workdir: str, profile: bool, pstats_dir: str 
 
         prof = cProfile.Profile()
         prof.enable()
+    captures = _capture_lines()      # (a warm side that captured again says why: accelc.capture.stored's lines)
     opt, row["optimize_s"] = _timed(lambda: accelc.optimize(model, args, example_kwargs=kwargs))
+    row["capture_log"] = captures[:12]
     if prof is not None:
         prof.disable()
         row["profile"] = _top(prof)
@@ -145,6 +147,21 @@ def run_side(name: str, side: str, workdir: str, profile: bool, pstats_dir: str 
     if side == "accelc_warm":
         _, row["save_s"] = _timed(lambda: accelc.save(opt, os.path.join(workdir, "model.pt2")))
     return row
+
+
+def _capture_lines() -> list:
+    """accelc's INFO lines about captures kept across processes (read back, dropped, none under a key and its
+    parts), collected from here on; the accelc logger at INFO (not DEBUG: that lets torch's own logs through)."""
+    import logging
+
+    lines: list = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda r: lines.append(r.getMessage()[:1500]) if "accelc: capture:" in r.getMessage() else None
+    logger = logging.getLogger("accelc")
+    logger.addHandler(handler)
+    if not logger.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.INFO)
+    return lines
 
 
 def _top(prof, n: int = 70) -> list:

@@ -150,6 +150,15 @@ def _files_digest(files: set) -> list | None:
 # ---------------------------------------------------------------------------------------------
 # the key
 
+class Key(str):
+    """A key, with (`parts`) a digest of each part: said where no graph is kept under it."""
+
+    def __new__(cls, text: str, parts: dict):
+        k = super().__new__(cls, text)
+        k.parts = parts
+        return k
+
+
 def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | None) -> str | None:
     """The digest of what the model's captured graph depends on (module docstring), or None where something cannot
     be told apart by value (an object printed by address) or the files are unknown: nothing kept or read."""
@@ -194,7 +203,7 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
             h.update(label.encode() + b"\0" + text.encode() + b"\0")
             digests[label] = hashlib.sha256(text.encode()).hexdigest()[:8]
         log.debug("accelc: capture: key %s, its parts %s", h.hexdigest()[:12], digests)
-        return h.hexdigest()[:40]
+        return Key(h.hexdigest()[:40], digests)
     except Exception as e:     # nothing the key cannot read is worth a failed optimize: the model is captured
         log.debug("accelc: capture: no kept graph (%s: %s)", type(e).__name__, e)
         return None
@@ -420,8 +429,12 @@ def rebuilt(entry: dict, model: nn.Module) -> fx.GraphModule:
 # the files
 
 def read(folder: Path, k: str, model: nn.Module) -> fx.GraphModule | None:
-    """The graph kept under key k, rebuilt on the model's tensors; None where there is none. One that cannot be
-    read (another accelc's format, a damaged file) is said once and removed."""
+    """The graph kept under key k, rebuilt on the model's tensors; None where there is none (said in the log with
+    the key's parts: two processes' keys of one model told apart by a part). One that cannot be read (another
+    accelc's format, a damaged file) is said once and removed."""
+    if not (folder / f"{k}.pkl").exists():
+        log.info("accelc: capture: no graph kept under key %s (its parts %s)", k[:12], getattr(k, "parts", "?"))
+        return None
     def load(entry) -> fx.GraphModule:
         if not isinstance(entry, dict) or entry.get("format") != FORMAT:
             raise TypeError("not a kept graph of this accelc")
@@ -438,7 +451,7 @@ def keep(folder: Path, k: str, gm: fx.GraphModule, model: nn.Module) -> None:
     if entry is None:
         log.debug("accelc: capture: the graph holds what cannot be kept (a sub-graph, large constants)")
         return
-    entry["key"] = k
+    entry["key"] = str(k)
     write_record(folder / f"{k}.pkl", entry, MAX_KEPT, MAX_KEPT_BYTES,
                  "the captured graph not kept for the next optimize")
 
