@@ -122,10 +122,9 @@ PROBED = ("its output is 0 everywhere (zero weights, as a zero-initialised norm'
 
 def blind_note(check: LayerCheck | None) -> str:
     """What the summary says of a layer whose output is 0 everywhere (LayerCheck.blind); "" of another."""
-    if check is None or not getattr(check, "blind", False):
+    if check is None or not check.blind:
         return ""
-    probe = getattr(check, "probe_rel_error", math.nan)
-    return BLIND if math.isnan(probe) else PROBED.format(probe)
+    return BLIND if math.isnan(check.probe_rel_error) else PROBED.format(check.probe_rel_error)
 
 
 @dataclass

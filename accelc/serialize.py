@@ -27,6 +27,7 @@ from torch import nn
 from accelc import fx_tracing, tensor_parallel
 from accelc.capture import export_program, program_module, quiet_torch_logs
 from accelc.capture import output_template
+from accelc.capture.contract import rebuilt_output
 from accelc.capture.shapes import SHAPES, DimRange, InputShapes, guard_failure
 from accelc.errors import InputError, ModelFileError, short_error
 from accelc.files import atomic_path, check_output_file
@@ -58,8 +59,8 @@ def save(opt: OptimizedModule, path: str | os.PathLike, example_inputs: tuple | 
     The program takes the call the model was optimized with: positional inputs, and its tensor
     keyword arguments by name, at the shapes the optimized module takes; accelc.load gives back the
     model's output as it returns it (an HF output holding a cache too: capture.output_template). Where
-    those cannot be exported with dynamic dims, the program takes the example's shapes, with a warning; strict=True raises ModelFileError instead
-    (nothing written). Under tensor parallelism each rank's shard goes beside `path`, named by its rank
+    those cannot be exported with dynamic dims, the program takes the example's shapes, with a warning;
+    strict=True raises ModelFileError instead (nothing written). Under tensor parallelism each rank's shard goes beside `path`, named by its rank
     (model.pt2 -> model.rank0-of-2.pt2), as the command line writes them; a model every rank holds whole is
     written by rank 0 alone. Returns the file written (None on a rank that writes none)."""
     if not isinstance(opt, OptimizedModule):
@@ -268,7 +269,6 @@ def _loaded(ep, summary_text: str, where: str = "the program", template_text: st
     summary = summary or None     # a program saved without a summary (pickled: only the shape notes)
     loaded = LoadedProgram(program_module(ep), shapes, summary)
     object.__setattr__(loaded, "_ep", ep)     # what it pickles as (not a submodule: the same weights)
-    object.__setattr__(loaded, "_template_text", template_text)
     if template_text:
         try:
             loaded.template = output_template.read_text(template_text)
@@ -307,8 +307,9 @@ class LoadedProgram(nn.Module):
         that do not pickle), read back on the device its weights are on."""
         buf = io.BytesIO()
         summary = {**(self.accelc_summary or {}), **_shape_notes(self.shapes)}
+        template = output_template.written(self.template)[0]
         torch.export.save(self._ep, buf, extra_files={SUMMARY_FILE: json.dumps(summary), **(
-            {output_template.TEMPLATE_FILE: self._template_text} if self._template_text else {})})
+            {output_template.TEMPLATE_FILE: template} if template else {})})
         weight = next(iter([*self.program.parameters(), *self.program.buffers()]), None)
         return _loaded_from_bytes, (buf.getvalue(), str(weight.device) if weight is not None else None)
 
@@ -320,7 +321,7 @@ class LoadedProgram(nn.Module):
                 raise InputError(refused)
         try:
             out = self.program(*args, **kwargs)
-            return out if self.template is None else output_template.rebuilt(self.template, out)
+            return out if self.template is None else rebuilt_output(self.template, out)
         except AssertionError as e:
             text = guard_failure(e)
             if text is None:

@@ -9,7 +9,6 @@ once (a table it only gathers rows of, an embedding's, apart; the cache it write
 model's own weights, a weight is held twice (a stacked copy beside its original)."""
 from __future__ import annotations
 
-import operator
 import re
 from dataclasses import dataclass
 
@@ -17,17 +16,11 @@ import torch
 from torch import fx
 
 from accelc import meta
+from accelc.capture.nodes import VIEW_OPS, is_inplace, view_base
 
-aten = torch.ops.aten
-# operations that launch nothing of their own: views, shapes, casts (a cast to the dtype it has is none, and
-# Inductor fuses one into its neighbours), reads of a tuple's item
-_FREE = {aten.view, aten.reshape, aten._unsafe_view, aten.transpose, aten.permute, aten.unsqueeze, aten.squeeze,
-         aten.expand, aten.slice, aten.select, aten.narrow, aten.alias, aten.detach, aten.t, aten.sym_size,
-         aten.split, aten.unbind, aten.to, aten._to_copy, aten.contiguous, aten.lift_fresh_copy}
-_FREE_CALLABLES = {operator.getitem, torch.transpose, torch.narrow, torch.reshape, torch.permute, torch.unsqueeze,
-                   torch.squeeze, torch.select, torch.t, torch.Tensor.view, torch.Tensor.reshape,
-                   torch.Tensor.transpose, torch.Tensor.contiguous, torch.Tensor.to, torch.Tensor.size,
-                   torch.sym_int, torch.sym_float}
+# operations that launch nothing of their own: views (capture.VIEW_OPS), sizes, casts (a cast to the dtype it has is
+# none, and Inductor fuses one into its neighbours)
+_FREE = VIEW_OPS | {"_unsafe_view", "to", "_to_copy", "size", "sym_size", "lift_fresh_copy"}
 _BLOCK = re.compile(r"^(.*?\.\d+)(\.|$)")     # a module path's repeated block (model.layers.3, blocks.0)
 
 
@@ -54,29 +47,22 @@ class Launches:
         return text
 
 
-def _packet(target):
-    return getattr(target, "overloadpacket", None)
-
-
 def is_accelc(n: fx.Node) -> bool:
     return n.op == "call_function" and getattr(n.target, "namespace", None) == "accelc"
 
 
 def _symbolic(n: fx.Node, sym: set) -> bool:
     """A size's arithmetic (x.size(1) + 1), run on the host: sym_size, or an operator whose node inputs all are."""
-    if n.op == "call_function" and _packet(n.target) is aten.sym_size:
+    if n.op != "call_function":
+        return False
+    if meta.op_name(n) == "sym_size":
         return True
-    if n.op == "call_function" and getattr(n.target, "__module__", None) in ("_operator", "math", "builtins"):
-        return all(a in sym for a in n.all_input_nodes)
-    return False
+    return getattr(n.target, "__module__", None) in ("_operator", "math", "builtins") and \
+        all(a in sym for a in n.all_input_nodes)
 
 
 def _free(n: fx.Node, sym: set) -> bool:
-    if n in sym:
-        return True
-    if n.op == "call_method":
-        return n.target in ("view", "reshape", "transpose", "permute", "unsqueeze", "size", "to", "contiguous")
-    return _packet(n.target) in _FREE or n.target in _FREE_CALLABLES
+    return n in sym or (n.op in ("call_function", "call_method") and meta.op_name(n) in _FREE)
 
 
 def _block(n: fx.Node) -> str | None:
@@ -109,7 +95,7 @@ def count(gm: fx.GraphModule) -> Launches:
             seen.add(a)
             if a in parent:
                 out.append(a)
-            elif a.op in ("call_function", "call_method") and _free(a, sym):
+            elif _free(a, sym):
                 out += reached(a, seen)
         return out
     for n in compute:     # (a block's glue compiles apart from another's: regions.py; eager glue fuses nothing)
@@ -130,24 +116,14 @@ def count(gm: fx.GraphModule) -> Launches:
 def _bytes_read(gm: fx.GraphModule, nodes: list, sym: set) -> tuple[int, int]:
     """(bytes of the tensors the graph reads whole, bytes of those it only gathers rows of), each tensor once: its
     parameters, buffers and constants (get_attr), not those it writes (the KV cache, a position counter)."""
-    def base(n):
-        while n.op == "call_function" and _free(n, sym) and n.args and isinstance(n.args[0], fx.Node):
-            n = n.args[0]
-        return n
-    written = {base(n.args[0]) for n in nodes if n.op == "call_function" and n.args and isinstance(n.args[0], fx.Node)
-               and str(getattr(n.target, "__name__", "")).split(".")[0].endswith("_")}
+    written = {view_base(n.args[0]) for n in nodes if is_inplace(n) and n.args and isinstance(n.args[0], fx.Node)}
     whole, rows = {}, {}
     for n in nodes:
-        if n.op != "get_attr" or n in written:
-            continue
-        t = gm
-        for part in n.target.split("."):
-            t = getattr(t, part, None)
+        t = meta.attr_value(gm, n) if n.op == "get_attr" and n not in written else None
         if not isinstance(t, torch.Tensor):
             continue
         readers = _readers(n, sym)
-        gathered = readers and all(_packet(r.target) is aten.embedding and r.args[0] is not None and base(r.args[0]) is n
-                                   for r in readers)
+        gathered = readers and all(meta.op_name(r) == "embedding" and view_base(r.args[0]) is n for r in readers)
         (rows if gathered else whole)[t.data_ptr() or id(t)] = t.numel() * t.element_size()
     rows = {k: v for k, v in rows.items() if k not in whole}
     return sum(whole.values()), sum(rows.values())
@@ -157,5 +133,5 @@ def _readers(n: fx.Node, sym: set) -> list:
     """The operations that read n, through free ones."""
     out = []
     for u in n.users:
-        out += _readers(u, sym) if u.op == "call_function" and _free(u, sym) else [u]
+        out += _readers(u, sym) if _free(u, sym) else [u]
     return out

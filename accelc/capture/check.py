@@ -150,6 +150,7 @@ def at_other_sizes(gm: fx.GraphModule, flat: tuple, model_at, reference_at, reru
             raise ValueError(f"{label}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
+_ANOTHER_WAY = "the model computes another way at 1 than at 2, where it was captured (a branch on the size?)"
 _PROGRAM_AT_ONE = ("torch.export's program, traced at 2, takes no 1 there (its trace assumed a size computed from "
                    "this one is never 1), where the model itself runs")
 
@@ -172,11 +173,11 @@ def settle_lower_ends(gm: fx.GraphModule, flat: tuple, model_at, reference_at, r
             with torch.no_grad():
                 expected = model_at(ins)
                 restore()
-                why = "the model computes another way at 1 than at 2, where it was captured (a branch on the size?)"
+                why = _ANOTHER_WAY
                 got = gm(*ins)
             checked(gm, expected, got, lambda: reference_at(ins, expected), lambda: rerun_at(ins))
         except Exception as e:   # the range keeps its 2
-            if isinstance(e, AssertionError) and guard_failure(e) and "another way" in why:
+            if why is _ANOTHER_WAY and isinstance(e, AssertionError) and guard_failure(e):   # (the program's guard)
                 why = _PROGRAM_AT_ONE
             log.debug("accelc: capture: %s stay at 2 or more: %s (%s)", ", ".join(group), why,
                       str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)

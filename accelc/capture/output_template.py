@@ -18,12 +18,9 @@ import pickle
 
 import torch
 
-from accelc.capture.contract import rebuilt_output
-
 TEMPLATE_FILE = "accelc_output_template.b64"
-_CONTAINERS = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset", "object")} | {
-    ("collections", "OrderedDict"), ("copyreg", "_reconstructor"), ("accelc.capture.contract", "_Slot"),
-    ("torch", "device")}
+_CONTAINERS = {("builtins", n) for n in ("dict", "list", "tuple", "set", "frozenset")} | {
+    ("collections", "OrderedDict"), ("accelc.capture.contract", "_Slot"), ("torch", "device")}
 
 
 class _Refused(pickle.UnpicklingError):
@@ -76,9 +73,4 @@ def read(data: bytes):
 def read_text(text: str):
     """The template written as text; raises where it holds a class this unpickler does not build."""
     return read(base64.b64decode(text.encode("ascii")))
-
-
-def rebuilt(template, out: tuple):
-    """The program's flat output put back in the model's structure (new objects each call)."""
-    return rebuilt_output(template, out)
 

@@ -120,11 +120,9 @@ def _stdlib_root() -> str:
 
 def _library_roots() -> tuple[str, ...]:
     """Folders whose files the versions in the key stand for: torch's, Python's own library, accelc's."""
-    import sysconfig
-
     import accelc
-    roots = {os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(accelc.__file__)}
-    return tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+    packages = (os.path.join(os.path.realpath(os.path.dirname(m.__file__)), "") for m in (torch, accelc))
+    return (*packages, _stdlib_root())
 
 
 def _files_digest(files: set) -> list | None:
@@ -181,8 +179,8 @@ def key(model: nn.Module, spec, flat: tuple, expected, dynamic, files: set | Non
             ("plain", sorted((repr(k), repr(v)) for k, v in plain_state(model).items())),
             ("attributes", _attributes(model)),
             ("tensor attributes", _tensor_attributes(model)),
-            ("globals", _globals([name for name, _ in code], getattr(files, "codes", ()))),
-            ("environment", sorted((repr(k), os.environ.get(k)) for k in getattr(files, "env", ()) if isinstance(k, str))),
+            ("globals", _globals([name for name, _ in code], files.codes)),
+            ("environment", sorted((repr(k), os.environ.get(k)) for k in files.env if isinstance(k, str))),
             ("hooks", _hooks(model)),
             ("configs", _configs(model)),
             ("flags", (torch.get_default_dtype(), torch.is_grad_enabled())),
@@ -253,7 +251,7 @@ def _tensor_attributes(model: nn.Module) -> list:
     return [(name, k, i, tuple(t.shape), t.dtype, s) for (name, k, i, t), s in zip(found, sums)]
 
 
-def _globals(own_files: list, codes=()) -> list:
+def _globals(own_files: list, codes: set) -> list:
     """(file, name, value) of the plain module-level globals (numbers, strings, flags and containers of them;
     tensors by a digest of their values) of the modules whose source is among the model's own files run
     (_files_digest's), those the code run from each file names (its functions' global and attribute names): a
@@ -271,9 +269,9 @@ def _globals(own_files: list, codes=()) -> list:
         path = getattr(module, "__file__", None)
         if not path or os.path.basename(path) not in names or os.path.realpath(path) not in own:
             continue
-        used = named.get(os.path.realpath(path), set()) if codes else None
+        used = named.get(os.path.realpath(path), set())
         for k, v in sorted(vars(module).items()):
-            if k.startswith("__") or isinstance(v, type) or callable(v) or (used is not None and k not in used):
+            if k.startswith("__") or isinstance(v, type) or callable(v) or k not in used:
                 continue
             if isinstance(v, torch.Tensor):
                 out.append((path, k, tuple(v.shape), v.dtype, values_digest([v])[0]))
