@@ -96,19 +96,23 @@ def test_a_saved_program_returns_the_models_output_and_says_it_does_not_generate
     lm, opt = lm_and_opt
     _quiet(accelc.save, opt, tmp_path / "lm.pt2")
     loaded = accelc.load(tmp_path / "lm.pt2")
-    ins = _ids(2)
-    with torch.no_grad():
-        want, got = opt(**ins), loaded(**ins)
-        again = pickle.loads(pickle.dumps(loaded))(**ins)
-    for out in (got, again):
+    copy_of = pickle.loads(pickle.dumps(loaded))
+    for ins in (_ids(2), _ids(1, n=9)):      # the example's shape and another batch and length
+        with torch.no_grad():
+            want, got, again = opt(**ins), loaded(**ins), copy_of(**ins)
+        _same_output(want, got, again)
+    with pytest.raises(InputError, match="holds the model's forward only"):
+        loaded.generate(**_ids(2))
+
+
+def _same_output(want, *outs):
+    for out in outs:
         assert type(out) is type(want) and list(out.keys()) == list(want.keys()), (type(out), list(want.keys()))
         torch.testing.assert_close(out.logits, want.logits)
         cache, ref = out[list(want.keys())[-1]], want[list(want.keys())[-1]]
         assert type(cache) is type(ref) and len(cache.layers) == len(ref.layers)
         for a, b in zip(cache.layers, ref.layers):
             torch.testing.assert_close((a.keys, a.values), (b.keys, b.values))
-    with pytest.raises(InputError, match="holds the model's forward only"):
-        loaded.generate(**_ids(2))
 
 
 def test_two_threads_generating_at_once_get_their_own_tokens(lm_and_opt):
