@@ -20,7 +20,7 @@ GLUES = ("auto", "inductor", "eager")
 # The passes, in the order the pipeline runs them (accelc/pipeline.py holds the passes themselves
 # and checks that their names are these): data here, so that a config needs no pass or kernel.
 PASS_NAMES = ("fold_weights", "fold_bn", "conv_gemm", "rotary", "attention", "gated_mlp", "sibling_linears",
-              "linear_act", "norms", "int8", "norm_linear")
+              "linear_act", "norms", "int8", "norm_linear", "qkv_rotary")
 
 # Guard floor: largest relative L2 error (||out - ref|| / ||ref||, ref in higher precision) a
 # rewritten layer may have whatever eager's own error is: numerics.REL_L2_FLOOR for half

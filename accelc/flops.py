@@ -67,7 +67,7 @@ def _register() -> None:
                 "gated_linear_w8a16": _gated_w8a16_flops, "linear_fp8w": _linear_flops, "linear_fp8": _linear_flops,
                 "gated_linear_fp8w": _gated_w8a16_flops, "gated_linear_fp8": _gated_w8a16_flops, "conv2d": _conv_flops,
                 "flash_attention": _attention_flops, "gated_linear": _gated_linear_flops,
-                "conv2d_depthwise": _depthwise_flops, "conv1d": _conv1d_flops}
+                "conv2d_depthwise": _depthwise_flops, "conv1d": _conv1d_flops, "qkv_rotary": _linear_flops}
     for name, fn in formulas.items():
         register_flop_formula(getattr(accelc_ops, name), get_raw=True)(fn)
 

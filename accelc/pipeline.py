@@ -7,7 +7,7 @@ from accelc import meta, runtime
 from accelc.config import PASS_NAMES
 from accelc.errors import PassError
 from accelc.passes import (attention, conv_gemm, fold_bn, fold_weights, gated_mlp, int8, linear_act, norm_linear,
-                           norms, rotary, sibling_linears)
+                           norms, qkv_rotary, rotary, sibling_linears)
 from accelc.rewrite import PassContext, run_pass
 
 PASSES = (
@@ -21,7 +21,8 @@ PASSES = (
     linear_act.PASS,
     norms.PASS,         # after linear_act: a residual add a GEMM epilogue took is not taken again
     int8.PASS,          # only with OptimizeConfig.int8: float accelc layers -> int8 kernels
-    norm_linear.PASS,   # last: an RMSNorm read by one float projection taken into it
+    norm_linear.PASS,   # an RMSNorm read by one float projection taken into it
+    qkv_rotary.PASS,    # last: a step's q / k / v projection, rotations and cache write as one call
 )
 if tuple(p.name for p in PASSES) != PASS_NAMES:
     raise ImportError(f"accelc.config.PASS_NAMES {PASS_NAMES} must name PASSES in order: "

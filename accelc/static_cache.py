@@ -28,11 +28,13 @@ from accelc.kernels import greedy
 
 class StepLayer(StaticLayer):
     """A static cache layer of accelc's step program (see the module docstring): `length` is the
-    cache's one length, shared by its layers."""
+    cache's one length, shared by its layers; `step` the positions a step writes, computed once a step by
+    CacheStep.forward for every layer (a kernel a layer before)."""
 
-    def __init__(self, max_cache_len: int, length: torch.Tensor):
+    def __init__(self, max_cache_len: int, length: torch.Tensor, step: dict | None = None):
         super().__init__(max_cache_len=max_cache_len)
         self.cumulative_length = length
+        self.step = step if step is not None else {}
         self.kv = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -56,7 +58,9 @@ class StepLayer(StaticLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        positions = torch.arange(key_states.shape[-2], device=self.device) + self.cumulative_length
+        positions = self.step.get("positions")
+        if positions is None:       # (an update outside CacheStep.forward)
+            positions = torch.arange(key_states.shape[-2], device=self.device) + self.cumulative_length
         if self.kv is None:
             self.keys.index_copy_(2, positions, key_states)
             self.values.index_copy_(2, positions, value_states)
@@ -96,9 +100,10 @@ class CacheStep(StepModule):
         # HF's static layers (and its sliding ones: the window never slides within the cache) become
         # StepLayers over one length; a layer of another kind stays, and is refused below
         self.register_buffer("length", torch.zeros((), dtype=torch.long, device=ids.device), persistent=False)
+        self.step = {}      # what a call computes once for every layer (StepLayer)
         for i, layer in enumerate(self.cache.layers):
             if type(layer) is StaticLayer or i in sliding:
-                self.cache.layers[i] = StepLayer(max_len, self.length)
+                self.cache.layers[i] = StepLayer(max_len, self.length, self.step)
         with torch.no_grad():
             self(ids, padded(mask, max_len), prompt_positions(mask), self.length)
         for i, layer in enumerate(self.cache.layers):
@@ -116,8 +121,12 @@ class CacheStep(StepModule):
         # was free to order the layers' reads before this write)
         length = self.cache.layers[0].cumulative_length
         length.copy_(start)
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      use_cache=True, logits_to_keep=1, **{self.cache_keyword: self.cache})
+        self.step["positions"] = torch.arange(input_ids.shape[1], device=input_ids.device) + length
+        try:
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=True, logits_to_keep=1, **{self.cache_keyword: self.cache})
+        finally:
+            self.step.clear()
         length.add_(input_ids.shape[1])
         return out.logits[:, -1]
 

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from accelc import meta
-from accelc.capture.nodes import VIEW_OPS, is_inplace, view_base
+from accelc.capture.nodes import VIEW_OPS, view_base, written_args
 
 # operations that launch nothing of their own: views (capture.VIEW_OPS), sizes, casts (a cast to the dtype it has is
 # none, and Inductor fuses one into its neighbours)
@@ -116,7 +116,7 @@ def count(gm: fx.GraphModule) -> Launches:
 def _bytes_read(gm: fx.GraphModule, nodes: list, sym: set) -> tuple[int, int]:
     """(bytes of the tensors the graph reads whole, bytes of those it only gathers rows of), each tensor once: its
     parameters, buffers and constants (get_attr), not those it writes (the KV cache, a position counter)."""
-    written = {view_base(n.args[0]) for n in nodes if is_inplace(n) and n.args and isinstance(n.args[0], fx.Node)}
+    written = {view_base(a) for n in nodes for a in written_args(n)}
     whole, rows = {}, {}
     for n in nodes:
         t = meta.attr_value(gm, n) if n.op == "get_attr" and n not in written else None

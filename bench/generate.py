@@ -30,6 +30,8 @@ so that one stalled round of two does not become half the figure):
   accelc_norms_apart  accelc with the norm_linear pass off: each RMSNorm a kernel of its own, not taken into
                     the projection after it (what that pass gives: accelc / this side); likewise
                     accelc_int8w_norms_apart and accelc_fp8w_norms_apart beside the one-byte weights' sides.
+  accelc_qkv_apart  accelc with the qkv_rotary pass off: q / k / v's projection, rotations and cache write as
+                    the kernels and glue they were before (what that pass gives: accelc / this side).
 First-token logits: each side's generate(max_new_tokens=1, return_dict_in_generate=True,
 output_logits=True), relative L2 error against the model computed in fp32 on the same prompt (fp64 for
 the fp32 smoke), beside HF eager fp16's own error (the JSON row's eager_fp16_first_logits_rel_err_vs_fp32):
@@ -56,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
 SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w", "accelc_fp8w",   # int8 / fp8 weights
-         "accelc_norms_apart", "accelc_int8w_norms_apart", "accelc_fp8w_norms_apart", "torchao_fp8w"]
+         "accelc_norms_apart", "accelc_int8w_norms_apart", "accelc_fp8w_norms_apart", "torchao_fp8w", "accelc_qkv_apart"]
+APART = {"_norms_apart": "norm_linear", "_qkv_apart": "qkv_rotary"}     # an A/B side's suffix: the pass it turns off
 
 
 def configs(smoke: bool) -> dict:
@@ -228,11 +231,11 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     compiled.generation_config.cache_implementation = "static"
                     gen = compiled.generate
                 else:
-                    apart = side.endswith("_norms_apart")
-                    base = side.removesuffix("_norms_apart")
+                    suffix = next((k for k in APART if side.endswith(k)), None)
+                    base = side.removesuffix(suffix) if suffix else side
                     int8 = accelc.Int8Config(weights_only=True, skip_first_last=False) if base == "accelc_int8w" else False
                     fp8 = accelc.Fp8Config(skip_first_last=False) if base == "accelc_fp8w" else False
-                    passes = tuple(p for p in accelc.config.PASS_NAMES if not apart or p != "norm_linear")
+                    passes = tuple(p for p in accelc.config.PASS_NAMES if p != APART.get(suffix))
                     config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8, fp8=fp8,
                                                    passes=passes,
                                                    kv_cache="paged" if side == "accelc_paged" else "static")
@@ -337,7 +340,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sides", default=",".join(s for s in SIDES if not s.endswith("_norms_apart")   # (A/B sides,
+    ap.add_argument("--sides", default=",".join(s for s in SIDES if not s.endswith(tuple(APART))     # (A/B sides,
                                                  and s != "torchao_fp8w"))          # and a peer that may not install)
     ap.add_argument("--ragged", action="store_true", help="prompts of random real lengths, left-padded")
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU, eager and accelc")

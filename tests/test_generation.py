@@ -78,10 +78,12 @@ def test_family_generates_the_original_models_tokens(name, kv_cache):
     assert attention and all(meta.tensor_meta(n.args[1 + 2 * (kv_cache == "paged")]).shape[kv_dim] == kv_heads
                              for n in attention)
     if kv_cache == "static":
-        # a layer writes its keys and values with one index_copy_ (one kernel with the rotary before it
-        # on a GPU), and the cache's one length is set once a step (accelc.static_cache)
+        # a layer writes its keys and values once: one index_copy_, or in the kernel of its q / k / v projection
+        # and rotations (accelc::qkv_rotary, where the model rotates them as Llama does), and the cache's one
+        # length is set once a step (accelc.static_cache)
         nodes = list(opt.step.graph_module.graph.nodes)
-        writes = [n for n in nodes if n.target is torch.ops.aten.index_copy_.default]
+        writes = [n for n in nodes if n.target in (torch.ops.aten.index_copy_.default,
+                                                   torch.ops.accelc.qkv_rotary.default)]
         sets = [n for n in nodes if n.target is torch.ops.aten.copy_.default]
         assert len(writes) == len(opt.cache_step.cache.layers) and len(sets) == 1, (writes, sets)
     prompt = _prompt(2, 9, left_pad=(3, 0))

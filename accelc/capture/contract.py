@@ -13,7 +13,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from accelc import meta
-from accelc.capture.nodes import is_inplace, view_base
+from accelc.capture.nodes import view_base, written_args
 from accelc.errors import InputError
 from accelc.numerics import REL_L2_FLOOR, rel_l2, same_values
 
@@ -318,8 +318,8 @@ def mutated_state(gm: fx.GraphModule) -> list[str]:
     in-place op writes, through views."""
     out = []
     for n in gm.graph.nodes:
-        if is_inplace(n) and n.args and isinstance(n.args[0], fx.Node):
-            base = view_base(n.args[0])
+        for arg in written_args(n):
+            base = view_base(arg)
             if base.op == "get_attr" and base.target not in out:
                 out.append(base.target)
     return out

@@ -50,9 +50,33 @@ def view_base(node: fx.Node) -> fx.Node:
     an in-place op's result, the tensor it wrote (`length.copy_(start)` is `length`), and a
     conversion's, which is its input where nothing needed converting (`length.to(torch.long)`)."""
     while node.op in ("call_method", "call_function") and node.args and isinstance(node.args[0], fx.Node) \
-            and (meta.op_name(node) in VIEW_OPS or meta.op_name(node) in _MAY_RETURN_INPUT or is_inplace(node)):
+            and (meta.op_name(node) in VIEW_OPS or meta.op_name(node) in _MAY_RETURN_INPUT or _returns_first(node)):
         node = node.args[0]
     return node
+
+
+def _returns_first(node: fx.Node) -> bool:
+    """An in-place op that returns the tensor it wrote (aten's `x.add_(y)` is x); an op that writes an argument
+    and returns new tensors (accelc::qkv_rotary, writing the cache) does not."""
+    if isinstance(node.target, torch._ops.OpOverload):
+        returns = node.target._schema.returns
+        return bool(returns) and returns[0].alias_info is not None
+    return is_inplace(node)
+
+
+def written_args(node: fx.Node) -> list:
+    """The nodes an op writes in place: those its schema marks written (an aten in-place op's self, a custom op's
+    mutated arguments), or the first argument of a method or function named in place (`x.add_(y)`)."""
+    if not is_inplace(node):
+        return []
+    if isinstance(node.target, torch._ops.OpOverload):
+        out = []
+        for i, arg in enumerate(node.target._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                out += [value] if isinstance(value, fx.Node) else []
+        return out
+    return [node.args[0]] if node.args and isinstance(node.args[0], fx.Node) else []
 
 
 def is_inplace(node: fx.Node) -> bool:

@@ -1,0 +1,216 @@
+"""qkv_rotary: a generation step's attention input, from the q / k / v projection to the cache write, as one
+accelc::qkv_rotary call (kernels/qkv_rotary.py; #89's few-launch step).
+
+The step program (accelc.static_cache) computes, in each decoder layer of a Llama-like model:
+
+    y = linear(x, W_qkv)                       sibling_linears' stacked q / k / v (norm_linear's RMSNorm taken in)
+    q, k, v = narrow(y, -1, ...) -> view (B, S, H, D) -> transpose(1, 2)
+    q, k = rope(q, cos, sin), rope(k, cos, sin)        the rotary pass's calls (its kernel, or its reference call
+                                                       left to the Inductor glue)
+    kv = cache.index_copy_(3, positions, stack((k, v)))    the static cache's write; attention reads kv[0], kv[1]
+
+which a decode step launched as the GEMV, two rotary kernels (one glue group under Inductor) and the write's glue.
+Here the group becomes one call that writes the cache and returns q and the rows written; attention reads the
+cache as before (its halves now read after the call, where they were read after the write). The layer's original
+is every node of the group (the projection's and rotations' own originals inlined), returning q and the stacked
+rows, so the guard checks and races the whole as one layer and a revert puts it all back.
+
+Runs last, on what the passes before left: a float projection (a weight-only int8 / fp8 one keeps its own GEMV),
+no residual or activation of its own, each value of the group read only inside it, q's readers after the write.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+from accelc import meta
+from accelc.capture import erase_dead
+from accelc.graph_order import in_graph_order
+from accelc.kernels.qkv_rotary import why_unsupported
+from accelc.kernels.rotary import rotary_embedding_ref
+from accelc.meta import attr_value
+from accelc.records import Rewrite
+from accelc.rewrite import Pass, inline, register_layer, replace_uses, unique_name
+
+QKV_ROTARY = torch.ops.accelc.qkv_rotary.default
+LINEAR = torch.ops.accelc.linear.default
+ROTARY = (torch.ops.accelc.rotary_embedding.default, rotary_embedding_ref)
+_PLAIN = {"residual": None, "activation": "none", "residual_first": False}
+
+
+def _sole(n: fx.Node, name: str | tuple) -> fx.Node | None:
+    """n's one reader, where its op is `name` (one of them)."""
+    u = meta.sole_user(n)
+    names = (name,) if isinstance(name, str) else name
+    return u if u is not None and u.op == "call_function" and meta.op_name(u) in names else None
+
+
+def _arg(n: fx.Node, i: int, name: str, default=None):
+    return n.args[i] if len(n.args) > i else n.kwargs.get(name, default)
+
+
+def _heads(narrow: fx.Node):
+    """narrow -> view / reshape (B, S, H, D) -> transpose(1, 2): (the transpose, (start, length)) or None."""
+    dim, start, length = _arg(narrow, 1, "dim"), _arg(narrow, 2, "start"), _arg(narrow, 3, "length")
+    if dim not in (-1, 2) or not isinstance(start, int) or not isinstance(length, int):
+        return None
+    view = _sole(narrow, ("view", "reshape", "_unsafe_view"))
+    t = _sole(view, "transpose") if view is not None else None
+    if t is None or sorted(d % 4 for d in (_arg(t, 1, "dim0"), _arg(t, 2, "dim1"))) != [1, 2]:
+        return None
+    shape = meta.tensor_meta(view).shape if meta.tensor_meta(view) is not None else ()
+    return (t, (start, length)) if len(shape) == 4 else None
+
+
+def _rope(t: fx.Node):
+    """The rotary call reading the heads `t`: (the call, cos, sin) or None."""
+    r = meta.sole_user(t)
+    if r is None or r.op != "call_function" or r.target not in ROTARY or r.args[0] is not t or len(r.args) != 3:
+        return None
+    return r, r.args[1], r.args[2]
+
+
+def _up(n, steps: int):
+    """The node `steps` first arguments above n, or None."""
+    for _ in range(steps):
+        n = n.args[0] if isinstance(n, fx.Node) and n.args else None
+    return n if isinstance(n, fx.Node) else None
+
+
+def _group(write: fx.Node):
+    """The nodes of one layer's attention input ending in the cache write `write` (see the module docstring):
+    a dict of its parts, or None where the graph is not that."""
+    cache, dim, positions, src = (list(write.args) + [None] * 4)[:4]
+    if not (isinstance(cache, fx.Node) and cache.op == "get_attr" and dim == 3 and isinstance(src, fx.Node)
+            and meta.op_name(src) == "stack" and _arg(src, 1, "dim", 0) == 0 and len(src.args[0]) == 2
+            and len(src.users) == 1 and isinstance(positions, fx.Node)):
+        return None
+    k_rope, v_t = src.args[0]
+    found_k = _rope(k_rope.args[0]) if k_rope.op == "call_function" and k_rope.target in ROTARY else None
+    if found_k is None or found_k[0] is not k_rope or len(k_rope.users) != 1:
+        return None
+    lin = _up(k_rope.args[0], 3)       # transpose <- view <- narrow <- the projection
+    if not (isinstance(lin, fx.Node) and lin.target is LINEAR and meta.rewrite_of(lin) is not None
+            and len(lin.users) == 3 and all(meta.op_name(u) == "narrow" for u in lin.users)):
+        return None
+    parts = {}
+    for narrow in lin.users:
+        found = _heads(narrow)
+        if found is None:
+            return None
+        parts[found[1][0]] = (narrow, *found)
+    (q_at, q_part), (k_at, k_part), (v_at, v_part) = sorted(parts.items())
+    lengths = [p[2][1] for p in (q_part, k_part, v_part)]
+    if q_at != 0 or k_at != lengths[0] or v_at != lengths[0] + lengths[1] or k_part[1] is not k_rope.args[0] \
+            or v_part[1] is not v_t:
+        return None
+    found_q = _rope(q_part[1])
+    if found_q is None or found_q[1:] != found_k[1:]:
+        return None
+    return dict(lin=lin, narrows=[p[0] for p in (q_part, k_part, v_part)], q_rope=found_q[0], k_rope=k_rope,
+                stack=src, write=write, cache=cache, positions=positions, cos=found_k[1], sin=found_k[2],
+                lengths=lengths)
+
+
+def _why_not(gm, g: dict) -> str | None:
+    lin = g["lin"]
+    kw = {**dict(zip(("x", "weight", "bias", "residual", "activation", "residual_first", "allow_tf32"),
+                     lin.args)), **lin.kwargs}
+    if any(kw.get(k, v) != v for k, v in _PLAIN.items()):
+        return "the projection has a residual or activation of its own"
+    cache = attr_value(gm, g["cache"])
+    D = cache.shape[-1] if isinstance(cache, torch.Tensor) and cache.dim() == 5 else 0
+    q_len, k_len, v_len = g["lengths"]
+    if not D or q_len % D or k_len != v_len or k_len % D:
+        return "the projection's q / k / v widths are not whole heads of the cache's head dim"
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    if any(order[u] < order[g["write"]] for u in g["q_rope"].users):
+        return "q is read before the cache write"
+    ts = [meta.meta_tensor(kw.get("x")), meta.meta_tensor(kw.get("weight")), meta.meta_tensor(kw.get("bias")),
+          meta.meta_tensor(g["cos"]), meta.meta_tensor(g["sin"]), cache.to("meta"), meta.meta_tensor(g["positions"]),
+          q_len // D, k_len // D, meta.meta_tensor(kw.get("norm_weight")), kw.get("norm_eps")]
+    if any(t is None for t in ts[:2] + ts[3:5] + ts[6:7]) or (kw.get("bias") is not None and ts[2] is None) \
+            or (kw.get("norm_weight") is not None and ts[9] is None):
+        return "input shapes unknown"
+    return why_unsupported(*ts)
+
+
+def _original(gm, g: dict) -> tuple[fx.GraphModule, list]:
+    """The group's nodes as one module (the layers among them, the projection and an accelc rotation, as their
+    originals), returning (q rotated, the stacked rows written); its inputs, the outside nodes it reads."""
+    nodes = [g["lin"], *g["narrows"]]
+    for n in g["narrows"]:
+        nodes += [meta.sole_user(n), meta.sole_user(meta.sole_user(n))]
+    nodes = in_graph_order(nodes + [g["q_rope"], g["k_rope"], g["stack"], g["write"]])
+    inside, env, inputs = set(nodes), {}, []
+    graph = fx.Graph()
+
+    def outside(a: fx.Node):      # (the cache an input, as the model's state: a weight a get_attr)
+        if a not in env:
+            weight = a.op == "get_attr" and a is not g["cache"]
+            env[a] = graph.get_attr(a.target) if weight else graph.placeholder(f"in{len(inputs)}")
+            env[a].meta.update(a.meta)
+            if not weight:
+                inputs.append(a)
+        return env[a]
+    for n in nodes:      # (placeholders first)
+        rw = meta.rewrite_of(n)
+        for a in (rw.inputs if rw is not None else n.all_input_nodes):
+            if a not in inside:
+                outside(a)
+    for n in nodes:
+        rw = meta.rewrite_of(n)
+        if rw is not None:
+            env[n], _ = inline(graph, rw.original, [env[a] for a in rw.inputs])
+        else:
+            env[n] = graph.node_copy(n, env.__getitem__)
+            env[n].meta.update(n.meta)
+    graph.output((env[g["q_rope"]], env[g["stack"]]))
+    return fx.GraphModule(gm, graph, class_name="OriginalLayer"), inputs
+
+
+def _take(gm, g: dict) -> fx.Node:
+    lin, write = g["lin"], g["write"]
+    rw = meta.rewrite_of(lin)
+    kw = {**dict(zip(("x", "weight", "bias"), lin.args)), **lin.kwargs}
+    D = attr_value(gm, g["cache"]).shape[-1]
+    original, inputs = _original(gm, g)
+    graph = gm.graph
+    with graph.inserting_before(write):
+        new = graph.call_function(QKV_ROTARY, (kw["x"], kw["weight"], kw.get("bias"), g["cos"], g["sin"], g["cache"],
+                                               g["positions"], g["lengths"][0] // D, g["lengths"][1] // D),
+                                  {k: kw[k] for k in ("norm_weight", "norm_eps") if kw.get(k) is not None})
+        q = graph.call_function(operator.getitem, (new, 0))
+    new.meta[meta.PATH] = meta.path(lin)
+    q.meta.update({k: v for k, v in g["q_rope"].meta.items() if k != meta.REWRITE})
+    norm = "rms_norm+" if kw.get("norm_eps") is not None else ""
+    register_layer(gm, new, Rewrite(
+        layer=unique_name(gm, f"{rw.layer}+rotary+cache"), kind="qkv_rotary", kernel=f"accelc::{norm}qkv_rotary",
+        original=original, inputs=inputs, aux=list(rw.aux),
+        note="q / k / v, their rotation and the cache write in one kernel"))
+    replace_uses(gm, g["q_rope"], q)
+    replace_uses(gm, write, g["cache"])       # (attention reads the cache after the call, as after the write)
+    graph.erase_node(write)
+    heads = [m for n in g["narrows"] for m in (meta.sole_user(meta.sole_user(n)), meta.sole_user(n), n)]
+    erase_dead([g["stack"], g["q_rope"], g["k_rope"], *heads, lin])
+    return new
+
+
+def _transform(gm: fx.GraphModule, ctx) -> int:
+    count = 0
+    for write in [n for n in gm.graph.nodes if n.op == "call_function" and meta.op_name(n) == "index_copy_"]:
+        g = _group(write)
+        if g is None:
+            continue
+        reason = _why_not(gm, g)
+        if reason:
+            meta.explain(g["lin"], f"rotation and cache write not taken in: {reason}")
+            continue
+        _take(gm, g)
+        count += 1
+    return count
+
+
+PASS = Pass("qkv_rotary", transform=_transform)

@@ -1,0 +1,135 @@
+"""kernels/qkv_rotary.py: a decoder layer's q / k / v projection, the rotation of q and k and the static cache's
+write in one kernel (#89), against the same layer computed in fp64 from the same operands: the decode rows' GEMV
+(with the RMSNorm before it taken in, a bias, grouped kv heads) and a prompt's GEMM path, the cache written at the
+rows' positions and nowhere else."""
+import pytest
+import torch
+
+from accelc.kernels import gemm
+from accelc.kernels.qkv_rotary import qkv_rotary, qkv_rotary_ref, why_unsupported
+from conftest import DEVICE, REL_FLOOR, rel_l2
+
+
+def _operands(B, S, K, hq, hkv, D, dtype, bias, norm, start, max_len=16, cos_batch=1):
+    N = (hq + 2 * hkv) * D
+    x = torch.randn(B, S, K, device=DEVICE).to(dtype)
+    w = (torch.randn(N, K, device=DEVICE) / K ** 0.5).to(dtype)
+    b = torch.randn(N, device=DEVICE).to(dtype) if bias else None
+    angles = torch.rand(cos_batch, 1, S, D // 2, device=DEVICE) * 6
+    angles = torch.cat((angles, angles), -1)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    cache = torch.randn(2, B, hkv, max_len, D, device=DEVICE).to(dtype)
+    positions = torch.arange(S, device=DEVICE) + start
+    nw = (1 + 0.1 * torch.randn(K, device=DEVICE)).to(dtype) if norm else None
+    return x, w, b, cos, sin, cache, positions, hq, hkv, nw, (1e-6 if norm else None)
+
+
+@pytest.mark.parametrize("B, S, K, hq, hkv, D, dtype, bias, norm, start", [
+    (1, 1, 64, 4, 2, 16, torch.float32, False, True, 5),      # a decode step: the GEMV
+    (2, 1, 96, 4, 4, 8, torch.float16, True, False, 0),       # a bias (Qwen2), K past the block
+    (1, 3, 64, 2, 1, 32, torch.bfloat16, False, True, 2),     # three rows of one sequence
+    (2, 6, 32, 4, 2, 16, torch.float32, True, True, 0),       # a prompt: the GEMM, then the rotation kernel
+])
+def test_the_layer_and_its_cache_write_match_fp64(B, S, K, hq, hkv, D, dtype, bias, norm, start):
+    ops = _operands(B, S, K, hq, hkv, D, dtype, bias, norm, start, cos_batch=B if bias else 1)
+    cache = ops[5]
+    before = cache.clone()
+    up = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ops]
+    q, kv = qkv_rotary(*ops)
+    rq, rkv = qkv_rotary_ref(*up)
+    assert q.shape == (B, hq, S, D) and kv.shape == (2, B, hkv, S, D) and q.dtype == kv.dtype == dtype
+    floor = 4 * REL_FLOOR[dtype]
+    assert rel_l2(q, rq) < floor and rel_l2(kv, rkv) < floor
+    positions = ops[6]
+    assert torch.equal(cache.index_select(3, positions), kv)          # written where the positions say
+    others = torch.ones(cache.shape[3], dtype=torch.bool)
+    others[positions.cpu()] = False
+    assert torch.equal(cache[:, :, :, others.to(DEVICE)], before[:, :, :, others.to(DEVICE)])   # and nowhere else
+
+
+def test_eager_rounding_is_no_closer_than_the_kernel():
+    """The layer as the model runs it in fp16 (rounded at each step) is farther from fp64 than the kernel."""
+    ops = _operands(1, 1, 128, 8, 2, 32, torch.float16, True, True, 3)
+    q, kv = qkv_rotary(*ops)
+    eager = qkv_rotary_ref(*[t.clone() if isinstance(t, torch.Tensor) else t for t in ops])
+    ref = qkv_rotary_ref(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ops])
+    for got, e, r in zip((q, kv), eager, ref):
+        assert rel_l2(got, r) <= rel_l2(e, r) * 1.5 + 1e-7
+
+
+def test_a_position_past_the_cache_writes_nothing_there():
+    ops = list(_operands(1, 2, 32, 2, 1, 8, torch.float32, False, False, 15))   # positions 15, 16 of 16
+    cache = ops[5]
+    before = cache.clone()
+    q, kv = qkv_rotary(*ops)
+    assert torch.equal(cache[:, :, :, 15], kv[:, :, :, 0]) and torch.equal(cache[:, :, :, :15], before[:, :, :, :15])
+
+
+def test_why_unsupported_names_the_operand():
+    ops = list(_operands(1, 1, 32, 2, 1, 8, torch.float32, False, False, 0))
+    assert why_unsupported(*ops) is None
+    ops[1] = ops[1][:-1]
+    assert "the weight has shape (31, 32), not (32, 32)" in why_unsupported(*ops)
+    ops = list(_operands(1, 1, 32, 2, 1, 8, torch.float32, False, False, 0))
+    ops[3] = ops[3].half()
+    assert "cos has dtype torch.float16" in why_unsupported(*ops)
+    assert gemm.GEMV_MAX_M >= 1
+
+
+T = pytest.importorskip("transformers")
+
+
+def _optimized(cfg_cls, seed=0, **kw):
+    import warnings
+    import accelc
+    torch.manual_seed(seed)
+    cfg = cfg_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=100, **kw)
+    lm = getattr(T, cfg_cls.__name__.replace("Config", "ForCausalLM"))(cfg).to(DEVICE).eval()
+    ids = torch.randint(1, 100, (1, 7), device=DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return lm, ids, lambda **c: accelc.optimize(lm, {"input_ids": ids}, accelc.OptimizeConfig(glue="eager", **c))
+
+
+@pytest.mark.parametrize("family", ["LlamaConfig", "Qwen2Config"])
+def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(family):
+    """The step's layers: one qkv_rotary call a layer (Qwen2's with its q / k / v bias), no rotary kernel or cache
+    glue left; greedy tokens as HF's own generate and as the step without the pass."""
+    from accelc.config import PASS_NAMES
+    from accelc.step_launches import count
+    lm, ids, optimize = _optimized(getattr(T, family))
+    opt = optimize()
+    nodes = list(opt.step.graph_module.graph.nodes)
+    fused = [n for n in nodes if n.target is torch.ops.accelc.qkv_rotary.default]
+    assert len(fused) == 2 and all(n.meta["accelc"].kernel == "accelc::rms_norm+qkv_rotary" for n in fused)
+    assert (family == "Qwen2Config") == (fused[0].args[2] is not None)           # the bias
+    assert not [n for n in nodes if n.target is torch.ops.accelc.rotary_embedding.default
+                or str(n.target).startswith("aten.index_copy_")]
+    got = count(opt.step.graph_module)
+    assert (got.accelc_in_blocks, got.glue_in_blocks) == (10, 0), got
+    ref = lm.generate(ids, max_new_tokens=10, do_sample=False)
+    assert torch.equal(opt.generate(ids, max_new_tokens=10, do_sample=False), ref)
+    without = optimize(passes=tuple(p for p in PASS_NAMES if p != "qkv_rotary"))
+    assert not any(n.target is torch.ops.accelc.qkv_rotary.default for n in without.step.graph_module.graph.nodes)
+    assert torch.equal(without.generate(ids, max_new_tokens=10, do_sample=False), ref)
+
+
+def test_a_wrong_cache_write_is_reverted_by_the_guard(monkeypatch):
+    """The layer's check covers the rows it writes, not only q: a kernel that writes k 3% off is reverted (the
+    original's rotations and cache write put back), and the tokens stay eager's."""
+    from accelc.kernels import qkv_rotary as mod
+    real = mod.qkv_rotary_launch
+
+    def off(*args, **kwargs):
+        q, kv = real(*args, **kwargs)
+        args[5][0] *= 1.03            # the cache's keys
+        kv[0] *= 1.03
+        return q, kv
+    monkeypatch.setattr(mod, "qkv_rotary_launch", off)
+    lm, ids, optimize = _optimized(T.LlamaConfig)
+    opt = optimize()
+    assert not any(n.target is torch.ops.accelc.qkv_rotary.default for n in opt.step.graph_module.graph.nodes)
+    assert "+rotary+cache: reverted" in opt.summary()
+    assert torch.equal(opt.generate(ids, max_new_tokens=8, do_sample=False),
+                       lm.generate(ids, max_new_tokens=8, do_sample=False))
