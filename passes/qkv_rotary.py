@@ -3,10 +3,12 @@ accelc::qkv_rotary call (kernels/qkv_rotary.py; #89's few-launch step).
 
 The step program (accelc.static_cache) computes, in each decoder layer of a Llama-like model:
 
-    y = linear(x, W_qkv)                       sibling_linears' stacked q / k / v (norm_linear's RMSNorm taken in)
-    q, k, v = narrow(y, -1, ...) -> view (B, S, H, D) -> transpose(1, 2)
+    y = linear(x, W_qkv)                       sibling_linears' stacked q / k / v, or the model's own (Phi-3's
+                                               qkv_proj); norm_linear's RMSNorm taken in
+    q, k, v = narrow(y, -1, ...) -> view (B, S, H, D) -> transpose(1, 2)        (or slices: Phi-3)
     q, k = rope(q, cos, sin), rope(k, cos, sin)        the rotary pass's calls (its kernel, or its reference call
-                                                       left to the Inductor glue)
+                                                       left to the Inductor glue); a partial rotation of all D
+                                                       columns (Phi-3: cat of the rotation and an empty slice) too
     kv = cache.index_copy_(3, positions, stack((k, v)))    the static cache's write; attention reads kv[0], kv[1]
 
 which a decode step launched as the GEMV, two rotary kernels (one glue group under Inductor) and the write's glue.
@@ -51,25 +53,55 @@ def _arg(n: fx.Node, i: int, name: str, default=None):
     return n.args[i] if len(n.args) > i else n.kwargs.get(name, default)
 
 
-def _heads(narrow: fx.Node):
-    """narrow -> view / reshape (B, S, H, D) -> transpose(1, 2): (the transpose, (start, length)) or None."""
-    dim, start, length = _arg(narrow, 1, "dim"), _arg(narrow, 2, "start"), _arg(narrow, 3, "length")
-    if dim not in (-1, 2) or not isinstance(start, int) or not isinstance(length, int):
+def _split(n: fx.Node, width: int):
+    """(start, length) of the columns a narrow or slice of the projection's last dim takes, or None."""
+    name = meta.op_name(n)
+    if name == "narrow":
+        dim, start, length = _arg(n, 1, "dim"), _arg(n, 2, "start"), _arg(n, 3, "length")
+    elif name == "slice" and _arg(n, 4, "step", 1) == 1:
+        dim, start, end = _arg(n, 1, "dim", 0), _arg(n, 2, "start", 0), _arg(n, 3, "end")
+        start = 0 if start is None else start
+        length = min(width if end is None else end, width) - start if isinstance(end, (int, type(None))) else None
+    else:
         return None
-    view = _sole(narrow, ("view", "reshape", "_unsafe_view"))
+    ok = dim in (-1, 2) and isinstance(start, int) and isinstance(length, int) and 0 <= start and length > 0
+    return (start, length) if ok else None
+
+
+def _heads(split: fx.Node):
+    """split -> view / reshape (B, S, H, D) -> transpose(1, 2): the transpose, or None."""
+    view = _sole(split, ("view", "reshape", "_unsafe_view"))
     t = _sole(view, "transpose") if view is not None else None
     if t is None or sorted(d % 4 for d in (_arg(t, 1, "dim0"), _arg(t, 2, "dim1"))) != [1, 2]:
         return None
     shape = meta.tensor_meta(view).shape if meta.tensor_meta(view) is not None else ()
-    return (t, (start, length)) if len(shape) == 4 else None
+    return t if len(shape) == 4 else None
+
+
+def _empty(n: fx.Node) -> bool:
+    m = meta.tensor_meta(n)
+    return m is not None and len(m.shape) == 4 and m.shape[-1] == 0
 
 
 def _rope(t: fx.Node):
-    """The rotary call reading the heads `t`: (the call, cos, sin) or None."""
-    r = meta.sole_user(t)
-    if r is None or r.op != "call_function" or r.target not in ROTARY or r.args[0] is not t or len(r.args) != 3:
+    """The rotation of the heads `t`: (its output, the rotary call, cos, sin, the nodes between), or None. The call
+    reads t, or an alias of it; a partial rotation of all D columns (Phi-3's `cat((rope(t[..., :D]), t[..., D:]))`)
+    reads the whole head through an alias and concatenates an empty slice after it."""
+    aliases = [u for u in t.users if meta.op_name(u) == "alias"]
+    calls = [u for a in (t, *aliases) for u in a.users if u.op == "call_function" and u.target in ROTARY
+             and u.args[0] is a and len(u.args) == 3]
+    if len(calls) != 1 or any(list(a.users) != calls for a in aliases):
         return None
-    return r, r.args[1], r.args[2]
+    r = calls[0]
+    rest = [u for u in t.users if u is not r and u not in aliases]
+    if not rest:
+        return r, r, r.args[1], r.args[2], aliases
+    cat = meta.sole_user(rest[0])
+    if not (len(rest) == 1 and meta.op_name(rest[0]) == "slice" and _empty(rest[0]) and cat is not None
+            and meta.op_name(cat) == "cat" and list(cat.args[0]) == [r, rest[0]] and _arg(cat, 1, "dim", 0) in (-1, 3)
+            and list(r.users) == [cat]):
+        return None
+    return cat, r, r.args[1], r.args[2], aliases + rest
 
 
 def _up(n, steps: int):
@@ -87,30 +119,29 @@ def _group(write: fx.Node):
             and meta.op_name(src) == "stack" and _arg(src, 1, "dim", 0) == 0 and len(src.args[0]) == 2
             and len(src.users) == 1 and isinstance(positions, fx.Node)):
         return None
-    k_rope, v_t = src.args[0]
-    found_k = _rope(k_rope.args[0]) if k_rope.op == "call_function" and k_rope.target in ROTARY else None
-    if found_k is None or found_k[0] is not k_rope or len(k_rope.users) != 1:
-        return None
-    lin = _up(k_rope.args[0], 3)       # transpose <- view <- narrow <- the projection
-    if not (isinstance(lin, fx.Node) and lin.target is LINEAR and meta.rewrite_of(lin) is not None
-            and len(lin.users) == 3 and all(meta.op_name(u) == "narrow" for u in lin.users)):
+    k_out, v_t = src.args[0]
+    lin = _up(v_t, 3)        # transpose <- view <- narrow or slice <- the projection
+    width = meta.tensor_meta(lin).shape[-1] if meta.tensor_meta(lin) is not None else None
+    if not (isinstance(lin, fx.Node) and lin.target is LINEAR and meta.rewrite_of(lin) is not None and width
+            and len(lin.users) == 3):
         return None
     parts = {}
-    for narrow in lin.users:
-        found = _heads(narrow)
-        if found is None:
+    for split in lin.users:
+        at, t = _split(split, width), _heads(split)
+        if at is None or t is None:
             return None
-        parts[found[1][0]] = (narrow, *found)
-    (q_at, q_part), (k_at, k_part), (v_at, v_part) = sorted(parts.items())
-    lengths = [p[2][1] for p in (q_part, k_part, v_part)]
-    if q_at != 0 or k_at != lengths[0] or v_at != lengths[0] + lengths[1] or k_part[1] is not k_rope.args[0] \
-            or v_part[1] is not v_t:
+        parts[at[0]] = (split, t, at[1])
+    (q_at, q), (k_at, k), (v_at, v) = sorted(parts.items())
+    lengths = [q[2], k[2], v[2]]
+    if q_at != 0 or k_at != lengths[0] or v_at != lengths[0] + lengths[1] or sum(lengths) != width or v[1] is not v_t:
         return None
-    found_q = _rope(q_part[1])
-    if found_q is None or found_q[1:] != found_k[1:]:
+    found_q, found_k = _rope(q[1]), _rope(k[1])
+    if found_q is None or found_k is None or found_k[0] is not k_out or len(k_out.users) != 1 \
+            or found_q[2:4] != found_k[2:4]:
         return None
-    return dict(lin=lin, narrows=[p[0] for p in (q_part, k_part, v_part)], q_rope=found_q[0], k_rope=k_rope,
-                stack=src, write=write, cache=cache, positions=positions, cos=found_k[1], sin=found_k[2],
+    heads = [m for p in (q, k, v) for m in (p[0], meta.sole_user(p[0]), p[1])]
+    return dict(lin=lin, heads=heads, q_out=found_q[0], inner=[*found_q[4], found_q[1], *found_k[4], found_k[1]],
+                k_out=k_out, stack=src, write=write, cache=cache, positions=positions, cos=found_k[2], sin=found_k[3],
                 lengths=lengths)
 
 
@@ -125,8 +156,13 @@ def _why_not(gm, g: dict) -> str | None:
     q_len, k_len, v_len = g["lengths"]
     if not D or q_len % D or k_len != v_len or k_len % D:
         return "the projection's q / k / v widths are not whole heads of the cache's head dim"
+    x = meta.tensor_meta(kw.get("x"))
+    for split, length in zip(g["heads"][::3], g["lengths"]):   # heads of D consecutive columns each, as the kernel reads
+        view = meta.tensor_meta(meta.sole_user(split))
+        if x is None or len(x.shape) != 3 or view is None or view.shape != (*x.shape[:2], length // D, D):
+            return "the heads are not split as (batch, length, heads, the cache's head dim)"
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    if any(order[u] < order[g["write"]] for u in g["q_rope"].users):
+    if any(order[u] < order[g["write"]] for u in g["q_out"].users):
         return "q is read before the cache write"
     ts = [meta.meta_tensor(kw.get("x")), meta.meta_tensor(kw.get("weight")), meta.meta_tensor(kw.get("bias")),
           meta.meta_tensor(g["cos"]), meta.meta_tensor(g["sin"]), cache.to("meta"), meta.meta_tensor(g["positions"]),
@@ -140,10 +176,7 @@ def _why_not(gm, g: dict) -> str | None:
 def _original(gm, g: dict) -> tuple[fx.GraphModule, list]:
     """The group's nodes as one module (the layers among them, the projection and an accelc rotation, as their
     originals), returning (q rotated, the stacked rows written); its inputs, the outside nodes it reads."""
-    nodes = [g["lin"], *g["narrows"]]
-    for n in g["narrows"]:
-        nodes += [meta.sole_user(n), meta.sole_user(meta.sole_user(n))]
-    nodes = in_graph_order(nodes + [g["q_rope"], g["k_rope"], g["stack"], g["write"]])
+    nodes = in_graph_order([g["lin"], *g["heads"], *g["inner"], g["q_out"], g["k_out"], g["stack"], g["write"]])
     inside, env, inputs = set(nodes), {}, []
     graph = fx.Graph()
 
@@ -167,7 +200,7 @@ def _original(gm, g: dict) -> tuple[fx.GraphModule, list]:
         else:
             env[n] = graph.node_copy(n, env.__getitem__)
             env[n].meta.update(n.meta)
-    graph.output((env[g["q_rope"]], env[g["stack"]]))
+    graph.output((env[g["q_out"]], env[g["stack"]]))
     return fx.GraphModule(gm, graph, class_name="OriginalLayer"), inputs
 
 
@@ -184,17 +217,16 @@ def _take(gm, g: dict) -> fx.Node:
                                   {k: kw[k] for k in ("norm_weight", "norm_eps") if kw.get(k) is not None})
         q = graph.call_function(operator.getitem, (new, 0))
     new.meta[meta.PATH] = meta.path(lin)
-    q.meta.update({k: v for k, v in g["q_rope"].meta.items() if k != meta.REWRITE})
+    q.meta.update({k: v for k, v in g["q_out"].meta.items() if k != meta.REWRITE})
     norm = "rms_norm+" if kw.get("norm_eps") is not None else ""
     register_layer(gm, new, Rewrite(
         layer=unique_name(gm, f"{rw.layer}+rotary+cache"), kind="qkv_rotary", kernel=f"accelc::{norm}qkv_rotary",
         original=original, inputs=inputs, aux=list(rw.aux),
         note="q / k / v, their rotation and the cache write in one kernel"))
-    replace_uses(gm, g["q_rope"], q)
+    replace_uses(gm, g["q_out"], q)
     replace_uses(gm, write, g["cache"])       # (attention reads the cache after the call, as after the write)
     graph.erase_node(write)
-    heads = [m for n in g["narrows"] for m in (meta.sole_user(meta.sole_user(n)), meta.sole_user(n), n)]
-    erase_dead([g["stack"], g["q_rope"], g["k_rope"], *heads, lin])
+    erase_dead([g["stack"], g["q_out"], g["k_out"], *reversed(g["inner"]), *reversed(g["heads"]), lin])
     return new
 
 

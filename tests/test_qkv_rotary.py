@@ -92,13 +92,15 @@ def _optimized(cfg_cls, seed=0, **kw):
         return lm, ids, lambda **c: accelc.optimize(lm, {"input_ids": ids}, accelc.OptimizeConfig(glue="eager", **c))
 
 
-@pytest.mark.parametrize("family", ["LlamaConfig", "Qwen2Config"])
-def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(family):
-    """The step's layers: one qkv_rotary call a layer (Qwen2's with its q / k / v bias), no rotary kernel or cache
-    glue left; greedy tokens as HF's own generate and as the step without the pass."""
+@pytest.mark.parametrize("family, kw", [("LlamaConfig", {}), ("Qwen2Config", {}),
+                                        ("Phi3Config", {"pad_token_id": 0}), ("GemmaConfig", {"head_dim": 8})])
+def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(family, kw):
+    """The step's layers: one qkv_rotary call a layer (Qwen2's with its q / k / v bias; Phi-3's projection one
+    Linear of the model's own, its heads sliced, its rotation partial over all D columns; Gemma's norm weight 1 + w),
+    no rotary kernel or cache glue left; greedy tokens as HF's own generate and as the step without the pass."""
     from accelc.config import PASS_NAMES
     from accelc.step_launches import count
-    lm, ids, optimize = _optimized(getattr(T, family))
+    lm, ids, optimize = _optimized(getattr(T, family), **kw)
     opt = optimize()
     nodes = list(opt.step.graph_module.graph.nodes)
     fused = [n for n in nodes if n.target is torch.ops.accelc.qkv_rotary.default]
