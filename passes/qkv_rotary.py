@@ -226,7 +226,7 @@ def _take(gm, g: dict) -> fx.Node:
     replace_uses(gm, g["q_out"], q)
     replace_uses(gm, write, g["cache"])       # (attention reads the cache after the call, as after the write)
     graph.erase_node(write)
-    erase_dead([g["stack"], g["q_out"], g["k_out"], *reversed(g["inner"]), *reversed(g["heads"]), lin])
+    erase_dead(list(dict.fromkeys([g["stack"], g["q_out"], g["k_out"], *g["inner"], *g["heads"], lin])))
     return new
 
 

@@ -30,7 +30,8 @@ print("kept", bool(opt.info.capture_kept), bool(opt.step.info.capture_kept), boo
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the default GPU path (a CPU run: test_capture_kept.py)")
 def test_a_second_process_reads_both_captures_of_a_causal_lm_back(tmp_path):
-    env = dict(os.environ, ACCELC_CACHE_DIR=str(tmp_path / "accelc"), TRITON_CACHE_DIR=str(tmp_path / "triton"),
+    # (the cache folder not named accelc: the scripts run in tmp_path, where `import accelc` would find that folder)
+    env = dict(os.environ, ACCELC_CACHE_DIR=str(tmp_path / "cache"), TRITON_CACHE_DIR=str(tmp_path / "triton"),
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     env.pop("ACCELC_REUSE", None)
     runs = [subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True,

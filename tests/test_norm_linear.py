@@ -242,13 +242,14 @@ def test_a_computed_norm_weight_is_read_as_casts_and_numbers_or_not_at_all():
 
 
 def test_generation_runs_the_norms_inside_its_gemvs():
-    """The decode step's projections take their norms (gemv_kernel's rows); greedy tokens as HF's."""
+    """The decode step's projections take their norms (gemv_kernel's rows; q / k / v's in accelc::qkv_rotary's,
+    with their rotations and cache write); greedy tokens as HF's."""
     lm = _tiny_llama()
     ids = torch.randint(1, 100, (2, 8), device=DEVICE)
     mask = torch.ones_like(ids)
     opt = _optimize(lm, {"input_ids": ids, "attention_mask": mask}, max_cache_len=24)
     step = [r.kernel for r in opt.step.layers if r.status == "rewritten"]
-    assert step.count("accelc::rms_norm+linear") == 2 and step.count("accelc::rms_norm+gated_linear[silu]") == 2, step
+    assert step.count("accelc::rms_norm+qkv_rotary") == 2 and step.count("accelc::rms_norm+gated_linear[silu]") == 2, step
     with torch.no_grad():
         got = opt.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
         want = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)

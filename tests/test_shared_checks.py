@@ -63,14 +63,17 @@ def test_a_layer_the_forward_failed_stays_failed_in_the_step_without_running_aga
         return out
     monkeypatch.setattr(gemm, "linear_launch", wrong_for_qkv)
     ids = torch.randint(0, 128, (1, 12), device=DEVICE)
-    opt = _optimize(_lm(), (ids,))
+    # (the step's projection as the forward's layer: its rotations and cache write not taken in, which makes it
+    # a layer of its own that the step checks itself, accelc::qkv_rotary; test_qkv_rotary.py reverts that one)
+    apart = tuple(p for p in accelc.config.PASS_NAMES if p != "qkv_rotary")
+    opt = _optimize(_lm(), (ids,), passes=apart)
     reverted = [r.name for r in opt.step.layers if r.status == "reverted"]
     assert reverted and all("q_proj" in name for name in reverted), opt.step.summary()
     assert [r.name for r in opt.layers if r.status == "reverted"] == [n.removeprefix("lm.") for n in reverted]
     prompt = rows.count(ids.numel())
     rows.clear()
     monkeypatch.setattr(shared_checks, "key", lambda *args, **kwargs: None)
-    _optimize(_lm(), (ids,))
+    _optimize(_lm(), (ids,), passes=apart)
     assert 0 < prompt < rows.count(ids.numel())    # checking alone, the step runs it at the prompt's rows again
 
 
