@@ -99,6 +99,11 @@ def bound_args(n: fx.Node, names) -> dict:
     return bound
 
 
+def arg(n: fx.Node, i: int, name: str, default=None):
+    """n's argument at position i, or its keyword `name`, or `default`."""
+    return n.args[i] if len(n.args) > i else n.kwargs.get(name, default)
+
+
 def sole_user(n: fx.Node):
     """The one node that reads n, or None (no reader, or several)."""
     return next(iter(n.users)) if len(n.users) == 1 else None

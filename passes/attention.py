@@ -228,10 +228,6 @@ def _new_axis_2(index) -> bool:
     return index[0] == full and index[1] == full and all(i == full or i is Ellipsis for i in index[3:])
 
 
-def _arg(n: fx.Node, i: int, name: str):
-    return n.args[i] if len(n.args) > i else n.kwargs.get(name)
-
-
 def _ungrouped(m) -> tuple:
     """(k, v, nodes) the kernel is given: where the match's K and V are both the K / V of fewer
     heads repeated to the query's (grouped-query attention as HF's eager and SDPA paths write it,
@@ -252,14 +248,14 @@ def _repeated_heads(x) -> tuple | None:
     x.repeat_interleave(n, dim=1)."""
     if _op(x) == "repeat_interleave" and len(x.users) == 1:
         src, nodes = x.args[0], [x]
-        repeats = _arg(x, 1, "repeats")
+        repeats = meta.arg(x, 1, "repeats")
         # a repeats tensor may repeat heads unevenly: only a constant count is a query grouping
-        if _arg(x, 2, "dim") not in (1, -3) or not isinstance(repeats, int) or isinstance(repeats, bool):
+        if meta.arg(x, 2, "dim") not in (1, -3) or not isinstance(repeats, int) or isinstance(repeats, bool):
             return None
     elif _op(x) == "reshape" and len(x.users) == 1 and _op(x.args[0]) == "expand" and _op(x.args[0].args[0]) == "unsqueeze":
         expand, unsqueeze = x.args[0], x.args[0].args[0]
         src, nodes = unsqueeze.args[0], [unsqueeze, expand, x]
-        if unsqueeze.target is not operator.getitem and _arg(unsqueeze, 1, "dim") not in (2, -3):
+        if unsqueeze.target is not operator.getitem and meta.arg(unsqueeze, 1, "dim") not in (2, -3):
             return None
         if len(expand.users) != 1 or len(unsqueeze.users) != 1:
             return None
@@ -273,7 +269,7 @@ def _repeated_heads(x) -> tuple | None:
         return None
     if len(nodes) == 3 and tuple(tensor_meta(nodes[1]).shape) != (b, hkv, h // hkv, s, d):
         return None
-    if len(nodes) == 1 and _arg(x, 1, "repeats") != h // hkv:
+    if len(nodes) == 1 and meta.arg(x, 1, "repeats") != h // hkv:
         return None
     return src, h // hkv, nodes
 

@@ -49,17 +49,13 @@ def _sole(n: fx.Node, name: str | tuple) -> fx.Node | None:
     return u if u is not None and u.op == "call_function" and meta.op_name(u) in names else None
 
 
-def _arg(n: fx.Node, i: int, name: str, default=None):
-    return n.args[i] if len(n.args) > i else n.kwargs.get(name, default)
-
-
 def _split(n: fx.Node, width: int):
     """(start, length) of the columns a narrow or slice of the projection's last dim takes, or None."""
     name = meta.op_name(n)
     if name == "narrow":
-        dim, start, length = _arg(n, 1, "dim"), _arg(n, 2, "start"), _arg(n, 3, "length")
-    elif name == "slice" and _arg(n, 4, "step", 1) == 1:
-        dim, start, end = _arg(n, 1, "dim", 0), _arg(n, 2, "start", 0), _arg(n, 3, "end")
+        dim, start, length = meta.arg(n, 1, "dim"), meta.arg(n, 2, "start"), meta.arg(n, 3, "length")
+    elif name == "slice" and meta.arg(n, 4, "step", 1) == 1:
+        dim, start, end = meta.arg(n, 1, "dim", 0), meta.arg(n, 2, "start", 0), meta.arg(n, 3, "end")
         start = 0 if start is None else start
         length = min(width if end is None else end, width) - start if isinstance(end, (int, type(None))) else None
     else:
@@ -72,7 +68,7 @@ def _heads(split: fx.Node):
     """split -> view / reshape (B, S, H, D) -> transpose(1, 2): the transpose, or None."""
     view = _sole(split, ("view", "reshape", "_unsafe_view"))
     t = _sole(view, "transpose") if view is not None else None
-    if t is None or sorted(d % 4 for d in (_arg(t, 1, "dim0"), _arg(t, 2, "dim1"))) != [1, 2]:
+    if t is None or sorted(d % 4 for d in (meta.arg(t, 1, "dim0"), meta.arg(t, 2, "dim1"))) != [1, 2]:
         return None
     shape = meta.tensor_meta(view).shape if meta.tensor_meta(view) is not None else ()
     return t if len(shape) == 4 else None
@@ -98,7 +94,7 @@ def _rope(t: fx.Node):
         return r, r, r.args[1], r.args[2], aliases
     cat = meta.sole_user(rest[0])
     if not (len(rest) == 1 and meta.op_name(rest[0]) == "slice" and _empty(rest[0]) and cat is not None
-            and meta.op_name(cat) == "cat" and list(cat.args[0]) == [r, rest[0]] and _arg(cat, 1, "dim", 0) in (-1, 3)
+            and meta.op_name(cat) == "cat" and list(cat.args[0]) == [r, rest[0]] and meta.arg(cat, 1, "dim", 0) in (-1, 3)
             and list(r.users) == [cat]):
         return None
     return cat, r, r.args[1], r.args[2], aliases + rest
@@ -116,7 +112,7 @@ def _group(write: fx.Node):
     a dict of its parts, or None where the graph is not that."""
     cache, dim, positions, src = (list(write.args) + [None] * 4)[:4]
     if not (isinstance(cache, fx.Node) and cache.op == "get_attr" and dim == 3 and isinstance(src, fx.Node)
-            and meta.op_name(src) == "stack" and _arg(src, 1, "dim", 0) == 0 and len(src.args[0]) == 2
+            and meta.op_name(src) == "stack" and meta.arg(src, 1, "dim", 0) == 0 and len(src.args[0]) == 2
             and len(src.users) == 1 and isinstance(positions, fx.Node)):
         return None
     k_out, v_t = src.args[0]
