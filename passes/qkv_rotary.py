@@ -234,7 +234,8 @@ def _transform(gm: fx.GraphModule, ctx) -> int:
             continue
         reason = _why_not(gm, g)
         if reason:
-            meta.explain(g["lin"], f"rotation and cache write not taken in: {reason}")
+            rw = meta.rewrite_of(g["lin"])        # (beside the note it has: the norm's, say)
+            rw.note = "; ".join(filter(None, (rw.note, f"rotation and cache write not taken in: {reason}")))
             continue
         _take(gm, g)
         count += 1

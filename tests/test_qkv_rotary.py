@@ -136,3 +136,35 @@ def test_a_wrong_cache_write_is_reverted_by_the_guard(monkeypatch):
     assert "+rotary+cache: reverted" in opt.summary()
     assert torch.equal(opt.generate(ids, max_new_tokens=8, do_sample=False),
                        lm.generate(ids, max_new_tokens=8, do_sample=False))
+
+
+def test_what_the_pass_leaves_says_why():
+    """On a step graph made without the pass: the pass takes each layer's group; where q is read before the cache
+    write, or the projection has an epilogue of its own, it leaves the group and the projection's note says why."""
+    import copy
+    from accelc import meta
+    from accelc.config import PASS_NAMES
+    from accelc.passes import qkv_rotary as pass_
+    lm, ids, optimize = _optimized(T.LlamaConfig)
+    opt = optimize(passes=tuple(p for p in PASS_NAMES if p != "qkv_rotary"))
+    gm = opt.step.graph_module
+
+    def linears(g):
+        return [n for n in g.graph.nodes if n.target is torch.ops.accelc.linear.default and n.kwargs.get("norm_eps")
+                and len(n.users) == 3]
+    taken = copy.deepcopy(gm)
+    assert pass_.PASS.transform(taken, None) == 2 and not linears(taken)
+    early = copy.deepcopy(gm)
+    first = linears(early)[0]
+    write = next(n for n in early.graph.nodes if str(n.target) == "aten.index_copy_.default")
+    q = next(u for u in early.graph.nodes if u.target is torch.ops.accelc.rotary_embedding.default)
+    with early.graph.inserting_before(write):
+        early.graph.call_function(torch.neg, (q,))        # q read before the write
+    assert pass_.PASS.transform(early, None) == 1
+    assert meta.rewrite_of(first).note.endswith("rotation and cache write not taken in: q is read before the cache "
+                                                "write")
+    residual = copy.deepcopy(gm)
+    first = linears(residual)[0]
+    first.args = (*first.args[:3], first.args[0])          # a residual of its own
+    assert pass_.PASS.transform(residual, None) == 1
+    assert "has a residual or activation of its own" in meta.rewrite_of(first).note
