@@ -26,7 +26,7 @@ _BLOCK = re.compile(r"^(.*?\.\d+)(\.|$)")     # a module path's repeated block (
 
 @dataclass(frozen=True)
 class Launches:
-    accelc: int             # accelc kernel calls a step
+    accelc: int             # accelc kernels a step launches (a call one, or two: _kernels)
     glue: int               # groups of glue (one kernel or more each)
     blocks: int             # repeated blocks (decoder layers) the step runs
     accelc_in_blocks: int
@@ -35,7 +35,7 @@ class Launches:
     table_bytes: int = 0    # the tables it gathers rows of (an embedding's): a token reads a row of each
 
     def line(self) -> str:
-        text = (f"launches a token: at least {self.accelc + self.glue} ({self.accelc} accelc kernel calls, "
+        text = (f"launches a token: at least {self.accelc + self.glue} ({self.accelc} accelc kernels, "
                 f"{self.glue} groups of glue between them, one kernel or more each)")
         if self.blocks:
             a, g = self.accelc_in_blocks / self.blocks, self.glue_in_blocks / self.blocks
@@ -109,8 +109,14 @@ def count(gm: fx.GraphModule) -> Launches:
     blocks = {_block(n) for n in accelc} - {None}
     in_block = [g for g in groups.values() if any(_block(n) for n in g)]
     weights, tables = _bytes_read(gm, nodes, sym)
-    return Launches(len(accelc), len(groups), len(blocks), sum(1 for n in accelc if _block(n)), len(in_block),
-                    weights, tables)
+    return Launches(sum(map(_kernels, accelc)), len(groups), len(blocks), sum(_kernels(n) for n in accelc if _block(n)),
+                    len(in_block), weights, tables)
+
+
+def _kernels(n: fx.Node) -> int:
+    """The kernels an accelc call launches at a decode step's rows: one, but two for accelc::qkv_rotary with its
+    heads normalized (the GEMV, then the norms, rotations and stores: kernels/qkv_rotary.py)."""
+    return 2 if n.target is torch.ops.accelc.qkv_rotary.default and n.kwargs.get("q_norm") is not None else 1
 
 
 def _bytes_read(gm: fx.GraphModule, nodes: list, sym: set) -> tuple[int, int]:

@@ -16,7 +16,8 @@ before the one store of each value, where it belongs: q's output, or the cache a
 written. v's heads are stored as they are. The rows written come back so the guard checks every value the layer
 writes (the cache itself is the model's state); a position outside the cache writes nothing there (eager's
 index_copy_ raises). Rows past GEMV_MAX_M (a prompt) run accelc::linear, then the rotation and stores as a second
-kernel. Everything in fp32, rounded once (eager rounds the projection, then each product of the rotation).
+kernel; so do all rows where q's and k's heads are RMS-normalized before their rotation (Qwen3's q_norm / k_norm:
+q_norm, k_norm (D,), head_eps), a head a program of the second kernel, which takes each head's squares whole. Everything in fp32, rounded once (eager rounds the projection, then each product of the rotation).
 """
 from __future__ import annotations
 
@@ -150,10 +151,13 @@ def qkv_rotary_gemv_kernel(
 
 @triton.jit(do_not_specialize=["M", "S", "SMAX"])
 def rotary_store_kernel(
-    y_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kv_ptr, cache_ptr, M, S, HQ, HKV, SMAX, stride_ym,
-    scb, scs, scd, ssb, sss, ssd, sc0, sc1, sc2, sc3, sc4, HALF: tl.constexpr, BLOCK_P: tl.constexpr,
+    y_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kv_ptr, cache_ptr, qn_ptr, kn_ptr, head_eps, M, S, HQ, HKV, SMAX,
+    stride_ym, scb, scs, scd, ssb, sss, ssd, sc0, sc1, sc2, sc3, sc4, HALF: tl.constexpr, BLOCK_P: tl.constexpr,
+    HEAD_NORM: tl.constexpr = False,
 ):
-    """A prompt's rows: the projection `y` (M, N) made by accelc::linear, rotated and stored as the GEMV stores."""
+    """The projection `y` (M, N) made by accelc::linear (a prompt's rows; with HEAD_NORM, every row), rotated and
+    stored as the GEMV stores. HEAD_NORM: q's and k's heads first RMS-normalized over their D columns (Qwen3's
+    q_norm / k_norm, weights qn and kn (D,), eps head_eps), one head a program (BLOCK_P = HALF)."""
     row = tl.program_id(1)
     offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     P = (HQ + 2 * HKV) * HALF
@@ -161,6 +165,16 @@ def rotary_store_kernel(
     ra = (pc // HALF) * (2 * HALF) + pc % HALF
     ya = tl.load(y_ptr + row * stride_ym + ra).to(tl.float32)
     yb = tl.load(y_ptr + row * stride_ym + ra + HALF).to(tl.float32)
+    if HEAD_NORM:       # (the program's pairs: one head's, columns j and j + HALF)
+        head = tl.program_id(0)
+        j = tl.arange(0, BLOCK_P)
+        r = tl.rsqrt((tl.sum(ya * ya, axis=0) + tl.sum(yb * yb, axis=0)) / (2 * HALF) + head_eps)
+        is_q = head < HQ
+        wa = tl.where(is_q, tl.load(qn_ptr + j), tl.load(kn_ptr + j)).to(tl.float32)
+        wb = tl.where(is_q, tl.load(qn_ptr + j + HALF), tl.load(kn_ptr + j + HALF)).to(tl.float32)
+        normed = head < HQ + HKV
+        ya = tl.where(normed, ya * r * wa, ya)
+        yb = tl.where(normed, yb * r * wb, yb)
     _rotate_and_store(ya, yb, offs_p, row // S, row % S, M // S, S, HQ, HKV, SMAX, cos_ptr, sin_ptr,
                       scb, scs, scd, ssb, sss, ssd, pos_ptr, q_ptr, kv_ptr, cache_ptr, sc0, sc1, sc2, sc3, sc4, HALF)
 
@@ -190,7 +204,7 @@ def _heads(weight, cache, q_heads: int, kv_heads: int):
 
 
 def why_unsupported(x, weight, bias, cos, sin, cache, positions, q_heads: int, kv_heads: int,
-                    norm_weight=None, norm_eps=None) -> str | None:
+                    norm_weight=None, norm_eps=None, q_norm=None, k_norm=None, head_eps=None) -> str | None:
     """Why accelc::qkv_rotary cannot take these operands, or None (meta tensors are fine)."""
     if x.dim() != 3:
         return f"x has {x.dim()} dims (batch, length, features are supported)"
@@ -223,6 +237,15 @@ def why_unsupported(x, weight, bias, cos, sin, cache, positions, q_heads: int, k
         return f"positions are on {positions.device} but x is on {x.device}"
     if (norm_weight is None) != (norm_eps is None) or norm_weight is not None and tuple(norm_weight.shape) != (K,):
         return "the norm takes a (K,) weight and an eps together"
+    heads = (q_norm, k_norm, head_eps)
+    if any(h is not None for h in heads):
+        if any(h is None for h in heads) or tuple(q_norm.shape) != (D,) or tuple(k_norm.shape) != (D,):
+            return "the heads' norms take q's and k's (D,) weights and an eps together"
+        if D // 2 & (D // 2 - 1):
+            return f"the heads' norms take a head dim of twice a power of two, not {D}"
+        for name, t in (("q's norm weight", q_norm), ("k's norm weight", k_norm)):
+            if t.dtype != x.dtype or t.device != x.device:
+                return f"{name} is {t.dtype} on {t.device}, x {x.dtype} on {x.device}"
     return None
 
 
@@ -235,11 +258,11 @@ def _broadcast_strides(t: torch.Tensor) -> tuple:
 
 
 def qkv_rotary_launch(x, weight, bias, cos, sin, cache, positions, q_heads: int, kv_heads: int,
-                      norm_weight=None, norm_eps=None):
+                      norm_weight=None, norm_eps=None, q_norm=None, k_norm=None, head_eps=None):
     sig = tuple(None if t is None else (t.shape, t.dtype, t.device)
-                for t in (x, weight, bias, cos, sin, cache, positions, norm_weight)) + (q_heads, kv_heads)
+                for t in (x, weight, bias, cos, sin, cache, positions, norm_weight, q_norm, k_norm)) + (q_heads, kv_heads)
     check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, cos, sin, cache, positions, q_heads, kv_heads,
-                                                      norm_weight, norm_eps), "qkv_rotary")
+                                                      norm_weight, norm_eps, q_norm, k_norm, head_eps), "qkv_rotary")
     B, S, K = x.shape
     D, N = _heads(weight, cache, q_heads, kv_heads)
     q = torch.empty((B, q_heads, S, D), dtype=x.dtype, device=x.device)
@@ -249,12 +272,14 @@ def qkv_rotary_launch(x, weight, bias, cos, sin, cache, positions, q_heads: int,
         return q, kv
     common = (*_broadcast_strides(cos), *_broadcast_strides(sin), *cache.stride())
     with runtime.device_guard(x):
-        if M > gemm.GEMV_MAX_M or K == 0:      # a prompt: the GEMM, then the rotation and stores
+        heads = q_norm is not None
+        if M > gemm.GEMV_MAX_M or K == 0 or heads:   # a prompt, or heads normalized: the GEMM or GEMV, then the rest
             y = gemm.linear_launch(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps).reshape(M, N)
-            block = min(128, triton.next_power_of_2(P))
+            block = D // 2 if heads else min(128, triton.next_power_of_2(P))
             launch_kernel(rotary_store_kernel, (triton.cdiv(P, block), M),
-                          (y, cos, sin, positions, q, kv, cache, M, S, q_heads, kv_heads, cache.shape[3], y.stride(0),
-                           *common), dict(HALF=D // 2, BLOCK_P=block))
+                          (y, cos, sin, positions, q, kv, cache, q_norm if heads else y, k_norm if heads else y,
+                           float(head_eps or 0.0), M, S, q_heads, kv_heads, cache.shape[3], y.stride(0), *common),
+                          dict(HALF=D // 2, BLOCK_P=block, HEAD_NORM=heads))
             return q, kv
         x2 = x.reshape(M, K)
         pdl = pdl_enabled(x.device)
@@ -278,14 +303,17 @@ def qkv_rotary_launch(x, weight, bias, cos, sin, cache, positions, q_heads: int,
 
 
 def qkv_rotary_ref(x, weight, bias, cos, sin, cache, positions, q_heads: int, kv_heads: int,
-                   norm_weight=None, norm_eps=None):
+                   norm_weight=None, norm_eps=None, q_norm=None, k_norm=None, head_eps=None):
     """The layer as the model and accelc's static cache write it (see the module docstring), in the operands'
-    dtypes: the projection (accelc::linear's reference), the heads split, rotated and written."""
+    dtypes: the projection (accelc::linear's reference), the heads split (and normalized), rotated and written."""
     B, S, _ = x.shape
     D = cache.shape[-1]
     y = gemm.linear_ref(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps)
-    q, k, v = (t.reshape(B, S, -1, D).transpose(1, 2)
-               for t in y.split((q_heads * D, kv_heads * D, kv_heads * D), dim=-1))
+    q, k, v = (t.reshape(B, S, -1, D) for t in y.split((q_heads * D, kv_heads * D, kv_heads * D), dim=-1))
+    if q_norm is not None:      # (in fp32, as the models' norms compute; fp64 for fp64)
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        q, k = (gemm.rms_normed_ref(t, w, head_eps, acc).to(t.dtype) for t, w in ((q, q_norm), (k, k_norm)))
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     kv = torch.stack((rotary_embedding_ref(k, cos, sin), v))
     cache.index_copy_(3, positions, kv)
     return rotary_embedding_ref(q, cos, sin).contiguous(), kv.contiguous()
@@ -294,14 +322,18 @@ def qkv_rotary_ref(x, weight, bias, cos, sin, cache, positions, q_heads: int, kv
 @torch.library.custom_op("accelc::qkv_rotary", mutates_args=("cache",))
 def qkv_rotary(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor,
                sin: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, q_heads: int, kv_heads: int,
-               norm_weight: torch.Tensor | None = None, norm_eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               norm_weight: torch.Tensor | None = None, norm_eps: float | None = None,
+               q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+               head_eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The q / k / v projection, q's and k's rotation and the cache write in one kernel: see the module docstring."""
     return runtime.launch_or_fallback("qkv_rotary", x.device, qkv_rotary_launch, qkv_rotary_ref, x, weight, bias,
-                                      cos, sin, cache, positions, q_heads, kv_heads, norm_weight, norm_eps)
+                                      cos, sin, cache, positions, q_heads, kv_heads, norm_weight, norm_eps, q_norm,
+                                      k_norm, head_eps)
 
 
 @qkv_rotary.register_fake
-def _(x, weight, bias, cos, sin, cache, positions, q_heads, kv_heads, norm_weight=None, norm_eps=None):
+def _(x, weight, bias, cos, sin, cache, positions, q_heads, kv_heads, norm_weight=None, norm_eps=None, q_norm=None,
+      k_norm=None, head_eps=None):
     B, S, _ = x.shape
     D = cache.shape[-1]
     return x.new_empty((B, q_heads, S, D)), x.new_empty((2, B, kv_heads, S, D))

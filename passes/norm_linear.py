@@ -57,7 +57,7 @@ FLOAT_LAYERS = (LINEAR, GATED)
 QUANTIZED_ROWS = (torch.ops.accelc.linear_fp8.default, torch.ops.accelc.gated_linear_fp8.default)
 
 
-def _norm_of(x: fx.Node):
+def norm_of(x: fx.Node):
     """(the norm's input, its weight node or None, eps, the nodes that compute it or None, its rewritten layer or
     None) where `x` is an RMSNorm's output (see the module docstring), else None."""
     if x.op != "call_function":
@@ -241,7 +241,7 @@ def _transform(gm: fx.GraphModule, ctx) -> int:
     for n in [n for n in layers(gm) if n.target in TAKES_NORM]:
         if n.kwargs.get("norm_eps") is not None or not isinstance(n.args[0], fx.Node):
             continue
-        found = _norm_of(n.args[0])
+        found = norm_of(n.args[0])
         if found is None:
             continue
         reason = _why_not(gm, n, found)

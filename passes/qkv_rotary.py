@@ -33,6 +33,7 @@ from accelc.graph_order import in_graph_order
 from accelc.kernels.qkv_rotary import why_unsupported
 from accelc.kernels.rotary import rotary_embedding_ref
 from accelc.meta import attr_value
+from accelc.passes.norm_linear import norm_of
 from accelc.records import Rewrite
 from accelc.rewrite import Pass, inline, register_layer, replace_uses, unique_name
 
@@ -64,14 +65,33 @@ def _split(n: fx.Node, width: int):
     return (start, length) if ok else None
 
 
+def _below(n: fx.Node, limit: int) -> list:
+    """The nodes that read n, and those that read them, breadth first, at most `limit`."""
+    seen, todo = [], list(n.users)
+    while todo and len(seen) < limit:
+        u = todo.pop(0)
+        if u not in seen:
+            seen.append(u)
+            todo += list(u.users)
+    return seen
+
+
 def _heads(split: fx.Node):
-    """split -> view / reshape (B, S, H, D) -> transpose(1, 2): the transpose, or None."""
+    """split -> view / reshape (B, S, H, D) [-> an RMSNorm of each head] -> transpose(1, 2): (the transpose, the
+    norm as norm_linear.norm_of finds it, or None), or None."""
     view = _sole(split, ("view", "reshape", "_unsafe_view"))
-    t = _sole(view, "transpose") if view is not None else None
-    if t is None or sorted(d % 4 for d in (meta.arg(t, 1, "dim0"), meta.arg(t, 2, "dim1"))) != [1, 2]:
+    if view is None:
+        return None
+    t, norm = _sole(view, "transpose"), None
+    if t is None:       # (Qwen3's q_norm / k_norm: the norm's nodes between the view and the transpose)
+        t = next((u for u in _below(view, 12) if meta.op_name(u) == "transpose"), None)
+        norm = norm_of(t.args[0]) if t is not None and isinstance(t.args[0], fx.Node) else None
+        if norm is None or norm[0] is not view or len(t.args[0].users) != 1:
+            return None
+    if sorted(d % 4 for d in (meta.arg(t, 1, "dim0"), meta.arg(t, 2, "dim1"))) != [1, 2]:
         return None
     shape = meta.tensor_meta(view).shape if meta.tensor_meta(view) is not None else ()
-    return t if len(shape) == 4 else None
+    return (t, norm) if len(shape) == 4 else None
 
 
 def _empty(n: fx.Node) -> bool:
@@ -123,22 +143,25 @@ def _group(write: fx.Node):
         return None
     parts = {}
     for split in lin.users:
-        at, t = _split(split, width), _heads(split)
-        if at is None or t is None:
+        at, heads = _split(split, width), _heads(split)
+        if at is None or heads is None:
             return None
-        parts[at[0]] = (split, t, at[1])
+        parts[at[0]] = (split, heads[0], at[1], heads[1])
     (q_at, q), (k_at, k), (v_at, v) = sorted(parts.items())
     lengths = [q[2], k[2], v[2]]
-    if q_at != 0 or k_at != lengths[0] or v_at != lengths[0] + lengths[1] or sum(lengths) != width or v[1] is not v_t:
+    if q_at != 0 or k_at != lengths[0] or v_at != lengths[0] + lengths[1] or sum(lengths) != width or v[1] is not v_t \
+            or v[3] is not None or (q[3] is None) != (k[3] is None):
         return None
     found_q, found_k = _rope(q[1]), _rope(k[1])
     if found_q is None or found_k is None or found_k[0] is not k_out or len(k_out.users) != 1 \
             or found_q[2:4] != found_k[2:4]:
         return None
     heads = [m for p in (q, k, v) for m in (p[0], meta.sole_user(p[0]), p[1])]
-    return dict(lin=lin, heads=heads, q_out=found_q[0], inner=[*found_q[4], found_q[1], *found_k[4], found_k[1]],
-                k_out=k_out, stack=src, write=write, cache=cache, positions=positions, cos=found_k[2], sin=found_k[3],
-                lengths=lengths)
+    norms = [p[3] for p in (q, k)] if q[3] is not None else None        # (h, weight, eps, its nodes, its layer)
+    inner = [n for nm in norms or () for n in ([nm[4]] if nm[4] is not None else nm[3])]
+    return dict(lin=lin, heads=heads, q_out=found_q[0], k_out=k_out, stack=src, write=write, cache=cache,
+                inner=[*inner, *found_q[4], found_q[1], *found_k[4], found_k[1]], positions=positions,
+                cos=found_k[2], sin=found_k[3], lengths=lengths, norms=norms)
 
 
 def _why_not(gm, g: dict) -> str | None:
@@ -157,12 +180,21 @@ def _why_not(gm, g: dict) -> str | None:
         view = meta.tensor_meta(meta.sole_user(split))
         if x is None or len(x.shape) != 3 or view is None or view.shape != (*x.shape[:2], length // D, D):
             return "the heads are not split as (batch, length, heads, the cache's head dim)"
+    norms = g["norms"]
+    if norms is not None:
+        weights = [nm[1] for nm in norms]
+        if norms[0][2] != norms[1][2] or not isinstance(norms[0][2], (int, float)):
+            return "q's and k's head norms have different or no constant eps"
+        if any(w is None or w.op != "get_attr" or attr_value(gm, w).dtype != x.dtype for w in weights):
+            return "a head norm's weight is not a parameter of the model's dtype"
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     if any(order[u] < order[g["write"]] for u in g["q_out"].users):
         return "q is read before the cache write"
     ts = [meta.meta_tensor(kw.get("x")), meta.meta_tensor(kw.get("weight")), meta.meta_tensor(kw.get("bias")),
           meta.meta_tensor(g["cos"]), meta.meta_tensor(g["sin"]), cache.to("meta"), meta.meta_tensor(g["positions"]),
-          q_len // D, k_len // D, meta.meta_tensor(kw.get("norm_weight")), kw.get("norm_eps")]
+          q_len // D, k_len // D, meta.meta_tensor(kw.get("norm_weight")), kw.get("norm_eps"),
+          *((attr_value(gm, nm[1]).to("meta") for nm in norms) if norms else (None, None)),
+          float(norms[0][2]) if norms else None]
     if any(t is None for t in ts[:2] + ts[3:5] + ts[6:7]) or (kw.get("bias") is not None and ts[2] is None) \
             or (kw.get("norm_weight") is not None and ts[9] is None):
         return "input shapes unknown"
@@ -210,7 +242,9 @@ def _take(gm, g: dict) -> fx.Node:
     with graph.inserting_before(write):
         new = graph.call_function(QKV_ROTARY, (kw["x"], kw["weight"], kw.get("bias"), g["cos"], g["sin"], g["cache"],
                                                g["positions"], g["lengths"][0] // D, g["lengths"][1] // D),
-                                  {k: kw[k] for k in ("norm_weight", "norm_eps") if kw.get(k) is not None})
+                                  {**{k: kw[k] for k in ("norm_weight", "norm_eps") if kw.get(k) is not None},
+                                   **(dict(q_norm=g["norms"][0][1], k_norm=g["norms"][1][1],
+                                           head_eps=float(g["norms"][0][2])) if g["norms"] else {})})
         q = graph.call_function(operator.getitem, (new, 0))
     new.meta[meta.PATH] = meta.path(lin)
     q.meta.update({k: v for k, v in g["q_out"].meta.items() if k != meta.REWRITE})

@@ -47,6 +47,25 @@ def test_the_layer_and_its_cache_write_match_fp64(B, S, K, hq, hkv, D, dtype, bi
     assert torch.equal(cache[:, :, :, others.to(DEVICE)], before[:, :, :, others.to(DEVICE)])   # and nowhere else
 
 
+@pytest.mark.parametrize("S, dtype", [(1, torch.float32), (1, torch.float16), (10, torch.bfloat16)])
+def test_heads_normalized_before_their_rotation_match_fp64(S, dtype):
+    """Qwen3's q_norm / k_norm: q's and k's heads RMS-normalized over D (their own weights), v's not."""
+    ops = list(_operands(2, S, 64, 4, 2, 16, dtype, False, True, 3))
+    ops += [(1 + 0.2 * torch.randn(16, device=DEVICE)).to(dtype), (1 + 0.2 * torch.randn(16, device=DEVICE)).to(dtype),
+            1e-6]
+    up = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ops]
+    q, kv = qkv_rotary(*ops)
+    rq, rkv = qkv_rotary_ref(*up)
+    floor = 4 * REL_FLOOR[dtype]
+    assert rel_l2(q, rq) < floor and rel_l2(kv, rkv) < floor
+    assert torch.equal(ops[5].index_select(3, ops[6]), kv)
+    plain = qkv_rotary_ref(*up[:-3])
+    assert rel_l2(plain[0], rq) > 0.1       # (the norms change the result: the test sees them)
+    bad = list(ops)
+    bad[-2] = bad[-2][:8]
+    assert "q's and k's (D,) weights" in why_unsupported(*bad)
+
+
 def test_eager_rounding_is_no_closer_than_the_kernel():
     """The layer as the model runs it in fp16 (rounded at each step) is farther from fp64 than the kernel."""
     ops = _operands(1, 1, 128, 8, 2, 32, torch.float16, True, True, 3)
@@ -93,11 +112,13 @@ def _optimized(cfg_cls, seed=0, **kw):
 
 
 @pytest.mark.parametrize("family, kw", [("LlamaConfig", {}), ("Qwen2Config", {}),
-                                        ("Phi3Config", {"pad_token_id": 0}), ("GemmaConfig", {"head_dim": 16})])
+                                        ("Phi3Config", {"pad_token_id": 0}), ("GemmaConfig", {"head_dim": 16}),
+                                        ("Qwen3Config", {"head_dim": 16})])
 def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(family, kw):
     """The step's layers: one qkv_rotary call a layer (Qwen2's with its q / k / v bias; Phi-3's projection one
     Linear of the model's own, its heads sliced, its rotation partial over all D columns; Gemma's norm weight 1 + w),
-    no rotary kernel or cache glue left; greedy tokens as HF's own generate and as the step without the pass."""
+    Qwen3's heads normalized before their rotation, q_norm / k_norm taken in: two kernels, counted so), no rotary
+    kernel or cache glue left; greedy tokens as HF's own generate and as the step without the pass."""
     from accelc.config import PASS_NAMES
     from accelc.step_launches import count
     lm, ids, optimize = _optimized(getattr(T, family), **kw)
@@ -110,7 +131,8 @@ def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(famil
     assert not [n for n in nodes if n.target is torch.ops.accelc.rotary_embedding.default
                 or str(n.target).startswith("aten.index_copy_")]
     got = count(opt.step.graph_module)
-    assert (got.accelc_in_blocks, got.glue_in_blocks) == (10, 0), got
+    assert (got.accelc_in_blocks, got.glue_in_blocks) == (12 if family == "Qwen3Config" else 10, 0), got
+    assert (family == "Qwen3Config") == (fused[0].kwargs.get("q_norm") is not None)
     ref = lm.generate(ids, max_new_tokens=10, do_sample=False)
     assert torch.equal(opt.generate(ids, max_new_tokens=10, do_sample=False), ref)
     without = optimize(passes=tuple(p for p in PASS_NAMES if p != "qkv_rotary"))
