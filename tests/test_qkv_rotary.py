@@ -140,6 +140,21 @@ def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(famil
     assert torch.equal(without.generate(ids, max_new_tokens=10, do_sample=False), ref)
 
 
+def test_under_inductor_glue_the_step_generates_the_same_tokens():
+    """The GPU's default glue: Inductor compiles the step around the call that writes the cache (its mutation of a
+    module buffer), and the tokens are HF's."""
+    import warnings
+    import accelc
+    lm, ids, _ = _optimized(T.LlamaConfig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = accelc.optimize(lm, {"input_ids": ids}, accelc.OptimizeConfig(glue="inductor"))
+    assert "Inductor-compiled glue" in opt.step.info.runtime
+    assert sum(n.target is torch.ops.accelc.qkv_rotary.default for n in opt.step.graph_module.graph.nodes) == 2
+    assert torch.equal(opt.generate(ids, max_new_tokens=10, do_sample=False),
+                       lm.generate(ids, max_new_tokens=10, do_sample=False))
+
+
 def test_a_wrong_cache_write_is_reverted_by_the_guard(monkeypatch):
     """The layer's check covers the rows it writes, not only q: a kernel that writes k 3% off is reverted (the
     original's rotations and cache write put back), and the tokens stay eager's."""
