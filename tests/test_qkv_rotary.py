@@ -130,6 +130,8 @@ def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(famil
     assert (family == "Qwen2Config") == (fused[0].args[2] is not None)           # the bias
     assert not [n for n in nodes if n.target is torch.ops.accelc.rotary_embedding.default
                 or str(n.target).startswith("aten.index_copy_")]
+    assert "  model.layers.*.input_layernorm+self_attn.q" in opt.summary() and "+rotary+cache (2 layers): " \
+        "rewritten accelc::rms_norm+qkv_rotary" in opt.summary()      # (one summary line for the layers alike)
     got = count(opt.step.graph_module)
     assert (got.accelc_in_blocks, got.glue_in_blocks) == (12 if family == "Qwen3Config" else 10, 0), got
     assert (family == "Qwen3Config") == (fused[0].kwargs.get("q_norm") is not None)
