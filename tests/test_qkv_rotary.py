@@ -118,7 +118,7 @@ def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(famil
     """The step's layers: one qkv_rotary call a layer (Qwen2's with its q / k / v bias; Phi-3's projection one
     Linear of the model's own, its heads sliced, its rotation partial over all D columns; Gemma's norm weight 1 + w),
     Qwen3's heads normalized before their rotation, q_norm / k_norm taken in: two kernels, counted so), no rotary
-    kernel or cache glue left; greedy tokens as HF's own generate and as the step without the pass."""
+    kernel or cache glue left; greedy tokens as HF's own generate (and, for Llama, as the step without the pass)."""
     from accelc.config import PASS_NAMES
     from accelc.step_launches import count
     lm, ids, optimize = _optimized(getattr(T, family), **kw)
@@ -137,6 +137,8 @@ def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(famil
     assert (family == "Qwen3Config") == (fused[0].kwargs.get("q_norm") is not None)
     ref = lm.generate(ids, max_new_tokens=10, do_sample=False)
     assert torch.equal(opt.generate(ids, max_new_tokens=10, do_sample=False), ref)
+    if family != "LlamaConfig":      # (the step without the pass once: CI's time)
+        return
     without = optimize(passes=tuple(p for p in PASS_NAMES if p != "qkv_rotary"))
     assert not any(n.target is torch.ops.accelc.qkv_rotary.default for n in without.step.graph_module.graph.nodes)
     assert torch.equal(without.generate(ids, max_new_tokens=10, do_sample=False), ref)
