@@ -198,7 +198,8 @@ TUNER = Tuner("qkv_rotary", qkv_rotary_gemv_kernel, CONFIGS, prune=_prune, defau
               interpreter=_interpreter)
 
 
-def _heads(weight, cache, q_heads: int, kv_heads: int):
+def _heads(cache, q_heads: int, kv_heads: int):
+    """(the head dim, the projection's width) of a layer writing `cache`."""
     D = cache.shape[-1]
     return D, (q_heads + 2 * kv_heads) * D
 
@@ -211,7 +212,7 @@ def why_unsupported(x, weight, bias, cos, sin, cache, positions, q_heads: int, k
     if cache.dim() != 5 or cache.shape[0] != 2:
         return f"the cache has shape {tuple(cache.shape)} (2, batch, kv heads, length, head dim is supported)"
     B, S, K = x.shape
-    D, N = _heads(weight, cache, q_heads, kv_heads)
+    D, N = _heads(cache, q_heads, kv_heads)
     if D % 2 or D > MAX_D:
         return f"the head dim is {D} (an even size up to {MAX_D} is supported)"
     if weight.dim() != 2 or tuple(weight.shape) != (N, K):
@@ -264,7 +265,7 @@ def qkv_rotary_launch(x, weight, bias, cos, sin, cache, positions, q_heads: int,
     check_once(_CHECKED, sig, lambda: why_unsupported(x, weight, bias, cos, sin, cache, positions, q_heads, kv_heads,
                                                       norm_weight, norm_eps, q_norm, k_norm, head_eps), "qkv_rotary")
     B, S, K = x.shape
-    D, N = _heads(weight, cache, q_heads, kv_heads)
+    D, N = _heads(cache, q_heads, kv_heads)
     q = torch.empty((B, q_heads, S, D), dtype=x.dtype, device=x.device)
     kv = torch.empty((2, B, kv_heads, S, D), dtype=x.dtype, device=x.device)
     M, P = B * S, N // 2

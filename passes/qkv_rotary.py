@@ -164,10 +164,14 @@ def _group(write: fx.Node):
                 cos=found_k[2], sin=found_k[3], lengths=lengths, norms=norms)
 
 
-def _why_not(gm, g: dict) -> str | None:
-    lin = g["lin"]
-    kw = {**dict(zip(("x", "weight", "bias", "residual", "activation", "residual_first", "allow_tf32"),
-                     lin.args)), **lin.kwargs}
+def _linear_args(lin: fx.Node) -> dict:
+    """accelc::linear's arguments by name."""
+    return {**dict(zip(("x", "weight", "bias", "residual", "activation", "residual_first", "allow_tf32"), lin.args)),
+            **lin.kwargs}
+
+
+def _why_not(gm, g: dict, order: dict) -> str | None:
+    kw = _linear_args(g["lin"])
     if any(kw.get(k, v) != v for k, v in _PLAIN.items()):
         return "the projection has a residual or activation of its own"
     cache = attr_value(gm, g["cache"])
@@ -187,7 +191,6 @@ def _why_not(gm, g: dict) -> str | None:
             return "q's and k's head norms have different or no constant eps"
         if any(w is None or w.op != "get_attr" or attr_value(gm, w).dtype != x.dtype for w in weights):
             return "a head norm's weight is not a parameter of the model's dtype"
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     if any(order[u] < order[g["write"]] for u in g["q_out"].users):
         return "q is read before the cache write"
     ts = [meta.meta_tensor(kw.get("x")), meta.meta_tensor(kw.get("weight")), meta.meta_tensor(kw.get("bias")),
@@ -235,7 +238,7 @@ def _original(gm, g: dict) -> tuple[fx.GraphModule, list]:
 def _take(gm, g: dict) -> fx.Node:
     lin, write = g["lin"], g["write"]
     rw = meta.rewrite_of(lin)
-    kw = {**dict(zip(("x", "weight", "bias"), lin.args)), **lin.kwargs}
+    kw = _linear_args(lin)
     D = attr_value(gm, g["cache"]).shape[-1]
     original, inputs = _original(gm, g)
     graph = gm.graph
@@ -262,11 +265,12 @@ def _take(gm, g: dict) -> fx.Node:
 
 def _transform(gm: fx.GraphModule, ctx) -> int:
     count = 0
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}   # (once: a take changes no other layer's nodes' order)
     for write in [n for n in gm.graph.nodes if n.op == "call_function" and meta.op_name(n) == "index_copy_"]:
         g = _group(write)
         if g is None:
             continue
-        reason = _why_not(gm, g)
+        reason = _why_not(gm, g, order)
         if reason:
             rw = meta.rewrite_of(g["lin"])        # (beside the note it has: the norm's, say)
             rw.note = "; ".join(filter(None, (rw.note, f"rotation and cache write not taken in: {reason}")))
