@@ -32,6 +32,8 @@ so that one stalled round of two does not become half the figure):
                     accelc_int8w_norms_apart and accelc_fp8w_norms_apart beside the one-byte weights' sides.
   accelc_qkv_apart  accelc with the qkv_rotary pass off: q / k / v's projection, rotations and cache write as
                     the kernels and glue they were before (what that pass gives: accelc / this side).
+  accelc_persistent accelc with its step's decoder as one accelc::decode_step call (accelc.persistent_step.take
+                    after optimize): a decode step one persistent kernel (#89 item 3); its tokens beside accelc's.
 First-token logits: each side's generate(max_new_tokens=1, return_dict_in_generate=True,
 output_logits=True), relative L2 error against the model computed in fp32 on the same prompt (fp64 for
 the fp32 smoke), beside HF eager fp16's own error (the JSON row's eager_fp16_first_logits_rel_err_vs_fp32):
@@ -58,7 +60,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _common  # noqa: E402
 
 SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w", "accelc_fp8w",   # int8 / fp8 weights
-         "accelc_norms_apart", "accelc_int8w_norms_apart", "accelc_fp8w_norms_apart", "torchao_fp8w", "accelc_qkv_apart"]
+         "accelc_norms_apart", "accelc_int8w_norms_apart", "accelc_fp8w_norms_apart", "torchao_fp8w", "accelc_qkv_apart",
+         "accelc_persistent"]
 APART = {"_norms_apart": "norm_linear", "_qkv_apart": "qkv_rotary"}     # an A/B side's suffix: the pass it turns off
 
 
@@ -192,6 +195,7 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
     """Appends a row per batch to rows and fills it side by side, calling save() after each (a run cut
     off by a time limit keeps the sides it finished)."""
     import accelc
+    from accelc import persistent_step
 
     lm = build(cfg, device, dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -207,7 +211,7 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
         rows.append(row)
         reference = fp32_first_logits(lm, ids, mask)
         row["eager_fp16_first_logits_rel_err_vs_fp32"] = first_logits_error(lm.generate, ids, mask, reference)
-        tokens_ref = None
+        tokens_ref = accelc_tokens = None
         for side in sides:
             try:
                 torch._dynamo.reset()
@@ -240,6 +244,12 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                                                    passes=passes,
                                                    kv_cache="paged" if side == "accelc_paged" else "static")
                     opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
+                    if side == "accelc_persistent":
+                        _common.other_shapes_wait_s(opt)
+                        why = persistent_step.take(opt.step.graph_module)
+                        if why:
+                            raise RuntimeError(f"the step is not a chain decode_step takes: {why}")
+                        opt.step.release_graphs()
                     gen = opt.generate
                 prepare_s = time.perf_counter() - t0
                 # (the step's glue for other shapes compiling after optimize: waited for before anything is timed)
@@ -257,6 +267,10 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                      "first_logits_rel_err_vs_fp32": logits_err}
                 if after_s is not None:
                     r["other_shapes_after_s"] = after_s
+                if side == "accelc":
+                    accelc_tokens = tokens
+                elif side == "accelc_persistent" and accelc_tokens is not None:
+                    r["same_tokens_as_accelc"] = round((tokens == accelc_tokens).float().mean().item(), 3)
                 if tokens_ref is None and side == "hf_eager":
                     tokens_ref = tokens
                 if tokens_ref is not None and side != "hf_eager":

@@ -146,7 +146,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, ml_ptr, table_ptr, len
         tl.debug_barrier()
         ticket = tl.atomic_add(count_ptr + bh, 1, sem="acq_rel", scope="gpu")
         if ticket == splits - 1:
-            _combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, splits, stride_ob, stride_oh, stride_om,
+            combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, splits, stride_ob, stride_oh, stride_om,
                           stride_od, HEAD_DIM, BLOCK_D, BLOCK_M, EMPTY_NAN, ROWS, CHUNK)
             tl.atomic_xchg(count_ptr + bh, 0, sem="relaxed", scope="gpu")
 
@@ -156,12 +156,12 @@ def _combine_kernel(acc_ptr, ml_ptr, out_ptr, Hkv, GROUP, L, SPLITS,
                     stride_ob, stride_oh, stride_om, stride_od,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr,
                     ROWS: tl.constexpr, CHUNK: tl.constexpr):
-    _combine_rows(acc_ptr, ml_ptr, out_ptr, tl.program_id(0), Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om,
+    combine_rows(acc_ptr, ml_ptr, out_ptr, tl.program_id(0), Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om,
                   stride_od, HEAD_DIM, BLOCK_D, BLOCK_M, EMPTY_NAN, ROWS, CHUNK)
 
 
 @triton.jit
-def _combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om, stride_od,
+def combine_rows(acc_ptr, ml_ptr, out_ptr, bh, Hkv, GROUP, L, SPLITS, stride_ob, stride_oh, stride_om, stride_od,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, EMPTY_NAN: tl.constexpr,
                   ROWS: tl.constexpr, CHUNK: tl.constexpr):
     """The SPLITS partial results of (batch, K/V head) bh rescaled to their common row max, summed,

@@ -7,7 +7,7 @@ maps each op to its pure-PyTorch reference, what an ONNX export records in its p
 import torch
 
 from accelc import runtime as _runtime  # noqa: F401  (chooses interpreter or GPU before any @triton.jit)
-from accelc.kernels import (conv, conv1d, depthwise_conv, flash_attention, fp8_gemm, fp8_weight, gated_linear, gemm,
+from accelc.kernels import (conv, conv1d, decode_step, depthwise_conv, flash_attention, fp8_gemm, fp8_weight, gated_linear, gemm,
                             int8_gemm, int8_weight, layernorm, paged_attention, qkv_rotary, quantize, rotary)
 
 LAUNCHERS = {
@@ -30,6 +30,7 @@ LAUNCHERS = {
     torch.ops.accelc.gated_linear_fp8.default: fp8_gemm.gated_linear_fp8_launch,
     torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_launch,
     torch.ops.accelc.qkv_rotary.default: qkv_rotary.qkv_rotary_launch,
+    torch.ops.accelc.decode_step.default: decode_step.decode_step_launch,
 }
 
 # each op's pure-PyTorch reference (same arguments): what an ONNX export of an optimized module
@@ -54,9 +55,10 @@ REFERENCES = {
     torch.ops.accelc.gated_linear_fp8.default: fp8_gemm.gated_linear_fp8_ref,
     torch.ops.accelc.paged_attention.default: paged_attention.paged_attention_ref,
     torch.ops.accelc.qkv_rotary.default: qkv_rotary.qkv_rotary_ref,
+    torch.ops.accelc.decode_step.default: decode_step.decode_step_ref,
 }
 assert set(REFERENCES) == set(LAUNCHERS)
 
-__all__ = ["LAUNCHERS", "REFERENCES", "conv", "conv1d", "depthwise_conv", "flash_attention", "fp8_gemm", "fp8_weight", "gated_linear", "gemm",
+__all__ = ["LAUNCHERS", "REFERENCES", "conv", "conv1d", "decode_step", "depthwise_conv", "flash_attention", "fp8_gemm", "fp8_weight", "gated_linear", "gemm",
            "int8_gemm", "int8_weight", "layernorm",
            "paged_attention", "qkv_rotary", "quantize", "rotary"]

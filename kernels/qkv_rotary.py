@@ -46,7 +46,7 @@ CONFIGS = [_config(2, 1024, 4), _config(4, 512, 4), _config(4, 1024, 8), _config
 
 
 @triton.jit
-def _rotate_and_store(ya, yb, offs_p, b, s, B, S, HQ, HKV, SMAX, cos_ptr, sin_ptr, scb, scs, scd, ssb, sss, ssd,
+def rotate_and_store(ya, yb, offs_p, b, s, B, S, HQ, HKV, SMAX, cos_ptr, sin_ptr, scb, scs, scd, ssb, sss, ssd,
                       pos_ptr, q_ptr, kv_ptr, cache_ptr, sc0, sc1, sc2, sc3, sc4, HALF: tl.constexpr):
     """The pairs offs_p (head h, column j and j + HALF) of row (b, s): ya, yb their projections (fp32, bias added);
     rotated where h is a q or k head, stored to q, or to the cache at the row's position and the rows written."""
@@ -145,7 +145,7 @@ def qkv_rotary_gemv_kernel(
     if HAS_BIAS:
         ya += tl.load(bias_ptr + ra).to(tl.float32)
         yb += tl.load(bias_ptr + ra + HALF).to(tl.float32)
-    _rotate_and_store(ya, yb, offs_p, row // S, row % S, M // S, S, HQ, HKV, SMAX, cos_ptr, sin_ptr,
+    rotate_and_store(ya, yb, offs_p, row // S, row % S, M // S, S, HQ, HKV, SMAX, cos_ptr, sin_ptr,
                       scb, scs, scd, ssb, sss, ssd, pos_ptr, q_ptr, kv_ptr, cache_ptr, sc0, sc1, sc2, sc3, sc4, HALF)
 
 
@@ -175,7 +175,7 @@ def rotary_store_kernel(
         normed = head < HQ + HKV
         ya = tl.where(normed, ya * r * wa, ya)
         yb = tl.where(normed, yb * r * wb, yb)
-    _rotate_and_store(ya, yb, offs_p, row // S, row % S, M // S, S, HQ, HKV, SMAX, cos_ptr, sin_ptr,
+    rotate_and_store(ya, yb, offs_p, row // S, row % S, M // S, S, HQ, HKV, SMAX, cos_ptr, sin_ptr,
                       scb, scs, scd, ssb, sss, ssd, pos_ptr, q_ptr, kv_ptr, cache_ptr, sc0, sc1, sc2, sc3, sc4, HALF)
 
 

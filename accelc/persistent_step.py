@@ -1,0 +1,181 @@
+"""A generation step's decoder as one accelc::decode_step call (kernels/decode_step.py: the persistent kernel for one
+token; #89 item 3), where the step program (accelc.static_cache, after the passes) runs a Llama-like layer as the
+few-launch chain:
+
+    q, _ = qkv_rotary(h, W_qkv, b, cos, sin, cache, positions, Hq, Hkv, norm_weight=, norm_eps=)
+    a = flash_attention(q, cache[0], cache[1], mask, False, scale) -> reshape / transpose / reshape
+    h2 = linear(a, W_o, None, h)                           (h through a cast to its own dtype, if any)
+    g = gated_linear(h2, W_gu, None, I, act, norm_weight=, norm_eps=)
+    h = linear(g, W_down, None, h2)
+    ... every layer, then logits = linear(slice(rms_norm(h, w, None, eps), 1, -1), W_head)
+
+`find(gm)` reads the chain off the graph (or says why it cannot); `take(gm)` puts the one call in its place. The
+call runs the same kernels for a prompt (more than one row) and the persistent kernel for one token.
+"""
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from accelc import meta
+from accelc.kernels.decode_schedule import Dims
+from accelc.meta import attr_value
+
+OPS = torch.ops.accelc
+QKV, FLASH, LINEAR, GATED, RMS = (OPS.qkv_rotary.default, OPS.flash_attention.default, OPS.linear.default,
+                                  OPS.gated_linear.default, OPS.rms_norm.default)
+VIEWS = ("reshape", "view", "transpose", "_unsafe_view")
+
+
+def _through_casts(n):
+    """n, or what it casts where it is a cast to its own dtype (the residual's `to(float32)` of an fp32 model)."""
+    while isinstance(n, fx.Node) and meta.op_name(n) == "to" and n.args and isinstance(n.args[0], fx.Node):
+        src, val, got = n.args[0], n.args[0].meta.get("val"), n.meta.get("val")
+        if val is None or got is None or val.dtype != got.dtype:
+            break
+        n = src
+    return n
+
+
+def _kw(n: fx.Node, names: tuple) -> list:
+    """n's arguments by the op's schema names, positional or keyword."""
+    schema = n.target._schema.arguments
+    out = []
+    for name in names:
+        i = next(j for j, a in enumerate(schema) if a.name == name)
+        out.append(n.args[i] if len(n.args) > i else n.kwargs.get(name, schema[i].default_value))
+    return out
+
+
+def _user(n: fx.Node, target):
+    return next((u for u in n.users if u.target is target), None)
+
+
+def _after_views(n: fx.Node):
+    """The first node past a run of view ops (from n, n's only reader), each read by its only reader."""
+    n = meta.sole_user(n)
+    while n is not None and n.op == "call_function" and meta.op_name(n) in VIEWS:
+        n = meta.sole_user(n)
+    return n
+
+
+def _same(a, b) -> bool:
+    """Two nodes computing the same thing from the same inputs (the layers' cos / sin unsqueezes)."""
+    if a is b:
+        return True
+    return (isinstance(a, fx.Node) and isinstance(b, fx.Node) and a.op == b.op == "call_function"
+            and a.target is b.target and a.args == b.args and a.kwargs == b.kwargs)
+
+
+def find(gm: fx.GraphModule):
+    """(the chain's parts, None) or (None, why the step is not such a chain)."""
+    qkvs = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is QKV]
+    if not qkvs:
+        return None, "no accelc::qkv_rotary layer in the step"
+    layers, nodes = [], []
+    h = _kw(qkvs[0], ("x",))[0]
+    common = None
+    for n in qkvs:
+        x, w, b, cos, sin, cache, pos, hq, hkv, nw, eps, qn = _kw(n, ("x", "weight", "bias", "cos", "sin", "cache",
+                                                                    "positions", "q_heads", "kv_heads", "norm_weight",
+                                                                    "norm_eps", "q_norm"))
+        if x is not h:
+            return None, f"{n.name} does not read the layer before it"
+        if nw is None or qn is not None:
+            return None, f"{n.name}: a projection without its RMSNorm, or with per-head norms"
+        if common is None:
+            common = (cos, sin, pos, hq, hkv, b is not None)
+        elif not (_same(cos, common[0]) and _same(sin, common[1]) and pos is common[2]
+                  and (hq, hkv, b is not None) == common[3:]):
+            return None, f"{n.name}: rotary inputs, positions or heads differ from the first layer's"
+        if set(meta.op_name(u) for u in n.users) != {"getitem"} or any(u.args[1] != 0 for u in n.users):
+            return None, f"{n.name}: the rows it writes are read"
+        q = next(iter(n.users))
+        att = meta.sole_user(q)
+        if att is None or att.target is not FLASH:
+            return None, f"{n.name}: q is not read by accelc::flash_attention alone"
+        aq, ak, av, mask, causal, scale, *rest = _kw(att, ("q", "k", "v", "mask", "is_causal", "scale", "qk_int8",
+                                                           "empty_nan", "fp8"))
+        halves = all(meta.op_name(t) == "select" and t.args[0] is cache and t.args[1:] == (0, i)
+                     for i, t in enumerate((ak, av)))
+        if causal or any(rest) or mask is None or not halves:
+            return None, f"{att.name}: not the cache's decode attention under a mask"
+        o = _after_views(att)
+        if o is None or o.target is not LINEAR:
+            return None, f"{att.name}: its output does not reach the output projection"
+        ox, wo, ob, ores, oact, ofirst, _, onw = _kw(o, ("x", "weight", "bias", "residual", "activation",
+                                                         "residual_first", "allow_tf32", "norm_weight"))
+        if ob is not None or _through_casts(ores) is not h or oact != "none" or ofirst or onw is not None:
+            return None, f"{o.name}: not the output projection plus the layer's input"
+        gu = _user(o, GATED) or next((_user(u, GATED) for u in o.users if _through_casts(u) is o), None)
+        if gu is None:
+            return None, f"{o.name}: no gated MLP reads it"
+        gx, wgu, gb, inter, act, _, gnw, geps = _kw(gu, ("x", "weight", "bias", "n", "activation", "allow_tf32",
+                                                         "norm_weight", "norm_eps"))
+        if gx is not o or gb is not None or gnw is None:
+            return None, f"{gu.name}: not a normalized, unbiased gated MLP"
+        down = meta.sole_user(gu)
+        if down is None or down.target is not LINEAR:
+            return None, f"{gu.name}: its output does not reach the down projection"
+        dx, wd, db, dres, dact, dfirst, _, dnw = _kw(down, ("x", "weight", "bias", "residual", "activation",
+                                                            "residual_first", "allow_tf32", "norm_weight"))
+        if db is not None or _through_casts(dres) is not o or dact != "none" or dfirst or dnw is not None:
+            return None, f"{down.name}: not the down projection plus the attention's output"
+        layers.append(dict(n1=nw, wqkv=w, b=b, wo=wo, n2=gnw, wgu=wgu, wd=wd, cache=cache, eps=(eps, geps),
+                           inter=inter, act=act, mask=mask, scale=scale))
+        nodes += [n, q, att, o, gu, down]
+        h = down
+    norm = _user(h, RMS)
+    if norm is None:
+        return None, "the last layer's output is not normalized by accelc::rms_norm"
+    _, fw, fres, feps = _kw(norm, ("x", "weight", "residual", "eps"))
+    last = meta.sole_user(norm)
+    head = meta.sole_user(last) if last is not None and meta.op_name(last) == "slice" else None
+    if fres is not None or fw is None or head is None or head.target is not LINEAR or tuple(last.args[1:3]) != (1, -1):
+        return None, "the final norm is not followed by the last position's LM head"
+    hx, wh, hb, hres, hact, _, _, hnw = _kw(head, ("x", "weight", "bias", "residual", "activation", "residual_first",
+                                                   "allow_tf32", "norm_weight"))
+    if hb is not None or hres is not None or hact != "none" or hnw is not None:
+        return None, f"{head.name}: the LM head has a bias, residual, activation or norm"
+    first = layers[0]
+    for i, lay in enumerate(layers):
+        if (lay["eps"], lay["inter"], lay["act"], lay["scale"]) != (first["eps"], first["inter"], first["act"],
+                                                                    first["scale"]) or lay["mask"] is not first["mask"]:
+            return None, f"layer {i} differs from the first in its norms, MLP, mask or scale"
+    return dict(layers=layers, x=qkvs[0].args[0], cos=common[0], sin=common[1], positions=common[2], heads=common[3:5],
+                bias=common[5], norm=fw, eps=feps, head_w=wh, head=head, nodes=nodes + [norm, last, head]), None
+
+
+def take(gm: fx.GraphModule) -> str | None:
+    """The chain replaced by one accelc::decode_step call in gm (recompiled); or why not, gm unchanged."""
+    c, why = find(gm)
+    if c is None:
+        return why
+    first = c["layers"][0]
+    cache = attr_value(gm, first["cache"])
+    head = attr_value(gm, c["head_w"])
+    dims = Dims(layers=len(c["layers"]), hidden=head.shape[1], q_heads=c["heads"][0], kv_heads=c["heads"][1],
+                head_dim=cache.shape[-1], inter=first["inter"], vocab=head.shape[0], max_len=cache.shape[3],
+                bias=c["bias"], activation=first["act"])
+    weights = []
+    for lay in c["layers"]:
+        weights += [lay["n1"], lay["wqkv"], lay["b"] if c["bias"] else lay["wqkv"], lay["wo"], lay["n2"], lay["wgu"],
+                    lay["wd"]]
+    graph = gm.graph
+    with graph.inserting_before(c["head"]):
+        call = graph.call_function(OPS.decode_step.default, (
+            c["x"], c["cos"], c["sin"], c["positions"], first["mask"], weights, [lay["cache"] for lay in c["layers"]],
+            c["norm"], c["head_w"], dims.as_list(), [float(first["eps"][0]), float(first["eps"][1]), float(c["eps"])],
+            float(first["scale"])))
+    call.meta.update({k: v for k, v in c["head"].meta.items() if k == "val"})
+    c["head"].replace_all_uses_with(call)
+    doomed, changed = set(c["nodes"]), True
+    while changed:      # (the chain's nodes, readers first, and the casts and views between them)
+        changed = False
+        for n in reversed(list(graph.nodes)):
+            if not n.users and n.op == "call_function" and (n in doomed or not n.is_impure()):
+                graph.erase_node(n)
+                changed = True
+    graph.lint()
+    gm.recompile()
+    return None
