@@ -405,7 +405,8 @@ def _race(gm, args, nodes, against: str, ahead: bool = False) -> dict:
                 fa, fkw = runner.map_nodes_to_values(fb.args, n), runner.map_nodes_to_values(fb.kwargs, n)
                 calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
                             lambda fb=fb, a=fa, kw=fkw: fb.target(*a, **kw),
-                            signature(n, a, kw, None, (against, fb.target, _value((fa, sorted(fkw.items()))))))
+                            signature(n, a, kw, None, (against, fb.target, _value((fa, sorted(fkw.items()))))),
+                            _device_of(a))
             else:
                 ins = runner.layer_inputs(rw)
                 if rw.kind in ("conv2d", "conv1d"):   # x and the residual; the packed weight stays as it is
@@ -413,18 +414,17 @@ def _race(gm, args, nodes, against: str, ahead: bool = False) -> dict:
                     ins = [_channels_last(v) for v in ins]
                 calls[n] = (lambda n=n, a=a, kw=kw: n.target(*a, **kw),
                             lambda orig=rw.original, ins=ins: orig(*ins),
-                            signature(n, a, kw, rw.original, (against, _value(ins))))
+                            signature(n, a, kw, rw.original, (against, _value(ins))), _device_of(a))
         return runner.run_as_graph(n)
 
     times, timed = {}, {}     # one layer timed for its twins (accelc.layer_signature)
     with torch.no_grad():
         if nodes:
             LayerRunner(gm, at_layer).run(*args)
-        for n, (ours, theirs, same) in calls.items():
+        for n, (ours, theirs, same, device) in calls.items():
             if same in timed:
                 times[n] = timed[same]
                 continue
-            device = meta.tensor_meta(n).device
             (ta, graph_a), (tb, graph_b) = layer_ms(ours, device, rep_ms=20), layer_ms(theirs, device, rep_ms=20)
             if graph_a != graph_b:    # one side refused capture: its time holds the host's launch cost, the
                 ta, tb = median_ms(ours, device, rep_ms=20), median_ms(theirs, device, rep_ms=20)   # both so
@@ -432,6 +432,11 @@ def _race(gm, args, nodes, against: str, ahead: bool = False) -> dict:
                          meta.rewrite_of(n).layer)
             times[n] = timed[same] = (ta, tb)
     return times
+
+
+def _device_of(args) -> torch.device:
+    """The device of a layer's call: its first tensor argument's (its output may be a tuple: accelc::qkv_rotary's)."""
+    return next(v.device for v in pytree.tree_leaves(args) if isinstance(v, torch.Tensor))
 
 
 def _channels_last(v):

@@ -20,6 +20,7 @@ from torch import fx
 from accelc import meta
 from accelc.kernels.decode_schedule import Dims
 from accelc.meta import attr_value
+from accelc.passes.norm_linear import norm_of
 
 OPS = torch.ops.accelc
 QKV, FLASH, LINEAR, GATED, RMS = (OPS.qkv_rotary.default, OPS.flash_attention.default, OPS.linear.default,
@@ -65,6 +66,28 @@ def _same(a, b) -> bool:
         return True
     return (isinstance(a, fx.Node) and isinstance(b, fx.Node) and a.op == b.op == "call_function"
             and a.target is b.target and a.args == b.args and a.kwargs == b.kwargs)
+
+
+def _final(gm: fx.GraphModule, h: fx.Node):
+    """(the final norm's weight, its eps, the LM head's linear, the nodes between) after the last layer's output h,
+    the norm an accelc::rms_norm, the glue's own (norm_linear.norm_of), or taken into the head; else why not."""
+    for head in (n for n in gm.graph.nodes if n.op == "call_function" and n.target is LINEAR):
+        x, w, b, res, act, nw, neps = _kw(head, ("x", "weight", "bias", "residual", "activation", "norm_weight",
+                                                 "norm_eps"))
+        if not (isinstance(x, fx.Node) and meta.op_name(x) == "slice" and tuple(x.args[1:3]) == (1, -1)):
+            continue
+        src = x.args[0]
+        if nw is not None and src is h:
+            found = (nw, neps, [x])
+        else:
+            got = norm_of(src) if nw is None else None
+            if got is None or got[0] is not h:
+                continue
+            found = (got[1], got[2], [src, *(got[3] or []), x])
+        if b is not None or res is not None or act != "none" or found[0] is None:
+            return "the LM head has a bias, a residual or an activation, or its norm no weight"
+        return found[0], found[1], head, found[2] + [head]
+    return "the last layer's output does not reach an LM head on the last position through a final RMSNorm"
 
 
 def find(gm: fx.GraphModule):
@@ -125,25 +148,17 @@ def find(gm: fx.GraphModule):
                            inter=inter, act=act, mask=mask, scale=scale))
         nodes += [n, q, att, o, gu, down]
         h = down
-    norm = _user(h, RMS)
-    if norm is None:
-        return None, "the last layer's output is not normalized by accelc::rms_norm"
-    _, fw, fres, feps = _kw(norm, ("x", "weight", "residual", "eps"))
-    last = meta.sole_user(norm)
-    head = meta.sole_user(last) if last is not None and meta.op_name(last) == "slice" else None
-    if fres is not None or fw is None or head is None or head.target is not LINEAR or tuple(last.args[1:3]) != (1, -1):
-        return None, "the final norm is not followed by the last position's LM head"
-    hx, wh, hb, hres, hact, _, _, hnw = _kw(head, ("x", "weight", "bias", "residual", "activation", "residual_first",
-                                                   "allow_tf32", "norm_weight"))
-    if hb is not None or hres is not None or hact != "none" or hnw is not None:
-        return None, f"{head.name}: the LM head has a bias, residual, activation or norm"
+    final = _final(gm, h)
+    if isinstance(final, str):
+        return None, final
+    fw, feps, head, tail = final
     first = layers[0]
     for i, lay in enumerate(layers):
         if (lay["eps"], lay["inter"], lay["act"], lay["scale"]) != (first["eps"], first["inter"], first["act"],
                                                                     first["scale"]) or lay["mask"] is not first["mask"]:
             return None, f"layer {i} differs from the first in its norms, MLP, mask or scale"
-    return dict(layers=layers, x=qkvs[0].args[0], cos=common[0], sin=common[1], positions=common[2], heads=common[3:5],
-                bias=common[5], norm=fw, eps=feps, head_w=wh, head=head, nodes=nodes + [norm, last, head]), None
+    return dict(layers=layers, x=_kw(qkvs[0], ("x",))[0], cos=common[0], sin=common[1], positions=common[2], heads=common[3:5],
+                bias=common[5], norm=fw, eps=feps, head_w=_kw(head, ("weight",))[0], head=head, nodes=nodes + tail), None
 
 
 def take(gm: fx.GraphModule) -> str | None:

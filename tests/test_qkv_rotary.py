@@ -144,17 +144,26 @@ def test_a_steps_attention_input_is_one_call_and_generates_the_same_tokens(famil
     assert torch.equal(without.generate(ids, max_new_tokens=10, do_sample=False), ref)
 
 
-def test_under_inductor_glue_the_step_generates_the_same_tokens():
+def test_under_inductor_glue_the_step_generates_the_same_tokens(monkeypatch):
     """The GPU's default glue: Inductor compiles the step around the call that writes the cache (its mutation of a
-    module buffer), and the tokens are HF's."""
+    module buffer), and the tokens are HF's. The guard's speed race (a GPU's) times the call, whose output is a
+    tuple: it had read the device off the output's value, and on the GPU every step failed (generate() then ran
+    HF's model at 2% of the bandwidth)."""
     import warnings
     import accelc
+    from accelc import guard
+    from accelc.rewrite import layers
     lm, ids, _ = _optimized(T.LlamaConfig)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         opt = accelc.optimize(lm, {"input_ids": ids}, accelc.OptimizeConfig(glue="inductor"))
     assert "Inductor-compiled glue" in opt.step.info.runtime
     assert sum(n.target is torch.ops.accelc.qkv_rotary.default for n in opt.step.graph_module.graph.nodes) == 2
+    timed = []
+    monkeypatch.setattr(guard, "layer_ms", lambda fn, device, rep_ms: (timed.append(device), (1.0, True))[1])
+    gm = opt.step.graph_module
+    raced = guard._race(gm, opt.step.example_inputs, layers(gm), "original")
+    assert sum(n.target is torch.ops.accelc.qkv_rotary.default for n in raced) == 2 and set(timed) == {DEVICE}
     assert torch.equal(opt.generate(ids, max_new_tokens=10, do_sample=False),
                        lm.generate(ids, max_new_tokens=10, do_sample=False))
 
