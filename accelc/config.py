@@ -217,6 +217,10 @@ class OptimizeConfig:
     kv_page_size:   tokens a block of the paged cache (a power of two).
     kv_cache_tokens: the paged cache's pool in tokens, shared by the sequences of a request
                     (default: max_batch_size x max_cache_len, what the static cache holds).
+    decode_step:    a Llama-like generation step's decode of one token: "auto" (one persistent
+                    kernel, accelc::decode_step, where it gives the chain of kernels' step and is
+                    faster on the GPU: raced at optimize, said in the summary), "persistent" (kept
+                    wherever it gives the chain's step, not raced) or "chain" (five kernels a layer).
     warmup_shapes:  shapes whose CUDA graphs are captured at optimize time rather than at their
                     first call: a list of {input name: shape} (the other inputs follow, as the
                     mask follows the ids), or "buckets" (every bucket of the padded dims' ranges,
@@ -255,6 +259,7 @@ class OptimizeConfig:
     kv_cache: str = "static"
     kv_page_size: int = 16
     kv_cache_tokens: int | None = None
+    decode_step: str = "auto"
     other_shapes: str = field(default_factory=lambda: os.environ.get("ACCELC_OTHER_SHAPES", "background"))
 
     def __post_init__(self):
@@ -302,6 +307,8 @@ class OptimizeConfig:
                 raise ValueError(f"{name} must be a positive int or None, not {value!r}")
         if self.other_shapes not in OTHER_SHAPES:
             raise ValueError(f"other_shapes must be one of {OTHER_SHAPES}, not {self.other_shapes!r}")
+        if self.decode_step not in ("auto", "persistent", "chain"):
+            raise ValueError(f"decode_step must be 'auto', 'persistent' or 'chain', not {self.decode_step!r}")
         if self.kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be one of {KV_CACHES}, not {self.kv_cache!r}")
         page = self.kv_page_size

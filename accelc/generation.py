@@ -215,7 +215,8 @@ class OptimizedLM(OptimizedModule):
         self.info.generation = (f"generation: {cache.describe()}; one step program for prefill and decode: "
                                 f"{step.info.shapes or ''}; greedy decoding runs accelc's "
                                 f"own loop (the stop condition read every {STOP_CHECK_EVERY} tokens, no host sync per "
-                                "token), other decoding HF's loop over the step program")
+                                "token), other decoding HF's loop over the step program"
+                                + (f"; decode: {step.info.decode_step}" if step.info.decode_step else ""))
 
     def wait_for_other_shapes(self, timeout: float | None = None) -> bool:
         """OptimizedModule's, for the forward and the generation step (whose glue for other prompt lengths and

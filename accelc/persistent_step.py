@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from accelc import meta
+from accelc import meta, runtime
 from accelc.kernels.decode_schedule import Dims
 from accelc.meta import attr_value
 from accelc.passes.norm_linear import norm_of
@@ -157,8 +157,9 @@ def find(gm: fx.GraphModule):
         if (lay["eps"], lay["inter"], lay["act"], lay["scale"]) != (first["eps"], first["inter"], first["act"],
                                                                     first["scale"]) or lay["mask"] is not first["mask"]:
             return None, f"layer {i} differs from the first in its norms, MLP, mask or scale"
-    return dict(layers=layers, x=_kw(qkvs[0], ("x",))[0], cos=common[0], sin=common[1], positions=common[2], heads=common[3:5],
-                bias=common[5], norm=fw, eps=feps, head_w=_kw(head, ("weight",))[0], head=head, nodes=nodes + tail), None
+    return dict(layers=layers, x=_kw(qkvs[0], ("x",))[0], cos=common[0], sin=common[1], positions=common[2],
+                heads=common[3:5], bias=common[5], norm=fw, eps=feps, head_w=_kw(head, ("weight",))[0], head=head,
+                nodes=nodes + tail), None
 
 
 def take(gm: fx.GraphModule) -> str | None:
@@ -194,3 +195,85 @@ def take(gm: fx.GraphModule) -> str | None:
     graph.lint()
     gm.recompile()
     return None
+
+
+MODES = ("auto", "persistent", "chain")      # OptimizeConfig.decode_step
+
+
+class _Seen(fx.Interpreter):
+    """Runs a graph, keeping the values of `nodes`."""
+
+    def __init__(self, gm, nodes):
+        super().__init__(gm)
+        self.nodes, self.seen = set(nodes), {}
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if n in self.nodes:
+            self.seen[n] = out
+        return out
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A graph module over a copy of gm's graph, sharing its tensors."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return fx.GraphModule(gm, graph)
+
+
+def _differs(gm, trial, c: dict, inputs: tuple, tol: float) -> str | None:
+    """Why trial's step is not gm's on `inputs` (the decode race's): its outputs, or the cache rows it writes at
+    the token's positions, past `tol` (relative L2), or it does not decode one token; else None."""
+    from accelc.numerics import rel_l2
+    watch = _Seen(gm, [c["positions"], c["x"]])
+    with torch.no_grad():
+        want = watch.run(*inputs)
+        x, pos = watch.seen[c["x"]], watch.seen[c["positions"]]
+        if x.shape[0] * x.shape[1] != 1:
+            return f"it serves one token of one sequence, the step decodes {x.shape[0]} x {x.shape[1]}"
+        caches = [attr_value(gm, lay["cache"]) for lay in c["layers"]]
+        rows = [t[:, :, :, pos].clone() for t in caches]
+        got = trial(*inputs)
+    for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and rel_l2(a, b) > tol:
+            return f"its output is {rel_l2(a, b):.1e} off the chain's"
+    for i, (t, r) in enumerate(zip(caches, rows)):
+        if rel_l2(t[:, :, :, pos], r) > tol:
+            return f"layer {i}'s cache rows are {rel_l2(t[:, :, :, pos], r):.1e} off the chain's"
+    return None
+
+
+def offer(gm: fx.GraphModule, ctx, before=None) -> str:
+    """A generation step's decode as one persistent kernel (take) where it gives the chain's step on the guard's
+    race inputs (a decode step) and, under OptimizeConfig.decode_step "auto", is the faster of the two on a GPU;
+    what was decided, in words (the summary's generation line), "" where nothing was offered. before(): called
+    just before gm changes (the layer records of the chain it replaces, kept for the summary)."""
+    mode = ctx.config.decode_step
+    if mode == "chain" or ctx.race is None or not any(n.target is QKV for n in gm.graph.nodes):
+        return ""
+    c, why = find(gm)
+    if c is None:
+        return f"the chain of kernels (not one persistent kernel: {why})"
+    trial = _copy(gm)
+    take(trial)
+    inputs = ctx.race[0]
+    dtype = attr_value(gm, c["head_w"]).dtype
+    bad = _differs(gm, trial, c, inputs, 2 * ctx.config.tolerance_for(dtype))
+    if bad:
+        return f"the chain of kernels (one persistent kernel not taken: {bad})"
+    if mode == "auto":
+        if not runtime.can_time(ctx.device):
+            return "the chain of kernels (one persistent kernel is raced against it on a GPU only)"
+        from accelc.latency import layer_ms
+        with torch.no_grad():
+            chain = layer_ms(lambda: gm(*inputs), ctx.device, rep_ms=50)[0]
+            one = layer_ms(lambda: trial(*inputs), ctx.device, rep_ms=50)[0]
+        if one >= chain:
+            return f"the chain of kernels, {chain * 1e3:.0f} us a step (one persistent kernel: {one * 1e3:.0f} us)"
+        line = f"one persistent kernel, {one * 1e3:.0f} us a step (the chain of kernels: {chain * 1e3:.0f} us)"
+    else:
+        line = "one persistent kernel (OptimizeConfig.decode_step='persistent': not raced)"
+    if before is not None:
+        before()
+    take(gm)
+    return line

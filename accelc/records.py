@@ -185,6 +185,7 @@ class OptimizeInfo:
     call_ms: tuple = ()                        # (eager, accelc) ms a plain call on the example (a GPU): speed_line
     shapes: str = ""                           # the input shapes the optimized model takes, in words
     generation: str = ""                       # a causal LM's generate(): its cache and step program, in words
+    decode_step: str = ""                      # a generation step's decode: one persistent kernel or the chain
     reused: str = ""                           # when the optimize whose guard verdicts this one reused ran (accelc.reuse)
     capture_kept: bool = False                 # the captured graph was one an earlier optimize kept (capture.stored)
     seconds: dict = field(default_factory=dict)   # optimize's phases: capture, passes, guard (kernel tuning

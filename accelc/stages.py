@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from accelc import buckets, guard, layer_compiles, meta, reuse, runner, runtime, tensor_parallel
+from accelc import buckets, guard, layer_compiles, meta, persistent_step, reuse, runner, runtime, tensor_parallel
 from accelc import progress as progress_bar
 from accelc.capture import CALL_SPEC
 from accelc.capture.shapes import CHECKED_AT, SHAPES
@@ -51,6 +51,8 @@ class Settled:
     reference: object             # the model's output in higher precision, run at most once (or None)
     digest: str | None = None     # the reuse key a new record is kept under
     kept: tuple = ()              # (layers before the guard, tuner picks before it): what reuse.record needs
+    decode: str = ""              # a generation step's decode: one persistent kernel or the chain (persistent_step)
+    records: list | None = None   # its layers' records, read before one persistent kernel took their place
 
 
 @dataclass
@@ -102,7 +104,13 @@ def settle(gm: fx.GraphModule, args: tuple, config, device: torch.device, expect
             checks = guard.settle(gm, ctx)
             seconds = {"passes": round(t1 - t0, 2), "guard (kernel tuning included)": round(time.perf_counter() - t1, 2),
                        **ctx.seconds}
-    return Settled(gm, ctx, expected, counts, checks, seconds, memo, eager_ms, model_bytes, reference, digest, kept)
+    t0 = time.perf_counter()
+    chain: list = []     # (a generation step's: after the guard settled every layer of it)
+    decode = persistent_step.offer(gm, ctx, lambda: chain.append(collect_layers(gm, checks, node_flops(gm))))
+    if decode:
+        seconds["decode step race"] = round(time.perf_counter() - t0, 2)
+    return Settled(gm, ctx, expected, counts, checks, seconds, memo, eager_ms, model_bytes, reference, digest, kept,
+                   decode, chain[0] if chain else None)
 
 
 def finish(s: Settled) -> Finished:
@@ -149,8 +157,8 @@ def module(f: Finished, method: str, cls=OptimizedModule) -> OptimizedModule:
                         original_weight_bytes=tensor_bytes([gm, *originals]) - tensor_bytes([gm]),
                         runtime=runner.plan(config, ctx.device, gm)[2], seconds=s.seconds,
                         shapes=ctx.shapes.describe(ctx.checked_at) + f.plan.describe() if ctx.shapes is not None else "",
-                        reused=s.memo.made if s.memo is not None else "")
-    records = collect_layers(gm, s.checks, node_flops(gm))
+                        reused=s.memo.made if s.memo is not None else "", decode_step=s.decode)
+    records = s.records if s.records is not None else collect_layers(gm, s.checks, node_flops(gm))
     info.flops = sum(r.flops for r in records)
     info.accelc_flops = sum(r.flops for r in records if r.status == "rewritten")
     if s.eager_ms is not None and ctx.race is None:  # (layers raced on other inputs: no eager times on the example's)

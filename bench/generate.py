@@ -32,8 +32,9 @@ so that one stalled round of two does not become half the figure):
                     accelc_int8w_norms_apart and accelc_fp8w_norms_apart beside the one-byte weights' sides.
   accelc_qkv_apart  accelc with the qkv_rotary pass off: q / k / v's projection, rotations and cache write as
                     the kernels and glue they were before (what that pass gives: accelc / this side).
-  accelc_persistent accelc with its step's decoder as one accelc::decode_step call (accelc.persistent_step.take
-                    after optimize): a decode step one persistent kernel (#89 item 3); its tokens beside accelc's.
+  accelc_persistent accelc with OptimizeConfig(decode_step="persistent"): a decode step one persistent kernel
+                    (accelc::decode_step, #89 item 3) wherever it checks out, not raced; accelc_chain with "chain":
+                    the few-launch chain of kernels (accelc's default "auto" races the two and keeps the faster).
 First-token logits: each side's generate(max_new_tokens=1, return_dict_in_generate=True,
 output_logits=True), relative L2 error against the model computed in fp32 on the same prompt (fp64 for
 the fp32 smoke), beside HF eager fp16's own error (the JSON row's eager_fp16_first_logits_rel_err_vs_fp32):
@@ -61,7 +62,8 @@ import _common  # noqa: E402
 
 SIDES = ["hf_eager", "hf_static_compile", "accelc", "accelc_paged", "accelc_int8w", "accelc_fp8w",   # int8 / fp8 weights
          "accelc_norms_apart", "accelc_int8w_norms_apart", "accelc_fp8w_norms_apart", "torchao_fp8w", "accelc_qkv_apart",
-         "accelc_persistent"]
+         "accelc_persistent", "accelc_chain"]
+DECODE = {"accelc_persistent": "persistent", "accelc_chain": "chain"}   # OptimizeConfig.decode_step, not raced
 APART = {"_norms_apart": "norm_linear", "_qkv_apart": "qkv_rotary"}     # an A/B side's suffix: the pass it turns off
 
 
@@ -195,7 +197,6 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
     """Appends a row per batch to rows and fills it side by side, calling save() after each (a run cut
     off by a time limit keeps the sides it finished)."""
     import accelc
-    from accelc import persistent_step
 
     lm = build(cfg, device, dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -242,14 +243,9 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     passes = tuple(p for p in accelc.config.PASS_NAMES if p != APART.get(suffix))
                     config = accelc.OptimizeConfig(max_cache_len=prompt + new, max_batch_size=batch, int8=int8, fp8=fp8,
                                                    passes=passes,
-                                                   kv_cache="paged" if side == "accelc_paged" else "static")
+                                                   kv_cache="paged" if side == "accelc_paged" else "static",
+                                                   decode_step=DECODE.get(side, "auto"))
                     opt = accelc.optimize(lm, {"input_ids": ids, "attention_mask": mask}, config=config)
-                    if side == "accelc_persistent":
-                        _common.other_shapes_wait_s(opt)
-                        why = persistent_step.take(opt.step.graph_module)
-                        if why:
-                            raise RuntimeError(f"the step is not a chain decode_step takes: {why}")
-                        opt.step.release_graphs()
                     gen = opt.generate
                 prepare_s = time.perf_counter() - t0
                 # (the step's glue for other shapes compiling after optimize: waited for before anything is timed)
@@ -269,7 +265,7 @@ def bench_model(name, cfg, batches, prompt, new, rounds, device, dtype, sides, b
                     r["other_shapes_after_s"] = after_s
                 if side == "accelc":
                     accelc_tokens = tokens
-                elif side == "accelc_persistent" and accelc_tokens is not None:
+                elif side in DECODE and accelc_tokens is not None:
                     r["same_tokens_as_accelc"] = round((tokens == accelc_tokens).float().mean().item(), 3)
                 if tokens_ref is None and side == "hf_eager":
                     tokens_ref = tokens
@@ -355,7 +351,8 @@ def main():
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sides", default=",".join(s for s in SIDES if not s.endswith(tuple(APART))     # (A/B sides,
-                                                 and s != "torchao_fp8w"))          # and a peer that may not install)
+                                                 and s != "torchao_fp8w" and s not in DECODE))   # a peer that may
+    #                                                                                  not install)
     ap.add_argument("--ragged", action="store_true", help="prompts of random real lengths, left-padded")
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU, eager and accelc")
     ap.add_argument("--merge", action="store_true",

@@ -127,23 +127,28 @@ SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key
              intermediate_size=128, vocab_size=128, max_position_embeddings=256)
 
 
-def test_take_puts_one_call_in_the_step_and_generate_gives_the_chains_tokens(monkeypatch):
+def test_a_step_optimized_to_one_persistent_kernel_generates_the_chains_tokens(monkeypatch):
+    """OptimizeConfig(decode_step="persistent"): the step's decoder is one accelc::decode_step call (checked against
+    the chain on a decode step at optimize, said on the summary's generation line, the chain's layer records kept);
+    a prompt runs the chain inside it, each decoded token the persistent kernel; greedy tokens are HF's."""
     torch.manual_seed(0)
     lm = T.Qwen2ForCausalLM(T.Qwen2Config(**SMALL)).to(DEVICE).eval()       # (q / k / v with a bias)
     ids = torch.randint(1, 128, (1, 8), device=DEVICE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        opt = accelc.optimize(lm, {"input_ids": ids})
-    chain = opt.generate(ids, max_new_tokens=5, do_sample=False)
-    assert persistent_step.take(opt.step.graph_module) is None
-    opt.step.release_graphs()
+        opt = accelc.optimize(lm, {"input_ids": ids}, accelc.OptimizeConfig(decode_step="persistent"))
     calls = [n.target for n in opt.step.graph_module.graph.nodes if getattr(n.target, "namespace", "") == "accelc"]
     assert calls == [torch.ops.accelc.decode_step.default]
+    assert "; decode: one persistent kernel" in opt.summary()
+    assert sum(r.status == "rewritten" for r in opt.step.layers) == 12
     ran = []
     real = K._persistent
     monkeypatch.setattr(K, "_persistent", lambda *a: ran.append(1) or real(*a))
-    assert torch.equal(opt.generate(ids, max_new_tokens=5, do_sample=False), chain)
+    assert torch.equal(opt.generate(ids, max_new_tokens=5, do_sample=False),
+                       lm.generate(ids, max_new_tokens=5, do_sample=False))
     assert len(ran) == 4                 # (each decoded token; the prompt ran the chain)
+    with pytest.raises(ValueError, match="decode_step must be"):
+        accelc.OptimizeConfig(decode_step="fast")
 
 
 def test_a_step_it_cannot_take_is_left_with_the_reason():
@@ -155,3 +160,4 @@ def test_a_step_it_cannot_take_is_left_with_the_reason():
     before = str(opt.step.graph_module.graph)
     assert persistent_step.take(opt.step.graph_module) == "no accelc::qkv_rotary layer in the step"
     assert str(opt.step.graph_module.graph) == before
+    assert "; decode: " not in opt.summary()        # (nothing offered: nothing said)
