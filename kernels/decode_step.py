@@ -255,7 +255,7 @@ def decode_step_kernel(
 # ---- host side ------------------------------------------------------------------------------------------------
 
 A_LAYER = 8        # the pointer table's entries a layer (the kernel's `base`): the six weights, b_qkv, the cache
-MAX_PREPARED = 8   # steps whose tables and workspace are kept (a model's step is one)
+MAX_PREPARED = 8   # steps whose tables and workspace are kept (a model's step is one; one stream at a time uses one)
 _PREPARED: dict = {}
 
 
@@ -283,6 +283,7 @@ def why_unsupported(x, weights, caches, d: Dims) -> str | None:
 def _prepared(x, weights, caches, final_norm, head, d: Dims, t: Tiles):
     """The step's pointer table, task list, counters (0) and workspace, made once (None where a CUDA graph is being
     captured before they exist: their host-to-device copies must not be captured)."""
+    # (the table holds addresses, and the key is them: right for whatever tensors lie there; none is kept alive)
     key = (x.device, x.dtype, d, t, tuple(w.data_ptr() for w in (*weights, *caches, final_norm, head)))
     got = _PREPARED.get(key)
     if got is not None:
@@ -310,7 +311,6 @@ def _prepared(x, weights, caches, final_norm, head, d: Dims, t: Tiles):
         pacc=torch.empty(d.kv_heads * t.splits * block_m * block_d, dtype=torch.float32, device=dev),
         pml=torch.empty(d.kv_heads * t.splits * 2 * block_m, dtype=torch.float32, device=dev),
         extent=torch.empty(1, dtype=torch.int32, device=dev),
-        keep=list(table),       # (the tensors the table points at, alive while it is)
         const=dict(HALF=d.head_dim // 2, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows, CHUNK=chunk, HAS_BIAS=d.bias,
                    ACTIVATION=activation_code(d.activation), BLOCK_P=t.pairs, BLOCK_N=t.rows, BLOCK_K=t.block_k,
                    GG=t.groups, BLOCK_KEYS=t.block_keys, DOT_IN_FP32=dot_in_fp32(x),
