@@ -48,6 +48,14 @@ def _kw(n: fx.Node, names: tuple) -> list:
     return out
 
 
+def _plus_residual(n, residual) -> bool:
+    """n is accelc::linear(x, W) + residual: no bias, activation, norm or residual-first order of its own."""
+    if n is None or n.target is not LINEAR:
+        return False
+    b, res, act, first, nw = _kw(n, ("bias", "residual", "activation", "residual_first", "norm_weight"))
+    return b is None and _through_casts(res) is residual and act == "none" and not first and nw is None
+
+
 def _user(n: fx.Node, target):
     return next((u for u in n.users if u.target is target), None)
 
@@ -124,12 +132,8 @@ def find(gm: fx.GraphModule):
         if causal or any(rest) or mask is None or not halves:
             return None, f"{att.name}: not the cache's decode attention under a mask"
         o = _after_views(att)
-        if o is None or o.target is not LINEAR:
-            return None, f"{att.name}: its output does not reach the output projection"
-        ox, wo, ob, ores, oact, ofirst, _, onw = _kw(o, ("x", "weight", "bias", "residual", "activation",
-                                                         "residual_first", "allow_tf32", "norm_weight"))
-        if ob is not None or _through_casts(ores) is not h or oact != "none" or ofirst or onw is not None:
-            return None, f"{o.name}: not the output projection plus the layer's input"
+        if not _plus_residual(o, h):
+            return None, f"{att.name}: its output does not reach an output projection plus the layer's input"
         gu = _user(o, GATED) or next((_user(u, GATED) for u in o.users if _through_casts(u) is o), None)
         if gu is None:
             return None, f"{o.name}: no gated MLP reads it"
@@ -138,12 +142,9 @@ def find(gm: fx.GraphModule):
         if gx is not o or gb is not None or gnw is None:
             return None, f"{gu.name}: not a normalized, unbiased gated MLP"
         down = meta.sole_user(gu)
-        if down is None or down.target is not LINEAR:
-            return None, f"{gu.name}: its output does not reach the down projection"
-        dx, wd, db, dres, dact, dfirst, _, dnw = _kw(down, ("x", "weight", "bias", "residual", "activation",
-                                                            "residual_first", "allow_tf32", "norm_weight"))
-        if db is not None or _through_casts(dres) is not o or dact != "none" or dfirst or dnw is not None:
-            return None, f"{down.name}: not the down projection plus the attention's output"
+        if not _plus_residual(down, o):
+            return None, f"{gu.name}: its output does not reach a down projection plus the attention's output"
+        wo, wd = _kw(o, ("weight",))[0], _kw(down, ("weight",))[0]
         layers.append(dict(n1=nw, wqkv=w, b=b, wo=wo, n2=gnw, wgu=wgu, wd=wd, cache=cache, eps=(eps, geps),
                            inter=inter, act=act, mask=mask, scale=scale))
         nodes += [n, q, att, o, gu, down]
@@ -217,6 +218,7 @@ class _Seen(fx.Interpreter):
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A graph module over a copy of gm's graph, sharing its tensors."""
     graph = fx.Graph()
+    graph._codegen = gm.graph._codegen          # (the call's flattening of inputs and outputs, as gm's)
     graph.output(graph.graph_copy(gm.graph, {}))
     return fx.GraphModule(gm, graph)
 
@@ -254,6 +256,8 @@ def offer(gm: fx.GraphModule, ctx, before=None) -> str:
     c, why = find(gm)
     if c is None:
         return f"the chain of kernels (not one persistent kernel: {why})"
+    if mode == "auto" and not runtime.can_time(ctx.device):     # (nothing to race: no trial made and checked)
+        return "the chain of kernels (one persistent kernel is raced against it on a GPU only)"
     trial = _copy(gm)
     take(trial)
     inputs = ctx.race[0]
@@ -262,8 +266,6 @@ def offer(gm: fx.GraphModule, ctx, before=None) -> str:
     if bad:
         return f"the chain of kernels (one persistent kernel not taken: {bad})"
     if mode == "auto":
-        if not runtime.can_time(ctx.device):
-            return "the chain of kernels (one persistent kernel is raced against it on a GPU only)"
         from accelc.latency import layer_ms
         with torch.no_grad():
             chain = layer_ms(lambda: gm(*inputs), ctx.device, rep_ms=50)[0]
@@ -275,5 +277,5 @@ def offer(gm: fx.GraphModule, ctx, before=None) -> str:
         line = "one persistent kernel (OptimizeConfig.decode_step='persistent': not raced)"
     if before is not None:
         before()
-    take(gm)
+    gm.graph = trial.graph      # (the graph checked and raced is the one kept; gm recompiles)
     return line

@@ -281,15 +281,24 @@ def why_unsupported(x, weights, caches, d: Dims) -> str | None:
 
 
 def _prepared(x, weights, caches, final_norm, head, d: Dims, t: Tiles):
-    """The step's pointer table, task list, counters (0) and workspace, made once (None where a CUDA graph is being
-    captured before they exist: their host-to-device copies must not be captured)."""
+    """The step's pointer table, task list, counters (0) and workspace, made once; None where the kernel cannot take
+    the step (why_unsupported, also asked once) or a CUDA graph is being captured before they exist (their
+    host-to-device copies must not be captured)."""
     # (the table holds addresses, and the key is them: right for whatever tensors lie there; none is kept alive)
     key = (x.device, x.dtype, d, t, tuple(w.data_ptr() for w in (*weights, *caches, final_norm, head)))
-    got = _PREPARED.get(key)
-    if got is not None:
-        return got
+    if key in _PREPARED:
+        return _PREPARED[key]
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
+    got = None if why_unsupported(x, weights, caches, d) is not None else _made(x, weights, caches, d, t)
+    if len(_PREPARED) >= MAX_PREPARED:
+        _PREPARED.pop(next(iter(_PREPARED)))
+    _PREPARED[key] = got
+    return got
+
+
+def _made(x, weights, caches, d: Dims, t: Tiles) -> dict:
+    """_prepared's tables, workspace and launch constants for a step the kernel takes."""
     dev, dt = x.device, x.dtype
     table = []
     for i in range(d.layers):
@@ -315,9 +324,6 @@ def _prepared(x, weights, caches, final_norm, head, d: Dims, t: Tiles):
                    ACTIVATION=activation_code(d.activation), BLOCK_P=t.pairs, BLOCK_N=t.rows, BLOCK_K=t.block_k,
                    GG=t.groups, BLOCK_KEYS=t.block_keys, DOT_IN_FP32=dot_in_fp32(x),
                    PRECISION="ieee" if dt == torch.float32 else "tf32", num_warps=t.warps, num_stages=1))
-    if len(_PREPARED) >= MAX_PREPARED:
-        _PREPARED.pop(next(iter(_PREPARED)))
-    _PREPARED[key] = got
     return got
 
 
@@ -328,8 +334,6 @@ def tiles_of(x, d: Dims) -> Tiles:
 
 def _persistent(x, cos, sin, positions, mask, weights, caches, final_norm, head, d: Dims, eps, scale):
     """The step by the persistent kernel; None where it cannot run (the chain then does)."""
-    if why_unsupported(x, weights, caches, d) is not None:
-        return None
     t = tiles_of(x, d)
     p = _prepared(x, weights, caches, final_norm, head, d, t)
     if p is None:
